@@ -1,0 +1,411 @@
+"""The factored action space and its state-dependent masks.
+
+This module is the single source of truth for what a controller may do: the callback, the
+heuristic and the RL agent all read the same masks, and the engine re-checks every action with
+`action_error` before it executes it.
+
+An `Action` has eight heads. The op is chosen first; the causal relevance table
+(`CAUSAL_RELEVANCE`) says which other heads matter for that op. Irrelevant heads are set to their
+canonical value (`canonicalize`) so they carry no information and, in the RL agent, no log-prob.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+from enum import IntEnum
+from typing import Protocol
+
+import numpy as np
+
+from esper_lightning.alpha import AlphaAlgorithm, AlphaCurve, AlphaMode
+from esper_lightning.lifecycle import (
+    FAILURE_STAGES,
+    LIVE_STAGES,
+    MIN_PRUNE_AGE,
+    SeedStage,
+)
+
+
+class LifecycleOp(IntEnum):
+    WAIT = 0
+    GERMINATE = 1
+    SET_ALPHA_TARGET = 2
+    PRUNE = 3
+    FOSSILIZE = 4
+    ADVANCE = 5
+
+
+class BlueprintAction(IntEnum):
+    """Blueprint head. NOOP is never legal; FLEX_ATTENTION is kept for index compatibility."""
+
+    NOOP = 0
+    CONV_LIGHT = 1
+    ATTENTION = 2
+    NORM = 3
+    DEPTHWISE = 4
+    BOTTLENECK = 5
+    CONV_SMALL = 6
+    CONV_HEAVY = 7
+    LORA = 8
+    LORA_LARGE = 9
+    MLP_SMALL = 10
+    MLP = 11
+    FLEX_ATTENTION = 12
+
+    @property
+    def blueprint_name(self) -> str:
+        return self.name.lower()
+
+    @classmethod
+    def from_name(cls, name: str) -> BlueprintAction:
+        try:
+            return cls[name.upper()]
+        except KeyError:
+            accepted = ", ".join(b.blueprint_name for b in cls if b != cls.NOOP)
+            raise ValueError(f"unknown blueprint {name!r}; accepted: {accepted}") from None
+
+
+class GerminationStyle(IntEnum):
+    """Blend curve x blend algorithm for the initial ramp; illegal combinations do not exist."""
+
+    LINEAR_ADD = 0
+    LINEAR_MULTIPLY = 1
+    SIGMOID_ADD = 2
+    GATED_GATE = 3
+
+    @property
+    def curve(self) -> AlphaCurve:
+        # The gated style ramps linearly so the gate is not starved by a ramp that stays near 0.
+        return AlphaCurve.SIGMOID if self == GerminationStyle.SIGMOID_ADD else AlphaCurve.LINEAR
+
+    @property
+    def algorithm(self) -> AlphaAlgorithm:
+        return {
+            GerminationStyle.LINEAR_ADD: AlphaAlgorithm.ADD,
+            GerminationStyle.LINEAR_MULTIPLY: AlphaAlgorithm.MULTIPLY,
+            GerminationStyle.SIGMOID_ADD: AlphaAlgorithm.ADD,
+            GerminationStyle.GATED_GATE: AlphaAlgorithm.GATE,
+        }[self]
+
+
+class Tempo(IntEnum):
+    FAST = 0
+    STANDARD = 1
+    SLOW = 2
+
+    @property
+    def epochs(self) -> int:
+        return (3, 5, 8)[self]
+
+
+class AlphaTargetChoice(IntEnum):
+    HALF = 0
+    SEVENTY = 1
+    FULL = 2
+
+    @property
+    def alpha(self) -> float:
+        return (0.5, 0.7, 1.0)[self]
+
+
+class AlphaSpeed(IntEnum):
+    INSTANT = 0
+    FAST = 1
+    MEDIUM = 2
+    SLOW = 3
+
+    @property
+    def steps(self) -> int:
+        return (0, 3, 5, 8)[self]
+
+
+class AlphaCurveChoice(IntEnum):
+    LINEAR = 0
+    COSINE = 1
+    SIGMOID_GENTLE = 2
+    SIGMOID = 3
+    SIGMOID_SHARP = 4
+
+    @property
+    def curve(self) -> AlphaCurve:
+        return (
+            AlphaCurve.LINEAR,
+            AlphaCurve.COSINE,
+            AlphaCurve.SIGMOID,
+            AlphaCurve.SIGMOID,
+            AlphaCurve.SIGMOID,
+        )[self]
+
+    @property
+    def steepness(self) -> float:
+        return (12.0, 12.0, 6.0, 12.0, 24.0)[self]
+
+
+#: Head order used by masks, the policy network and the rollout buffer.
+HEADS: tuple[str, ...] = (
+    "op",
+    "slot",
+    "blueprint",
+    "style",
+    "tempo",
+    "alpha_target",
+    "alpha_speed",
+    "alpha_curve",
+)
+
+HEAD_ENUMS: dict[str, type[IntEnum]] = {
+    "op": LifecycleOp,
+    "blueprint": BlueprintAction,
+    "style": GerminationStyle,
+    "tempo": Tempo,
+    "alpha_target": AlphaTargetChoice,
+    "alpha_speed": AlphaSpeed,
+    "alpha_curve": AlphaCurveChoice,
+}
+
+#: Which heads influence the outcome of each op (the op head always does).
+CAUSAL_RELEVANCE: dict[LifecycleOp, frozenset[str]] = {
+    LifecycleOp.WAIT: frozenset({"op"}),
+    LifecycleOp.GERMINATE: frozenset({"op", "slot", "blueprint", "style", "tempo", "alpha_target"}),
+    LifecycleOp.SET_ALPHA_TARGET: frozenset(
+        {"op", "slot", "style", "alpha_target", "alpha_speed", "alpha_curve"}
+    ),
+    LifecycleOp.PRUNE: frozenset({"op", "slot", "alpha_speed", "alpha_curve"}),
+    LifecycleOp.FOSSILIZE: frozenset({"op", "slot"}),
+    LifecycleOp.ADVANCE: frozenset({"op", "slot"}),
+}
+
+#: Value an irrelevant head takes (the slot head's canonical value is the first legal slot).
+CANONICAL: dict[str, IntEnum] = {
+    "blueprint": BlueprintAction.NOOP,
+    "style": GerminationStyle.SIGMOID_ADD,
+    "tempo": Tempo.STANDARD,
+    "alpha_target": AlphaTargetChoice.FULL,
+    "alpha_speed": AlphaSpeed.INSTANT,
+    "alpha_curve": AlphaCurveChoice.LINEAR,
+}
+
+
+@dataclass(frozen=True)
+class Action:
+    """One factored decision. ``slot`` indexes the controller's ordered slot list.
+
+    Example:
+        >>> Action(LifecycleOp.GERMINATE, slot=1, blueprint=BlueprintAction.CONV_LIGHT).op.name
+        'GERMINATE'
+    """
+
+    op: LifecycleOp = LifecycleOp.WAIT
+    slot: int = 0
+    blueprint: BlueprintAction = BlueprintAction.NOOP
+    style: GerminationStyle = GerminationStyle.SIGMOID_ADD
+    tempo: Tempo = Tempo.STANDARD
+    alpha_target: AlphaTargetChoice = AlphaTargetChoice.FULL
+    alpha_speed: AlphaSpeed = AlphaSpeed.INSTANT
+    alpha_curve: AlphaCurveChoice = AlphaCurveChoice.LINEAR
+
+    def __post_init__(self) -> None:
+        # Accept plain ints (from a policy's sampled indices) and store enums.
+        for f in fields(self):
+            enum_type = HEAD_ENUMS.get(f.name)
+            if enum_type is not None:
+                object.__setattr__(self, f.name, enum_type(getattr(self, f.name)))
+        object.__setattr__(self, "slot", int(self.slot))
+
+    @classmethod
+    def from_indices(cls, indices: Sequence[int]) -> Action:
+        """Build from head indices in `HEADS` order."""
+        return cls(**dict(zip(HEADS, (int(i) for i in indices), strict=True)))
+
+    def indices(self) -> tuple[int, ...]:
+        return tuple(int(getattr(self, head)) for head in HEADS)
+
+    def relevant(self, head: str) -> bool:
+        return head in CAUSAL_RELEVANCE[self.op]
+
+    def describe(self, slot_ids: Sequence[str] | None = None) -> str:
+        slot = slot_ids[self.slot] if slot_ids is not None else str(self.slot)
+        parts = [self.op.name]
+        if self.relevant("slot"):
+            parts.append(f"slot={slot}")
+        for head in HEADS[2:]:
+            if self.relevant(head):
+                parts.append(f"{head}={getattr(self, head).name.lower()}")
+        return " ".join(parts)
+
+
+def canonicalize(action: Action, canonical_slot: int = 0) -> Action:
+    """Replace every head the op does not use by its canonical value."""
+    relevant = CAUSAL_RELEVANCE[action.op]
+    changes: dict[str, object] = {
+        head: value for head, value in CANONICAL.items() if head not in relevant
+    }
+    if "slot" not in relevant:
+        changes["slot"] = canonical_slot
+    return replace(action, **changes)
+
+
+class SlotView(Protocol):
+    """The part of a slot report that the masks read (`slots.SlotReport` satisfies it)."""
+
+    @property
+    def stage(self) -> SeedStage: ...
+
+    @property
+    def epochs_total(self) -> int: ...
+
+    @property
+    def alpha_mode(self) -> AlphaMode: ...
+
+
+@dataclass(frozen=True)
+class MaskContext:
+    """Run-level settings that shape the masks.
+
+    Args:
+        blueprints: blueprint names a controller may germinate (already filtered to the topology).
+        max_seeds: limit on seeds present at once (live or fossilized); None or 0 = unlimited.
+        advance_enabled: False when every auto-forward gate is on, so ADVANCE is never needed.
+        governor_override: lets a prune ignore the alpha-mode rule (the governor's emergency path).
+    """
+
+    blueprints: tuple[str, ...]
+    max_seeds: int | None = None
+    advance_enabled: bool = True
+    governor_override: bool = False
+
+
+#: Stages that block any germination elsewhere: one seed incubates at a time, none in cooldown.
+_BLOCKS_GERMINATION = frozenset({SeedStage.GERMINATED, SeedStage.TRAINING}) | FAILURE_STAGES
+
+
+def slot_op_error(
+    op: LifecycleOp, slot: int, views: Sequence[SlotView], ctx: MaskContext
+) -> str | None:
+    """Why ``op`` on ``views[slot]`` is illegal, or None when it is legal."""
+    if not 0 <= slot < len(views):
+        return f"slot index {slot} out of range 0..{len(views) - 1}"
+    view = views[slot]
+    stage = view.stage
+    if op == LifecycleOp.WAIT:
+        return None
+    if op == LifecycleOp.GERMINATE:
+        return _germinate_error(view, views, ctx)
+    if op == LifecycleOp.ADVANCE:
+        if not ctx.advance_enabled:
+            return "advance_disabled"
+        ok = stage in (SeedStage.GERMINATED, SeedStage.TRAINING, SeedStage.BLENDING)
+        return None if ok else f"advance_from_{stage.name.lower()}"
+    if op == LifecycleOp.FOSSILIZE:
+        return None if stage == SeedStage.HOLDING else f"fossilize_from_{stage.name.lower()}"
+    if op == LifecycleOp.PRUNE:
+        if stage not in LIVE_STAGES:
+            return f"prune_from_{stage.name.lower()}"
+        if view.epochs_total < MIN_PRUNE_AGE:
+            return f"prune_age_{view.epochs_total}_below_{MIN_PRUNE_AGE}"
+        if view.alpha_mode != AlphaMode.HOLD and not ctx.governor_override:
+            return "prune_while_alpha_ramping"
+        return None
+    if op == LifecycleOp.SET_ALPHA_TARGET:
+        if stage not in (SeedStage.BLENDING, SeedStage.HOLDING):
+            return f"retarget_from_{stage.name.lower()}"
+        return None if view.alpha_mode == AlphaMode.HOLD else "retarget_while_alpha_ramping"
+    raise ValueError(f"unknown op {op!r}")
+
+
+def _germinate_error(view: SlotView, views: Sequence[SlotView], ctx: MaskContext) -> str | None:
+    if view.stage != SeedStage.DORMANT:
+        return f"germinate_into_{view.stage.name.lower()}"
+    if not ctx.blueprints:
+        return "no_blueprints"
+    if any(v.stage in _BLOCKS_GERMINATION for v in views):
+        return "another_seed_incubating_or_cooling_down"
+    present = sum(v.stage in LIVE_STAGES or v.stage == SeedStage.FOSSILIZED for v in views)
+    if ctx.max_seeds and present >= ctx.max_seeds:
+        return f"max_seeds_{ctx.max_seeds}_reached"
+    return None
+
+
+@dataclass(frozen=True)
+class ActionMasks:
+    """Boolean masks (True = legal) for every head; ``slot_by_op[op]`` is the slot mask per op."""
+
+    op: np.ndarray  # [6]
+    slot_by_op: np.ndarray  # [6, S]
+    blueprint: np.ndarray  # [13]
+    style: np.ndarray  # [4]
+    tempo: np.ndarray  # [3]
+    alpha_target: np.ndarray  # [3]
+    alpha_speed: np.ndarray  # [4]
+    alpha_curve: np.ndarray  # [5]
+
+    def head(self, name: str, op: LifecycleOp | None = None) -> np.ndarray:
+        """Mask for one head; with ``op`` given, irrelevant heads collapse to their canonical
+        value and the slot head uses ``slot_by_op[op]``."""
+        if name == "op":
+            return self.op
+        if name == "slot":
+            return self.slot_by_op[LifecycleOp.WAIT if op is None else op]
+        mask = getattr(self, name)
+        if op is not None and name not in CAUSAL_RELEVANCE[LifecycleOp(op)]:
+            mask = np.zeros_like(mask)
+            mask[int(CANONICAL[name])] = True
+        return mask
+
+    def allows(self, action: Action) -> bool:
+        if not self.op[action.op] or not self.head("slot", action.op)[action.slot]:
+            return False
+        return all(self.head(h, action.op)[int(getattr(action, h))] for h in HEADS[2:])
+
+
+def compute_masks(views: Sequence[SlotView], ctx: MaskContext) -> ActionMasks:
+    """Masks for every head given the current slot states.
+
+    Op validity is optimistic: an op is legal if any slot allows it, and ``slot_by_op`` restricts
+    the slot head once the op is chosen. WAIT is always legal, so the op mask is never empty.
+    """
+    if not views:
+        raise ValueError("masks need at least one slot")
+    n_ops = len(LifecycleOp)
+    slot_by_op = np.zeros((n_ops, len(views)), dtype=bool)
+    for op in LifecycleOp:
+        for i in range(len(views)):
+            slot_by_op[op, i] = slot_op_error(op, i, views, ctx) is None
+    op_mask = slot_by_op.any(axis=1)
+    blueprint = np.zeros(len(BlueprintAction), dtype=bool)
+    for name in ctx.blueprints:
+        blueprint[BlueprintAction.from_name(name)] = True
+    blueprint[BlueprintAction.NOOP] = False
+    configurable = op_mask[LifecycleOp.GERMINATE] or op_mask[LifecycleOp.SET_ALPHA_TARGET]
+    style = np.ones(len(GerminationStyle), dtype=bool)
+    alpha_target = np.ones(len(AlphaTargetChoice), dtype=bool)
+    if not configurable:
+        style[:] = False
+        style[GerminationStyle.SIGMOID_ADD] = True
+        alpha_target[:] = False
+        alpha_target[AlphaTargetChoice.FULL] = True
+    if not blueprint.any():
+        blueprint[BlueprintAction.NOOP] = True  # only reachable when GERMINATE is masked
+    return ActionMasks(
+        op=op_mask,
+        slot_by_op=slot_by_op,
+        blueprint=blueprint,
+        style=style,
+        tempo=np.ones(len(Tempo), dtype=bool),
+        alpha_target=alpha_target,
+        alpha_speed=np.ones(len(AlphaSpeed), dtype=bool),
+        alpha_curve=np.ones(len(AlphaCurveChoice), dtype=bool),
+    )
+
+
+def action_error(action: Action, views: Sequence[SlotView], ctx: MaskContext) -> str | None:
+    """Re-check an action against the live slot states; the reason it is illegal, or None."""
+    error = slot_op_error(action.op, action.slot, views, ctx)
+    if error is not None:
+        return error
+    if action.op == LifecycleOp.GERMINATE:
+        name = action.blueprint.blueprint_name
+        if action.blueprint == BlueprintAction.NOOP or name not in ctx.blueprints:
+            return f"blueprint_{name}_not_allowed"
+    return None

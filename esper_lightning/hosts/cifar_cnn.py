@@ -1,0 +1,162 @@
+"""`CifarCNNHost`: a small CIFAR-10 CNN with seed slots, as a `LightningModule`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from esper_lightning.slots import SeedSlot
+
+
+@dataclass(frozen=True)
+class CifarCNNConfig:
+    """Shape of the host. Block i has ``base_channels * 2**i`` channels."""
+
+    base_channels: int = 8
+    n_blocks: int = 3
+    kernel_size: int = 3
+    num_classes: int = 10
+
+
+PRESETS: dict[str, CifarCNNConfig] = {
+    "baseline": CifarCNNConfig(base_channels=8, n_blocks=3, kernel_size=3),  # ~6.4K params
+    "impaired": CifarCNNConfig(base_channels=1, n_blocks=3, kernel_size=1),  # 77 params
+    "scale": CifarCNNConfig(base_channels=8, n_blocks=5, kernel_size=3),  # ~100K params
+}
+
+
+def slot_ids(n_blocks: int) -> tuple[str, ...]:
+    """Slot ids in action order: ``r0c*`` (after each block) then ``r1c*`` (after each pool)."""
+    return tuple(f"r0c{i}" for i in range(n_blocks)) + tuple(f"r1c{i}" for i in range(n_blocks))
+
+
+class ConvBlock(nn.Module):
+    """Conv (no bias) -> norm -> activation."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int,
+        norm_layer: Callable[[int], nn.Module] = nn.BatchNorm2d,
+        act_layer: Callable[[], nn.Module] = nn.ReLU,
+    ) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(
+            in_channels, out_channels, kernel_size, padding=kernel_size // 2, bias=False
+        )
+        self.norm = norm_layer(out_channels)
+        self.act = act_layer()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.act(self.norm(self.conv(x)))
+
+
+class CifarCNNHost(L.LightningModule):
+    """CIFAR-10 CNN whose blocks are followed by seed slots.
+
+    Slot ``r0c{i}`` sits after block i (before its pool) and ``r1c{i}`` after pool i. Forward order
+    interleaves them: block 0, r0c0, pool, r1c0, block 1, r0c1, ...
+
+    Args:
+        preset: ``"baseline"`` (channels 8/16/32), ``"impaired"`` (77 params) or ``"scale"``
+            (5 blocks).
+        slots: which slot ids to create; all by default. Slots not listed are absent.
+        lr, momentum, weight_decay: host SGD settings.
+        norm_layer, act_layer: block normalisation and activation.
+
+    Example:
+        >>> host = CifarCNNHost("baseline", slots=["r0c1"])
+        >>> host(torch.zeros(2, 3, 32, 32)).shape
+        torch.Size([2, 10])
+    """
+
+    def __init__(
+        self,
+        preset: str = "baseline",
+        slots: Sequence[str] | None = None,
+        lr: float = 0.01,
+        momentum: float = 0.9,
+        weight_decay: float = 5e-4,
+        norm_layer: Callable[[int], nn.Module] = nn.BatchNorm2d,
+        act_layer: Callable[[], nn.Module] = nn.ReLU,
+    ) -> None:
+        super().__init__()
+        if preset not in PRESETS:
+            raise ValueError(f"unknown host preset {preset!r}; accepted: {', '.join(PRESETS)}")
+        self.save_hyperparameters(ignore=["norm_layer", "act_layer"])
+        self.config = cfg = PRESETS[preset]
+        available = slot_ids(cfg.n_blocks)
+        chosen = tuple(available if slots is None else slots)
+        unknown = [s for s in chosen if s not in available]
+        if unknown:
+            raise ValueError(
+                f"unknown slot id(s) {', '.join(map(repr, unknown))} for preset {preset!r}; "
+                f"accepted: {', '.join(available)}"
+            )
+        widths = [cfg.base_channels * 2**i for i in range(cfg.n_blocks)]
+        self.blocks = nn.ModuleList(
+            ConvBlock(c_in, c_out, cfg.kernel_size, norm_layer, act_layer)
+            for c_in, c_out in zip([3, *widths[:-1]], widths, strict=True)
+        )
+        self.pool = nn.MaxPool2d(2)
+        # Canonical (row-major) order whatever order the caller listed the slots in.
+        ordered = [sid for sid in available if sid in chosen]
+        self.slots = nn.ModuleDict({sid: SeedSlot(sid, widths[int(sid[3:])]) for sid in ordered})
+        self.head = nn.Linear(widths[-1], cfg.num_classes)
+
+    @property
+    def slot_order(self) -> tuple[str, ...]:
+        """Enabled slot ids in action order (row-major)."""
+        return tuple(self.slots.keys())
+
+    def _slot(self, slot_id: str, x: Tensor) -> Tensor:
+        return self.slots[slot_id](x) if slot_id in self.slots else x
+
+    def forward(self, x: Tensor) -> Tensor:
+        # x: [B, 3, H, W] -> logits [B, num_classes]
+        for i, block in enumerate(self.blocks):
+            x = self._slot(f"r0c{i}", block(x))
+            x = self.pool(x)
+            x = self._slot(f"r1c{i}", x)
+        return self.head(x.mean(dim=(2, 3)))
+
+    def host_parameters(self) -> list[nn.Parameter]:
+        """Parameters of the host itself, excluding any seed."""
+        seed_ids = {id(p) for slot in self.slots.values() for p in slot.seed_parameters()}
+        return [p for p in self.parameters() if id(p) not in seed_ids]
+
+    def _shared_step(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        x, y = batch
+        logits = self(x)
+        loss = F.cross_entropy(logits, y)
+        acc = (logits.argmax(dim=1) == y).float().mean()
+        return loss, acc
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        loss, acc = self._shared_step(batch)
+        self.log("train_loss", loss, prog_bar=True)
+        self.log("train_acc", acc, on_step=False, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        loss, acc = self._shared_step(batch)
+        self.log("val_loss", loss, prog_bar=True)
+        self.log("val_acc", acc, prog_bar=True)
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        loss, acc = self._shared_step(batch)
+        self.log("test_loss", loss)
+        self.log("test_acc", acc)
+
+    def configure_optimizers(self) -> Any:
+        hp = self.hparams
+        return torch.optim.SGD(
+            self.host_parameters(), lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay
+        )

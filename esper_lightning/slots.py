@@ -1,0 +1,630 @@
+"""`SeedSlot`: the place in a host network where a seed can grow.
+
+Forward semantics at a slot with host activation ``h`` and seed output ``s = seed(x)``:
+
+* empty slot, GERMINATED, PRUNED, EMBARGOED, RESETTING: identity, the seed is not run;
+* TRAINING: the incubator ``h + (s − stopgrad(s))`` on a detached input ``x = h.detach()``. The
+  value equals ``h`` exactly, the seed learns from the gradient that reaches ``h``, and the host's
+  gradients are bitwise those of a host without the seed;
+* BLENDING onwards: ``blend(h, s, alpha)`` (ADD, MULTIPLY or GATE). CNN seeds keep a detached input
+  while BLENDING; from HOLDING on the input is no longer detached, so host layers upstream of a
+  fully blended seed keep learning.
+
+Counterfactuals pass a per-sample ``alpha_override`` (argument, or the `alpha_override` context
+manager for slots called from inside a host's forward) instead of mutating alpha.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from esper_lightning import blueprints
+from esper_lightning.actions import Action, LifecycleOp
+from esper_lightning.alpha import AlphaAlgorithm, AlphaController, AlphaCurve, AlphaMode
+from esper_lightning.lifecycle import (
+    ACTIVE_STAGES,
+    ALPHA_TOLERANCE,
+    DEFAULT_BLEND_TEMPO,
+    GRADIENT_EMA_DECAY,
+    LIVE_STAGES,
+    AlphaView,
+    GateMode,
+    GateResult,
+    IllegalTransitionError,
+    QualityGates,
+    SeedMetrics,
+    SeedStage,
+    SeedState,
+    StageEvent,
+    default_successor,
+)
+
+MANIFEST_VERSION = 1
+VANISHING_GRAD_NORM = 1e-7
+EXPLODING_GRAD_NORM = 10.0  # 10x the usual clip norm of 1.0
+GRAD_EPS = 1e-8
+
+
+@dataclass(frozen=True)
+class BlendConfig:
+    """How a seed is blended in, chosen at germination (algorithm may change on retarget)."""
+
+    algorithm: AlphaAlgorithm = AlphaAlgorithm.ADD
+    curve: AlphaCurve = AlphaCurve.LINEAR
+    steepness: float = 12.0
+    tempo: int = DEFAULT_BLEND_TEMPO
+    alpha_target: float = 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "algorithm": int(self.algorithm),
+            "curve": int(self.curve),
+            "steepness": self.steepness,
+            "tempo": self.tempo,
+            "alpha_target": self.alpha_target,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BlendConfig:
+        return cls(
+            AlphaAlgorithm(data["algorithm"]),
+            AlphaCurve(data["curve"]),
+            float(data["steepness"]),
+            int(data["tempo"]),
+            float(data["alpha_target"]),
+        )
+
+
+class GatedBlend(nn.Module):
+    """Per-sample (CNN) or per-token causal (transformer) gate in [0, 1] for the GATE blend."""
+
+    def __init__(self, channels: int, topology: str) -> None:
+        super().__init__()
+        hidden = max(8, channels // 4)
+        self.topology = topology
+        self.net = nn.Sequential(nn.Linear(channels, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.topology == "cnn":
+            pooled = x.mean(dim=(2, 3))  # [B, C]
+            return torch.sigmoid(self.net(pooled)).view(-1, 1, 1, 1)
+        # Cumulative mean over tokens so position t never sees t+1 (causal).
+        steps = torch.arange(1, x.shape[1] + 1, device=x.device, dtype=x.dtype).view(1, -1, 1)
+        pooled = x.cumsum(dim=1) / steps  # [B, T, D]
+        return torch.sigmoid(self.net(pooled))  # [B, T, 1]
+
+
+@dataclass(frozen=True)
+class SlotReport:
+    """Plain-data snapshot of one slot, what controllers and observations read."""
+
+    slot_id: str
+    stage: SeedStage
+    seed_id: str | None
+    blueprint: str | None
+    alpha: float
+    alpha_target: float
+    alpha_mode: AlphaMode
+    alpha_steps_total: int
+    alpha_steps_done: int
+    alpha_curve: AlphaCurve
+    alpha_velocity: float
+    algorithm: AlphaAlgorithm | None
+    tempo: int | None
+    previous_stage: SeedStage
+    previous_epochs_in_stage: int
+    metrics: SeedMetrics
+    last_gate: GateResult | None
+    prune_reason: str | None
+    history: tuple[StageEvent, ...]
+
+    @property
+    def epochs_total(self) -> int:
+        return self.metrics.epochs_total
+
+    @property
+    def epochs_in_stage(self) -> int:
+        return self.metrics.epochs_in_stage
+
+    @property
+    def is_empty(self) -> bool:
+        return self.stage == SeedStage.DORMANT
+
+    @property
+    def seed_params(self) -> int:
+        return self.metrics.seed_params
+
+
+class SeedSlot(nn.Module):
+    """A slot that holds at most one seed module and applies the lifecycle to it.
+
+    Args:
+        slot_id: name of the slot (``r{row}c{col}`` for built-in hosts, a module path otherwise).
+        channels: width of the activation at the slot; inferred from the first forward if None.
+        topology: ``"cnn"`` (activations ``[B, C, H, W]``) or ``"transformer"`` (``[B, T, D]``).
+        gate_mode: ``"permissive"`` (default) or ``"strict"`` quality gates.
+
+    Example:
+        >>> slot = SeedSlot("r0c1", channels=16)
+        >>> _ = slot.germinate("conv_light")
+        >>> slot.advance().passed, slot.stage.name
+        (True, 'TRAINING')
+    """
+
+    def __init__(
+        self,
+        slot_id: str,
+        channels: int | None = None,
+        topology: str = "cnn",
+        gate_mode: GateMode | str = GateMode.PERMISSIVE,
+    ) -> None:
+        super().__init__()
+        if topology not in blueprints.TOPOLOGIES:
+            raise ValueError(f"unknown topology {topology!r}; accepted: {blueprints.TOPOLOGIES}")
+        if channels is not None and channels < 1:
+            raise ValueError(f"slot {slot_id!r}: channels must be >= 1, got {channels}")
+        self.slot_id = slot_id
+        self.channels = channels
+        self.topology = topology
+        self.gates = QualityGates(gate_mode)
+        self.seed: nn.Module | None = None
+        self.gate: GatedBlend | None = None
+        self.state: SeedState | None = None
+        self.blend: BlendConfig | None = None
+        self.alpha_controller = AlphaController()
+        self.seeds_germinated = 0
+        self._override: Tensor | None = None
+        self._frozen: list[nn.Parameter] = []
+        self._alpha_cache: tuple[float, torch.device, torch.dtype, Tensor] | None = None
+        # Follows .to()/.half() so seeds are built on the host's device and dtype.
+        self.register_buffer("_anchor", torch.zeros(0), persistent=False)
+
+    # --- forward ------------------------------------------------------------------------------
+    @property
+    def stage(self) -> SeedStage:
+        return SeedStage.DORMANT if self.state is None else self.state.stage
+
+    @property
+    def alpha(self) -> float:
+        return self.alpha_controller.alpha
+
+    def forward(self, h: Tensor, alpha_override: Tensor | None = None) -> Tensor:
+        if self.channels is None:
+            self.channels = int(h.shape[1] if self.topology == "cnn" else h.shape[-1])
+        stage = self.stage
+        if self.seed is None or stage not in ACTIVE_STAGES:
+            return h
+        override = self._override if alpha_override is None else alpha_override
+        x = h.detach() if self._isolated(stage) else h
+        s = self.seed(x).to(h.dtype)
+        if stage == SeedStage.TRAINING and override is None:
+            return h + (s - s.detach())
+        a = self._alpha_tensor(h) if override is None else _per_sample(override, h)
+        return self._blend(h, s, x, a)
+
+    def _isolated(self, stage: SeedStage) -> bool:
+        if stage == SeedStage.TRAINING:
+            return True
+        return stage == SeedStage.BLENDING and self.topology == "cnn"
+
+    def _blend(self, h: Tensor, s: Tensor, x: Tensor, a: Tensor) -> Tensor:
+        assert self.blend is not None
+        if self.blend.algorithm == AlphaAlgorithm.ADD:
+            return h + a * (s - h)
+        if self.blend.algorithm == AlphaAlgorithm.MULTIPLY:
+            return h * (1 + a * torch.tanh(s - x))
+        assert self.gate is not None, "GATE blend without a gate module"
+        a_eff = (a * self.gate(x).to(h.dtype)).clamp(0.0, 1.0)
+        return h + a_eff * (s - h)
+
+    def _alpha_tensor(self, h: Tensor) -> Tensor:
+        alpha = self.alpha_controller.alpha
+        cache = self._alpha_cache
+        if cache is None or cache[:3] != (alpha, h.device, h.dtype):
+            cache = (alpha, h.device, h.dtype, torch.tensor(alpha, device=h.device, dtype=h.dtype))
+            self._alpha_cache = cache
+        return cache[3]
+
+    @contextmanager
+    def alpha_override(self, alpha: Tensor) -> Iterator[None]:
+        """Use ``alpha`` (shape ``[B]`` or broadcastable) in forwards inside this block."""
+        previous, self._override = self._override, alpha
+        try:
+            yield
+        finally:
+            self._override = previous
+
+    # --- lifecycle operations -----------------------------------------------------------------
+    def germinate(
+        self,
+        blueprint: str,
+        seed_id: str | None = None,
+        *,
+        algorithm: AlphaAlgorithm = AlphaAlgorithm.ADD,
+        curve: AlphaCurve = AlphaCurve.LINEAR,
+        steepness: float = 12.0,
+        tempo: int = DEFAULT_BLEND_TEMPO,
+        alpha_target: float = 1.0,
+    ) -> GateResult:
+        """Build a seed from ``blueprint`` in this empty slot (stage GERMINATED)."""
+        if self.state is not None:
+            raise IllegalTransitionError(f"slot {self.slot_id!r}: germinate into {self.stage.name}")
+        if self.channels is None:
+            raise RuntimeError(f"slot {self.slot_id!r}: width unknown; run a forward pass first")
+        if tempo < 1:
+            raise ValueError(f"blend tempo must be >= 1 epoch, got {tempo}")
+        if not 0.0 < alpha_target <= 1.0:
+            raise ValueError(f"alpha target must be in (0, 1], got {alpha_target}")
+        blend = BlendConfig(AlphaAlgorithm(algorithm), AlphaCurve(curve), steepness, tempo,
+                            alpha_target)
+        seed = self._build_seed(blueprint)
+        state = SeedState(seed_id or f"{self.slot_id}:seed{self.seeds_germinated}", blueprint)
+        result = self.gates.check(SeedStage.GERMINATED, state, self._alpha_view())
+        state.last_gate = result
+        if not result.passed:
+            raise ValueError(f"slot {self.slot_id!r}: {result.message}")
+        state.transition(SeedStage.GERMINATED, "germinate")
+        state.metrics.seed_params = sum(p.numel() for p in seed.parameters())
+        self.seed, self.state, self.blend = seed, state, blend
+        self.gate = self._build_gate() if blend.algorithm == AlphaAlgorithm.GATE else None
+        self.alpha_controller = AlphaController()
+        self.seeds_germinated += 1
+        return result
+
+    def advance(self) -> GateResult:
+        """Try the gate into the next stage (G1, G2 or G3); the stage moves only if it passes."""
+        state = self._require(SeedStage.GERMINATED, SeedStage.TRAINING, SeedStage.BLENDING)
+        target = default_successor(state.stage)
+        assert target is not None
+        result = self.gates.check(target, state, self._alpha_view())
+        state.last_gate = result
+        if result.passed:
+            self._enter(target, result.message)
+        return result
+
+    def fossilize(self) -> GateResult:
+        """Try G5 from HOLDING; a fossilized seed stays at alpha 1 for good."""
+        state = self._require(SeedStage.HOLDING)
+        result = self.gates.check(SeedStage.FOSSILIZED, state, self._alpha_view())
+        state.last_gate = result
+        if result.passed:
+            state.transition(SeedStage.FOSSILIZED, result.message)
+            self.alpha_controller.snap(1.0)
+        return result
+
+    def set_alpha_target(
+        self,
+        target: float,
+        steps: int,
+        curve: AlphaCurve = AlphaCurve.LINEAR,
+        steepness: float = 12.0,
+        algorithm: AlphaAlgorithm | None = None,
+    ) -> None:
+        """Retarget a BLENDING or HOLDING seed (alpha must be holding)."""
+        state = self._require(SeedStage.BLENDING, SeedStage.HOLDING)
+        if self.alpha_controller.mode != AlphaMode.HOLD:
+            raise IllegalTransitionError(f"slot {self.slot_id!r}: retarget while alpha ramps")
+        if not 0.0 < target <= 1.0:
+            raise ValueError(f"alpha target must be in (0, 1], got {target}")
+        if state.stage == SeedStage.HOLDING and target < 1.0 - ALPHA_TOLERANCE:
+            state.transition(SeedStage.BLENDING, "retarget")
+        if algorithm is not None and self.blend is not None:
+            self._switch_algorithm(AlphaAlgorithm(algorithm))
+        self.alpha_controller.retarget(target, steps, curve, steepness)
+        self._sync_freeze()
+
+    def schedule_prune(
+        self,
+        steps: int,
+        curve: AlphaCurve = AlphaCurve.LINEAR,
+        steepness: float = 12.0,
+        reason: str = "scheduled_prune",
+    ) -> None:
+        """Ramp alpha to 0 over ``steps`` ticks with the seed frozen, then prune. Instant when
+        ``steps <= 0`` or alpha is already 0."""
+        state = self._require(*LIVE_STAGES)
+        if steps <= 0 or self.alpha <= ALPHA_TOLERANCE:
+            self.prune(reason)
+            return
+        if self.alpha_controller.mode != AlphaMode.HOLD:
+            raise IllegalTransitionError(f"slot {self.slot_id!r}: prune while alpha ramps")
+        if state.stage == SeedStage.HOLDING:
+            state.transition(SeedStage.BLENDING, reason)
+        state.prune_reason = reason
+        self.alpha_controller.retarget(0.0, steps, curve, steepness)
+        self._sync_freeze()
+
+    def prune(self, reason: str) -> None:
+        """Remove the seed now. The state stays for the embargo; fossilized seeds are permanent."""
+        state = self._require(*LIVE_STAGES)
+        self._unfreeze()
+        state.prune_reason = reason
+        state.transition(SeedStage.PRUNED, reason)
+        self.seed = None
+        self.gate = None
+        self.alpha_controller = AlphaController()
+
+    def tick(self) -> None:
+        """Advance this slot by one epoch: counters, alpha ramp, embargo. Call once per epoch."""
+        state = self.state
+        if state is None:
+            return
+        if state.tick():
+            self.state, self.blend = None, None
+            return
+        ramp_done = state.stage == SeedStage.BLENDING and self.alpha_controller.step()
+        if ramp_done and self.alpha_controller.target <= ALPHA_TOLERANCE:
+            self.prune(state.prune_reason or "scheduled_prune")
+        self._sync_freeze()
+
+    # --- measurements -------------------------------------------------------------------------
+    def record_accuracy(self, accuracy: float) -> None:
+        """Record the host's validation accuracy (percent) for a seed that is present."""
+        if self.state is not None and self.seed is not None:
+            self.state.metrics.record_accuracy(float(accuracy))
+
+    def record_contribution(self, contribution: float) -> None:
+        """Record acc(current alphas) − acc(this slot's alpha = 0), in percentage points."""
+        if self.state is None or self.seed is None:
+            raise IllegalTransitionError(f"slot {self.slot_id!r}: contribution without a seed")
+        self.state.metrics.record_contribution(float(contribution))
+
+    def capture_gradient_stats(
+        self, host_grad_norm: float | None = None, host_params: int | None = None
+    ) -> None:
+        """Measure the seed's gradients (call after backward, before clipping).
+
+        Health = clamp01(1 − 0.5·frac_vanishing − 0.8·frac_exploding), 0 if any norm is
+        non-finite. With the host's gradient norm the param-normalised ratio
+        ``(‖g_seed‖/‖g_host‖)·sqrt(P_host/P_seed)`` is tracked as an EMA.
+        """
+        if self.state is None:
+            return
+        grads = [p.grad for p in self.seed_parameters() if p.grad is not None]
+        if not grads:
+            return
+        norms = torch.stack(torch._foreach_norm(grads)).float().cpu()
+        m = self.state.metrics
+        total = float(norms.norm())
+        finite = bool(torch.isfinite(norms).all())
+        vanishing = float((norms < VANISHING_GRAD_NORM).float().mean())
+        exploding = float(((norms > EXPLODING_GRAD_NORM) | ~torch.isfinite(norms)).float().mean())
+        m.has_vanishing, m.has_exploding = vanishing > 0, exploding > 0
+        m.gradient_health = (
+            min(1.0, max(0.0, 1.0 - 0.5 * vanishing - 0.8 * exploding)) if finite else 0.0
+        )
+        if not math.isfinite(total):
+            return
+        m.gradient_norm = _ema(m.gradient_norm, total)
+        if host_grad_norm is not None and host_params and host_grad_norm > GRAD_EPS:
+            seed_params = max(1, m.seed_params)
+            ratio = (total / host_grad_norm) * math.sqrt(host_params / seed_params)
+            m.gradient_ratio = _ema(m.gradient_ratio, ratio)
+
+    def seed_parameters(self) -> list[nn.Parameter]:
+        """Parameters owned by the seed (and its gate), in a stable order."""
+        params: list[nn.Parameter] = []
+        for module in (self.seed, self.gate):
+            if module is not None:
+                params.extend(module.parameters())
+        return params
+
+    def report(self) -> SlotReport:
+        state, ctrl, blend = self.state, self.alpha_controller, self.blend
+        return SlotReport(
+            slot_id=self.slot_id,
+            stage=self.stage,
+            seed_id=None if state is None else state.seed_id,
+            blueprint=None if state is None else state.blueprint,
+            alpha=ctrl.alpha,
+            alpha_target=ctrl.target,
+            alpha_mode=ctrl.mode,
+            alpha_steps_total=ctrl.steps_total,
+            alpha_steps_done=ctrl.steps_done,
+            alpha_curve=ctrl.curve,
+            alpha_velocity=ctrl.velocity,
+            algorithm=None if blend is None else blend.algorithm,
+            tempo=None if blend is None else blend.tempo,
+            previous_stage=SeedStage.UNKNOWN if state is None else state.previous_stage,
+            previous_epochs_in_stage=0 if state is None else state.previous_epochs_in_stage,
+            metrics=SeedMetrics() if state is None else SeedMetrics(**state.metrics.to_dict()),
+            last_gate=None if state is None else state.last_gate,
+            prune_reason=None if state is None else state.prune_reason,
+            history=() if state is None else tuple(state.history),
+        )
+
+    # --- state --------------------------------------------------------------------------------
+    def manifest(self) -> dict[str, Any]:
+        """Everything needed to rebuild this slot's seed (plain data, no tensors)."""
+        return {
+            "version": MANIFEST_VERSION,
+            "slot_id": self.slot_id,
+            "channels": self.channels,
+            "topology": self.topology,
+            "gate_mode": self.gates.mode.value,
+            "seeds_germinated": self.seeds_germinated,
+            "state": None if self.state is None else self.state.to_dict(),
+            "blend": None if self.blend is None else self.blend.to_dict(),
+            "alpha": self.alpha_controller.state_dict(),
+            "has_seed": self.seed is not None,
+        }
+
+    def load_manifest(self, manifest: dict[str, Any]) -> None:
+        """Rebuild the seed modules the manifest describes (weights are loaded separately).
+
+        An existing seed of the same blueprint and width is kept, so parameter identity (and any
+        optimizer referencing it) survives an in-place restore.
+        """
+        if manifest.get("version") != MANIFEST_VERSION:
+            raise ValueError(
+                f"slot {self.slot_id!r}: manifest version {manifest.get('version')!r}; "
+                f"accepted: {MANIFEST_VERSION}"
+            )
+        if manifest["topology"] != self.topology:
+            raise ValueError(
+                f"slot {self.slot_id!r}: manifest topology {manifest['topology']!r} "
+                f"!= slot topology {self.topology!r}"
+            )
+        old_blueprint = None if self.state is None else self.state.blueprint
+        self._unfreeze()
+        self.channels = manifest["channels"]
+        self.seeds_germinated = manifest["seeds_germinated"]
+        self.gates = QualityGates(manifest["gate_mode"])
+        self.state = None if manifest["state"] is None else SeedState.from_dict(manifest["state"])
+        self.blend = None if manifest["blend"] is None else BlendConfig.from_dict(manifest["blend"])
+        self.alpha_controller = AlphaController()
+        self.alpha_controller.load_state_dict(manifest["alpha"])
+        if not manifest["has_seed"] or self.state is None:
+            self.seed, self.gate = None, None
+            return
+        if self.seed is None or old_blueprint != self.state.blueprint:
+            self.seed = self._build_seed(self.state.blueprint)
+        needs_gate = self.blend is not None and self.blend.algorithm == AlphaAlgorithm.GATE
+        if not needs_gate:
+            self.gate = None
+        elif self.gate is None:
+            self.gate = self._build_gate()
+        self._sync_freeze()
+
+    def get_extra_state(self) -> dict[str, Any]:
+        return self.manifest()
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        # Called by load_state_dict before the children load, so rebuilt seeds receive weights.
+        self.load_manifest(state)
+
+    def extra_repr(self) -> str:
+        seed = "empty" if self.state is None else f"{self.state.blueprint} {self.stage.name}"
+        return f"{self.slot_id!r}, channels={self.channels}, {seed}, alpha={self.alpha:.3f}"
+
+    # --- internals ----------------------------------------------------------------------------
+    def _require(self, *stages: SeedStage) -> SeedState:
+        if self.state is None or self.state.stage not in stages:
+            allowed = ", ".join(s.name for s in stages)
+            raise IllegalTransitionError(
+                f"slot {self.slot_id!r}: operation needs stage in {{{allowed}}}, "
+                f"stage is {self.stage.name}"
+            )
+        return self.state
+
+    def _enter(self, target: SeedStage, reason: str) -> None:
+        assert self.state is not None and self.blend is not None
+        self.state.transition(target, reason)
+        if target == SeedStage.BLENDING:
+            b = self.blend
+            self.alpha_controller.retarget(b.alpha_target, b.tempo, b.curve, b.steepness)
+        elif target == SeedStage.HOLDING:
+            self.alpha_controller.snap(1.0)
+
+    def _build_seed(self, blueprint: str) -> nn.Module:
+        if self.channels is None:
+            raise RuntimeError(f"slot {self.slot_id!r}: width unknown")
+        return blueprints.build(
+            blueprint,
+            self.channels,
+            self.topology,
+            device=self._anchor.device,
+            dtype=self._anchor.dtype,
+        )
+
+    def _build_gate(self) -> GatedBlend:
+        assert self.channels is not None
+        return GatedBlend(self.channels, self.topology).to(
+            device=self._anchor.device, dtype=self._anchor.dtype
+        )
+
+    def _switch_algorithm(self, algorithm: AlphaAlgorithm) -> None:
+        assert self.blend is not None
+        if algorithm == self.blend.algorithm:
+            return
+        self.blend = BlendConfig(algorithm, self.blend.curve, self.blend.steepness,
+                                 self.blend.tempo, self.blend.alpha_target)
+        self.gate = self._build_gate() if algorithm == AlphaAlgorithm.GATE else None
+
+    def _alpha_view(self) -> AlphaView:
+        ctrl = self.alpha_controller
+        return AlphaView(ctrl.alpha, ctrl.target, ctrl.mode == AlphaMode.HOLD)
+
+    def _sync_freeze(self) -> None:
+        """Freeze the seed while alpha ramps down (the host still gets gradients through it)."""
+        if self.alpha_controller.mode == AlphaMode.DOWN:
+            if not self._frozen:
+                self._frozen = [p for p in self.seed_parameters() if p.requires_grad]
+                for p in self._frozen:
+                    p.requires_grad_(False)
+        else:
+            self._unfreeze()
+
+    def _unfreeze(self) -> None:
+        for p in self._frozen:
+            p.requires_grad_(True)
+        self._frozen = []
+
+
+def _per_sample(alpha: Tensor, h: Tensor) -> Tensor:
+    """Reshape a per-sample alpha ``[B]`` to broadcast against ``h``; pass others through."""
+    alpha = alpha.to(device=h.device, dtype=h.dtype)
+    if alpha.dim() == 1 and h.dim() > 1:
+        return alpha.view(-1, *([1] * (h.dim() - 1)))
+    return alpha
+
+
+def _ema(previous: float | None, value: float) -> float:
+    if previous is None:
+        return value
+    return GRADIENT_EMA_DECAY * previous + (1 - GRADIENT_EMA_DECAY) * value
+
+
+def apply_action(slot: SeedSlot, action: Action, seed_id: str | None = None) -> GateResult | None:
+    """Carry out ``action`` on ``slot`` (whose index the caller resolved). Check legality first
+    with `actions.action_error`: an illegal action raises here. Returns the gate result for
+    germinate, advance and fossilize."""
+    op = action.op
+    if op == LifecycleOp.WAIT:
+        return None
+    if op == LifecycleOp.GERMINATE:
+        style = action.style
+        return slot.germinate(
+            action.blueprint.blueprint_name,
+            seed_id,
+            algorithm=style.algorithm,
+            curve=style.curve,
+            tempo=action.tempo.epochs,
+            alpha_target=action.alpha_target.alpha,
+        )
+    if op == LifecycleOp.ADVANCE:
+        return slot.advance()
+    if op == LifecycleOp.FOSSILIZE:
+        return slot.fossilize()
+    curve, steepness = action.alpha_curve.curve, action.alpha_curve.steepness
+    if op == LifecycleOp.PRUNE:
+        slot.schedule_prune(action.alpha_speed.steps, curve, steepness, reason="policy_prune")
+        return None
+    if op == LifecycleOp.SET_ALPHA_TARGET:
+        slot.set_alpha_target(
+            action.alpha_target.alpha,
+            action.alpha_speed.steps,
+            curve,
+            steepness,
+            algorithm=action.style.algorithm,
+        )
+        return None
+    raise ValueError(f"unknown op {op!r}")
+
+
+def find_slots(module: nn.Module) -> dict[str, SeedSlot]:
+    """All `SeedSlot` modules inside ``module`` keyed by slot id (ids must be unique)."""
+    slots: dict[str, SeedSlot] = {}
+    for _, child in module.named_modules():
+        if isinstance(child, SeedSlot):
+            if child.slot_id in slots:
+                raise ValueError(f"duplicate slot id {child.slot_id!r}")
+            slots[child.slot_id] = child
+    return slots
