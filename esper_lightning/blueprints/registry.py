@@ -1,0 +1,318 @@
+"""Blueprint registry: which seed modules exist per topology, their sizes, and safe construction.
+
+A *blueprint* is a named recipe for a seed module that a slot of width ``channels`` can host.
+The registry is keyed by ``(topology, name)``. ``build`` instantiates a blueprint and checks with
+a shape probe that the seed maps its input to a tensor of the same shape, so a bad blueprint is
+rejected at germination with a one-line error instead of failing somewhere inside a host forward.
+
+This module also holds :class:`LayerScale` / :class:`LayerScale2d`, the small-gain output stage
+shared by every built-in blueprint: each seed is ``x + gamma * branch(x)`` with ``gamma`` starting
+at 1e-3, which keeps a freshly germinated seed within 1e-2 of the identity while every parameter
+still receives gradient (zero-initialising the last layer instead leaves the branch dead).
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+__all__ = [
+    "REFERENCE_WIDTHS",
+    "TOPOLOGIES",
+    "BlueprintError",
+    "BlueprintSpec",
+    "LayerScale",
+    "LayerScale2d",
+    "available",
+    "build",
+    "get_spec",
+    "param_count",
+    "register",
+    "unregister",
+]
+
+TOPOLOGIES: tuple[str, ...] = ("cnn", "transformer")
+
+# Widths at which `available` compares blueprint sizes: a typical CNN slot and the TinyStories
+# transformer's embedding width.
+REFERENCE_WIDTHS: dict[str, int] = {"cnn": 64, "transformer": 384}
+
+# Every seed must preserve its input shape; these are the probe inputs used at build time.
+_PROBE_SHAPES: dict[str, Callable[[int], tuple[int, ...]]] = {
+    "cnn": lambda c: (2, c, 8, 8),  # [B, C, H, W]
+    "transformer": lambda d: (2, 8, d),  # [B, T, D]
+}
+
+DEFAULT_LAYER_SCALE = 1e-3
+
+
+class BlueprintError(ValueError):
+    """A blueprint request or registration is invalid (unknown name, bad width, bad shape...)."""
+
+
+@dataclass(frozen=True)
+class BlueprintSpec:
+    """A registered blueprint.
+
+    Attributes:
+        name: Blueprint name, unique within its topology (e.g. ``"conv_light"``).
+        topology: One of :data:`TOPOLOGIES`.
+        factory: Builds the seed for a slot of the given width (channels for CNNs, model width
+            ``D`` for transformers).
+        description: One line describing the structure and parameter count formula.
+    """
+
+    name: str
+    topology: str
+    factory: Callable[[int], nn.Module]
+    description: str
+
+
+_REGISTRY: dict[str, dict[str, BlueprintSpec]] = {topology: {} for topology in TOPOLOGIES}
+
+
+class LayerScale(nn.Module):
+    """Per-channel learnable gain on the last dimension (``[..., D]``), as in CaiT.
+
+    Args:
+        dim: Size of the last dimension.
+        init_value: Initial gain. Small and non-zero so the residual branch starts near silent
+            but still passes gradient to every layer behind it.
+    """
+
+    def __init__(self, dim: int, init_value: float = DEFAULT_LAYER_SCALE) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((dim,), init_value))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+
+class LayerScale2d(nn.Module):
+    """Per-channel learnable gain on dimension 1 of a ``[B, C, H, W]`` feature map.
+
+    Args:
+        channels: Number of channels ``C``.
+        init_value: Initial gain (see :class:`LayerScale`).
+    """
+
+    def __init__(self, channels: int, init_value: float = DEFAULT_LAYER_SCALE) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((channels,), init_value))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma.view(-1, 1, 1)
+
+
+def _check_topology(topology: str) -> None:
+    if topology not in _REGISTRY:
+        raise BlueprintError(f"unknown topology {topology!r}; accepted: {', '.join(TOPOLOGIES)}")
+
+
+def _check_channels(channels: int) -> int:
+    try:
+        value = operator.index(channels)
+    except TypeError:
+        value = None
+    if value is None or isinstance(channels, bool) or value < 1:
+        raise BlueprintError(f"channels must be a positive integer (>= 1), got {channels!r}")
+    return value
+
+
+def register(spec: BlueprintSpec) -> BlueprintSpec:
+    """Add a blueprint to the registry.
+
+    Args:
+        spec: The blueprint to add.
+
+    Returns:
+        ``spec`` unchanged, so registration can be written inline.
+
+    Raises:
+        BlueprintError: If the topology is unknown, the name is empty, or the name is already
+            registered for that topology.
+    """
+    _check_topology(spec.topology)
+    if not isinstance(spec.name, str) or not spec.name:
+        raise BlueprintError(f"blueprint name must be a non-empty string, got {spec.name!r}")
+    if not callable(spec.factory):
+        raise BlueprintError(f"blueprint {spec.name!r} factory must be callable")
+    table = _REGISTRY[spec.topology]
+    if spec.name in table:
+        raise BlueprintError(
+            f"blueprint {spec.name!r} is already registered for topology {spec.topology!r}; "
+            "unregister it first"
+        )
+    table[spec.name] = spec
+    return spec
+
+
+def unregister(name: str, topology: str = "cnn") -> BlueprintSpec:
+    """Remove a blueprint from the registry.
+
+    Args:
+        name: Blueprint name.
+        topology: Topology it was registered under.
+
+    Returns:
+        The removed spec (so a caller can register it again later).
+
+    Raises:
+        BlueprintError: If the topology or the name is unknown.
+    """
+    spec = get_spec(name, topology)
+    del _REGISTRY[topology][name]
+    return spec
+
+
+def get_spec(name: str, topology: str = "cnn") -> BlueprintSpec:
+    """Look up a registered blueprint.
+
+    Args:
+        name: Blueprint name.
+        topology: One of :data:`TOPOLOGIES`.
+
+    Returns:
+        The registered spec.
+
+    Raises:
+        BlueprintError: If the topology or the name is unknown.
+    """
+    _check_topology(topology)
+    spec = _REGISTRY[topology].get(name) if isinstance(name, str) else None
+    if spec is None:
+        raise BlueprintError(
+            f"unknown blueprint {name!r} for topology {topology!r}; "
+            f"available: {', '.join(available(topology))}"
+        )
+    return spec
+
+
+def _instantiate(spec: BlueprintSpec, channels: int) -> nn.Module:
+    module = spec.factory(channels)
+    if not isinstance(module, nn.Module):
+        raise BlueprintError(
+            f"blueprint {spec.name!r} factory returned {type(module).__name__}, "
+            "expected an nn.Module"
+        )
+    return module
+
+
+def param_count(name: str, channels: int, topology: str = "cnn") -> int:
+    """Exact number of trainable parameters of a blueprint at a given width.
+
+    The seed is built on the meta device, so this allocates no parameter memory.
+
+    Args:
+        name: Blueprint name.
+        channels: Slot width (``C`` for CNNs, ``D`` for transformers), at least 1.
+        topology: One of :data:`TOPOLOGIES`.
+
+    Returns:
+        The number of scalars in parameters with ``requires_grad=True``.
+
+    Raises:
+        BlueprintError: On an unknown topology or name, or ``channels < 1``.
+    """
+    spec = get_spec(name, topology)
+    channels = _check_channels(channels)
+    try:
+        with torch.device("meta"):
+            module = _instantiate(spec, channels)
+    except (NotImplementedError, RuntimeError):
+        # A user factory may do data-dependent work the meta device cannot run; pay for a real
+        # build rather than refuse to count it.
+        module = _instantiate(spec, channels)
+    return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
+def available(topology: str = "cnn") -> tuple[str, ...]:
+    """Names of the blueprints registered for a topology, smallest first.
+
+    Args:
+        topology: One of :data:`TOPOLOGIES`.
+
+    Returns:
+        Names sorted by (parameter count at :data:`REFERENCE_WIDTHS` for the topology, name).
+
+    Raises:
+        BlueprintError: If the topology is unknown.
+    """
+    _check_topology(topology)
+    width = REFERENCE_WIDTHS[topology]
+    return tuple(sorted(_REGISTRY[topology], key=lambda n: (param_count(n, width, topology), n)))
+
+
+def _probe(module: nn.Module, name: str, shape: tuple[int, ...], fallback: torch.dtype) -> None:
+    reference = next(itertools.chain(module.parameters(), module.buffers()), None)
+    device = reference.device if reference is not None else torch.device("cpu")
+    dtype = fallback
+    if reference is not None and reference.is_floating_point():
+        dtype = reference.dtype
+    # A deterministic probe, so germinating a seed draws nothing from the global RNG beyond the
+    # seed's own initialisation.
+    x = torch.linspace(-2.0, 2.0, steps=torch.Size(shape).numel(), device=device, dtype=dtype)
+    x = x.reshape(shape)
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            out = module(x)
+    except Exception as err:
+        raise BlueprintError(
+            f"blueprint {name!r} failed the shape probe on input {shape}: "
+            f"{type(err).__name__}: {err}"
+        ) from err
+    finally:
+        module.train(was_training)
+    if not isinstance(out, torch.Tensor):
+        raise BlueprintError(
+            f"blueprint {name!r} returned {type(out).__name__} for input {shape}; "
+            "seeds must return a tensor of their input shape"
+        )
+    if tuple(out.shape) != shape:
+        raise BlueprintError(
+            f"blueprint {name!r} changed the shape {shape} -> {tuple(out.shape)}; "
+            "seeds must preserve their input shape"
+        )
+
+
+def build(
+    name: str,
+    channels: int,
+    topology: str = "cnn",
+    *,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> nn.Module:
+    """Build the seed module for a slot and check that it preserves its input shape.
+
+    The probe input is ``(2, C, 8, 8)`` for CNNs and ``(2, 8, D)`` for transformers. It runs in
+    eval mode under ``no_grad``; the module's train/eval mode is restored afterwards.
+
+    Args:
+        name: Blueprint name.
+        channels: Slot width (``C`` for CNNs, ``D`` for transformers), at least 1.
+        topology: One of :data:`TOPOLOGIES`.
+        device: Device for the parameters; the default device if ``None``.
+        dtype: Floating dtype for the parameters; unchanged if ``None``.
+
+    Returns:
+        The seed module, in training mode.
+
+    Raises:
+        BlueprintError: On an unknown topology or name, ``channels < 1``, a factory that returns
+            no module, or a module whose output is not a tensor of the input shape.
+    """
+    spec = get_spec(name, topology)
+    channels = _check_channels(channels)
+    module = _instantiate(spec, channels)
+    if device is not None or dtype is not None:
+        module = module.to(device=device, dtype=dtype)
+    _probe(module, name, _PROBE_SHAPES[topology](channels), dtype or torch.get_default_dtype())
+    return module
