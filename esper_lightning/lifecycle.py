@@ -166,11 +166,13 @@ class SeedMetrics:
     accuracy_at_blending_start: float | None = None
     counterfactual_contribution: float | None = None
     contribution_velocity: float = 0.0
+    contribution_age: int | None = None  # ticks since the contribution was last measured
     gradient_norm: float | None = None  # EMA of the seed gradient norm
     gradient_ratio: float | None = None  # EMA of the param-normalised seed/host gradient ratio
     gradient_health: float | None = None
     has_vanishing: bool | None = None
     has_exploding: bool | None = None
+    previous_gradient_health: float | None = None  # health as it was at the previous tick
     seed_params: int = 0
 
     def record_accuracy(self, accuracy: float) -> None:
@@ -189,6 +191,7 @@ class SeedMetrics:
             decay = CONTRIBUTION_VELOCITY_DECAY
             self.contribution_velocity = decay * self.contribution_velocity + (1 - decay) * change
         self.counterfactual_contribution = contribution
+        self.contribution_age = 0
 
     @property
     def improvement_since_stage_start(self) -> float:
@@ -267,11 +270,15 @@ class SeedState:
         if self.stage == SeedStage.PRUNED:
             self.transition(SeedStage.EMBARGOED, "embargo")
             return False
-        self.metrics.epochs_total += 1
-        self.metrics.epochs_in_stage += 1
-        if self.stage == SeedStage.EMBARGOED and self.metrics.epochs_in_stage >= EMBARGO_TICKS:
+        m = self.metrics
+        m.epochs_total += 1
+        m.epochs_in_stage += 1
+        m.previous_gradient_health = m.gradient_health
+        if m.contribution_age is not None:
+            m.contribution_age += 1
+        if self.stage == SeedStage.EMBARGOED and m.epochs_in_stage >= EMBARGO_TICKS:
             self.transition(SeedStage.RESETTING, "embargo_over")
-        elif self.stage == SeedStage.RESETTING and self.metrics.epochs_in_stage >= RESETTING_TICKS:
+        elif self.stage == SeedStage.RESETTING and m.epochs_in_stage >= RESETTING_TICKS:
             self.transition(SeedStage.DORMANT, "reset")
             return True
         return False

@@ -1,0 +1,420 @@
+"""CIFAR-10 on disk: the standard ``cifar-10-batches-py`` pickle format, its download, its errors.
+
+Everything that touches the file system lives here so the loaders stay pure tensor code. Bad data
+never surfaces as a bare ``KeyError`` or ``UnpicklingError``: it becomes a one-line
+:class:`DataError` naming the file or folder and how to fix it.
+
+Example:
+    >>> from esper_lightning.data import download_cifar10, load_cifar10
+    >>> root = download_cifar10("~/data")  # no-op when the folder is already there
+    >>> images, labels = load_cifar10(root, train=True)
+    >>> images.shape, images.dtype, labels.dtype
+    (torch.Size([50000, 3, 32, 32]), torch.uint8, torch.int64)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import pickle
+import shutil
+import tarfile
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+__all__ = [
+    "ARCHIVE_NAME",
+    "CIFAR10_CLASSES",
+    "CIFAR10_MD5",
+    "CIFAR10_MEAN",
+    "CIFAR10_STD",
+    "CIFAR10_URL",
+    "FOLDER_NAME",
+    "TEST_FILES",
+    "TRAIN_FILES",
+    "DataError",
+    "cifar10_present",
+    "default_data_dir",
+    "download_cifar10",
+    "find_batches_dir",
+    "load_cifar10",
+    "safe_extract",
+    "subset_indices",
+]
+
+CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+CIFAR10_MD5 = "c58f30108f718f92721af3b95e74349a"
+ARCHIVE_NAME = "cifar-10-python.tar.gz"
+FOLDER_NAME = "cifar-10-batches-py"
+TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
+TEST_FILES = ("test_batch",)
+CIFAR10_CLASSES = (
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
+)
+# Per-channel statistics of the 50k training images, in [0, 1] pixel units.
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+
+_IMAGE_SHAPE = (3, 32, 32)
+_ROW_BYTES = 3 * 32 * 32
+_CHUNK_BYTES = 1 << 20
+_TIMEOUT_S = 60.0
+_MAX_REASON_CHARS = 120
+
+PathLike = str | os.PathLike[str]
+
+
+class DataError(RuntimeError):
+    """CIFAR-10 data is missing, corrupt, or could not be downloaded.
+
+    The message is always a single line that names the folder, file or URL involved and says how
+    to fix it, so a CLI can print it without a traceback.
+
+    Example:
+        >>> try:
+        ...     load_cifar10("/nowhere", train=True)
+        ... except DataError as err:
+        ...     print(err)  # CIFAR-10 not found in '/nowhere': expected cifar-10-batches-py/ ...
+    """
+
+
+def default_data_dir() -> Path:
+    """Return ``$ESPER_DATA_DIR`` if set, else ``~/.cache/esper_lightning/data`` (expanded)."""
+    env = os.environ.get("ESPER_DATA_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path("~/.cache/esper_lightning/data").expanduser()
+
+
+def _one_line(reason: object) -> str:
+    # Exception texts can span lines (pickle, HTTP bodies); a DataError must stay one line.
+    text = " ".join(str(reason).split())
+    if isinstance(reason, BaseException):
+        text = f"{type(reason).__name__}: {text}" if text else type(reason).__name__
+    if len(text) > _MAX_REASON_CHARS:
+        text = text[: _MAX_REASON_CHARS - 3] + "..."
+    return text
+
+
+def _resolve(data_dir: PathLike | None) -> Path:
+    return default_data_dir() if data_dir is None else Path(data_dir).expanduser()
+
+
+def _missing_files(folder: Path) -> list[str]:
+    return [name for name in (*TRAIN_FILES, *TEST_FILES) if not (folder / name).is_file()]
+
+
+def find_batches_dir(data_dir: PathLike | None) -> Path | None:
+    """Locate the folder holding the batch files, or ``None`` when there is no complete copy.
+
+    Args:
+        data_dir: Either the folder that contains ``cifar-10-batches-py/`` or that folder itself;
+            ``None`` means :func:`default_data_dir`.
+    """
+    root = _resolve(data_dir)
+    for candidate in (root / FOLDER_NAME, root):
+        if candidate.is_dir() and not _missing_files(candidate):
+            return candidate
+    return None
+
+
+def cifar10_present(data_dir: PathLike | None) -> bool:
+    """Whether ``data_dir`` holds a complete CIFAR-10 copy (all batch files exist)."""
+    return find_batches_dir(data_dir) is not None
+
+
+def _not_found(root: Path) -> DataError:
+    partial = root / FOLDER_NAME if (root / FOLDER_NAME).is_dir() else root
+    missing = _missing_files(partial) if partial.is_dir() else []
+    # Listing every file is noise when none is there; name the gaps of a partial copy only.
+    partly_there = 0 < len(missing) < len(TRAIN_FILES) + len(TEST_FILES)
+    detail = f" (missing {', '.join(missing)})" if partly_there else ""
+    return DataError(
+        f"CIFAR-10 not found in '{root}': expected {FOLDER_NAME}/ with data_batch_1..5 and "
+        f"test_batch{detail}; pass download=True (or --download) or point --data-dir / "
+        "ESPER_DATA_DIR at an existing copy"
+    )
+
+
+def _corrupt(path: Path, reason: object) -> DataError:
+    return DataError(
+        f"corrupt CIFAR-10 file '{path}': {_one_line(reason)}; delete the folder and download again"
+    )
+
+
+def _unpickle(path: Path) -> dict[Any, Any]:
+    try:
+        with path.open("rb") as f:
+            # Deliberately broad: garbage bytes can raise almost anything from inside pickle.
+            batch = pickle.load(f, encoding="bytes")
+    except OSError as err:
+        raise DataError(f"cannot read CIFAR-10 file '{path}': {_one_line(err)}") from err
+    except Exception as err:
+        raise _corrupt(path, err) from err
+    if not isinstance(batch, dict):
+        raise _corrupt(path, f"expected a dict, got {type(batch).__name__}")
+    return batch
+
+
+def _read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    batch = _unpickle(path)
+    if b"data" not in batch or b"labels" not in batch:
+        raise _corrupt(path, "missing b'data' or b'labels' key")
+    data, labels = batch[b"data"], batch[b"labels"]
+    if not isinstance(data, np.ndarray) or data.dtype != np.uint8:
+        raise _corrupt(path, f"b'data' is not a uint8 array ({type(data).__name__})")
+    if data.ndim != 2 or data.shape[1] != _ROW_BYTES:
+        raise _corrupt(path, f"b'data' has shape {tuple(data.shape)}, expected (N, {_ROW_BYTES})")
+    try:
+        label_array = np.asarray(labels, dtype=np.int64).reshape(-1)
+    except (TypeError, ValueError) as err:
+        raise _corrupt(path, f"b'labels' is not a list of ints ({_one_line(err)})") from err
+    if label_array.shape[0] != data.shape[0]:
+        raise _corrupt(path, f"{label_array.shape[0]} labels for {data.shape[0]} images")
+    if label_array.size and (label_array.min() < 0 or label_array.max() >= len(CIFAR10_CLASSES)):
+        raise _corrupt(path, "labels outside 0..9")
+    return data, label_array
+
+
+def load_cifar10(data_dir: PathLike | None, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Load one CIFAR-10 split into memory.
+
+    Args:
+        data_dir: The folder containing ``cifar-10-batches-py/`` or that folder itself; ``None``
+            means :func:`default_data_dir`.
+        train: ``True`` for the training batches ``data_batch_1..5``, ``False`` for ``test_batch``.
+
+    Returns:
+        ``(images, labels)``: uint8 ``[N, 3, 32, 32]`` and int64 ``[N]``, both contiguous CPU
+        tensors that own their memory.
+
+    Raises:
+        DataError: The folder or a batch file is missing, unreadable or malformed.
+
+    Example:
+        >>> images, labels = load_cifar10("~/data", train=False)
+        >>> images.shape
+        torch.Size([10000, 3, 32, 32])
+    """
+    root = _resolve(data_dir)
+    folder = find_batches_dir(root)
+    if folder is None:
+        raise _not_found(root)
+    parts = [_read_batch(folder / name) for name in (TRAIN_FILES if train else TEST_FILES)]
+    # concatenate always copies, so the tensors never alias pickle-owned (possibly read-only) memory
+    data = np.concatenate([p[0] for p in parts]).reshape(-1, *_IMAGE_SHAPE)
+    labels = np.concatenate([p[1] for p in parts])
+    return torch.from_numpy(data), torch.from_numpy(labels)
+
+
+def subset_indices(total: int, subset: int | None, seed: int) -> torch.Tensor:
+    """Indices of the first ``subset`` items after a shuffle seeded with ``seed``, sorted.
+
+    Sorting keeps the kept items in file order, so an unshuffled loader over a subset stays stable.
+    ``subset=None`` keeps everything in order.
+
+    Raises:
+        ValueError: ``subset`` is not a positive int or exceeds ``total``.
+    """
+    if subset is None:
+        return torch.arange(total)
+    if isinstance(subset, bool) or not isinstance(subset, int) or subset <= 0:
+        raise ValueError(f"subset must be a positive int or None, got {subset!r}")
+    if subset > total:
+        raise ValueError(
+            f"subset={subset} exceeds the {total} available images; use at most {total}"
+        )
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randperm(total, generator=generator)[:subset].sort().values
+
+
+# --------------------------------------------------------------------------------------- download
+
+
+def _file_md5(path: Path) -> str:
+    digest = hashlib.md5(usedforsecurity=False)
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(_CHUNK_BYTES), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _stream(url: str, out: BinaryIO, progress: bool) -> str:
+    """Copy ``url`` into ``out`` chunk by chunk; return the md5 of what was written."""
+    digest = hashlib.md5(usedforsecurity=False)
+    with urllib.request.urlopen(url, timeout=_TIMEOUT_S) as response:
+        size = response.headers.get("Content-Length")
+        total = int(size) if size and size.isdigit() else None
+        with tqdm(
+            total=total,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            desc=ARCHIVE_NAME,
+            disable=not progress,
+        ) as bar:
+            for chunk in iter(lambda: response.read(_CHUNK_BYTES), b""):
+                out.write(chunk)
+                digest.update(chunk)
+                bar.update(len(chunk))
+    return digest.hexdigest()
+
+
+def _fetch_archive(url: str, archive: Path, md5: str, progress: bool) -> None:
+    """Download ``url`` to ``archive`` through a temp file, so ``archive`` is complete or absent."""
+    try:
+        fd, tmp_name = tempfile.mkstemp(
+            dir=archive.parent, prefix=f".{ARCHIVE_NAME}.", suffix=".part"
+        )
+    except OSError as err:
+        raise DataError(
+            f"cannot write to data folder '{archive.parent}': {_one_line(err)}"
+        ) from err
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            actual = _stream(url, out, progress)
+        if actual != md5:
+            raise DataError(
+                f"MD5 mismatch for '{archive}' downloaded from '{url}': expected {md5}, got "
+                f"{actual}; the download is corrupt or the URL is wrong, try again or use "
+                "--data-dir with an offline copy"
+            )
+        os.replace(tmp, archive)
+    except (urllib.error.URLError, http.client.HTTPException, TimeoutError, ConnectionError) as e:
+        raise DataError(
+            f"could not download CIFAR-10 from '{url}': {_one_line(e)}; check the network or "
+            "pass --data-dir / ESPER_DATA_DIR pointing at an offline copy"
+        ) from e
+    except OSError as err:
+        raise DataError(f"could not write '{archive}': {_one_line(err)}") from err
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _check_member(member: tarfile.TarInfo, archive: Path) -> None:
+    name = Path(member.name)
+    if name.is_absolute() or ".." in name.parts:
+        raise DataError(f"unsafe path '{member.name}' in archive '{archive}'; refusing to extract")
+    if not (member.isfile() or member.isdir()):
+        raise DataError(
+            f"unsupported member '{member.name}' (link or device) in archive '{archive}'; "
+            "refusing to extract"
+        )
+
+
+def safe_extract(archive: PathLike, dest: PathLike) -> None:
+    """Extract a tar archive, refusing absolute paths, ``..`` components, links and devices.
+
+    Every member is checked before anything is written, so a hostile archive extracts nothing.
+
+    Raises:
+        DataError: The archive is unreadable or holds an unsafe member.
+    """
+    archive, dest = Path(archive), Path(dest)
+    try:
+        with tarfile.open(archive, "r:*") as tar:
+            members = tar.getmembers()
+            for member in members:
+                _check_member(member, archive)
+            # The stdlib "data" filter is a second line of defence where available (3.11.4+).
+            kwargs: dict[str, Any] = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            tar.extractall(dest, members=members, **kwargs)
+    except (tarfile.TarError, EOFError, OSError) as err:
+        raise DataError(
+            f"cannot extract '{archive}': {_one_line(err)}; delete it and download again"
+        ) from err
+
+
+def _install_folder(archive: Path, root: Path) -> None:
+    """Extract into a hidden temp dir, validate, then move ``cifar-10-batches-py`` into place."""
+    staging = Path(tempfile.mkdtemp(dir=root, prefix=".cifar-10-extract."))
+    try:
+        safe_extract(archive, staging)
+        extracted = staging / FOLDER_NAME
+        missing = _missing_files(extracted) if extracted.is_dir() else [FOLDER_NAME]
+        if missing:
+            raise DataError(
+                f"archive '{archive}' lacks {', '.join(missing)}; delete it and download again"
+            )
+        try:
+            # A directory rename is atomic: the target is either absent or complete.
+            os.replace(extracted, root / FOLDER_NAME)
+        except OSError as err:
+            # Another process may have finished first; its copy is as good as ours.
+            if not cifar10_present(root):
+                raise DataError(f"cannot move CIFAR-10 into '{root}': {_one_line(err)}") from err
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def download_cifar10(
+    data_dir: PathLike | None = None,
+    url: str = CIFAR10_URL,
+    md5: str = CIFAR10_MD5,
+    progress: bool = True,
+) -> Path:
+    """Download and extract CIFAR-10 into ``data_dir`` unless a complete copy is already there.
+
+    The archive is streamed to a temporary file, verified against ``md5``, renamed to
+    ``cifar-10-python.tar.gz`` (kept, so a deleted folder re-extracts without a download),
+    extracted into a hidden staging folder and only then renamed to ``cifar-10-batches-py``. An
+    interrupted or failed download therefore never leaves a folder that looks valid.
+
+    Args:
+        data_dir: Destination (the folder that will contain ``cifar-10-batches-py/``); ``None``
+            means :func:`default_data_dir`. Passing ``.../cifar-10-batches-py`` itself also works.
+        url: Where to fetch the ``.tar.gz`` from (any ``urllib`` URL, e.g. a local mirror).
+        md5: Expected hex MD5 of the archive.
+        progress: Show a tqdm progress bar.
+
+    Returns:
+        The folder containing ``cifar-10-batches-py/``, ready for :func:`load_cifar10`.
+
+    Raises:
+        DataError: Network failure, MD5 mismatch, unsafe or incomplete archive, or an incomplete
+            ``cifar-10-batches-py`` folder already in the way.
+
+    Example:
+        >>> root = download_cifar10(progress=False)
+        >>> (root / "cifar-10-batches-py" / "test_batch").is_file()
+        True
+    """
+    root = _resolve(data_dir)
+    if root.name == FOLDER_NAME and not (root / FOLDER_NAME).exists():
+        root = root.parent
+    if cifar10_present(root):
+        return root
+    if (root / FOLDER_NAME).exists():
+        missing = ", ".join(_missing_files(root / FOLDER_NAME))
+        raise DataError(
+            f"'{root / FOLDER_NAME}' exists but is incomplete (missing {missing}); delete it and "
+            "download again"
+        )
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise DataError(f"cannot create data folder '{root}': {_one_line(err)}") from err
+    archive = root / ARCHIVE_NAME
+    # A previous run's verified archive saves the download; a bad one is simply replaced.
+    if not (archive.is_file() and _file_md5(archive) == md5):
+        _fetch_archive(url, archive, md5, progress)
+    _install_folder(archive, root)
+    return root

@@ -1,0 +1,73 @@
+"""`EpochReport`: what a controller sees once per epoch.
+
+The engine builds one report after validation; the heuristic, the random and scripted controllers,
+the PPO observation builder and the rewards all read this one type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from esper_lightning.actions import Action, ActionMasks, MaskContext
+from esper_lightning.lifecycle import FAILURE_STAGES, LIVE_STAGES, SeedStage
+from esper_lightning.slots import SlotReport
+
+#: Validation history kept in reports (the observation reads the last 5).
+HISTORY_WINDOW = 10
+
+
+@dataclass(frozen=True)
+class EpochReport:
+    """State of the host and its slots at one decision point.
+
+    Accuracies are in percent (0-100); contributions in percentage points.
+
+    Attributes:
+        epoch: index of the epoch that just finished (0-based) in this run or episode.
+        max_epochs: planned episode length (None when unbounded).
+        slot_ids: enabled slot ids in action order; ``slots[i]`` reports ``slot_ids[i]``.
+        slots: one report per enabled slot.
+        val_accuracy, val_loss: this epoch's validation metrics (None without validation).
+        train_loss: mean training loss of the epoch (None if unknown).
+        accuracy_history, loss_history: last `HISTORY_WINDOW` validation values, oldest first,
+            including this epoch's.
+        host_params: parameters of the host without seeds.
+        seed_params: parameters of all seeds present (live and fossilized).
+        masks: legal actions now; ``mask_context`` is what they were computed with.
+        last_action: the action executed at the previous decision (None at the start).
+        last_action_success: whether it was legal and its gate (if any) passed.
+        topology: ``"cnn"`` or ``"transformer"``.
+    """
+
+    epoch: int
+    max_epochs: int | None
+    slot_ids: tuple[str, ...]
+    slots: tuple[SlotReport, ...]
+    val_accuracy: float | None
+    val_loss: float | None
+    train_loss: float | None
+    accuracy_history: tuple[float, ...]
+    loss_history: tuple[float, ...]
+    host_params: int
+    seed_params: int
+    masks: ActionMasks
+    mask_context: MaskContext
+    last_action: Action | None = None
+    last_action_success: bool = True
+    topology: str = "cnn"
+
+    def count(self, *stages: SeedStage) -> int:
+        return sum(s.stage in stages for s in self.slots)
+
+    @property
+    def live_slots(self) -> tuple[int, ...]:
+        """Indices of slots whose seed is live (germinated, not yet fossilized or removed)."""
+        return tuple(i for i, s in enumerate(self.slots) if s.stage in LIVE_STAGES)
+
+    @property
+    def empty_slots(self) -> tuple[int, ...]:
+        return tuple(i for i, s in enumerate(self.slots) if s.stage == SeedStage.DORMANT)
+
+    @property
+    def cooling_down(self) -> bool:
+        return any(s.stage in FAILURE_STAGES for s in self.slots)
