@@ -135,6 +135,27 @@ GATE_FOR_TARGET: dict[SeedStage, Gate] = {
 
 
 @dataclass(frozen=True)
+class GateConfig:
+    """Gate thresholds; the defaults are the upstream constants above."""
+
+    min_training_epochs: int = MIN_TRAINING_EPOCHS
+    min_blending_epochs: int = MIN_BLENDING_EPOCHS
+    min_training_improvement: float = MIN_TRAINING_IMPROVEMENT
+    gradient_ratio_threshold: float = GRADIENT_RATIO_THRESHOLD
+    min_gradient_health: float = MIN_GRADIENT_HEALTH
+    min_fossilize_contribution: float = MIN_FOSSILIZE_CONTRIBUTION
+
+    def __post_init__(self) -> None:
+        for name in ("min_training_epochs", "min_blending_epochs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class GateResult:
     gate: int
     passed: bool
@@ -349,7 +370,10 @@ class QualityGates:
         True
     """
 
-    def __init__(self, mode: GateMode | str = GateMode.PERMISSIVE) -> None:
+    def __init__(
+        self, mode: GateMode | str = GateMode.PERMISSIVE, config: GateConfig | None = None
+    ) -> None:
+        self.config = config or GateConfig()
         try:
             self.mode = GateMode(mode)
         except ValueError:
@@ -384,25 +408,23 @@ class QualityGates:
         return [("stage_germinated", state.stage == SeedStage.GERMINATED)]
 
     def _g2(self, state: SeedState, alpha: AlphaView) -> list[tuple[str, bool]]:
-        m = state.metrics
-        checks = [("min_training_epochs", m.epochs_in_stage >= MIN_TRAINING_EPOCHS)]
+        m, cfg = state.metrics, self.config
+        checks = [("min_training_epochs", m.epochs_in_stage >= self.config.min_training_epochs)]
         if self.strict:
             checks.append(
-                ("min_improvement", m.improvement_since_stage_start >= MIN_TRAINING_IMPROVEMENT)
+                ("min_improvement", m.improvement_since_stage_start >= cfg.min_training_improvement)
             )
-            checks.append(("gradient_ratio_measured", m.gradient_ratio is not None))
+            ratio = m.gradient_ratio
+            checks.append(("gradient_ratio_measured", ratio is not None))
             checks.append(
-                (
-                    "gradient_ratio",
-                    m.gradient_ratio is not None and m.gradient_ratio >= GRADIENT_RATIO_THRESHOLD,
-                )
+                ("gradient_ratio", ratio is not None and ratio >= cfg.gradient_ratio_threshold)
             )
             return checks
         measured = m.gradient_health is not None
         checks.append(("gradient_health_measured", measured))
         checks.append(("not_exploding", measured and not m.has_exploding))
         health = m.gradient_health if m.gradient_health is not None else -math.inf
-        checks.append(("gradient_health", health >= MIN_GRADIENT_HEALTH))
+        checks.append(("gradient_health", health >= cfg.min_gradient_health))
         return checks
 
     def _g3(self, state: SeedState, alpha: AlphaView) -> list[tuple[str, bool]]:
@@ -412,9 +434,8 @@ class QualityGates:
             ("alpha_reached", abs(alpha.alpha - alpha.target) <= ALPHA_TOLERANCE),
         ]
         if self.strict:
-            checks.append(
-                ("min_blending_epochs", state.metrics.epochs_in_stage >= MIN_BLENDING_EPOCHS)
-            )
+            blended = state.metrics.epochs_in_stage >= self.config.min_blending_epochs
+            checks.append(("min_blending_epochs", blended))
         return checks
 
     def _g5(self, state: SeedState, alpha: AlphaView) -> list[tuple[str, bool]]:
@@ -425,12 +446,9 @@ class QualityGates:
             ("healthy", m.is_healthy is True),
         ]
         if self.strict:
-            checks.append(
-                (
-                    "min_contribution",
-                    contribution is not None and contribution >= MIN_FOSSILIZE_CONTRIBUTION,
-                )
-            )
+            minimum = self.config.min_fossilize_contribution
+            enough = contribution is not None and contribution >= minimum
+            checks.append(("min_contribution", enough))
         return checks
 
     @staticmethod

@@ -35,6 +35,7 @@ from esper_lightning.lifecycle import (
     GRADIENT_EMA_DECAY,
     LIVE_STAGES,
     AlphaView,
+    GateConfig,
     GateMode,
     GateResult,
     IllegalTransitionError,
@@ -150,6 +151,7 @@ class SeedSlot(nn.Module):
         channels: width of the activation at the slot; inferred from the first forward if None.
         topology: ``"cnn"`` (activations ``[B, C, H, W]``) or ``"transformer"`` (``[B, T, D]``).
         gate_mode: ``"permissive"`` (default) or ``"strict"`` quality gates.
+        gate_config: gate thresholds (the upstream constants by default).
 
     Example:
         >>> slot = SeedSlot("r0c1", channels=16)
@@ -164,6 +166,7 @@ class SeedSlot(nn.Module):
         channels: int | None = None,
         topology: str = "cnn",
         gate_mode: GateMode | str = GateMode.PERMISSIVE,
+        gate_config: GateConfig | None = None,
     ) -> None:
         super().__init__()
         if topology not in blueprints.TOPOLOGIES:
@@ -173,7 +176,7 @@ class SeedSlot(nn.Module):
         self.slot_id = slot_id
         self.channels = channels
         self.topology = topology
-        self.gates = QualityGates(gate_mode)
+        self.gates = QualityGates(gate_mode, gate_config)
         self.seed: nn.Module | None = None
         self.gate: GatedBlend | None = None
         self.state: SeedState | None = None
@@ -449,6 +452,7 @@ class SeedSlot(nn.Module):
             "channels": self.channels,
             "topology": self.topology,
             "gate_mode": self.gates.mode.value,
+            "gate_config": self.gates.config.to_dict(),
             "seeds_germinated": self.seeds_germinated,
             "state": None if self.state is None else self.state.to_dict(),
             "blend": None if self.blend is None else self.blend.to_dict(),
@@ -476,7 +480,7 @@ class SeedSlot(nn.Module):
         self._unfreeze()
         self.channels = manifest["channels"]
         self.seeds_germinated = manifest["seeds_germinated"]
-        self.gates = QualityGates(manifest["gate_mode"])
+        self.gates = QualityGates(manifest["gate_mode"], GateConfig(**manifest["gate_config"]))
         self.state = None if manifest["state"] is None else SeedState.from_dict(manifest["state"])
         self.blend = None if manifest["blend"] is None else BlendConfig.from_dict(manifest["blend"])
         self.alpha_controller = AlphaController()
