@@ -1,0 +1,453 @@
+"""`MorphogenesisEngine`: the framework-agnostic core of morphogenetic training.
+
+The Lightning callback and the Fabric RL environments both drive one engine per model:
+
+1. slots are found (`SeedSlot` modules) or injected after named submodules with forward hooks;
+2. once per epoch the caller records validation results, asks a controller for an `Action` with
+   `report()`, runs it with `execute()` (illegal actions become WAIT with a reason) and then
+   `tick()`s every slot exactly once;
+3. the optimizer stays in step: every seed trains in a param group ``seed/<slot>`` that appears
+   and disappears with it (`attach_optimizer`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.optim import Optimizer
+
+from esper_lightning import blueprints as blueprint_registry
+from esper_lightning.actions import (
+    Action,
+    ActionMasks,
+    MaskContext,
+    action_error,
+    compute_masks,
+)
+from esper_lightning.lifecycle import (
+    LIVE_STAGES,
+    GateConfig,
+    GateMode,
+    GateResult,
+    SeedStage,
+)
+from esper_lightning.optim import (
+    SeedOptimConfig,
+    add_seed_group,
+    remove_seed_group,
+    seed_group_name,
+    seed_group_names,
+    set_group_params,
+    strip_params,
+)
+from esper_lightning.report import HISTORY_WINDOW, EpochReport
+from esper_lightning.slots import SeedSlot, apply_action, find_slots
+
+#: Name of the `nn.ModuleDict` that holds injected slots on the model.
+INJECTED_SLOTS_ATTR = "esper_slots"
+_WAIT = Action()
+
+
+@dataclass(frozen=True)
+class LifecycleEvent:
+    """A seed germinated, fossilized or pruned (with the reason)."""
+
+    epoch: int
+    slot_id: str
+    kind: str  # "germinated" | "fossilized" | "pruned"
+    blueprint: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What happened to one requested action."""
+
+    requested: Action
+    executed: Action  # WAIT when the request was illegal
+    success: bool
+    reason: str | None  # why it was refused, or which gate checks failed
+    gate: GateResult | None
+
+
+class MorphogenesisEngine:
+    """Owns the slots of one model and applies lifecycle actions to them.
+
+    Args:
+        model: the host network.
+        slots: slot ids of `SeedSlot` modules already in ``model`` and/or dotted module paths
+            (as in ``model.named_modules()``) after which a slot is injected. None: every
+            `SeedSlot` in the model.
+        blueprints: blueprint names controllers may germinate (default: all for the topology).
+        max_seeds: maximum seeds present at once (None = unlimited).
+        topology: ``"cnn"`` or ``"transformer"`` for injected slots.
+        gate_mode, gate_config: quality-gate mode and thresholds for every slot.
+        seed_optim: hyper-parameters of the seed param groups.
+
+    Example:
+        >>> model = nn.Module()
+        >>> model.net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 3))
+        >>> engine = MorphogenesisEngine(model, slots=["net.1"])
+        >>> _ = model.net(torch.zeros(1, 3, 8, 8))  # infers the slot width
+        >>> from esper_lightning.actions import LifecycleOp
+        >>> engine.execute(Action(LifecycleOp.GERMINATE, 0, blueprint=3)).success
+        True
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        slots: Sequence[str] | None = None,
+        *,
+        blueprints: Sequence[str] | None = None,
+        max_seeds: int | None = None,
+        topology: str = "cnn",
+        gate_mode: GateMode | str = GateMode.PERMISSIVE,
+        gate_config: GateConfig | None = None,
+        seed_optim: SeedOptimConfig | None = None,
+    ) -> None:
+        if max_seeds is not None and (isinstance(max_seeds, bool) or max_seeds < 0):
+            raise ValueError(f"max_seeds must be an int >= 0 or None, got {max_seeds!r}")
+        self.model = model
+        self.slots = _resolve_slots(model, slots, topology, gate_mode, gate_config)
+        self.topology = _common_topology(self.slots.values())
+        names = _check_blueprints(blueprints, self.topology)
+        self.mask_context = MaskContext(blueprints=names, max_seeds=max_seeds)
+        self.seed_optim = seed_optim or SeedOptimConfig()
+        self.optimizer: Optimizer | None = None
+        self.schedulers: list[Any] = []
+        self.epoch = 0
+        self.last_action: Action | None = None
+        self.last_action_success = True
+        self.accuracy_history: deque[float] = deque(maxlen=HISTORY_WINDOW)
+        self.loss_history: deque[float] = deque(maxlen=HISTORY_WINDOW)
+        self.train_loss: float | None = None
+        self.events: list[LifecycleEvent] = []
+        self._pending_group_order: list[str] | None = None
+
+    # --- slots --------------------------------------------------------------------------------
+    @property
+    def slot_ids(self) -> tuple[str, ...]:
+        return tuple(self.slots)
+
+    def seed_parameters(self) -> list[nn.Parameter]:
+        return [p for slot in self.slots.values() for p in slot.seed_parameters()]
+
+    def host_parameters(self) -> list[nn.Parameter]:
+        seed_ids = {id(p) for p in self.seed_parameters()}
+        return [p for p in self.model.parameters() if id(p) not in seed_ids]
+
+    @property
+    def seed_params(self) -> int:
+        return sum(p.numel() for p in self.seed_parameters())
+
+    @property
+    def host_params(self) -> int:
+        return sum(p.numel() for p in self.host_parameters())
+
+    def count(self, kind: str) -> int:
+        return sum(e.kind == kind for e in self.events)
+
+    # --- once-per-epoch protocol --------------------------------------------------------------
+    def record_epoch(
+        self,
+        val_accuracy: float | None,
+        val_loss: float | None = None,
+        train_loss: float | None = None,
+        contributions: Mapping[str, float] | None = None,
+    ) -> None:
+        """Record this epoch's measurements (accuracy in percent, contributions in points)."""
+        if val_accuracy is not None:
+            self.accuracy_history.append(float(val_accuracy))
+        if val_loss is not None:
+            self.loss_history.append(float(val_loss))
+        self.train_loss = train_loss
+        for slot in self.slots.values():
+            if val_accuracy is not None:
+                slot.record_accuracy(val_accuracy)
+        for slot_id, contribution in (contributions or {}).items():
+            slot = self.slots[slot_id]
+            if slot.seed is not None:
+                slot.record_contribution(contribution)
+
+    def masks(self) -> ActionMasks:
+        return compute_masks([s.report() for s in self.slots.values()], self.mask_context)
+
+    def report(self, max_epochs: int | None = None) -> EpochReport:
+        reports = tuple(s.report() for s in self.slots.values())
+        acc, loss = self.accuracy_history, self.loss_history
+        return EpochReport(
+            epoch=self.epoch,
+            max_epochs=max_epochs,
+            slot_ids=self.slot_ids,
+            slots=reports,
+            val_accuracy=acc[-1] if acc else None,
+            val_loss=loss[-1] if loss else None,
+            train_loss=self.train_loss,
+            accuracy_history=tuple(acc),
+            loss_history=tuple(loss),
+            host_params=self.host_params,
+            seed_params=self.seed_params,
+            masks=compute_masks(reports, self.mask_context),
+            mask_context=self.mask_context,
+            last_action=self.last_action,
+            last_action_success=self.last_action_success,
+            topology=self.topology,
+        )
+
+    def execute(self, action: Action) -> StepOutcome:
+        """Re-check ``action`` against the live slot states and carry it out."""
+        views = [s.report() for s in self.slots.values()]
+        error = action_error(action, views, self.mask_context)
+        if error is not None:
+            outcome = StepOutcome(action, _WAIT, False, error, None)
+        else:
+            slot = list(self.slots.values())[action.slot]
+            before = self._stages()
+            gate = apply_action(slot, action)
+            passed = gate is None or gate.passed
+            reason = None if passed else gate.message  # type: ignore[union-attr]
+            outcome = StepOutcome(action, action, passed, reason, gate)
+            self._note_changes(before, "policy")
+            self._sync_optimizer()
+        self.last_action, self.last_action_success = outcome.executed, outcome.success
+        return outcome
+
+    def tick(self) -> None:
+        """Advance every slot by one epoch (alpha ramps, scheduled prunes, embargo)."""
+        before = self._stages()
+        for slot in self.slots.values():
+            slot.tick()
+        self._note_changes(before, "scheduled")
+        self._sync_optimizer()
+        self.epoch += 1
+
+    def prune_live(self, reason: str) -> list[str]:
+        """Prune every live seed now (the governor's rollback); fossilized seeds stay."""
+        before = self._stages()
+        pruned = [sid for sid, s in self.slots.items() if s.stage in LIVE_STAGES]
+        for slot_id in pruned:
+            self.slots[slot_id].prune(reason)
+        self._note_changes(before, reason)
+        self._sync_optimizer()
+        self.last_action, self.last_action_success = _WAIT, False
+        return pruned
+
+    @torch.no_grad()
+    def capture_gradient_stats(self) -> None:
+        """Measure seed gradient health and the seed/host gradient ratio (after backward)."""
+        active = [s for s in self.slots.values() if s.stage in LIVE_STAGES and s.seed is not None]
+        if not active:
+            return
+        host = [p for p in self.host_parameters() if p.grad is not None]
+        host_norm = None
+        if host:
+            host_norm = float(torch.linalg.vector_norm(torch.stack(
+                torch._foreach_norm([p.grad for p in host])
+            )))
+        n_host = sum(p.numel() for p in host)
+        for slot in active:
+            slot.capture_gradient_stats(host_norm if host_norm and math.isfinite(host_norm)
+                                        else None, n_host)
+
+    # --- optimizer ----------------------------------------------------------------------------
+    def attach_optimizer(self, optimizer: Optimizer, schedulers: Sequence[Any] = ()) -> None:
+        """Track ``optimizer``: seed params leave the host groups and get their own groups,
+        in the order saved in a checkpoint (so its optimizer state lines up)."""
+        self.optimizer, self.schedulers = optimizer, list(schedulers)
+        strip_params(optimizer, self.seed_parameters())
+        existing = set(seed_group_names(optimizer))
+        order = self._pending_group_order or []
+        wanted = [n for n in order if n not in existing]
+        wanted += [seed_group_name(sid) for sid in self.slots if seed_group_name(sid) not in order]
+        for name in wanted:
+            slot_id = name.removeprefix("seed/")
+            params = self.slots[slot_id].seed_parameters() if slot_id in self.slots else []
+            if params and name not in existing:
+                add_seed_group(optimizer, slot_id, params, self.seed_optim, self.schedulers)
+        self._pending_group_order = None
+        self._sync_optimizer()
+
+    def _sync_optimizer(self) -> None:
+        optimizer = self.optimizer
+        if optimizer is None:
+            return
+        groups = {g.get("name"): g for g in optimizer.param_groups}
+        for slot_id, slot in self.slots.items():
+            name, params = seed_group_name(slot_id), slot.seed_parameters()
+            if params and name not in groups:
+                add_seed_group(optimizer, slot_id, params, self.seed_optim, self.schedulers)
+            elif not params and name in groups:
+                remove_seed_group(optimizer, slot_id, self.schedulers)
+            elif params and [id(p) for p in groups[name]["params"]] != [id(p) for p in params]:
+                set_group_params(optimizer, slot_id, params)
+
+    # --- bookkeeping --------------------------------------------------------------------------
+    def _stages(self) -> dict[str, SeedStage]:
+        return {sid: s.stage for sid, s in self.slots.items()}
+
+    def _note_changes(self, before: Mapping[str, SeedStage], initiator: str) -> None:
+        for slot_id, slot in self.slots.items():
+            stage, state = slot.stage, slot.state
+            if stage == before[slot_id] or state is None:
+                continue
+            kind = {
+                SeedStage.GERMINATED: "germinated",
+                SeedStage.FOSSILIZED: "fossilized",
+                SeedStage.PRUNED: "pruned",
+            }.get(stage)
+            if kind is not None:
+                reason = state.prune_reason if kind == "pruned" else initiator
+                self.events.append(
+                    LifecycleEvent(self.epoch, slot_id, kind, state.blueprint, reason or initiator)
+                )
+
+    def state_dict(self) -> dict[str, Any]:
+        """Engine bookkeeping (slot states live in the model's own state_dict)."""
+        order = (
+            seed_group_names(self.optimizer)
+            if self.optimizer is not None
+            else list(self._pending_group_order or [])
+        )
+        return {
+            "epoch": self.epoch,
+            "last_action": None if self.last_action is None else list(self.last_action.indices()),
+            "last_action_success": self.last_action_success,
+            "accuracy_history": list(self.accuracy_history),
+            "loss_history": list(self.loss_history),
+            "train_loss": self.train_loss,
+            "events": [asdict(e) for e in self.events],
+            "seed_group_order": order,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.epoch = int(state["epoch"])
+        last = state["last_action"]
+        self.last_action = None if last is None else Action.from_indices(last)
+        self.last_action_success = bool(state["last_action_success"])
+        self.accuracy_history = deque(state["accuracy_history"], maxlen=HISTORY_WINDOW)
+        self.loss_history = deque(state["loss_history"], maxlen=HISTORY_WINDOW)
+        self.train_loss = state["train_loss"]
+        self.events = [LifecycleEvent(**e) for e in state["events"]]
+        self._pending_group_order = list(state["seed_group_order"])
+
+
+# --- slot discovery and injection -------------------------------------------------------------
+class _SlotHook:
+    """Forward hook that passes a module's output through its slot."""
+
+    def __init__(self, slot: SeedSlot, path: str) -> None:
+        self.slot, self.path = slot, path
+
+    def __call__(self, module: nn.Module, args: Any, output: Any) -> Tensor:
+        if not isinstance(output, Tensor):
+            raise TypeError(
+                f"slot after {self.path!r} needs a tensor output, got {type(output).__name__}"
+            )
+        return self.slot(output)
+
+
+def _resolve_slots(
+    model: nn.Module,
+    requested: Sequence[str] | None,
+    topology: str,
+    gate_mode: GateMode | str,
+    gate_config: GateConfig | None,
+) -> dict[str, SeedSlot]:
+    existing = find_slots(model)
+    if requested is None:
+        if not existing:
+            raise ValueError(
+                f"no SeedSlot modules found in {type(model).__name__}; pass slots=[...] with "
+                "module paths to inject slots after them"
+            )
+        return existing
+    if isinstance(requested, str):
+        raise ValueError(f"slots must be a list of names, got the string {requested!r}")
+    modules = dict(model.named_modules())
+    resolved: dict[str, SeedSlot] = {}
+    for name in requested:
+        if name in resolved:
+            raise ValueError(f"slot {name!r} listed twice")
+        target = modules.get(name)
+        if name and target is not None and not isinstance(target, SeedSlot):
+            resolved[name] = _inject(model, name, target, topology, gate_mode, gate_config)
+        elif name in existing:
+            resolved[name] = existing[name]
+        else:
+            raise ValueError(_unknown_slot_message(model, name, existing, modules))
+    return resolved
+
+
+def _unknown_slot_message(
+    model: nn.Module, name: str, existing: Mapping[str, SeedSlot], modules: Mapping[str, Any]
+) -> str:
+    paths = [p for p, m in modules.items() if p and not isinstance(m, SeedSlot)]
+    sample = ", ".join(paths[:8]) + (", ..." if len(paths) > 8 else "")
+    ids = ", ".join(existing) or "none"
+    return (
+        f"unknown slot {name!r}; accepted: SeedSlot ids in {type(model).__name__} ({ids}) "
+        f"or module paths ({sample})"
+    )
+
+
+def _inject(
+    model: nn.Module,
+    path: str,
+    target: nn.Module,
+    topology: str,
+    gate_mode: GateMode | str,
+    gate_config: GateConfig | None,
+) -> SeedSlot:
+    container = getattr(model, INJECTED_SLOTS_ATTR, None)
+    if isinstance(model, nn.Sequential | nn.ModuleList | nn.ModuleDict):
+        # Their forward (or use) iterates over children: an extra child would change the model.
+        raise ValueError(
+            f"cannot inject slots into a bare {type(model).__name__}; wrap it in a module "
+            "(e.g. your LightningModule) and name the slots by path, such as 'net.3'"
+        )
+    if container is None:
+        container = nn.ModuleDict()
+        model.add_module(INJECTED_SLOTS_ATTR, container)
+    key = path.replace(".", "__")
+    if key not in container:
+        slot = SeedSlot(path, topology=topology, gate_mode=gate_mode, gate_config=gate_config)
+        reference = next(iter(target.parameters()), None)
+        if reference is None:
+            reference = next(iter(model.parameters()), None)
+        if reference is not None:
+            slot.to(device=reference.device, dtype=reference.dtype)
+        container[key] = slot
+    slot = container[key]
+    previous = getattr(slot, "_hook_handle", None)
+    if previous is not None:  # re-attached (e.g. a second fit): never run a slot twice
+        previous.remove()
+    slot._hook_handle = target.register_forward_hook(_SlotHook(slot, path))
+    return slot
+
+
+def _common_topology(slots: Any) -> str:
+    topologies = {s.topology for s in slots}
+    if len(topologies) != 1:
+        raise ValueError(f"slots mix topologies {sorted(topologies)}; use one topology per model")
+    return topologies.pop()
+
+
+def _check_blueprints(names: Sequence[str] | None, topology: str) -> tuple[str, ...]:
+    allowed = blueprint_registry.available(topology)
+    if names is None:
+        return allowed
+    if isinstance(names, str):
+        raise ValueError(f"blueprints must be a list of names, got the string {names!r}")
+    unknown = [n for n in names if n not in allowed]
+    if unknown or not names:
+        bad = ", ".join(map(repr, unknown)) or "an empty list"
+        raise ValueError(f"unknown blueprint {bad} for {topology}; accepted: {', '.join(allowed)}")
+    return tuple(names)
+

@@ -1,0 +1,220 @@
+import pytest
+import torch
+from torch import nn
+
+from esper_lightning.actions import (
+    Action,
+    AlphaSpeed,
+    BlueprintAction,
+    GerminationStyle,
+    LifecycleOp,
+)
+from esper_lightning.engine import MorphogenesisEngine
+from esper_lightning.lifecycle import GateConfig, SeedStage
+from esper_lightning.optim import SeedOptimConfig, seed_group_names
+
+GERMINATE = Action(LifecycleOp.GERMINATE, 0, blueprint=BlueprintAction.CONV_LIGHT)
+ADVANCE = Action(LifecycleOp.ADVANCE, 0)
+
+
+class Net(nn.Module):
+    """A user model that knows nothing about seeds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def _net() -> Net:
+    torch.manual_seed(0)
+    return Net()
+
+
+def _engine(**kwargs) -> tuple[Net, MorphogenesisEngine]:
+    net = _net()
+    engine = MorphogenesisEngine(net, slots=["net.1", "net.3"], gate_config=GateConfig(
+        min_training_epochs=1), **kwargs)
+    net(torch.zeros(1, 3, 8, 8))
+    return net, engine
+
+
+def _healthy(engine: MorphogenesisEngine, slot_id: str) -> None:
+    metrics = engine.slots[slot_id].state.metrics
+    metrics.gradient_health, metrics.has_exploding = 1.0, False
+
+
+def test_injection_keeps_host_names_and_follows_device_and_dtype():
+    net = _net()
+    host_keys = set(net.state_dict())
+    engine = MorphogenesisEngine(net, slots=["net.1", "net.3"])
+    assert engine.slot_ids == ("net.1", "net.3")
+    assert host_keys < set(net.state_dict())
+    assert {k for k in net.state_dict() if k not in host_keys} == {
+        "esper_slots.net__1._extra_state", "esper_slots.net__3._extra_state"
+    }
+    net.to(torch.float64)
+    out = net(torch.zeros(2, 3, 8, 8, dtype=torch.float64))
+    assert out.dtype == torch.float64 and engine.slots["net.1"].channels == 8
+    engine.execute(GERMINATE)
+    assert all(p.dtype == torch.float64 for p in engine.seed_parameters())
+
+
+def test_injected_slot_changes_the_forward_once_it_blends():
+    net, engine = _engine()
+    x = torch.randn(2, 3, 8, 8)
+    net.eval()
+    before = net(x)
+    engine.execute(GERMINATE)
+    engine.execute(ADVANCE)
+    engine.tick()
+    _healthy(engine, "net.1")
+    assert engine.execute(ADVANCE).success
+    assert torch.equal(net(x), before)  # alpha 0 at BLENDING entry
+    engine.tick()
+    assert not torch.equal(net(x), before)
+
+
+def test_reattaching_does_not_run_a_slot_twice():
+    net = _net()
+    MorphogenesisEngine(net, slots=["net.1"])
+    engine = MorphogenesisEngine(net, slots=["net.1"])
+    calls = []
+    engine.slots["net.1"].register_forward_hook(lambda *a: calls.append(1))
+    net(torch.zeros(1, 3, 8, 8))
+    assert calls == [1]
+
+
+@pytest.mark.parametrize(
+    ("slots", "message"),
+    [
+        (["net.9"], "unknown slot 'net.9'; accepted: SeedSlot ids in Net (none) or module paths"),
+        (["net.1", "net.1"], "slot 'net.1' listed twice"),
+        ("net.1", "slots must be a list of names, got the string 'net.1'"),
+        (None, "no SeedSlot modules found in Net; pass slots="),
+    ],
+)
+def test_bad_slots(slots, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        MorphogenesisEngine(_net(), slots=slots)
+
+
+def test_bad_blueprints_and_max_seeds():
+    with pytest.raises(ValueError, match="unknown blueprint 'lora' for cnn; accepted: norm"):
+        MorphogenesisEngine(_net(), slots=["net.1"], blueprints=["lora"])
+    with pytest.raises(ValueError, match="max_seeds must be an int >= 0 or None, got -1"):
+        MorphogenesisEngine(_net(), slots=["net.1"], max_seeds=-1)
+    with pytest.raises(ValueError, match="cannot inject slots into a bare Sequential"):
+        MorphogenesisEngine(_net().net, slots=["1"])
+
+
+def test_illegal_action_becomes_wait_with_reason():
+    _, engine = _engine()
+    outcome = engine.execute(Action(LifecycleOp.FOSSILIZE, 1))
+    assert not outcome.success and outcome.executed.op == LifecycleOp.WAIT
+    assert outcome.reason == "fossilize_from_dormant"
+    assert engine.report().last_action_success is False
+    assert engine.execute(GERMINATE).success
+    assert engine.execute(ADVANCE).success  # GERMINATED -> TRAINING always passes G1
+    gate = engine.execute(ADVANCE)  # TRAINING -> BLENDING: no epochs, no gradients yet
+    assert not gate.success and gate.executed == ADVANCE and "G2 failed" in gate.reason
+
+
+def test_optimizer_follows_seeds_and_schedulers_are_extended():
+    net, engine = _engine(seed_optim=SeedOptimConfig(lr=0.5))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    lam = torch.optim.lr_scheduler.LambdaLR(opt, lambda e: 1.0)
+    engine.attach_optimizer(opt, [sched, lam])
+    engine.execute(GERMINATE)
+    assert seed_group_names(opt) == ["seed/net.1"]
+    group = opt.param_groups[1]
+    assert group["lr"] == 0.5 and group["momentum"] == 0.9
+    seed = engine.slots["net.1"].seed_parameters()
+    assert [id(p) for p in group["params"]] == [id(p) for p in seed]
+    assert len(sched.base_lrs) == 2 and len(lam.lr_lambdas) == 2
+    for p in engine.seed_parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    assert len(opt.state) == len(engine.seed_parameters())
+    sched.step()
+    assert opt.param_groups[1]["lr"] == 0.25  # scheduled like every other group
+    seed_params = engine.seed_parameters()
+    for _ in range(5):
+        engine.tick()
+    assert engine.execute(Action(LifecycleOp.PRUNE, 0, alpha_speed=AlphaSpeed.INSTANT)).success
+    assert seed_group_names(opt) == [] and len(sched.base_lrs) == 1 and len(lam.lr_lambdas) == 1
+    assert not any(p in opt.state for p in seed_params)
+    sched.step()  # still works with one group
+
+
+def test_gate_blend_parameters_join_the_optimizer():
+    net, engine = _engine()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    engine.attach_optimizer(opt)
+    gated = GerminationStyle.GATED_GATE
+    engine.execute(Action(LifecycleOp.GERMINATE, 0, blueprint=BlueprintAction.NORM, style=gated))
+    gate_ids = {id(p) for p in engine.slots["net.1"].gate.parameters()}
+    assert gate_ids <= {id(p) for p in opt.param_groups[1]["params"]}
+
+
+def test_attach_strips_seed_params_and_restores_saved_group_order():
+    net, engine = _engine()
+    for sid in ("net.1", "net.3"):
+        engine.slots[sid].germinate("norm")
+    state = engine.state_dict()
+    state["seed_group_order"] = ["seed/net.3", "seed/net.1"]
+    engine.load_state_dict(state)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)  # includes the seeds, as a user's might
+    engine.attach_optimizer(opt)
+    assert seed_group_names(opt) == ["seed/net.3", "seed/net.1"]
+    seeds = {id(p) for p in engine.seed_parameters()}
+    assert not seeds & {id(p) for p in opt.param_groups[0]["params"]}
+    assert len(opt.param_groups[0]["params"]) == len(engine.host_parameters())
+
+
+def test_prune_live_keeps_fossilized_and_events_are_counted():
+    _, engine = _engine()
+    slot = engine.slots["net.1"]
+    engine.execute(GERMINATE)
+    engine.execute(ADVANCE)
+    engine.tick()
+    _healthy(engine, "net.1")
+    engine.execute(ADVANCE)
+    for _ in range(5):
+        engine.tick()
+    assert engine.execute(ADVANCE).success and slot.stage == SeedStage.HOLDING
+    slot.record_contribution(2.0)
+    assert engine.execute(Action(LifecycleOp.FOSSILIZE, 0)).success
+    engine.execute(Action(LifecycleOp.GERMINATE, 1, blueprint=BlueprintAction.NORM))
+    assert engine.prune_live("governor_rollback") == ["net.3"]
+    assert slot.stage == SeedStage.FOSSILIZED
+    kinds = [(e.slot_id, e.kind, e.reason) for e in engine.events]
+    assert kinds == [
+        ("net.1", "germinated", "policy"), ("net.1", "fossilized", "policy"),
+        ("net.3", "germinated", "policy"), ("net.3", "pruned", "governor_rollback"),
+    ]
+    assert engine.count("pruned") == 1
+
+
+def test_report_and_state_dict_round_trip():
+    _, engine = _engine()
+    engine.record_epoch(40.0, 1.5, 1.7)
+    engine.execute(GERMINATE)
+    engine.tick()
+    engine.record_epoch(42.0, 1.4, 1.6)
+    report = engine.report(max_epochs=20)
+    assert report.epoch == 1 and report.accuracy_history == (40.0, 42.0)
+    assert report.val_loss == 1.4 and report.slots[0].stage == SeedStage.GERMINATED
+    assert report.seed_params == sum(p.numel() for p in engine.seed_parameters()) > 0
+    assert report.host_params == sum(p.numel() for p in _net().parameters())
+    other = MorphogenesisEngine(_net(), slots=["net.1", "net.3"])
+    other.load_state_dict(engine.state_dict())
+    state = other.state_dict()
+    state["seed_group_order"] = engine.state_dict()["seed_group_order"]
+    assert state == engine.state_dict()
