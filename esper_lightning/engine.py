@@ -35,6 +35,7 @@ from esper_lightning.lifecycle import (
     GateConfig,
     GateMode,
     GateResult,
+    QualityGates,
     SeedStage,
 )
 from esper_lightning.optim import (
@@ -87,7 +88,8 @@ class MorphogenesisEngine:
         blueprints: blueprint names controllers may germinate (default: all for the topology).
         max_seeds: maximum seeds present at once (None = unlimited).
         topology: ``"cnn"`` or ``"transformer"`` for injected slots.
-        gate_mode, gate_config: quality-gate mode and thresholds for every slot.
+        gate_mode, gate_config: quality-gate mode and thresholds; when given they apply to
+            every slot, otherwise existing slots keep theirs (injected ones: permissive defaults).
         seed_optim: hyper-parameters of the seed param groups.
 
     Example:
@@ -108,14 +110,18 @@ class MorphogenesisEngine:
         blueprints: Sequence[str] | None = None,
         max_seeds: int | None = None,
         topology: str = "cnn",
-        gate_mode: GateMode | str = GateMode.PERMISSIVE,
+        gate_mode: GateMode | str | None = None,
         gate_config: GateConfig | None = None,
         seed_optim: SeedOptimConfig | None = None,
     ) -> None:
         if max_seeds is not None and (isinstance(max_seeds, bool) or max_seeds < 0):
             raise ValueError(f"max_seeds must be an int >= 0 or None, got {max_seeds!r}")
         self.model = model
-        self.slots = _resolve_slots(model, slots, topology, gate_mode, gate_config)
+        self.slots = _resolve_slots(model, slots, topology)
+        if gate_mode is not None or gate_config is not None:
+            for slot in self.slots.values():
+                mode = slot.gates.mode if gate_mode is None else GateMode(gate_mode)
+                slot.gates = QualityGates(mode, gate_config or slot.gates.config)
         self.topology = _common_topology(self.slots.values())
         names = _check_blueprints(blueprints, self.topology)
         self.mask_context = MaskContext(blueprints=names, max_seeds=max_seeds)
@@ -354,11 +360,7 @@ class _SlotHook:
 
 
 def _resolve_slots(
-    model: nn.Module,
-    requested: Sequence[str] | None,
-    topology: str,
-    gate_mode: GateMode | str,
-    gate_config: GateConfig | None,
+    model: nn.Module, requested: Sequence[str] | None, topology: str
 ) -> dict[str, SeedSlot]:
     existing = find_slots(model)
     if requested is None:
@@ -377,7 +379,7 @@ def _resolve_slots(
             raise ValueError(f"slot {name!r} listed twice")
         target = modules.get(name)
         if name and target is not None and not isinstance(target, SeedSlot):
-            resolved[name] = _inject(model, name, target, topology, gate_mode, gate_config)
+            resolved[name] = _inject(model, name, target, topology)
         elif name in existing:
             resolved[name] = existing[name]
         else:
@@ -397,14 +399,7 @@ def _unknown_slot_message(
     )
 
 
-def _inject(
-    model: nn.Module,
-    path: str,
-    target: nn.Module,
-    topology: str,
-    gate_mode: GateMode | str,
-    gate_config: GateConfig | None,
-) -> SeedSlot:
+def _inject(model: nn.Module, path: str, target: nn.Module, topology: str) -> SeedSlot:
     container = getattr(model, INJECTED_SLOTS_ATTR, None)
     if isinstance(model, nn.Sequential | nn.ModuleList | nn.ModuleDict):
         # Their forward (or use) iterates over children: an extra child would change the model.
@@ -417,7 +412,7 @@ def _inject(
         model.add_module(INJECTED_SLOTS_ATTR, container)
     key = path.replace(".", "__")
     if key not in container:
-        slot = SeedSlot(path, topology=topology, gate_mode=gate_mode, gate_config=gate_config)
+        slot = SeedSlot(path, topology=topology)
         reference = next(iter(target.parameters()), None)
         if reference is None:
             reference = next(iter(model.parameters()), None)

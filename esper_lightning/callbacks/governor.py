@@ -1,0 +1,167 @@
+"""`GovernorCallback`: roll a diverging run back in place and keep training."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_warn
+from typing_extensions import override
+
+from esper_lightning.callbacks.morphogenesis import MorphogenesisCallback
+from esper_lightning.engine import MorphogenesisEngine
+from esper_lightning.governor import (
+    Governor,
+    GovernorConfig,
+    Snapshot,
+    restore_snapshot,
+    take_snapshot,
+)
+from esper_lightning.lifecycle import LIVE_STAGES
+from esper_lightning.slots import find_slots
+
+log = logging.getLogger(__name__)
+
+
+class GovernorCallback(Callback):
+    r"""Watch every training loss and the validation loss; on NaN/Inf, lobotomy or divergence,
+    roll the model back to the last snapshot in place.
+
+    A rollback prunes every live seed (through the `MorphogenesisCallback`'s engine when there is
+    one), restores the host and fossilized seeds, the optimizer state and the grad scaler from
+    an in-memory CPU snapshot (same Parameter objects, so the optimizer stays valid), logs
+    ``governor/rollbacks`` and lets training continue. Snapshots are taken every
+    ``config.snapshot_every`` healthy epochs and after each fossilization.
+
+    Place it before `MorphogenesisCallback` in ``callbacks=[...]`` so a diverged epoch is rolled
+    back before the controller decides.
+
+    Args:
+        config: thresholds of the rules (upstream defaults).
+        monitor: the logged validation loss to watch.
+        num_classes: enables the lobotomy rule (loss stuck near ln(num_classes)).
+
+    Example:
+        >>> trainer = L.Trainer(callbacks=[GovernorCallback(num_classes=10),
+        ...                                MorphogenesisCallback(HeuristicController())])
+        ... # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        config: GovernorConfig | None = None,
+        monitor: str = "val_loss",
+        num_classes: int | None = None,
+    ) -> None:
+        self.governor = Governor(config)
+        self.monitor = monitor
+        self.num_classes = num_classes
+        self.snapshot: Snapshot | None = None
+        self._engine: MorphogenesisEngine | None = None
+        self._fossilized_seen = 0
+
+    @property
+    def rollbacks(self) -> int:
+        return self.governor.rollbacks
+
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        growth = [c for c in trainer.callbacks if isinstance(c, MorphogenesisCallback)]
+        if growth and trainer.callbacks.index(growth[0]) < trainer.callbacks.index(self):
+            rank_zero_warn(
+                "GovernorCallback comes after MorphogenesisCallback: a diverged epoch is seen by "
+                "the controller before it is rolled back; list the governor first"
+            )
+
+    @override
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        growth = [c for c in trainer.callbacks if isinstance(c, MorphogenesisCallback)]
+        self._engine = growth[0].engine if growth else None
+        self._fossilized_seen = self._fossilized()
+        self._snapshot(trainer, pl_module)
+
+    @override
+    def on_train_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if isinstance(loss, torch.Tensor):
+            reason = self.governor.check_train_loss(float(loss.detach()))
+            if reason is not None:
+                self._rollback(trainer, pl_module, reason)
+
+    @override
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
+            return
+        value = trainer.callback_metrics.get(self.monitor)
+        if value is None:
+            return
+        reason = self.governor.check_validation(float(value), num_classes=self.num_classes)
+        if reason is not None:
+            self._rollback(trainer, pl_module, reason)
+
+    @override
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        fossilized = self._fossilized()
+        new_fossil = fossilized > self._fossilized_seen
+        self._fossilized_seen = fossilized
+        # Never snapshot while anomalies are being counted: that state may be diverging.
+        healthy = self.governor.consecutive_anomalies == 0
+        if healthy and self.governor.should_snapshot(trainer.current_epoch + 1, new_fossil):
+            self._snapshot(trainer, pl_module)
+        metrics = {"governor/rollbacks": float(self.governor.rollbacks)}
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+
+    # --- rollback -----------------------------------------------------------------------------
+    def _rollback(self, trainer: L.Trainer, pl_module: L.LightningModule, reason: str) -> None:
+        if self.snapshot is None:
+            raise RuntimeError(f"governor panic ({reason}) before any snapshot was taken")
+        if self._engine is not None:
+            pruned = self._engine.prune_live(reason)
+        else:
+            live = {sid: s for sid, s in find_slots(pl_module).items() if s.stage in LIVE_STAGES}
+            for slot in live.values():
+                slot.prune(reason)
+            pruned = list(live)
+        restore_snapshot(self.snapshot, pl_module, self._optimizer(trainer), _scaler(trainer))
+        self.governor.record_rollback()
+        log.warning(
+            "governor: %s at epoch %d (loss %s); rolled back, pruned %s",
+            reason, trainer.current_epoch, self.governor.last_panic_loss, pruned or "no seeds",
+        )
+
+    def _snapshot(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.snapshot = take_snapshot(pl_module, self._optimizer(trainer), _scaler(trainer))
+
+    @staticmethod
+    def _optimizer(trainer: L.Trainer) -> torch.optim.Optimizer | None:
+        return trainer.optimizers[0] if trainer.optimizers else None
+
+    def _fossilized(self) -> int:
+        return 0 if self._engine is None else self._engine.count("fossilized")
+
+    # --- state --------------------------------------------------------------------------------
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        # Snapshots stay in memory: after a resume the first snapshot is the restored state.
+        return {"governor": self.governor.state_dict()}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.governor.load_state_dict(state_dict["governor"])
+
+
+def _scaler(trainer: L.Trainer) -> Any:
+    return getattr(trainer.precision_plugin, "scaler", None)
+

@@ -1,0 +1,115 @@
+"""GovernorCallback with a real lightning.Trainer."""
+
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import TensorBoardLogger
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from esper_lightning.actions import Action, BlueprintAction, LifecycleOp, Tempo
+from esper_lightning.callbacks import GovernorCallback, MorphogenesisCallback
+from esper_lightning.controllers import ScriptedController, StaticController
+from esper_lightning.data import CIFAR10DataModule
+from esper_lightning.hosts import CifarCNNHost
+from esper_lightning.lifecycle import GateConfig, SeedStage
+
+FAST_GATES = GateConfig(min_training_epochs=1)
+NAN_EPOCH, NAN_BATCH = 8, 2
+
+
+class InjectNaN(Callback):
+    """Poisons a host weight once, mid-epoch."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.current_epoch == NAN_EPOCH and batch_idx == NAN_BATCH:
+            with torch.no_grad():
+                pl_module.blocks[0].conv.weight[0, 0, 0, 0] = float("nan")
+
+
+class CheckRestore(Callback):
+    """Right after a rollback, compares the model with the governor's snapshot."""
+
+    def __init__(self, governor: GovernorCallback) -> None:
+        self.governor = governor
+        self.seen = 0
+        self.mismatches: list[str] = []
+        self.param_ids: list[int] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self.governor.rollbacks == self.seen:
+            return
+        self.seen = self.governor.rollbacks
+        state = pl_module.state_dict()
+        snapshot = self.governor.snapshot
+        self.mismatches = [k for k, v in snapshot.tensors.items() if not torch.equal(state[k], v)]
+        self.param_ids = [id(p) for p in pl_module.blocks.parameters()]
+
+
+def _trainer(tmp_path: Path, epochs: int, callbacks, **kwargs) -> L.Trainer:
+    return L.Trainer(
+        max_epochs=epochs, default_root_dir=tmp_path, callbacks=callbacks,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        **{"logger": False, **kwargs},
+    )
+
+
+def test_nan_mid_epoch_rolls_back_prunes_live_keeps_fossil(cifar_dir, tmp_path):
+    torch.manual_seed(0)
+    grow = lambda slot, bp: Action(LifecycleOp.GERMINATE, slot, blueprint=bp, tempo=Tempo.FAST)  # noqa: E731
+    script = ScriptedController({
+        0: grow(0, BlueprintAction.CONV_LIGHT), 1: Action(LifecycleOp.ADVANCE, 0),
+        2: Action(LifecycleOp.ADVANCE, 0), 5: Action(LifecycleOp.ADVANCE, 0),
+        6: Action(LifecycleOp.FOSSILIZE, 0), 7: grow(1, BlueprintAction.NORM),
+    })
+    governor = GovernorCallback(num_classes=10)
+    probe = CheckRestore(governor)
+    morpho = MorphogenesisCallback(script, slots=["r0c1", "r0c2"], gate_config=FAST_GATES)
+    logger = TensorBoardLogger(tmp_path, name="tb", version=0)
+    host = CifarCNNHost("baseline", slots=["r0c1", "r0c2"])
+    ids_before = [id(p) for p in host.blocks.parameters()]
+    trainer = _trainer(tmp_path, 10, [InjectNaN(), governor, morpho, probe], logger=logger)
+    trainer.fit(host, datamodule=CIFAR10DataModule(cifar_dir, batch_size=16))
+
+    assert governor.rollbacks == 1
+    assert probe.mismatches == [] and probe.param_ids == ids_before
+    assert host.slots["r0c1"].stage == SeedStage.FOSSILIZED
+    assert host.slots["r0c2"].state.prune_reason == "governor_nan"
+    assert any(k.startswith("slots.r0c1.seed.") for k in governor.snapshot.tensors)
+    assert all(torch.isfinite(p).all() for p in host.parameters())
+    assert torch.isfinite(trainer.callback_metrics["train_loss"])
+    logger.experiment.flush()
+    events = EventAccumulator(str(tmp_path / "tb" / "version_0"), size_guidance={"scalars": 0})
+    events.Reload()
+    rollbacks = [e.value for e in events.Scalars("governor/rollbacks")]
+    assert rollbacks[0] == 0.0 and rollbacks[-1] == 1.0
+
+
+def test_no_rollback_on_a_normal_run(cifar_dir, tmp_path):
+    torch.manual_seed(0)
+    governor = GovernorCallback(num_classes=10)
+    morpho = MorphogenesisCallback(StaticController(), slots=["r0c1"])
+    trainer = _trainer(tmp_path, 4, [governor, morpho])
+    trainer.fit(CifarCNNHost("baseline"), datamodule=CIFAR10DataModule(cifar_dir, batch_size=16))
+    assert governor.rollbacks == 0
+    assert len(governor.governor.history) == 4
+
+
+def test_governor_alone_rolls_back_a_plain_host(cifar_dir, tmp_path):
+    torch.manual_seed(0)
+    governor = GovernorCallback()
+    host = CifarCNNHost("baseline")
+    trainer = _trainer(tmp_path, NAN_EPOCH + 2, [InjectNaN(), governor])
+    trainer.fit(host, datamodule=CIFAR10DataModule(cifar_dir, batch_size=16))
+    assert governor.rollbacks == 1
+    assert all(torch.isfinite(p).all() for p in host.parameters())
+
+
+def test_state_round_trip():
+    governor = GovernorCallback()
+    for loss in (2.0, 1.8, 1.7):
+        governor.governor.check_validation(loss)
+    other = GovernorCallback()
+    other.load_state_dict(governor.state_dict())
+    assert other.governor.history == governor.governor.history
