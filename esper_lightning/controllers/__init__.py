@@ -1,0 +1,27 @@
+"""Controllers: decide once per epoch what happens to the seeds.
+
+Every controller follows the `Controller` protocol (``decide``, ``reset``, ``state_dict``,
+``load_state_dict``) and reads the same `EpochReport`::
+
+    from esper_lightning.controllers import HeuristicController
+
+    controller = HeuristicController()
+    action = controller.decide(report)  # once per epoch, after validation
+"""
+
+from esper_lightning.controllers.base import Controller
+from esper_lightning.controllers.baselines import (
+    RandomController,
+    ScriptedController,
+    StaticController,
+)
+from esper_lightning.controllers.heuristic import HeuristicConfig, HeuristicController
+
+__all__ = [
+    "Controller",
+    "HeuristicConfig",
+    "HeuristicController",
+    "RandomController",
+    "ScriptedController",
+    "StaticController",
+]

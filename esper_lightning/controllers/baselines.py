@@ -1,0 +1,224 @@
+"""Baseline controllers: always WAIT, uniformly random valid actions, and a fixed script.
+
+They are what a learned or heuristic controller has to beat (`StaticController` keeps the host
+as it is, `RandomController` grows it blindly) and what tests use to drive the engine through a
+known sequence of lifecycle events (`ScriptedController`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, TypeAlias
+
+import numpy as np
+
+from esper_lightning.actions import (
+    CAUSAL_RELEVANCE,
+    HEADS,
+    Action,
+    ActionMasks,
+    LifecycleOp,
+    canonicalize,
+)
+from esper_lightning.controllers.base import WAIT, check_state, state_header
+from esper_lightning.report import EpochReport
+
+#: A script: ``{epoch: action or [actions]}`` or an iterable of ``(epoch, action)`` pairs.
+Script: TypeAlias = (
+    Mapping[int, Action | Sequence[Action]] | Iterable[tuple[int, Action | Sequence[Action]]]
+)
+
+
+class StaticController:
+    """Never changes the host: WAIT every epoch (the "no growth" baseline).
+
+    Example:
+        >>> StaticController().state_dict()
+        {'controller': 'static', 'version': 1}
+    """
+
+    def decide(self, report: EpochReport) -> Action:
+        return WAIT
+
+    def reset(self) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return state_header("static")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_state(state, "static", ())
+
+
+class RandomController:
+    """Uniformly random valid actions: the op uniformly among the legal ops, then each head the
+    op uses uniformly among its legal values; heads the op ignores take their canonical value.
+
+    The generator keeps running across `reset` so successive episodes differ; its state is in
+    `state_dict`, so a restored controller continues the exact same sequence.
+
+    Args:
+        seed: seed of the ``numpy.random.Generator``.
+        wait_probability: None for WAIT as likely as any other legal op; otherwise the
+            probability of WAIT whenever another op is legal (a less fidgety baseline).
+
+    Example:
+        >>> controller = RandomController(seed=7, wait_probability=0.8)
+        >>> controller.state_dict()["wait_probability"]
+        0.8
+    """
+
+    def __init__(self, seed: int = 0, wait_probability: float | None = None) -> None:
+        if wait_probability is not None and not 0.0 <= wait_probability <= 1.0:
+            raise ValueError(f"wait_probability must be in [0, 1] or None, got {wait_probability}")
+        self.seed = int(seed)
+        self.wait_probability = None if wait_probability is None else float(wait_probability)
+        self._rng = np.random.default_rng(self.seed)
+
+    def decide(self, report: EpochReport) -> Action:
+        masks = report.masks
+        op = self._sample_op(masks)
+        heads: dict[str, int] = {"op": int(op)}
+        for head in HEADS[1:]:
+            if head in CAUSAL_RELEVANCE[op]:
+                heads[head] = self._choice(masks.head(head, op), head)
+        first_slot = int(np.flatnonzero(masks.head("slot", op))[0])
+        return canonicalize(Action(**heads), canonical_slot=first_slot)
+
+    def reset(self) -> None:
+        pass  # the generator runs on so each episode gets fresh draws
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            **state_header("random"),
+            "seed": self.seed,
+            "wait_probability": self.wait_probability,
+            # A dict of str/int (PCG64's 128-bit ints included): plain data for weights_only.
+            "bit_generator": copy.deepcopy(self._rng.bit_generator.state),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_state(state, "random", ("seed", "wait_probability", "bit_generator"))
+        generator = state["bit_generator"]
+        expected = type(self._rng.bit_generator).__name__
+        if not isinstance(generator, Mapping) or generator.get("bit_generator") != expected:
+            raise ValueError(f"random controller state holds no {expected} generator state")
+        self.seed = int(state["seed"])
+        p = state["wait_probability"]
+        self.wait_probability = None if p is None else float(p)
+        self._rng.bit_generator.state = copy.deepcopy(dict(generator))
+
+    def _sample_op(self, masks: ActionMasks) -> LifecycleOp:
+        if self.wait_probability is None:
+            return LifecycleOp(self._choice(masks.op, "op"))
+        others = masks.op.copy()
+        others[LifecycleOp.WAIT] = False
+        if not others.any() or self._rng.random() < self.wait_probability:
+            return LifecycleOp.WAIT
+        return LifecycleOp(self._choice(others, "op"))
+
+    def _choice(self, mask: np.ndarray, head: str) -> int:
+        legal = np.flatnonzero(mask)
+        if legal.size == 0:
+            # Masks always leave WAIT and one value per head; an empty one is a masking bug.
+            raise RuntimeError(f"empty {head!r} mask: no legal value to sample")
+        return int(legal[self._rng.integers(legal.size)])
+
+
+class ScriptedController:
+    """Plays a fixed script: the scripted action at ``report.epoch``, WAIT at other epochs.
+
+    Actions are returned exactly as written, legal or not: the engine re-checks every action
+    and executes an illegal one as WAIT with the reason recorded, so scripts can also probe
+    that path. When an epoch lists several actions, successive `decide` calls at that epoch
+    return them in order, then WAIT. `reset` replays the script from the start.
+
+    Args:
+        script: ``{epoch: action or [actions]}`` or ``(epoch, action)`` pairs (repeated
+            epochs queue up in order). Epochs are 0-based ints.
+
+    Raises:
+        ValueError: for a negative or non-integer epoch or a malformed pair.
+        TypeError: for an entry that is not an `Action`.
+
+    Example:
+        >>> from esper_lightning.actions import BlueprintAction, LifecycleOp
+        >>> germinate = Action(LifecycleOp.GERMINATE, slot=0, blueprint=BlueprintAction.NORM)
+        >>> controller = ScriptedController({5: germinate, 6: Action(LifecycleOp.ADVANCE)})
+        >>> sorted(controller.script)
+        [5, 6]
+    """
+
+    def __init__(self, script: Script) -> None:
+        self._script = _parse_script(script)
+        self.reset()
+
+    @property
+    def script(self) -> dict[int, tuple[Action, ...]]:
+        """The parsed script: epoch -> actions in the order they are returned."""
+        return dict(self._script)
+
+    def decide(self, report: EpochReport) -> Action:
+        epoch = int(report.epoch)
+        actions = self._script.get(epoch, ())
+        served = self._served.get(epoch, 0)
+        if served >= len(actions):
+            return WAIT
+        self._served[epoch] = served + 1
+        return actions[served]
+
+    def reset(self) -> None:
+        self._served: dict[int, int] = {}
+
+    def state_dict(self) -> dict[str, Any]:
+        # Pairs rather than an int-keyed dict, so the state also survives JSON.
+        return {**state_header("scripted"), "served": [[e, n] for e, n in self._served.items()]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_state(state, "scripted", ("served",))
+        served: dict[int, int] = {}
+        for epoch, count in state["served"]:
+            epoch, count = int(epoch), int(count)
+            if not 0 <= count <= len(self._script.get(epoch, ())):
+                raise ValueError(
+                    f"scripted controller state served {count} action(s) at epoch {epoch}, "
+                    f"but this script has {len(self._script.get(epoch, ()))} there"
+                )
+            served[epoch] = count
+        self._served = served
+
+
+def _parse_script(script: Script) -> dict[int, tuple[Action, ...]]:
+    """Validate a script up front so a typo fails at construction, not mid-run."""
+    if isinstance(script, Mapping):
+        items: Iterable[Any] = script.items()
+    elif isinstance(script, Iterable) and not isinstance(script, (str, bytes)):
+        items = script
+    else:
+        raise TypeError(f"script must be a mapping or (epoch, action) pairs, got {script!r}")
+    parsed: dict[int, list[Action]] = {}
+    for item in items:
+        if not isinstance(item, Sequence) or isinstance(item, (str, bytes)) or len(item) != 2:
+            raise ValueError(f"script entries must be (epoch, action) pairs, got {item!r}")
+        epoch, value = item
+        parsed.setdefault(_check_epoch(epoch), []).extend(_check_actions(value, epoch))
+    return {epoch: tuple(actions) for epoch, actions in sorted(parsed.items())}
+
+
+def _check_epoch(epoch: Any) -> int:
+    if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+        raise ValueError(f"script epoch must be an int >= 0, got {epoch!r}")
+    return int(epoch)
+
+
+def _check_actions(value: Any, epoch: int) -> list[Action]:
+    actions = [value] if isinstance(value, Action) else value
+    if not isinstance(actions, Sequence) or isinstance(actions, (str, bytes)):
+        raise TypeError(
+            f"script epoch {epoch}: expected an Action or a sequence of Actions, got {value!r}"
+        )
+    for action in actions:
+        if not isinstance(action, Action):
+            raise TypeError(f"script epoch {epoch}: expected an Action, got {action!r}")
+    return list(actions)

@@ -1,0 +1,412 @@
+"""The heuristic controller: upstream Tamiyo's hand-written rules, fed the counterfactual.
+
+Rules (reference/simic_tamiyo.md §6), one action per epoch, for the first live seed in slot order:
+
+* no live seed: germinate the next blueprint of a rotation in the first empty slot once the host
+  is stable and its accuracy has plateaued, unless a prune happened recently (embargo);
+* GERMINATED -> ADVANCE; TRAINING -> PRUNE when it has been losing accuracy, else ADVANCE (the
+  gate decides whether it moves); BLENDING -> same prune test, ADVANCE once alpha sits at 1.0;
+* HOLDING -> decided on the measured counterfactual contribution: WAIT until measured, PRUNE a
+  seed the host depends on while it made things worse ("ransomware"), FOSSILIZE a seed that
+  contributes enough, PRUNE the rest.
+
+Upstream never measures the contribution, so its seeds wait in HOLDING forever; here the engine
+records it during validation and the heuristic reads it from the report.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+from esper_lightning.actions import (
+    Action,
+    AlphaTargetChoice,
+    BlueprintAction,
+    LifecycleOp,
+    action_error,
+    canonicalize,
+    slot_op_error,
+)
+from esper_lightning.alpha import AlphaMode
+from esper_lightning.controllers.base import WAIT, check_state, state_header
+from esper_lightning.lifecycle import ALPHA_TOLERANCE, FAILURE_STAGES, SeedStage
+from esper_lightning.report import EpochReport
+from esper_lightning.slots import SlotReport
+
+_KIND = "heuristic"
+_STATE_KEYS = (
+    "prev_accuracy",
+    "prev_loss",
+    "plateau_epochs",
+    "stable_epochs",
+    "stabilized",
+    "last_epoch",
+    "last_prune_epoch",
+    "blueprint_index",
+    "penalties",
+    "counted_prunes",
+)
+
+
+@dataclass(frozen=True)
+class HeuristicConfig:
+    """Knobs of `HeuristicController`; the defaults are upstream's (Leyline) constants.
+
+    Accuracies are in percentage points, loss changes are relative.
+
+    Args:
+        plateau_threshold: an epoch that gains less accuracy than this counts as a plateau epoch.
+        plateau_epochs_to_germinate: consecutive plateau epochs needed before germinating.
+        min_epochs_before_germinate: no germination before this (0-based) epoch.
+        stabilization_epochs: consecutive stable epochs after which the host counts as stable
+            for the rest of the run (a latch).
+        stabilization_threshold: a stable epoch improves the val loss by less than this fraction,
+        regression_threshold: and worsens it by less than this fraction.
+        embargo_epochs_after_prune: epochs without germination after a prune.
+        min_epochs_before_prune: epochs in TRAINING or BLENDING before the prune test applies.
+        prune_improvement_threshold: prune when accuracy since the stage started is below this.
+        fossilize_contribution: fossilize a HOLDING seed whose contribution is above this.
+        ransomware_contribution: prune a seed contributing more than this while the host has
+            lost accuracy since it germinated (the host learned to depend on a harmful seed).
+        blueprint_penalty_on_prune: added to a blueprint's penalty each time one is pruned.
+        blueprint_penalty_decay: all penalties are multiplied by this once per epoch,
+        blueprint_penalty_floor: and dropped once below this.
+        blueprint_penalty_threshold: blueprints with at least this penalty are skipped.
+        blueprint_rotation: germination order (round robin), filtered to the blueprints the
+            run allows.
+
+    Example:
+        >>> HeuristicConfig(embargo_epochs_after_prune=8).embargo_epochs_after_prune
+        8
+    """
+
+    plateau_threshold: float = 0.5
+    plateau_epochs_to_germinate: int = 3
+    min_epochs_before_germinate: int = 5
+    stabilization_epochs: int = 3
+    stabilization_threshold: float = 0.03
+    regression_threshold: float = 0.05
+    embargo_epochs_after_prune: int = 5
+    min_epochs_before_prune: int = 5
+    prune_improvement_threshold: float = -2.0
+    fossilize_contribution: float = 0.5
+    ransomware_contribution: float = 0.1
+    blueprint_penalty_on_prune: float = 2.0
+    blueprint_penalty_decay: float = 0.5
+    blueprint_penalty_floor: float = 0.1
+    blueprint_penalty_threshold: float = 3.0
+    blueprint_rotation: tuple[str, ...] = (
+        "conv_light",
+        "conv_heavy",
+        "attention",
+        "norm",
+        "depthwise",
+    )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "blueprint_rotation", tuple(self.blueprint_rotation))
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int)
+                                    or value < 0):
+                raise ValueError(f"HeuristicConfig.{f.name} must be an int >= 0, got {value!r}")
+        if not 0.0 <= self.blueprint_penalty_decay <= 1.0:
+            raise ValueError(
+                "HeuristicConfig.blueprint_penalty_decay must be in [0, 1], "
+                f"got {self.blueprint_penalty_decay!r}"
+            )
+        if not self.blueprint_rotation:
+            raise ValueError("HeuristicConfig.blueprint_rotation must name at least one blueprint")
+        for name in self.blueprint_rotation:
+            BlueprintAction.from_name(name)  # raises ValueError listing the accepted names
+
+
+class HeuristicController:
+    """Rule-based controller (upstream Tamiyo's heuristic), deciding HOLDING seeds on the
+    measured counterfactual contribution.
+
+    Every action it returns is allowed by ``report.masks``: when a rule's action is masked
+    (ADVANCE while gates auto-advance, PRUNE while alpha ramps, GERMINATE while another slot
+    cools down) it returns WAIT, and `last_reason` says why. Prunes are noticed from the
+    reports (a slot entering PRUNED, EMBARGOED or RESETTING with a new seed id), so prunes by
+    the governor or a finished prune ramp count too; each is dated to the decision after which
+    it happened and starts the embargo and the blueprint penalty.
+
+    It tracks validation accuracy and loss across calls, so call `decide` exactly once per epoch
+    and `reset` at the start of each run or episode. Without validation metrics the host never
+    counts as stable, so it never germinates.
+
+    Args:
+        config: rule constants; upstream's by default.
+
+    Example:
+        Grow a host with the upstream rules::
+
+            controller = HeuristicController(HeuristicConfig(embargo_epochs_after_prune=8))
+            trainer = Trainer(callbacks=[MorphogenesisCallback(controller)])
+
+        A fresh controller waits for the host to settle first:
+
+        >>> controller = HeuristicController()
+        >>> controller.is_stabilized, controller.plateau_epochs, controller.last_reason
+        (False, 0, 'reset')
+    """
+
+    def __init__(self, config: HeuristicConfig | None = None) -> None:
+        self.config = config or HeuristicConfig()
+        self.reset()
+
+    # --- public API ---------------------------------------------------------------------------
+    def reset(self) -> None:
+        self._prev_accuracy: float | None = None
+        self._prev_loss: float | None = None
+        self._plateau_epochs = 0
+        self._stable_epochs = 0
+        # With stabilization_epochs == 0 the host counts as stable from the start.
+        self._stabilized = self.config.stabilization_epochs == 0
+        self._last_epoch: int | None = None
+        self._last_prune_epoch: int | None = None
+        self._blueprint_index = 0
+        self._penalties: dict[str, float] = {}
+        self._counted_prunes: dict[str, str] = {}  # slot id -> seed id whose prune was counted
+        #: Why the last decision was taken (for logs and tests); not part of the state.
+        self.last_reason = "reset"
+
+    def decide(self, report: EpochReport) -> Action:
+        epoch = int(report.epoch)
+        self._note_prunes(report)  # dated to the previous decision, so before the decay
+        self._decay_penalties(epoch)
+        self._track(report)
+        self._last_epoch = epoch
+        action, reason = self._rule(report)
+        return self._legal(action, reason, report)
+
+    @property
+    def is_stabilized(self) -> bool:
+        """Whether the host has latched as stable for this run."""
+        return self._stabilized
+
+    @property
+    def plateau_epochs(self) -> int:
+        """Consecutive epochs that gained less than ``config.plateau_threshold``."""
+        return self._plateau_epochs
+
+    @property
+    def blueprint_penalties(self) -> dict[str, float]:
+        """Current penalty per blueprint (blueprints without one are absent)."""
+        return dict(self._penalties)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            **state_header(_KIND),
+            "prev_accuracy": self._prev_accuracy,
+            "prev_loss": self._prev_loss,
+            "plateau_epochs": self._plateau_epochs,
+            "stable_epochs": self._stable_epochs,
+            "stabilized": self._stabilized,
+            "last_epoch": self._last_epoch,
+            "last_prune_epoch": self._last_prune_epoch,
+            "blueprint_index": self._blueprint_index,
+            "penalties": dict(self._penalties),
+            "counted_prunes": dict(self._counted_prunes),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_state(state, _KIND, _STATE_KEYS)
+        self._prev_accuracy = _optional_float(state["prev_accuracy"])
+        self._prev_loss = _optional_float(state["prev_loss"])
+        self._plateau_epochs = int(state["plateau_epochs"])
+        self._stable_epochs = int(state["stable_epochs"])
+        self._stabilized = bool(state["stabilized"])
+        self._last_epoch = _optional_int(state["last_epoch"])
+        self._last_prune_epoch = _optional_int(state["last_prune_epoch"])
+        self._blueprint_index = int(state["blueprint_index"])
+        self._penalties = {str(k): float(v) for k, v in state["penalties"].items()}
+        self._counted_prunes = {str(k): str(v) for k, v in state["counted_prunes"].items()}
+        self.last_reason = "loaded"
+
+    # --- signals ------------------------------------------------------------------------------
+    def _track(self, report: EpochReport) -> None:
+        """Update the plateau counter and the stabilisation latch from this epoch's metrics."""
+        cfg = self.config
+        if report.val_accuracy is not None:
+            accuracy = float(report.val_accuracy)
+            if self._prev_accuracy is not None:
+                # NaN compares False, so a non-finite reading ends the plateau.
+                flat = accuracy - self._prev_accuracy < cfg.plateau_threshold
+                self._plateau_epochs = self._plateau_epochs + 1 if flat else 0
+            self._prev_accuracy = accuracy
+        if report.val_loss is None:
+            return
+        loss = float(report.val_loss)
+        if not self._stabilized and self._prev_loss is not None:
+            self._stable_epochs = self._stable_epochs + 1 if self._stable(loss) else 0
+            self._stabilized = self._stable_epochs >= cfg.stabilization_epochs
+        self._prev_loss = loss
+
+    def _stable(self, loss: float) -> bool:
+        prev = self._prev_loss
+        if prev is None or not (math.isfinite(prev) and prev > 0.0 and math.isfinite(loss)):
+            return False
+        improvement = (prev - loss) / prev
+        cfg = self.config
+        return -cfg.regression_threshold < improvement < cfg.stabilization_threshold
+
+    def _note_prunes(self, report: EpochReport) -> None:
+        """Count every seed removed since the last decision: penalty for its blueprint, and the
+        embargo clock restarts."""
+        for slot_id, slot in zip(report.slot_ids, report.slots, strict=True):
+            if slot.stage not in FAILURE_STAGES:
+                self._counted_prunes.pop(slot_id, None)
+                continue
+            seed_id = slot.seed_id or ""
+            if self._counted_prunes.get(slot_id) == seed_id:
+                continue
+            self._counted_prunes[slot_id] = seed_id
+            last = self._last_epoch
+            self._last_prune_epoch = int(report.epoch) if last is None else last
+            if slot.blueprint is not None:
+                penalty = self._penalties.get(slot.blueprint, 0.0)
+                self._penalties[slot.blueprint] = penalty + self.config.blueprint_penalty_on_prune
+
+    def _decay_penalties(self, epoch: int) -> None:
+        elapsed = 0 if self._last_epoch is None else epoch - self._last_epoch
+        if elapsed <= 0:
+            return
+        factor = self.config.blueprint_penalty_decay**elapsed
+        floor = self.config.blueprint_penalty_floor
+        decayed = {name: p * factor for name, p in self._penalties.items()}
+        self._penalties = {name: p for name, p in decayed.items() if p >= floor}
+
+    # --- rules --------------------------------------------------------------------------------
+    def _rule(self, report: EpochReport) -> tuple[Action, str]:
+        live = report.live_slots
+        if live:
+            index = live[0]
+            return self._manage(index, report.slots[index])
+        return self._germination(report)
+
+    def _germination(self, report: EpochReport) -> tuple[Action, str]:
+        cfg = self.config
+        epoch = int(report.epoch)
+        if self._last_prune_epoch is not None:
+            since = epoch - self._last_prune_epoch
+            if since < cfg.embargo_epochs_after_prune:
+                return WAIT, f"embargo: {since} epoch(s) since the last prune"
+        if not self._stabilized:
+            return WAIT, "host not stabilised"
+        if epoch < cfg.min_epochs_before_germinate:
+            return WAIT, f"epoch {epoch} < {cfg.min_epochs_before_germinate} before germinating"
+        if not report.empty_slots:
+            return WAIT, "no empty slot"
+        if self._plateau_epochs < cfg.plateau_epochs_to_germinate:
+            return WAIT, f"no plateau ({self._plateau_epochs} epoch(s))"
+        slot = report.empty_slots[0]
+        # Check before picking, so a masked germination does not advance the rotation.
+        if not report.masks.head("slot", LifecycleOp.GERMINATE)[slot]:
+            error = slot_op_error(LifecycleOp.GERMINATE, slot, report.slots, report.mask_context)
+            return WAIT, f"germinate masked ({error or 'not in the masks'}): wait"
+        blueprint = self._next_blueprint(report.mask_context.blueprints)
+        if blueprint is None:
+            return WAIT, "no blueprint of the rotation is allowed in this run"
+        action = Action(
+            LifecycleOp.GERMINATE,
+            slot=slot,
+            blueprint=BlueprintAction.from_name(blueprint),
+            alpha_target=AlphaTargetChoice.FULL,
+        )
+        return action, f"plateau of {self._plateau_epochs} epochs: germinate {blueprint}"
+
+    def _next_blueprint(self, allowed: tuple[str, ...]) -> str | None:
+        """Round robin over the rotation, skipping blueprints not allowed or penalised; when all
+        allowed ones are penalised, the least penalised (the rotation does not move)."""
+        cfg = self.config
+        rotation = cfg.blueprint_rotation
+        n = len(rotation)
+        candidates = [
+            (k, rotation[(self._blueprint_index + k) % n])
+            for k in range(n)
+            if rotation[(self._blueprint_index + k) % n] in allowed
+        ]
+        if not candidates:
+            return None
+        for k, name in candidates:
+            if self._penalties.get(name, 0.0) < cfg.blueprint_penalty_threshold:
+                self._blueprint_index = (self._blueprint_index + k + 1) % n
+                return name
+        return min(candidates, key=lambda c: (self._penalties.get(c[1], 0.0), c[0]))[1]
+
+    def _manage(self, index: int, slot: SlotReport) -> tuple[Action, str]:
+        stage = slot.stage
+        if stage == SeedStage.GERMINATED:
+            return Action(LifecycleOp.ADVANCE, slot=index), "germinated: advance to training"
+        if stage in (SeedStage.TRAINING, SeedStage.BLENDING) and self._failing(slot):
+            drop = slot.metrics.improvement_since_stage_start
+            return _prune(index), f"{stage.name.lower()} seed lost {-drop:.2f} pp: prune"
+        if stage == SeedStage.TRAINING:
+            return Action(LifecycleOp.ADVANCE, slot=index), "training: try to advance"
+        if stage == SeedStage.BLENDING:
+            if _blend_complete(slot):
+                return Action(LifecycleOp.ADVANCE, slot=index), "blended in: advance to holding"
+            return WAIT, "blending: alpha not yet at 1.0"
+        return self._judge(index, slot)
+
+    def _failing(self, slot: SlotReport) -> bool:
+        cfg = self.config
+        return (
+            slot.epochs_in_stage >= cfg.min_epochs_before_prune
+            and slot.metrics.improvement_since_stage_start < cfg.prune_improvement_threshold
+        )
+
+    def _judge(self, index: int, slot: SlotReport) -> tuple[Action, str]:
+        """HOLDING: keep or remove the seed on its measured contribution."""
+        cfg = self.config
+        contribution = slot.metrics.counterfactual_contribution
+        if contribution is None:
+            return WAIT, "holding: contribution not measured yet"
+        total = slot.metrics.total_improvement
+        if contribution > cfg.ransomware_contribution and total < 0.0:
+            return _prune(index), (
+                f"ransomware: contribution {contribution:.2f} while the host lost "
+                f"{-total:.2f} pp: prune"
+            )
+        if contribution > cfg.fossilize_contribution:
+            return Action(LifecycleOp.FOSSILIZE, slot=index), (
+                f"contribution {contribution:.2f} > {cfg.fossilize_contribution}: fossilize"
+            )
+        return _prune(index), (
+            f"contribution {contribution:.2f} <= {cfg.fossilize_contribution}: prune"
+        )
+
+    def _legal(self, action: Action, reason: str, report: EpochReport) -> Action:
+        """Return ``action`` (canonicalised) if the masks allow it, else WAIT; note the reason."""
+        action = canonicalize(action)
+        if report.masks.allows(action):
+            self.last_reason = reason
+            return action
+        error = action_error(action, report.slots, report.mask_context) or "not in the masks"
+        self.last_reason = f"{reason}; {action.op.name} masked ({error}): wait"
+        return WAIT
+
+
+def _prune(index: int) -> Action:
+    # Instant removal (canonical alpha speed): the heuristic has no use for a blend-out.
+    return Action(LifecycleOp.PRUNE, slot=index)
+
+
+def _blend_complete(slot: SlotReport) -> bool:
+    return (
+        slot.alpha_target >= 1.0 - ALPHA_TOLERANCE
+        and slot.alpha_mode == AlphaMode.HOLD
+        and abs(slot.alpha - slot.alpha_target) <= ALPHA_TOLERANCE
+    )
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
