@@ -207,8 +207,9 @@ class MorphogenesisEngine:
             topology=self.topology,
         )
 
-    def execute(self, action: Action) -> StepOutcome:
-        """Re-check ``action`` against the live slot states and carry it out."""
+    def execute(self, action: Action, reason: str | None = None) -> StepOutcome:
+        """Re-check ``action`` against the live slot states and carry it out. ``reason`` (the
+        controller's, if it gives one) is recorded with the lifecycle event it causes."""
         views = [s.report() for s in self.slots.values()]
         error = action_error(action, views, self.mask_context)
         if error is not None:
@@ -216,11 +217,12 @@ class MorphogenesisEngine:
         else:
             slot = list(self.slots.values())[action.slot]
             before = self._stages()
-            gate = apply_action(slot, action)
+            why = f"policy: {reason}" if reason else "policy"
+            gate = apply_action(slot, action, reason=why)
             passed = gate is None or gate.passed
             reason = None if passed else gate.message  # type: ignore[union-attr]
             outcome = StepOutcome(action, action, passed, reason, gate)
-            self._note_changes(before, "policy")
+            self._note_changes(before, why)
             self._sync_optimizer()
         self.last_action, self.last_action_success = outcome.executed, outcome.success
         return outcome

@@ -586,10 +586,12 @@ def _ema(previous: float | None, value: float) -> float:
     return GRADIENT_EMA_DECAY * previous + (1 - GRADIENT_EMA_DECAY) * value
 
 
-def apply_action(slot: SeedSlot, action: Action, seed_id: str | None = None) -> GateResult | None:
+def apply_action(
+    slot: SeedSlot, action: Action, seed_id: str | None = None, reason: str = "policy_prune"
+) -> GateResult | None:
     """Carry out ``action`` on ``slot`` (whose index the caller resolved). Check legality first
-    with `actions.action_error`: an illegal action raises here. Returns the gate result for
-    germinate, advance and fossilize."""
+    with `actions.action_error`: an illegal action raises here. ``reason`` is recorded on a
+    prune. Returns the gate result for germinate, advance and fossilize."""
     op = action.op
     if op == LifecycleOp.WAIT:
         return None
@@ -609,7 +611,7 @@ def apply_action(slot: SeedSlot, action: Action, seed_id: str | None = None) -> 
         return slot.fossilize()
     curve, steepness = action.alpha_curve.curve, action.alpha_curve.steepness
     if op == LifecycleOp.PRUNE:
-        slot.schedule_prune(action.alpha_speed.steps, curve, steepness, reason="policy_prune")
+        slot.schedule_prune(action.alpha_speed.steps, curve, steepness, reason=reason)
         return None
     if op == LifecycleOp.SET_ALPHA_TARGET:
         slot.set_alpha_target(

@@ -218,3 +218,15 @@ def test_report_and_state_dict_round_trip():
     state = other.state_dict()
     state["seed_group_order"] = engine.state_dict()["seed_group_order"]
     assert state == engine.state_dict()
+
+
+def test_controller_reason_is_recorded_on_the_event():
+    _, engine = _engine()
+    engine.execute(GERMINATE, reason="plateau of 3 epochs")
+    for _ in range(5):
+        engine.tick()
+    engine.execute(Action(LifecycleOp.PRUNE, 0), reason="no improvement")
+    assert [e.reason for e in engine.events] == [
+        "policy: plateau of 3 epochs", "policy: no improvement"
+    ]
+    assert engine.slots["net.1"].state.prune_reason == "policy: no improvement"

@@ -216,7 +216,8 @@ class MorphogenesisCallback(Callback):
         )
         report = engine.report(max_epochs=trainer.max_epochs)
         action = self.controller.decide(report)
-        self.last_outcome = outcome = engine.execute(action)
+        reason = getattr(self.controller, "last_reason", None)
+        self.last_outcome = outcome = engine.execute(action, reason)
         engine.tick()
         if action.op != 0:
             verdict = "done" if outcome.success else f"refused ({outcome.reason})"
