@@ -17,6 +17,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from esper_lightning.lifecycle import ACTIVE_STAGES
@@ -76,11 +77,14 @@ def fused_forward(
 
 
 class CounterfactualAccumulator:
-    """Accumulates correct counts per configuration over the validation batches of an epoch."""
+    """Accumulates correct counts per configuration (and the main configuration's summed
+    cross-entropy) over the validation batches of an epoch. Sums stay on the device of the
+    logits: nothing is copied to the host until `accuracies` / `main_loss` are read."""
 
     def __init__(self, plan: CounterfactualPlan) -> None:
         self.plan = plan
-        self.correct = torch.zeros(plan.size, dtype=torch.float64)
+        self.correct: Tensor | None = None  # [K]
+        self.loss_sum: Tensor | None = None  # scalar
         self.total = 0
 
     @torch.no_grad()
@@ -91,17 +95,25 @@ class CounterfactualAccumulator:
         y: Tensor,
         slots: Mapping[str, SeedSlot],
     ) -> None:
-        logits = fused_forward(forward, x, slots, self.plan)  # [K, B, classes]
+        logits = fused_forward(forward, x, slots, self.plan).float()  # [K, B, classes]
         hits = (logits.argmax(dim=-1) == y.unsqueeze(0)).sum(dim=1)  # [K]
-        self.correct += hits.to("cpu", torch.float64)  # one transfer per batch
+        loss = F.cross_entropy(logits[0], y, reduction="sum")
+        if self.correct is None or self.loss_sum is None:
+            self.correct, self.loss_sum = hits, loss
+        else:
+            self.correct, self.loss_sum = self.correct + hits, self.loss_sum + loss
         self.total += int(y.shape[0])
 
     def accuracies(self) -> dict[str, float]:
         """Accuracy (percent) per configuration."""
-        if self.total == 0:
+        if self.correct is None:
             return {}
-        values = (100.0 * self.correct / self.total).tolist()
+        values = (100.0 * self.correct.double().cpu() / self.total).tolist()
         return dict(zip(self.plan.configs, values, strict=True))
+
+    def main_loss(self) -> float | None:
+        """Mean cross-entropy of the main configuration."""
+        return None if self.loss_sum is None else float(self.loss_sum) / self.total
 
     def contributions(self) -> dict[str, float]:
         """acc(main) − acc(slot off), percentage points, per measured slot."""

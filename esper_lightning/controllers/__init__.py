@@ -16,11 +16,13 @@ from esper_lightning.controllers.baselines import (
     StaticController,
 )
 from esper_lightning.controllers.heuristic import HeuristicConfig, HeuristicController
+from esper_lightning.controllers.policy import PolicyController
 
 __all__ = [
     "Controller",
     "HeuristicConfig",
     "HeuristicController",
+    "PolicyController",
     "RandomController",
     "ScriptedController",
     "StaticController",

@@ -1,0 +1,79 @@
+"""`PolicyController`: a PPO-trained policy driving `MorphogenesisCallback`."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from esper_lightning.actions import Action
+from esper_lightning.controllers.base import check_state, state_header
+from esper_lightning.report import EpochReport
+from esper_lightning.rl import FactoredRecurrentActorCritic, PolicyConfig, RunningMeanStd, obs_dim
+
+
+class PolicyController:
+    """Acts with the policy of a ``esper-lightning ppo`` checkpoint.
+
+    The observation is built exactly as in training (same features, the training episode length
+    as horizon, the saved observation normaliser) and the LSTM state carries over from epoch to
+    epoch. Actions are the argmax of each head by default (``deterministic=False`` samples).
+
+    Args:
+        checkpoint: path of a PPO checkpoint (loaded with ``weights_only=True``).
+        deterministic: argmax actions instead of sampling.
+
+    Example:
+        >>> controller = PolicyController("runs/ckpt.pt")  # doctest: +SKIP
+        >>> trainer = L.Trainer(callbacks=[MorphogenesisCallback(controller)])  # doctest: +SKIP
+    """
+
+    def __init__(self, checkpoint: str | os.PathLike[str], deterministic: bool = True) -> None:
+        from esper_lightning.training import read_checkpoint  # avoids an import cycle
+
+        state = read_checkpoint(checkpoint)
+        config = state["config"]
+        self.slot_ids = tuple(config["slots"])
+        self.horizon = int(config["episode_length"])
+        self.deterministic = deterministic
+        policy_config = PolicyConfig(n_slots=len(self.slot_ids),
+                                     hidden_dim=int(config["policy_hidden"]))
+        self.policy = FactoredRecurrentActorCritic(policy_config)
+        self.policy.load_state_dict(state["policy"])
+        self.policy.eval()
+        self.obs_rms = RunningMeanStd(shape=(obs_dim(len(self.slot_ids)),))
+        self.obs_rms.load_state_dict(state["obs_rms"])
+        self.obs_rms.freeze()
+        self.reset()
+
+    def decide(self, report: EpochReport) -> Action:
+        from esper_lightning.training import encode_reports
+
+        if report.slot_ids != self.slot_ids:
+            raise ValueError(
+                f"the policy was trained for slots {list(self.slot_ids)}; the callback has "
+                f"{list(report.slot_ids)}"
+            )
+        _, obs, blueprints, masks = encode_reports([report], self.obs_rms, self.horizon)
+        starts = torch.tensor([self._episode_start])
+        out = self.policy.act(obs, blueprints, masks, self.hidden, self.deterministic,
+                              episode_starts=starts)
+        self.hidden, self._episode_start = out.hidden, False
+        return Action.from_indices(out.actions[0].tolist())
+
+    def reset(self) -> None:
+        self.hidden = self.policy.initial_state(1)
+        self._episode_start = True
+
+    def state_dict(self) -> dict[str, Any]:
+        h, c = self.hidden
+        return {**state_header("policy"), "hidden_h": h.flatten().tolist(),
+                "hidden_c": c.flatten().tolist(), "episode_start": self._episode_start}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_state(state, "policy", ("hidden_h", "hidden_c", "episode_start"))
+        shape = self.hidden[0].shape
+        self.hidden = (torch.tensor(state["hidden_h"]).view(shape),
+                       torch.tensor(state["hidden_c"]).view(shape))
+        self._episode_start = bool(state["episode_start"])

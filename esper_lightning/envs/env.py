@@ -1,0 +1,186 @@
+"""`MorphogenesisEnv`: one RL environment = one host model training on CIFAR-10 under its own
+Lightning Fabric.
+
+One RL step is one host epoch. The env never drives itself: the `EnvPool` calls, in lockstep over
+all envs, `apply` (execute the controller's action and tick), `train_batch` once per batch index,
+`validate` and `observe`. Inside those calls every kernel of this env runs on its own CUDA stream
+(None on CPU), and nothing is copied to the host until `observe`, which synchronises that stream
+once and reads all of the epoch's numbers in one transfer.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from lightning.fabric import Fabric
+from torch import Tensor
+
+from esper_lightning.actions import Action
+from esper_lightning.counterfactual import CounterfactualAccumulator, make_plan
+from esper_lightning.data.tensor_loader import TensorLoader, normalize
+from esper_lightning.engine import MorphogenesisEngine, StepOutcome
+from esper_lightning.governor import Governor, GovernorConfig
+from esper_lightning.hosts import CifarCNNHost
+from esper_lightning.lifecycle import GateConfig
+from esper_lightning.report import EpochReport
+
+VAL_BATCH = 500
+NUM_CLASSES = 10
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """What every env of a pool shares."""
+
+    host_preset: str = "baseline"
+    slots: tuple[str, ...] = ("r0c1",)
+    batch_size: int = 128
+    host_lr: float = 0.01
+    precision: str = "32-true"
+    episode_length: int = 20
+    blueprints: tuple[str, ...] | None = None
+    max_seeds: int | None = None
+    gate_config: GateConfig = field(default_factory=GateConfig)
+    governor: GovernorConfig = field(default_factory=lambda: GovernorConfig(num_classes=10))
+
+
+@dataclass(frozen=True)
+class Observation:
+    """The env's state after an epoch, and whether the governor ended the episode."""
+
+    report: EpochReport
+    rollback: str | None  # the governor's reason, or None
+    train_loss: float | None  # mean over the epoch; None before any training
+
+
+class MorphogenesisEnv:
+    """One host model, its optimizer, engine and governor under its own `Fabric`.
+
+    Args:
+        index: position in the pool (names the env in logs).
+        spec: the pool-wide settings.
+        train, val: uint8 images ``[N, 3, 32, 32]`` and int64 labels, on any device.
+        device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+    """
+
+    def __init__(
+        self,
+        index: int,
+        spec: EnvSpec,
+        train: tuple[Tensor, Tensor],
+        val: tuple[Tensor, Tensor],
+        device: str = "cpu",
+    ) -> None:
+        self.index, self.spec = index, spec
+        kind, _, number = device.partition(":")
+        devices: list[int] | int = [int(number)] if number else 1
+        self.fabric = Fabric(accelerator=kind, devices=devices, precision=spec.precision)
+        self.device = self.fabric.device
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.loader = TensorLoader(*train, spec.batch_size, device=self.device, drop_last=True)
+        self.val_x = normalize(val[0].to(self.device))  # normalised once: [N, 3, 32, 32]
+        self.val_y = val[1].to(self.device)
+        self.engine: MorphogenesisEngine | None = None
+        self.governor = Governor(spec.governor)
+        self.episode_seed = 0
+        self._batches: Any = None
+        self._loss_sum: Tensor | None = None
+        self._accumulator: CounterfactualAccumulator | None = None
+
+    # --- episode ------------------------------------------------------------------------------
+    def reset(self, seed: int) -> None:
+        """Start an episode: a fresh host (initialised from ``seed``) and a fresh governor."""
+        self.episode_seed = seed
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            host = CifarCNNHost(self.spec.host_preset, slots=self.spec.slots,
+                                lr=self.spec.host_lr)
+        optimizer = torch.optim.SGD(host.host_parameters(), lr=self.spec.host_lr, momentum=0.9,
+                                    weight_decay=5e-4)
+        self.model, self.optimizer = self.fabric.setup(host, optimizer)
+        self.host = host
+        self.engine = MorphogenesisEngine(
+            host,
+            blueprints=self.spec.blueprints,
+            max_seeds=self.spec.max_seeds,
+            gate_config=self.spec.gate_config,
+        )
+        self.engine.attach_optimizer(self.optimizer.optimizer)
+        self.governor.reset()
+        self.loader.reseed(seed)
+
+    def apply(self, action: Action) -> StepOutcome:
+        """Execute the controller's action, then tick every slot (end of the decision)."""
+        engine = self._engine()
+        # A new seed's initial weights depend on this env's episode and epoch only, never on
+        # what other envs drew from the global generator before.
+        devices = [self.device] if self.device.type == "cuda" else []
+        with self._on_stream(), torch.random.fork_rng(devices=devices):
+            torch.manual_seed(self.episode_seed * 1_000_003 + engine.epoch)
+            outcome = engine.execute(action)
+            engine.tick()
+        return outcome
+
+    # --- lockstep epoch -----------------------------------------------------------------------
+    def start_epoch(self) -> int:
+        """Begin a training epoch; returns its number of batches."""
+        self._batches = iter(self.loader)
+        self._loss_sum = torch.zeros((), device=self.device)
+        self.model.train()
+        return len(self.loader)
+
+    def train_batch(self) -> None:
+        """One optimizer step on the next batch (nothing is read back to the host)."""
+        with self._on_stream():
+            x, y = next(self._batches)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(self.model(x), y)
+            self.fabric.backward(loss)
+            self.optimizer.step()
+            self._loss_sum = self._loss_sum + loss.detach().float()
+
+    def validate(self) -> None:
+        """Fused counterfactual validation: accuracy with and without each blending seed."""
+        engine = self._engine()
+        self.model.eval()
+        with self._on_stream(), torch.no_grad():
+            accumulator = CounterfactualAccumulator(make_plan(engine.slots))
+            for start in range(0, len(self.val_y), VAL_BATCH):
+                x = self.val_x[start:start + VAL_BATCH]
+                y = self.val_y[start:start + VAL_BATCH]
+                accumulator.update(self.model, x, y, engine.slots)
+        self._accumulator = accumulator
+
+    def observe(self, trained: bool = True) -> Observation:
+        """Synchronise this env's stream once, read the epoch's numbers, consult the governor
+        and return the state the controller sees next."""
+        engine, accumulator = self._engine(), self._accumulator
+        assert accumulator is not None, "validate() before observe()"
+        if self.stream is not None:
+            self.stream.synchronize()
+        train_loss = None
+        if trained and self._loss_sum is not None:
+            train_loss = float(self._loss_sum) / len(self.loader)
+            engine.capture_gradient_stats()  # the last batch's gradients are still in place
+        accuracies, val_loss = accumulator.accuracies(), accumulator.main_loss()
+        engine.record_epoch(accuracies["main"], val_loss, train_loss, accumulator.contributions())
+        reason = None
+        if train_loss is not None:
+            reason = self.governor.check_train_loss(train_loss)
+        if reason is None and val_loss is not None:
+            reason = self.governor.check_validation(val_loss, num_classes=NUM_CLASSES)
+        report = engine.report(max_epochs=self.spec.episode_length)
+        return Observation(report, reason, train_loss)
+
+    # --- helpers ------------------------------------------------------------------------------
+    def _engine(self) -> MorphogenesisEngine:
+        if self.engine is None:
+            raise RuntimeError(f"env {self.index}: reset() before use")
+        return self.engine
+
+    def _on_stream(self) -> Any:
+        return torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()

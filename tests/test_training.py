@@ -1,0 +1,89 @@
+"""PPOTrainer end to end on a tiny CIFAR-format fixture: TensorBoard tags, checkpoints, resume."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from esper_lightning.config import ConfigError, load_config
+from esper_lightning.training import PPOTrainer, read_checkpoint
+
+PPO_TAGS = {
+    "charts/episodic_return", "charts/final_accuracy", "charts/env_epochs_per_sec",
+    "losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl",
+    "losses/clipfrac", "losses/explained_variance", "morpho/seeds_germinated",
+    "morpho/seeds_fossilized", "morpho/seeds_pruned", "morpho/seed_params",
+    "governor/rollbacks", "actions/wait", "actions/germinate", "actions/prune",
+    "actions/fossilize", "actions/advance", "actions/set_alpha_target", "rewards/total",
+    "rewards/attribution", "rewards/pbrs", "rewards/rent", "rewards/terminal",
+}
+
+
+def _config(cifar_dir: Path, tmp_path: Path, **overrides):
+    values = {"data_dir": str(cifar_dir), "logdir": str(tmp_path / "logs"), "progress": False,
+              "episode_length": 3, **overrides}
+    return load_config("smoke", overrides=values)
+
+
+def test_smoke_round_logs_spec_tags_and_writes_a_checkpoint(cifar_dir, tmp_path):
+    save = tmp_path / "ckpt.pt"
+    trainer = PPOTrainer(_config(cifar_dir, tmp_path, save=str(save)))
+    history = trainer.train()
+    assert len(history) == 2 and trainer.round == 2
+    assert all(len(s.returns) >= 2 for s in history)  # at least one episode per env
+    events = EventAccumulator(str(tmp_path / "logs" / "ppo" / "version_0"),
+                              size_guidance={"scalars": 0})
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert tags >= PPO_TAGS, PPO_TAGS - tags
+    steps = [e.step for e in events.Scalars("charts/final_accuracy")]
+    assert steps == [1, 2]
+    fractions = sum(events.Scalars(f"actions/{op}")[0].value for op in
+                    ("wait", "germinate", "prune", "fossilize", "advance", "set_alpha_target"))
+    assert fractions == pytest.approx(1.0)
+    hparams = (tmp_path / "logs" / "ppo" / "version_0" / "hparams.yaml").read_text()
+    assert "episode_length: 3" in hparams
+    state = read_checkpoint(save)  # weights_only=True
+    assert state["round"] == 2 and state["config"]["episode_length"] == 3
+    assert not (tmp_path / "ckpt.pt.tmp").exists()
+
+
+def _policy(trainer: PPOTrainer) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in trainer.policy.state_dict().items()}
+
+
+def test_resume_continues_exactly(cifar_dir, tmp_path):
+    straight = PPOTrainer(_config(cifar_dir, tmp_path / "a", rounds=3))
+    straight.train()
+    first = PPOTrainer(_config(cifar_dir, tmp_path / "b", rounds=2,
+                               save=str(tmp_path / "b.pt")))
+    first.train()
+    resumed = PPOTrainer(_config(cifar_dir, tmp_path / "c", rounds=3,
+                                 resume=str(tmp_path / "b.pt")))
+    assert resumed.round == 2
+    resumed.train()
+    a, b = _policy(straight), _policy(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert torch.equal(straight.obs_rms.mean, resumed.obs_rms.mean)
+    # And the resumed run really moved the policy past the checkpoint.
+    assert not all(torch.equal(a[k], _policy(first)[k]) for k in a)
+
+
+def test_incompatible_checkpoint_is_refused_before_anything_runs(cifar_dir, tmp_path):
+    save = tmp_path / "ckpt.pt"
+    PPOTrainer(_config(cifar_dir, tmp_path, rounds=1, save=str(save))).train()
+    before = save.read_bytes()
+    with pytest.raises(ConfigError, match=r"incompatible config: slots=\['r0c1', 'r0c2'\]"):
+        PPOTrainer(_config(cifar_dir, tmp_path, slots=["r0c0"], resume=str(save),
+                           save=str(save)))
+    assert save.read_bytes() == before
+
+
+def test_unreadable_checkpoint(tmp_path):
+    bogus = tmp_path / "x.pt"
+    bogus.write_bytes(b"not a checkpoint")
+    with pytest.raises(ConfigError, match="cannot read checkpoint"):
+        read_checkpoint(bogus)
+    with pytest.raises(ConfigError, match="does not exist"):
+        read_checkpoint(tmp_path / "missing.pt")
