@@ -1,0 +1,67 @@
+"""Reinforcement learning of the lifecycle controller: observations, masks and distributions,
+the recurrent factored actor-critic, the rollout buffer with GAE, PPO, rewards and normalisers.
+
+See ``docs/rl.md`` for every feature, mask rule, hyper-parameter, reward formula and metric.
+"""
+
+from esper_lightning.rl.buffer import RolloutBuffer, compute_gae
+from esper_lightning.rl.distributions import (
+    RELEVANCE,
+    MaskBatch,
+    MaskedCategorical,
+    stack_masks,
+)
+from esper_lightning.rl.normalizers import RewardNormalizer, RunningMeanStd, ValueNormalizer
+from esper_lightning.rl.observations import (
+    BASE_DIM,
+    SLOT_DIM,
+    ObservationBatch,
+    batch_observations,
+    blueprint_indices,
+    build_observation,
+    obs_dim,
+)
+from esper_lightning.rl.policy import (
+    ActOutput,
+    Evaluation,
+    FactoredRecurrentActorCritic,
+    PolicyConfig,
+)
+from esper_lightning.rl.ppo import PPOConfig, explained_variance, make_optimizer, ppo_update
+from esper_lightning.rl.rewards import (
+    RewardBreakdown,
+    RewardConfig,
+    RewardMode,
+    compute_reward,
+)
+
+__all__ = [
+    "BASE_DIM",
+    "RELEVANCE",
+    "SLOT_DIM",
+    "ActOutput",
+    "Evaluation",
+    "FactoredRecurrentActorCritic",
+    "MaskBatch",
+    "MaskedCategorical",
+    "ObservationBatch",
+    "PPOConfig",
+    "PolicyConfig",
+    "RewardBreakdown",
+    "RewardConfig",
+    "RewardMode",
+    "RewardNormalizer",
+    "RolloutBuffer",
+    "RunningMeanStd",
+    "ValueNormalizer",
+    "batch_observations",
+    "blueprint_indices",
+    "build_observation",
+    "compute_gae",
+    "compute_reward",
+    "explained_variance",
+    "make_optimizer",
+    "obs_dim",
+    "ppo_update",
+    "stack_masks",
+]

@@ -1,0 +1,164 @@
+"""Batched action masks and the masked categorical distribution of the factored policy.
+
+The policy samples its eight heads hierarchically: the op first under its mask, then every other
+head under the mask *conditioned on the chosen op* (`MaskBatch.head`). A head the op does not use
+(see `actions.CAUSAL_RELEVANCE`) is collapsed to its single canonical value, so its log-prob is
+exactly 0 and its entropy exactly 0; the PPO update re-applies the identical conditioning from the
+stored op, so the rollout and the update see the same distributions.
+
+All distribution math runs in float32 whatever the network's dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from esper_lightning.actions import (
+    CANONICAL,
+    CAUSAL_RELEVANCE,
+    HEADS,
+    ActionMasks,
+    LifecycleOp,
+)
+
+#: Logit given to masked actions: the most negative float32, so exp() underflows to exactly 0.
+MASKED_LOGIT = torch.finfo(torch.float32).min
+
+#: ``RELEVANCE[op, h]`` is True when head ``HEADS[h]`` is causally relevant for ``op``.
+RELEVANCE = torch.tensor(
+    [[head in CAUSAL_RELEVANCE[op] for head in HEADS] for op in LifecycleOp], dtype=torch.bool
+)  # [6, 8]
+
+
+@dataclass(frozen=True)
+class MaskBatch:
+    """Action masks of a batch (True = legal), any leading shape ``[*B]``.
+
+    Attributes:
+        op: ``[*B, 6]`` op mask.
+        slot_by_op: ``[*B, 6, S]`` slot mask per op.
+        blueprint, style, tempo, alpha_target, alpha_speed, alpha_curve: ``[*B, n_head]`` masks
+            of the op-independent heads (before conditioning on the op).
+    """
+
+    op: Tensor
+    slot_by_op: Tensor
+    blueprint: Tensor
+    style: Tensor
+    tempo: Tensor
+    alpha_target: Tensor
+    alpha_speed: Tensor
+    alpha_curve: Tensor
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        return self.op.shape[:-1]
+
+    def head(self, name: str, op: Tensor) -> Tensor:
+        """Mask of ``name`` conditioned on the chosen ``op`` (long ``[*B]``) -> bool ``[*B, n]``.
+
+        The slot head uses ``slot_by_op[op]``; a head irrelevant for ``op`` keeps only its canonical
+        value (for the slot head: the first legal slot of ``slot_by_op[op]``).
+        """
+        if name == "op":
+            return self.op
+        if name == "slot":
+            index = op[..., None, None].expand(*op.shape, 1, self.slot_by_op.shape[-1])
+            mask = self.slot_by_op.gather(-2, index).squeeze(-2)  # [*B, S]
+            canonical = _one_hot(mask.int().argmax(-1), mask.shape[-1])  # first legal slot
+        else:
+            mask = getattr(self, name)
+            canonical = _one_hot(
+                torch.full_like(op, int(CANONICAL[name])), mask.shape[-1]
+            ).expand_as(mask)
+        relevant = RELEVANCE.to(op.device)[op, HEADS.index(name)]  # [*B]
+        return torch.where(relevant[..., None], mask, canonical)
+
+    def index(self, key: Tensor | slice | int) -> MaskBatch:
+        """Select along the leading batch dimension (e.g. the envs of a minibatch)."""
+        return MaskBatch(**{f.name: getattr(self, f.name)[key] for f in fields(self)})
+
+    def to(self, device: torch.device | str) -> MaskBatch:
+        return MaskBatch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+
+
+def stack_masks(masks: Sequence[ActionMasks]) -> MaskBatch:
+    """Stack per-env `ActionMasks` into a `MaskBatch` with batch shape ``[len(masks)]``."""
+    if not masks:
+        raise ValueError("stack_masks needs at least one ActionMasks")
+    return MaskBatch(
+        **{
+            f.name: torch.from_numpy(np.stack([getattr(m, f.name) for m in masks]).astype(bool))
+            for f in fields(MaskBatch)
+        }
+    )
+
+
+def empty_mask_batch(shape: Sequence[int], n_slots: int, head_sizes: dict[str, int]) -> MaskBatch:
+    """All-false masks of batch shape ``shape`` (rollout-buffer storage, filled step by step)."""
+    sizes = {name: head_sizes[name] for name in HEADS if name not in ("op", "slot")}
+    n_ops = head_sizes["op"]
+    return MaskBatch(
+        op=torch.zeros(*shape, n_ops, dtype=torch.bool),
+        slot_by_op=torch.zeros(*shape, n_ops, n_slots, dtype=torch.bool),
+        **{name: torch.zeros(*shape, n, dtype=torch.bool) for name, n in sizes.items()},
+    )
+
+
+def _one_hot(index: Tensor, n: int) -> Tensor:
+    return torch.nn.functional.one_hot(index, n).bool()
+
+
+class MaskedCategorical:
+    """Categorical over the legal actions of ``mask``; illegal actions get probability 0.
+
+    Args:
+        logits: ``[*B, n]`` raw logits (any float dtype; cast to float32).
+        mask: ``[*B, n]`` bool, True = legal. Every row needs at least one legal action.
+
+    Raises:
+        ValueError: if a row of ``mask`` has no legal action (a state-machine bug upstream).
+    """
+
+    def __init__(self, logits: Tensor, mask: Tensor) -> None:
+        if logits.shape != mask.shape:
+            raise ValueError(f"logits {tuple(logits.shape)} and mask {tuple(mask.shape)} differ")
+        if not bool(mask.any(-1).all()):
+            raise ValueError("action mask with no legal action")
+        self.mask = mask
+        masked = torch.where(mask, logits.float(), MASKED_LOGIT)
+        self.log_probs_all = masked.log_softmax(-1)  # [*B, n]
+        self.n_valid = mask.sum(-1)  # [*B]
+
+    def sample(self) -> Tensor:
+        """Draw one action per row (uses the global torch RNG)."""
+        probs = self.log_probs_all.exp()
+        flat = probs.reshape(-1, probs.shape[-1])
+        return torch.multinomial(flat, 1).view(probs.shape[:-1])
+
+    def mode(self) -> Tensor:
+        """The most likely legal action per row (deterministic acting)."""
+        return torch.where(self.mask, self.log_probs_all, -math.inf).argmax(-1)
+
+    def log_prob(self, action: Tensor) -> Tensor:
+        """Log-probability of ``action`` (long ``[*B]``); raises if an action is illegal."""
+        legal = self.mask.gather(-1, action[..., None]).squeeze(-1)
+        if not bool(legal.all()):
+            raise ValueError("log_prob of an action its mask forbids")
+        return self.log_probs_all.gather(-1, action[..., None]).squeeze(-1)
+
+    def entropy(self) -> Tensor:
+        """Shannon entropy in nats ``[*B]`` (masked actions contribute exactly 0)."""
+        p_log_p = self.log_probs_all.exp() * self.log_probs_all
+        return -torch.where(self.mask, p_log_p, 0.0).sum(-1)
+
+    def normalized_entropy(self) -> Tensor:
+        """Entropy / ln(number of legal actions), in [0, 1]; 0 when one action is legal."""
+        log_n = self.n_valid.float().clamp(min=2).log()
+        return torch.where(self.n_valid > 1, self.entropy() / log_n, 0.0)

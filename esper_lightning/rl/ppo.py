@@ -1,0 +1,240 @@
+"""Recurrent PPO for the factored lifecycle policy (clipped surrogate, Schulman et al. 2017).
+
+One call of `ppo_update` consumes one full `RolloutBuffer` (a round):
+
+1. scale rewards (optional running-std reward normaliser, updated once here);
+2. de-normalise the stored values, compute GAE advantages and returns;
+3. update the value normaliser with the returns, rescale the value head so its de-normalised
+   outputs do not jump (PopArt), normalise the value targets with mean and std;
+4. for ``n_epochs`` epochs, over shuffled minibatches of WHOLE env sequences (recurrent: each
+   minibatch is unrolled from its stored initial hidden state, never shuffled inside a
+   sequence), take one Adam step on the clipped per-head surrogate + value loss − entropy bonus,
+   stopping early when the joint approximate KL exceeds the target.
+
+Factored heads: the policy's log-prob is the sum of the per-head log-probs of the heads that are
+causally relevant to the stored op (the others have log-prob exactly 0). Each head gets its own
+clipped ratio, and a head only counts at the steps where it is relevant; the policy loss is the
+per-step sum over relevant heads averaged over steps, i.e. a sparse head (blueprint: only on
+GERMINATE) weighs in proportion to how often it acts instead of being inflated by a per-head mean.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from esper_lightning.actions import HEADS
+from esper_lightning.rl.buffer import RolloutBuffer, compute_gae
+from esper_lightning.rl.distributions import RELEVANCE
+from esper_lightning.rl.normalizers import RewardNormalizer, ValueNormalizer
+from esper_lightning.rl.policy import FactoredRecurrentActorCritic
+
+
+def _default_entropy_coefs() -> dict[str, float]:
+    # Upstream's per-head multipliers (x 0.01): heads that act rarely (blueprint, tempo) get a
+    # little more exploration pressure because they receive fewer policy-gradient samples.
+    weights = {"op": 1.0, "slot": 1.0, "blueprint": 1.3, "tempo": 1.3}
+    return {head: 0.01 * weights.get(head, 1.2) for head in HEADS}
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """PPO hyper-parameters. The reasons for each default are in ``docs/rl.md``.
+
+    Attributes:
+        learning_rate: Adam step size.
+        adam_eps: Adam epsilon (1e-5 as in CleanRL / the PPO implementation details).
+        gamma: discount; the shaped reward's PBRS gamma must be the same.
+        gae_lambda: GAE lambda.
+        clip_coef: PPO ratio clip epsilon, applied per head.
+        n_epochs: passes over the rollout per update.
+        minibatch_envs: env sequences per minibatch (whole sequences, recurrent).
+        target_kl: stop the update before a step whose joint approx KL exceeds 1.5x this
+            (None: never stop early).
+        vf_coef: weight of the value loss.
+        entropy_coefs: weight of each head's normalised entropy bonus.
+        max_grad_norm: global gradient-norm clip.
+        norm_adv: normalise advantages per minibatch.
+    """
+
+    learning_rate: float = 3e-4
+    adam_eps: float = 1e-5
+    gamma: float = 0.995
+    gae_lambda: float = 0.95
+    clip_coef: float = 0.2
+    n_epochs: int = 4
+    minibatch_envs: int = 2
+    target_kl: float | None = 0.015
+    vf_coef: float = 0.5
+    entropy_coefs: dict[str, float] = field(default_factory=_default_entropy_coefs)
+    max_grad_norm: float = 0.5
+    norm_adv: bool = True
+
+    def __post_init__(self) -> None:
+        if set(self.entropy_coefs) != set(HEADS):
+            raise ValueError(f"entropy_coefs needs exactly the heads {HEADS}")
+        if self.minibatch_envs < 1 or self.n_epochs < 1:
+            raise ValueError("minibatch_envs and n_epochs must be >= 1")
+        if self.target_kl is not None and self.target_kl <= 0:
+            raise ValueError(f"target_kl must be > 0 or None, got {self.target_kl}")
+
+
+def make_optimizer(policy: nn.Module, config: PPOConfig) -> torch.optim.Adam:
+    """Adam over every policy parameter with the configured lr and epsilon."""
+    return torch.optim.Adam(policy.parameters(), lr=config.learning_rate, eps=config.adam_eps)
+
+
+def explained_variance(predicted: Tensor, target: Tensor) -> float:
+    """``1 - Var(target - predicted) / Var(target)``; NaN when the target is constant."""
+    var_target = target.var(unbiased=False)
+    if float(var_target) == 0.0:
+        return float("nan")
+    return float(1.0 - (target - predicted).var(unbiased=False) / var_target)
+
+
+def ppo_update(
+    policy: FactoredRecurrentActorCritic,
+    optimizer: torch.optim.Optimizer,
+    buffer: RolloutBuffer,
+    config: PPOConfig,
+    value_normalizer: ValueNormalizer,
+    reward_normalizer: RewardNormalizer | None = None,
+) -> dict[str, float]:
+    """One PPO update on a full buffer; returns CleanRL-named metrics (see ``docs/rl.md``).
+
+    Shuffling uses the global torch RNG (seed it for reproducibility).
+    """
+    if not buffer.full:
+        raise RuntimeError(f"ppo_update on a buffer with {buffer.step}/{buffer.n_steps} steps")
+    rewards = buffer.rewards
+    if reward_normalizer is not None:
+        reward_normalizer.update(buffer.rewards, buffer.episode_starts)
+        rewards = reward_normalizer.normalize(buffer.rewards)
+
+    values = value_normalizer.denormalize(buffer.values)
+    bootstrap = value_normalizer.denormalize(buffer.bootstrap_values)
+    advantages, returns = compute_gae(
+        rewards, values, bootstrap, buffer.terminated, buffer.truncated,
+        config.gamma, config.gae_lambda,
+    )
+    old = (value_normalizer.mean, value_normalizer.std)
+    value_normalizer.update(returns)
+    policy.preserve_value_outputs(*old, value_normalizer.mean, value_normalizer.std)
+    value_targets = value_normalizer.normalize(returns)
+
+    history: dict[str, list[float]] = {}
+    epochs_run = 0
+    stop = False
+    for _ in range(config.n_epochs):
+        stepped = False
+        for env_ids in torch.randperm(buffer.n_envs).split(config.minibatch_envs):
+            stats = _minibatch_step(
+                policy, optimizer, buffer, env_ids, advantages[env_ids],
+                value_targets[env_ids], config,
+            )
+            for key, value in stats.items():
+                history.setdefault(key, []).append(value)
+            if stats["stopped"]:
+                stop = True
+                break
+            stepped = True
+        epochs_run += stepped
+        if stop:
+            break
+
+    metrics = {key: sum(v) / len(v) for key, v in history.items() if key != "stopped"}
+    metrics["explained_variance"] = explained_variance(values, returns)
+    metrics["epochs_run"] = float(epochs_run)
+    metrics["early_stopped"] = float(stop)
+    return metrics
+
+
+def _minibatch_step(
+    policy: FactoredRecurrentActorCritic,
+    optimizer: torch.optim.Optimizer,
+    buffer: RolloutBuffer,
+    env_ids: Tensor,
+    advantages: Tensor,
+    value_targets: Tensor,
+    config: PPOConfig,
+) -> dict[str, float]:
+    """Loss and (unless the KL is too large) one optimizer step on the envs ``env_ids``."""
+    actions = buffer.actions[env_ids]  # [b, T, 8]
+    new = policy.evaluate(
+        buffer.obs[env_ids],
+        buffer.blueprint_idx[env_ids],
+        actions,
+        buffer.masks.index(env_ids),
+        (buffer.hidden_h[env_ids, 0], buffer.hidden_c[env_ids, 0]),
+        buffer.episode_starts[env_ids],
+    )
+    relevant = RELEVANCE[actions[..., 0]].float()  # [b, T, 8] causal mask of the stored op
+    logratio = new.log_probs - buffer.log_probs[env_ids]  # [b, T, 8]
+    ratio = (logratio * relevant).exp()  # irrelevant heads: exactly 1
+
+    if config.norm_adv:
+        advantages = (advantages - advantages.mean()) / (advantages.std(unbiased=False) + 1e-8)
+    pg_loss = clipped_surrogate_loss(ratio, advantages, relevant, config.clip_coef)
+    v_loss = 0.5 * (new.values - value_targets).square().mean()
+    head_entropy = masked_head_means(new.entropy, relevant)  # [8]
+    coefs = torch.tensor([config.entropy_coefs[h] for h in HEADS])
+    loss = pg_loss + config.vf_coef * v_loss - (coefs * head_entropy).sum()
+
+    with torch.no_grad():
+        approx_kl = float(joint_approx_kl(logratio, relevant))
+        clipfrac = float(clip_fraction(ratio, relevant, config.clip_coef))
+    stopped = config.target_kl is not None and approx_kl > 1.5 * config.target_kl
+    stats = {
+        "policy_loss": pg_loss.item(),
+        "value_loss": v_loss.item(),
+        "entropy": head_entropy.sum().item(),
+        "approx_kl": approx_kl,
+        "clipfrac": clipfrac,
+        "stopped": float(stopped),
+        **{f"entropy/{h}": head_entropy[i].item() for i, h in enumerate(HEADS)},
+    }
+    if not stopped:
+        optimizer.zero_grad()
+        loss.backward()
+        grad_norm = nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
+        optimizer.step()
+        stats["grad_norm"] = grad_norm.item()
+    return stats
+
+
+def clipped_surrogate_loss(
+    ratio: Tensor, advantages: Tensor, relevant: Tensor, clip_coef: float
+) -> Tensor:
+    """PPO's clipped surrogate per head, summed over the relevant heads of each step and
+    averaged over steps.
+
+    Args:
+        ratio: ``[b, T, 8]`` per-head probability ratios pi_new / pi_old.
+        advantages: ``[b, T]`` (shared by every head of a step).
+        relevant: ``[b, T, 8]`` 1.0 where the head is causally relevant to the stored op.
+        clip_coef: epsilon of the clip range ``[1 - eps, 1 + eps]``.
+    """
+    adv = advantages[..., None]  # broadcast over heads
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1 - clip_coef, 1 + clip_coef)
+    return (torch.max(unclipped, clipped) * relevant).sum(-1).mean()
+
+
+def joint_approx_kl(logratio: Tensor, relevant: Tensor) -> Tensor:
+    """KL(pi_old || pi_new) estimate ``mean((r - 1) - log r)`` of the JOINT factored action,
+    ``log r = Σ_relevant heads logratio`` (upstream averaged per-head KLs, under-stating it)."""
+    joint = (logratio * relevant).sum(-1)
+    return ((joint.exp() - 1) - joint).mean()
+
+
+def clip_fraction(ratio: Tensor, relevant: Tensor, clip_coef: float) -> Tensor:
+    """Fraction of relevant (step, head) pairs whose ratio left the clip range."""
+    outside = ((ratio - 1).abs() > clip_coef).float() * relevant
+    return outside.sum() / relevant.sum().clamp(min=1)
+
+
+def masked_head_means(values: Tensor, relevant: Tensor) -> Tensor:
+    """Mean of ``values`` ``[b, T, 8]`` over the steps where each head is relevant -> ``[8]``."""
+    return (values * relevant).sum((0, 1)) / relevant.sum((0, 1)).clamp(min=1)

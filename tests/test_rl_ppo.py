@@ -1,0 +1,185 @@
+import math
+
+import pytest
+import torch
+from lifecycle_mdp import (
+    EPISODE_LENGTH,
+    LifecycleMDP,
+    collect_rollout,
+    single_thread,  # noqa: F401 (fixture used through pytestmark)
+)
+
+from esper_lightning.actions import HEADS
+from esper_lightning.rl import (
+    FactoredRecurrentActorCritic,
+    PolicyConfig,
+    PPOConfig,
+    RewardNormalizer,
+    RolloutBuffer,
+    RunningMeanStd,
+    ValueNormalizer,
+    explained_variance,
+    make_optimizer,
+    obs_dim,
+    ppo_update,
+)
+from esper_lightning.rl.ppo import (
+    clip_fraction,
+    clipped_surrogate_loss,
+    joint_approx_kl,
+    masked_head_means,
+)
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+POLICY = PolicyConfig(n_slots=2, hidden_dim=16, head_hidden_dim=16)
+METRICS = {
+    "policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "explained_variance",
+    "grad_norm", "epochs_run", "early_stopped", *(f"entropy/{h}" for h in HEADS),
+}
+
+
+def _setup(seed: int = 0, n_envs: int = 4):
+    torch.manual_seed(seed)
+    policy = FactoredRecurrentActorCritic(POLICY)
+    buffer = RolloutBuffer(n_envs, EPISODE_LENGTH, POLICY)
+    envs = [LifecycleMDP(("clean", "harmful")[i % 2]) for i in range(n_envs)]
+    collect_rollout(policy, RunningMeanStd(shape=(obs_dim(2),)), envs, buffer)
+    return policy, buffer
+
+
+def _relevant(*rows: list[int]) -> torch.Tensor:
+    return torch.tensor([rows], dtype=torch.float32)  # [1, T, heads]
+
+
+# --- loss pieces on hand-made numbers ----------------------------------------------------------
+def test_clipped_surrogate_counts_only_relevant_heads_and_clips():
+    # Two steps, three heads. Step 0 (A = +1): ratios 1.5 (clipped to 1.2), 0.5, and an
+    # irrelevant head with ratio 9 that must not count. Step 1 (A = -2): ratio 0.5 (clipped to
+    # 0.8, pessimistic max picks the clipped one) and 1.1.
+    ratio = torch.tensor([[[1.5, 0.5, 9.0], [0.5, 1.1, 1.0]]])
+    advantages = torch.tensor([[1.0, -2.0]])
+    relevant = _relevant([1, 1, 0], [1, 1, 0])
+    loss = clipped_surrogate_loss(ratio, advantages, relevant, clip_coef=0.2)
+    step0 = -(1.2 * 1.0) + -(0.5 * 1.0)  # min(r·A, clip(r)·A) per head, negated
+    step1 = -(0.8 * -2.0) + -(1.1 * -2.0)
+    assert float(loss) == pytest.approx((step0 + step1) / 2)
+
+
+def test_joint_kl_sums_relevant_heads():
+    logratio = torch.tensor([[[0.1, 0.2, 5.0], [-0.1, 0.0, 5.0]]])
+    relevant = _relevant([1, 1, 0], [1, 0, 0])
+    joint = torch.tensor([0.3, -0.1])
+    expected = ((joint.exp() - 1) - joint).mean()
+    assert float(joint_approx_kl(logratio, relevant)) == pytest.approx(float(expected))
+    # Summing (joint) is larger than a per-head average would be.
+    per_head = ((logratio.exp() - 1) - logratio)[..., :2].mean()
+    assert float(expected) > float(per_head)
+
+
+def test_clip_fraction_and_masked_head_means():
+    ratio = torch.tensor([[[1.5, 1.0, 3.0], [1.0, 0.7, 1.0]]])
+    relevant = _relevant([1, 1, 0], [1, 1, 0])
+    assert float(clip_fraction(ratio, relevant, 0.2)) == pytest.approx(2 / 4)
+    values = torch.tensor([[[0.4, 0.9, 0.5], [0.6, 0.1, 0.5]]])
+    relevant = _relevant([1, 0, 0], [1, 1, 0])
+    torch.testing.assert_close(masked_head_means(values, relevant), torch.tensor([0.5, 0.1, 0.0]))
+
+
+def test_explained_variance():
+    target = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    assert explained_variance(target, target) == 1.0
+    assert explained_variance(torch.zeros(4), target) == pytest.approx(0.0)
+    assert math.isnan(explained_variance(target, torch.ones(4)))
+
+
+# --- the update -------------------------------------------------------------------------------
+def test_update_returns_cleanrl_metrics_and_changes_the_policy():
+    policy, buffer = _setup()
+    before = [p.detach().clone() for p in policy.parameters()]
+    config = PPOConfig(minibatch_envs=2, n_epochs=3, target_kl=None)
+    value_norm = ValueNormalizer()
+    metrics = ppo_update(policy, make_optimizer(policy, config), buffer, config, value_norm)
+    assert set(metrics) == METRICS
+    assert all(math.isfinite(v) for k, v in metrics.items() if k != "explained_variance")
+    assert metrics["epochs_run"] == 3 and metrics["early_stopped"] == 0
+    assert value_norm.stats.count == buffer.n_envs * buffer.n_steps  # one update per round
+    assert any(not torch.equal(a, b) for a, b in zip(before, policy.parameters(), strict=True))
+    assert 0 <= metrics["entropy/op"] <= 1
+
+
+def test_first_minibatch_starts_on_policy():
+    """Unchanged parameters re-evaluate to the stored log-probs: ratio 1, KL 0, no clipping."""
+    policy, buffer = _setup()
+    config = PPOConfig(minibatch_envs=4, n_epochs=1, target_kl=None)
+    metrics = ppo_update(policy, make_optimizer(policy, config), buffer, config, ValueNormalizer())
+    assert metrics["approx_kl"] == pytest.approx(0.0, abs=1e-9)
+    assert metrics["clipfrac"] == 0.0
+
+
+def test_target_kl_stops_the_update_early():
+    policy, buffer = _setup()
+    config = PPOConfig(minibatch_envs=1, n_epochs=4, target_kl=1e-9, learning_rate=1e-2)
+    metrics = ppo_update(policy, make_optimizer(policy, config), buffer, config, ValueNormalizer())
+    assert metrics["early_stopped"] == 1.0
+    assert metrics["epochs_run"] == 1  # the first step is on-policy, the next one exceeds KL
+
+
+def test_update_is_reproducible_with_a_seed():
+    results = []
+    for _ in range(2):
+        policy, buffer = _setup(seed=5)
+        config = PPOConfig(minibatch_envs=2)
+        reward_norm = RewardNormalizer(config.gamma)
+        metrics = ppo_update(
+            policy, make_optimizer(policy, config), buffer, config, ValueNormalizer(), reward_norm
+        )
+        results.append((metrics, [p.detach().clone() for p in policy.parameters()]))
+    assert results[0][0] == results[1][0]
+    assert all(torch.equal(a, b) for a, b in zip(results[0][1], results[1][1], strict=True))
+
+
+def test_reward_normalizer_is_updated_once_and_applied():
+    policy, buffer = _setup()
+    buffer.rewards *= 1000.0
+    reward_norm = RewardNormalizer(gamma=0.99)
+    config = PPOConfig(target_kl=None)
+    value_norm = ValueNormalizer()
+    ppo_update(policy, make_optimizer(policy, config), buffer, config, value_norm, reward_norm)
+    assert reward_norm.returns.count == buffer.n_envs * buffer.n_steps
+    # Returns were computed from rescaled rewards: their scale is ~1, not ~1000.
+    assert value_norm.std < 50
+
+
+def test_value_head_does_not_jump_when_the_normaliser_moves():
+    """PopArt-style output preservation: de-normalised predictions are unchanged by the
+    statistics update alone (checked with a zero learning rate)."""
+    policy, buffer = _setup()
+    value_norm = ValueNormalizer()
+    value_norm.update(torch.tensor([0.0, 1.0]))
+    before = value_norm.denormalize(policy.evaluate(
+        buffer.obs, buffer.blueprint_idx, buffer.actions, buffer.masks,
+        (buffer.hidden_h[:, 0], buffer.hidden_c[:, 0]), buffer.episode_starts,
+    ).values.detach())
+    config = PPOConfig(learning_rate=0.0, target_kl=None)  # statistics update only
+    ppo_update(policy, make_optimizer(policy, config), buffer, config, value_norm)
+    assert value_norm.stats.count > 2
+    after = value_norm.denormalize(policy.evaluate(
+        buffer.obs, buffer.blueprint_idx, buffer.actions, buffer.masks,
+        (buffer.hidden_h[:, 0], buffer.hidden_c[:, 0]), buffer.episode_starts,
+    ).values.detach())
+    torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="entropy_coefs"):
+        PPOConfig(entropy_coefs={"op": 0.01})
+    with pytest.raises(ValueError, match="minibatch_envs"):
+        PPOConfig(minibatch_envs=0)
+    with pytest.raises(ValueError, match="target_kl"):
+        PPOConfig(target_kl=0.0)
+    policy, buffer = _setup()
+    buffer.reset()
+    with pytest.raises(RuntimeError, match="0/"):
+        ppo_update(policy, make_optimizer(policy, PPOConfig()), buffer, PPOConfig(),
+                   ValueNormalizer())
