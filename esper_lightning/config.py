@@ -144,11 +144,11 @@ PRESETS: dict[str, dict[str, Any]] = {
         "batch_size": 64, "slots": ("r0c1", "r0c2"), "min_training_epochs": 1,
         "policy_hidden": 32, "ppo_epochs": 2, "minibatch_envs": 1,
     },
-    # Real learning on the CIFAR-10 subset in about an hour on 2 cores.
+    # Real learning on the CIFAR-10 subset (4,660 / 846 images) in about an hour on 2 cores.
     "cpu": {
-        "envs": 4, "rounds": 24, "episode_length": 12, "train_subset": 2048, "val_subset": 512,
-        "batch_size": 128, "slots": ("r0c1", "r0c2"), "min_training_epochs": 2,
-        "policy_hidden": 64, "ppo_epochs": 4, "minibatch_envs": 2,
+        "envs": 4, "rounds": 40, "episode_length": 15, "batch_size": 128,
+        "slots": ("r0c1", "r0c2"), "min_training_epochs": 3, "policy_hidden": 64,
+        "ppo_epochs": 4, "minibatch_envs": 2,
     },
     # Full CIFAR-10 on a GPU: longer episodes, upstream incubation.
     "gpu": {

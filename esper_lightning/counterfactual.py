@@ -79,7 +79,7 @@ def fused_forward(
 class CounterfactualAccumulator:
     """Accumulates correct counts per configuration (and the main configuration's summed
     cross-entropy) over the validation batches of an epoch. Sums stay on the device of the
-    logits: nothing is copied to the host until `accuracies` / `main_loss` are read."""
+    logits: nothing is copied to the host until `read` (or `accuracies`) is called."""
 
     def __init__(self, plan: CounterfactualPlan) -> None:
         self.plan = plan
@@ -104,20 +104,28 @@ class CounterfactualAccumulator:
             self.correct, self.loss_sum = self.correct + hits, self.loss_sum + loss
         self.total += int(y.shape[0])
 
+    def read(self, extra: Tensor | None = None) -> tuple[dict[str, float], float, Tensor | None]:
+        """Accuracy (percent) per configuration, mean main-configuration loss, and ``extra``
+        (device values the caller wants back), all in one device-to-host transfer."""
+        if self.correct is None or self.loss_sum is None:
+            raise RuntimeError("no validation batch was accumulated")
+        parts = [self.correct.double(), self.loss_sum.double().view(1)]
+        if extra is not None:
+            parts.append(extra.double().flatten())
+        values = torch.cat(parts).cpu()
+        k = self.plan.size
+        accuracies = dict(zip(self.plan.configs, (100.0 * values[:k] / self.total).tolist(),
+                              strict=True))
+        rest = values[k + 1:] if extra is not None else None
+        return accuracies, float(values[k]) / self.total, rest
+
     def accuracies(self) -> dict[str, float]:
         """Accuracy (percent) per configuration."""
-        if self.correct is None:
-            return {}
-        values = (100.0 * self.correct.double().cpu() / self.total).tolist()
-        return dict(zip(self.plan.configs, values, strict=True))
+        return {} if self.correct is None else self.read()[0]
 
-    def main_loss(self) -> float | None:
-        """Mean cross-entropy of the main configuration."""
-        return None if self.loss_sum is None else float(self.loss_sum) / self.total
-
-    def contributions(self) -> dict[str, float]:
+    def contributions(self, accuracies: Mapping[str, float] | None = None) -> dict[str, float]:
         """acc(main) − acc(slot off), percentage points, per measured slot."""
-        acc = self.accuracies()
+        acc = self.accuracies() if accuracies is None else accuracies
         if not acc:
             return {}
         return {sid: acc[MAIN] - acc[f"off:{sid}"] for sid in self.plan.slot_ids}

@@ -35,9 +35,6 @@ harmful seed" (+10 points, +6 more when a harmful seed was there).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 import torch
 
 from esper_lightning.actions import (
@@ -215,16 +212,6 @@ def optimal_actions(start: str) -> list[Action]:
         plan.append(Action(LifecycleOp.PRUNE, slot=bad))
     plan += [advance, advance, Action(), Action(), advance, Action(LifecycleOp.FOSSILIZE, good)]
     return plan + [Action()] * (EPISODE_LENGTH - len(plan))
-
-
-@pytest.fixture
-def single_thread() -> Iterator[None]:
-    """One intra-op thread: the RL tests run tiny matmuls, which are faster single-threaded
-    and do not slow down by orders of magnitude when the machine is busy."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def collect_rollout(

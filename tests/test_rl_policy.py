@@ -8,7 +8,6 @@ from lifecycle_mdp import (
     LifecycleMDP,
     collect_rollout,
     make_report,
-    single_thread,  # noqa: F401 (fixture used through pytestmark)
 )
 
 from esper_lightning.actions import (
@@ -32,8 +31,6 @@ from esper_lightning.rl import (
     stack_masks,
 )
 from esper_lightning.slots import SeedSlot, apply_action
-
-pytestmark = pytest.mark.usefixtures("single_thread")
 
 CONFIG = PolicyConfig(n_slots=2, hidden_dim=32, head_hidden_dim=32)
 

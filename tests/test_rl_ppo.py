@@ -6,7 +6,6 @@ from lifecycle_mdp import (
     EPISODE_LENGTH,
     LifecycleMDP,
     collect_rollout,
-    single_thread,  # noqa: F401 (fixture used through pytestmark)
 )
 
 from esper_lightning.actions import HEADS
@@ -29,8 +28,6 @@ from esper_lightning.rl.ppo import (
     joint_approx_kl,
     masked_head_means,
 )
-
-pytestmark = pytest.mark.usefixtures("single_thread")
 
 POLICY = PolicyConfig(n_slots=2, hidden_dim=16, head_hidden_dim=16)
 METRICS = {

@@ -229,7 +229,8 @@ class MorphogenesisCallback(Callback):
         acc = self._accumulator
         self._accumulator = None
         if acc is not None and acc.total > 0:
-            return acc.accuracies()["main"], acc.contributions()
+            accuracies = acc.accuracies()
+            return accuracies["main"], acc.contributions(accuracies)
         logged = None if self.accuracy_key is None else trainer.callback_metrics.get(
             self.accuracy_key
         )

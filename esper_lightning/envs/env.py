@@ -162,12 +162,13 @@ class MorphogenesisEnv:
         assert accumulator is not None, "validate() before observe()"
         if self.stream is not None:
             self.stream.synchronize()
-        train_loss = None
-        if trained and self._loss_sum is not None:
-            train_loss = float(self._loss_sum) / len(self.loader)
+        loss_sum = self._loss_sum if trained else None
+        accuracies, val_loss, extra = accumulator.read(loss_sum)  # one transfer
+        train_loss = None if extra is None else float(extra[0]) / len(self.loader)
+        if trained:
             engine.capture_gradient_stats()  # the last batch's gradients are still in place
-        accuracies, val_loss = accumulator.accuracies(), accumulator.main_loss()
-        engine.record_epoch(accuracies["main"], val_loss, train_loss, accumulator.contributions())
+        contributions = accumulator.contributions(accuracies)
+        engine.record_epoch(accuracies["main"], val_loss, train_loss, contributions)
         reason = None
         if train_loss is not None:
             reason = self.governor.check_train_loss(train_loss)
