@@ -146,7 +146,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     # Real learning on the CIFAR-10 subset (4,660 / 846 images) in about an hour on 2 cores.
     "cpu": {
-        "envs": 4, "rounds": 40, "episode_length": 15, "batch_size": 128,
+        "envs": 4, "rounds": 30, "episode_length": 15, "batch_size": 128,
         "slots": ("r0c1", "r0c2"), "min_training_epochs": 3, "policy_hidden": 64,
         "ppo_epochs": 4, "minibatch_envs": 2,
     },

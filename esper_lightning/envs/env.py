@@ -128,8 +128,10 @@ class MorphogenesisEnv:
     # --- lockstep epoch -----------------------------------------------------------------------
     def start_epoch(self) -> int:
         """Begin a training epoch; returns its number of batches."""
-        self._batches = iter(self.loader)
-        self._loss_sum = torch.zeros((), device=self.device)
+        self._join_default_stream()
+        with self._on_stream():  # the epoch's permutation and augmentation are drawn here
+            self._batches = iter(self.loader)
+            self._loss_sum = torch.zeros((), device=self.device)
         self.model.train()
         return len(self.loader)
 
@@ -146,6 +148,7 @@ class MorphogenesisEnv:
     def validate(self) -> None:
         """Fused counterfactual validation: accuracy with and without each blending seed."""
         engine = self._engine()
+        self._join_default_stream()
         self.model.eval()
         with self._on_stream(), torch.no_grad():
             accumulator = CounterfactualAccumulator(make_plan(engine.slots))
@@ -185,3 +188,9 @@ class MorphogenesisEnv:
 
     def _on_stream(self) -> Any:
         return torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()
+
+    def _join_default_stream(self) -> None:
+        """Order this env's stream after work queued on the default stream (new host weights
+        from `reset`, the validation tensors, a freshly built seed): a device-side wait."""
+        if self.stream is not None:
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
