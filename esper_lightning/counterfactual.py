@@ -65,14 +65,23 @@ def fused_forward(
     slots: Mapping[str, SeedSlot],
     plan: CounterfactualPlan,
 ) -> Tensor:
-    """Run ``forward`` once on ``x`` repeated ``plan.size`` times; returns ``[K, B, ...]``."""
+    """Run ``forward`` once with every configuration; returns ``[K, B, ...]``.
+
+    The batch is not repeated up front: the first measured slot the forward reaches sees
+    per-sample alphas for ``K*B`` rows and fans the batch out there (configuration-major), so
+    the host layers before it run once.
+    """
     k, b = plan.size, x.shape[0]
-    xs = x.repeat(k, *([1] * (x.dim() - 1)))  # [K*B, ...], configuration-major
     with ExitStack() as stack:
         for sid, alphas in plan.alphas.items():
             per_sample = alphas.to(x.device).repeat_interleave(b)  # [K*B]
             stack.enter_context(slots[sid].alpha_override(per_sample))
-        out = forward(xs)
+        out = forward(x)
+    if out.shape[0] != k * b:
+        raise RuntimeError(
+            f"fused counterfactual: the forward returned {out.shape[0]} rows, expected {k}x{b}; "
+            f"are the measured slots {list(plan.slot_ids)} in this forward's path?"
+        )
     return out.view(k, b, *out.shape[1:])
 
 

@@ -11,7 +11,8 @@ Forward semantics at a slot with host activation ``h`` and seed output ``s = see
   fully blended seed keep learning.
 
 Counterfactuals pass a per-sample ``alpha_override`` (argument, or the `alpha_override` context
-manager for slots called from inside a host's forward) instead of mutating alpha.
+manager for slots called from inside a host's forward) instead of mutating alpha. An override
+with K times as many rows as the batch fans the batch out K times at this slot.
 """
 
 from __future__ import annotations
@@ -205,6 +206,8 @@ class SeedSlot(nn.Module):
         if self.seed is None or stage not in ACTIVE_STAGES:
             return h
         override = self._override if alpha_override is None else alpha_override
+        if override is not None and override.dim() == 1 and override.shape[0] != h.shape[0]:
+            h = _fan_out(h, override.shape[0])
         x = h.detach() if self._isolated(stage) else h
         s = self.seed(x).to(h.dtype)
         if stage == SeedStage.TRAINING and override is None:
@@ -570,6 +573,16 @@ class SeedSlot(nn.Module):
         for p in self._frozen:
             p.requires_grad_(True)
         self._frozen = []
+
+
+def _fan_out(h: Tensor, rows: int) -> Tensor:
+    """Repeat the batch K times (configuration-major) when a per-sample alpha has K times as many
+    rows: the fused counterfactual starts at the first slot it measures, so the host layers
+    before it run once instead of K times."""
+    batch = h.shape[0]
+    if rows % batch != 0:
+        raise ValueError(f"per-sample alpha has {rows} rows for a batch of {batch}")
+    return h.repeat(rows // batch, *([1] * (h.dim() - 1)))
 
 
 def _per_sample(alpha: Tensor, h: Tensor) -> Tensor:

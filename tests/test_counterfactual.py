@@ -84,14 +84,17 @@ def test_overrides_do_not_leak_after_the_fused_pass():
         assert torch.equal(host(x), before)
 
 
-def test_fused_pass_runs_one_forward():
+def test_fused_pass_runs_one_forward_and_the_prefix_once():
     host = _grown_host()
-    calls = []
-    handle = host.blocks[0].register_forward_hook(lambda m, i, o: calls.append(i[0].shape[0]))
+    rows = {}
+    for name in ("blocks.0", "blocks.1", "head"):
+        module = host.get_submodule(name)
+        module.register_forward_hook(lambda m, i, o, name=name: rows.setdefault(name, []).append(
+            i[0].shape[0]))
     with torch.no_grad():
         fused_forward(host, torch.randn(8, 3, 32, 32), host.slots, make_plan(host.slots))
-    handle.remove()
-    assert calls == [8 * 4]
+    # Block 0 runs before the first measured slot (r0c0): once, on the plain batch.
+    assert rows == {"blocks.0": [8], "blocks.1": [8 * 4], "head": [8 * 4]}
 
 
 def test_contribution_is_zero_when_seed_is_identity():
