@@ -195,3 +195,19 @@ def test_resume_continues_exactly(cifar_dir, tmp_path):
         for name, value in state.items():
             assert torch.equal(value, opt_b["state"][index][name]), (index, name)
     assert straight_cb.state_dict() == resumed_cb.state_dict()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_16_mixed_on_cuda_with_a_live_seed(cifar_dir, tmp_path):
+    torch.manual_seed(0)
+    script = ScriptedController({0: germinate(), 1: advance(), 2: advance()})
+    callback = MorphogenesisCallback(script, slots=["r0c1"], gate_config=FAST_GATES)
+    trainer = _trainer(tmp_path, 5, [callback], precision="16-mixed", accelerator="gpu",
+                       devices=1, deterministic=False)
+    host = CifarCNNHost("baseline", slots=["r0c1"])
+    trainer.fit(host, datamodule=_dm(cifar_dir))
+    slot = host.slots["r0c1"]
+    assert slot.stage == SeedStage.BLENDING and slot.alpha > 0
+    assert all(p.is_cuda and p.dtype == torch.float32 for p in slot.seed_parameters())
+    assert all(torch.isfinite(p).all() for p in host.parameters())
