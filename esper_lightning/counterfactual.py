@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -34,10 +34,24 @@ class CounterfactualPlan:
     slot_ids: tuple[str, ...]
     configs: tuple[str, ...]
     alphas: Mapping[str, Tensor]  # slot id -> [K] alpha per configuration
+    _per_sample: dict[tuple[int, str], dict[str, Tensor]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     @property
     def size(self) -> int:
         return len(self.configs)
+
+    def per_sample(self, batch: int, device: torch.device) -> dict[str, Tensor]:
+        """Per-sample alphas ``[K*batch]`` per slot, built once per batch size and device (no
+        host-to-device copy on every validation batch)."""
+        key = (batch, str(device))
+        if key not in self._per_sample:
+            self._per_sample[key] = {
+                sid: alphas.to(device).repeat_interleave(batch)
+                for sid, alphas in self.alphas.items()
+            }
+        return self._per_sample[key]
 
 
 def make_plan(slots: Mapping[str, SeedSlot]) -> CounterfactualPlan:
@@ -73,8 +87,7 @@ def fused_forward(
     """
     k, b = plan.size, x.shape[0]
     with ExitStack() as stack:
-        for sid, alphas in plan.alphas.items():
-            per_sample = alphas.to(x.device).repeat_interleave(b)  # [K*B]
+        for sid, per_sample in plan.per_sample(b, x.device).items():  # [K*B] each
             stack.enter_context(slots[sid].alpha_override(per_sample))
         out = forward(x)
     if out.shape[0] != k * b:

@@ -25,7 +25,7 @@ from torch.optim import Optimizer
 from esper_lightning import blueprints as blueprint_registry
 from esper_lightning.actions import (
     Action,
-    ActionMasks,
+    BlueprintAction,
     MaskContext,
     action_error,
     compute_masks,
@@ -114,8 +114,8 @@ class MorphogenesisEngine:
         gate_config: GateConfig | None = None,
         seed_optim: SeedOptimConfig | None = None,
     ) -> None:
-        if max_seeds is not None and (isinstance(max_seeds, bool) or max_seeds < 0):
-            raise ValueError(f"max_seeds must be an int >= 0 or None, got {max_seeds!r}")
+        if max_seeds is not None and (isinstance(max_seeds, bool) or max_seeds < 1):
+            raise ValueError(f"max_seeds must be an int >= 1 or None, got {max_seeds!r}")
         self.model = model
         self.slots = _resolve_slots(model, slots, topology)
         if gate_mode is not None or gate_config is not None:
@@ -181,9 +181,6 @@ class MorphogenesisEngine:
             slot = self.slots[slot_id]
             if slot.seed is not None:
                 slot.record_contribution(contribution)
-
-    def masks(self) -> ActionMasks:
-        return compute_masks([s.report() for s in self.slots.values()], self.mask_context)
 
     def report(self, max_epochs: int | None = None) -> EpochReport:
         reports = tuple(s.report() for s in self.slots.values())
@@ -437,7 +434,9 @@ def _common_topology(slots: Any) -> str:
 
 
 def _check_blueprints(names: Sequence[str] | None, topology: str) -> tuple[str, ...]:
-    allowed = blueprint_registry.available(topology)
+    # Only blueprints with an index in the action space can be chosen by a controller.
+    actionable = {b.blueprint_name for b in BlueprintAction}
+    allowed = tuple(n for n in blueprint_registry.available(topology) if n in actionable)
     if names is None:
         return allowed
     if isinstance(names, str):

@@ -17,7 +17,9 @@ from torch.optim import Optimizer
 
 SEED_GROUP_PREFIX = "seed/"
 #: Scheduler attributes holding one entry per param group.
-_PER_GROUP_LISTS = ("base_lrs", "_last_lr", "lr_lambdas", "min_lrs")
+_PER_GROUP_LISTS = (
+    "base_lrs", "_last_lr", "lr_lambdas", "min_lrs", "max_lrs", "base_momentums", "max_momentums",
+)
 
 
 @dataclass(frozen=True)
@@ -77,14 +79,19 @@ def add_seed_group(
     name = seed_group_name(slot_id)
     if _group_index(optimizer, name) is not None:
         raise RuntimeError(f"optimizer already has a param group named {name!r}")
-    template = {k: copy.deepcopy(v) for k, v in optimizer.param_groups[0].items() if k != "params"}
+    host = optimizer.param_groups[0]
+    template = {k: copy.deepcopy(v) for k, v in host.items() if k != "params"}
     template.update(config.overrides())
     template["name"] = name
-    if "initial_lr" in template:
-        template["initial_lr"] = template["lr"]
+    # The seed starts from its own initial lr scaled by where the host's schedule is now, so
+    # schedulers that compute from the initial lr (LambdaLR) and chainable ones agree.
+    host_initial = host.get("initial_lr", host["lr"])
+    initial = config.lr if config.lr is not None else host_initial
+    template["initial_lr"] = initial
+    template["lr"] = initial * (host["lr"] / host_initial if host_initial else 1.0)
     n_before = len(optimizer.param_groups)
     optimizer.add_param_group({**template, "params": list(params)})
-    for scheduler in schedulers:
+    for scheduler in _flatten(schedulers):
         _extend_scheduler(scheduler, optimizer.param_groups[-1], n_before)
 
 
@@ -96,7 +103,7 @@ def remove_seed_group(optimizer: Optimizer, slot_id: str, schedulers: Sequence[A
     group = optimizer.param_groups.pop(index)
     for p in group["params"]:
         optimizer.state.pop(p, None)
-    for scheduler in schedulers:
+    for scheduler in _flatten(schedulers):
         for attr in _PER_GROUP_LISTS:
             values = getattr(scheduler, attr, None)
             if isinstance(values, list) and len(values) == len(optimizer.param_groups) + 1:
@@ -116,8 +123,16 @@ def set_group_params(optimizer: Optimizer, slot_id: str, params: Sequence[nn.Par
     group["params"] = list(params)
 
 
+def _flatten(schedulers: Sequence[Any]) -> list[Any]:
+    """Schedulers and the ones nested in SequentialLR / ChainedScheduler."""
+    flat: list[Any] = []
+    for scheduler in schedulers:
+        flat.append(scheduler)
+        flat.extend(_flatten(getattr(scheduler, "_schedulers", [])))
+    return flat
+
+
 def _extend_scheduler(scheduler: Any, group: dict[str, Any], n_before: int) -> None:
-    group.setdefault("initial_lr", group["lr"])
     for attr in _PER_GROUP_LISTS:
         values = getattr(scheduler, attr, None)
         if not isinstance(values, list) or len(values) != n_before:

@@ -97,9 +97,10 @@ class GatedBlend(nn.Module):
         if self.topology == "cnn":
             pooled = x.mean(dim=(2, 3))  # [B, C]
             return torch.sigmoid(self.net(pooled)).view(-1, 1, 1, 1)
-        # Cumulative mean over tokens so position t never sees t+1 (causal).
-        steps = torch.arange(1, x.shape[1] + 1, device=x.device, dtype=x.dtype).view(1, -1, 1)
-        pooled = x.cumsum(dim=1) / steps  # [B, T, D]
+        # Cumulative mean over tokens so position t never sees t+1 (causal); float32 counts
+        # stay exact beyond bf16's 256.
+        steps = torch.arange(1, x.shape[1] + 1, device=x.device, dtype=torch.float32)
+        pooled = (x.float().cumsum(dim=1) / steps.view(1, -1, 1)).to(x.dtype)  # [B, T, D]
         return torch.sigmoid(self.net(pooled))  # [B, T, 1]
 
 
@@ -201,6 +202,12 @@ class SeedSlot(nn.Module):
 
     def forward(self, h: Tensor, alpha_override: Tensor | None = None) -> Tensor:
         if self.channels is None:
+            rank = 4 if self.topology == "cnn" else 3
+            if h.dim() != rank:
+                raise ValueError(
+                    f"slot {self.slot_id!r} ({self.topology}) needs activations of rank {rank}, "
+                    f"got shape {tuple(h.shape)}"
+                )
             self.channels = int(h.shape[1] if self.topology == "cnn" else h.shape[-1])
         stage = self.stage
         if self.seed is None or stage not in ACTIVE_STAGES:
@@ -234,7 +241,8 @@ class SeedSlot(nn.Module):
         alpha = self.alpha_controller.alpha
         cache = self._alpha_cache
         if cache is None or cache[:3] != (alpha, h.device, h.dtype):
-            cache = (alpha, h.device, h.dtype, torch.tensor(alpha, device=h.device, dtype=h.dtype))
+            value = torch.full((), alpha, device=h.device, dtype=h.dtype)  # no host copy
+            cache = (alpha, h.device, h.dtype, value)
             self._alpha_cache = cache
         return cache[3]
 

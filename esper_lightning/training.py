@@ -41,14 +41,12 @@ from esper_lightning.rl import (
     RolloutBuffer,
     RunningMeanStd,
     ValueNormalizer,
-    blueprint_indices,
-    build_observation,
     compute_reward,
     make_optimizer,
     obs_dim,
     ppo_update,
-    stack_masks,
 )
+from esper_lightning.rl.observations import batch_observations
 
 CHECKPOINT_VERSION = 1
 
@@ -58,10 +56,9 @@ def encode_reports(
 ) -> tuple[Tensor, Tensor, Tensor, MaskBatch]:
     """Raw observations, normalised observations, blueprint indices and masks of a batch of
     reports: exactly what the policy sees, in training and in `PolicyController`."""
-    raw = torch.as_tensor(np.stack([build_observation(r, horizon) for r in reports]))
-    obs = obs_rms.normalize(raw).float()
-    blueprints = torch.as_tensor(np.stack([blueprint_indices(r) for r in reports]))
-    return raw, obs, blueprints, stack_masks([r.masks for r in reports])
+    batch = batch_observations(reports, horizon)
+    return batch.features, obs_rms.normalize(batch.features).float(), batch.blueprint_idx, \
+        batch.masks
 
 
 @dataclass
@@ -96,6 +93,7 @@ class PPOTrainer:
     """
 
     def __init__(self, config: PPORunConfig) -> None:
+        _check_hardware(config)
         self.config = config
         self.round = 0
         torch.manual_seed(config.seed)
@@ -197,9 +195,11 @@ class PPOTrainer:
             rewards = torch.zeros(n)
             for i, (before, outcome, after) in enumerate(zip(reports, outcomes, next_obs,
                                                              strict=True)):
+                # An env restarted after a rollback is cut at the round's end before reaching
+                # max epochs: truncated (bootstrapped) but not an episode end.
                 breakdown = compute_reward(
                     before, outcome.executed, outcome.success, after.report, self.reward_config,
-                    terminal=bool(truncated[i]), rollback=after.rollback is not None,
+                    terminal=after.report.epoch >= horizon, rollback=after.rollback is not None,
                 )
                 rewards[i] = breakdown.total
                 returns[i] += breakdown.total
@@ -244,11 +244,14 @@ class PPOTrainer:
             engine = self.pool.envs[i].engine
             assert engine is not None
             report = observations[i].report
-            stats.returns.append(returns[i])
-            returns[i] = 0.0
-            stats.final_accuracies.append(report.val_accuracy or 0.0)
-            stats.seed_params.append(float(report.seed_params))
             stats.events.update(e.kind for e in engine.events)
+            full_length = report.epoch >= self.config.episode_length
+            if full_length or observations[i].rollback is not None:  # not a round-end cut
+                stats.returns.append(returns[i])
+            if full_length:
+                stats.final_accuracies.append(report.val_accuracy or 0.0)
+                stats.seed_params.append(float(report.seed_params))
+            returns[i] = 0.0
             if observations[i].rollback is not None:
                 stats.rollbacks += 1
                 episodes[i] += 1
@@ -324,6 +327,20 @@ class PPOTrainer:
         _set_numpy_state(state["rng"]["numpy"])
         random.setstate(_to_tuple(state["rng"]["python"]))
         self.round = int(state["round"])
+
+
+def _check_hardware(config: PPORunConfig) -> None:
+    cuda = [d for d in config.env_devices if d.startswith("cuda")]
+    if cuda and not torch.cuda.is_available():
+        raise ConfigError(f"device {cuda[0]!r} requested but CUDA is not available; use cpu")
+    for device in cuda:
+        index = int(device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise ConfigError(f"device {device!r} does not exist; this machine has "
+                              f"{torch.cuda.device_count()} CUDA device(s)")
+    if config.precision == "16-mixed" and not cuda:
+        raise ConfigError("precision '16-mixed' needs CUDA devices; on cpu use bf16-mixed or "
+                          "32-true")
 
 
 def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -211,3 +211,12 @@ def test_16_mixed_on_cuda_with_a_live_seed(cifar_dir, tmp_path):
     assert slot.stage == SeedStage.BLENDING and slot.alpha > 0
     assert all(p.is_cuda and p.dtype == torch.float32 for p in slot.seed_parameters())
     assert all(torch.isfinite(p).all() for p in host.parameters())
+
+
+def test_bad_configuration_is_refused_at_construction():
+    with pytest.raises(ValueError, match="unknown gate mode 'strictt'; accepted: permissive"):
+        MorphogenesisCallback(StaticController(), gate_mode="strictt")
+    with pytest.raises(ValueError, match="unknown topology 'rnn'; accepted: cnn, transformer"):
+        MorphogenesisCallback(StaticController(), topology="rnn")
+    with pytest.raises(TypeError, match="controller must implement decide"):
+        MorphogenesisCallback(object())

@@ -107,8 +107,8 @@ def test_bad_slots(slots, message):
 def test_bad_blueprints_and_max_seeds():
     with pytest.raises(ValueError, match="unknown blueprint 'lora' for cnn; accepted: norm"):
         MorphogenesisEngine(_net(), slots=["net.1"], blueprints=["lora"])
-    with pytest.raises(ValueError, match="max_seeds must be an int >= 0 or None, got -1"):
-        MorphogenesisEngine(_net(), slots=["net.1"], max_seeds=-1)
+    with pytest.raises(ValueError, match="max_seeds must be an int >= 1 or None, got 0"):
+        MorphogenesisEngine(_net(), slots=["net.1"], max_seeds=0)
     with pytest.raises(ValueError, match="cannot inject slots into a bare Sequential"):
         MorphogenesisEngine(_net().net, slots=["1"])
 
@@ -230,3 +230,40 @@ def test_controller_reason_is_recorded_on_the_event():
         "policy: plateau of 3 epochs", "policy: no improvement"
     ]
     assert engine.slots["net.1"].state.prune_reason == "policy: no improvement"
+
+
+@pytest.mark.parametrize("kind", ["lambda", "sequential", "cyclic"])
+def test_seed_groups_follow_the_host_schedule(kind):
+    net, engine = _engine()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    if kind == "lambda":
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda e: 0.5 ** e)
+    elif kind == "sequential":
+        warm = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.5, total_iters=2)
+        decay = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.5)
+        sched = torch.optim.lr_scheduler.SequentialLR(opt, [warm, decay], milestones=[2])
+    else:
+        sched = torch.optim.lr_scheduler.CyclicLR(opt, base_lr=0.01, max_lr=0.1, step_size_up=2)
+    engine.attach_optimizer(opt, [sched])
+    for _ in range(3):
+        opt.step()
+        sched.step()
+    engine.execute(GERMINATE)  # mid-schedule
+    for _ in range(3):
+        opt.step()
+        sched.step()
+        host, seed = opt.param_groups[0]["lr"], opt.param_groups[1]["lr"]
+        assert seed == pytest.approx(host), (kind, host, seed)
+
+
+def test_registered_blueprint_without_an_action_index_is_refused():
+    from esper_lightning.blueprints import BlueprintSpec, register, unregister
+
+    register(BlueprintSpec("my_conv", "cnn", lambda c: nn.Conv2d(c, c, 1), "1x1 conv"))
+    try:
+        with pytest.raises(ValueError, match="unknown blueprint 'my_conv' for cnn; accepted:"):
+            MorphogenesisEngine(_net(), slots=["net.1"], blueprints=["my_conv"])
+        engine = MorphogenesisEngine(_net(), slots=["net.1"])  # default list skips it
+        assert "my_conv" not in engine.mask_context.blueprints
+    finally:
+        unregister("my_conv")

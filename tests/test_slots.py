@@ -268,3 +268,8 @@ def test_report_is_a_plain_snapshot():
     assert report.alpha != slot.alpha
     assert report.stage == SeedStage.BLENDING and report.blueprint == "conv_light"
     assert report.history[-1].reason.startswith("G2")
+
+
+def test_slot_checks_the_activation_rank_when_inferring_width():
+    with pytest.raises(ValueError, match=r"slot 's' \(cnn\) needs activations of rank 4"):
+        SeedSlot("s")(torch.zeros(2, 8))

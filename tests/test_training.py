@@ -87,3 +87,11 @@ def test_unreadable_checkpoint(tmp_path):
         read_checkpoint(bogus)
     with pytest.raises(ConfigError, match="does not exist"):
         read_checkpoint(tmp_path / "missing.pt")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
+def test_cuda_options_on_a_cpu_machine_are_config_errors(cifar_dir, tmp_path):
+    with pytest.raises(ConfigError, match="CUDA is not available"):
+        PPOTrainer(_config(cifar_dir, tmp_path, device="cuda"))
+    with pytest.raises(ConfigError, match="'16-mixed' needs CUDA devices"):
+        PPOTrainer(_config(cifar_dir, tmp_path, precision="16-mixed"))

@@ -63,6 +63,7 @@ class GovernorCallback(Callback):
         self.snapshot: Snapshot | None = None
         self._engine: MorphogenesisEngine | None = None
         self._fossilized_seen = 0
+        self._warned_monitor = False
 
     @property
     def rollbacks(self) -> int:
@@ -78,7 +79,8 @@ class GovernorCallback(Callback):
             )
 
     @override
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # After Lightning restored the optimizer, scaler and callbacks of a resumed run.
         growth = [c for c in trainer.callbacks if isinstance(c, MorphogenesisCallback)]
         self._engine = growth[0].engine if growth else None
         self._fossilized_seen = self._fossilized()
@@ -105,6 +107,12 @@ class GovernorCallback(Callback):
             return
         value = trainer.callback_metrics.get(self.monitor)
         if value is None:
+            if not self._warned_monitor:
+                self._warned_monitor = True
+                rank_zero_warn(
+                    f"GovernorCallback: monitor {self.monitor!r} is not logged, so the lobotomy "
+                    f"and divergence rules are off; logged: {sorted(trainer.callback_metrics)}"
+                )
             return
         reason = self.governor.check_validation(float(value), num_classes=self.num_classes)
         if reason is not None:
@@ -134,7 +142,10 @@ class GovernorCallback(Callback):
             for slot in live.values():
                 slot.prune(reason)
             pruned = list(live)
-        restore_snapshot(self.snapshot, pl_module, self._optimizer(trainer), _scaler(trainer))
+        optimizer = self._optimizer(trainer)
+        restore_snapshot(self.snapshot, pl_module, optimizer, _scaler(trainer))
+        if optimizer is not None:  # accumulated gradients belong to the diverged weights
+            optimizer.zero_grad(set_to_none=True)
         self.governor.record_rollback()
         log.warning(
             "governor: %s at epoch %d (loss %s); rolled back, pruned %s",

@@ -14,10 +14,11 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 from typing_extensions import override
 
+from esper_lightning.blueprints import TOPOLOGIES
 from esper_lightning.controllers.base import Controller
 from esper_lightning.counterfactual import CounterfactualAccumulator, make_plan
 from esper_lightning.engine import MorphogenesisEngine, StepOutcome
-from esper_lightning.lifecycle import GateConfig, GateMode
+from esper_lightning.lifecycle import GateConfig, GateMode, QualityGates
 from esper_lightning.optim import SeedOptimConfig
 
 log = logging.getLogger(__name__)
@@ -88,13 +89,17 @@ class MorphogenesisCallback(Callback):
             )
         if grad_stats_every < 1:
             raise ValueError(f"grad_stats_every must be >= 1, got {grad_stats_every}")
+        if topology not in TOPOLOGIES:
+            raise ValueError(f"unknown topology {topology!r}; accepted: {', '.join(TOPOLOGIES)}")
+        if gate_mode is not None:
+            gate_mode = QualityGates(gate_mode).mode  # one-line error naming accepted modes
         self.controller = controller
         self._engine_kwargs: dict[str, Any] = {
             "slots": None if slots is None else list(slots),
             "blueprints": None if blueprints is None else list(blueprints),
             "max_seeds": max_seeds,
             "topology": topology,
-            "gate_mode": None if gate_mode is None else GateMode(gate_mode),
+            "gate_mode": gate_mode,
             "gate_config": gate_config,
             "seed_optim": SeedOptimConfig(seed_lr, seed_momentum, seed_weight_decay),
         }
@@ -106,6 +111,7 @@ class MorphogenesisCallback(Callback):
         self.last_outcome: StepOutcome | None = None
         self._accumulator: CounterfactualAccumulator | None = None
         self._decided_epoch = -1
+        self._validated_epoch = -1
         self._stats_epoch = -1
         self._pending_state: dict[str, Any] | None = None
 
@@ -139,6 +145,8 @@ class MorphogenesisCallback(Callback):
         if self._pending_state is not None:
             engine.load_state_dict(self._pending_state["engine"])
             self._pending_state = None
+        else:  # a fresh fit: forget any earlier run (a recurrent policy's state, trackers)
+            self.controller.reset()
         schedulers = [config.scheduler for config in trainer.lr_scheduler_configs]
         # Runs before Lightning restores the optimizer state, so saved seed groups line up.
         engine.attach_optimizer(trainer.optimizers[0], schedulers)
@@ -170,8 +178,7 @@ class MorphogenesisCallback(Callback):
         engine = self._require_engine()
         plan = make_plan(engine.slots)
         logged = self.accuracy_key is not None and self.accuracy_key in trainer.callback_metrics
-        has_seed = any(s.seed is not None for s in engine.slots.values())
-        if plan.slot_ids or has_seed or not logged:
+        if plan.slot_ids or not logged:  # otherwise the logged accuracy is enough
             self._accumulator = CounterfactualAccumulator(plan)
 
     @override
@@ -194,6 +201,7 @@ class MorphogenesisCallback(Callback):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Before ModelCheckpoint (always ordered last) saves, so a checkpoint holds the decision.
         if not trainer.sanity_checking and trainer.state.fn == TrainerFn.FITTING:
+            self._validated_epoch = trainer.current_epoch
             self._decide(trainer)
 
     @override
@@ -206,11 +214,12 @@ class MorphogenesisCallback(Callback):
             return
         self._decided_epoch = trainer.current_epoch
         engine = self._require_engine()
-        accuracy, contributions = self._measurements(trainer)
+        validated = self._validated_epoch == trainer.current_epoch
+        accuracy, contributions = self._measurements(trainer) if validated else (None, {})
         metrics = trainer.callback_metrics
-        engine.record_epoch(
+        engine.record_epoch(  # without validation this epoch, no stale validation numbers
             accuracy,
-            _scalar(metrics.get(self.loss_key)),
+            _scalar(metrics.get(self.loss_key)) if validated else None,
             _scalar(metrics.get(self.train_loss_key)),
             contributions,
         )

@@ -95,6 +95,10 @@ class MorphogenesisEnv:
     def reset(self, seed: int) -> None:
         """Start an episode: a fresh host (initialised from ``seed``) and a fresh governor."""
         self.episode_seed = seed
+        precision = self.fabric.strategy.precision
+        if getattr(precision, "scaler", None) is not None:
+            # A fresh loss scale per episode: episodes depend on their seed, not on history.
+            precision.scaler = torch.amp.GradScaler(self.device.type)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             host = CifarCNNHost(self.spec.host_preset, slots=self.spec.slots,

@@ -77,9 +77,4 @@ class EnvPool:
                     env.train_batch()
 
 
-def spec_devices(devices: Sequence[str], n_envs: int) -> list[str]:
-    """Cycle ``devices`` over ``n_envs`` envs."""
-    return [devices[i % len(devices)] for i in range(n_envs)]
-
-
-__all__ = ["EnvPool", "EnvSpec", "MorphogenesisEnv", "env_seed", "spec_devices"]
+__all__ = ["EnvPool", "EnvSpec", "MorphogenesisEnv", "env_seed"]
