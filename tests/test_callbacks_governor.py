@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import lightning as L
+import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
@@ -96,9 +97,10 @@ def test_no_rollback_on_a_normal_run(cifar_dir, tmp_path):
     assert len(governor.governor.history) == 4
 
 
-def test_governor_alone_rolls_back_a_plain_host(cifar_dir, tmp_path):
+@pytest.mark.parametrize("every", [1, 3])
+def test_governor_alone_rolls_back_a_plain_host(cifar_dir, tmp_path, every):
     torch.manual_seed(0)
-    governor = GovernorCallback()
+    governor = GovernorCallback(check_every_n_steps=every)
     host = CifarCNNHost("baseline")
     trainer = _trainer(tmp_path, NAN_EPOCH + 2, [InjectNaN(), governor])
     trainer.fit(host, datamodule=CIFAR10DataModule(cifar_dir, batch_size=16))

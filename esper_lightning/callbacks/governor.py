@@ -44,6 +44,9 @@ class GovernorCallback(Callback):
         config: thresholds of the rules (upstream defaults).
         monitor: the logged validation loss to watch.
         num_classes: enables the lobotomy rule (loss stuck near ln(num_classes)).
+        check_every_n_steps: read the non-finite-loss flag back from the device every this many
+            training steps (and at each epoch end). 1 reacts at once; on a GPU a larger value
+            avoids a host sync per step (the rollback restores the weights either way).
 
     Example:
         >>> trainer = L.Trainer(callbacks=[GovernorCallback(num_classes=10),
@@ -56,8 +59,13 @@ class GovernorCallback(Callback):
         config: GovernorConfig | None = None,
         monitor: str = "val_loss",
         num_classes: int | None = None,
+        check_every_n_steps: int = 1,
     ) -> None:
+        if check_every_n_steps < 1:
+            raise ValueError(f"check_every_n_steps must be >= 1, got {check_every_n_steps}")
         self.governor = Governor(config)
+        self.check_every_n_steps = check_every_n_steps
+        self._nonfinite: torch.Tensor | None = None
         self.monitor = monitor
         self.num_classes = num_classes
         self.snapshot: Snapshot | None = None
@@ -96,8 +104,17 @@ class GovernorCallback(Callback):
         batch_idx: int,
     ) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        if isinstance(loss, torch.Tensor):
-            reason = self.governor.check_train_loss(float(loss.detach()))
+        if not isinstance(loss, torch.Tensor):
+            return
+        bad = ~torch.isfinite(loss.detach())  # stays on the device
+        self._nonfinite = bad if self._nonfinite is None else self._nonfinite | bad
+        if (batch_idx + 1) % self.check_every_n_steps == 0:
+            self._check_train_losses(trainer, pl_module)
+
+    def _check_train_losses(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        flag, self._nonfinite = self._nonfinite, None
+        if flag is not None and bool(flag):
+            reason = self.governor.check_train_loss(float("nan"))
             if reason is not None:
                 self._rollback(trainer, pl_module, reason)
 
@@ -120,6 +137,7 @@ class GovernorCallback(Callback):
 
     @override
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._check_train_losses(trainer, pl_module)
         fossilized = self._fossilized()
         new_fossil = fossilized > self._fossilized_seen
         self._fossilized_seen = fossilized
