@@ -25,8 +25,8 @@ from tqdm.auto import tqdm
 
 from esper_lightning.actions import Action, LifecycleOp
 from esper_lightning.config import ConfigError, PPORunConfig, compatibility_errors
-from esper_lightning.data import load_cifar10
-from esper_lightning.data.cifar10 import subset_indices
+from esper_lightning.data import download_cifar10, load_cifar10
+from esper_lightning.data.cifar10 import cifar10_present, subset_indices
 from esper_lightning.envs import EnvPool, EnvSpec, Observation, env_seed
 from esper_lightning.governor import GovernorConfig
 from esper_lightning.lifecycle import GateConfig
@@ -127,12 +127,8 @@ class PPOTrainer:
 
     def _load_data(self) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
         c = self.config
-        if c.download:
-            from esper_lightning.data import download_cifar10
-            from esper_lightning.data.cifar10 import cifar10_present
-
-            if not cifar10_present(c.data_dir):
-                download_cifar10(c.data_dir, progress=c.progress)
+        if c.download and not cifar10_present(c.data_dir):
+            download_cifar10(c.data_dir, progress=c.progress)
         splits = []
         for train, subset in ((True, c.train_subset), (False, c.val_subset)):
             images, labels = load_cifar10(c.data_dir, train)

@@ -10,7 +10,8 @@ once and reads all of the epoch's numbers in one transfer.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,8 +100,7 @@ class MorphogenesisEnv:
         if getattr(precision, "scaler", None) is not None:
             # A fresh loss scale per episode: episodes depend on their seed, not on history.
             precision.scaler = torch.amp.GradScaler(self.device.type)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        with _seeded(seed):
             host = CifarCNNHost(self.spec.host_preset, slots=self.spec.slots,
                                 lr=self.spec.host_lr)
         optimizer = torch.optim.SGD(host.host_parameters(), lr=self.spec.host_lr, momentum=0.9,
@@ -122,9 +122,7 @@ class MorphogenesisEnv:
         engine = self._engine()
         # A new seed's initial weights depend on this env's episode and epoch only, never on
         # what other envs drew from the global generator before.
-        devices = [self.device] if self.device.type == "cuda" else []
-        with self._on_stream(), torch.random.fork_rng(devices=devices):
-            torch.manual_seed(self.episode_seed * 1_000_003 + engine.epoch)
+        with self._on_stream(), _seeded(self.episode_seed * 1_000_003 + engine.epoch):
             outcome = engine.execute(action)
             engine.tick()
         return outcome
@@ -198,3 +196,12 @@ class MorphogenesisEnv:
         from `reset`, the validation tensors, a freshly built seed): a device-side wait."""
         if self.stream is not None:
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
+
+
+@contextmanager
+def _seeded(seed: int) -> Iterator[None]:
+    """Seed every generator for a block and restore them after: ``manual_seed`` also reseeds
+    each CUDA device, so all of them are forked, not only this env's."""
+    with torch.random.fork_rng(devices=range(torch.cuda.device_count())):
+        torch.manual_seed(seed)
+        yield
