@@ -24,12 +24,12 @@ import time
 import lightning as L
 import torch
 
-from esper_lightning.actions import Action, AlphaSpeed, BlueprintAction, LifecycleOp, Tempo
 from esper_lightning.callbacks import MorphogenesisCallback
 from esper_lightning.controllers import ScriptedController, StaticController
+from esper_lightning.core.actions import Action, AlphaSpeed, BlueprintAction, LifecycleOp, Tempo
+from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.data import CIFAR10DataModule, write_cifar10_fixture
 from esper_lightning.hosts import CifarCNNHost
-from esper_lightning.lifecycle import GateConfig
 
 CONFIGS = ("plain", "callback", "seed")
 

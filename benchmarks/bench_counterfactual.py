@@ -21,7 +21,7 @@ from contextlib import ExitStack
 import lightning as L
 import torch
 
-from esper_lightning.counterfactual import CounterfactualPlan, fused_forward, make_plan
+from esper_lightning.core.counterfactual import CounterfactualPlan, fused_forward, make_plan
 from esper_lightning.hosts import CifarCNNHost
 
 SLOTS = ("r0c0", "r0c1", "r0c2")

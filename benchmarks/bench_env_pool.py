@@ -43,14 +43,14 @@ import lightning as L
 import torch
 from torch import Tensor
 
-from esper_lightning.actions import Action, BlueprintAction, LifecycleOp, Tempo
-from esper_lightning.config import load_config
-from esper_lightning.counterfactual import make_plan
+from esper_lightning.app.config import load_config
+from esper_lightning.app.trainer import PPOTrainer
+from esper_lightning.core.actions import Action, BlueprintAction, LifecycleOp, Tempo
+from esper_lightning.core.counterfactual import make_plan
+from esper_lightning.core.lifecycle import GateConfig, SeedStage
 from esper_lightning.data import load_cifar10, write_cifar10_fixture
 from esper_lightning.data.cifar10 import subset_indices
 from esper_lightning.envs import EnvPool, EnvSpec, MorphogenesisEnv, Observation, env_seed
-from esper_lightning.lifecycle import GateConfig, SeedStage
-from esper_lightning.training import PPOTrainer
 
 Split = tuple[Tensor, Tensor]
 FULL_CIFAR10 = (50_000, 10_000)

@@ -1,15 +1,67 @@
 """esper-lightning: morphogenetic training for PyTorch Lightning.
 
 Networks that grow while they train: seeds germinate in slots of a host model, incubate without
-disturbing it, blend in, and are fossilized or pruned.
+disturbing it, blend in, and are fossilized or pruned. The main user API is importable from here::
+
+    from esper_lightning import GovernorCallback, HeuristicController, MorphogenesisCallback
+
+The core names (`SeedSlot`, `SeedStage`, `Action`, ...) come from `esper_lightning.core`, which
+never imports Lightning; the Lightning-facing names are imported on first use, so
+``import esper_lightning.core`` stays Lightning-free. The layout is explained in docs/design.md.
 """
 
-from esper_lightning.actions import Action, ActionMasks, LifecycleOp, MaskContext, compute_masks
-from esper_lightning.alpha import AlphaAlgorithm, AlphaController, AlphaCurve, AlphaMode
-from esper_lightning.lifecycle import GateMode, GateResult, SeedStage
-from esper_lightning.slots import SeedSlot, SlotReport, find_slots
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from esper_lightning.core import (
+    Action,
+    ActionMasks,
+    AlphaAlgorithm,
+    AlphaController,
+    AlphaCurve,
+    AlphaMode,
+    EpochReport,
+    GateConfig,
+    GateMode,
+    GateResult,
+    LifecycleOp,
+    MaskContext,
+    SeedSlot,
+    SeedStage,
+    SlotReport,
+    compute_masks,
+    find_slots,
+)
 
 __version__ = "0.1.0"
+
+#: Lightning-facing names, resolved lazily from their modules (PEP 562).
+_LAZY = {
+    "MorphogenesisCallback": "esper_lightning.callbacks",
+    "GovernorCallback": "esper_lightning.callbacks",
+    "HeuristicController": "esper_lightning.controllers",
+    "HeuristicConfig": "esper_lightning.controllers",
+    "PolicyController": "esper_lightning.controllers",
+    "RandomController": "esper_lightning.controllers",
+    "StaticController": "esper_lightning.controllers",
+    "CifarCNNHost": "esper_lightning.hosts",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'esper_lightning' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "Action",
@@ -18,13 +70,23 @@ __all__ = [
     "AlphaController",
     "AlphaCurve",
     "AlphaMode",
+    "CifarCNNHost",
+    "EpochReport",
+    "GateConfig",
     "GateMode",
     "GateResult",
+    "GovernorCallback",
+    "HeuristicConfig",
+    "HeuristicController",
     "LifecycleOp",
     "MaskContext",
+    "MorphogenesisCallback",
+    "PolicyController",
+    "RandomController",
     "SeedSlot",
     "SeedStage",
     "SlotReport",
+    "StaticController",
     "compute_masks",
     "find_slots",
 ]

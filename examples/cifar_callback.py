@@ -32,10 +32,10 @@ from esper_lightning.controllers import (
     StaticController,
 )
 from esper_lightning.controllers.base import Controller
+from esper_lightning.core.engine import MorphogenesisEngine
+from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.data import CIFAR10DataModule, DataError
-from esper_lightning.engine import MorphogenesisEngine
 from esper_lightning.hosts import PRESETS, CifarCNNHost
-from esper_lightning.lifecycle import GateConfig
 
 DEMO_HEURISTIC = HeuristicConfig(plateau_epochs_to_germinate=1, stabilization_epochs=1)
 DEMO_GATES = GateConfig(min_training_epochs=5)

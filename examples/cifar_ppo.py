@@ -11,7 +11,7 @@ subset in about an hour on 2 cores), ``gpu`` (full CIFAR-10 on a CUDA device). W
 
 import sys
 
-from esper_lightning.cli import main
+from esper_lightning.app.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["ppo", *sys.argv[1:]]))

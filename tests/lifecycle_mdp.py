@@ -1,7 +1,7 @@
 """A small deterministic lifecycle MDP with a known optimal policy, for the PPO learning test.
 
 It stands in for the host: the lifecycle is real (two real `SeedSlot`s of width 2, real
-`apply_action`, gates, ticks, `compute_masks`, `EpochReport`s, Obs V3 features), only the host's
+`execute_on_slot`, gates, ticks, `compute_masks`, `EpochReport`s, Obs V3 features), only the host's
 accuracy is scripted:
 
 * the host sits on a plateau at `PLATEAU` percent;
@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import torch
 
-from esper_lightning.actions import (
+from esper_lightning.core.actions import (
     Action,
     AlphaTargetChoice,
     BlueprintAction,
@@ -47,15 +47,16 @@ from esper_lightning.actions import (
     action_error,
     compute_masks,
 )
-from esper_lightning.lifecycle import ACTIVE_STAGES, MIN_TRAINING_EPOCHS, SeedStage
-from esper_lightning.report import HISTORY_WINDOW, EpochReport
+from esper_lightning.core.engine import execute_on_slot
+from esper_lightning.core.lifecycle import ACTIVE_STAGES, MIN_TRAINING_EPOCHS, SeedStage
+from esper_lightning.core.report import HISTORY_WINDOW, EpochReport
+from esper_lightning.core.slots import SeedSlot
 from esper_lightning.rl import (
     FactoredRecurrentActorCritic,
     RolloutBuffer,
     RunningMeanStd,
     batch_observations,
 )
-from esper_lightning.slots import SeedSlot, apply_action
 
 PLATEAU = 50.0
 EPISODE_LENGTH = 12
@@ -105,7 +106,7 @@ class LifecycleMDP:
             raise ValueError(f"illegal action {action.describe(SLOT_IDS)}: {error}")
         slot = self.slots[action.slot]
         stage_before = slot.stage
-        result = apply_action(slot, action)
+        result = execute_on_slot(slot, action)
         if stage_before == SeedStage.GERMINATED and slot.stage == SeedStage.TRAINING:
             slot.state.metrics.epochs_in_stage = MIN_TRAINING_EPOCHS - 1  # reduced wait
         for s in self.slots:

@@ -9,12 +9,12 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from esper_lightning.actions import Action, BlueprintAction, LifecycleOp, Tempo
 from esper_lightning.callbacks import GovernorCallback, MorphogenesisCallback
 from esper_lightning.controllers import ScriptedController, StaticController
+from esper_lightning.core.actions import Action, BlueprintAction, LifecycleOp, Tempo
+from esper_lightning.core.lifecycle import GateConfig, SeedStage
 from esper_lightning.data import CIFAR10DataModule
 from esper_lightning.hosts import CifarCNNHost
-from esper_lightning.lifecycle import GateConfig, SeedStage
 
 FAST_GATES = GateConfig(min_training_epochs=1)
 NAN_EPOCH, NAN_BATCH = 8, 2

@@ -12,13 +12,13 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
-from esper_lightning.actions import Action, AlphaSpeed, BlueprintAction, LifecycleOp, Tempo
 from esper_lightning.callbacks import MorphogenesisCallback
 from esper_lightning.controllers import HeuristicController, ScriptedController, StaticController
+from esper_lightning.core.actions import Action, AlphaSpeed, BlueprintAction, LifecycleOp, Tempo
+from esper_lightning.core.lifecycle import GateConfig, SeedStage
+from esper_lightning.core.optim import seed_group_names
 from esper_lightning.data import CIFAR10DataModule
 from esper_lightning.hosts import CifarCNNHost
-from esper_lightning.lifecycle import GateConfig, SeedStage
-from esper_lightning.optim import seed_group_names
 
 FAST_GATES = GateConfig(min_training_epochs=1)
 

@@ -15,7 +15,16 @@ import torch
 import esper_lightning.controllers.base as base_module
 import esper_lightning.controllers.baselines as baselines_module
 import esper_lightning.controllers.heuristic as heuristic_module
-from esper_lightning.actions import (
+from esper_lightning.blueprints import available
+from esper_lightning.controllers import (
+    Controller,
+    HeuristicConfig,
+    HeuristicController,
+    RandomController,
+    ScriptedController,
+    StaticController,
+)
+from esper_lightning.core.actions import (
     Action,
     AlphaSpeed,
     AlphaTargetChoice,
@@ -26,18 +35,10 @@ from esper_lightning.actions import (
     action_error,
     compute_masks,
 )
-from esper_lightning.blueprints import available
-from esper_lightning.controllers import (
-    Controller,
-    HeuristicConfig,
-    HeuristicController,
-    RandomController,
-    ScriptedController,
-    StaticController,
-)
-from esper_lightning.lifecycle import SeedStage
-from esper_lightning.report import HISTORY_WINDOW, EpochReport
-from esper_lightning.slots import SeedSlot, apply_action
+from esper_lightning.core.engine import execute_on_slot
+from esper_lightning.core.lifecycle import SeedStage
+from esper_lightning.core.report import HISTORY_WINDOW, EpochReport
+from esper_lightning.core.slots import SeedSlot
 
 CNN = MaskContext(blueprints=available("cnn"))
 WAIT = Action()
@@ -158,7 +159,7 @@ class Sim:
     def _execute(self, action: Action, report: EpochReport) -> bool:
         if action_error(action, report.slots, self.ctx) is not None:
             return False
-        result = apply_action(self.slots[action.slot], action)
+        result = execute_on_slot(self.slots[action.slot], action)
         return result is None or result.passed
 
     def ops(self) -> list[Op]:

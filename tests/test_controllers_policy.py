@@ -6,12 +6,12 @@ import lightning as L
 import pytest
 import torch
 
+from esper_lightning.app.config import load_config
+from esper_lightning.app.trainer import PPOTrainer
 from esper_lightning.callbacks import MorphogenesisCallback
-from esper_lightning.config import load_config
 from esper_lightning.controllers import PolicyController
 from esper_lightning.data import CIFAR10DataModule
 from esper_lightning.hosts import CifarCNNHost
-from esper_lightning.training import PPOTrainer
 
 
 @pytest.fixture(scope="module")

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from esper_lightning.actions import Action, BlueprintAction, LifecycleOp
+from esper_lightning.core.actions import Action, BlueprintAction, LifecycleOp
+from esper_lightning.core.lifecycle import GateConfig, SeedStage
 from esper_lightning.data import load_cifar10
 from esper_lightning.envs import EnvPool, EnvSpec, env_seed
-from esper_lightning.lifecycle import GateConfig, SeedStage
 
 SPEC = EnvSpec(slots=("r0c1", "r0c2"), batch_size=16, episode_length=4,
                gate_config=GateConfig(min_training_epochs=1))

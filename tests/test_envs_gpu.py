@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from esper_lightning.actions import Action, BlueprintAction, LifecycleOp
+from esper_lightning.core.actions import Action, BlueprintAction, LifecycleOp
+from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.data import load_cifar10
 from esper_lightning.envs import EnvPool, EnvSpec
-from esper_lightning.lifecycle import GateConfig
 
 pytestmark = [
     pytest.mark.gpu,

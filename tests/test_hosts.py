@@ -2,10 +2,10 @@ import lightning as L
 import pytest
 import torch
 
+from esper_lightning.core.lifecycle import SeedStage
+from esper_lightning.core.slots import find_slots
 from esper_lightning.data import CIFAR10DataModule
 from esper_lightning.hosts import CifarCNNHost
-from esper_lightning.lifecycle import SeedStage
-from esper_lightning.slots import find_slots
 
 
 def _n_params(module: torch.nn.Module) -> int:

@@ -2,8 +2,8 @@ import pytest
 import torch
 from lifecycle_mdp import make_report
 
+from esper_lightning.core.slots import SeedSlot
 from esper_lightning.rl import PolicyConfig, RolloutBuffer, compute_gae, stack_masks
-from esper_lightning.slots import SeedSlot
 
 GAMMA, LAMBDA = 0.9, 0.8  # gamma * lambda = 0.72
 

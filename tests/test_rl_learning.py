@@ -21,7 +21,7 @@ from lifecycle_mdp import (
     optimal_actions,
 )
 
-from esper_lightning.actions import Action
+from esper_lightning.core.actions import Action
 from esper_lightning.rl import (
     FactoredRecurrentActorCritic,
     PolicyConfig,

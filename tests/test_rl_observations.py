@@ -5,9 +5,10 @@ import pytest
 import torch
 from lifecycle_mdp import make_report
 
-from esper_lightning.actions import Action, LifecycleOp
-from esper_lightning.alpha import AlphaMode
-from esper_lightning.lifecycle import STAGE_ONE_HOT_INDEX, SeedStage
+from esper_lightning.core.actions import Action, LifecycleOp
+from esper_lightning.core.alpha import AlphaMode
+from esper_lightning.core.lifecycle import STAGE_ONE_HOT_INDEX, SeedStage
+from esper_lightning.core.slots import SeedSlot
 from esper_lightning.rl import (
     BASE_DIM,
     SLOT_DIM,
@@ -17,7 +18,6 @@ from esper_lightning.rl import (
     obs_dim,
 )
 from esper_lightning.rl import observations as ob
-from esper_lightning.slots import SeedSlot
 
 HORIZON = 20
 

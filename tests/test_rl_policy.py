@@ -10,7 +10,7 @@ from lifecycle_mdp import (
     make_report,
 )
 
-from esper_lightning.actions import (
+from esper_lightning.core.actions import (
     CAUSAL_RELEVANCE,
     HEADS,
     Action,
@@ -20,6 +20,8 @@ from esper_lightning.actions import (
     MaskContext,
     action_error,
 )
+from esper_lightning.core.engine import execute_on_slot
+from esper_lightning.core.slots import SeedSlot
 from esper_lightning.rl import (
     FactoredRecurrentActorCritic,
     MaskedCategorical,
@@ -30,7 +32,6 @@ from esper_lightning.rl import (
     obs_dim,
     stack_masks,
 )
-from esper_lightning.slots import SeedSlot, apply_action
 
 CONFIG = PolicyConfig(n_slots=2, hidden_dim=32, head_hidden_dim=32)
 
@@ -287,7 +288,7 @@ def test_sampled_actions_are_always_legal_on_reachable_states(walk):
                 assert masks.allows(action)
         action = _legal_action(choice, report)
         if action_error(action, report.slots, _CONTEXT) is None:
-            apply_action(slots[action.slot], action)
+            execute_on_slot(slots[action.slot], action)
         for _ in range(ticks):
             for slot in slots:
                 _feed(slot, healthy, contribution)

@@ -8,7 +8,7 @@ from lifecycle_mdp import (
     collect_rollout,
 )
 
-from esper_lightning.actions import HEADS
+from esper_lightning.core.actions import HEADS
 from esper_lightning.rl import (
     FactoredRecurrentActorCritic,
     PolicyConfig,

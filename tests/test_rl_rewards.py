@@ -5,11 +5,12 @@ import math
 import pytest
 from lifecycle_mdp import LifecycleMDP, make_report, optimal_actions
 
-from esper_lightning.actions import Action, LifecycleOp
-from esper_lightning.lifecycle import SeedStage
+from esper_lightning.core.actions import Action, LifecycleOp
+from esper_lightning.core.engine import execute_on_slot
+from esper_lightning.core.lifecycle import SeedStage
+from esper_lightning.core.slots import SeedSlot
 from esper_lightning.rl import RewardBreakdown, RewardConfig, RewardMode, compute_reward
 from esper_lightning.rl.rewards import potential, seed_attribution
-from esper_lightning.slots import SeedSlot, apply_action
 
 SHAPED = RewardConfig()
 GAMMA = SHAPED.gamma  # 0.995
@@ -42,7 +43,7 @@ def _step(slots, action: Action, accuracies=(50.0, 50.0), **reward_kwargs):
     """Report before, execute ``action`` and one epoch tick, report after, reward."""
     config = reward_kwargs.pop("config", SHAPED)
     prev = make_report(slots, accuracies=accuracies[:1])
-    result = apply_action(slots[action.slot], action)
+    result = execute_on_slot(slots[action.slot], action)
     success = result is None or result.passed
     for slot in slots:
         slot.tick()

@@ -13,16 +13,11 @@ from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from esper_lightning.callbacks.morphogenesis import MorphogenesisCallback
-from esper_lightning.engine import MorphogenesisEngine
-from esper_lightning.governor import (
-    Governor,
-    GovernorConfig,
-    Snapshot,
-    restore_snapshot,
-    take_snapshot,
-)
-from esper_lightning.lifecycle import LIVE_STAGES
-from esper_lightning.slots import find_slots
+from esper_lightning.core.divergence import Governor, GovernorConfig
+from esper_lightning.core.engine import MorphogenesisEngine
+from esper_lightning.core.lifecycle import LIVE_STAGES
+from esper_lightning.core.slots import find_slots
+from esper_lightning.core.snapshot import Snapshot, restore_snapshot, take_snapshot
 
 log = logging.getLogger(__name__)
 

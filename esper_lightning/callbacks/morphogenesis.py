@@ -16,10 +16,10 @@ from typing_extensions import override
 
 from esper_lightning.blueprints import TOPOLOGIES
 from esper_lightning.controllers.base import Controller
-from esper_lightning.counterfactual import CounterfactualAccumulator, make_plan
-from esper_lightning.engine import MorphogenesisEngine, StepOutcome
-from esper_lightning.lifecycle import GateConfig, GateMode, QualityGates
-from esper_lightning.optim import SeedOptimConfig
+from esper_lightning.core.counterfactual import CounterfactualAccumulator, make_plan
+from esper_lightning.core.engine import MorphogenesisEngine, StepOutcome
+from esper_lightning.core.lifecycle import GateConfig, GateMode, QualityGates
+from esper_lightning.core.optim import SeedOptimConfig
 
 log = logging.getLogger(__name__)
 

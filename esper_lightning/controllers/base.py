@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from esper_lightning.actions import Action
-from esper_lightning.report import EpochReport
+from esper_lightning.core.actions import Action
+from esper_lightning.core.report import EpochReport
 
 #: The action every controller falls back to; legal in every state.
 WAIT = Action()

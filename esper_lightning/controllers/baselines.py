@@ -13,7 +13,8 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from esper_lightning.actions import (
+from esper_lightning.controllers.base import WAIT, check_state, state_header
+from esper_lightning.core.actions import (
     CAUSAL_RELEVANCE,
     HEADS,
     Action,
@@ -21,8 +22,7 @@ from esper_lightning.actions import (
     LifecycleOp,
     canonicalize,
 )
-from esper_lightning.controllers.base import WAIT, check_state, state_header
-from esper_lightning.report import EpochReport
+from esper_lightning.core.report import EpochReport
 
 #: A script: ``{epoch: action or [actions]}`` or an iterable of ``(epoch, action)`` pairs.
 Script: TypeAlias = (
@@ -143,7 +143,7 @@ class ScriptedController:
         TypeError: for an entry that is not an `Action`.
 
     Example:
-        >>> from esper_lightning.actions import BlueprintAction, LifecycleOp
+        >>> from esper_lightning.core.actions import BlueprintAction, LifecycleOp
         >>> germinate = Action(LifecycleOp.GERMINATE, slot=0, blueprint=BlueprintAction.NORM)
         >>> controller = ScriptedController({5: germinate, 6: Action(LifecycleOp.ADVANCE)})
         >>> sorted(controller.script)

@@ -20,7 +20,8 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-from esper_lightning.actions import (
+from esper_lightning.controllers.base import WAIT, check_state, state_header
+from esper_lightning.core.actions import (
     Action,
     AlphaTargetChoice,
     BlueprintAction,
@@ -29,11 +30,10 @@ from esper_lightning.actions import (
     canonicalize,
     slot_op_error,
 )
-from esper_lightning.alpha import AlphaMode
-from esper_lightning.controllers.base import WAIT, check_state, state_header
-from esper_lightning.lifecycle import ALPHA_TOLERANCE, FAILURE_STAGES, SeedStage
-from esper_lightning.report import EpochReport
-from esper_lightning.slots import SlotReport
+from esper_lightning.core.alpha import AlphaMode
+from esper_lightning.core.lifecycle import ALPHA_TOLERANCE, FAILURE_STAGES, SeedStage
+from esper_lightning.core.report import EpochReport
+from esper_lightning.core.slots import SlotReport
 
 _KIND = "heuristic"
 _STATE_KEYS = (

@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from esper_lightning.actions import Action
 from esper_lightning.controllers.base import check_state, state_header
-from esper_lightning.report import EpochReport
+from esper_lightning.core.actions import Action
+from esper_lightning.core.report import EpochReport
 from esper_lightning.rl import FactoredRecurrentActorCritic, PolicyConfig, RunningMeanStd, obs_dim
 
 
@@ -30,7 +30,7 @@ class PolicyController:
     """
 
     def __init__(self, checkpoint: str | os.PathLike[str], deterministic: bool = True) -> None:
-        from esper_lightning.training import read_checkpoint  # avoids an import cycle
+        from esper_lightning.app.trainer import read_checkpoint  # avoids an import cycle
 
         state = read_checkpoint(checkpoint)
         config = state["config"]
@@ -48,7 +48,7 @@ class PolicyController:
         self.reset()
 
     def decide(self, report: EpochReport) -> Action:
-        from esper_lightning.training import encode_reports
+        from esper_lightning.app.trainer import encode_reports
 
         if report.slot_ids != self.slot_ids:
             raise ValueError(

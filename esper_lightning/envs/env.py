@@ -20,14 +20,14 @@ import torch.nn.functional as F
 from lightning.fabric import Fabric
 from torch import Tensor
 
-from esper_lightning.actions import Action
-from esper_lightning.counterfactual import CounterfactualAccumulator, make_plan
+from esper_lightning.core.actions import Action
+from esper_lightning.core.counterfactual import CounterfactualAccumulator, make_plan
+from esper_lightning.core.divergence import Governor, GovernorConfig
+from esper_lightning.core.engine import MorphogenesisEngine, StepOutcome
+from esper_lightning.core.lifecycle import GateConfig
+from esper_lightning.core.report import EpochReport
 from esper_lightning.data.tensor_loader import TensorLoader, normalize
-from esper_lightning.engine import MorphogenesisEngine, StepOutcome
-from esper_lightning.governor import Governor, GovernorConfig
 from esper_lightning.hosts import CifarCNNHost
-from esper_lightning.lifecycle import GateConfig
-from esper_lightning.report import EpochReport
 
 VAL_BATCH = 500
 NUM_CLASSES = 10

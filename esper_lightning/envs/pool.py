@@ -12,8 +12,8 @@ from collections.abc import Sequence
 import numpy as np
 from torch import Tensor
 
-from esper_lightning.actions import Action
-from esper_lightning.engine import StepOutcome
+from esper_lightning.core.actions import Action
+from esper_lightning.core.engine import StepOutcome
 from esper_lightning.envs.env import EnvSpec, MorphogenesisEnv, Observation
 
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from esper_lightning.slots import SeedSlot
+from esper_lightning.core.slots import SeedSlot
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from esper_lightning.actions import (
+from esper_lightning.core.actions import (
     CANONICAL,
     CAUSAL_RELEVANCE,
     HEADS,

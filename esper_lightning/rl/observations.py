@@ -22,12 +22,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from esper_lightning.actions import BlueprintAction, LifecycleOp
-from esper_lightning.alpha import AlphaMode
-from esper_lightning.lifecycle import STAGE_ONE_HOT_INDEX, SeedStage
-from esper_lightning.report import EpochReport
+from esper_lightning.core.actions import BlueprintAction, LifecycleOp
+from esper_lightning.core.alpha import AlphaMode
+from esper_lightning.core.lifecycle import STAGE_ONE_HOT_INDEX, SeedStage
+from esper_lightning.core.report import EpochReport
+from esper_lightning.core.slots import SlotReport
 from esper_lightning.rl.distributions import MaskBatch, stack_masks
-from esper_lightning.slots import SlotReport
 
 SYMLOG_SCALE = 7.0
 UNKNOWN = -1.0

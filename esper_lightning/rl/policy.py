@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from esper_lightning.actions import HEAD_ENUMS, HEADS, BlueprintAction
+from esper_lightning.core.actions import HEAD_ENUMS, HEADS, BlueprintAction
 from esper_lightning.rl.distributions import MaskBatch, MaskedCategorical
 from esper_lightning.rl.observations import EMPTY_BLUEPRINT, obs_dim
 

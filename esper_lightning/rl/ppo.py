@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from esper_lightning.actions import HEADS
+from esper_lightning.core.actions import HEADS
 from esper_lightning.rl.buffer import RolloutBuffer, compute_gae
 from esper_lightning.rl.distributions import RELEVANCE
 from esper_lightning.rl.normalizers import RewardNormalizer, ValueNormalizer

@@ -30,10 +30,10 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 
-from esper_lightning.actions import Action, LifecycleOp, action_error
-from esper_lightning.lifecycle import LIVE_STAGES, SeedStage
-from esper_lightning.report import EpochReport
-from esper_lightning.slots import SlotReport
+from esper_lightning.core.actions import Action, LifecycleOp, action_error
+from esper_lightning.core.lifecycle import LIVE_STAGES, SeedStage
+from esper_lightning.core.report import EpochReport
+from esper_lightning.core.slots import SlotReport
 
 #: Stage potentials Φ of the PBRS term (upstream values); stages not listed have potential 0.
 STAGE_POTENTIALS: dict[SeedStage, float] = {

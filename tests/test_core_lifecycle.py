@@ -1,6 +1,6 @@
 import pytest
 
-from esper_lightning.lifecycle import (
+from esper_lightning.core.lifecycle import (
     EMBARGO_TICKS,
     MIN_TRAINING_EPOCHS,
     RESETTING_TICKS,

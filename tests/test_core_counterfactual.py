@@ -3,15 +3,15 @@ import copy
 import torch
 from torch import nn
 
-from esper_lightning.counterfactual import (
+from esper_lightning.core.counterfactual import (
     ALL_OFF,
     MAIN,
     CounterfactualAccumulator,
     fused_forward,
     make_plan,
 )
+from esper_lightning.core.lifecycle import SeedStage
 from esper_lightning.hosts import CifarCNNHost
-from esper_lightning.lifecycle import SeedStage
 
 
 def _blend(host: CifarCNNHost, slot_id: str, blueprint: str, ticks: int) -> None:

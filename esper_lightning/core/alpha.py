@@ -10,7 +10,7 @@ import math
 from enum import IntEnum
 from typing import Any
 
-from esper_lightning.lifecycle import ALPHA_TOLERANCE
+from esper_lightning.core.lifecycle import ALPHA_TOLERANCE
 
 DEFAULT_STEEPNESS = 12.0
 MIN_STEEPNESS = 0.1

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from esper_lightning.alpha import AlphaController, AlphaCurve, AlphaMode, curve_progress
+from esper_lightning.core.alpha import AlphaController, AlphaCurve, AlphaMode, curve_progress
 
 
 @pytest.mark.parametrize("curve", list(AlphaCurve))

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from esper_lightning.lifecycle import ACTIVE_STAGES
-from esper_lightning.slots import SeedSlot
+from esper_lightning.core.lifecycle import ACTIVE_STAGES
+from esper_lightning.core.slots import SeedSlot
 
 MAIN = "main"
 ALL_OFF = "all_off"

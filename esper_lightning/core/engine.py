@@ -2,7 +2,7 @@
 
 The Lightning callback and the Fabric RL environments both drive one engine per model:
 
-1. slots are found (`SeedSlot` modules) or injected after named submodules with forward hooks;
+1. slots are found (`SeedSlot` modules) or injected after named submodules (`injection.py`);
 2. once per epoch the caller records validation results, asks a controller for an `Action` with
    `report()`, runs it with `execute()` (illegal actions become WAIT with a reason) and then
    `tick()`s every slot exactly once;
@@ -19,18 +19,20 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 from torch.optim import Optimizer
 
 from esper_lightning import blueprints as blueprint_registry
-from esper_lightning.actions import (
+from esper_lightning.core.actions import (
     Action,
     BlueprintAction,
+    LifecycleOp,
     MaskContext,
     action_error,
     compute_masks,
 )
-from esper_lightning.lifecycle import (
+from esper_lightning.core.injection import resolve_slots
+from esper_lightning.core.lifecycle import (
     LIVE_STAGES,
     GateConfig,
     GateMode,
@@ -38,7 +40,7 @@ from esper_lightning.lifecycle import (
     QualityGates,
     SeedStage,
 )
-from esper_lightning.optim import (
+from esper_lightning.core.optim import (
     SeedOptimConfig,
     add_seed_group,
     remove_seed_group,
@@ -47,11 +49,9 @@ from esper_lightning.optim import (
     set_group_params,
     strip_params,
 )
-from esper_lightning.report import HISTORY_WINDOW, EpochReport
-from esper_lightning.slots import SeedSlot, apply_action, find_slots
+from esper_lightning.core.report import HISTORY_WINDOW, EpochReport
+from esper_lightning.core.slots import SeedSlot
 
-#: Name of the `nn.ModuleDict` that holds injected slots on the model.
-INJECTED_SLOTS_ATTR = "esper_slots"
 _WAIT = Action()
 
 
@@ -97,7 +97,7 @@ class MorphogenesisEngine:
         >>> model.net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 3))
         >>> engine = MorphogenesisEngine(model, slots=["net.1"])
         >>> _ = model.net(torch.zeros(1, 3, 8, 8))  # infers the slot width
-        >>> from esper_lightning.actions import LifecycleOp
+        >>> from esper_lightning.core.actions import LifecycleOp
         >>> engine.execute(Action(LifecycleOp.GERMINATE, 0, blueprint=3)).success
         True
     """
@@ -117,7 +117,7 @@ class MorphogenesisEngine:
         if max_seeds is not None and (isinstance(max_seeds, bool) or max_seeds < 1):
             raise ValueError(f"max_seeds must be an int >= 1 or None, got {max_seeds!r}")
         self.model = model
-        self.slots = _resolve_slots(model, slots, topology)
+        self.slots = resolve_slots(model, slots, topology)
         if gate_mode is not None or gate_config is not None:
             for slot in self.slots.values():
                 mode = slot.gates.mode if gate_mode is None else GateMode(gate_mode)
@@ -215,7 +215,7 @@ class MorphogenesisEngine:
             slot = list(self.slots.values())[action.slot]
             before = self._stages()
             why = f"policy: {reason}" if reason else "policy"
-            gate = apply_action(slot, action, reason=why)
+            gate = execute_on_slot(slot, action, why)
             passed = gate is None or gate.passed
             reason = None if passed else gate.message  # type: ignore[union-attr]
             outcome = StepOutcome(action, action, passed, reason, gate)
@@ -343,89 +343,6 @@ class MorphogenesisEngine:
         self._pending_group_order = list(state["seed_group_order"])
 
 
-# --- slot discovery and injection -------------------------------------------------------------
-class _SlotHook:
-    """Forward hook that passes a module's output through its slot."""
-
-    def __init__(self, slot: SeedSlot, path: str) -> None:
-        self.slot, self.path = slot, path
-
-    def __call__(self, module: nn.Module, args: Any, output: Any) -> Tensor:
-        if not isinstance(output, Tensor):
-            raise TypeError(
-                f"slot after {self.path!r} needs a tensor output, got {type(output).__name__}"
-            )
-        return self.slot(output)
-
-
-def _resolve_slots(
-    model: nn.Module, requested: Sequence[str] | None, topology: str
-) -> dict[str, SeedSlot]:
-    existing = find_slots(model)
-    if requested is None:
-        if not existing:
-            raise ValueError(
-                f"no SeedSlot modules found in {type(model).__name__}; pass slots=[...] with "
-                "module paths to inject slots after them"
-            )
-        return existing
-    if isinstance(requested, str):
-        raise ValueError(f"slots must be a list of names, got the string {requested!r}")
-    modules = dict(model.named_modules())
-    resolved: dict[str, SeedSlot] = {}
-    for name in requested:
-        if name in resolved:
-            raise ValueError(f"slot {name!r} listed twice")
-        target = modules.get(name)
-        if name and target is not None and not isinstance(target, SeedSlot):
-            resolved[name] = _inject(model, name, target, topology)
-        elif name in existing:
-            resolved[name] = existing[name]
-        else:
-            raise ValueError(_unknown_slot_message(model, name, existing, modules))
-    return resolved
-
-
-def _unknown_slot_message(
-    model: nn.Module, name: str, existing: Mapping[str, SeedSlot], modules: Mapping[str, Any]
-) -> str:
-    paths = [p for p, m in modules.items() if p and not isinstance(m, SeedSlot)]
-    sample = ", ".join(paths[:8]) + (", ..." if len(paths) > 8 else "")
-    ids = ", ".join(existing) or "none"
-    return (
-        f"unknown slot {name!r}; accepted: SeedSlot ids in {type(model).__name__} ({ids}) "
-        f"or module paths ({sample})"
-    )
-
-
-def _inject(model: nn.Module, path: str, target: nn.Module, topology: str) -> SeedSlot:
-    container = getattr(model, INJECTED_SLOTS_ATTR, None)
-    if isinstance(model, nn.Sequential | nn.ModuleList | nn.ModuleDict):
-        # Their forward (or use) iterates over children: an extra child would change the model.
-        raise ValueError(
-            f"cannot inject slots into a bare {type(model).__name__}; wrap it in a module "
-            "(e.g. your LightningModule) and name the slots by path, such as 'net.3'"
-        )
-    if container is None:
-        container = nn.ModuleDict()
-        model.add_module(INJECTED_SLOTS_ATTR, container)
-    key = path.replace(".", "__")
-    if key not in container:
-        slot = SeedSlot(path, topology=topology)
-        reference = next(iter(target.parameters()), None)
-        if reference is None:
-            reference = next(iter(model.parameters()), None)
-        if reference is not None:
-            slot.to(device=reference.device, dtype=reference.dtype)
-        container[key] = slot
-    slot = container[key]
-    previous = getattr(slot, "_hook_handle", None)
-    if previous is not None:  # re-attached (e.g. a second fit): never run a slot twice
-        previous.remove()
-    slot._hook_handle = target.register_forward_hook(_SlotHook(slot, path))
-    return slot
-
-
 def _common_topology(slots: Any) -> str:
     topologies = {s.topology for s in slots}
     if len(topologies) != 1:
@@ -447,3 +364,40 @@ def _check_blueprints(names: Sequence[str] | None, topology: str) -> tuple[str, 
         raise ValueError(f"unknown blueprint {bad} for {topology}; accepted: {', '.join(allowed)}")
     return tuple(names)
 
+
+def execute_on_slot(
+    slot: SeedSlot, action: Action, reason: str = "policy_prune"
+) -> GateResult | None:
+    """Carry out ``action`` on ``slot`` (whose index the caller resolved). Check legality first
+    with `actions.action_error`: an illegal action raises here. ``reason`` is recorded on a
+    prune. Returns the gate result for germinate, advance and fossilize."""
+    op = action.op
+    if op == LifecycleOp.WAIT:
+        return None
+    if op == LifecycleOp.GERMINATE:
+        style = action.style
+        return slot.germinate(
+            action.blueprint.blueprint_name,
+            algorithm=style.algorithm,
+            curve=style.curve,
+            tempo=action.tempo.epochs,
+            alpha_target=action.alpha_target.alpha,
+        )
+    if op == LifecycleOp.ADVANCE:
+        return slot.advance()
+    if op == LifecycleOp.FOSSILIZE:
+        return slot.fossilize()
+    curve, steepness = action.alpha_curve.curve, action.alpha_curve.steepness
+    if op == LifecycleOp.PRUNE:
+        slot.schedule_prune(action.alpha_speed.steps, curve, steepness, reason=reason)
+        return None
+    if op == LifecycleOp.SET_ALPHA_TARGET:
+        slot.set_alpha_target(
+            action.alpha_target.alpha,
+            action.alpha_speed.steps,
+            curve,
+            steepness,
+            algorithm=action.style.algorithm,
+        )
+        return None
+    raise ValueError(f"unknown op {op!r}")

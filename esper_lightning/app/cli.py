@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from esper_lightning.config import PRESETS, ConfigError, load_config
+from esper_lightning.app.config import PRESETS, ConfigError, load_config
 from esper_lightning.data import DataError
 
 #: Flags of ``ppo`` that map one-to-one onto `PPORunConfig` fields.
@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_ppo(args: argparse.Namespace) -> int:
-    from esper_lightning.training import PPOTrainer  # heavy imports only for this command
+    from esper_lightning.app.trainer import PPOTrainer  # heavy imports only for this command
 
     overrides = {k: getattr(args, k) for k in (*_PPO_FLAGS, "progress")
                  if getattr(args, k) is not None}

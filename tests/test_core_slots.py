@@ -4,10 +4,10 @@ import pytest
 import torch
 from torch import nn
 
-from esper_lightning.alpha import AlphaAlgorithm, AlphaCurve, AlphaMode
 from esper_lightning.blueprints import available
-from esper_lightning.lifecycle import IllegalTransitionError, SeedStage
-from esper_lightning.slots import SeedSlot
+from esper_lightning.core.alpha import AlphaAlgorithm, AlphaCurve, AlphaMode
+from esper_lightning.core.lifecycle import IllegalTransitionError, SeedStage
+from esper_lightning.core.slots import SeedSlot
 
 
 def _measured(slot: SeedSlot, contribution: float | None = None) -> None:

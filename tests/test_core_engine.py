@@ -2,16 +2,16 @@ import pytest
 import torch
 from torch import nn
 
-from esper_lightning.actions import (
+from esper_lightning.core.actions import (
     Action,
     AlphaSpeed,
     BlueprintAction,
     GerminationStyle,
     LifecycleOp,
 )
-from esper_lightning.engine import MorphogenesisEngine
-from esper_lightning.lifecycle import GateConfig, SeedStage
-from esper_lightning.optim import SeedOptimConfig, seed_group_names
+from esper_lightning.core.engine import MorphogenesisEngine
+from esper_lightning.core.lifecycle import GateConfig, SeedStage
+from esper_lightning.core.optim import SeedOptimConfig, seed_group_names
 
 GERMINATE = Action(LifecycleOp.GERMINATE, 0, blueprint=BlueprintAction.CONV_LIGHT)
 ADVANCE = Action(LifecycleOp.ADVANCE, 0)

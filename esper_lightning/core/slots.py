@@ -27,9 +27,8 @@ import torch
 from torch import Tensor, nn
 
 from esper_lightning import blueprints
-from esper_lightning.actions import Action, LifecycleOp
-from esper_lightning.alpha import AlphaAlgorithm, AlphaController, AlphaCurve, AlphaMode
-from esper_lightning.lifecycle import (
+from esper_lightning.core.alpha import AlphaAlgorithm, AlphaController, AlphaCurve, AlphaMode
+from esper_lightning.core.lifecycle import (
     ACTIVE_STAGES,
     ALPHA_TOLERANCE,
     DEFAULT_BLEND_TEMPO,
@@ -605,45 +604,6 @@ def _ema(previous: float | None, value: float) -> float:
     if previous is None:
         return value
     return GRADIENT_EMA_DECAY * previous + (1 - GRADIENT_EMA_DECAY) * value
-
-
-def apply_action(
-    slot: SeedSlot, action: Action, seed_id: str | None = None, reason: str = "policy_prune"
-) -> GateResult | None:
-    """Carry out ``action`` on ``slot`` (whose index the caller resolved). Check legality first
-    with `actions.action_error`: an illegal action raises here. ``reason`` is recorded on a
-    prune. Returns the gate result for germinate, advance and fossilize."""
-    op = action.op
-    if op == LifecycleOp.WAIT:
-        return None
-    if op == LifecycleOp.GERMINATE:
-        style = action.style
-        return slot.germinate(
-            action.blueprint.blueprint_name,
-            seed_id,
-            algorithm=style.algorithm,
-            curve=style.curve,
-            tempo=action.tempo.epochs,
-            alpha_target=action.alpha_target.alpha,
-        )
-    if op == LifecycleOp.ADVANCE:
-        return slot.advance()
-    if op == LifecycleOp.FOSSILIZE:
-        return slot.fossilize()
-    curve, steepness = action.alpha_curve.curve, action.alpha_curve.steepness
-    if op == LifecycleOp.PRUNE:
-        slot.schedule_prune(action.alpha_speed.steps, curve, steepness, reason=reason)
-        return None
-    if op == LifecycleOp.SET_ALPHA_TARGET:
-        slot.set_alpha_target(
-            action.alpha_target.alpha,
-            action.alpha_speed.steps,
-            curve,
-            steepness,
-            algorithm=action.style.algorithm,
-        )
-        return None
-    raise ValueError(f"unknown op {op!r}")
 
 
 def find_slots(module: nn.Module) -> dict[str, SeedSlot]:

@@ -5,7 +5,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from esper_lightning.actions import (
+from esper_lightning.blueprints import available
+from esper_lightning.core.actions import (
     CANONICAL,
     CAUSAL_RELEVANCE,
     HEADS,
@@ -18,9 +19,9 @@ from esper_lightning.actions import (
     canonicalize,
     compute_masks,
 )
-from esper_lightning.blueprints import available
-from esper_lightning.lifecycle import IllegalTransitionError, SeedStage
-from esper_lightning.slots import SeedSlot, apply_action
+from esper_lightning.core.engine import execute_on_slot
+from esper_lightning.core.lifecycle import IllegalTransitionError, SeedStage
+from esper_lightning.core.slots import SeedSlot
 
 CNN = MaskContext(blueprints=available("cnn"))
 HEAD_SIZES = {"op": 6, "blueprint": 13, "style": 4, "tempo": 3, "alpha_target": 3,
@@ -181,7 +182,7 @@ def test_masks_never_allow_an_action_the_slot_rejects(steps):
         legal = action_error(action, views, ctx) is None
         assert legal == masks.allows(canonicalize(action, action.slot))
         if legal:
-            apply_action(slots[action.slot], action)  # must not raise
+            execute_on_slot(slots[action.slot], action)  # must not raise
         elif action.op != LifecycleOp.GERMINATE:
             # An op the masks forbid is one the slot itself refuses (or a no-op gate miss).
             _assert_slot_refuses(slots[action.slot], action, views[action.slot].stage)
@@ -197,4 +198,4 @@ def _assert_slot_refuses(slot: SeedSlot, action: Action, stage: SeedStage) -> No
     ):
         return  # too young or ramping: a controller rule, not a state-machine rule
     with pytest.raises(IllegalTransitionError):
-        apply_action(slot, action)
+        execute_on_slot(slot, action)

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from esper_lightning.config import PRESETS, ConfigError, PPORunConfig, load_config
+from esper_lightning.app.config import PRESETS, ConfigError, PPORunConfig, load_config
 
 
 def test_presets_are_valid_and_layered(tmp_path):

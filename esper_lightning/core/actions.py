@@ -18,8 +18,8 @@ from typing import Protocol
 
 import numpy as np
 
-from esper_lightning.alpha import AlphaAlgorithm, AlphaCurve, AlphaMode
-from esper_lightning.lifecycle import (
+from esper_lightning.core.alpha import AlphaAlgorithm, AlphaCurve, AlphaMode
+from esper_lightning.core.lifecycle import (
     FAILURE_STAGES,
     LIVE_STAGES,
     MIN_PRUNE_AGE,

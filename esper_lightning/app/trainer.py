@@ -23,14 +23,14 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from esper_lightning.actions import Action, LifecycleOp
-from esper_lightning.config import ConfigError, PPORunConfig, compatibility_errors
+from esper_lightning.app.config import ConfigError, PPORunConfig, compatibility_errors
+from esper_lightning.core.actions import Action, LifecycleOp
+from esper_lightning.core.divergence import GovernorConfig
+from esper_lightning.core.lifecycle import GateConfig
+from esper_lightning.core.report import EpochReport
 from esper_lightning.data import download_cifar10, load_cifar10
 from esper_lightning.data.cifar10 import cifar10_present, subset_indices
 from esper_lightning.envs import EnvPool, EnvSpec, Observation, env_seed
-from esper_lightning.governor import GovernorConfig
-from esper_lightning.lifecycle import GateConfig
-from esper_lightning.report import EpochReport
 from esper_lightning.rl import (
     FactoredRecurrentActorCritic,
     MaskBatch,
@@ -87,7 +87,7 @@ class PPOTrainer:
             problems (including an incompatible ``resume`` checkpoint) raise `ConfigError`.
 
     Example:
-        >>> from esper_lightning.config import load_config
+        >>> from esper_lightning.app.config import load_config
         >>> trainer = PPOTrainer(load_config("smoke", overrides={"data_dir": "data"}))
         >>> trainer.train()  # doctest: +SKIP
     """

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from esper_lightning.actions import Action, ActionMasks, MaskContext
-from esper_lightning.lifecycle import FAILURE_STAGES, LIVE_STAGES, SeedStage
-from esper_lightning.slots import SlotReport
+from esper_lightning.core.actions import Action, ActionMasks, MaskContext
+from esper_lightning.core.lifecycle import FAILURE_STAGES, LIVE_STAGES, SeedStage
+from esper_lightning.core.slots import SlotReport
 
 #: Validation history kept in reports (the observation reads the last 5).
 HISTORY_WINDOW = 10

@@ -1,0 +1,60 @@
+"""The Lightning-free core of morphogenetic training.
+
+Everything a growing network needs, written against plain PyTorch so that both adapters (the
+Trainer callbacks in `esper_lightning.callbacks`, the Fabric environments in
+`esper_lightning.envs`) share one implementation of every rule:
+
+* `lifecycle`: seed stages, legal transitions, quality gates, seed metrics;
+* `alpha`: the blend schedule; `slots`: `SeedSlot`, the module a seed grows in;
+* `actions`: the factored action space and its masks;
+* `engine`: `MorphogenesisEngine`, which executes actions, ticks slots and keeps the optimizer in
+  step; `injection`: slots after named submodules;
+* `counterfactual`: fused measurement of each seed's contribution;
+* `divergence` and `snapshot`: the governor's rules and what a rollback restores;
+* `report`: `EpochReport`, what a controller sees; `telemetry`: the ``morpho/*`` metrics.
+
+No module here imports Lightning (a test checks it).
+"""
+
+from esper_lightning.core.actions import (
+    Action,
+    ActionMasks,
+    LifecycleOp,
+    MaskContext,
+    compute_masks,
+)
+from esper_lightning.core.alpha import AlphaAlgorithm, AlphaController, AlphaCurve, AlphaMode
+from esper_lightning.core.divergence import Governor, GovernorConfig
+from esper_lightning.core.engine import LifecycleEvent, MorphogenesisEngine, StepOutcome
+from esper_lightning.core.lifecycle import GateConfig, GateMode, GateResult, SeedStage
+from esper_lightning.core.report import EpochReport
+from esper_lightning.core.slots import SeedSlot, SlotReport, find_slots
+from esper_lightning.core.snapshot import Snapshot, restore_snapshot, take_snapshot
+
+__all__ = [
+    "Action",
+    "ActionMasks",
+    "AlphaAlgorithm",
+    "AlphaController",
+    "AlphaCurve",
+    "AlphaMode",
+    "EpochReport",
+    "GateConfig",
+    "GateMode",
+    "GateResult",
+    "Governor",
+    "GovernorConfig",
+    "LifecycleEvent",
+    "LifecycleOp",
+    "MaskContext",
+    "MorphogenesisEngine",
+    "SeedSlot",
+    "SeedStage",
+    "SlotReport",
+    "Snapshot",
+    "StepOutcome",
+    "compute_masks",
+    "find_slots",
+    "restore_snapshot",
+    "take_snapshot",
+]

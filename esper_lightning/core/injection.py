@@ -1,0 +1,102 @@
+"""Slot discovery and injection: where a model's seeds can grow.
+
+A model either declares `SeedSlot` modules itself (the built-in hosts do) or names submodules by
+path (``"net.3"``, as in ``model.named_modules()``) after which a slot is injected. An injected
+slot is registered as a child of one `nn.ModuleDict` on the model (`INJECTED_SLOTS_ATTR`), so it
+follows ``.to()``, dtype and ``state_dict`` while the host's own parameter names stay unchanged,
+and a forward hook on the named submodule passes that submodule's output through the slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torch import Tensor, nn
+
+from esper_lightning.core.slots import SeedSlot, find_slots
+
+#: Name of the `nn.ModuleDict` that holds injected slots on the model.
+INJECTED_SLOTS_ATTR = "esper_slots"
+
+
+class _SlotHook:
+    """Forward hook that passes a module's output through its slot."""
+
+    def __init__(self, slot: SeedSlot, path: str) -> None:
+        self.slot, self.path = slot, path
+
+    def __call__(self, module: nn.Module, args: Any, output: Any) -> Tensor:
+        if not isinstance(output, Tensor):
+            raise TypeError(
+                f"slot after {self.path!r} needs a tensor output, got {type(output).__name__}"
+            )
+        return self.slot(output)
+
+
+def resolve_slots(
+    model: nn.Module, requested: Sequence[str] | None, topology: str
+) -> dict[str, SeedSlot]:
+    existing = find_slots(model)
+    if requested is None:
+        if not existing:
+            raise ValueError(
+                f"no SeedSlot modules found in {type(model).__name__}; pass slots=[...] with "
+                "module paths to inject slots after them"
+            )
+        return existing
+    if isinstance(requested, str):
+        raise ValueError(f"slots must be a list of names, got the string {requested!r}")
+    modules = dict(model.named_modules())
+    resolved: dict[str, SeedSlot] = {}
+    for name in requested:
+        if name in resolved:
+            raise ValueError(f"slot {name!r} listed twice")
+        target = modules.get(name)
+        if name and target is not None and not isinstance(target, SeedSlot):
+            resolved[name] = _inject(model, name, target, topology)
+        elif name in existing:
+            resolved[name] = existing[name]
+        else:
+            raise ValueError(_unknown_slot_message(model, name, existing, modules))
+    return resolved
+
+
+def _unknown_slot_message(
+    model: nn.Module, name: str, existing: Mapping[str, SeedSlot], modules: Mapping[str, Any]
+) -> str:
+    paths = [p for p, m in modules.items() if p and not isinstance(m, SeedSlot)]
+    sample = ", ".join(paths[:8]) + (", ..." if len(paths) > 8 else "")
+    ids = ", ".join(existing) or "none"
+    return (
+        f"unknown slot {name!r}; accepted: SeedSlot ids in {type(model).__name__} ({ids}) "
+        f"or module paths ({sample})"
+    )
+
+
+def _inject(model: nn.Module, path: str, target: nn.Module, topology: str) -> SeedSlot:
+    container = getattr(model, INJECTED_SLOTS_ATTR, None)
+    if isinstance(model, nn.Sequential | nn.ModuleList | nn.ModuleDict):
+        # Their forward (or use) iterates over children: an extra child would change the model.
+        raise ValueError(
+            f"cannot inject slots into a bare {type(model).__name__}; wrap it in a module "
+            "(e.g. your LightningModule) and name the slots by path, such as 'net.3'"
+        )
+    if container is None:
+        container = nn.ModuleDict()
+        model.add_module(INJECTED_SLOTS_ATTR, container)
+    key = path.replace(".", "__")
+    if key not in container:
+        slot = SeedSlot(path, topology=topology)
+        reference = next(iter(target.parameters()), None)
+        if reference is None:
+            reference = next(iter(model.parameters()), None)
+        if reference is not None:
+            slot.to(device=reference.device, dtype=reference.dtype)
+        container[key] = slot
+    slot = container[key]
+    previous = getattr(slot, "_hook_handle", None)
+    if previous is not None:  # re-attached (e.g. a second fit): never run a slot twice
+        previous.remove()
+    slot._hook_handle = target.register_forward_hook(_SlotHook(slot, path))
+    return slot
