@@ -42,10 +42,10 @@ DEMO_GATES = GateConfig(min_training_epochs=5)
 CONTROLLERS = ("heuristic", "random", "static")
 
 
-def make_controller(name: str, seed: int, upstream_timing: bool) -> Controller:
+def make_controller(name: str, rng_seed: int, upstream_timing: bool) -> Controller:
     if name == "heuristic":
         return HeuristicController(None if upstream_timing else DEMO_HEURISTIC)
-    return RandomController(seed=seed) if name == "random" else StaticController()
+    return RandomController(rng_seed=rng_seed) if name == "random" else StaticController()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -60,7 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host-preset", choices=sorted(PRESETS), default="baseline")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--logdir", default="runs/callback")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rng-seed", type=int, default=0)
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     args = parser.parse_args(argv)
     if args.epochs < 1:
@@ -95,18 +95,19 @@ def summary(engine: MorphogenesisEngine, val_acc: float, seconds: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    L.seed_everything(args.seed, verbose=False)
+    L.seed_everything(args.rng_seed, verbose=False)
     try:
         host = CifarCNNHost(args.host_preset, slots=args.slots)
         datamodule = CIFAR10DataModule(
-            args.data_dir, download=args.download, batch_size=args.batch_size, seed=args.seed
+            args.data_dir, download=args.download, batch_size=args.batch_size,
+            rng_seed=args.rng_seed,
         )
         datamodule.prepare_data()
         datamodule.setup("fit")
     except (ValueError, DataError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    controller = make_controller(args.controller, args.seed, args.upstream_timing)
+    controller = make_controller(args.controller, args.rng_seed, args.upstream_timing)
     gates = None if args.upstream_timing else DEMO_GATES
     morpho = MorphogenesisCallback(controller, gate_config=gates)
     trainer = L.Trainer(

@@ -20,4 +20,4 @@ def pytest_configure(config: pytest.Config) -> None:
 def cifar_dir(tmp_path: Path) -> Path:
     """A tiny learnable CIFAR-10 (80 train / 40 test) in the standard format; the folder that
     contains ``cifar-10-batches-py/``."""
-    return write_cifar10_fixture(tmp_path / "cifar", n_train=80, n_test=40, seed=0)
+    return write_cifar10_fixture(tmp_path / "cifar", n_train=80, n_test=40, rng_seed=0)

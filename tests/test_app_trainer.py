@@ -7,7 +7,8 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from esper_lightning.app.config import ConfigError, load_config
-from esper_lightning.app.trainer import PPOTrainer, read_checkpoint
+from esper_lightning.app.trainer import PPOTrainer
+from esper_lightning.rl.checkpoint import read_checkpoint
 
 PPO_TAGS = {
     "charts/episodic_return", "charts/final_accuracy", "charts/env_epochs_per_sec",

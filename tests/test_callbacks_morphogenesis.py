@@ -78,7 +78,7 @@ def _trainer(tmp_path: Path, epochs: int, callbacks, **kwargs) -> L.Trainer:
 
 
 def _dm(cifar_dir: Path) -> CIFAR10DataModule:
-    return CIFAR10DataModule(cifar_dir, batch_size=16, seed=3)
+    return CIFAR10DataModule(cifar_dir, batch_size=16, rng_seed=3)
 
 
 def test_grows_a_seed_in_a_plain_module_and_logs_tensorboard_tags(cifar_dir, tmp_path):

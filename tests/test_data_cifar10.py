@@ -63,8 +63,8 @@ def test_fixture_matches_real_layout(cifar_dir: Path) -> None:
 
 
 def test_fixture_is_deterministic_and_class_separable(tmp_path: Path) -> None:
-    a = load_cifar10(write_cifar10_fixture(tmp_path / "a", seed=3), train=True)
-    b = load_cifar10(write_cifar10_fixture(tmp_path / "b", seed=3), train=True)
+    a = load_cifar10(write_cifar10_fixture(tmp_path / "a", rng_seed=3), train=True)
+    b = load_cifar10(write_cifar10_fixture(tmp_path / "b", rng_seed=3), train=True)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     # Class mean colours must differ by far more than the noise of a per-class mean.
     images, labels = a[0].float(), a[1]
@@ -137,14 +137,14 @@ def test_none_data_dir_uses_env(monkeypatch: pytest.MonkeyPatch, cifar_dir: Path
 
 
 def test_subset_indices_seeded_sorted_and_validated() -> None:
-    first = subset_indices(100, 10, seed=1)
-    assert torch.equal(first, subset_indices(100, 10, seed=1))
-    assert not torch.equal(first, subset_indices(100, 10, seed=2))
+    first = subset_indices(100, 10, rng_seed=1)
+    assert torch.equal(first, subset_indices(100, 10, rng_seed=1))
+    assert not torch.equal(first, subset_indices(100, 10, rng_seed=2))
     assert torch.equal(first, first.sort().values) and len(first.unique()) == 10
-    assert torch.equal(subset_indices(5, None, seed=0), torch.arange(5))
+    assert torch.equal(subset_indices(5, None, rng_seed=0), torch.arange(5))
     for bad in (0, -1, 101, 2.5, True):
         with pytest.raises(ValueError, match="subset"):
-            subset_indices(100, bad, seed=0)  # type: ignore[arg-type]
+            subset_indices(100, bad, rng_seed=0)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------------- download

@@ -64,10 +64,10 @@ def test_setup_test_stage_skips_train_split(cifar_dir: Path) -> None:
 
 
 def test_subsets_are_seeded(cifar_dir: Path) -> None:
-    dm = _dm(cifar_dir, subset=30, val_subset=12, seed=1)
+    dm = _dm(cifar_dir, subset=30, val_subset=12, rng_seed=1)
     assert len(dm.train_set or []) == 30 and len(dm.test_set or []) == 12
-    same = _dm(cifar_dir, subset=30, val_subset=12, seed=1)
-    other = _dm(cifar_dir, subset=30, val_subset=12, seed=2)
+    same = _dm(cifar_dir, subset=30, val_subset=12, rng_seed=1)
+    other = _dm(cifar_dir, subset=30, val_subset=12, rng_seed=2)
     assert torch.equal(dm.train_set.images, same.train_set.images)  # type: ignore[union-attr]
     assert not torch.equal(dm.train_set.images, other.train_set.images)  # type: ignore[union-attr]
 
@@ -79,17 +79,17 @@ def test_subset_larger_than_split_is_a_clear_error(cifar_dir: Path) -> None:
 
 
 def test_order_is_a_function_of_seed_and_epoch(cifar_dir: Path) -> None:
-    a, b, c = _dm(cifar_dir), _dm(cifar_dir), _dm(cifar_dir, seed=1)
+    a, b, c = _dm(cifar_dir), _dm(cifar_dir), _dm(cifar_dir, rng_seed=1)
     assert _same(_epoch(a, 3), _epoch(b, 3))
     assert not torch.equal(_epoch(a, 0)[0][1], _epoch(a, 1)[0][1])
     assert not torch.equal(_epoch(a, 0)[0][1], _epoch(c, 0)[0][1])
-    # seed + epoch is the generator seed: (seed=0, epoch=1) == (seed=1, epoch=0).
+    # rng_seed + epoch is the generator seed: (rng_seed=0, epoch=1) == (rng_seed=1, epoch=0).
     assert _same(_epoch(a, 1), _epoch(c, 0))
 
 
 def test_workers_do_not_change_the_batches(cifar_dir: Path) -> None:
-    in_process = _epoch(_dm(cifar_dir, seed=5), 2)
-    with_workers = _epoch(_dm(cifar_dir, seed=5, num_workers=2), 2)
+    in_process = _epoch(_dm(cifar_dir, rng_seed=5), 2)
+    with_workers = _epoch(_dm(cifar_dir, rng_seed=5, num_workers=2), 2)
     assert _same(in_process, with_workers)
 
 
@@ -116,11 +116,11 @@ def test_flip_really_flips(cifar_dir: Path) -> None:
 
 
 def test_sampler_draws_every_index_once_with_varied_augmentation() -> None:
-    sampler = EpochSampler(50, seed=0)
+    sampler = EpochSampler(50, rng_seed=0)
     keys = list(sampler)
     assert sorted(k.index for k in keys) == list(range(50))
     assert {k.dy for k in keys} > {PAD} and 0 < sum(k.flip for k in keys) < 50
-    plain = list(EpochSampler(5, seed=0, shuffle=False, augment=False))
+    plain = list(EpochSampler(5, rng_seed=0, shuffle=False, augment=False))
     assert [tuple(k) for k in plain] == [(i, PAD, PAD, False) for i in range(5)]
 
 
@@ -132,7 +132,7 @@ def test_sampler_draws_every_index_once_with_varied_augmentation() -> None:
         ({"subset": 0}, "subset must be an int >= 1 or None, got 0"),
         ({"val_subset": "10"}, "val_subset"),
         ({"num_workers": -1}, "num_workers"),
-        ({"seed": True}, "seed"),
+        ({"rng_seed": True}, "rng_seed"),
         ({"download": "yes"}, "download must be True or False"),
         ({"augment": 1}, "augment"),
         ({"data_dir": 3}, "data_dir"),
@@ -164,13 +164,13 @@ def test_prepare_data_downloads_only_when_asked_and_missing(
 
 
 def test_state_dict_round_trip_and_mismatch_warning(cifar_dir: Path) -> None:
-    dm = CIFAR10DataModule(cifar_dir, seed=3, subset=10)
+    dm = CIFAR10DataModule(cifar_dir, rng_seed=3, subset=10)
     state = dm.state_dict()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        CIFAR10DataModule(cifar_dir, seed=3, subset=10).load_state_dict(state)
-    with pytest.warns(UserWarning, match="seed=4 but the checkpoint used seed=3"):
-        CIFAR10DataModule(cifar_dir, seed=4, subset=10).load_state_dict(state)
+        CIFAR10DataModule(cifar_dir, rng_seed=3, subset=10).load_state_dict(state)
+    with pytest.warns(UserWarning, match="rng_seed=4 but the checkpoint used rng_seed=3"):
+        CIFAR10DataModule(cifar_dir, rng_seed=4, subset=10).load_state_dict(state)
 
 
 class _Recorder(L.LightningModule):
@@ -191,7 +191,7 @@ class _Recorder(L.LightningModule):
 
 
 def test_trainer_epochs_follow_seed_plus_epoch(cifar_dir: Path, tmp_path: Path) -> None:
-    dm = CIFAR10DataModule(cifar_dir, batch_size=16, seed=11)
+    dm = CIFAR10DataModule(cifar_dir, batch_size=16, rng_seed=11)
     model = _Recorder()
     trainer = L.Trainer(
         max_epochs=2,

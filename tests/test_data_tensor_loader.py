@@ -72,7 +72,7 @@ def _all_variants(images: torch.Tensor) -> torch.Tensor:
 def test_augmented_batches_are_valid_crops_and_flips() -> None:
     images, labels = _data()
     variants = _all_variants(images)
-    loader = TensorLoader(images, labels, batch_size=16, seed=1)
+    loader = TensorLoader(images, labels, batch_size=16, rng_seed=1)
     flips = 0
     for x, y in loader:
         assert x.shape[1:] == (3, 32, 32) and x.dtype == torch.float32
@@ -85,7 +85,7 @@ def test_augmented_batches_are_valid_crops_and_flips() -> None:
 
 def test_pad_appears_as_minus_mean_over_std() -> None:
     images, labels = _data()
-    x = torch.cat([batch[0] for batch in TensorLoader(images, labels, batch_size=N, seed=0)])
+    x = torch.cat([batch[0] for batch in TensorLoader(images, labels, batch_size=N, rng_seed=0)])
     # Source pixels are >= 1, so an exact -mean/std pixel can only be padding.
     is_pad = (x == _pad_value()).all(dim=1)
     assert is_pad.any()
@@ -104,7 +104,7 @@ def test_len_is_number_of_batches(drop_last: bool, expected: int) -> None:
 
 
 def test_epoch_covers_every_sample_once() -> None:
-    loader = TensorLoader(*_data(), batch_size=16, seed=0)
+    loader = TensorLoader(*_data(), batch_size=16, rng_seed=0)
     seen = torch.cat([y for _, y in loader])
     assert torch.equal(seen.sort().values, torch.arange(N))
 
@@ -118,9 +118,9 @@ def test_plain_loader_is_normalised_data_in_order() -> None:
 
 def test_same_seed_same_batches_different_seed_different_order() -> None:
     data = _data()
-    a = _stream(TensorLoader(*data, batch_size=16, seed=7), epochs=2)
-    b = _stream(TensorLoader(*data, batch_size=16, seed=7), epochs=2)
-    c = _stream(TensorLoader(*data, batch_size=16, seed=8), epochs=2)
+    a = _stream(TensorLoader(*data, batch_size=16, rng_seed=7), epochs=2)
+    b = _stream(TensorLoader(*data, batch_size=16, rng_seed=7), epochs=2)
+    c = _stream(TensorLoader(*data, batch_size=16, rng_seed=8), epochs=2)
     assert _same(a, b)
     assert not torch.equal(a[0][1], c[0][1])
     assert not torch.equal(torch.cat([y for _, y in a[:3]]), torch.cat([y for _, y in a[3:]]))
@@ -128,22 +128,22 @@ def test_same_seed_same_batches_different_seed_different_order() -> None:
 
 def test_reseed_restarts_the_stream() -> None:
     data = _data()
-    loader = TensorLoader(*data, batch_size=16, seed=1)
+    loader = TensorLoader(*data, batch_size=16, rng_seed=1)
     _stream(loader)
     loader.reseed(5)
-    assert _same(_stream(loader), _stream(TensorLoader(*data, batch_size=16, seed=5)))
+    assert _same(_stream(loader), _stream(TensorLoader(*data, batch_size=16, rng_seed=5)))
 
 
 @pytest.mark.parametrize("stop_after", [0, 1, 3])
 def test_state_dict_resumes_exactly(stop_after: int) -> None:
     data = _data()
-    reference = _stream(TensorLoader(*data, batch_size=16, seed=3), epochs=3)
-    loader = TensorLoader(*data, batch_size=16, seed=3)
+    reference = _stream(TensorLoader(*data, batch_size=16, rng_seed=3), epochs=3)
+    loader = TensorLoader(*data, batch_size=16, rng_seed=3)
     consumed = _stream(loader)  # one full epoch
     iterator = iter(loader)
     consumed += [next(iterator) for _ in range(stop_after)]  # part of the next epoch
     state = loader.state_dict()
-    resumed = TensorLoader(*data, batch_size=16, seed=99)
+    resumed = TensorLoader(*data, batch_size=16, rng_seed=99)
     resumed.load_state_dict(state)
     again = resumed.state_dict()
     assert again["position"] == state["position"] and torch.equal(
@@ -151,25 +151,25 @@ def test_state_dict_resumes_exactly(stop_after: int) -> None:
     )
     rest = [*resumed, *resumed]
     assert _same(consumed + rest[: len(reference) - len(consumed)], reference)
-    assert resumed.seed == 3
+    assert resumed.rng_seed == 3
 
 
 def test_breaking_out_starts_a_new_epoch() -> None:
     data = _data()
-    loader = TensorLoader(*data, batch_size=16, seed=2)
+    loader = TensorLoader(*data, batch_size=16, rng_seed=2)
     for _ in loader:
         break
     assert loader.epoch == 1 and loader.state_dict()["position"] == 0
-    twin = TensorLoader(*data, batch_size=16, seed=2)
+    twin = TensorLoader(*data, batch_size=16, rng_seed=2)
     twin.load_state_dict(loader.state_dict())
     assert _same(_stream(loader), _stream(twin))
 
 
 def test_from_cifar10_with_subset(cifar_dir: Path) -> None:
     loader = TensorLoader.from_cifar10(
-        cifar_dir, train=True, batch_size=8, device="cpu", subset=20, seed=4, augment=False
+        cifar_dir, train=True, batch_size=8, device="cpu", subset=20, rng_seed=4, augment=False
     )
-    assert loader.num_samples == 20 and len(loader) == 3 and loader.seed == 4
+    assert loader.num_samples == 20 and len(loader) == 3 and loader.rng_seed == 4
     x, y = next(iter(loader))
     assert x.shape == (8, 3, 32, 32) and y.dtype == torch.int64
 

@@ -6,7 +6,7 @@ import torch
 from esper_lightning.core.actions import Action, BlueprintAction, LifecycleOp
 from esper_lightning.core.lifecycle import GateConfig, SeedStage
 from esper_lightning.data import load_cifar10
-from esper_lightning.envs import EnvPool, EnvSpec, env_seed
+from esper_lightning.envs import EnvPool, EnvSpec, episode_rng_seed
 
 SPEC = EnvSpec(slots=("r0c1", "r0c2"), batch_size=16, episode_length=4,
                gate_config=GateConfig(min_training_epochs=1))
@@ -26,9 +26,9 @@ def _numbers(observations):
 
 
 def test_env_seeds_are_deterministic_and_distinct():
-    seeds = {env_seed(0, r, i, e) for r in range(3) for i in range(4) for e in range(2)}
+    seeds = {episode_rng_seed(0, r, i, e) for r in range(3) for i in range(4) for e in range(2)}
     assert len(seeds) == 24
-    assert env_seed(7, 1, 2) == env_seed(7, 1, 2) != env_seed(8, 1, 2)
+    assert episode_rng_seed(7, 1, 2) == episode_rng_seed(7, 1, 2) != episode_rng_seed(8, 1, 2)
 
 
 def test_each_env_has_its_own_fabric_and_no_stream_on_cpu(data):
@@ -39,7 +39,7 @@ def test_each_env_has_its_own_fabric_and_no_stream_on_cpu(data):
 
 def test_lockstep_pool_equals_envs_run_one_after_another(data):
     pool = EnvPool(SPEC, *data, ["cpu", "cpu"])
-    seeds = [env_seed(0, 0, i) for i in range(2)]
+    seeds = [episode_rng_seed(0, 0, i) for i in range(2)]
     pooled = [_numbers(pool.reset(seeds))]
     for actions in SCRIPT:
         pooled.append(_numbers(pool.step(actions)[1]))
@@ -51,7 +51,7 @@ def test_lockstep_pool_equals_envs_run_one_after_another(data):
         env.validate()
         sequential[0].append(_numbers([env.observe(trained=False)])[0])
         for t, actions in enumerate(SCRIPT):
-            env.apply(actions[i])
+            env.execute(actions[i])
             for _ in range(env.start_epoch()):
                 env.train_batch()
             env.validate()
@@ -75,4 +75,4 @@ def test_nan_in_the_host_is_a_governor_terminal(data):
     with torch.no_grad():
         pool.envs[0].host.blocks[0].conv.weight.fill_(float("nan"))
     _, observations = pool.step([Action()])
-    assert observations[0].rollback == "governor_nan"
+    assert observations[0].rollback_reason == "governor_nan"

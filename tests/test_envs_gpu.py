@@ -33,5 +33,5 @@ def test_each_env_has_its_own_stream_and_scaler(cifar_dir, precision):
                     [Action(LifecycleOp.ADVANCE, 0)] * 2, [Action(), Action()]):
         _, observations = pool.step(actions)
     for obs in observations:
-        assert obs.rollback is None and obs.train_loss is not None
+        assert obs.rollback_reason is None and obs.train_loss is not None
         assert obs.report.slots[0].alpha > 0

@@ -36,8 +36,8 @@ METRICS = {
 }
 
 
-def _setup(seed: int = 0, n_envs: int = 4):
-    torch.manual_seed(seed)
+def _setup(rng_seed: int = 0, n_envs: int = 4):
+    torch.manual_seed(rng_seed)
     policy = FactoredRecurrentActorCritic(POLICY)
     buffer = RolloutBuffer(n_envs, EPISODE_LENGTH, POLICY)
     envs = [LifecycleMDP(("clean", "harmful")[i % 2]) for i in range(n_envs)]
@@ -125,7 +125,7 @@ def test_target_kl_stops_the_update_early():
 def test_update_is_reproducible_with_a_seed():
     results = []
     for _ in range(2):
-        policy, buffer = _setup(seed=5)
+        policy, buffer = _setup(rng_seed=5)
         config = PPOConfig(minibatch_envs=2)
         reward_norm = RewardNormalizer(config.gamma)
         metrics = ppo_update(

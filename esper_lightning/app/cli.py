@@ -33,7 +33,7 @@ _PPO_FLAGS: dict[str, dict[str, Any]] = {
     "logdir": {"help": "TensorBoard root folder"},
     "save": {"help": "checkpoint written after every round"},
     "resume": {"help": "checkpoint to continue from"},
-    "seed": {"type": int, "help": "root seed"},
+    "rng_seed": {"type": int, "help": "root random-number seed"},
 }
 
 

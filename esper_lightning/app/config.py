@@ -15,16 +15,14 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from esper_lightning.blueprints import available
+import torch
+
+from esper_lightning.errors import ConfigError
 from esper_lightning.hosts import PRESETS as HOST_PRESETS
 from esper_lightning.hosts import slot_ids
 from esper_lightning.rl.rewards import RewardMode
 
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
-
-
-class ConfigError(ValueError):
-    """A bad configuration value; the message is one line naming it and what is accepted."""
 
 
 @dataclass(frozen=True)
@@ -46,9 +44,11 @@ class PPORunConfig:
         logdir: TensorBoard root (Lightning layout: ``<logdir>/ppo/version_N``).
         save: checkpoint path written atomically after every round (None: no checkpoint).
         resume: checkpoint to continue from.
-        seed: root seed; env seeds derive from (seed, round, env index).
+        rng_seed: root random-number seed; every episode's seed derives from (rng_seed, round,
+            env index), the data subsets from rng_seed.
         batch_size: host training batch size.
-        train_subset, val_subset: images used from the training/test split (None: all).
+        train_subset, val_subset: at most this many images of the training/test split (None:
+            all).
         host_lr: host SGD learning rate.
         max_seeds: seeds present at once per host (None: unlimited).
         policy_hidden: width of the policy's feature MLP and LSTM.
@@ -74,7 +74,7 @@ class PPORunConfig:
     logdir: str = "runs"
     save: str | None = None
     resume: str | None = None
-    seed: int = 0
+    rng_seed: int = 0
     batch_size: int = 128
     train_subset: int | None = None
     val_subset: int | None = None
@@ -120,9 +120,6 @@ class PPORunConfig:
         devices = self.devices or (self.device,)
         return tuple(devices[i % len(devices)] for i in range(self.envs))
 
-    @property
-    def blueprints(self) -> tuple[str, ...]:
-        return available("cnn")
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
@@ -261,6 +258,21 @@ def _check_optional_positive(config: PPORunConfig, names: tuple[str, ...]) -> No
 def _check_choice(name: str, value: str, accepted: tuple[str, ...]) -> None:
     if value not in accepted:
         raise ConfigError(f"unknown {name} {value!r}; accepted: {', '.join(accepted)}")
+
+
+def check_hardware(config: PPORunConfig) -> None:
+    """Refuse devices and precisions this machine cannot run (one-line `ConfigError`)."""
+    cuda = [d for d in config.env_devices if d.startswith("cuda")]
+    if cuda and not torch.cuda.is_available():
+        raise ConfigError(f"device {cuda[0]!r} requested but CUDA is not available; use cpu")
+    for device in cuda:
+        index = int(device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise ConfigError(f"device {device!r} does not exist; this machine has "
+                              f"{torch.cuda.device_count()} CUDA device(s)")
+    if config.precision == "16-mixed" and not cuda:
+        raise ConfigError("precision '16-mixed' needs CUDA devices; on cpu use bf16-mixed or "
+                          "32-true")
 
 
 def _check_device(device: str) -> None:

@@ -15,9 +15,9 @@ from typing_extensions import override
 from esper_lightning.callbacks.morphogenesis import MorphogenesisCallback
 from esper_lightning.core.divergence import Governor, GovernorConfig
 from esper_lightning.core.engine import MorphogenesisEngine
-from esper_lightning.core.lifecycle import LIVE_STAGES
-from esper_lightning.core.slots import find_slots
+from esper_lightning.core.slots import find_slots, prune_live
 from esper_lightning.core.snapshot import Snapshot, restore_snapshot, take_snapshot
+from esper_lightning.core.telemetry import ROLLBACKS_TAG
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ class GovernorCallback(Callback):
         healthy = self.governor.consecutive_anomalies == 0
         if healthy and self.governor.should_snapshot(trainer.current_epoch + 1, new_fossil):
             self._snapshot(trainer, pl_module)
-        metrics = {"governor/rollbacks": float(self.governor.rollbacks)}
+        metrics = {ROLLBACKS_TAG: float(self.governor.rollbacks)}
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
 
@@ -148,13 +148,10 @@ class GovernorCallback(Callback):
     def _rollback(self, trainer: L.Trainer, pl_module: L.LightningModule, reason: str) -> None:
         if self.snapshot is None:
             raise RuntimeError(f"governor panic ({reason}) before any snapshot was taken")
-        if self._engine is not None:
+        if self._engine is not None:  # also drops the pruned seeds' optimizer groups
             pruned = self._engine.prune_live(reason)
         else:
-            live = {sid: s for sid, s in find_slots(pl_module).items() if s.stage in LIVE_STAGES}
-            for slot in live.values():
-                slot.prune(reason)
-            pruned = list(live)
+            pruned = prune_live(find_slots(pl_module).values(), reason)
         optimizer = self._optimizer(trainer)
         restore_snapshot(self.snapshot, pl_module, optimizer, _scaler(trainer))
         if optimizer is not None:  # accumulated gradients belong to the diverged weights

@@ -18,8 +18,9 @@ from esper_lightning.blueprints import TOPOLOGIES
 from esper_lightning.controllers.base import Controller
 from esper_lightning.core.counterfactual import CounterfactualAccumulator, make_plan
 from esper_lightning.core.engine import MorphogenesisEngine, StepOutcome
-from esper_lightning.core.lifecycle import GateConfig, GateMode, QualityGates
+from esper_lightning.core.lifecycle import PRESENT_STAGES, GateConfig, GateMode, QualityGates
 from esper_lightning.core.optim import SeedOptimConfig
+from esper_lightning.core.telemetry import morpho_metrics
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +156,7 @@ class MorphogenesisCallback(Callback):
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         engine = self._require_engine()
-        present = sum(s.seed is not None for s in engine.slots.values())
+        present = sum(s.stage in PRESENT_STAGES for s in engine.slots.values())
         pl_module.log("seeds", float(present), prog_bar=True, logger=False, on_epoch=True)
 
     @override
@@ -247,17 +248,8 @@ class MorphogenesisCallback(Callback):
 
     def _log(self, trainer: L.Trainer, contributions: dict[str, float]) -> None:
         engine = self._require_engine()
-        metrics: dict[str, float] = {
-            "morpho/seed_params": float(engine.seed_params),
-            "morpho/seeds_germinated": float(engine.count("germinated")),
-            "morpho/seeds_fossilized": float(engine.count("fossilized")),
-            "morpho/seeds_pruned": float(engine.count("pruned")),
-        }
-        for slot_id, slot in engine.slots.items():
-            metrics[f"morpho/{slot_id}/alpha"] = slot.alpha
-            metrics[f"morpho/{slot_id}/stage"] = float(slot.stage)
-            if slot_id in contributions:
-                metrics[f"morpho/{slot_id}/contribution"] = contributions[slot_id]
+        metrics = morpho_metrics(engine.seed_params, engine.event_counts(), engine.slots,
+                                 contributions)
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
 

@@ -59,22 +59,22 @@ class RandomController:
     `state_dict`, so a restored controller continues the exact same sequence.
 
     Args:
-        seed: seed of the ``numpy.random.Generator``.
+        rng_seed: seed of the ``numpy.random.Generator``.
         wait_probability: None for WAIT as likely as any other legal op; otherwise the
             probability of WAIT whenever another op is legal (a less fidgety baseline).
 
     Example:
-        >>> controller = RandomController(seed=7, wait_probability=0.8)
+        >>> controller = RandomController(rng_seed=7, wait_probability=0.8)
         >>> controller.state_dict()["wait_probability"]
         0.8
     """
 
-    def __init__(self, seed: int = 0, wait_probability: float | None = None) -> None:
+    def __init__(self, rng_seed: int = 0, wait_probability: float | None = None) -> None:
         if wait_probability is not None and not 0.0 <= wait_probability <= 1.0:
             raise ValueError(f"wait_probability must be in [0, 1] or None, got {wait_probability}")
-        self.seed = int(seed)
+        self.rng_seed = int(rng_seed)
         self.wait_probability = None if wait_probability is None else float(wait_probability)
-        self._rng = np.random.default_rng(self.seed)
+        self._rng = np.random.default_rng(self.rng_seed)
 
     def decide(self, report: EpochReport) -> Action:
         masks = report.masks
@@ -92,19 +92,19 @@ class RandomController:
     def state_dict(self) -> dict[str, Any]:
         return {
             **state_header("random"),
-            "seed": self.seed,
+            "rng_seed": self.rng_seed,
             "wait_probability": self.wait_probability,
             # A dict of str/int (PCG64's 128-bit ints included): plain data for weights_only.
             "bit_generator": copy.deepcopy(self._rng.bit_generator.state),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_state(state, "random", ("seed", "wait_probability", "bit_generator"))
+        check_state(state, "random", ("rng_seed", "wait_probability", "bit_generator"))
         generator = state["bit_generator"]
         expected = type(self._rng.bit_generator).__name__
         if not isinstance(generator, Mapping) or generator.get("bit_generator") != expected:
             raise ValueError(f"random controller state holds no {expected} generator state")
-        self.seed = int(state["seed"])
+        self.rng_seed = int(state["rng_seed"])
         p = state["wait_probability"]
         self.wait_probability = None if p is None else float(p)
         self._rng.bit_generator.state = copy.deepcopy(dict(generator))

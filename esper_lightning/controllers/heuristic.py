@@ -30,8 +30,7 @@ from esper_lightning.core.actions import (
     canonicalize,
     slot_op_error,
 )
-from esper_lightning.core.alpha import AlphaMode
-from esper_lightning.core.lifecycle import ALPHA_TOLERANCE, FAILURE_STAGES, SeedStage
+from esper_lightning.core.lifecycle import FAILURE_STAGES, SeedStage, blend_complete
 from esper_lightning.core.report import EpochReport
 from esper_lightning.core.slots import SlotReport
 
@@ -348,7 +347,7 @@ class HeuristicController:
         if stage == SeedStage.TRAINING:
             return Action(LifecycleOp.ADVANCE, slot=index), "training: try to advance"
         if stage == SeedStage.BLENDING:
-            if _blend_complete(slot):
+            if blend_complete(slot.alpha_view):
                 return Action(LifecycleOp.ADVANCE, slot=index), "blended in: advance to holding"
             return WAIT, "blending: alpha not yet at 1.0"
         return self._judge(index, slot)
@@ -396,12 +395,6 @@ def _prune(index: int) -> Action:
     return Action(LifecycleOp.PRUNE, slot=index)
 
 
-def _blend_complete(slot: SlotReport) -> bool:
-    return (
-        slot.alpha_target >= 1.0 - ALPHA_TOLERANCE
-        and slot.alpha_mode == AlphaMode.HOLD
-        and abs(slot.alpha - slot.alpha_target) <= ALPHA_TOLERANCE
-    )
 
 
 def _optional_float(value: Any) -> float | None:

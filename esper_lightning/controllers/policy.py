@@ -10,7 +10,8 @@ import torch
 from esper_lightning.controllers.base import check_state, state_header
 from esper_lightning.core.actions import Action
 from esper_lightning.core.report import EpochReport
-from esper_lightning.rl import FactoredRecurrentActorCritic, PolicyConfig, RunningMeanStd, obs_dim
+from esper_lightning.rl.checkpoint import load_policy, read_checkpoint
+from esper_lightning.rl.observations import encode_reports
 
 
 class PolicyController:
@@ -30,26 +31,13 @@ class PolicyController:
     """
 
     def __init__(self, checkpoint: str | os.PathLike[str], deterministic: bool = True) -> None:
-        from esper_lightning.app.trainer import read_checkpoint  # avoids an import cycle
-
-        state = read_checkpoint(checkpoint)
-        config = state["config"]
-        self.slot_ids = tuple(config["slots"])
-        self.horizon = int(config["episode_length"])
+        bundle = load_policy(read_checkpoint(checkpoint))
+        self.policy, self.obs_rms = bundle.policy, bundle.obs_rms
+        self.slot_ids, self.horizon = bundle.slot_ids, bundle.horizon
         self.deterministic = deterministic
-        policy_config = PolicyConfig(n_slots=len(self.slot_ids),
-                                     hidden_dim=int(config["policy_hidden"]))
-        self.policy = FactoredRecurrentActorCritic(policy_config)
-        self.policy.load_state_dict(state["policy"])
-        self.policy.eval()
-        self.obs_rms = RunningMeanStd(shape=(obs_dim(len(self.slot_ids)),))
-        self.obs_rms.load_state_dict(state["obs_rms"])
-        self.obs_rms.freeze()
         self.reset()
 
     def decide(self, report: EpochReport) -> Action:
-        from esper_lightning.app.trainer import encode_reports
-
         if report.slot_ids != self.slot_ids:
             raise ValueError(
                 f"the policy was trained for slots {list(self.slot_ids)}; the callback has "

@@ -23,6 +23,7 @@ from esper_lightning.core.lifecycle import (
     FAILURE_STAGES,
     LIVE_STAGES,
     MIN_PRUNE_AGE,
+    PRESENT_STAGES,
     SeedStage,
 )
 
@@ -266,14 +267,10 @@ class MaskContext:
     Args:
         blueprints: blueprint names a controller may germinate (already filtered to the topology).
         max_seeds: limit on seeds present at once (live or fossilized); None or 0 = unlimited.
-        advance_enabled: False when every auto-forward gate is on, so ADVANCE is never needed.
-        governor_override: lets a prune ignore the alpha-mode rule (the governor's emergency path).
     """
 
     blueprints: tuple[str, ...]
     max_seeds: int | None = None
-    advance_enabled: bool = True
-    governor_override: bool = False
 
 
 #: Stages that block any germination elsewhere: one seed incubates at a time, none in cooldown.
@@ -293,8 +290,6 @@ def slot_op_error(
     if op == LifecycleOp.GERMINATE:
         return _germinate_error(view, views, ctx)
     if op == LifecycleOp.ADVANCE:
-        if not ctx.advance_enabled:
-            return "advance_disabled"
         ok = stage in (SeedStage.GERMINATED, SeedStage.TRAINING, SeedStage.BLENDING)
         return None if ok else f"advance_from_{stage.name.lower()}"
     if op == LifecycleOp.FOSSILIZE:
@@ -304,7 +299,7 @@ def slot_op_error(
             return f"prune_from_{stage.name.lower()}"
         if view.epochs_total < MIN_PRUNE_AGE:
             return f"prune_age_{view.epochs_total}_below_{MIN_PRUNE_AGE}"
-        if view.alpha_mode != AlphaMode.HOLD and not ctx.governor_override:
+        if view.alpha_mode != AlphaMode.HOLD:
             return "prune_while_alpha_ramping"
         return None
     if op == LifecycleOp.SET_ALPHA_TARGET:
@@ -321,7 +316,7 @@ def _germinate_error(view: SlotView, views: Sequence[SlotView], ctx: MaskContext
         return "no_blueprints"
     if any(v.stage in _BLOCKS_GERMINATION for v in views):
         return "another_seed_incubating_or_cooling_down"
-    present = sum(v.stage in LIVE_STAGES or v.stage == SeedStage.FOSSILIZED for v in views)
+    present = sum(v.stage in PRESENT_STAGES for v in views)
     if ctx.max_seeds and present >= ctx.max_seeds:
         return f"max_seeds_{ctx.max_seeds}_reached"
     return None

@@ -130,9 +130,6 @@ class AlphaController:
         self.mode = AlphaMode.HOLD
         self.steps_done = self.steps_total
 
-    @property
-    def at_target(self) -> bool:
-        return self.mode == AlphaMode.HOLD and abs(self.alpha - self.target) <= ALPHA_TOLERANCE
 
     @property
     def velocity(self) -> float:

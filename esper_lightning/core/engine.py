@@ -13,7 +13,7 @@ The Lightning callback and the Fabric RL environments both drive one engine per 
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -50,7 +50,7 @@ from esper_lightning.core.optim import (
     strip_params,
 )
 from esper_lightning.core.report import HISTORY_WINDOW, EpochReport
-from esper_lightning.core.slots import SeedSlot
+from esper_lightning.core.slots import SeedSlot, host_parameters, prune_live
 
 _WAIT = Action()
 
@@ -146,8 +146,7 @@ class MorphogenesisEngine:
         return [p for slot in self.slots.values() for p in slot.seed_parameters()]
 
     def host_parameters(self) -> list[nn.Parameter]:
-        seed_ids = {id(p) for p in self.seed_parameters()}
-        return [p for p in self.model.parameters() if id(p) not in seed_ids]
+        return host_parameters(self.model)
 
     @property
     def seed_params(self) -> int:
@@ -159,6 +158,10 @@ class MorphogenesisEngine:
 
     def count(self, kind: str) -> int:
         return sum(e.kind == kind for e in self.events)
+
+    def event_counts(self) -> Counter[str]:
+        """Lifecycle events so far by kind (``germinated``, ``fossilized``, ``pruned``)."""
+        return Counter(e.kind for e in self.events)
 
     # --- once-per-epoch protocol --------------------------------------------------------------
     def record_epoch(
@@ -236,9 +239,7 @@ class MorphogenesisEngine:
     def prune_live(self, reason: str) -> list[str]:
         """Prune every live seed now (the governor's rollback); fossilized seeds stay."""
         before = self._stages()
-        pruned = [sid for sid, s in self.slots.items() if s.stage in LIVE_STAGES]
-        for slot_id in pruned:
-            self.slots[slot_id].prune(reason)
+        pruned = prune_live(self.slots.values(), reason)
         self._note_changes(before, reason)
         self._sync_optimizer()
         self.last_action, self.last_action_success = _WAIT, False

@@ -56,11 +56,12 @@ ACTIVE_STAGES = frozenset(
 )
 #: Stages of a removed seed on its way back to an empty slot.
 FAILURE_STAGES = frozenset({SeedStage.PRUNED, SeedStage.EMBARGOED, SeedStage.RESETTING})
-TERMINAL_STAGES = frozenset({SeedStage.FOSSILIZED})
 #: Seeds not yet fossilized nor removed: what the governor prunes on rollback.
 LIVE_STAGES = frozenset(
     {SeedStage.GERMINATED, SeedStage.TRAINING, SeedStage.BLENDING, SeedStage.HOLDING}
 )
+#: Seeds in the model, live or fossilized: what ``max_seeds`` counts and attribution pays for.
+PRESENT_STAGES = LIVE_STAGES | {SeedStage.FOSSILIZED}
 
 #: Legal successors; order matters: `default_successor` picks the first non-failure one.
 VALID_TRANSITIONS: dict[SeedStage, tuple[SeedStage, ...]] = {
@@ -360,6 +361,21 @@ class AlphaView:
     holding: bool  # controller mode is HOLD
 
 
+def blend_checks(alpha: AlphaView) -> list[tuple[str, bool]]:
+    """The named checks of "blending is complete": the target is full, the ramp is over (HOLD)
+    and alpha sits on the target. Gate G3 reports them; `blend_complete` is their conjunction."""
+    return [
+        ("alpha_target_full", alpha.target >= 1.0 - ALPHA_TOLERANCE),
+        ("alpha_holding", alpha.holding),
+        ("alpha_reached", abs(alpha.alpha - alpha.target) <= ALPHA_TOLERANCE),
+    ]
+
+
+def blend_complete(alpha: AlphaView) -> bool:
+    """Whether a blending seed is fully blended in and may move to HOLDING."""
+    return all(ok for _, ok in blend_checks(alpha))
+
+
 class QualityGates:
     """Evaluates the gate guarding a target stage. Unknown gates and unmeasured metrics fail.
 
@@ -428,11 +444,7 @@ class QualityGates:
         return checks
 
     def _g3(self, state: SeedState, alpha: AlphaView) -> list[tuple[str, bool]]:
-        checks = [
-            ("alpha_target_full", alpha.target >= 1.0 - ALPHA_TOLERANCE),
-            ("alpha_holding", alpha.holding),
-            ("alpha_reached", abs(alpha.alpha - alpha.target) <= ALPHA_TOLERANCE),
-        ]
+        checks = blend_checks(alpha)
         if self.strict:
             blended = state.metrics.epochs_in_stage >= self.config.min_blending_epochs
             checks.append(("min_blending_epochs", blended))

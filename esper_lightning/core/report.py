@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from esper_lightning.core.actions import Action, ActionMasks, MaskContext
-from esper_lightning.core.lifecycle import FAILURE_STAGES, LIVE_STAGES, SeedStage
+from esper_lightning.core.lifecycle import LIVE_STAGES, SeedStage
 from esper_lightning.core.slots import SlotReport
 
 #: Validation history kept in reports (the observation reads the last 5).
@@ -68,6 +68,3 @@ class EpochReport:
     def empty_slots(self) -> tuple[int, ...]:
         return tuple(i for i, s in enumerate(self.slots) if s.stage == SeedStage.DORMANT)
 
-    @property
-    def cooling_down(self) -> bool:
-        return any(s.stage in FAILURE_STAGES for s in self.slots)

@@ -18,7 +18,7 @@ with K times as many rows as the batch fans the batch out K times at this slot.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -136,8 +136,8 @@ class SlotReport:
         return self.metrics.epochs_in_stage
 
     @property
-    def is_empty(self) -> bool:
-        return self.stage == SeedStage.DORMANT
+    def alpha_view(self) -> AlphaView:
+        return AlphaView(self.alpha, self.alpha_target, self.alpha_mode == AlphaMode.HOLD)
 
     @property
     def seed_params(self) -> int:
@@ -604,6 +604,21 @@ def _ema(previous: float | None, value: float) -> float:
     if previous is None:
         return value
     return GRADIENT_EMA_DECAY * previous + (1 - GRADIENT_EMA_DECAY) * value
+
+
+def host_parameters(module: nn.Module) -> list[nn.Parameter]:
+    """Parameters of ``module`` that belong to the host, not to any seed (or its gate)."""
+    seed_ids = {id(p) for slot in find_slots(module).values() for p in slot.seed_parameters()}
+    return [p for p in module.parameters() if id(p) not in seed_ids]
+
+
+def prune_live(slots: Iterable[SeedSlot], reason: str) -> list[str]:
+    """Prune every live seed of ``slots`` now (a governor rollback); fossils stay. Returns the
+    ids of the pruned slots."""
+    pruned = [slot for slot in slots if slot.stage in LIVE_STAGES]
+    for slot in pruned:
+        slot.prune(reason)
+    return [slot.slot_id for slot in pruned]
 
 
 def find_slots(module: nn.Module) -> dict[str, SeedSlot]:

@@ -13,6 +13,7 @@ from esper_lightning.data.cifar10 import (
     default_data_dir,
     download_cifar10,
     load_cifar10,
+    load_cifar10_subset,
 )
 from esper_lightning.data.datamodule import CIFAR10DataModule
 from esper_lightning.data.fixture import write_cifar10_fixture
@@ -27,5 +28,6 @@ __all__ = [
     "default_data_dir",
     "download_cifar10",
     "load_cifar10",
+    "load_cifar10_subset",
     "write_cifar10_fixture",
 ]

@@ -46,6 +46,7 @@ __all__ = [
     "download_cifar10",
     "find_batches_dir",
     "load_cifar10",
+    "load_cifar10_subset",
     "safe_extract",
     "subset_indices",
 ]
@@ -224,8 +225,8 @@ def load_cifar10(data_dir: PathLike | None, train: bool) -> tuple[torch.Tensor, 
     return torch.from_numpy(data), torch.from_numpy(labels)
 
 
-def subset_indices(total: int, subset: int | None, seed: int) -> torch.Tensor:
-    """Indices of the first ``subset`` items after a shuffle seeded with ``seed``, sorted.
+def subset_indices(total: int, subset: int | None, rng_seed: int) -> torch.Tensor:
+    """Indices of the first ``subset`` items after a shuffle seeded with ``rng_seed``, sorted.
 
     Sorting keeps the kept items in file order, so an unshuffled loader over a subset stays stable.
     ``subset=None`` keeps everything in order.
@@ -241,8 +242,29 @@ def subset_indices(total: int, subset: int | None, seed: int) -> torch.Tensor:
         raise ValueError(
             f"subset={subset} exceeds the {total} available images; use at most {total}"
         )
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(rng_seed)
     return torch.randperm(total, generator=generator)[:subset].sort().values
+
+
+def load_cifar10_subset(
+    data_dir: PathLike | None,
+    train: bool,
+    subset: int | None = None,
+    rng_seed: int = 0,
+    *,
+    at_most: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Load a split with :func:`load_cifar10` and keep ``subset`` images (:func:`subset_indices`;
+    all when None), as contiguous uint8 images and int64 labels.
+
+    With ``at_most=True`` a ``subset`` larger than the split keeps the whole split (a preset's
+    "up to N images" then runs on a smaller copy of the data too); otherwise it is an error.
+    """
+    images, labels = load_cifar10(data_dir, train)
+    if subset is None or (at_most and subset >= len(labels)):
+        return images, labels
+    keep = subset_indices(len(labels), subset, rng_seed)
+    return images[keep].contiguous(), labels[keep]
 
 
 # --------------------------------------------------------------------------------------- download

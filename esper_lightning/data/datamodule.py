@@ -16,8 +16,7 @@ from esper_lightning.data.cifar10 import (
     cifar10_present,
     default_data_dir,
     download_cifar10,
-    load_cifar10,
-    subset_indices,
+    load_cifar10_subset,
 )
 from esper_lightning.data.tensor_loader import (
     PAD,
@@ -39,29 +38,29 @@ class _Key(NamedTuple):
 
 
 class EpochSampler(Sampler[_Key]):
-    """Yield every index once per epoch, with its crop/flip drawn from ``seed + epoch``.
+    """Yield every index once per epoch, with its crop/flip drawn from ``rng_seed + epoch``.
 
     All randomness is drawn here, in the main process, from a fresh ``torch.Generator`` seeded
-    with ``seed + epoch``. Workers only apply the parameters they receive, so the batches are a
-    function of ``(seed, epoch)`` alone, whatever ``num_workers`` is. Lightning calls
+    with ``rng_seed + epoch``. Workers only apply the parameters they receive, so the batches are a
+    function of ``(rng_seed, epoch)`` alone, whatever ``num_workers`` is. Lightning calls
     :meth:`set_epoch` at the start of every training epoch (as for a ``DistributedSampler``);
     outside Lightning, call it yourself or every pass repeats epoch 0.
 
     Args:
         num_samples: Size of the dataset.
-        seed: Base seed.
+        rng_seed: Base seed.
         shuffle: Permute the order each epoch.
         augment: Draw random crop offsets and flips; otherwise the identity is passed on.
 
     Example:
-        >>> sampler = EpochSampler(50_000, seed=0)
+        >>> sampler = EpochSampler(50_000, rng_seed=0)
         >>> sampler.set_epoch(3)
         >>> first = next(iter(sampler))  # _Key(index=..., dy=..., dx=..., flip=...)
     """
 
-    def __init__(self, num_samples: int, seed: int, shuffle: bool = True, augment: bool = True):
+    def __init__(self, num_samples: int, rng_seed: int, shuffle: bool = True, augment: bool = True):
         self.num_samples = num_samples
-        self.seed = seed
+        self.rng_seed = rng_seed
         self.shuffle = shuffle
         self.augment = augment
         self.epoch = 0
@@ -74,7 +73,7 @@ class EpochSampler(Sampler[_Key]):
         return self.num_samples
 
     def __iter__(self) -> Iterator[_Key]:
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        generator = torch.Generator().manual_seed(self.rng_seed + self.epoch)
         n = self.num_samples
         order = torch.randperm(n, generator=generator) if self.shuffle else torch.arange(n)
         if not self.augment:
@@ -150,10 +149,11 @@ class CIFAR10DataModule(L.LightningDataModule):
     test split, normalised only, in file order.
 
     Reproducibility: the training order *and* every crop/flip are drawn from a
-    ``torch.Generator`` seeded with ``seed + epoch`` by the loader's sampler, whose ``set_epoch``
+    ``torch.Generator`` seeded with ``rng_seed + epoch`` by the loader's sampler, whose
+    ``set_epoch``
     Lightning calls at the start of each training epoch (under DDP too: Lightning's
     ``DistributedSamplerWrapper`` forwards it). Batches are therefore a function of
-    ``(seed, epoch)`` only, for any ``num_workers``, and a resumed run replays the same epochs.
+    ``(rng_seed, epoch)`` only, for any ``num_workers``, and a resumed run replays the same epochs.
     Outside a Trainer, call ``loader.sampler.set_epoch(epoch)`` before each pass.
 
     Args:
@@ -162,10 +162,10 @@ class CIFAR10DataModule(L.LightningDataModule):
         download: Let :meth:`prepare_data` download CIFAR-10 when it is missing.
         batch_size: Samples per batch for every loader.
         subset: Keep this many training images (the first ones after a shuffle seeded with
-            ``seed``); ``None`` keeps all.
+            ``rng_seed``); ``None`` keeps all.
         val_subset: Same for the test split used by validation and testing.
         num_workers: DataLoader worker processes (0 loads in the main process).
-        seed: Base seed of the subset selection, order and augmentation.
+        rng_seed: Base seed of the subset selection, order and augmentation.
         augment: Random crop and flip for training batches.
         pin_memory: Pin host memory of batches for faster transfer to a GPU.
 
@@ -185,7 +185,7 @@ class CIFAR10DataModule(L.LightningDataModule):
         subset: int | None = None,
         val_subset: int | None = None,
         num_workers: int = 0,
-        seed: int = 0,
+        rng_seed: int = 0,
         augment: bool = True,
         pin_memory: bool = False,
     ) -> None:
@@ -194,7 +194,7 @@ class CIFAR10DataModule(L.LightningDataModule):
         _check_int("subset", subset, 1, allow_none=True)
         _check_int("val_subset", val_subset, 1, allow_none=True)
         _check_int("num_workers", num_workers, 0)
-        _check_int("seed", seed, 0)
+        _check_int("rng_seed", rng_seed, 0)
         flags = {"download": download, "augment": augment, "pin_memory": pin_memory}
         for name, flag in flags.items():
             _check_bool(name, flag)
@@ -206,7 +206,7 @@ class CIFAR10DataModule(L.LightningDataModule):
         self.subset = subset
         self.val_subset = val_subset
         self.num_workers = num_workers
-        self.seed = seed
+        self.rng_seed = rng_seed
         self.augment = augment
         self.pin_memory = pin_memory
         self.train_set: _KeyedImages | None = None
@@ -230,9 +230,8 @@ class CIFAR10DataModule(L.LightningDataModule):
             self.test_set = self._load(train=False, subset=self.val_subset)
 
     def _load(self, train: bool, subset: int | None) -> _KeyedImages:
-        images, labels = load_cifar10(self.data_dir, train=train)
-        keep = subset_indices(len(labels), subset, self.seed)
-        return _KeyedImages(images[keep].contiguous(), labels[keep])
+        images, labels = load_cifar10_subset(self.data_dir, train, subset, self.rng_seed)
+        return _KeyedImages(images.contiguous(), labels)
 
     def _loader(self, dataset: _KeyedImages, sampler: Sampler[Any], augment: bool) -> DataLoader:
         return DataLoader(
@@ -249,7 +248,7 @@ class CIFAR10DataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         """Shuffled, augmented, normalised training batches; see the class docs on seeding."""
         dataset = _require(self.train_set, "train_dataloader")
-        sampler = EpochSampler(len(dataset), self.seed, shuffle=True, augment=self.augment)
+        sampler = EpochSampler(len(dataset), self.rng_seed, shuffle=True, augment=self.augment)
         return self._loader(dataset, sampler, self.augment)
 
     def val_dataloader(self) -> DataLoader:
@@ -264,7 +263,7 @@ class CIFAR10DataModule(L.LightningDataModule):
 
     def state_dict(self) -> dict[str, Any]:
         """The settings that decide which samples are seen in which order."""
-        return {"seed": self.seed, "subset": self.subset, "val_subset": self.val_subset}
+        return {"rng_seed": self.rng_seed, "subset": self.subset, "val_subset": self.val_subset}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Warn when resuming with settings that change the data stream of the checkpoint.

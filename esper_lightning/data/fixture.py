@@ -82,7 +82,7 @@ def _write_meta(folder: Path, per_batch: int) -> None:
 
 
 def write_cifar10_fixture(
-    root: str | os.PathLike[str], n_train: int = 64, n_test: int = 32, seed: int = 0
+    root: str | os.PathLike[str], n_train: int = 64, n_test: int = 32, rng_seed: int = 0
 ) -> Path:
     """Write a small synthetic CIFAR-10 in the standard ``cifar-10-batches-py`` pickle format.
 
@@ -96,7 +96,7 @@ def write_cifar10_fixture(
             files are overwritten).
         n_train: Number of training images (at least 1).
         n_test: Number of test images (at least 1).
-        seed: Seed for the noise and label order; equal seeds write identical files.
+        rng_seed: Seed for the noise and label order; equal seeds write identical files.
 
     Returns:
         ``root`` as a ``Path``: the folder containing ``cifar-10-batches-py/``.
@@ -114,7 +114,7 @@ def write_cifar10_fixture(
     root = Path(root).expanduser()
     folder = root / FOLDER_NAME
     folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(rng_seed)
 
     train_data, train_labels = _sample(n_train, rng)
     bounds = np.linspace(0, n_train, len(TRAIN_FILES) + 1).astype(int)

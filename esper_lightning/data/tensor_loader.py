@@ -18,8 +18,7 @@ import torch.nn.functional as F
 from esper_lightning.data.cifar10 import (
     CIFAR10_MEAN,
     CIFAR10_STD,
-    load_cifar10,
-    subset_indices,
+    load_cifar10_subset,
 )
 
 __all__ = [
@@ -123,7 +122,7 @@ class TensorLoader:
         shuffle: New random order every epoch; otherwise file order.
         augment: Random crop (zero padding 4) and horizontal flip.
         drop_last: Drop the final short batch.
-        seed: Seed of the loader's generator; different seeds give different orders.
+        rng_seed: Seed of the loader's generator; different seeds give different orders.
 
     Example:
         >>> loader = TensorLoader.from_cifar10("~/data", train=True, batch_size=256, device="cuda")
@@ -143,7 +142,7 @@ class TensorLoader:
         shuffle: bool = True,
         augment: bool = True,
         drop_last: bool = False,
-        seed: int = 0,
+        rng_seed: int = 0,
     ) -> None:
         _check_data(images_uint8, labels)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -157,8 +156,8 @@ class TensorLoader:
         self.drop_last = drop_last
         self._stats = channel_stats(self.device)
         self.generator = torch.Generator(device=self.device)
-        self.seed = seed
-        self.generator.manual_seed(seed)
+        self.rng_seed = rng_seed
+        self.generator.manual_seed(rng_seed)
         self.epoch = 0
         # Generator state at the start of the epoch in progress and batches it has yielded; set
         # only while an iteration is active (identified by `_active`).
@@ -180,13 +179,12 @@ class TensorLoader:
     ) -> TensorLoader:
         """Load a CIFAR-10 split with :func:`load_cifar10` and wrap it.
 
-        ``subset`` keeps the first ``subset`` images after a shuffle seeded with ``seed`` (from
+        ``subset`` keeps the first ``subset`` images after a shuffle seeded with ``rng_seed`` (from
         ``kwargs``, default 0). Remaining ``kwargs`` go to the constructor; evaluation loaders
         usually want ``shuffle=False, augment=False``.
         """
-        images, labels = load_cifar10(data_dir, train)
-        keep = subset_indices(len(labels), subset, kwargs.get("seed", 0))
-        return cls(images[keep], labels[keep], batch_size, device=device, **kwargs)
+        images, labels = load_cifar10_subset(data_dir, train, subset, kwargs.get("rng_seed", 0))
+        return cls(images, labels, batch_size, device=device, **kwargs)
 
     def __len__(self) -> int:
         """Number of batches per epoch."""
@@ -245,10 +243,10 @@ class TensorLoader:
             images = crop_flip(images, dy, dx, flip)
         return normalize(images, self._stats), self.labels[idx]
 
-    def reseed(self, seed: int) -> None:
-        """Restart the random stream from ``seed``; the next ``iter()`` is a fresh epoch."""
-        self.seed = seed
-        self.generator.manual_seed(seed)
+    def reseed(self, rng_seed: int) -> None:
+        """Restart the random stream from ``rng_seed``; the next ``iter()`` is a fresh epoch."""
+        self.rng_seed = rng_seed
+        self.generator.manual_seed(rng_seed)
         self._active, self._epoch_state, self._position, self._resume = None, None, 0, None
 
     def state_dict(self) -> dict[str, Any]:
@@ -274,7 +272,7 @@ class TensorLoader:
                 0,
             )
         return {
-            "seed": self.seed,
+            "rng_seed": self.rng_seed,
             "epoch": epoch,
             "generator": generator_state.clone(),
             "position": position,
@@ -287,7 +285,7 @@ class TensorLoader:
             raise ValueError(f"position {position} is outside 0..{len(self)} batches")
         generator_state = state["generator"].detach().cpu().clone()
         self.generator.set_state(generator_state)
-        self.seed, self.epoch = int(state["seed"]), int(state["epoch"])
+        self.rng_seed, self.epoch = int(state["rng_seed"]), int(state["epoch"])
         self._active, self._epoch_state, self._position = None, None, 0
         self._resume = (generator_state, position) if position else None
 
@@ -295,7 +293,7 @@ class TensorLoader:
         return (
             f"{type(self).__name__}(n={self.num_samples}, batch_size={self.batch_size}, "
             f"device={self.device}, shuffle={self.shuffle}, augment={self.augment}, "
-            f"drop_last={self.drop_last}, seed={self.seed})"
+            f"drop_last={self.drop_last}, rng_seed={self.rng_seed})"
         )
 
 

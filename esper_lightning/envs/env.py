@@ -2,10 +2,10 @@
 Lightning Fabric.
 
 One RL step is one host epoch. The env never drives itself: the `EnvPool` calls, in lockstep over
-all envs, `apply` (execute the controller's action and tick), `train_batch` once per batch index,
-`validate` and `observe`. Inside those calls every kernel of this env runs on its own CUDA stream
-(None on CPU), and nothing is copied to the host until `observe`, which synchronises that stream
-once and reads all of the epoch's numbers in one transfer.
+all envs, `execute` (the controller's action, then the epoch tick), `train_batch` once per batch
+index, `validate` and `observe`. Inside those calls every kernel of this env runs on its own CUDA
+stream (None on CPU), and nothing is copied to the host until `observe`, which synchronises that
+stream once and reads all of the epoch's numbers in one transfer.
 """
 
 from __future__ import annotations
@@ -51,11 +51,17 @@ class EnvSpec:
 
 @dataclass(frozen=True)
 class Observation:
-    """The env's state after an epoch, and whether the governor ended the episode."""
+    """The env's state after an epoch, and whether the governor ended the episode.
+
+    Attributes:
+        report: what the controller sees next.
+        rollback_reason: the governor's reason when it ended the episode, else None.
+        train_loss: mean training loss of the epoch; None before any training.
+    """
 
     report: EpochReport
-    rollback: str | None  # the governor's reason, or None
-    train_loss: float | None  # mean over the epoch; None before any training
+    rollback_reason: str | None
+    train_loss: float | None
 
 
 class MorphogenesisEnv:
@@ -87,24 +93,24 @@ class MorphogenesisEnv:
         self.val_y = val[1].to(self.device)
         self.engine: MorphogenesisEngine | None = None
         self.governor = Governor(spec.governor)
-        self.episode_seed = 0
+        self.episode_rng_seed = 0
         self._batches: Any = None
         self._loss_sum: Tensor | None = None
         self._accumulator: CounterfactualAccumulator | None = None
 
     # --- episode ------------------------------------------------------------------------------
-    def reset(self, seed: int) -> None:
-        """Start an episode: a fresh host (initialised from ``seed``) and a fresh governor."""
-        self.episode_seed = seed
+    def reset(self, episode_rng_seed: int) -> None:
+        """Start an episode: a fresh host (initialised from ``episode_rng_seed``), its own
+        optimizer (the host's `configure_optimizers`) and a fresh governor."""
+        self.episode_rng_seed = episode_rng_seed
         precision = self.fabric.strategy.precision
         if getattr(precision, "scaler", None) is not None:
-            # A fresh loss scale per episode: episodes depend on their seed, not on history.
+            # A fresh loss scale per episode: an episode depends on its rng seed, not on history.
             precision.scaler = torch.amp.GradScaler(self.device.type)
-        with _seeded(seed):
+        with _forked_rng(episode_rng_seed):
             host = CifarCNNHost(self.spec.host_preset, slots=self.spec.slots,
                                 lr=self.spec.host_lr)
-        optimizer = torch.optim.SGD(host.host_parameters(), lr=self.spec.host_lr, momentum=0.9,
-                                    weight_decay=5e-4)
+        optimizer = single_optimizer(host)
         self.model, self.optimizer = self.fabric.setup(host, optimizer)
         self.host = host
         self.engine = MorphogenesisEngine(
@@ -115,14 +121,14 @@ class MorphogenesisEnv:
         )
         self.engine.attach_optimizer(self.optimizer.optimizer)
         self.governor.reset()
-        self.loader.reseed(seed)
+        self.loader.reseed(episode_rng_seed)
 
-    def apply(self, action: Action) -> StepOutcome:
+    def execute(self, action: Action) -> StepOutcome:
         """Execute the controller's action, then tick every slot (end of the decision)."""
         engine = self._engine()
         # A new seed's initial weights depend on this env's episode and epoch only, never on
         # what other envs drew from the global generator before.
-        with self._on_stream(), _seeded(self.episode_seed * 1_000_003 + engine.epoch):
+        with self._on_stream(), _forked_rng(self.episode_rng_seed * 1_000_003 + engine.epoch):
             outcome = engine.execute(action)
             engine.tick()
         return outcome
@@ -199,9 +205,26 @@ class MorphogenesisEnv:
 
 
 @contextmanager
-def _seeded(seed: int) -> Iterator[None]:
+def _forked_rng(rng_seed: int) -> Iterator[None]:
     """Seed every generator for a block and restore them after: ``manual_seed`` also reseeds
     each CUDA device, so all of them are forked, not only this env's."""
     with torch.random.fork_rng(devices=range(torch.cuda.device_count())):
-        torch.manual_seed(seed)
+        torch.manual_seed(rng_seed)
         yield
+
+
+def single_optimizer(host: Any) -> torch.optim.Optimizer:
+    """The one optimizer of ``host.configure_optimizers()`` (a bare optimizer, a one-element
+    list or tuple, or a dict with ``"optimizer"``); an env steps no LR scheduler, because one
+    episode is one short run whose length the host's schedule does not know."""
+    configured = host.configure_optimizers()
+    if isinstance(configured, list | tuple) and len(configured) == 1:
+        configured = configured[0]
+    if isinstance(configured, dict):
+        configured = configured.get("optimizer")
+    if not isinstance(configured, torch.optim.Optimizer):
+        raise TypeError(
+            f"{type(host).__name__}.configure_optimizers() must return one optimizer (or a dict "
+            f"with 'optimizer') for an env, got {type(configured).__name__}"
+        )
+    return configured

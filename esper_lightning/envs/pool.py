@@ -17,8 +17,9 @@ from esper_lightning.core.engine import StepOutcome
 from esper_lightning.envs.env import EnvSpec, MorphogenesisEnv, Observation
 
 
-def env_seed(root: int, round_index: int, env_index: int, episode: int = 0) -> int:
-    """Deterministic, well-mixed seed of one episode from (root seed, round, env, episode)."""
+def episode_rng_seed(root: int, round_index: int, env_index: int, episode: int = 0) -> int:
+    """Deterministic, well-mixed random-number seed of one episode from (root rng seed, round,
+    env index, episode within the round)."""
     sequence = np.random.SeedSequence([root, round_index, env_index, episode])
     return int(sequence.generate_state(1, dtype=np.uint32)[0])
 
@@ -52,18 +53,20 @@ class EnvPool:
     def __len__(self) -> int:
         return len(self.envs)
 
-    def reset(self, seeds: Sequence[int], which: Sequence[int] | None = None) -> list[Observation]:
+    def reset(
+        self, episode_rng_seeds: Sequence[int], which: Sequence[int] | None = None
+    ) -> list[Observation]:
         """Fresh hosts for the envs in ``which`` (all by default), measured before training."""
         indices = range(len(self.envs)) if which is None else which
-        for i, seed in zip(indices, seeds, strict=True):
-            self.envs[i].reset(seed)
+        for i, rng_seed in zip(indices, episode_rng_seeds, strict=True):
+            self.envs[i].reset(rng_seed)
         for i in indices:
             self.envs[i].validate()
         return [self.envs[i].observe(trained=False) for i in indices]
 
     def step(self, actions: Sequence[Action]) -> tuple[list[StepOutcome], list[Observation]]:
         """Apply one action per env, train every env for one epoch in lockstep, validate."""
-        outcomes = [env.apply(a) for env, a in zip(self.envs, actions, strict=True)]
+        outcomes = [env.execute(a) for env, a in zip(self.envs, actions, strict=True)]
         self.train_epoch()
         for env in self.envs:
             env.validate()
@@ -77,4 +80,4 @@ class EnvPool:
                     env.train_batch()
 
 
-__all__ = ["EnvPool", "EnvSpec", "MorphogenesisEnv", "env_seed"]
+__all__ = ["EnvPool", "EnvSpec", "MorphogenesisEnv", "episode_rng_seed"]

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from esper_lightning.core.slots import SeedSlot
+from esper_lightning.core.slots import SeedSlot, host_parameters
 
 
 @dataclass(frozen=True)
@@ -129,8 +129,7 @@ class CifarCNNHost(L.LightningModule):
 
     def host_parameters(self) -> list[nn.Parameter]:
         """Parameters of the host itself, excluding any seed."""
-        seed_ids = {id(p) for slot in self.slots.values() for p in slot.seed_parameters()}
-        return [p for p in self.parameters() if id(p) not in seed_ids]
+        return host_parameters(self)
 
     def _shared_step(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         x, y = batch

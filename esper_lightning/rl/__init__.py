@@ -5,6 +5,13 @@ See ``docs/rl.md`` for every feature, mask rule, hyper-parameter, reward formula
 """
 
 from esper_lightning.rl.buffer import RolloutBuffer, compute_gae
+from esper_lightning.rl.checkpoint import (
+    PolicyBundle,
+    load_policy,
+    policy_entries,
+    read_checkpoint,
+    write_checkpoint,
+)
 from esper_lightning.rl.distributions import (
     RELEVANCE,
     MaskBatch,
@@ -19,6 +26,7 @@ from esper_lightning.rl.observations import (
     batch_observations,
     blueprint_indices,
     build_observation,
+    encode_reports,
     obs_dim,
 )
 from esper_lightning.rl.policy import (
@@ -46,6 +54,7 @@ __all__ = [
     "MaskedCategorical",
     "ObservationBatch",
     "PPOConfig",
+    "PolicyBundle",
     "PolicyConfig",
     "RewardBreakdown",
     "RewardConfig",
@@ -59,9 +68,14 @@ __all__ = [
     "build_observation",
     "compute_gae",
     "compute_reward",
+    "encode_reports",
     "explained_variance",
+    "load_policy",
     "make_optimizer",
     "obs_dim",
+    "policy_entries",
     "ppo_update",
+    "read_checkpoint",
     "stack_masks",
+    "write_checkpoint",
 ]

@@ -56,9 +56,6 @@ class MaskBatch:
     alpha_speed: Tensor
     alpha_curve: Tensor
 
-    @property
-    def batch_shape(self) -> torch.Size:
-        return self.op.shape[:-1]
 
     def head(self, name: str, op: Tensor) -> Tensor:
         """Mask of ``name`` conditioned on the chosen ``op`` (long ``[*B]``) -> bool ``[*B, n]``.
@@ -83,9 +80,6 @@ class MaskBatch:
     def index(self, key: Tensor | slice | int) -> MaskBatch:
         """Select along the leading batch dimension (e.g. the envs of a minibatch)."""
         return MaskBatch(**{f.name: getattr(self, f.name)[key] for f in fields(self)})
-
-    def to(self, device: torch.device | str) -> MaskBatch:
-        return MaskBatch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
 
 
 def stack_masks(masks: Sequence[ActionMasks]) -> MaskBatch:

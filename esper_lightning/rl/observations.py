@@ -28,6 +28,7 @@ from esper_lightning.core.lifecycle import STAGE_ONE_HOT_INDEX, SeedStage
 from esper_lightning.core.report import EpochReport
 from esper_lightning.core.slots import SlotReport
 from esper_lightning.rl.distributions import MaskBatch, stack_masks
+from esper_lightning.rl.normalizers import RunningMeanStd
 
 SYMLOG_SCALE = 7.0
 UNKNOWN = -1.0
@@ -121,6 +122,16 @@ def batch_observations(
     indices = np.stack([blueprint_indices(r) for r in reports])
     masks = stack_masks([r.masks for r in reports])
     return ObservationBatch(torch.from_numpy(features), torch.from_numpy(indices), masks)
+
+
+def encode_reports(
+    reports: Sequence[EpochReport], obs_rms: RunningMeanStd, horizon: int
+) -> tuple[Tensor, Tensor, Tensor, MaskBatch]:
+    """Raw features, normalised features, blueprint indices and masks of a batch of reports:
+    exactly what the policy sees, in training and when it drives the callback."""
+    batch = batch_observations(reports, horizon)
+    normalized = obs_rms.normalize(batch.features).float()
+    return batch.features, normalized, batch.blueprint_idx, batch.masks
 
 
 def _require(blueprint: str | None, slot: SlotReport) -> str:

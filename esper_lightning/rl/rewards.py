@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 
 from esper_lightning.core.actions import Action, LifecycleOp, action_error
-from esper_lightning.core.lifecycle import LIVE_STAGES, SeedStage
+from esper_lightning.core.lifecycle import PRESENT_STAGES, SeedStage
 from esper_lightning.core.report import EpochReport
 from esper_lightning.core.slots import SlotReport
 
@@ -243,8 +243,7 @@ def attribution_term(prev_report: EpochReport, action: Action, config: RewardCon
     total = 0.0
     for i, slot in enumerate(prev_report.slots):
         m = slot.metrics
-        present = slot.stage in LIVE_STAGES or slot.stage == SeedStage.FOSSILIZED
-        if not present or m.counterfactual_contribution is None:
+        if slot.stage not in PRESENT_STAGES or m.counterfactual_contribution is None:
             continue
         progress = None
         if m.current_accuracy is not None and m.initial_accuracy is not None:

@@ -1,0 +1,68 @@
+"""What one PPO round produced, and the TensorBoard metrics made of it (tags in docs/rl.md)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from esper_lightning.core.actions import LifecycleOp
+from esper_lightning.core.telemetry import ROLLBACKS_TAG, morpho_metrics
+
+
+@dataclass
+class RoundStats:
+    """Counters of one round.
+
+    Attributes:
+        returns: return of every episode that ended this round (max epochs or rollback).
+        final_accuracies, seed_params: of every episode that reached max epochs.
+        ops: executed ops by name; events: lifecycle events by kind over finished episodes.
+        reward_sums: every reward component summed over all steps.
+        rollbacks: governor rollbacks; steps: env steps (= env epochs) collected.
+        env_seconds, controller_seconds, update_seconds: where the round's time went.
+        ppo: the update's metrics (``losses/*``).
+    """
+
+    returns: list[float] = field(default_factory=list)
+    final_accuracies: list[float] = field(default_factory=list)
+    ops: Counter[str] = field(default_factory=Counter)
+    events: Counter[str] = field(default_factory=Counter)
+    reward_sums: Counter[str] = field(default_factory=Counter)
+    seed_params: list[float] = field(default_factory=list)
+    rollbacks: int = 0
+    steps: int = 0
+    env_seconds: float = 0.0
+    controller_seconds: float = 0.0
+    update_seconds: float = 0.0
+    ppo: dict[str, float] = field(default_factory=dict)
+
+
+def round_metrics(stats: RoundStats) -> dict[str, float]:
+    """The scalars logged after a round, CleanRL names for the PPO ones."""
+    total = stats.env_seconds + stats.controller_seconds + stats.update_seconds
+    steps = max(stats.steps, 1)
+    metrics = {
+        "charts/episodic_return": mean(stats.returns),
+        "charts/final_accuracy": mean(stats.final_accuracies),
+        "charts/env_epochs_per_sec": stats.steps / max(stats.env_seconds, 1e-9),
+        "charts/controller_share": (stats.controller_seconds + stats.update_seconds)
+        / max(total, 1e-9),
+        **morpho_metrics(mean(stats.seed_params), stats.events),
+        ROLLBACKS_TAG: float(stats.rollbacks),
+    }
+    for op in LifecycleOp:
+        name = op.name.lower()
+        metrics[f"actions/{name}"] = stats.ops[name] / steps
+    for component, value in stats.reward_sums.items():
+        metrics[f"rewards/{component}"] = value / steps
+    for key, value in stats.ppo.items():
+        metrics[f"losses/{key}"] = value
+    return metrics
+
+
+def mean(values: Sequence[float]) -> float:
+    """Mean of ``values``; 0.0 for none (a round in which no episode ended)."""
+    return float(np.mean(values)) if len(values) else 0.0
