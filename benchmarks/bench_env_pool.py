@@ -48,9 +48,8 @@ from esper_lightning.app.trainer import PPOTrainer
 from esper_lightning.core.actions import Action, BlueprintAction, LifecycleOp, Tempo
 from esper_lightning.core.counterfactual import make_plan
 from esper_lightning.core.lifecycle import GateConfig, SeedStage
-from esper_lightning.data import load_cifar10, write_cifar10_fixture
-from esper_lightning.data.cifar10 import subset_indices
-from esper_lightning.envs import EnvPool, EnvSpec, MorphogenesisEnv, Observation, env_seed
+from esper_lightning.data import load_cifar10_subset, write_cifar10_fixture
+from esper_lightning.envs import EnvPool, EnvSpec, MorphogenesisEnv, Observation, episode_rng_seed
 
 Split = tuple[Tensor, Tensor]
 FULL_CIFAR10 = (50_000, 10_000)
@@ -59,16 +58,6 @@ MAX_WARMUP_EPOCHS = 6
 
 
 # --- data and machine -----------------------------------------------------------------------------
-def load_split(data_dir: str, train: bool, subset: int) -> tuple[Split, int]:
-    """One split cut to ``subset`` images (0: all); also returns the number available."""
-    images, labels = load_cifar10(data_dir, train)
-    total = len(labels)
-    if 0 < subset < total:
-        keep = subset_indices(total, subset, 0)
-        images, labels = images[keep], labels[keep]
-    return (images, labels), total
-
-
 def machine_line(device: str) -> str:
     cuda = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA"
     return (f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
@@ -87,7 +76,7 @@ def sequential_epoch(envs: Sequence[MorphogenesisEnv],
     """The same work as `EnvPool.step`, but each env finishes its epoch before the next starts."""
     observations = []
     for env, action in zip(envs, actions, strict=True):
-        env.apply(action)
+        env.execute(action)
         for _ in range(env.start_epoch()):
             env.train_batch()
         env.validate()
@@ -133,7 +122,7 @@ def make_pool(spec: EnvSpec, train: Split, val: Split, device: str, n: int, mode
     if not streams:
         for env in pool.envs:
             env.stream = None
-    pool.reset([env_seed(0, 0, i) for i in range(n)])
+    pool.reset([episode_rng_seed(0, 0, i) for i in range(n)])
     if mode == "wait":
         pool_epoch(pool, [Action()] * n)
     else:
@@ -288,12 +277,12 @@ def main() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)  # Fabric's per-env "Using ..." lines
     with tempfile.TemporaryDirectory(prefix="esper_bench_fixture_") as fixture:
         data_dir = args.data_dir or str(write_cifar10_fixture(fixture, 2000, 500))
-        train, n_train = load_split(data_dir, True, args.train_subset)
-        val, n_val = load_split(data_dir, False, args.val_subset)
+        train = load_cifar10_subset(data_dir, True, args.train_subset or None, at_most=True)
+        val = load_cifar10_subset(data_dir, False, args.val_subset or None, at_most=True)
         full = (len(train[1]), len(val[1])) == FULL_CIFAR10
         print(machine_line(args.device))
-        print(f"data: {args.data_dir or 'generated fixture'}, {len(train[1])}/{n_train} train, "
-              f"{len(val[1])}/{n_val} val images ({'' if full else 'not '}full CIFAR-10), "
+        print(f"data: {args.data_dir or 'generated fixture'}, {len(train[1])} train, "
+              f"{len(val[1])} val images ({'' if full else 'not '}full CIFAR-10), "
               f"batch {args.batch_size} ({len(train[1]) // args.batch_size} batches/epoch)")
         gates = GateConfig(min_training_epochs=0)  # the scripted seed blends after one epoch
         spec = EnvSpec(slots=(SEED_SLOT,), batch_size=args.batch_size, gate_config=gates)
