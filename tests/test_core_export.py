@@ -225,6 +225,8 @@ def test_bad_arguments_and_fixed_shapes():
         export(model, x, live="keep")
     with pytest.raises(ValueError, match=r"shape \(1, 3, 8, 8\): a dynamic batch needs at least"):
         export(model, x)
+    with pytest.raises(ValueError, match="unknown dynamic_shapes 'batches'; accepted: 'batch'"):
+        export(model, x, dynamic_shapes="batches")
     shipped = export(model, x, dynamic_shapes=None)
     assert torch.equal(shipped(x), model(x))
     with pytest.raises(AssertionError):  # the batch size was fixed at export

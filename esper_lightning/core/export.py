@@ -126,7 +126,8 @@ def export(
 
     Raises:
         ValueError: a live seed with ``live="error"``, an unknown ``live`` value, or a batch
-            dimension that cannot be dynamic.
+            dimension that cannot be dynamic. Errors of `torch.export` itself (a forward
+            it cannot trace) pass through unchanged.
 
     Example:
         >>> from esper_lightning.hosts import CifarCNNHost
@@ -156,7 +157,12 @@ def _check_live(model: nn.Module, live: str) -> None:
 
 
 def _dynamic_shapes(args: tuple[Any, ...], dynamic_shapes: Any) -> Any:
-    if not (isinstance(dynamic_shapes, str) and dynamic_shapes == BATCH):
+    if isinstance(dynamic_shapes, str) and dynamic_shapes != BATCH:
+        raise ValueError(
+            f"unknown dynamic_shapes {dynamic_shapes!r}; accepted: {BATCH!r}, None or a "
+            "torch.export dynamic_shapes specification"
+        )
+    if dynamic_shapes != BATCH:
         return dynamic_shapes
     spec: list[dict[int, Any] | None] = []
     for index, arg in enumerate(args):
