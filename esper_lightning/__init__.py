@@ -47,6 +47,7 @@ _LAZY = {
     "RandomController": "esper_lightning.controllers",
     "StaticController": "esper_lightning.controllers",
     "CifarCNNHost": "esper_lightning.hosts",
+    "load_grown": "esper_lightning.grown",
 }
 
 
@@ -89,4 +90,5 @@ __all__ = [
     "StaticController",
     "compute_masks",
     "find_slots",
+    "load_grown",
 ]

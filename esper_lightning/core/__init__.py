@@ -11,7 +11,8 @@ Trainer callbacks in `esper_lightning.callbacks`, the Fabric environments in
   step; `injection`: slots after named submodules;
 * `counterfactual`: fused measurement of each seed's contribution;
 * `divergence` and `snapshot`: the governor's rules and what a rollback restores;
-* `report`: `EpochReport`, what a controller sees; `telemetry`: the ``morpho/*`` metrics.
+* `report`: `EpochReport`, what a controller sees; `telemetry`: the ``morpho/*`` metrics;
+* `export`: `export`, a grown model as a plain torch module with its fossilized seeds folded in.
 
 No module here imports Lightning (a test checks it).
 """
@@ -26,6 +27,7 @@ from esper_lightning.core.actions import (
 from esper_lightning.core.alpha import AlphaAlgorithm, AlphaController, AlphaCurve, AlphaMode
 from esper_lightning.core.divergence import Governor, GovernorConfig
 from esper_lightning.core.engine import LifecycleEvent, MorphogenesisEngine, StepOutcome
+from esper_lightning.core.export import export
 from esper_lightning.core.lifecycle import GateConfig, GateMode, GateResult, SeedStage
 from esper_lightning.core.report import EpochReport
 from esper_lightning.core.slots import SeedSlot, SlotReport, find_slots
@@ -54,6 +56,7 @@ __all__ = [
     "Snapshot",
     "StepOutcome",
     "compute_masks",
+    "export",
     "find_slots",
     "restore_snapshot",
     "take_snapshot",

@@ -1,0 +1,233 @@
+"""export(): a grown model becomes a plain torch module that computes the same thing."""
+
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from esper_lightning.blueprints import available
+from esper_lightning.core import MorphogenesisEngine, SeedSlot, SeedStage
+from esper_lightning.core.alpha import AlphaAlgorithm
+from esper_lightning.core.export import FossilBlend, export
+from esper_lightning.hosts import CifarCNNHost
+
+IDENTITY_STAGES = [SeedStage.DORMANT, SeedStage.GERMINATED, SeedStage.PRUNED,
+                   SeedStage.EMBARGOED, SeedStage.RESETTING]
+LIVE_STAGES = [SeedStage.TRAINING, SeedStage.BLENDING, SeedStage.HOLDING]
+#: Epochs after a prune at which the slot is in each failure stage.
+FAILURE_TICKS = {SeedStage.PRUNED: 0, SeedStage.EMBARGOED: 1, SeedStage.RESETTING: 6}
+
+
+def grow(slot: SeedSlot, stage: SeedStage, blueprint: str = "conv_light",
+         algorithm: AlphaAlgorithm = AlphaAlgorithm.ADD) -> SeedSlot:
+    """Move an empty slot to ``stage`` with the slot API, then make its seed far from identity."""
+    if stage == SeedStage.DORMANT:
+        return slot
+    slot.germinate(blueprint, algorithm=algorithm, tempo=2)
+    if stage in FAILURE_TICKS:
+        slot.prune("test")
+        for _ in range(FAILURE_TICKS[stage]):
+            slot.tick()
+    elif stage != SeedStage.GERMINATED:
+        _advance_to(slot, stage)
+    assert slot.stage == stage
+    with torch.no_grad():
+        generator = torch.Generator().manual_seed(1)
+        for p in slot.seed_parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=generator))
+    return slot
+
+
+def _advance_to(slot: SeedSlot, stage: SeedStage) -> None:
+    assert slot.advance().passed  # TRAINING
+    if stage == SeedStage.TRAINING:
+        return
+    for _ in range(slot.gates.config.min_training_epochs):
+        slot.tick()
+    metrics = slot.state.metrics
+    metrics.gradient_health, metrics.has_exploding = 1.0, False
+    assert slot.advance().passed  # BLENDING at alpha 0
+    slot.tick()  # alpha 0.5 of the 2-epoch ramp
+    if stage == SeedStage.BLENDING:
+        return
+    slot.tick()
+    assert slot.advance().passed  # HOLDING at alpha 1
+    if stage == SeedStage.FOSSILIZED:
+        slot.record_contribution(1.0)
+        assert slot.fossilize().passed
+
+
+def cifar_host(stage: SeedStage, blueprint: str = "conv_light",
+               algorithm: AlphaAlgorithm = AlphaAlgorithm.ADD) -> CifarCNNHost:
+    torch.manual_seed(0)
+    host = CifarCNNHost("baseline", slots=["r0c1"])
+    with torch.no_grad():
+        host(torch.randn(8, 3, 16, 16))  # non-trivial BatchNorm running statistics
+    grow(host.slots["r0c1"], stage, blueprint, algorithm)
+    return host.eval()
+
+
+class TinyHost(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.slot = SeedSlot("s", channels=8)
+        self.conv2 = nn.Conv2d(8, 4, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv2(torch.relu(self.slot(torch.relu(self.conv1(x)))))
+
+
+class UserNet(nn.Module):
+    """A user's model without slots of its own: slots are injected by module path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+            nn.Linear(16, 10),
+        )
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def without_seed(model: nn.Module, slot: SeedSlot, x: torch.Tensor) -> torch.Tensor:
+    with slot.alpha_override(torch.zeros(x.shape[0])):
+        return model(x)
+
+
+@pytest.mark.parametrize("algorithm", list(AlphaAlgorithm), ids=lambda a: a.name)
+@pytest.mark.parametrize("blueprint", available("cnn"))
+def test_fossil_is_folded_in_for_every_blueprint_and_blend(blueprint, algorithm):
+    host = cifar_host(SeedStage.FOSSILIZED, blueprint, algorithm)
+    x = torch.randn(4, 3, 16, 16)
+    expected = host(x)
+    assert (expected - without_seed(host, host.slots["r0c1"], x)).abs().max() > 1e-3
+    shipped = export(host, x)
+    if algorithm == AlphaAlgorithm.ADD:  # folded to s instead of h + 1 * (s - h)
+        torch.testing.assert_close(shipped(x), expected, rtol=0, atol=1e-5)
+    else:  # the blend formula, operation for operation
+        assert torch.equal(shipped(x), expected)
+    names = dict(shipped.named_parameters())
+    seed_names = {f"slots.r0c1.{n}" for n, _ in host.slots["r0c1"].named_parameters()}
+    assert seed_names and seed_names <= names.keys()
+    assert any(".gate." in n for n in names) == (algorithm == AlphaAlgorithm.GATE)
+
+
+def _assert_plain_torch(module: nn.Module) -> None:
+    for name, sub in module.named_modules():
+        assert not type(sub).__module__.startswith("esper_lightning"), (name, type(sub))
+        for hooks in (sub._forward_hooks, sub._forward_pre_hooks):
+            for hook in hooks.values():
+                owner = getattr(hook, "__module__", None) or type(hook).__module__
+                assert not owner.startswith("esper_lightning"), (name, hook)
+    for node in module.graph.nodes:
+        assert node.op in ("placeholder", "get_attr", "call_function", "call_module", "output")
+        if node.op == "call_function":
+            owner = getattr(node.target, "__module__", None) or type(node.target).__module__
+            assert owner.startswith(("torch", "_operator", "builtins")), node.target
+
+
+def test_export_is_plain_torch_re_exports_and_ships_without_the_package(tmp_path, monkeypatch):
+    host = cifar_host(SeedStage.FOSSILIZED, "bottleneck", AlphaAlgorithm.GATE)
+    shipped = export(host, torch.randn(2, 3, 16, 16))
+    assert isinstance(shipped, torch.fx.GraphModule)
+    _assert_plain_torch(shipped)
+    x = torch.randn(7, 3, 16, 16)  # the batch dimension stays dynamic
+    expected = host(x)
+    assert torch.equal(shipped(x), expected)
+    again = torch.export.export(shipped, (x,))
+    path = tmp_path / "grown.pt2"
+    torch.export.save(again, path)
+    for name in [n for n in sys.modules if n.split(".")[0] == "esper_lightning"]:
+        monkeypatch.setitem(sys.modules, name, None)  # any import of the package now fails
+    with pytest.raises(ImportError):
+        __import__("esper_lightning.core")
+    loaded = torch.export.load(path).module()
+    assert torch.equal(loaded(x), expected)
+
+
+def test_injected_slots_fossil_and_pruned():
+    torch.manual_seed(0)
+    model = UserNet()
+    engine = MorphogenesisEngine(model, slots=["net.1", "net.4"])
+    model(torch.zeros(1, 3, 8, 8))  # infers the slot widths
+    grow(engine.slots["net.1"], SeedStage.FOSSILIZED, "conv_small", AlphaAlgorithm.MULTIPLY)
+    grow(engine.slots["net.4"], SeedStage.PRUNED)
+    model.eval()
+    x = torch.randn(3, 3, 8, 8)
+    expected = model(x)
+    assert (expected - without_seed(model, engine.slots["net.1"], x)).abs().max() > 1e-3
+    shipped = export(model, x)
+    assert torch.equal(shipped(x), expected)
+    _assert_plain_torch(shipped)
+    names = {n for n, _ in shipped.named_parameters()}
+    assert any(n.startswith("esper_slots.net__1.seed.") for n in names)
+    assert not any(n.startswith("esper_slots.net__4") for n in names)
+    # The model itself keeps its slots and hooks.
+    assert isinstance(model.esper_slots["net__1"], SeedSlot)
+    assert torch.equal(model(x), expected)
+    assert not torch.equal(without_seed(model, engine.slots["net.1"], x), expected)
+
+
+@pytest.mark.parametrize("stage", IDENTITY_STAGES, ids=lambda s: s.name)
+def test_identity_slots_are_removed(stage):
+    torch.manual_seed(0)
+    model = TinyHost()
+    grow(model.slot, stage)
+    x = torch.randn(2, 3, 8, 8)
+    shipped = export(model, x)
+    assert torch.equal(shipped(x), model(x))
+    assert {n for n, _ in shipped.named_parameters()} == {
+        "conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias"
+    }
+
+
+@pytest.mark.parametrize("stage", LIVE_STAGES, ids=lambda s: s.name)
+def test_live_seed_is_refused_or_dropped(stage):
+    host = cifar_host(stage)
+    x = torch.randn(2, 3, 16, 16)
+    with pytest.raises(ValueError, match=rf"slot 'r0c1' holds a live seed \({stage.name}\); "
+                                         "fossilize or prune it before export"):
+        export(host, x)
+    shipped = export(host, x, live="drop")
+    assert torch.equal(shipped(x), without_seed(host, host.slots["r0c1"], x))
+    if stage != SeedStage.TRAINING:  # a blended seed changes the output: dropping it shows
+        assert not torch.allclose(shipped(x), host(x))
+
+
+def test_fossil_blend_formulas():
+    torch.manual_seed(0)
+    seed, gate = nn.Conv2d(4, 4, 1), nn.Sequential(nn.Flatten(), nn.Linear(36, 1),
+                                                     nn.Sigmoid(), nn.Unflatten(1, (1, 1, 1)))
+    h = torch.randn(2, 4, 3, 3)
+    s = seed(h)
+    cases = {
+        AlphaAlgorithm.ADD: h + 0.5 * (s - h),
+        AlphaAlgorithm.MULTIPLY: h * (1 + 0.5 * torch.tanh(s - h)),
+        AlphaAlgorithm.GATE: h + (0.5 * gate(h)).clamp(0, 1) * (s - h),
+    }
+    for algorithm, expected in cases.items():
+        torch.testing.assert_close(FossilBlend(seed, gate, algorithm, 0.5)(h), expected,
+                                   rtol=0, atol=1e-6)
+    assert torch.equal(FossilBlend(seed, None, AlphaAlgorithm.ADD, 1.0)(h), s)
+    with pytest.raises(ValueError, match="GATE blend needs the slot's gate module"):
+        FossilBlend(seed, None, AlphaAlgorithm.GATE, 1.0)
+
+
+def test_bad_arguments_and_fixed_shapes():
+    model = TinyHost()
+    x = torch.randn(1, 3, 8, 8)
+    with pytest.raises(ValueError, match="unknown live policy 'keep'; accepted: error, drop"):
+        export(model, x, live="keep")
+    with pytest.raises(ValueError, match=r"shape \(1, 3, 8, 8\): a dynamic batch needs at least"):
+        export(model, x)
+    with pytest.raises(ValueError, match="unknown dynamic_shapes 'batches'; accepted: 'batch'"):
+        export(model, x, dynamic_shapes="batches")
+    shipped = export(model, x, dynamic_shapes=None)
+    assert torch.equal(shipped(x), model(x))
+    with pytest.raises(AssertionError):  # the batch size was fixed at export
+        shipped(torch.randn(2, 3, 8, 8))

@@ -1,0 +1,182 @@
+"""load_grown / restore_slots: a real Trainer fit with MorphogenesisCallback, then from disk."""
+
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from esper_lightning import load_grown
+from esper_lightning.callbacks import MorphogenesisCallback
+from esper_lightning.controllers import ScriptedController
+from esper_lightning.core import SeedSlot, SeedStage, export, find_slots
+from esper_lightning.core.actions import Action, BlueprintAction, LifecycleOp, Tempo
+from esper_lightning.core.lifecycle import GateConfig
+from esper_lightning.grown import restore_slots
+from esper_lightning.hosts import CifarCNNHost
+
+FAST_GATES = GateConfig(min_training_epochs=1)
+
+
+def germinate(slot: int, blueprint: BlueprintAction) -> Action:
+    return Action(LifecycleOp.GERMINATE, slot, blueprint=blueprint, tempo=Tempo.FAST)
+
+
+def advance(slot: int) -> Action:
+    return Action(LifecycleOp.ADVANCE, slot)
+
+
+class UserModule(L.LightningModule):
+    """A user's module that knows nothing about seeds: slots are injected by module path."""
+
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = nn.Sequential(
+            nn.Conv2d(3, width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(width, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+            nn.Linear(16, 10),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self(x)
+        self.log("val_loss", F.cross_entropy(logits, y))
+        self.log("val_acc", (logits.argmax(1) == y).float().mean())
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+
+
+class HookedModule(UserModule):
+    """The direct path: ``load_from_checkpoint`` works once the module restores its slots."""
+
+    def on_load_checkpoint(self, checkpoint):
+        restore_slots(self, checkpoint["state_dict"])
+
+
+def _loaders() -> tuple[DataLoader, DataLoader]:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(48, 3, 8, 8, generator=generator)
+    y = torch.randint(0, 10, (48,), generator=generator)
+    return (DataLoader(TensorDataset(x[:32], y[:32]), batch_size=16),
+            DataLoader(TensorDataset(x[32:], y[32:]), batch_size=16))
+
+
+def _fit(module: L.LightningModule, tmp_path: Path, epochs: int, script, slots,
+         ckpt_path: Path | None = None) -> Path:
+    torch.manual_seed(0)
+    callback = MorphogenesisCallback(ScriptedController(script), slots=slots,
+                                     gate_config=FAST_GATES)
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    trainer = L.Trainer(
+        max_epochs=epochs, default_root_dir=tmp_path, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, deterministic=True, callbacks=[callback, checkpoint],
+    )
+    trainer.fit(module, *_loaders(), ckpt_path=ckpt_path)
+    return tmp_path / "ckpt" / "last.ckpt"
+
+
+def _assert_same_growth(trained: nn.Module, loaded: nn.Module) -> None:
+    mine, theirs = find_slots(trained), find_slots(loaded)
+    assert mine.keys() == theirs.keys()
+    for slot_id, slot in mine.items():
+        other = theirs[slot_id]
+        assert (other.stage, other.report().blueprint) == (slot.stage, slot.report().blueprint)
+        assert other.manifest() == slot.manifest()
+    x = torch.randn(5, 3, 8, 8, generator=torch.Generator().manual_seed(2))
+    trained.eval(), loaded.eval()
+    assert torch.equal(loaded(x), trained(x))
+
+
+# ScriptedController: slot 0 (net.1) grows to BLENDING mid-ramp, slot 1 (net.4) is germinated.
+INJECTED_SCRIPT = {0: germinate(0, BlueprintAction.CONV_LIGHT), 1: advance(0), 2: advance(0),
+                   3: germinate(1, BlueprintAction.ATTENTION)}
+
+
+def test_load_grown_restores_injected_slots_exactly(tmp_path):
+    module = UserModule(width=6)
+    last = _fit(module, tmp_path, 4, INJECTED_SCRIPT, ["net.1", "net.4"])
+    slots = find_slots(module)
+    assert slots["net.1"].stage == SeedStage.BLENDING and 0 < slots["net.1"].alpha < 1
+    assert slots["net.4"].stage == SeedStage.GERMINATED
+
+    # Why load_grown exists: a fresh UserModule has no esper_slots for the saved seeds.
+    with pytest.raises(RuntimeError, match=r'Unexpected key\(s\) in state_dict: "esper_slots\.'):
+        UserModule.load_from_checkpoint(last)
+
+    loaded = load_grown(UserModule, last)
+    assert type(loaded) is UserModule and loaded.hparams.width == 6
+    assert isinstance(loaded.esper_slots["net__1"], SeedSlot)
+    _assert_same_growth(module, loaded)
+    # The forward hook is live: the blended seed changes the output.
+    x = torch.randn(3, 3, 8, 8)
+    with find_slots(loaded)["net.1"].alpha_override(torch.zeros(3)):
+        assert not torch.equal(loaded(x), module(x))
+
+    # The direct path: a module that restores its slots in on_load_checkpoint.
+    _assert_same_growth(module, HookedModule.load_from_checkpoint(last))
+    _assert_same_growth(module, load_grown(HookedModule, last))
+    # ... and a resumed fit of it still runs each slot once, through the callback's slots.
+    resumed = HookedModule(width=6)
+    _fit(resumed, tmp_path, 5, INJECTED_SCRIPT, ["net.1", "net.4"], ckpt_path=last)
+    assert find_slots(resumed)["net.1"].alpha > slots["net.1"].alpha
+    assert len(resumed.net[1]._forward_hooks) == len(resumed.net[4]._forward_hooks) == 1
+
+
+def test_cifar_host_grows_a_fossil_loads_and_ships(tmp_path):
+    host = CifarCNNHost("baseline", slots=["r0c1", "r1c1"])
+    script = {0: germinate(0, BlueprintAction.CONV_SMALL), 1: advance(0), 2: advance(0),
+              5: advance(0), 6: Action(LifecycleOp.FOSSILIZE, 0)}
+    last = _fit(host, tmp_path, 7, script, None)
+    assert host.slots["r0c1"].stage == SeedStage.FOSSILIZED
+
+    loaded = load_grown(CifarCNNHost, last)
+    assert loaded.hparams.slots == ["r0c1", "r1c1"] and not hasattr(loaded, "esper_slots")
+    _assert_same_growth(host, loaded)
+    x = torch.randn(4, 3, 8, 8)
+    shipped = export(loaded, x)
+    torch.testing.assert_close(shipped(x), host(x), rtol=0, atol=1e-5)
+
+
+def test_errors_are_one_line(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"^no checkpoint file at '.*missing\.ckpt'$"):
+        load_grown(UserModule, tmp_path / "missing.ckpt")
+    plain = tmp_path / "weights.pt"
+    torch.save({"net.0.weight": torch.zeros(1)}, plain)
+    with pytest.raises(ValueError, match=r"weights\.pt' is not a Lightning checkpoint \(it needs"):
+        load_grown(UserModule, plain)
+    text = tmp_path / "notes.ckpt"
+    text.write_text("not a checkpoint")
+    with pytest.raises(ValueError, match=r"^cannot read '.*notes\.ckpt' as a torch checkpoint: "):
+        load_grown(UserModule, text)
+    with pytest.raises(TypeError, match="needs a LightningModule subclass, got <class"):
+        load_grown(nn.Linear, plain)
+    with pytest.raises(ValueError, match="load_grown always loads strictly; drop strict=False"):
+        load_grown(UserModule, plain, strict=False)
+
+
+def test_restore_slots_rejects_a_foreign_manifest():
+    model = UserModule()
+    manifest = {"slot_id": "net.4", "topology": "cnn"}
+    with pytest.raises(ValueError, match=r"'esper_slots\.net__1\._extra_state' holds the manifest "
+                                         r"of slot 'net\.4'"):
+        restore_slots(model, {"esper_slots.net__1._extra_state": manifest})
+    with pytest.raises(ValueError, match=r"unknown slot 'net\.9'"):
+        restore_slots(model, {"esper_slots.net__9._extra_state": {"slot_id": "net.9",
+                                                                   "topology": "cnn"}})
+    assert restore_slots(model, {"esper_slots.net__4._extra_state": manifest}) == ("net.4",)
+    assert isinstance(model.esper_slots["net__4"], SeedSlot)
