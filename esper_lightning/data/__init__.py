@@ -1,4 +1,5 @@
-"""CIFAR-10 data: on-disk format and download, a LightningDataModule, a device-resident loader.
+"""Data: CIFAR-10 and byte-level text, each with its on-disk format and download, a
+LightningDataModule and a device-resident loader for the RL environments.
 
 Example:
     >>> from esper_lightning.data import CIFAR10DataModule, TensorLoader
@@ -18,16 +19,36 @@ from esper_lightning.data.cifar10 import (
 from esper_lightning.data.datamodule import CIFAR10DataModule
 from esper_lightning.data.fixture import write_cifar10_fixture
 from esper_lightning.data.tensor_loader import TensorLoader
+from esper_lightning.data.text import (
+    TINYSTORIES_VALID_SHA256,
+    TINYSTORIES_VALID_URL,
+    ByteTokenizer,
+    TextDataModule,
+    TextTensorLoader,
+    download_tinystories,
+    load_text_tokens,
+    split_tokens,
+    validation_blocks,
+)
 
 __all__ = [
     "CIFAR10_MEAN",
     "CIFAR10_STD",
+    "TINYSTORIES_VALID_SHA256",
+    "TINYSTORIES_VALID_URL",
+    "ByteTokenizer",
     "CIFAR10DataModule",
     "DataError",
     "TensorLoader",
+    "TextDataModule",
+    "TextTensorLoader",
     "default_data_dir",
     "download_cifar10",
+    "download_tinystories",
     "load_cifar10",
     "load_cifar10_subset",
+    "load_text_tokens",
+    "split_tokens",
+    "validation_blocks",
     "write_cifar10_fixture",
 ]

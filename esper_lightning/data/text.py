@@ -1,0 +1,589 @@
+"""Byte-level text for language-model hosts: tokenizer, file reader, TinyStories download, loaders.
+
+Tokens are the UTF-8 bytes of the text (vocabulary 256), held as a uint8 tensor, so any file is
+valid input and no tokenizer needs training or downloading. A language-model sample is a block of
+``T`` consecutive tokens ``x`` and the same block shifted by one, ``y``: ``y[t]`` is the token
+that follows ``x[t]``.
+
+Example:
+    >>> from esper_lightning.data import TextDataModule, load_text_tokens
+    >>> tokens = load_text_tokens("story.txt")  # uint8 [N]
+    >>> dm = TextDataModule(download=True, block_size=128, batch_size=32)  # TinyStories valid
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+from tqdm.auto import tqdm
+
+from esper_lightning.data.cifar10 import DataError, default_data_dir
+
+__all__ = [
+    "TINYSTORIES_VALID_NAME",
+    "TINYSTORIES_VALID_SHA256",
+    "TINYSTORIES_VALID_URL",
+    "ByteTokenizer",
+    "TextDataModule",
+    "TextTensorLoader",
+    "download_tinystories",
+    "load_text_tokens",
+    "split_tokens",
+    "validation_blocks",
+]
+
+TINYSTORIES_VALID_NAME = "TinyStories-valid.txt"
+TINYSTORIES_VALID_URL = (
+    "https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main/TinyStories-valid.txt"
+)
+# SHA-256 of the file as the Hugging Face Hub publishes it (the Git LFS object id of
+# TinyStories-valid.txt in the dataset repo roneneldan/TinyStories, 19,447,282 bytes).
+TINYSTORIES_VALID_SHA256 = "94e431816c4cce81ff71e4408ff8d3bda9a42e8d2663986697c3954288cb38b4"
+
+_CHUNK_BYTES = 1 << 20
+_TIMEOUT_S = 60.0
+_MAX_REASON_CHARS = 120
+
+PathLike = str | os.PathLike[str]
+
+
+class ByteTokenizer:
+    """Text <-> token ids through UTF-8 bytes: one token per byte, ``vocab_size = 256``.
+
+    Decoding replaces byte sequences that are not valid UTF-8 (a model's output can hold any
+    bytes) with U+FFFD instead of failing.
+
+    Example:
+        >>> tok = ByteTokenizer()
+        >>> tok.encode("hé")
+        [104, 195, 169]
+        >>> tok.decode([104, 195, 169])
+        'hé'
+    """
+
+    vocab_size: int = 256
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids (ints in 0..255) of ``text``."""
+        return list(text.encode("utf-8"))
+
+    def decode(self, tokens: Iterable[int] | torch.Tensor) -> str:
+        """Text of token ids (a list of ints or an integer tensor of any shape, flattened)."""
+        if isinstance(tokens, torch.Tensor):
+            tokens = tokens.reshape(-1).tolist()
+        return bytes(tokens).decode("utf-8", errors="replace")
+
+
+def _one_line(reason: object) -> str:
+    # OS and HTTP error texts can span lines; a DataError must stay one line.
+    text = " ".join(str(reason).split())
+    if isinstance(reason, BaseException):
+        text = f"{type(reason).__name__}: {text}" if text else type(reason).__name__
+    if len(text) > _MAX_REASON_CHARS:
+        text = text[: _MAX_REASON_CHARS - 3] + "..."
+    return text
+
+
+def load_text_tokens(path: PathLike) -> torch.Tensor:
+    """Read a file's bytes as byte-level tokens.
+
+    Args:
+        path: Any file; its raw bytes are the tokens (UTF-8 text gives UTF-8 tokens).
+
+    Returns:
+        uint8 ``[N]`` CPU tensor that owns its memory.
+
+    Raises:
+        DataError: The file is missing, unreadable or empty.
+
+    Example:
+        >>> load_text_tokens("story.txt")[:3]
+        tensor([79, 110, 99], dtype=torch.uint8)
+    """
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise DataError(f"text file '{file}' not found; pass path= pointing at an existing file")
+    try:
+        data = file.read_bytes()
+    except OSError as err:
+        raise DataError(f"cannot read text file '{file}': {_one_line(err)}") from err
+    if not data:
+        raise DataError(f"text file '{file}' is empty; a language model needs some text")
+    # bytearray: a writable buffer, so the tensor owns (rather than borrows) its memory.
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def split_tokens(
+    tokens: torch.Tensor, val_fraction: float = 0.1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cut ``tokens`` into a contiguous training head and validation tail.
+
+    A contiguous split (not a shuffle of blocks) keeps validation text unseen: random training
+    blocks may start anywhere in the head, but never overlap the tail.
+
+    Args:
+        tokens: ``[N]`` tokens.
+        val_fraction: Share of tokens (rounded down) in the validation tail, in (0, 1).
+
+    Returns:
+        ``(train, val)`` views of ``tokens``: ``tokens[:N - n_val]`` and ``tokens[N - n_val:]``.
+
+    Raises:
+        ValueError: ``val_fraction`` is outside (0, 1) or ``tokens`` is not 1-D.
+    """
+    if tokens.dim() != 1:
+        raise ValueError(f"tokens must be 1-D, got shape {tuple(tokens.shape)}")
+    if isinstance(val_fraction, bool) or not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
+    n_val = int(len(tokens) * val_fraction)
+    cut = len(tokens) - n_val
+    return tokens[:cut], tokens[cut:]
+
+
+def _check_int(name: str, value: object, minimum: int, allow_none: bool = False) -> None:
+    if allow_none and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        accepted = f"an int >= {minimum}" + (" or None" if allow_none else "")
+        raise ValueError(f"{name} must be {accepted}, got {value!r}")
+
+
+def _check_tokens(tokens: object, block_size: int, what: str) -> torch.Tensor:
+    if not isinstance(tokens, torch.Tensor) or tokens.dtype != torch.uint8 or tokens.dim() != 1:
+        shape = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+        raise ValueError(f"{what} must be a uint8 [N] tensor, got {shape}")
+    if len(tokens) < block_size + 1:
+        raise ValueError(
+            f"{what} has {len(tokens)} tokens, too few for one block of block_size={block_size} "
+            f"(needs {block_size + 1}); use a smaller block_size or more text"
+        )
+    return tokens
+
+
+def validation_blocks(
+    tokens: torch.Tensor,
+    block_size: int,
+    max_blocks: int | None = None,
+    device: str | torch.device | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cut tokens into non-overlapping blocks, in order: block ``i`` starts at ``i * T``.
+
+    Args:
+        tokens: uint8 ``[N]``, at least ``block_size + 1`` of them.
+        block_size: Block length ``T``.
+        max_blocks: Keep at most this many blocks (the first ones); all by default.
+        device: Where the returned tensors live; ``tokens``'s device if None.
+
+    Returns:
+        ``(x, y)``: int64 ``[n_blocks, T]`` each, ``y`` being ``x`` shifted by one token.
+
+    Example:
+        >>> val_x, val_y = validation_blocks(val_tokens, block_size=128, max_blocks=64)
+    """
+    _check_int("block_size", block_size, 1)
+    _check_int("max_blocks", max_blocks, 1, allow_none=True)
+    tokens = _check_tokens(tokens, block_size, "validation tokens")
+    n = (len(tokens) - 1) // block_size
+    if max_blocks is not None:
+        n = min(n, max_blocks)
+    tokens = tokens.to(device) if device is not None else tokens
+    x = tokens[: n * block_size].view(n, block_size).long()  # [n, T]
+    y = tokens[1 : n * block_size + 1].view(n, block_size).long()  # [n, T]
+    return x, y
+
+
+# --------------------------------------------------------------------------------------- download
+
+
+def _resolve(data_dir: PathLike | None) -> Path:
+    return default_data_dir() if data_dir is None else Path(data_dir).expanduser()
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(_CHUNK_BYTES), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _stream(url: str, out: BinaryIO, name: str, progress: bool) -> str:
+    """Copy ``url`` into ``out`` chunk by chunk under a progress bar; return its SHA-256."""
+    digest = hashlib.sha256()
+    with urllib.request.urlopen(url, timeout=_TIMEOUT_S) as response:
+        size = response.headers.get("Content-Length")
+        total = int(size) if size and size.isdigit() else None
+        with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=name,
+                  disable=not progress) as bar:
+            for chunk in iter(lambda: response.read(_CHUNK_BYTES), b""):
+                out.write(chunk)
+                digest.update(chunk)
+                bar.update(len(chunk))
+    return digest.hexdigest()
+
+
+def _fetch(url: str, target: Path, sha256: str, progress: bool) -> None:
+    """Download to a temp file in the target's folder and rename it into place once verified, so
+    ``target`` is either complete and checked or absent."""
+    folder = target.parent
+    try:
+        fd, tmp_name = tempfile.mkstemp(dir=folder, prefix=f".{target.name}.", suffix=".part")
+    except OSError as err:
+        raise DataError(f"cannot write to data folder '{folder}': {_one_line(err)}") from err
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            actual = _stream(url, out, target.name, progress)
+        if actual != sha256:
+            raise DataError(
+                f"SHA-256 mismatch for '{target}' downloaded from '{url}': expected {sha256}, got "
+                f"{actual}; the download is corrupt or the URL is wrong, try again or pass path= "
+                "pointing at a local copy"
+            )
+        os.replace(tmp, target)
+    except (urllib.error.URLError, http.client.HTTPException, TimeoutError, ConnectionError) as e:
+        raise DataError(
+            f"could not download '{url}' into '{folder}': {_one_line(e)}; check the network, or "
+            f"put {target.name} in that folder, or pass path= pointing at a local text file"
+        ) from e
+    except OSError as err:
+        raise DataError(f"could not write '{target}': {_one_line(err)}") from err
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def download_tinystories(
+    data_dir: PathLike | None = None,
+    url: str | None = None,
+    sha256: str | None = None,
+    progress: bool = True,
+) -> Path:
+    """Download the TinyStories validation split (``TinyStories-valid.txt``, ~19 MB) if needed.
+
+    A file already in ``data_dir`` with the expected SHA-256 is used as is; a missing or damaged
+    one is (re)downloaded through a temporary file that is verified before it is renamed into
+    place, so an interrupted download never leaves a file that looks valid.
+
+    Args:
+        data_dir: Destination folder; ``None`` means :func:`default_data_dir`
+            (``$ESPER_DATA_DIR`` or ``~/.cache/esper_lightning/data``).
+        url: Where to fetch the file; :data:`TINYSTORIES_VALID_URL` if None.
+        sha256: Expected hex SHA-256; :data:`TINYSTORIES_VALID_SHA256` if None.
+        progress: Show a tqdm progress bar.
+
+    Returns:
+        Path of the verified ``TinyStories-valid.txt``.
+
+    Raises:
+        DataError: Network failure (e.g. offline with no local copy), checksum mismatch, or an
+            unwritable folder; the message names the folder and how to provide the file.
+
+    Example:
+        >>> path = download_tinystories(progress=False)
+        >>> tokens = load_text_tokens(path)
+    """
+    url = TINYSTORIES_VALID_URL if url is None else url
+    sha256 = TINYSTORIES_VALID_SHA256 if sha256 is None else sha256
+    root = _resolve(data_dir)
+    target = root / TINYSTORIES_VALID_NAME
+    if target.is_file() and _file_sha256(target) == sha256:
+        return target
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise DataError(f"cannot create data folder '{root}': {_one_line(err)}") from err
+    _fetch(url, target, sha256, progress)
+    return target
+
+
+# ------------------------------------------------------------------------------------ loaders
+
+
+def _epoch_rng_seed(rng_seed: int, epoch: int) -> int:
+    # Mixed rather than added, so (rng_seed, epoch + 1) never replays (rng_seed + 1, epoch).
+    return int(np.random.SeedSequence([rng_seed, epoch]).generate_state(1)[0])
+
+
+class _RandomBlockSampler(Sampler[int]):
+    """Yield ``num_blocks`` random block start offsets per epoch, drawn from
+    ``(rng_seed, epoch)`` alone. Lightning calls :meth:`set_epoch` at the start of every
+    training epoch; outside Lightning, call it yourself or every pass repeats epoch 0."""
+
+    def __init__(self, num_offsets: int, num_blocks: int, rng_seed: int) -> None:
+        self.num_offsets = num_offsets
+        self.num_blocks = num_blocks
+        self.rng_seed = rng_seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.num_blocks
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(_epoch_rng_seed(self.rng_seed, self.epoch))
+        offsets = torch.randint(0, self.num_offsets, (self.num_blocks,), generator=generator)
+        return iter(offsets.tolist())
+
+
+class _Blocks(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """``count`` int64 ``(x, y)`` blocks of length ``T``; block ``i`` starts at ``i * stride``."""
+
+    def __init__(self, tokens: torch.Tensor, block_size: int, stride: int, count: int) -> None:
+        self.tokens = tokens
+        self.block_size = block_size
+        self.stride = stride
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        start = index * self.stride
+        chunk = self.tokens[start : start + self.block_size + 1].long()  # [T + 1]
+        return chunk[:-1], chunk[1:]
+
+
+def _require(tokens: torch.Tensor | None, caller: str) -> torch.Tensor:
+    if tokens is None:
+        raise RuntimeError(f"call setup() before {caller}()")
+    return tokens
+
+
+class TextDataModule(L.LightningDataModule):
+    """Byte-level language-model batches ``(x, y)``, int64 ``[B, T]``, from one text file.
+
+    The file's bytes are split into a contiguous training head and a validation tail
+    (:func:`split_tokens`). Training samples are blocks at random offsets of the head, drawn by
+    the loader's sampler from a ``torch.Generator`` seeded with ``(rng_seed, epoch)`` (Lightning
+    calls its ``set_epoch`` every epoch), so batches are a function of ``(rng_seed, epoch)``
+    for any ``num_workers``. Validation (and test) samples are the tail's non-overlapping blocks
+    in order.
+
+    Args:
+        path: A local text file. Exactly one of ``path`` and ``download=True`` is required.
+        download: Use the TinyStories validation split, downloaded by :meth:`prepare_data` into
+            ``data_dir`` unless a verified copy is there.
+        data_dir: Download folder; ``None`` means :func:`default_data_dir`. Only with
+            ``download=True``.
+        block_size: Tokens per block ``T``.
+        batch_size: Blocks per batch.
+        val_fraction: Share of the file's bytes held out as the validation tail.
+        train_blocks: Random blocks per training epoch; by default ``len(head) // T``, about one
+            pass over the head.
+        val_blocks: At most this many validation blocks (the first ones); all by default.
+        rng_seed: Base seed of the training offsets.
+        num_workers: DataLoader worker processes (0 loads in the main process).
+
+    Example:
+        >>> dm = TextDataModule(download=True, block_size=128, batch_size=32, train_blocks=3200)
+        >>> trainer = L.Trainer(max_epochs=10)
+        >>> trainer.fit(GPTHost("tiny"), datamodule=dm)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        path: PathLike | None = None,
+        download: bool = False,
+        data_dir: PathLike | None = None,
+        block_size: int = 128,
+        batch_size: int = 32,
+        val_fraction: float = 0.1,
+        train_blocks: int | None = None,
+        val_blocks: int | None = None,
+        rng_seed: int = 0,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        if not isinstance(download, bool):
+            raise ValueError(f"download must be True or False, got {download!r}")
+        if (path is None) == (not download):
+            got = "both" if download else "neither"
+            raise ValueError(
+                f"TextDataModule needs exactly one of path= (a local text file) or download=True "
+                f"(TinyStories validation split), got {got}"
+            )
+        if data_dir is not None and not download:
+            raise ValueError(f"data_dir={str(data_dir)!r} is only used with download=True")
+        _check_int("block_size", block_size, 1)
+        _check_int("batch_size", batch_size, 1)
+        _check_int("train_blocks", train_blocks, 1, allow_none=True)
+        _check_int("val_blocks", val_blocks, 1, allow_none=True)
+        _check_int("rng_seed", rng_seed, 0)
+        _check_int("num_workers", num_workers, 0)
+        if isinstance(val_fraction, bool) or not 0.0 < val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
+        self.download = download
+        self.data_dir = _resolve(data_dir) if download else None
+        self.path = Path(path).expanduser() if path is not None else None
+        self.block_size, self.batch_size = block_size, batch_size
+        self.val_fraction = val_fraction
+        self.train_blocks, self.val_blocks = train_blocks, val_blocks
+        self.rng_seed, self.num_workers = rng_seed, num_workers
+        self.train_tokens: torch.Tensor | None = None
+        self.val_tokens: torch.Tensor | None = None
+
+    @property
+    def file(self) -> Path:
+        """The text file read by :meth:`setup`."""
+        if self.path is not None:
+            return self.path
+        assert self.data_dir is not None
+        return self.data_dir / TINYSTORIES_VALID_NAME
+
+    def prepare_data(self) -> None:
+        """Download TinyStories (validation split) when ``download=True`` and it is missing."""
+        if self.download:
+            download_tinystories(self.data_dir)
+
+    def setup(self, stage: str | None = None) -> None:
+        """Read and split the text (once; later calls reuse it).
+
+        Raises:
+            DataError: The file is missing, unreadable or empty.
+            ValueError: A split holds fewer than ``block_size + 1`` tokens.
+        """
+        if self.val_tokens is not None:
+            return
+        if self.download and not self.file.is_file():
+            raise DataError(
+                f"{TINYSTORIES_VALID_NAME} not found in '{self.data_dir}'; call prepare_data() "
+                "first (a Trainer does) or pass path= pointing at a local text file"
+            )
+        train, val = split_tokens(load_text_tokens(self.file), self.val_fraction)
+        self.train_tokens = _check_tokens(train, self.block_size, f"training text of '{self.file}'")
+        self.val_tokens = _check_tokens(val, self.block_size, f"validation text of '{self.file}'")
+
+    def _loader(self, dataset: _Blocks, sampler: Sampler[int] | None) -> DataLoader:
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            sampler=sampler,
+            shuffle=False,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        """Random blocks of the training head; see the class docs on seeding."""
+        tokens = _require(self.train_tokens, "train_dataloader")
+        offsets = len(tokens) - self.block_size
+        n_blocks = self.train_blocks or max(1, len(tokens) // self.block_size)
+        sampler = _RandomBlockSampler(offsets, n_blocks, self.rng_seed)
+        return self._loader(_Blocks(tokens, self.block_size, 1, offsets), sampler)
+
+    def _eval_loader(self, caller: str) -> DataLoader:
+        tokens = _require(self.val_tokens, caller)
+        n_blocks = (len(tokens) - 1) // self.block_size
+        if self.val_blocks is not None:
+            n_blocks = min(n_blocks, self.val_blocks)
+        return self._loader(_Blocks(tokens, self.block_size, self.block_size, n_blocks), None)
+
+    def val_dataloader(self) -> DataLoader:
+        """Non-overlapping blocks of the validation tail, in order."""
+        return self._eval_loader("val_dataloader")
+
+    def test_dataloader(self) -> DataLoader:
+        """The validation blocks (the file has no separate test split)."""
+        return self._eval_loader("test_dataloader")
+
+
+class TextTensorLoader:
+    """Random language-model batches cut on the fly from tokens held on one device.
+
+    The uint8 tokens are copied to ``device`` once. Each ``iter()`` is an epoch of
+    ``n_blocks // batch_size`` batches whose block offsets are all drawn up front from the
+    loader's own ``torch.Generator`` (on ``device``, seeded with ``rng_seed``), so the stream of
+    epochs does not depend on how many batches of an epoch were consumed. No workers and no
+    per-sample Python: one gather per batch, as RL environments training many hosts need.
+
+    Args:
+        tokens: uint8 ``[N]`` training tokens, ``N > block_size``.
+        block_size: Tokens per block ``T``.
+        batch_size: Blocks per batch ``B``.
+        n_blocks: Blocks per epoch; ``N // block_size`` (about one pass) by default.
+        device: Where the tokens, the generator and the batches live.
+        rng_seed: Seed of the generator.
+
+    Example:
+        >>> train, val = split_tokens(load_text_tokens("story.txt"))
+        >>> loader = TextTensorLoader(train, block_size=128, batch_size=32, device="cuda")
+        >>> val_x, val_y = validation_blocks(val, 128, device="cuda")
+        >>> for x, y in loader:  # int64 [32, 128] each
+        ...     loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+    """
+
+    def __init__(
+        self,
+        tokens: torch.Tensor,
+        block_size: int,
+        batch_size: int,
+        *,
+        n_blocks: int | None = None,
+        device: str | torch.device = "cpu",
+        rng_seed: int = 0,
+    ) -> None:
+        _check_int("block_size", block_size, 1)
+        _check_int("batch_size", batch_size, 1)
+        _check_int("n_blocks", n_blocks, 1, allow_none=True)
+        tokens = _check_tokens(tokens, block_size, "tokens")
+        self.n_blocks = len(tokens) // block_size if n_blocks is None else n_blocks
+        if self.n_blocks < batch_size:
+            raise ValueError(
+                f"n_blocks={self.n_blocks} is fewer than batch_size={batch_size}: an epoch would "
+                "have no batch; raise n_blocks or lower batch_size"
+            )
+        self.device = torch.device(device)
+        self.tokens = tokens.to(self.device).contiguous()
+        self.block_size = block_size
+        self.batch_size = batch_size
+        self._window = torch.arange(block_size + 1, device=self.device)  # [T + 1]
+        self.generator = torch.Generator(device=self.device)
+        self.rng_seed = rng_seed
+        self.generator.manual_seed(rng_seed)
+        self.epoch = 0
+
+    @property
+    def num_offsets(self) -> int:
+        """Number of distinct block start offsets."""
+        return len(self.tokens) - self.block_size
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        return self.n_blocks // self.batch_size
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Yield one epoch of ``(x, y)``, int64 ``[B, T]`` each, ``y`` = ``x`` shifted by one."""
+        n = len(self)
+        starts = torch.randint(0, self.num_offsets, (n, self.batch_size),
+                               generator=self.generator, device=self.device)  # [n, B]
+        self.epoch += 1
+        for i in range(n):
+            chunk = self.tokens[starts[i, :, None] + self._window].long()  # [B, T + 1]
+            yield chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
+
+    def reseed(self, rng_seed: int) -> None:
+        """Restart the random stream from ``rng_seed``; the next ``iter()`` is a fresh epoch."""
+        self.rng_seed = rng_seed
+        self.generator.manual_seed(rng_seed)
+        self.epoch = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(n_tokens={len(self.tokens)}, block_size={self.block_size}, "
+            f"batch_size={self.batch_size}, n_blocks={self.n_blocks}, device={self.device}, "
+            f"rng_seed={self.rng_seed})"
+        )
