@@ -32,7 +32,9 @@ from esper_lightning.core import (
     SeedStage,
     SlotReport,
     compute_masks,
+    export,
     find_slots,
+    restore_slots,
 )
 
 __version__ = "0.1.0"
@@ -89,6 +91,8 @@ __all__ = [
     "SlotReport",
     "StaticController",
     "compute_masks",
+    "export",
     "find_slots",
     "load_grown",
+    "restore_slots",
 ]

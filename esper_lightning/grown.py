@@ -7,8 +7,9 @@ different: a freshly built model does not have them, so its strict load fails on
 ``esper_slots.*`` keys. `restore_slots` injects them again from their manifests, and `load_grown`
 does that between building the user's module and loading its weights.
 
-To make ``MyModule.load_from_checkpoint(path)`` work directly, call `restore_slots` from the
-module's ``on_load_checkpoint`` hook, which Lightning runs before it loads the state dict::
+To make ``MyModule.load_from_checkpoint(path)`` work directly, call `restore_slots` (from
+`esper_lightning.core.injection`) in the module's ``on_load_checkpoint`` hook, which Lightning
+runs before it loads the state dict::
 
     class MyModule(L.LightningModule):
         def on_load_checkpoint(self, checkpoint):
@@ -19,55 +20,22 @@ from __future__ import annotations
 
 import pickle
 import warnings
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 import lightning as L
 import torch
-from torch import nn
 
-from esper_lightning.core.injection import INJECTED_SLOTS_ATTR, resolve_slots
+from esper_lightning.core.injection import restore_slots
 
-__all__ = ["load_grown", "restore_slots"]
+__all__ = ["load_grown"]
 
 ModuleT = TypeVar("ModuleT", bound=L.LightningModule)
 
 #: Entries every checkpoint written by a `lightning.Trainer` has.
 _LIGHTNING_KEYS = ("state_dict", "pytorch-lightning_version")
-#: Suffix under which ``nn.Module.get_extra_state`` is saved (a slot's manifest).
-_EXTRA_STATE = "._extra_state"
 #: Lightning's warnings for a non-strict load: the strict load that follows checks every key.
 _NON_STRICT_WARNINGS = r"Found keys that are (not )?in the model state dict"
-
-
-def restore_slots(model: nn.Module, state_dict: Mapping[str, Any]) -> tuple[str, ...]:
-    """Inject into ``model`` the slots that were injected when ``state_dict`` was saved.
-
-    Each ``esper_slots.<key>._extra_state`` entry is an injected slot's manifest, which names
-    its module path (``slot_id``) and topology. After this, ``model.load_state_dict(state_dict)``
-    loads strictly and rebuilds every seed (stage, alpha, blend) with its weights. Slots already
-    present are kept (their hook is re-attached), so calling it twice is harmless.
-
-    Args:
-        model: a freshly built model (e.g. a LightningModule) of the class that was trained.
-        state_dict: the saved state dict (``checkpoint["state_dict"]`` for Lightning).
-
-    Returns:
-        The module paths of the injected slots, in state-dict order.
-
-    Raises:
-        ValueError: a manifest that does not match its key, or a path ``model`` lacks.
-
-    Example:
-        >>> class MyModule(L.LightningModule):
-        ...     def on_load_checkpoint(self, checkpoint):
-        ...         restore_slots(self, checkpoint["state_dict"])
-    """
-    saved = _saved_slots(state_dict)
-    for topology in dict.fromkeys(saved.values()):
-        resolve_slots(model, [p for p, t in saved.items() if t == topology], topology)
-    return tuple(saved)
 
 
 def load_grown(
@@ -130,22 +98,3 @@ def _read_checkpoint(path: Path, weights_only: bool | None) -> dict[str, Any]:
             f"{', '.join(map(repr, _LIGHTNING_KEYS))}); save it with a lightning.Trainer"
         )
     return checkpoint
-
-
-def _saved_slots(state_dict: Mapping[str, Any]) -> dict[str, str]:
-    """Injected slots in a state dict: module path -> topology, read from their manifests."""
-    prefix = INJECTED_SLOTS_ATTR + "."
-    saved: dict[str, str] = {}
-    for key, manifest in state_dict.items():
-        if not (key.startswith(prefix) and key.endswith(_EXTRA_STATE)):
-            continue
-        name = key[len(prefix):-len(_EXTRA_STATE)]
-        if "." in name:  # extra state of a module inside a slot, not a slot's manifest
-            continue
-        if not isinstance(manifest, Mapping) or not {"slot_id", "topology"} <= manifest.keys():
-            raise ValueError(f"state dict entry {key!r} is not a slot manifest")
-        path = manifest["slot_id"]
-        if not isinstance(path, str) or path.replace(".", "__") != name:
-            raise ValueError(f"state dict entry {key!r} holds the manifest of slot {path!r}")
-        saved[path] = manifest["topology"]
-    return saved

@@ -15,8 +15,8 @@ from esper_lightning.callbacks import MorphogenesisCallback
 from esper_lightning.controllers import ScriptedController
 from esper_lightning.core import SeedSlot, SeedStage, export, find_slots
 from esper_lightning.core.actions import Action, BlueprintAction, LifecycleOp, Tempo
+from esper_lightning.core.injection import restore_slots
 from esper_lightning.core.lifecycle import GateConfig
-from esper_lightning.grown import restore_slots
 from esper_lightning.hosts import CifarCNNHost
 
 FAST_GATES = GateConfig(min_training_epochs=1)

@@ -11,6 +11,7 @@ Trainer callbacks in `esper_lightning.callbacks`, the Fabric environments in
   step; `injection`: slots after named submodules;
 * `counterfactual`: fused measurement of each seed's contribution;
 * `divergence` and `snapshot`: the governor's rules and what a rollback restores;
+* `exporter`: `export`, a grown model as a plain torch module to ship;
 * `report`: `EpochReport`, what a controller sees; `telemetry`: the ``morpho/*`` metrics;
 * `export`: `export`, a grown model as a plain torch module with its fossilized seeds folded in.
 
@@ -27,7 +28,8 @@ from esper_lightning.core.actions import (
 from esper_lightning.core.alpha import AlphaAlgorithm, AlphaController, AlphaCurve, AlphaMode
 from esper_lightning.core.divergence import Governor, GovernorConfig
 from esper_lightning.core.engine import LifecycleEvent, MorphogenesisEngine, StepOutcome
-from esper_lightning.core.export import export
+from esper_lightning.core.exporter import export
+from esper_lightning.core.injection import restore_slots
 from esper_lightning.core.lifecycle import GateConfig, GateMode, GateResult, SeedStage
 from esper_lightning.core.report import EpochReport
 from esper_lightning.core.slots import SeedSlot, SlotReport, find_slots
@@ -58,6 +60,7 @@ __all__ = [
     "compute_masks",
     "export",
     "find_slots",
+    "restore_slots",
     "restore_snapshot",
     "take_snapshot",
 ]

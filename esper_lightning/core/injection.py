@@ -18,9 +18,11 @@ from esper_lightning.core.slots import SeedSlot, find_slots
 
 #: Name of the `nn.ModuleDict` that holds injected slots on the model.
 INJECTED_SLOTS_ATTR = "esper_slots"
+#: Suffix under which ``nn.Module.get_extra_state`` is saved (a slot's manifest).
+_EXTRA_STATE = "._extra_state"
 
 
-class _SlotHook:
+class SlotHook:
     """Forward hook that passes a module's output through its slot."""
 
     def __init__(self, slot: SeedSlot, path: str) -> None:
@@ -98,5 +100,53 @@ def _inject(model: nn.Module, path: str, target: nn.Module, topology: str) -> Se
     previous = getattr(slot, "_hook_handle", None)
     if previous is not None:  # re-attached (e.g. a second fit): never run a slot twice
         previous.remove()
-    slot._hook_handle = target.register_forward_hook(_SlotHook(slot, path))
+    slot._hook_handle = target.register_forward_hook(SlotHook(slot, path))
     return slot
+
+
+def restore_slots(model: nn.Module, state_dict: Mapping[str, Any]) -> tuple[str, ...]:
+    """Inject into ``model`` the slots that were injected when ``state_dict`` was saved.
+
+    Each ``esper_slots.<key>._extra_state`` entry is an injected slot's manifest, which names
+    its module path (``slot_id``) and topology. After this, ``model.load_state_dict(state_dict)``
+    loads strictly and rebuilds every seed (stage, alpha, blend) with its weights. Slots already
+    present are kept (their hook is re-attached), so calling it twice is harmless.
+
+    Args:
+        model: a freshly built model (e.g. a LightningModule) of the class that was trained.
+        state_dict: the saved state dict (``checkpoint["state_dict"]`` for Lightning).
+
+    Returns:
+        The module paths of the injected slots, in state-dict order.
+
+    Raises:
+        ValueError: a manifest that does not match its key, or a path ``model`` lacks.
+
+    Example:
+        >>> class MyModule(L.LightningModule):  # doctest: +SKIP
+        ...     def on_load_checkpoint(self, checkpoint):
+        ...         restore_slots(self, checkpoint["state_dict"])
+    """
+    saved = _saved_slots(state_dict)
+    for topology in dict.fromkeys(saved.values()):
+        resolve_slots(model, [p for p, t in saved.items() if t == topology], topology)
+    return tuple(saved)
+
+
+def _saved_slots(state_dict: Mapping[str, Any]) -> dict[str, str]:
+    """Injected slots in a state dict: module path -> topology, read from their manifests."""
+    prefix = INJECTED_SLOTS_ATTR + "."
+    saved: dict[str, str] = {}
+    for key, manifest in state_dict.items():
+        if not (key.startswith(prefix) and key.endswith(_EXTRA_STATE)):
+            continue
+        name = key[len(prefix):-len(_EXTRA_STATE)]
+        if "." in name:  # extra state of a module inside a slot, not a slot's manifest
+            continue
+        if not isinstance(manifest, Mapping) or not {"slot_id", "topology"} <= manifest.keys():
+            raise ValueError(f"state dict entry {key!r} is not a slot manifest")
+        path = manifest["slot_id"]
+        if not isinstance(path, str) or path.replace(".", "__") != name:
+            raise ValueError(f"state dict entry {key!r} holds the manifest of slot {path!r}")
+        saved[path] = manifest["topology"]
+    return saved

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from esper_lightning.core.slots import SeedSlot
+from esper_lightning.core.slots import SeedSlot, host_parameters
 
 __all__ = ["PRESETS", "GPTConfig", "GPTHost", "gpt_slot_ids"]
 
@@ -232,8 +232,7 @@ class GPTHost(L.LightningModule):
 
     def host_parameters(self) -> list[nn.Parameter]:
         """Parameters of the host itself, excluding any seed (the tied head weight once)."""
-        seed_ids = {id(p) for slot in self.slots.values() for p in slot.seed_parameters()}
-        return [p for p in self.parameters() if id(p) not in seed_ids]
+        return host_parameters(self)
 
     # --- steps --------------------------------------------------------------------------------
     def _token_stats(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, int]:

@@ -9,7 +9,7 @@ from torch import nn
 from esper_lightning.blueprints import available
 from esper_lightning.core import MorphogenesisEngine, SeedSlot, SeedStage
 from esper_lightning.core.alpha import AlphaAlgorithm
-from esper_lightning.core.export import FossilBlend, export
+from esper_lightning.core.exporter import FossilBlend, export
 from esper_lightning.hosts import CifarCNNHost
 
 IDENTITY_STAGES = [SeedStage.DORMANT, SeedStage.GERMINATED, SeedStage.PRUNED,

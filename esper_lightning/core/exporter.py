@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from torch.export import Dim
 
 from esper_lightning.core.alpha import AlphaAlgorithm
-from esper_lightning.core.injection import _SlotHook
+from esper_lightning.core.injection import SlotHook
 from esper_lightning.core.lifecycle import SeedStage
 from esper_lightning.core.slots import SeedSlot
 
@@ -194,7 +194,7 @@ def _without_slots(root: nn.Module) -> nn.Module:
     for module in root.modules():
         hooks = module._forward_hooks
         for key, hook in list(hooks.items()):
-            if isinstance(hook, _SlotHook):  # an injected slot: keep its place in hook order
+            if isinstance(hook, SlotHook):  # an injected slot: keep its place in hook order
                 hooks[key] = _PlainHook(replaced[id(hook.slot)])
     return root
 
