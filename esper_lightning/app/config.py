@@ -56,7 +56,7 @@ class PPORunConfig:
         ppo_epochs: passes over each round's rollout.
         minibatch_envs: env sequences per PPO minibatch.
         gamma, gae_lambda: discount and GAE lambda.
-        min_training_epochs: G2 incubation epochs (upstream 10; short episodes need fewer).
+        min_training_epochs: G2 incubation epochs (default 10; short episodes need fewer).
         progress: show a progress bar.
     """
 
@@ -147,7 +147,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "slots": ("r0c1", "r0c2"), "min_training_epochs": 3, "policy_hidden": 64,
         "ppo_epochs": 4, "minibatch_envs": 2,
     },
-    # Full CIFAR-10 on a GPU: longer episodes, upstream incubation.
+    # Full CIFAR-10 on a GPU: longer episodes, the default incubation.
     "gpu": {
         "envs": 8, "rounds": 100, "episode_length": 50, "batch_size": 256,
         "slots": ("r0c0", "r0c1", "r0c2"), "min_training_epochs": 10, "device": "cuda",

@@ -106,7 +106,7 @@ class SqueezeExcite(nn.Module):
 
     ``z = fc2(act(fc1(mean_hw(x))))`` and ``y = x * (1 + gamma * (2 * sigmoid(z) - 1))``, so each
     channel is rescaled by a factor in ``[1 - gamma, 1 + gamma]``: exactly bounded around the
-    identity at birth (``gamma = 1e-3``) instead of upstream's fixed ``x * 0.95``.
+    identity at birth (``gamma = 1e-3``) instead of the research code's fixed ``x * 0.95``.
 
     Params: ``2Cr + 2C`` with ``r = max(1, C // 4)`` (fc1 without bias, fc2 with bias, gamma).
 

@@ -36,7 +36,7 @@ class GovernorCallback(Callback):
     back before the controller decides.
 
     Args:
-        config: thresholds of the rules (upstream defaults).
+        config: thresholds of the rules (`GovernorConfig` defaults when None).
         monitor: the logged validation loss to watch.
         num_classes: enables the lobotomy rule (loss stuck near ln(num_classes)).
         check_every_n_steps: read the non-finite-loss flag back from the device every this many

@@ -48,7 +48,7 @@ class MorphogenesisCallback(Callback):
             the host's first param group).
         topology: ``"cnn"`` or ``"transformer"`` for injected slots.
         gate_mode, gate_config: quality-gate mode and thresholds for every slot (None: each
-            slot keeps its own; injected slots are permissive with the upstream thresholds).
+            slot keeps its own; injected slots are permissive with the default thresholds).
         batch_to_xy: maps a validation batch to ``(inputs, class targets)`` for the
             counterfactual; the default accepts ``(x, y)`` pairs.
         accuracy_key: a logged validation accuracy in [0, 1] used when no seed needs measuring

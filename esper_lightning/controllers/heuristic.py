@@ -1,6 +1,7 @@
-"""The heuristic controller: upstream Tamiyo's hand-written rules, fed the counterfactual.
+"""The heuristic controller: hand-written growth rules, fed the counterfactual contribution.
 
-Rules (reference/simic_tamiyo.md §6), one action per epoch, for the first live seed in slot order:
+Rules (carried over from the research code, docs/design.md), one action per epoch, for the first
+live seed in slot order:
 
 * no live seed: germinate the next blueprint of a rotation in the first empty slot once the host
   is stable and its accuracy has plateaued, unless a prune happened recently (embargo);
@@ -10,8 +11,8 @@ Rules (reference/simic_tamiyo.md §6), one action per epoch, for the first live 
   seed the host depends on while it made things worse ("ransomware"), FOSSILIZE a seed that
   contributes enough, PRUNE the rest.
 
-Upstream never measures the contribution, so its seeds wait in HOLDING forever; here the engine
-records it during validation and the heuristic reads it from the report.
+The research code never measured the contribution, so its seeds waited in HOLDING forever; here
+the engine records it during validation and the heuristic reads it from the report.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ _STATE_KEYS = (
 
 @dataclass(frozen=True)
 class HeuristicConfig:
-    """Knobs of `HeuristicController`; the defaults are upstream's (Leyline) constants.
+    """Knobs of `HeuristicController`; the defaults are the research code's constants.
 
     Accuracies are in percentage points, loss changes are relative.
 
@@ -123,7 +124,7 @@ class HeuristicConfig:
 
 
 class HeuristicController:
-    """Rule-based controller (upstream Tamiyo's heuristic), deciding HOLDING seeds on the
+    """Rule-based controller, deciding HOLDING seeds on the
     measured counterfactual contribution.
 
     Every action it returns is allowed by ``report.masks``: when a rule's action is masked
@@ -138,10 +139,10 @@ class HeuristicController:
     counts as stable, so it never germinates.
 
     Args:
-        config: rule constants; upstream's by default.
+        config: rule constants; the research code's by default.
 
     Example:
-        Grow a host with the upstream rules::
+        Grow a host with the default rules::
 
             controller = HeuristicController(HeuristicConfig(embargo_epochs_after_prune=8))
             trainer = Trainer(callbacks=[MorphogenesisCallback(controller)])

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum, IntEnum
 from typing import Any
 
-# --- constants (upstream values; see SPEC §2) -------------------------------------------------
+# --- constants (the research code's values, docs/design.md) ----------------------------------
 MIN_PRUNE_AGE = 5  # epochs since germination before a prune is legal
 MIN_TRAINING_EPOCHS = 10  # G2: epochs incubating in TRAINING before blending may start
 MIN_BLENDING_EPOCHS = 10  # G3 (strict): epochs in BLENDING before HOLDING
@@ -137,7 +137,7 @@ GATE_FOR_TARGET: dict[SeedStage, Gate] = {
 
 @dataclass(frozen=True)
 class GateConfig:
-    """Gate thresholds; the defaults are the upstream constants above."""
+    """Gate thresholds; the defaults are the constants above."""
 
     min_training_epochs: int = MIN_TRAINING_EPOCHS
     min_blending_epochs: int = MIN_BLENDING_EPOCHS

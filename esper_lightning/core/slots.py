@@ -7,7 +7,7 @@ Forward semantics at a slot with host activation ``h`` and seed output ``s = see
   value equals ``h`` exactly, the seed learns from the gradient that reaches ``h``, and the host's
   gradients are bitwise those of a host without the seed;
 * BLENDING onwards: ``blend(h, s, alpha)`` (ADD, MULTIPLY or GATE). CNN seeds keep a detached input
-  while BLENDING; from HOLDING on the input is no longer detached, so host layers upstream of a
+  while BLENDING; from HOLDING on the input is no longer detached, so host layers before a
   fully blended seed keep learning.
 
 Counterfactuals pass a per-sample ``alpha_override`` (argument, or the `alpha_override` context
@@ -152,7 +152,7 @@ class SeedSlot(nn.Module):
         channels: width of the activation at the slot; inferred from the first forward if None.
         topology: ``"cnn"`` (activations ``[B, C, H, W]``) or ``"transformer"`` (``[B, T, D]``).
         gate_mode: ``"permissive"`` (default) or ``"strict"`` quality gates.
-        gate_config: gate thresholds (the upstream constants by default).
+        gate_config: gate thresholds (`GateConfig` defaults by default).
 
     Example:
         >>> slot = SeedSlot("r0c1", channels=16)

@@ -145,17 +145,12 @@ def restore_snapshot(
 ) -> None:
     """Write ``snapshot`` back into ``model`` (and optimizer, scaler) in place.
 
-    Expected order: the engine first prunes every live seed (``slot.prune(reason)``) and removes
-    their optimizer param groups and state, then calls this. Seeds are never pruned here (that is
-    lifecycle bookkeeping the engine owns, with its events and embargo), and slot manifests are not
-    loaded back (that would resurrect the pruned seeds).
-
-    Every captured key is copied into the existing Parameter or buffer (``copy_`` under no_grad),
-    so parameter identity is kept. The optimizer state is replaced by exactly the snapshot's: the
-    captured entries are re-attached to the current Parameter objects (moved to each parameter's
-    device); every other parameter's state is cleared — which also drops momentum that would push
-    the restored weights straight back towards the divergence. The snapshot itself is not consumed
-    and can be restored again.
+    Call it after the engine pruned every live seed (that is lifecycle bookkeeping, with its
+    events and embargo; slot manifests are not loaded back, which would resurrect them). Every
+    captured key is copied into the existing Parameter or buffer, so parameter identity is kept.
+    The optimizer state becomes exactly the snapshot's (every other parameter's state is cleared,
+    which also drops momentum that would push the weights straight back towards the divergence).
+    The snapshot is not consumed and can be restored again.
 
     Args:
         snapshot: from `take_snapshot`.

@@ -117,7 +117,7 @@ class MaskedCategorical:
         mask: ``[*B, n]`` bool, True = legal. Every row needs at least one legal action.
 
     Raises:
-        ValueError: if a row of ``mask`` has no legal action (a state-machine bug upstream).
+        ValueError: if a row of ``mask`` has no legal action (a bug in the masks).
     """
 
     def __init__(self, logits: Tensor, mask: Tensor) -> None:

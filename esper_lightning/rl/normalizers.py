@@ -13,11 +13,11 @@ Three normalisers, all updated **once per round** (never inside a rollout):
   reward magnitude. No mean is subtracted (that would change the optimal policy when episodes
   have different lengths).
 * `ValueNormalizer`: value targets are trained as ``(R - mean) / std`` (mean AND std, unlike
-  upstream which never centres). The critic outputs normalised values; `denormalize` maps them
-  back to the return scale for GAE.
+  the research code, which never centred). The critic outputs normalised values; `denormalize`
+  maps them back to the return scale for GAE.
 
 Statistics start empty (count 0): the first update takes the batch moments exactly, so early
-rounds do not see a near-identity normaliser (an upstream issue with an EMA from a (0, 1) prior).
+rounds do not see a near-identity normaliser (the research code's EMA started from a (0, 1) prior).
 Later updates either merge exactly (Chan's parallel Welford, ``momentum=None``) or follow an EMA
 of the batch moments (``momentum`` = weight of the old statistics).
 

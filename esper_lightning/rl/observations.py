@@ -1,4 +1,4 @@
-"""Observation features ("Obs V3") built from an `EpochReport`.
+"""Observation features built from an `EpochReport`.
 
 One observation is a float vector of ``obs_dim(S) = 23 + 30·S`` features (S = enabled slots) plus
 an int64 vector of S blueprint indices (−1 = empty slot) that the policy embeds. The layout is
@@ -8,8 +8,8 @@ Encodings: ``symlog(x) = sign(x)·ln(1 + |x|)`` divided by `SYMLOG_SCALE` (≈ [
 `UNKNOWN` (−1) marks "never measured", a value outside every measured range. Counters are divided
 by the episode horizon and capped at 1. Empty slots are all zeros (no sentinels).
 
-Difference with upstream Obs V3: the per-slot ``interaction_sum`` feature is dropped (nothing
-measures pairwise seed synergy here), so a slot block has 30 features instead of 31.
+The layout follows the research code's third observation version, without its per-slot
+``interaction_sum`` feature (nothing measures pairwise seed synergy here): 30 features per slot.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ class ObservationBatch(NamedTuple):
     """What the policy needs for a batch of reports (features are raw: normalise them first).
 
     Attributes:
-        features: float32 ``[B, obs_dim]`` raw Obs V3 features.
+        features: float32 ``[B, obs_dim]`` raw features.
         blueprint_idx: long ``[B, S]`` blueprint indices (−1 = empty).
         masks: the reports' action masks, batch shape ``[B]``.
     """

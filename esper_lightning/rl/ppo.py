@@ -33,7 +33,7 @@ from esper_lightning.rl.policy import FactoredRecurrentActorCritic
 
 
 def _default_entropy_coefs() -> dict[str, float]:
-    # Upstream's per-head multipliers (x 0.01): heads that act rarely (blueprint, tempo) get a
+    # Per-head multipliers (x 0.01): heads that act rarely (blueprint, tempo) get a
     # little more exploration pressure because they receive fewer policy-gradient samples.
     weights = {"op": 1.0, "slot": 1.0, "blueprint": 1.3, "tempo": 1.3}
     return {head: 0.01 * weights.get(head, 1.2) for head in HEADS}
@@ -224,7 +224,7 @@ def clipped_surrogate_loss(
 
 def joint_approx_kl(logratio: Tensor, relevant: Tensor) -> Tensor:
     """KL(pi_old || pi_new) estimate ``mean((r - 1) - log r)`` of the JOINT factored action,
-    ``log r = Σ_relevant heads logratio`` (upstream averaged per-head KLs, under-stating it)."""
+    ``log r = Σ_relevant heads logratio`` (an average of per-head KLs would under-state it)."""
     joint = (logratio * relevant).sum(-1)
     return ((joint.exp() - 1) - joint).mean()
 

@@ -8,7 +8,7 @@ potential-based term uses both states; rent and the terminal term use s_{t+1}.
 
 Modes (formulas component by component in ``docs/rl.md``):
 
-* ``shaped`` (default, after upstream's SHAPED/CONTRIBUTION reward): counterfactual attribution,
+* ``shaped`` (default, after the research code's contribution reward): counterfactual attribution,
   potential-based shaping (PBRS) over the stage potentials, parameter rent, intervention costs,
   fossilize and prune shaping, terminal accuracy term.
 * ``simplified``: PBRS, a flat cost per non-WAIT op, terminal accuracy + contributing fossils.
@@ -17,11 +17,11 @@ Modes (formulas component by component in ``docs/rl.md``):
 Every mode adds the governor ``rollback`` penalty on the step where a rollback happens (a true
 terminal: the PPO buffer stores it ``terminated``, without bootstrap).
 
-Fixes and changes against upstream: PBRS is summed over every slot and computed from the real
-before/after states (upstream paid it only for the targeted slot, which breaks telescoping with
-several slots); attribution is paid for every seed present, fossilized seeds included (upstream
-paid only the targeted slot, so WAIT credited slot 0, and stopped paying at fossilization, which
-rewards never fossilizing); the potential of a true terminal state is 0 (exact PBRS invariance).
+Fixes against the research code (docs/design.md): PBRS is summed over every slot and computed
+from the real before/after states (it was paid only for the targeted slot, which breaks
+telescoping with several slots); attribution is paid for every seed present, fossilized seeds
+included (it was paid only for the targeted slot, so WAIT credited slot 0, and stopped at
+fossilization, which rewards never fossilizing); the potential of a true terminal state is 0.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from esper_lightning.core.lifecycle import PRESENT_STAGES, SeedStage
 from esper_lightning.core.report import EpochReport
 from esper_lightning.core.slots import SlotReport
 
-#: Stage potentials Φ of the PBRS term (upstream values); stages not listed have potential 0.
+#: Stage potentials Φ of the PBRS term; stages not listed have potential 0.
 STAGE_POTENTIALS: dict[SeedStage, float] = {
     SeedStage.GERMINATED: 1.0,
     SeedStage.TRAINING: 2.0,
@@ -182,6 +182,13 @@ def compute_reward(
             terminal=_simplified_terminal(report, config) if end else 0.0,
             rollback=penalty,
         )
+    return _shaped(prev_report, action, action_success, report, config, end, pbrs, penalty)
+
+
+def _shaped(
+    prev_report: EpochReport, action: Action, action_success: bool, report: EpochReport,
+    config: RewardConfig, end: bool, pbrs: float, penalty: float,
+) -> RewardBreakdown:
     targeted = prev_report.slots[action.slot]
     intervention = -config.op_costs[action.op]
     if not action_success and action.op != LifecycleOp.WAIT:
