@@ -6,12 +6,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from esper_lightning.core.slots import SeedSlot, host_parameters
+from esper_lightning.core.slots import SeedSlot
+from esper_lightning.hosts.base import SlottedHost
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class ConvBlock(nn.Module):
         return self.act(self.norm(self.conv(x)))
 
 
-class CifarCNNHost(L.LightningModule):
+class CifarCNNHost(SlottedHost):
     """CIFAR-10 CNN whose blocks are followed by seed slots.
 
     Slot ``r0c{i}`` sits after block i (before its pool) and ``r1c{i}`` after pool i. Forward order
@@ -92,32 +92,15 @@ class CifarCNNHost(L.LightningModule):
             raise ValueError(f"unknown host preset {preset!r}; accepted: {', '.join(PRESETS)}")
         self.save_hyperparameters(ignore=["norm_layer", "act_layer"])
         self.config = cfg = PRESETS[preset]
-        available = slot_ids(cfg.n_blocks)
-        chosen = tuple(available if slots is None else slots)
-        unknown = [s for s in chosen if s not in available]
-        if unknown:
-            raise ValueError(
-                f"unknown slot id(s) {', '.join(map(repr, unknown))} for preset {preset!r}; "
-                f"accepted: {', '.join(available)}"
-            )
         widths = [cfg.base_channels * 2**i for i in range(cfg.n_blocks)]
         self.blocks = nn.ModuleList(
             ConvBlock(c_in, c_out, cfg.kernel_size, norm_layer, act_layer)
             for c_in, c_out in zip([3, *widths[:-1]], widths, strict=True)
         )
         self.pool = nn.MaxPool2d(2)
-        # Canonical (row-major) order whatever order the caller listed the slots in.
-        ordered = [sid for sid in available if sid in chosen]
-        self.slots = nn.ModuleDict({sid: SeedSlot(sid, widths[int(sid[3:])]) for sid in ordered})
+        self._build_slots(slot_ids(cfg.n_blocks), slots, preset,
+                          lambda sid: SeedSlot(sid, widths[int(sid[3:])]))
         self.head = nn.Linear(widths[-1], cfg.num_classes)
-
-    @property
-    def slot_order(self) -> tuple[str, ...]:
-        """Enabled slot ids in action order (row-major)."""
-        return tuple(self.slots.keys())
-
-    def _slot(self, slot_id: str, x: Tensor) -> Tensor:
-        return self.slots[slot_id](x) if slot_id in self.slots else x
 
     def forward(self, x: Tensor) -> Tensor:
         # x: [B, 3, H, W] -> logits [B, num_classes]
@@ -126,10 +109,6 @@ class CifarCNNHost(L.LightningModule):
             x = self.pool(x)
             x = self._slot(f"r1c{i}", x)
         return self.head(x.mean(dim=(2, 3)))
-
-    def host_parameters(self) -> list[nn.Parameter]:
-        """Parameters of the host itself, excluding any seed."""
-        return host_parameters(self)
 
     def _shared_step(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         x, y = batch

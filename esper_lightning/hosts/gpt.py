@@ -16,12 +16,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from esper_lightning.core.slots import SeedSlot, host_parameters
+from esper_lightning.core.slots import SeedSlot
+from esper_lightning.hosts.base import SlottedHost
 
 __all__ = ["PRESETS", "GPTConfig", "GPTHost", "gpt_slot_ids"]
 
@@ -134,7 +134,7 @@ def _resolve_config(preset: str | GPTConfig) -> tuple[str, GPTConfig]:
     return preset, PRESETS[preset]
 
 
-class GPTHost(L.LightningModule):
+class GPTHost(SlottedHost):
     """Byte-level GPT language model whose blocks are each followed by a seed slot.
 
     Forward maps token ids ``[B, T]`` (``T <= block_size``) to next-token logits
@@ -170,23 +170,12 @@ class GPTHost(L.LightningModule):
         name, cfg = _resolve_config(preset)
         self.save_hyperparameters()
         self.config = cfg
-        available = gpt_slot_ids(cfg.n_layer)
-        chosen = tuple(available if slots is None else slots)
-        unknown = [s for s in chosen if s not in available]
-        if unknown:
-            raise ValueError(
-                f"unknown slot id(s) {', '.join(map(repr, unknown))} for preset {name!r}; "
-                f"accepted: {', '.join(available)}"
-            )
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.pos_emb = nn.Embedding(cfg.block_size, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
-        # Canonical order whatever order the caller listed the slots in.
-        ordered = [sid for sid in available if sid in chosen]
-        self.slots = nn.ModuleDict(
-            {sid: SeedSlot(sid, channels=cfg.n_embd, topology="transformer") for sid in ordered}
-        )
+        self._build_slots(gpt_slot_ids(cfg.n_layer), slots, name,
+                          lambda sid: SeedSlot(sid, channels=cfg.n_embd, topology="transformer"))
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         self.head.weight = self.tok_emb.weight  # weight tying
@@ -206,14 +195,6 @@ class GPTHost(L.LightningModule):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    @property
-    def slot_order(self) -> tuple[str, ...]:
-        """Enabled slot ids in action order (by block)."""
-        return tuple(self.slots.keys())
-
-    def _slot(self, slot_id: str, x: Tensor) -> Tensor:
-        return self.slots[slot_id](x) if slot_id in self.slots else x
-
     def forward(self, idx: Tensor) -> Tensor:
         # idx: long [B, T] -> logits [B, T, vocab_size]
         if idx.dim() != 2:
@@ -229,10 +210,6 @@ class GPTHost(L.LightningModule):
         for i, block in enumerate(self.blocks):
             x = self._slot(f"r0c{i}", block(x))
         return self.head(self.ln_f(x))  # [B, T, V]
-
-    def host_parameters(self) -> list[nn.Parameter]:
-        """Parameters of the host itself, excluding any seed (the tied head weight once)."""
-        return host_parameters(self)
 
     # --- steps --------------------------------------------------------------------------------
     def _token_stats(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, int]:
