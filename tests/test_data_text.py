@@ -315,3 +315,14 @@ def test_tensor_loader_bad_arguments():
         TextTensorLoader(tokens, block_size=16, batch_size=8)
     with pytest.raises(ValueError, match="must be a uint8 \\[N\\] tensor"):
         TextTensorLoader(tokens.long(), block_size=4, batch_size=2)
+
+
+def test_training_offsets_stream_is_pinned():
+    # Drawn before the sampler moved onto EpochSeededSampler; a change here breaks replays.
+    sampler = text._RandomBlockSampler(num_offsets=1000, num_blocks=30, rng_seed=0)
+    sampler.set_epoch(1)
+    assert len(sampler) == 30
+    assert list(sampler)[:8] == [164, 578, 435, 282, 883, 946, 236, 184]
+    other = text._RandomBlockSampler(num_offsets=1000, num_blocks=30, rng_seed=7)
+    other.set_epoch(3)
+    assert list(other)[:8] == [881, 554, 752, 727, 195, 284, 980, 907]

@@ -14,22 +14,30 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
-import http.client
 import os
 import pickle
 import shutil
 import tarfile
 import tempfile
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
+from esper_lightning.data.files import (
+    DataError,
+    PathLike,
+    check_int,
+    default_data_dir,
+    fetch_verified,
+    file_digest,
+    make_data_dir,
+    one_line,
+    resolve_data_dir,
+)
+
+# DataError and default_data_dir live in files.py; re-exported so existing imports keep working.
 __all__ = [
     "ARCHIVE_NAME",
     "CIFAR10_CLASSES",
@@ -75,47 +83,6 @@ CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 
 _IMAGE_SHAPE = (3, 32, 32)
 _ROW_BYTES = 3 * 32 * 32
-_CHUNK_BYTES = 1 << 20
-_TIMEOUT_S = 60.0
-_MAX_REASON_CHARS = 120
-
-PathLike = str | os.PathLike[str]
-
-
-class DataError(RuntimeError):
-    """CIFAR-10 data is missing, corrupt, or could not be downloaded.
-
-    The message is always a single line that names the folder, file or URL involved and says how
-    to fix it, so a CLI can print it without a traceback.
-
-    Example:
-        >>> try:
-        ...     load_cifar10("/nowhere", train=True)
-        ... except DataError as err:
-        ...     print(err)  # CIFAR-10 not found in '/nowhere': expected cifar-10-batches-py/ ...
-    """
-
-
-def default_data_dir() -> Path:
-    """Return ``$ESPER_DATA_DIR`` if set, else ``~/.cache/esper_lightning/data`` (expanded)."""
-    env = os.environ.get("ESPER_DATA_DIR")
-    if env:
-        return Path(env).expanduser()
-    return Path("~/.cache/esper_lightning/data").expanduser()
-
-
-def _one_line(reason: object) -> str:
-    # Exception texts can span lines (pickle, HTTP bodies); a DataError must stay one line.
-    text = " ".join(str(reason).split())
-    if isinstance(reason, BaseException):
-        text = f"{type(reason).__name__}: {text}" if text else type(reason).__name__
-    if len(text) > _MAX_REASON_CHARS:
-        text = text[: _MAX_REASON_CHARS - 3] + "..."
-    return text
-
-
-def _resolve(data_dir: PathLike | None) -> Path:
-    return default_data_dir() if data_dir is None else Path(data_dir).expanduser()
 
 
 def _missing_files(folder: Path) -> list[str]:
@@ -129,7 +96,7 @@ def find_batches_dir(data_dir: PathLike | None) -> Path | None:
         data_dir: Either the folder that contains ``cifar-10-batches-py/`` or that folder itself;
             ``None`` means :func:`default_data_dir`.
     """
-    root = _resolve(data_dir)
+    root = resolve_data_dir(data_dir)
     for candidate in (root / FOLDER_NAME, root):
         if candidate.is_dir() and not _missing_files(candidate):
             return candidate
@@ -156,7 +123,7 @@ def _not_found(root: Path) -> DataError:
 
 def _corrupt(path: Path, reason: object) -> DataError:
     return DataError(
-        f"corrupt CIFAR-10 file '{path}': {_one_line(reason)}; delete the folder and download again"
+        f"corrupt CIFAR-10 file '{path}': {one_line(reason)}; delete the folder and download again"
     )
 
 
@@ -166,7 +133,7 @@ def _unpickle(path: Path) -> dict[Any, Any]:
             # Deliberately broad: garbage bytes can raise almost anything from inside pickle.
             batch = pickle.load(f, encoding="bytes")
     except OSError as err:
-        raise DataError(f"cannot read CIFAR-10 file '{path}': {_one_line(err)}") from err
+        raise DataError(f"cannot read CIFAR-10 file '{path}': {one_line(err)}") from err
     except Exception as err:
         raise _corrupt(path, err) from err
     if not isinstance(batch, dict):
@@ -186,7 +153,7 @@ def _read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
         label_array = np.asarray(labels, dtype=np.int64).reshape(-1)
     except (TypeError, ValueError) as err:
-        raise _corrupt(path, f"b'labels' is not a list of ints ({_one_line(err)})") from err
+        raise _corrupt(path, f"b'labels' is not a list of ints ({one_line(err)})") from err
     if label_array.shape[0] != data.shape[0]:
         raise _corrupt(path, f"{label_array.shape[0]} labels for {data.shape[0]} images")
     if label_array.size and (label_array.min() < 0 or label_array.max() >= len(CIFAR10_CLASSES)):
@@ -214,7 +181,7 @@ def load_cifar10(data_dir: PathLike | None, train: bool) -> tuple[torch.Tensor, 
         >>> images.shape
         torch.Size([10000, 3, 32, 32])
     """
-    root = _resolve(data_dir)
+    root = resolve_data_dir(data_dir)
     folder = find_batches_dir(root)
     if folder is None:
         raise _not_found(root)
@@ -236,8 +203,7 @@ def subset_indices(total: int, subset: int | None, rng_seed: int) -> torch.Tenso
     """
     if subset is None:
         return torch.arange(total)
-    if isinstance(subset, bool) or not isinstance(subset, int) or subset <= 0:
-        raise ValueError(f"subset must be a positive int or None, got {subset!r}")
+    check_int("subset", subset, 1, allow_none=True)
     if subset > total:
         raise ValueError(
             f"subset={subset} exceeds the {total} available images; use at most {total}"
@@ -270,67 +236,6 @@ def load_cifar10_subset(
 # --------------------------------------------------------------------------------------- download
 
 
-def _file_md5(path: Path) -> str:
-    digest = hashlib.md5(usedforsecurity=False)
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(_CHUNK_BYTES), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _stream(url: str, out: BinaryIO, progress: bool) -> str:
-    """Copy ``url`` into ``out`` chunk by chunk; return the md5 of what was written."""
-    digest = hashlib.md5(usedforsecurity=False)
-    with urllib.request.urlopen(url, timeout=_TIMEOUT_S) as response:
-        size = response.headers.get("Content-Length")
-        total = int(size) if size and size.isdigit() else None
-        with tqdm(
-            total=total,
-            unit="B",
-            unit_scale=True,
-            unit_divisor=1024,
-            desc=ARCHIVE_NAME,
-            disable=not progress,
-        ) as bar:
-            for chunk in iter(lambda: response.read(_CHUNK_BYTES), b""):
-                out.write(chunk)
-                digest.update(chunk)
-                bar.update(len(chunk))
-    return digest.hexdigest()
-
-
-def _fetch_archive(url: str, archive: Path, md5: str, progress: bool) -> None:
-    """Download ``url`` to ``archive`` through a temp file, so ``archive`` is complete or absent."""
-    try:
-        fd, tmp_name = tempfile.mkstemp(
-            dir=archive.parent, prefix=f".{ARCHIVE_NAME}.", suffix=".part"
-        )
-    except OSError as err:
-        raise DataError(
-            f"cannot write to data folder '{archive.parent}': {_one_line(err)}"
-        ) from err
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            actual = _stream(url, out, progress)
-        if actual != md5:
-            raise DataError(
-                f"MD5 mismatch for '{archive}' downloaded from '{url}': expected {md5}, got "
-                f"{actual}; the download is corrupt or the URL is wrong, try again or use "
-                "--data-dir with an offline copy"
-            )
-        os.replace(tmp, archive)
-    except (urllib.error.URLError, http.client.HTTPException, TimeoutError, ConnectionError) as e:
-        raise DataError(
-            f"could not download CIFAR-10 from '{url}': {_one_line(e)}; check the network or "
-            "pass --data-dir / ESPER_DATA_DIR pointing at an offline copy"
-        ) from e
-    except OSError as err:
-        raise DataError(f"could not write '{archive}': {_one_line(err)}") from err
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def _check_member(member: tarfile.TarInfo, archive: Path) -> None:
     name = Path(member.name)
     if name.is_absolute() or ".." in name.parts:
@@ -361,7 +266,7 @@ def safe_extract(archive: PathLike, dest: PathLike) -> None:
             tar.extractall(dest, members=members, **kwargs)
     except (tarfile.TarError, EOFError, OSError) as err:
         raise DataError(
-            f"cannot extract '{archive}': {_one_line(err)}; delete it and download again"
+            f"cannot extract '{archive}': {one_line(err)}; delete it and download again"
         ) from err
 
 
@@ -382,7 +287,7 @@ def _install_folder(archive: Path, root: Path) -> None:
         except OSError as err:
             # Another process may have finished first; its copy is as good as ours.
             if not cifar10_present(root):
-                raise DataError(f"cannot move CIFAR-10 into '{root}': {_one_line(err)}") from err
+                raise DataError(f"cannot move CIFAR-10 into '{root}': {one_line(err)}") from err
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -419,7 +324,7 @@ def download_cifar10(
         >>> (root / "cifar-10-batches-py" / "test_batch").is_file()
         True
     """
-    root = _resolve(data_dir)
+    root = resolve_data_dir(data_dir)
     if root.name == FOLDER_NAME and not (root / FOLDER_NAME).exists():
         root = root.parent
     if cifar10_present(root):
@@ -430,13 +335,14 @@ def download_cifar10(
             f"'{root / FOLDER_NAME}' exists but is incomplete (missing {missing}); delete it and "
             "download again"
         )
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise DataError(f"cannot create data folder '{root}': {_one_line(err)}") from err
-    archive = root / ARCHIVE_NAME
+    archive = make_data_dir(root) / ARCHIVE_NAME
     # A previous run's verified archive saves the download; a bad one is simply replaced.
-    if not (archive.is_file() and _file_md5(archive) == md5):
-        _fetch_archive(url, archive, md5, progress)
+    if not (archive.is_file() and file_digest(archive, "md5") == md5):
+        # The archive itself is an offline copy too: a verified one there skips the download.
+        hint = (
+            f"put {ARCHIVE_NAME} in '{root}', or point --data-dir / ESPER_DATA_DIR at an "
+            "offline copy"
+        )
+        fetch_verified(url, archive, md5, "md5", progress, hint=hint)
     _install_folder(archive, root)
     return root

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import lightning as L
@@ -14,10 +13,11 @@ from torch.utils.data import DataLoader, Dataset, Sampler, SequentialSampler
 
 from esper_lightning.data.cifar10 import (
     cifar10_present,
-    default_data_dir,
     download_cifar10,
     load_cifar10_subset,
 )
+from esper_lightning.data.files import check_bool, check_int, resolve_data_dir
+from esper_lightning.data.sampling import EpochSeededSampler
 from esper_lightning.data.tensor_loader import (
     PAD,
     crop_flip,
@@ -37,14 +37,13 @@ class _Key(NamedTuple):
     flip: bool = False
 
 
-class EpochSampler(Sampler[_Key]):
+class EpochSampler(EpochSeededSampler[_Key]):
     """Yield every index once per epoch, with its crop/flip drawn from ``rng_seed + epoch``.
 
     All randomness is drawn here, in the main process, from a fresh ``torch.Generator`` seeded
     with ``rng_seed + epoch``. Workers only apply the parameters they receive, so the batches are a
     function of ``(rng_seed, epoch)`` alone, whatever ``num_workers`` is. Lightning calls
-    :meth:`set_epoch` at the start of every training epoch (as for a ``DistributedSampler``);
-    outside Lightning, call it yourself or every pass repeats epoch 0.
+    :meth:`set_epoch` at the start of every training epoch (see :class:`EpochSeededSampler`).
 
     Args:
         num_samples: Size of the dataset.
@@ -59,22 +58,17 @@ class EpochSampler(Sampler[_Key]):
     """
 
     def __init__(self, num_samples: int, rng_seed: int, shuffle: bool = True, augment: bool = True):
-        self.num_samples = num_samples
-        self.rng_seed = rng_seed
+        super().__init__(num_samples, rng_seed)
         self.shuffle = shuffle
         self.augment = augment
-        self.epoch = 0
 
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch whose order and augmentation the next ``iter()`` produces."""
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return self.num_samples
+    def epoch_rng_seed(self) -> int:
+        # Added, not mixed (unlike the text sampler): runs already recorded must replay exactly.
+        return self.rng_seed + self.epoch
 
     def __iter__(self) -> Iterator[_Key]:
-        generator = torch.Generator().manual_seed(self.rng_seed + self.epoch)
-        n = self.num_samples
+        generator = self.generator()
+        n = len(self)
         order = torch.randperm(n, generator=generator) if self.shuffle else torch.arange(n)
         if not self.augment:
             return iter([_Key(i) for i in order.tolist()])
@@ -128,19 +122,6 @@ def _require(dataset: _KeyedImages | None, caller: str) -> _KeyedImages:
     return dataset
 
 
-def _check_int(name: str, value: object, minimum: int, allow_none: bool = False) -> None:
-    if allow_none and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        accepted = f"an int >= {minimum}" + (" or None" if allow_none else "")
-        raise ValueError(f"{name} must be {accepted}, got {value!r}")
-
-
-def _check_bool(name: str, value: object) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-
-
 class CIFAR10DataModule(L.LightningDataModule):
     """CIFAR-10 from the standard ``cifar-10-batches-py`` files, held in memory as uint8.
 
@@ -190,17 +171,17 @@ class CIFAR10DataModule(L.LightningDataModule):
         pin_memory: bool = False,
     ) -> None:
         super().__init__()
-        _check_int("batch_size", batch_size, 1)
-        _check_int("subset", subset, 1, allow_none=True)
-        _check_int("val_subset", val_subset, 1, allow_none=True)
-        _check_int("num_workers", num_workers, 0)
-        _check_int("rng_seed", rng_seed, 0)
+        check_int("batch_size", batch_size, 1)
+        check_int("subset", subset, 1, allow_none=True)
+        check_int("val_subset", val_subset, 1, allow_none=True)
+        check_int("num_workers", num_workers, 0)
+        check_int("rng_seed", rng_seed, 0)
         flags = {"download": download, "augment": augment, "pin_memory": pin_memory}
         for name, flag in flags.items():
-            _check_bool(name, flag)
+            check_bool(name, flag)
         if data_dir is not None and not isinstance(data_dir, (str, os.PathLike)):
             raise ValueError(f"data_dir must be a path or None, got {data_dir!r}")
-        self.data_dir = default_data_dir() if data_dir is None else Path(data_dir).expanduser()
+        self.data_dir = resolve_data_dir(data_dir)
         self.download = download
         self.batch_size = batch_size
         self.subset = subset

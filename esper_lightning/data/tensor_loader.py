@@ -20,6 +20,7 @@ from esper_lightning.data.cifar10 import (
     CIFAR10_STD,
     load_cifar10_subset,
 )
+from esper_lightning.data.files import check_int
 
 __all__ = [
     "PAD",
@@ -145,8 +146,7 @@ class TensorLoader:
         rng_seed: int = 0,
     ) -> None:
         _check_data(images_uint8, labels)
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        check_int("batch_size", batch_size, 1)
         self.device = torch.device(device)
         self.images = images_uint8.to(self.device).contiguous()
         self.labels = labels.to(self.device, torch.int64)

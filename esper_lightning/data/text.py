@@ -13,23 +13,25 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
-import http.client
-import os
-import tempfile
-import urllib.error
-import urllib.request
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO
 
 import lightning as L
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
-from tqdm.auto import tqdm
 
-from esper_lightning.data.cifar10 import DataError, default_data_dir
+from esper_lightning.data.files import (
+    DataError,
+    PathLike,
+    check_bool,
+    check_int,
+    fetch_verified,
+    file_digest,
+    make_data_dir,
+    one_line,
+    resolve_data_dir,
+)
+from esper_lightning.data.sampling import EpochSeededSampler, mixed_rng_seed
 
 __all__ = [
     "TINYSTORIES_VALID_NAME",
@@ -51,12 +53,6 @@ TINYSTORIES_VALID_URL = (
 # SHA-256 of the file as the Hugging Face Hub publishes it (the Git LFS object id of
 # TinyStories-valid.txt in the dataset repo roneneldan/TinyStories, 19,447,282 bytes).
 TINYSTORIES_VALID_SHA256 = "94e431816c4cce81ff71e4408ff8d3bda9a42e8d2663986697c3954288cb38b4"
-
-_CHUNK_BYTES = 1 << 20
-_TIMEOUT_S = 60.0
-_MAX_REASON_CHARS = 120
-
-PathLike = str | os.PathLike[str]
 
 
 class ByteTokenizer:
@@ -86,16 +82,6 @@ class ByteTokenizer:
         return bytes(tokens).decode("utf-8", errors="replace")
 
 
-def _one_line(reason: object) -> str:
-    # OS and HTTP error texts can span lines; a DataError must stay one line.
-    text = " ".join(str(reason).split())
-    if isinstance(reason, BaseException):
-        text = f"{type(reason).__name__}: {text}" if text else type(reason).__name__
-    if len(text) > _MAX_REASON_CHARS:
-        text = text[: _MAX_REASON_CHARS - 3] + "..."
-    return text
-
-
 def load_text_tokens(path: PathLike) -> torch.Tensor:
     """Read a file's bytes as byte-level tokens.
 
@@ -118,7 +104,7 @@ def load_text_tokens(path: PathLike) -> torch.Tensor:
     try:
         data = file.read_bytes()
     except OSError as err:
-        raise DataError(f"cannot read text file '{file}': {_one_line(err)}") from err
+        raise DataError(f"cannot read text file '{file}': {one_line(err)}") from err
     if not data:
         raise DataError(f"text file '{file}' is empty; a language model needs some text")
     # bytearray: a writable buffer, so the tensor owns (rather than borrows) its memory.
@@ -150,14 +136,6 @@ def split_tokens(
     n_val = int(len(tokens) * val_fraction)
     cut = len(tokens) - n_val
     return tokens[:cut], tokens[cut:]
-
-
-def _check_int(name: str, value: object, minimum: int, allow_none: bool = False) -> None:
-    if allow_none and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        accepted = f"an int >= {minimum}" + (" or None" if allow_none else "")
-        raise ValueError(f"{name} must be {accepted}, got {value!r}")
 
 
 def _check_tokens(tokens: object, block_size: int, what: str) -> torch.Tensor:
@@ -192,8 +170,8 @@ def validation_blocks(
     Example:
         >>> val_x, val_y = validation_blocks(val_tokens, block_size=128, max_blocks=64)
     """
-    _check_int("block_size", block_size, 1)
-    _check_int("max_blocks", max_blocks, 1, allow_none=True)
+    check_int("block_size", block_size, 1)
+    check_int("max_blocks", max_blocks, 1, allow_none=True)
     tokens = _check_tokens(tokens, block_size, "validation tokens")
     n = (len(tokens) - 1) // block_size
     if max_blocks is not None:
@@ -205,63 +183,6 @@ def validation_blocks(
 
 
 # --------------------------------------------------------------------------------------- download
-
-
-def _resolve(data_dir: PathLike | None) -> Path:
-    return default_data_dir() if data_dir is None else Path(data_dir).expanduser()
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(_CHUNK_BYTES), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _stream(url: str, out: BinaryIO, name: str, progress: bool) -> str:
-    """Copy ``url`` into ``out`` chunk by chunk under a progress bar; return its SHA-256."""
-    digest = hashlib.sha256()
-    with urllib.request.urlopen(url, timeout=_TIMEOUT_S) as response:
-        size = response.headers.get("Content-Length")
-        total = int(size) if size and size.isdigit() else None
-        with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=name,
-                  disable=not progress) as bar:
-            for chunk in iter(lambda: response.read(_CHUNK_BYTES), b""):
-                out.write(chunk)
-                digest.update(chunk)
-                bar.update(len(chunk))
-    return digest.hexdigest()
-
-
-def _fetch(url: str, target: Path, sha256: str, progress: bool) -> None:
-    """Download to a temp file in the target's folder and rename it into place once verified, so
-    ``target`` is either complete and checked or absent."""
-    folder = target.parent
-    try:
-        fd, tmp_name = tempfile.mkstemp(dir=folder, prefix=f".{target.name}.", suffix=".part")
-    except OSError as err:
-        raise DataError(f"cannot write to data folder '{folder}': {_one_line(err)}") from err
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            actual = _stream(url, out, target.name, progress)
-        if actual != sha256:
-            raise DataError(
-                f"SHA-256 mismatch for '{target}' downloaded from '{url}': expected {sha256}, got "
-                f"{actual}; the download is corrupt or the URL is wrong, try again or pass path= "
-                "pointing at a local copy"
-            )
-        os.replace(tmp, target)
-    except (urllib.error.URLError, http.client.HTTPException, TimeoutError, ConnectionError) as e:
-        raise DataError(
-            f"could not download '{url}' into '{folder}': {_one_line(e)}; check the network, or "
-            f"put {target.name} in that folder, or pass path= pointing at a local text file"
-        ) from e
-    except OSError as err:
-        raise DataError(f"could not write '{target}': {_one_line(err)}") from err
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def download_tinystories(
@@ -296,46 +217,34 @@ def download_tinystories(
     """
     url = TINYSTORIES_VALID_URL if url is None else url
     sha256 = TINYSTORIES_VALID_SHA256 if sha256 is None else sha256
-    root = _resolve(data_dir)
+    root = resolve_data_dir(data_dir)
     target = root / TINYSTORIES_VALID_NAME
-    if target.is_file() and _file_sha256(target) == sha256:
+    if target.is_file() and file_digest(target, "sha256") == sha256:
         return target
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise DataError(f"cannot create data folder '{root}': {_one_line(err)}") from err
-    _fetch(url, target, sha256, progress)
+    make_data_dir(root)
+    hint = (
+        f"put {TINYSTORIES_VALID_NAME} in '{root}', or pass path= pointing at a local text file"
+    )
+    fetch_verified(url, target, sha256, "sha256", progress, hint=hint)
     return target
 
 
 # ------------------------------------------------------------------------------------ loaders
 
 
-def _epoch_rng_seed(rng_seed: int, epoch: int) -> int:
-    # Mixed rather than added, so (rng_seed, epoch + 1) never replays (rng_seed + 1, epoch).
-    return int(np.random.SeedSequence([rng_seed, epoch]).generate_state(1)[0])
-
-
-class _RandomBlockSampler(Sampler[int]):
-    """Yield ``num_blocks`` random block start offsets per epoch, drawn from
-    ``(rng_seed, epoch)`` alone. Lightning calls :meth:`set_epoch` at the start of every
-    training epoch; outside Lightning, call it yourself or every pass repeats epoch 0."""
+class _RandomBlockSampler(EpochSeededSampler[int]):
+    """Yield ``num_blocks`` random block start offsets per epoch, drawn from a generator seeded
+    with :func:`mixed_rng_seed` of ``(rng_seed, epoch)``; see :class:`EpochSeededSampler`."""
 
     def __init__(self, num_offsets: int, num_blocks: int, rng_seed: int) -> None:
+        super().__init__(num_blocks, rng_seed)
         self.num_offsets = num_offsets
-        self.num_blocks = num_blocks
-        self.rng_seed = rng_seed
-        self.epoch = 0
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return self.num_blocks
+    def epoch_rng_seed(self) -> int:
+        return mixed_rng_seed(self.rng_seed, self.epoch)
 
     def __iter__(self) -> Iterator[int]:
-        generator = torch.Generator().manual_seed(_epoch_rng_seed(self.rng_seed, self.epoch))
-        offsets = torch.randint(0, self.num_offsets, (self.num_blocks,), generator=generator)
+        offsets = torch.randint(0, self.num_offsets, (len(self),), generator=self.generator())
         return iter(offsets.tolist())
 
 
@@ -408,8 +317,7 @@ class TextDataModule(L.LightningDataModule):
         num_workers: int = 0,
     ) -> None:
         super().__init__()
-        if not isinstance(download, bool):
-            raise ValueError(f"download must be True or False, got {download!r}")
+        check_bool("download", download)
         if (path is None) == (not download):
             got = "both" if download else "neither"
             raise ValueError(
@@ -418,16 +326,16 @@ class TextDataModule(L.LightningDataModule):
             )
         if data_dir is not None and not download:
             raise ValueError(f"data_dir={str(data_dir)!r} is only used with download=True")
-        _check_int("block_size", block_size, 1)
-        _check_int("batch_size", batch_size, 1)
-        _check_int("train_blocks", train_blocks, 1, allow_none=True)
-        _check_int("val_blocks", val_blocks, 1, allow_none=True)
-        _check_int("rng_seed", rng_seed, 0)
-        _check_int("num_workers", num_workers, 0)
+        check_int("block_size", block_size, 1)
+        check_int("batch_size", batch_size, 1)
+        check_int("train_blocks", train_blocks, 1, allow_none=True)
+        check_int("val_blocks", val_blocks, 1, allow_none=True)
+        check_int("rng_seed", rng_seed, 0)
+        check_int("num_workers", num_workers, 0)
         if isinstance(val_fraction, bool) or not 0.0 < val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
         self.download = download
-        self.data_dir = _resolve(data_dir) if download else None
+        self.data_dir = resolve_data_dir(data_dir) if download else None
         self.path = Path(path).expanduser() if path is not None else None
         self.block_size, self.batch_size = block_size, batch_size
         self.val_fraction = val_fraction
@@ -536,9 +444,9 @@ class TextTensorLoader:
         device: str | torch.device = "cpu",
         rng_seed: int = 0,
     ) -> None:
-        _check_int("block_size", block_size, 1)
-        _check_int("batch_size", batch_size, 1)
-        _check_int("n_blocks", n_blocks, 1, allow_none=True)
+        check_int("block_size", block_size, 1)
+        check_int("batch_size", batch_size, 1)
+        check_int("n_blocks", n_blocks, 1, allow_none=True)
         tokens = _check_tokens(tokens, block_size, "tokens")
         self.n_blocks = len(tokens) // block_size if n_blocks is None else n_blocks
         if self.n_blocks < batch_size:
