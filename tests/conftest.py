@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import http.server
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -21,3 +25,30 @@ def cifar_dir(tmp_path: Path) -> Path:
     """A tiny learnable CIFAR-10 (80 train / 40 test) in the standard format; the folder that
     contains ``cifar-10-batches-py/``."""
     return write_cifar10_fixture(tmp_path / "cifar", n_train=80, n_test=40, rng_seed=0)
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def serve_folder() -> Iterator[Callable[[Path], str]]:
+    """Serve folders over HTTP on 127.0.0.1 for download tests: ``serve_folder(path)`` returns
+    the base URL (``http://127.0.0.1:<port>``); every server stops at the end of the test."""
+    servers: list[tuple[http.server.ThreadingHTTPServer, threading.Thread]] = []
+
+    def serve(folder: Path) -> str:
+        handler = functools.partial(_QuietHandler, directory=str(folder))
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+        thread.daemon = True
+        thread.start()
+        servers.append((server, thread))
+        return f"http://127.0.0.1:{server.server_port}"
+
+    yield serve
+    for server, thread in servers:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import http.server
 import io
 import pickle
 import tarfile
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -156,28 +152,13 @@ def _make_archive(source_root: Path, dest: Path) -> str:
     return hashlib.md5(dest.read_bytes()).hexdigest()
 
 
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
-def served(tmp_path: Path, cifar_dir: Path) -> Iterator[tuple[str, str]]:
-    """Serve a fixture ``cifar-10-python.tar.gz`` on 127.0.0.1; yields ``(url, md5)``."""
+def served(tmp_path: Path, cifar_dir: Path, serve_folder) -> tuple[str, str]:
+    """Serve a fixture ``cifar-10-python.tar.gz`` on 127.0.0.1; returns ``(url, md5)``."""
     www = tmp_path / "www"
     www.mkdir()
     md5 = _make_archive(cifar_dir, www / ARCHIVE_NAME)
-    handler = functools.partial(_QuietHandler, directory=str(www))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
-    thread.daemon = True
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}/{ARCHIVE_NAME}", md5
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    return f"{serve_folder(www)}/{ARCHIVE_NAME}", md5
 
 
 def _visible(folder: Path) -> list[str]:

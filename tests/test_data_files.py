@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import http.server
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -105,28 +101,13 @@ def test_file_digest_refuses_other_algorithms(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- fetch_verified
 
 
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
-def url(tmp_path: Path) -> Iterator[str]:
+def url(tmp_path: Path, serve_folder) -> str:
     """URL of ``PAYLOAD`` served from 127.0.0.1."""
     www = tmp_path / "www"
     www.mkdir()
     (www / "a.txt").write_bytes(PAYLOAD)
-    handler = functools.partial(_QuietHandler, directory=str(www))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
-    thread.daemon = True
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}/a.txt"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    return f"{serve_folder(www)}/a.txt"
 
 
 @pytest.fixture

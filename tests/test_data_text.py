@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import http.server
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -190,33 +186,20 @@ def test_too_short_text_names_block_size(tmp_path: Path):
 # ---------------------------------------------------------------------------------- download
 
 
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
-def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[bytes, str]]:
+def served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, serve_folder
+) -> tuple[bytes, str]:
     """Serve a fixture text as TinyStories on 127.0.0.1 (URL and digest patched in)."""
     www = tmp_path / "www"
     www.mkdir()
     payload = ("Once upon a time there was a tiny story. " * 40).encode()
     (www / TINYSTORIES_VALID_NAME).write_bytes(payload)
     digest = hashlib.sha256(payload).hexdigest()
-    handler = functools.partial(_QuietHandler, directory=str(www))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
-    thread.daemon = True
-    thread.start()
-    url = f"http://127.0.0.1:{server.server_port}/{TINYSTORIES_VALID_NAME}"
+    url = f"{serve_folder(www)}/{TINYSTORIES_VALID_NAME}"
     monkeypatch.setattr(text, "TINYSTORIES_VALID_URL", url)
     monkeypatch.setattr(text, "TINYSTORIES_VALID_SHA256", digest)
-    try:
-        yield payload, digest
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    return payload, digest
 
 
 def test_download_through_the_datamodule(served: tuple[bytes, str], tmp_path: Path):
