@@ -1,72 +1,64 @@
-"""The ``esper-lightning`` command line.
+"""The ``esper-lightning`` command line, on jsonargparse.
 
-    esper-lightning ppo --preset smoke --data-dir ../shared/data/cifar10-subset
+    esper-lightning ppo --preset smoke --data_dir ../shared/data/cifar10-subset
+    esper-lightning compare --controllers static heuristic --seeds 10 --preset cpu --out cmp
+    esper-lightning ppo --preset smoke --print_config > run.yaml
+    esper-lightning ppo --config run.yaml
+
+Every config field is a flag with its default, type and choices in ``--help`` (the help text is
+the config dataclass's docstring). Layers apply in this order: defaults, ``--preset``, then
+``--config`` files and flags in the order given. ``--print_config`` writes a file that
+``--config`` reads back, as does the ``hparams.yaml`` a PPO run logs. Flags may be spelled with
+dashes too (``--data-dir``), ``--no-progress`` means ``--progress false``, a bare boolean flag
+means true, and list flags take space-separated values (``--slots r0c1 r0c2``).
 
 Every user mistake (bad flag, unknown config key, bad slot, missing data, incompatible
-checkpoint) prints one line naming the bad value and what is accepted, and exits with status 2;
-nothing already written is touched.
+checkpoint, unknown controller) prints one line naming the bad value and what is accepted and
+exits with status 2; nothing already written is touched.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
+import re
 import sys
-from collections.abc import Sequence
-from typing import Any, NoReturn
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
 
-from esper_lightning.app.config import PRESETS, ConfigError, load_config
+from jsonargparse import ActionConfigFile, ArgumentParser
+
+from esper_lightning.app.config import (
+    PRESETS,
+    CompareConfig,
+    PPORunConfig,
+    TaskConfig,
+    from_mapping,
+    preset_values,
+)
 from esper_lightning.data import DataError
+from esper_lightning.errors import ConfigError
 
-#: Flags of ``ppo`` that map one-to-one onto `PPORunConfig` fields.
-_PPO_FLAGS: dict[str, dict[str, Any]] = {
-    "data_dir": {"help": "folder with cifar-10-batches-py/ (default: $ESPER_DATA_DIR)"},
-    "download": {"action": "store_const", "const": True, "help": "download CIFAR-10 if missing"},
-    "envs": {"type": int, "help": "parallel environments (host models)"},
-    "rounds": {"type": int, "help": "PPO rounds (one episode per env, then one update)"},
-    "episode_length": {"type": int, "help": "host epochs per episode"},
-    "slots": {"nargs": "+", "help": "slot ids, e.g. r0c1 r0c2"},
-    "host_preset": {"help": "baseline, impaired or scale"},
-    "reward": {"help": "shaped, simplified or sparse"},
-    "device": {"help": "cpu, cuda or cuda:N for every env"},
-    "devices": {"nargs": "+", "help": "one device per env (cycled)"},
-    "precision": {"help": "32-true, bf16-mixed or 16-mixed"},
-    "logdir": {"help": "TensorBoard root folder"},
-    "save": {"help": "checkpoint written after every round"},
-    "resume": {"help": "checkpoint to continue from"},
-    "rng_seed": {"type": int, "help": "root random-number seed"},
-}
+PROG = "esper-lightning"
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports errors in one line (no usage dump) with exit status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="esper-lightning", description="Morphogenetic training tools.")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    ppo = commands.add_parser("ppo", help="train the lifecycle controller with PPO")
-    ppo.add_argument("--preset", help=f"one of {', '.join(PRESETS)}")
-    ppo.add_argument("--config", help="JSON or YAML file of config keys (strict)")
-    ppo.add_argument("--no-progress", dest="progress", action="store_const", const=False,
-                     help="hide the progress bar")
-    for name, options in _PPO_FLAGS.items():
-        ppo.add_argument("--" + name.replace("_", "-"), dest=name, default=None, **options)
-    return parser
+@dataclass(frozen=True)
+class Command:
+    config: type[TaskConfig]
+    summary: str
+    run: Callable[[TaskConfig], int]
 
 
-def run_ppo(args: argparse.Namespace) -> int:
+def run_ppo(config: TaskConfig) -> int:
     from esper_lightning.app.trainer import PPOTrainer  # heavy imports only for this command
 
-    overrides = {k: getattr(args, k) for k in (*_PPO_FLAGS, "progress")
-                 if getattr(args, k) is not None}
-    config = load_config(args.preset, args.config, overrides)
+    assert isinstance(config, PPORunConfig)
     history = PPOTrainer(config).train()
     if history:
-        last = history[-1]
-        accuracy = sum(last.final_accuracies) / max(len(last.final_accuracies), 1)
+        accuracies = history[-1].final_accuracies
+        accuracy = sum(accuracies) / max(len(accuracies), 1)
         print(f"done: {config.rounds} rounds, last round final accuracy {accuracy:.2f}%")
     if config.save:
         print(f"checkpoint: {config.save}")
@@ -74,14 +66,147 @@ def run_ppo(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_compare(config: TaskConfig) -> int:
+    from esper_lightning.app.compare import Comparison
+
+    assert isinstance(config, CompareConfig)
+    comparison = Comparison(config)
+    comparison.run()
+    print((comparison.out / "summary.md").read_text())
+    print(f"episodes: {comparison.episodes_csv}; plots and summary in {comparison.out}")
+    return 0
+
+
+COMMANDS = {
+    "ppo": Command(PPORunConfig, "learn the lifecycle controller with PPO", run_ppo),
+    "compare": Command(CompareConfig, "compare controllers on paired episodes", run_compare),
+}
+
+
+def build_parser(command: str, preset: str | None = None) -> ArgumentParser:
+    """The parser of one command; a preset becomes its defaults."""
+    cls = COMMANDS[command].config
+    parser = ArgumentParser(
+        prog=f"{PROG} {command}", exit_on_error=False,
+        description=f"{COMMANDS[command].summary}. --preset NAME sets the defaults of a preset "
+        f"(before any --config or flag): {', '.join(PRESETS)}.",
+        epilog="presets: " + "; ".join(
+            f"{name}: {json.dumps(preset_values(name, cls))}" for name in PRESETS),
+    )
+    parser.add_argument("--config", action=ActionConfigFile,
+                        help="YAML or JSON file of config keys (what --print_config writes)")
+    parser.add_class_arguments(cls, as_group=False)
+    if preset is not None:
+        parser.set_defaults(preset_values(preset, cls))
+    return parser
+
+
+def parse_config(command: str, argv: Sequence[str]) -> TaskConfig:
+    """Parse one command's arguments into its config (strict; `ConfigError` on bad values)."""
+    cls = COMMANDS[command].config
+    preset, rest = _pop_preset(argv)
+    parser = build_parser(command, preset)
+    namespace = parser.parse_args(normalize_argv(rest, cls))
+    values = {k: v for k, v in namespace.as_dict().items()
+              if k not in ("config", "__path__")}
+    return from_mapping(values, cls())
+
+
+def normalize_argv(argv: Sequence[str], cls: type[TaskConfig]) -> list[str]:
+    """Accept the spellings people type: dashes for underscores, ``--no-<flag>``, a bare
+    boolean flag, and space-separated values of a list flag."""
+    hints = typing.get_type_hints(cls)
+    kinds = {f.name: _kind(hints[f.name]) for f in fields(cls)}
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        token, i = argv[i], i + 1
+        name, eq, value = token[2:].partition("=") if token.startswith("--") else ("", "", "")
+        key = name.replace("-", "_")
+        if key.startswith("no_") and kinds.get(key[3:]) == "bool" and not eq:
+            out.append(f"--{key[3:]}=false")
+        elif kinds.get(key) == "bool" and not eq and _no_value(argv, i):
+            out.append(f"--{key}=true")
+        elif kinds.get(key) == "list" and not eq:
+            items = []
+            while i < len(argv) and not argv[i].startswith("--"):
+                items.append(argv[i])
+                i += 1
+            out.append(f"--{key}={json.dumps(items)}")
+        elif key in kinds or key in ("print_config", "config"):
+            out.append(f"--{key}{eq}{value}")
+        else:
+            out.append(token)
+    return out
+
+
+def _kind(hint: object) -> str:
+    if hint is bool:
+        return "bool"
+    return "list" if typing.get_origin(hint) is tuple else "value"
+
+
+def _no_value(argv: Sequence[str], i: int) -> bool:
+    return i >= len(argv) or argv[i].lower() not in ("true", "false")
+
+
+def _pop_preset(argv: Sequence[str]) -> tuple[str | None, list[str]]:
+    preset, rest = None, []
+    tokens = iter(argv)
+    for token in tokens:
+        if token == "--preset":
+            preset = next(tokens, None)
+            if preset is None:
+                raise ConfigError(f"--preset needs a name; accepted: {', '.join(PRESETS)}")
+        elif token.startswith("--preset="):
+            preset = token.partition("=")[2]
+        else:
+            rest.append(token)
+    if preset is not None and preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}; accepted: {', '.join(PRESETS)}")
+    return preset, rest
+
+
+def attach_log_handler() -> None:
+    """One line per lifecycle event and per round on stderr (the package logs on
+    ``esper_lightning``; a user's own logging setup takes precedence)."""
+    logger = logging.getLogger("esper_lightning")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return run_ppo(args)
-    except (ConfigError, DataError) as err:
-        print(f"{parser.prog} {args.command}: error: {err}", file=sys.stderr)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        lines = [f"usage: {PROG} {{{','.join(COMMANDS)}}} [--help] ...", ""]
+        lines += [f"  {name:8s} {command.summary}" for name, command in COMMANDS.items()]
+        print("\n".join(lines))
+        return 0 if argv else 2
+    command = argv[0]
+    if command not in COMMANDS:
+        print(f"{PROG}: error: unknown command {command!r}; accepted: {', '.join(COMMANDS)}",
+              file=sys.stderr)
         return 2
+    try:
+        config = parse_config(command, argv[1:])
+        attach_log_handler()
+        return COMMANDS[command].run(config)
+    except (ConfigError, DataError, argparse.ArgumentError) as err:
+        print(f"{PROG} {command}: error: {_one_line(err, command)}", file=sys.stderr)
+        return 2
+
+
+def _one_line(err: Exception, command: str) -> str:
+    """The error on one line; jsonargparse's unknown-key message gains the accepted keys."""
+    message = " ".join(str(err).split())  # jsonargparse's messages span lines
+    unknown = re.fullmatch(r"Option '([^']+)' is not accepted", message)
+    if unknown:
+        accepted = ", ".join(f.name for f in fields(COMMANDS[command].config))
+        message = f"unknown config key {unknown.group(1)!r}; accepted: {accepted}"
+    return message
 
 
 if __name__ == "__main__":

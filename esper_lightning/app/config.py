@@ -1,9 +1,12 @@
-"""Typed, strict configuration of a PPO controller-training run.
+"""Typed, strict configuration of the application's commands.
 
-A run's configuration is built in layers: the preset, then an optional JSON/YAML file, then
-command-line flags. Every layer is checked strictly: an unknown key, a wrong type or an
-out-of-range value raises `ConfigError` with a one-line message naming the bad value and what
-is accepted.
+`TaskConfig` is the task every env plays (data, host, slots, episode length, reward);
+`PPORunConfig` adds how a controller is learned (``esper-lightning ppo``) and `CompareConfig` how
+controllers are compared (``esper-lightning compare``). A configuration is built in layers: the
+defaults, a preset, an optional JSON/YAML file, then command-line flags. Every layer is checked
+strictly: an unknown key, a wrong type or an out-of-range value raises `ConfigError` with a
+one-line message naming the bad value and what is accepted. The docstrings' ``Args`` sections are
+the command-line help (jsonargparse reads them), so every field is documented exactly once.
 """
 
 from __future__ import annotations
@@ -13,85 +16,69 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import torch
+import yaml
 
+from esper_lightning.app.stats import OUTCOME_EPOCHS
 from esper_lightning.errors import ConfigError
 from esper_lightning.hosts import PRESETS as HOST_PRESETS
 from esper_lightning.hosts import slot_ids
 from esper_lightning.rl.rewards import RewardMode
 
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+# Choices as types, so the command-line help lists them (built from the one registry of each).
+HostPresetName = Literal[tuple(HOST_PRESETS)]  # type: ignore[valid-type]
+RewardName = Literal[tuple(m.value for m in RewardMode)]  # type: ignore[valid-type]
+PrecisionName = Literal[PRECISIONS]  # type: ignore[valid-type]
+ConfigT = TypeVar("ConfigT", bound="TaskConfig")
 
 
 @dataclass(frozen=True)
-class PPORunConfig:
-    """Everything a `PPOTrainer` run needs.
+class TaskConfig:
+    """The task every env plays: one host trained for one episode on one dataset.
 
-    Attributes:
-        data_dir: folder with ``cifar-10-batches-py/`` (None: ``$ESPER_DATA_DIR`` or the cache).
+    Args:
+        data_dir: folder with ``cifar-10-batches-py/`` (null: ``$ESPER_DATA_DIR`` or the cache).
         download: download CIFAR-10 when missing.
-        envs: parallel environments (host models) per round.
-        rounds: PPO rounds; each is ``envs`` episodes of ``episode_length`` epochs + 1 update.
         episode_length: host epochs per episode (one RL step = one epoch).
         slots: enabled slot ids of the host, in action order.
-        host_preset: ``baseline``, ``impaired`` or ``scale``.
-        reward: reward mode (``shaped``, ``simplified``, ``sparse``).
-        device: device of every env when ``devices`` is empty (``cpu``, ``cuda``, ``cuda:1``).
-        devices: one device per env, cycled when shorter than ``envs``.
-        precision: ``32-true``, ``bf16-mixed`` or ``16-mixed`` (per-env GradScaler).
-        logdir: TensorBoard root (Lightning layout: ``<logdir>/ppo/version_N``).
-        save: checkpoint path written atomically after every round (None: no checkpoint).
-        resume: checkpoint to continue from.
-        rng_seed: root random-number seed; every episode's seed derives from (rng_seed, round,
-            env index), the data subsets from rng_seed.
+        host_preset: the host network.
+        reward: reward mode the controller's return is computed with.
+        gamma: discount of the return (and of the reward's potential-based shaping).
+        device: device of every env when ``devices`` is empty (cpu, cuda, cuda:N).
+        devices: one device per env, cycled when shorter than the pool.
+        precision: host training precision (16-mixed gives each env its own GradScaler).
+        rng_seed: root random-number seed: episodes and data subsets derive from it.
         batch_size: host training batch size.
-        train_subset, val_subset: at most this many images of the training/test split (None:
-            all).
+        train_subset: at most this many training images (null: all).
+        val_subset: at most this many validation images (null: all).
         host_lr: host SGD learning rate.
-        max_seeds: seeds present at once per host (None: unlimited).
-        policy_hidden: width of the policy's feature MLP and LSTM.
-        learning_rate: Adam step size of the policy.
-        ppo_epochs: passes over each round's rollout.
-        minibatch_envs: env sequences per PPO minibatch.
-        gamma, gae_lambda: discount and GAE lambda.
-        min_training_epochs: G2 incubation epochs (default 10; short episodes need fewer).
-        progress: show a progress bar.
+        max_seeds: seeds present at once per host (null: unlimited).
+        min_training_epochs: epochs a seed incubates before it may blend (gate G2).
     """
 
     data_dir: str | None = None
     download: bool = False
-    envs: int = 4
-    rounds: int = 20
     episode_length: int = 20
     slots: tuple[str, ...] = ("r0c0", "r0c1", "r0c2")
-    host_preset: str = "baseline"
-    reward: str = "shaped"
+    host_preset: HostPresetName = "baseline"
+    reward: RewardName = "shaped"
+    gamma: float = 0.995
     device: str = "cpu"
     devices: tuple[str, ...] = ()
-    precision: str = "32-true"
-    logdir: str = "runs"
-    save: str | None = None
-    resume: str | None = None
+    precision: PrecisionName = "32-true"
     rng_seed: int = 0
     batch_size: int = 128
     train_subset: int | None = None
     val_subset: int | None = None
     host_lr: float = 0.01
     max_seeds: int | None = None
-    policy_hidden: int = 128
-    learning_rate: float = 3e-4
-    ppo_epochs: int = 4
-    minibatch_envs: int = 2
-    gamma: float = 0.995
-    gae_lambda: float = 0.95
     min_training_epochs: int = 10
-    progress: bool = True
 
     def __post_init__(self) -> None:
-        _check_positive(self, ("envs", "rounds", "episode_length", "batch_size",
-                               "policy_hidden", "ppo_epochs", "minibatch_envs"))
+        _check_positive(self, ("episode_length", "batch_size"))
         _check_optional_positive(self, ("train_subset", "val_subset", "max_seeds"))
         if self.min_training_epochs < 0:
             raise ConfigError(f"min_training_epochs must be >= 0, got {self.min_training_epochs}")
@@ -100,32 +87,110 @@ class PPORunConfig:
         _check_choice("precision", self.precision, PRECISIONS)
         for device in (self.device, *self.devices):
             _check_device(device)
-        accepted = slot_ids(HOST_PRESETS[self.host_preset].n_blocks)
-        if not self.slots:
-            raise ConfigError(f"slots must name at least one slot; accepted: {', '.join(accepted)}")
-        for slot in self.slots:
-            _check_choice("slot", slot, accepted)
-        if len(set(self.slots)) != len(self.slots):
-            raise ConfigError(f"slots lists a slot twice: {', '.join(self.slots)}")
-        for name, low, high in (("gamma", 0.0, 1.0), ("gae_lambda", 0.0, 1.0)):
-            value = getattr(self, name)
-            if not low <= value <= high:
-                raise ConfigError(f"{name} must be in [{low}, {high}], got {value}")
-        for name in ("learning_rate", "host_lr"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        _check_slots(self.slots, self.host_preset)
+        _check_range("gamma", self.gamma, 0.0, 1.0)
+        if self.host_lr <= 0:
+            raise ConfigError(f"host_lr must be > 0, got {self.host_lr}")
 
-    @property
-    def env_devices(self) -> tuple[str, ...]:
+    def devices_for(self, n_envs: int) -> tuple[str, ...]:
+        """The device of each of ``n_envs`` envs (``devices`` cycled, else ``device``)."""
         devices = self.devices or (self.device,)
-        return tuple(devices[i % len(devices)] for i in range(self.envs))
-
+        return tuple(devices[i % len(devices)] for i in range(n_envs))
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
 
-    def replace(self, **changes: Any) -> PPORunConfig:
+    def replace(self: ConfigT, **changes: Any) -> ConfigT:
         return from_mapping(changes, base=self)
+
+
+@dataclass(frozen=True)
+class PPORunConfig(TaskConfig):
+    """A run that learns the lifecycle controller with PPO (``esper-lightning ppo``).
+
+    Args:
+        envs: parallel environments (host models) per round.
+        rounds: PPO rounds; each is ``envs`` episodes of ``episode_length`` epochs + 1 update.
+        logdir: TensorBoard root (Lightning layout: ``<logdir>/ppo/version_N``).
+        save: checkpoint path written atomically after every round (null: no checkpoint).
+        resume: checkpoint to continue from (the same TensorBoard run continues).
+        policy_hidden: width of the policy's feature MLP and LSTM.
+        learning_rate: Adam step size of the policy.
+        ppo_epochs: passes over each round's rollout.
+        minibatch_envs: env sequences per PPO minibatch.
+        gae_lambda: GAE lambda.
+        progress: show a progress bar.
+    """
+
+    envs: int = 4
+    rounds: int = 20
+    logdir: str = "runs"
+    save: str | None = None
+    resume: str | None = None
+    policy_hidden: int = 128
+    learning_rate: float = 3e-4
+    ppo_epochs: int = 4
+    minibatch_envs: int = 2
+    gae_lambda: float = 0.95
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_positive(self, ("envs", "rounds", "policy_hidden", "ppo_epochs", "minibatch_envs"))
+        _check_range("gae_lambda", self.gae_lambda, 0.0, 1.0)
+        if self.learning_rate <= 0:
+            raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate}")
+
+    @property
+    def env_devices(self) -> tuple[str, ...]:
+        return self.devices_for(self.envs)
+
+
+@dataclass(frozen=True)
+class CompareConfig(TaskConfig):
+    """A paired comparison of controllers (``esper-lightning compare``).
+
+    Args:
+        controllers: controllers to compare: static, heuristic, random, grower:BLUEPRINT
+            (germinate it in the first slot, advance when legal, fossilize), policy:PATH (a PPO
+            checkpoint) and matched:NAME (the host born with the median seed parameters of
+            NAME's grown models, fully blended from epoch 0).
+        seeds: evaluation episodes per controller; episode i has the same host initialisation,
+            data order and augmentation for every controller.
+        envs: envs in the lockstep pool (episodes run in chunks of this size).
+        out: folder for the per-episode CSV, summary and plots (a rerun resumes it).
+        reference: the controller every other one is compared with.
+        all_pairs: also compare every pair of controllers.
+        tune_heuristic: first tune the heuristic's main knobs on tuning episodes (disjoint from
+            the evaluation episodes) and compare with the chosen configuration.
+        tuning_seeds: tuning episodes per heuristic configuration.
+        progress: show a progress bar.
+    """
+
+    controllers: tuple[str, ...] = ("static", "heuristic")
+    seeds: int = 10
+    envs: int = 4
+    out: str = "compare"
+    reference: str = "static"
+    all_pairs: bool = False
+    tune_heuristic: bool = False
+    tuning_seeds: int = 3
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_positive(self, ("seeds", "envs", "tuning_seeds"))
+        if self.episode_length < OUTCOME_EPOCHS:
+            raise ConfigError(f"episode_length must be >= {OUTCOME_EPOCHS} for a comparison (the "
+                              f"outcome averages the last {OUTCOME_EPOCHS} epochs), got "
+                              f"{self.episode_length}")
+        if not self.controllers:
+            raise ConfigError("controllers must name at least one controller")
+        if len(set(self.controllers)) != len(self.controllers):
+            raise ConfigError(f"controllers lists one twice: {', '.join(self.controllers)}")
+        if self.reference not in self.controllers:
+            raise ConfigError(f"reference {self.reference!r} is not among the controllers; "
+                              f"accepted: {', '.join(self.controllers)}")
 
 
 #: Fields that shape the policy or the task: a checkpoint only resumes with equal values.
@@ -156,9 +221,16 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def from_mapping(values: Mapping[str, Any], base: PPORunConfig | None = None) -> PPORunConfig:
-    """Apply ``values`` on top of ``base`` (defaults if None); unknown keys are errors."""
-    known = {f.name: f for f in fields(PPORunConfig)}
+def preset_values(preset: str, cls: type[TaskConfig] = PPORunConfig) -> dict[str, Any]:
+    """The values a preset sets that ``cls`` has (a compare uses a PPO preset's task part)."""
+    _check_choice("preset", preset, tuple(PRESETS))
+    known = {f.name for f in fields(cls)}
+    return {k: v for k, v in PRESETS[preset].items() if k in known}
+
+
+def from_mapping(values: Mapping[str, Any], base: ConfigT) -> ConfigT:
+    """Apply ``values`` on top of ``base``; unknown keys are errors."""
+    known = {f.name: f for f in fields(base)}
     unknown = sorted(set(values) - set(known))
     if unknown:
         raise ConfigError(
@@ -167,7 +239,7 @@ def from_mapping(values: Mapping[str, Any], base: PPORunConfig | None = None) ->
         )
     coerced = {name: _coerce(name, value, known[name].default) for name, value in values.items()}
     try:
-        return dataclasses.replace(base or PPORunConfig(), **coerced)
+        return dataclasses.replace(base, **coerced)
     except TypeError as err:
         raise ConfigError(str(err)) from None
 
@@ -176,12 +248,12 @@ def load_config(
     preset: str | None = None,
     path: str | Path | None = None,
     overrides: Mapping[str, Any] | None = None,
-) -> PPORunConfig:
-    """Preset, then file, then overrides; each layer strict."""
-    config = PPORunConfig()
+    cls: type[ConfigT] = PPORunConfig,  # type: ignore[assignment]
+) -> ConfigT:
+    """Defaults, then preset, then file, then overrides; each layer strict."""
+    config = cls()
     if preset is not None:
-        _check_choice("preset", preset, tuple(PRESETS))
-        config = from_mapping(PRESETS[preset], config)
+        config = from_mapping(preset_values(preset, cls), config)
     if path is not None:
         config = from_mapping(read_config_file(path), config)
     return from_mapping(overrides or {}, config)
@@ -194,12 +266,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     except OSError as err:
         raise ConfigError(f"cannot read config file '{path}': {err.strerror}") from None
     try:
-        if path.suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
+        data = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
     except Exception as err:  # any parser error is a user mistake in the file
         reason = str(err).splitlines()[0]
         raise ConfigError(f"cannot parse config file '{path}': {reason}") from None
@@ -218,16 +285,36 @@ def compatibility_errors(saved: Mapping[str, Any], config: PPORunConfig) -> list
     ]
 
 
+def check_hardware(config: TaskConfig, devices: tuple[str, ...]) -> None:
+    """Refuse devices and precisions this machine cannot run (one-line `ConfigError`)."""
+    cuda = [d for d in devices if d.startswith("cuda")]
+    if cuda and not torch.cuda.is_available():
+        raise ConfigError(f"device {cuda[0]!r} requested but CUDA is not available; use cpu")
+    for device in cuda:
+        index = int(device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise ConfigError(f"device {device!r} does not exist; this machine has "
+                              f"{torch.cuda.device_count()} CUDA device(s)")
+    if config.precision == "16-mixed" and not cuda:
+        raise ConfigError("precision '16-mixed' needs CUDA devices; on cpu use bf16-mixed or "
+                          "32-true")
+
+
 # --- checking ---------------------------------------------------------------------------------
+_TUPLE_FIELDS = ("slots", "devices", "controllers")
+_OPTIONAL_PATHS = ("data_dir", "save", "resume")
+_OPTIONAL_INTS = ("train_subset", "val_subset", "max_seeds")
+
+
 def _coerce(name: str, value: Any, default: Any) -> Any:
-    if name in ("slots", "devices"):
+    if name in _TUPLE_FIELDS:
         if isinstance(value, str) or not isinstance(value, list | tuple):
             raise ConfigError(f"{name} must be a list of strings, got {value!r}")
         return tuple(str(v) for v in value)
     expected = type(default) if default is not None else None
-    if name in ("data_dir", "save", "resume"):
+    if name in _OPTIONAL_PATHS:
         expected = str
-    if name in ("train_subset", "val_subset", "max_seeds"):
+    if name in _OPTIONAL_INTS:
         expected = int
     if value is None:
         if default is None:
@@ -241,18 +328,23 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
     return value
 
 
-def _check_positive(config: PPORunConfig, names: tuple[str, ...]) -> None:
+def _check_positive(config: Any, names: tuple[str, ...]) -> None:
     for name in names:
         value = getattr(config, name)
         if value < 1:
             raise ConfigError(f"{name} must be >= 1, got {value}")
 
 
-def _check_optional_positive(config: PPORunConfig, names: tuple[str, ...]) -> None:
+def _check_optional_positive(config: Any, names: tuple[str, ...]) -> None:
     for name in names:
         value = getattr(config, name)
         if value is not None and value < 1:
             raise ConfigError(f"{name} must be >= 1 or null, got {value}")
+
+
+def _check_range(name: str, value: float, low: float, high: float) -> None:
+    if not low <= value <= high:
+        raise ConfigError(f"{name} must be in [{low}, {high}], got {value}")
 
 
 def _check_choice(name: str, value: str, accepted: tuple[str, ...]) -> None:
@@ -260,19 +352,14 @@ def _check_choice(name: str, value: str, accepted: tuple[str, ...]) -> None:
         raise ConfigError(f"unknown {name} {value!r}; accepted: {', '.join(accepted)}")
 
 
-def check_hardware(config: PPORunConfig) -> None:
-    """Refuse devices and precisions this machine cannot run (one-line `ConfigError`)."""
-    cuda = [d for d in config.env_devices if d.startswith("cuda")]
-    if cuda and not torch.cuda.is_available():
-        raise ConfigError(f"device {cuda[0]!r} requested but CUDA is not available; use cpu")
-    for device in cuda:
-        index = int(device.partition(":")[2] or 0)
-        if index >= torch.cuda.device_count():
-            raise ConfigError(f"device {device!r} does not exist; this machine has "
-                              f"{torch.cuda.device_count()} CUDA device(s)")
-    if config.precision == "16-mixed" and not cuda:
-        raise ConfigError("precision '16-mixed' needs CUDA devices; on cpu use bf16-mixed or "
-                          "32-true")
+def _check_slots(slots: tuple[str, ...], host_preset: str) -> None:
+    accepted = slot_ids(HOST_PRESETS[host_preset].n_blocks)
+    if not slots:
+        raise ConfigError(f"slots must name at least one slot; accepted: {', '.join(accepted)}")
+    for slot in slots:
+        _check_choice("slot", slot, accepted)
+    if len(set(slots)) != len(slots):
+        raise ConfigError(f"slots lists a slot twice: {', '.join(slots)}")
 
 
 def _check_device(device: str) -> None:

@@ -20,12 +20,9 @@ from tqdm.auto import tqdm
 from esper_lightning.app.checkpoint import load_trainer, save_trainer, seed_run
 from esper_lightning.app.config import PPORunConfig, check_hardware
 from esper_lightning.app.metrics import RoundStats, mean, round_metrics
+from esper_lightning.app.task import env_spec, load_splits
 from esper_lightning.core.actions import Action
-from esper_lightning.core.divergence import GovernorConfig
-from esper_lightning.core.lifecycle import GateConfig
-from esper_lightning.data import download_cifar10, load_cifar10_subset
-from esper_lightning.data.cifar10 import cifar10_present
-from esper_lightning.envs import EnvPool, EnvSpec, Observation, episode_rng_seed
+from esper_lightning.envs import EnvPool, Observation, episode_rng_seed
 from esper_lightning.rl import (
     FactoredRecurrentActorCritic,
     PolicyConfig,
@@ -72,7 +69,7 @@ class PPOTrainer:
     """
 
     def __init__(self, config: PPORunConfig) -> None:
-        check_hardware(config)
+        check_hardware(config, config.env_devices)
         self.config = config
         self.round = 0
         seed_run(config.rng_seed)
@@ -91,7 +88,8 @@ class PPOTrainer:
         self.reward_config = RewardConfig(mode=config.reward, gamma=config.gamma)
         if config.resume is not None:
             load_trainer(self, config.resume)
-        self.pool = EnvPool(env_spec(config), *load_splits(config), config.env_devices)
+        self.pool = EnvPool(env_spec(config), *load_splits(config, config.progress),
+                            config.env_devices)
         self.logger = TensorBoardLogger(config.logdir, name="ppo")
 
     # --- main loop ----------------------------------------------------------------------------
@@ -99,8 +97,8 @@ class PPOTrainer:
         """Run the remaining rounds; returns their stats."""
         c = self.config
         if self.round == 0:
-            self.logger.log_hyperparams({k: str(v) if isinstance(v, list) else v
-                                         for k, v in c.to_dict().items()})
+            # hparams.yaml keeps real lists, so it can be fed back with --config.
+            self.logger.log_hyperparams(c.to_dict())
         history = []
         bar = tqdm(range(self.round, c.rounds), initial=self.round, total=c.rounds,
                    desc="rounds", disable=not c.progress, dynamic_ncols=True)
@@ -230,24 +228,3 @@ class PPOTrainer:
                                             rollout.episodes[i])
                 observations[i] = self.pool.reset([rng_seed], which=[i])[0]
         return observations
-
-
-def env_spec(config: PPORunConfig) -> EnvSpec:
-    """The settings every env of the run's pool shares."""
-    c = config
-    return EnvSpec(
-        host_preset=c.host_preset, slots=c.slots, batch_size=c.batch_size, host_lr=c.host_lr,
-        precision=c.precision, episode_length=c.episode_length, max_seeds=c.max_seeds,
-        gate_config=GateConfig(min_training_epochs=c.min_training_epochs),
-        governor=GovernorConfig(num_classes=10),
-    )
-
-
-def load_splits(config: PPORunConfig) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
-    """The run's training and validation images (downloaded first when asked to)."""
-    c = config
-    if c.download and not cifar10_present(c.data_dir):
-        download_cifar10(c.data_dir, progress=c.progress)
-    train = load_cifar10_subset(c.data_dir, True, c.train_subset, c.rng_seed, at_most=True)
-    val = load_cifar10_subset(c.data_dir, False, c.val_subset, c.rng_seed, at_most=True)
-    return train, val

@@ -11,6 +11,7 @@ Every controller follows the `Controller` protocol (``decide``, ``reset``, ``sta
 
 from esper_lightning.controllers.base import Controller
 from esper_lightning.controllers.baselines import (
+    GrowerController,
     RandomController,
     ScriptedController,
     StaticController,
@@ -20,6 +21,7 @@ from esper_lightning.controllers.policy import PolicyController
 
 __all__ = [
     "Controller",
+    "GrowerController",
     "HeuristicConfig",
     "HeuristicController",
     "PolicyController",

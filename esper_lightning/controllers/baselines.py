@@ -19,7 +19,9 @@ from esper_lightning.core.actions import (
     HEADS,
     Action,
     ActionMasks,
+    BlueprintAction,
     LifecycleOp,
+    Tempo,
     canonicalize,
 )
 from esper_lightning.core.report import EpochReport
@@ -124,6 +126,61 @@ class RandomController:
             # Masks always leave WAIT and one value per head; an empty one is a masking bug.
             raise RuntimeError(f"empty {head!r} mask: no legal value to sample")
         return int(legal[self._rng.integers(legal.size)])
+
+
+class GrowerController:
+    """A fixed growth rule: germinate ``blueprint`` in each listed slot as soon as the masks
+    allow, advance it whenever legal and fossilize it once it holds (never, with
+    ``fossilize=False``: the seed then stays in HOLDING, blended in at alpha 1).
+
+    A baseline whose behaviour does not depend on measurements, so a learned or tuned
+    controller can be compared with "just grow": ``GrowerController("conv_light")`` is a good
+    grower on the CIFAR hosts, ``GrowerController("conv_heavy", slots=None, fossilize=False)``
+    (every slot, never kept) a wasteful one.
+
+    Args:
+        blueprint: what to germinate.
+        slots: slot indices to grow in (in this order); None for every slot.
+        fossilize: fossilize held seeds.
+        tempo: blend tempo of new seeds.
+
+    Example:
+        >>> GrowerController("conv_light").state_dict()["controller"]
+        'grower'
+    """
+
+    def __init__(
+        self,
+        blueprint: str,
+        slots: Sequence[int] | None = (0,),
+        fossilize: bool = True,
+        tempo: Tempo = Tempo.FAST,
+    ) -> None:
+        self.blueprint = BlueprintAction.from_name(blueprint)
+        self.slots = None if slots is None else tuple(int(s) for s in slots)
+        self.fossilize = fossilize
+        self.tempo = Tempo(tempo)
+
+    def decide(self, report: EpochReport) -> Action:
+        masks = report.masks
+        slots = range(len(report.slots)) if self.slots is None else self.slots
+        for op in (LifecycleOp.FOSSILIZE, LifecycleOp.ADVANCE, LifecycleOp.GERMINATE):
+            if op == LifecycleOp.FOSSILIZE and not self.fossilize:
+                continue
+            for slot in slots:
+                action = Action(op, slot=slot, blueprint=self.blueprint, tempo=self.tempo)
+                if masks.allows(canonicalize(action)):
+                    return canonicalize(action)
+        return WAIT
+
+    def reset(self) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return state_header("grower")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_state(state, "grower", ())
 
 
 class ScriptedController:

@@ -10,7 +10,7 @@ import torch
 from esper_lightning.controllers.base import check_state, state_header
 from esper_lightning.core.actions import Action
 from esper_lightning.core.report import EpochReport
-from esper_lightning.rl.checkpoint import load_policy, read_checkpoint
+from esper_lightning.rl.checkpoint import PolicyBundle, load_policy, read_checkpoint
 from esper_lightning.rl.observations import encode_reports
 
 
@@ -22,7 +22,8 @@ class PolicyController:
     epoch. Actions are the argmax of each head by default (``deterministic=False`` samples).
 
     Args:
-        checkpoint: path of a PPO checkpoint (loaded with ``weights_only=True``).
+        checkpoint: path of a PPO checkpoint (loaded with ``weights_only=True``), or a
+            `PolicyBundle` already loaded (many controllers can share one policy read-only).
         deterministic: argmax actions instead of sampling.
 
     Example:
@@ -30,8 +31,11 @@ class PolicyController:
         >>> trainer = L.Trainer(callbacks=[MorphogenesisCallback(controller)])  # doctest: +SKIP
     """
 
-    def __init__(self, checkpoint: str | os.PathLike[str], deterministic: bool = True) -> None:
-        bundle = load_policy(read_checkpoint(checkpoint))
+    def __init__(
+        self, checkpoint: str | os.PathLike[str] | PolicyBundle, deterministic: bool = True
+    ) -> None:
+        bundle = (checkpoint if isinstance(checkpoint, PolicyBundle)
+                  else load_policy(read_checkpoint(checkpoint)))
         self.policy, self.obs_rms = bundle.policy, bundle.obs_rms
         self.slot_ids, self.horizon = bundle.slot_ids, bundle.horizon
         self.deterministic = deterministic

@@ -61,7 +61,7 @@ class LifecycleEvent:
 
     epoch: int
     slot_id: str
-    kind: str  # "germinated" | "fossilized" | "pruned"
+    kind: str  # "germinated" | "fossilized" | "pruned" | "implanted"
     blueprint: str
     reason: str
 
@@ -235,6 +235,17 @@ class MorphogenesisEngine:
         self._note_changes(before, "scheduled")
         self._sync_optimizer()
         self.epoch += 1
+
+    def implant(self, slot_id: str, blueprint: str) -> None:
+        """Implant a seed fossilized from birth in an empty slot (`SeedSlot.implant`): the
+        "born grown" baseline. Recorded as an ``implanted`` event, not as a germination."""
+        if blueprint not in blueprint_registry.available(self.topology):
+            accepted = ", ".join(blueprint_registry.available(self.topology))
+            raise ValueError(f"unknown blueprint {blueprint!r}; accepted: {accepted}")
+        slot = self.slots[slot_id]
+        slot.implant(blueprint)
+        self.events.append(LifecycleEvent(self.epoch, slot_id, "implanted", blueprint, "implanted"))
+        self._sync_optimizer()
 
     def prune_live(self, reason: str) -> list[str]:
         """Prune every live seed now (the governor's rollback); fossilized seeds stay."""

@@ -291,6 +291,29 @@ class SeedSlot(nn.Module):
         self.seeds_germinated += 1
         return result
 
+    def implant(self, blueprint: str, seed_id: str | None = None) -> None:
+        """Put a seed in this empty slot that is FOSSILIZED from birth at alpha 1.
+
+        Not a lifecycle move (no gate is asked, nothing is learned behind the host): it builds
+        the "born grown" baseline, a host that has a grown model's capacity from epoch 0 without
+        its growth, so comparisons can ask whether growing beats starting bigger. The history
+        records one ``DORMANT -> FOSSILIZED`` event with the reason ``"implanted"``.
+        """
+        if self.state is not None:
+            raise IllegalTransitionError(f"slot {self.slot_id!r}: implant into {self.stage.name}")
+        if self.channels is None:
+            raise RuntimeError(f"slot {self.slot_id!r}: width unknown; run a forward pass first")
+        seed = self._build_seed(blueprint)
+        state = SeedState(seed_id or f"{self.slot_id}:seed{self.seeds_germinated}", blueprint,
+                          stage=SeedStage.FOSSILIZED, previous_stage=SeedStage.DORMANT)
+        state.history.append(StageEvent(int(SeedStage.DORMANT), int(SeedStage.FOSSILIZED), 0,
+                                        "implanted"))
+        state.metrics.seed_params = sum(p.numel() for p in seed.parameters())
+        self.seed, self.state, self.blend, self.gate = seed, state, BlendConfig(), None
+        self.alpha_controller = AlphaController()
+        self.alpha_controller.snap(1.0)
+        self.seeds_germinated += 1
+
     def advance(self) -> GateResult:
         """Try the gate into the next stage (G1, G2 or G3); the stage moves only if it passes."""
         state = self._require(SeedStage.GERMINATED, SeedStage.TRAINING, SeedStage.BLENDING)

@@ -10,7 +10,7 @@ stream once and reads all of the epoch's numbers in one transfer.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,16 +26,24 @@ from esper_lightning.core.divergence import Governor, GovernorConfig
 from esper_lightning.core.engine import MorphogenesisEngine, StepOutcome
 from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.core.report import EpochReport
+from esper_lightning.core.snapshot import Snapshot, restore_snapshot, take_snapshot
 from esper_lightning.data.tensor_loader import TensorLoader, normalize
 from esper_lightning.hosts import CifarCNNHost
 
 VAL_BATCH = 500
 NUM_CLASSES = 10
+ROLLBACK_MODES = ("end", "restore")
 
 
 @dataclass(frozen=True)
 class EnvSpec:
-    """What every env of a pool shares."""
+    """What every env of a pool shares.
+
+    ``on_rollback`` says what a governor rollback does to an episode: ``"end"`` (learning a
+    controller: the episode is over, the caller starts a new one) or ``"restore"`` (evaluating
+    one: live seeds are pruned, the last snapshot is restored in place and the episode goes on,
+    exactly as `GovernorCallback` does in a Trainer).
+    """
 
     host_preset: str = "baseline"
     slots: tuple[str, ...] = ("r0c1",)
@@ -47,6 +55,12 @@ class EnvSpec:
     max_seeds: int | None = None
     gate_config: GateConfig = field(default_factory=GateConfig)
     governor: GovernorConfig = field(default_factory=lambda: GovernorConfig(num_classes=10))
+    on_rollback: str = "end"
+
+    def __post_init__(self) -> None:
+        if self.on_rollback not in ROLLBACK_MODES:
+            raise ValueError(f"unknown on_rollback {self.on_rollback!r}; accepted: "
+                             f"{', '.join(ROLLBACK_MODES)}")
 
 
 @dataclass(frozen=True)
@@ -97,11 +111,17 @@ class MorphogenesisEnv:
         self._batches: Any = None
         self._loss_sum: Tensor | None = None
         self._accumulator: CounterfactualAccumulator | None = None
+        self.snapshot: Snapshot | None = None
+        self._snapshot_fossils = 0
 
     # --- episode ------------------------------------------------------------------------------
-    def reset(self, episode_rng_seed: int) -> None:
+    def reset(self, episode_rng_seed: int, implants: Sequence[tuple[str, str]] = ()) -> None:
         """Start an episode: a fresh host (initialised from ``episode_rng_seed``), its own
-        optimizer (the host's `configure_optimizers`) and a fresh governor."""
+        optimizer (the host's `configure_optimizers`) and a fresh governor.
+
+        ``implants`` are ``(slot id, blueprint)`` pairs of seeds fossilized from birth (the
+        "born grown" baseline, `MorphogenesisEngine.implant`), drawn from the same rng seed.
+        """
         self.episode_rng_seed = episode_rng_seed
         precision = self.fabric.strategy.precision
         if getattr(precision, "scaler", None) is not None:
@@ -120,8 +140,12 @@ class MorphogenesisEnv:
             gate_config=self.spec.gate_config,
         )
         self.engine.attach_optimizer(self.optimizer.optimizer)
+        with _forked_rng(episode_rng_seed + 1):
+            for slot_id, blueprint in implants:
+                self.engine.implant(slot_id, blueprint)
         self.governor.reset()
         self.loader.reseed(episode_rng_seed)
+        self.snapshot = self._take_snapshot() if self.spec.on_rollback == "restore" else None
 
     def execute(self, action: Action) -> StepOutcome:
         """Execute the controller's action, then tick every slot (end of the decision)."""
@@ -185,8 +209,31 @@ class MorphogenesisEnv:
             reason = self.governor.check_train_loss(train_loss)
         if reason is None and val_loss is not None:
             reason = self.governor.check_validation(val_loss, num_classes=NUM_CLASSES)
+        if self.spec.on_rollback == "restore":
+            self._restore_or_snapshot(reason)
         report = engine.report(max_epochs=self.spec.episode_length)
         return Observation(report, reason, train_loss)
+
+    # --- rollback in place (on_rollback="restore") --------------------------------------------
+    def _restore_or_snapshot(self, reason: str | None) -> None:
+        engine = self._engine()
+        if reason is not None:
+            assert self.snapshot is not None
+            engine.prune_live(reason)  # also drops their optimizer groups
+            restore_snapshot(self.snapshot, self.host, self.optimizer.optimizer, self._scaler())
+            self.optimizer.zero_grad(set_to_none=True)
+            self.governor.record_rollback()
+        elif self.governor.consecutive_anomalies == 0:
+            fossilized = engine.count("fossilized")
+            if self.governor.should_snapshot(engine.epoch, fossilized > self._snapshot_fossils):
+                self.snapshot = self._take_snapshot()
+
+    def _take_snapshot(self) -> Snapshot:
+        self._snapshot_fossils = self._engine().count("fossilized")
+        return take_snapshot(self.host, self.optimizer.optimizer, self._scaler())
+
+    def _scaler(self) -> Any:
+        return getattr(self.fabric.strategy.precision, "scaler", None)
 
     # --- helpers ------------------------------------------------------------------------------
     def _engine(self) -> MorphogenesisEngine:

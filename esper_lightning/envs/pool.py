@@ -54,28 +54,39 @@ class EnvPool:
         return len(self.envs)
 
     def reset(
-        self, episode_rng_seeds: Sequence[int], which: Sequence[int] | None = None
+        self,
+        episode_rng_seeds: Sequence[int],
+        which: Sequence[int] | None = None,
+        implants: Sequence[Sequence[tuple[str, str]]] | None = None,
     ) -> list[Observation]:
-        """Fresh hosts for the envs in ``which`` (all by default), measured before training."""
-        indices = range(len(self.envs)) if which is None else which
-        for i, rng_seed in zip(indices, episode_rng_seeds, strict=True):
-            self.envs[i].reset(rng_seed)
+        """Fresh hosts for the envs in ``which`` (all by default), measured before training;
+        ``implants[k]`` are born-grown seeds of the k-th of them (`MorphogenesisEnv.reset`)."""
+        indices = list(range(len(self.envs)) if which is None else which)
+        implants = [()] * len(indices) if implants is None else implants
+        for i, rng_seed, grown in zip(indices, episode_rng_seeds, implants, strict=True):
+            self.envs[i].reset(rng_seed, grown)
         for i in indices:
             self.envs[i].validate()
         return [self.envs[i].observe(trained=False) for i in indices]
 
-    def step(self, actions: Sequence[Action]) -> tuple[list[StepOutcome], list[Observation]]:
-        """Apply one action per env, train every env for one epoch in lockstep, validate."""
-        outcomes = [env.execute(a) for env, a in zip(self.envs, actions, strict=True)]
-        self.train_epoch()
-        for env in self.envs:
+    def step(
+        self, actions: Sequence[Action], which: Sequence[int] | None = None
+    ) -> tuple[list[StepOutcome], list[Observation]]:
+        """Execute one action per env of ``which`` (all by default), train those envs for one
+        epoch in lockstep, validate them."""
+        envs = self.envs if which is None else [self.envs[i] for i in which]
+        outcomes = [env.execute(a) for env, a in zip(envs, actions, strict=True)]
+        self.train_epoch(envs)
+        for env in envs:
             env.validate()
-        return outcomes, [env.observe() for env in self.envs]
+        return outcomes, [env.observe() for env in envs]
 
-    def train_epoch(self) -> None:
-        counts = [env.start_epoch() for env in self.envs]
+    def train_epoch(self, envs: Sequence[MorphogenesisEnv] | None = None) -> None:
+        """One training epoch of ``envs`` (all by default): for each batch index, each env."""
+        envs = self.envs if envs is None else envs
+        counts = [env.start_epoch() for env in envs]
         for batch in range(max(counts)):
-            for env, count in zip(self.envs, counts, strict=True):
+            for env, count in zip(envs, counts, strict=True):
                 if batch < count:
                     env.train_batch()
 

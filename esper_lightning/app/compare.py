@@ -1,0 +1,427 @@
+"""`esper-lightning compare`: controllers played on the same episodes, judged with paired stats.
+
+Every controller plays the same evaluation episodes in the Fabric env pool: episode ``i`` has the
+same host initialisation, data order and augmentation for every controller (its rng seed is
+`evaluation_rng_seed`), so two controllers can be compared episode by episode. The controller ×
+episode pairs run in lockstep, in chunks of the pool's size; each finished episode is appended to
+``<out>/episodes.csv`` at once, so a rerun with the same ``--out`` skips what is done.
+
+Random-number seeds of the three kinds of episodes never overlap: PPO training uses rounds
+``0, 1, 2, ...`` of `episode_rng_seed`; evaluation episode ``i`` uses round
+``EVALUATION_ROUNDS + i`` and heuristic-tuning episode ``i`` round ``TUNING_ROUNDS + i``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from esper_lightning import blueprints as blueprint_registry
+from esper_lightning.app import plots, stats
+from esper_lightning.app.config import CompareConfig, TaskConfig, check_hardware
+from esper_lightning.app.stats import EpisodeRecord
+from esper_lightning.app.task import env_spec, load_splits
+from esper_lightning.controllers import (
+    Controller,
+    GrowerController,
+    HeuristicConfig,
+    HeuristicController,
+    PolicyController,
+    RandomController,
+    StaticController,
+)
+from esper_lightning.core.report import EpochReport
+from esper_lightning.envs import EnvPool, episode_rng_seed
+from esper_lightning.errors import ConfigError
+from esper_lightning.hosts import CifarCNNHost
+from esper_lightning.rl.checkpoint import PolicyBundle, load_policy, read_checkpoint
+from esper_lightning.rl.rewards import RewardConfig, compute_reward
+
+log = logging.getLogger("esper_lightning")
+
+EVALUATION_ROUNDS = 1_000_000
+TUNING_ROUNDS = 2_000_000
+CONTROLLER_KINDS = (
+    "static", "heuristic", "random", "grower:BLUEPRINT", "policy:PATH", "matched:NAME",
+)
+#: Most seeds the born-grown baseline implants (the search is over slot subsets of this size).
+MATCHED_MAX_SEEDS = 3
+#: The heuristic's main knobs and the values `--tune_heuristic` tries (every combination).
+TUNING_GRID: dict[str, tuple[Any, ...]] = {
+    "plateau_epochs_to_germinate": (1, 3),
+    "fossilize_contribution": (0.0, 0.5),
+    "blueprint_rotation": (
+        ("conv_light", "conv_heavy", "attention", "norm", "depthwise"),
+        ("conv_small", "norm", "depthwise", "attention", "conv_light"),
+    ),
+}
+#: Settings that must not change between a comparison and its rerun in the same folder.
+_RESUME_KEYS = (*(f.name for f in dataclasses.fields(TaskConfig)), "tune_heuristic", "tuning_seeds")
+
+
+def evaluation_rng_seed(root: int, index: int) -> int:
+    """Random-number seed of evaluation episode ``index`` (the same for every controller)."""
+    return episode_rng_seed(root, EVALUATION_ROUNDS + index, 0)
+
+
+def tuning_rng_seed(root: int, index: int) -> int:
+    """Random-number seed of heuristic-tuning episode ``index``."""
+    return episode_rng_seed(root, TUNING_ROUNDS + index, 0)
+
+
+# --- controllers -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ControllerSpec:
+    """One entry of ``--controllers``: its label (as written), kind and argument."""
+
+    label: str
+    kind: str
+    argument: str | None = None
+
+
+def parse_controller(text: str, custom: Sequence[str] = ()) -> ControllerSpec:
+    """``static``, ``heuristic``, ``random``, ``policy:PATH``, ``matched:NAME`` or the name of
+    a custom controller given to `Comparison`."""
+    kind, sep, argument = text.partition(":")
+    if text in custom:
+        return ControllerSpec(text, "custom")
+    if (kind in ("static", "heuristic", "random") and not sep) or (
+        kind in ("grower", "policy", "matched") and argument
+    ):
+        return ControllerSpec(text, kind, argument or None)
+    accepted = ", ".join((*CONTROLLER_KINDS, *custom))
+    raise ConfigError(f"unknown controller {text!r}; accepted: {accepted}")
+
+
+def check_policy(path: str, task: TaskConfig) -> PolicyBundle:
+    """Load a policy checkpoint, refusing one trained for other slots, host or horizon."""
+    state = read_checkpoint(path)
+    saved = state.get("config", {})
+    wanted = {"slots": list(task.slots), "host_preset": task.host_preset}
+    for key, value in wanted.items():
+        if saved.get(key) != value:
+            raise ConfigError(f"policy '{path}' was trained with {key}={saved.get(key)!r}; the "
+                              f"comparison uses {key}={value!r}")
+    return load_policy(state)
+
+
+@dataclass(frozen=True)
+class EpisodePlan:
+    """One episode to play: who plays it, which one it is, and seeds implanted at birth."""
+
+    label: str
+    index: int
+    rng_seed: int
+    implants: tuple[tuple[str, str], ...] = ()
+
+
+# --- playing episodes in lockstep -------------------------------------------------------------
+def play_episodes(
+    pool: EnvPool,
+    plans: Sequence[EpisodePlan],
+    controllers: Sequence[Controller],
+    task: TaskConfig,
+) -> list[EpisodeRecord]:
+    """Play one episode per plan on envs ``0..len(plans)-1`` of ``pool`` in lockstep."""
+    which = list(range(len(plans)))
+    reward_config = RewardConfig(mode=task.reward, gamma=task.gamma)
+    start = time.perf_counter()
+    observations = pool.reset([p.rng_seed for p in plans], which, [p.implants for p in plans])
+    for controller in controllers:
+        controller.reset()
+    returns = [0.0] * len(plans)
+    curves: list[list[float]] = [[] for _ in plans]
+    for epoch in range(task.episode_length):
+        reports = [o.report for o in observations]
+        actions = [c.decide(r) for c, r in zip(controllers, reports, strict=True)]
+        outcomes, observations = pool.step(actions, which)
+        for k, (outcome, after) in enumerate(zip(outcomes, observations, strict=True)):
+            reward = compute_reward(
+                reports[k], outcome.executed, outcome.success, after.report, reward_config,
+                terminal=epoch == task.episode_length - 1,
+                rollback=after.rollback_reason is not None,
+            )
+            returns[k] += reward.total
+            curves[k].append(_accuracy(after.report))
+    seconds = (time.perf_counter() - start) / len(plans)
+    return [_record(pool, k, plan, task, returns[k], curves[k], seconds)
+            for k, plan in enumerate(plans)]
+
+
+def _accuracy(report: EpochReport) -> float:
+    if report.val_accuracy is None:
+        raise RuntimeError(f"epoch {report.epoch}: the env reported no validation accuracy")
+    return report.val_accuracy
+
+
+def _record(
+    pool: EnvPool, k: int, plan: EpisodePlan, task: TaskConfig, episode_return: float,
+    curve: list[float], seconds: float,
+) -> EpisodeRecord:
+    engine = pool.envs[k].engine
+    assert engine is not None
+    events = engine.event_counts()
+    return EpisodeRecord(
+        controller=plan.label, episode_index=plan.index, episode_rng_seed=plan.rng_seed,
+        host=task.host_preset, outcome=stats.outcome_of(curve), final_accuracy=curve[-1],
+        seed_params=engine.seed_params, total_params=engine.seed_params + engine.host_params,
+        episode_return=episode_return, accuracy_curve=tuple(curve),
+        seeds_germinated=events["germinated"], seeds_fossilized=events["fossilized"],
+        seeds_pruned=events["pruned"], wall_seconds=seconds,
+    )
+
+
+# --- the born-grown baseline ------------------------------------------------------------------
+def matched_implants(target_params: float, task: TaskConfig) -> tuple[tuple[str, str], ...]:
+    """At most `MATCHED_MAX_SEEDS` seeds, one per slot, whose parameter count is closest to
+    ``target_params``; ties go to fewer seeds, then to earlier slots and smaller blueprints."""
+    host = CifarCNNHost(task.host_preset, slots=task.slots)
+    names = blueprint_registry.available("cnn")  # smallest first
+    sizes = {(sid, bp): blueprint_registry.param_count(bp, slot.channels)
+             for sid, slot in host.slots.items() for bp in names}
+    best: tuple[float, int, tuple[tuple[str, str], ...]] = (float(target_params), 0, ())
+    for n_seeds in range(1, min(MATCHED_MAX_SEEDS, len(task.slots)) + 1):
+        for slots in itertools.combinations(task.slots, n_seeds):
+            for choice in itertools.product(names, repeat=n_seeds):
+                implants = tuple(zip(slots, choice, strict=True))
+                size = sum(sizes[pair] for pair in implants)
+                if (abs(size - target_params), n_seeds) < best[:2]:
+                    best = (abs(size - target_params), n_seeds, implants)
+    return best[2]
+
+
+def median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
+# --- the comparison ---------------------------------------------------------------------------
+class Comparison:
+    """Plan, run, resume and report one paired comparison.
+
+    Everything the user gave is checked in the constructor (controller names, policy
+    checkpoints, the ``out`` folder of an earlier run), before anything is written.
+
+    Args:
+        config: what to compare and on which task.
+        custom: your own controllers, by name: a factory called once per episode with its
+            `EpisodePlan` (use ``plan.rng_seed`` to seed anything random). Name them in
+            ``config.controllers`` like the built-in ones.
+        pool: the env pool to play on (at least ``config.envs`` envs); by default one is built
+            from the config on first use.
+
+    Example:
+        >>> config = CompareConfig(controllers=("static", "heuristic", "mine"), seeds=10)
+        >>> Comparison(config, custom={"mine": lambda plan: MyController()}).run()
+        ... # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        config: CompareConfig,
+        custom: Mapping[str, Callable[[EpisodePlan], Controller]] | None = None,
+        pool: EnvPool | None = None,
+    ) -> None:
+        self.config = config
+        self.out = Path(config.out)
+        self.custom = dict(custom or {})
+        self.specs = {text: parse_controller(text, tuple(self.custom))
+                      for text in config.controllers}
+        for spec in self.specs.values():
+            if spec.kind == "grower":
+                GrowerController(spec.argument)  # type: ignore[arg-type]  # one-line error
+        self.policies = {s.label: check_policy(s.argument, config)  # type: ignore[arg-type]
+                         for s in self.specs.values() if s.kind == "policy"}
+        for spec in self.specs.values():
+            if spec.kind == "matched" and spec.argument not in self.specs:
+                raise ConfigError(f"{spec.label}: {spec.argument!r} is not among the "
+                                  f"controllers; accepted: {', '.join(self.specs)}")
+        check_hardware(config, config.devices_for(config.envs))
+        self._check_out_folder()
+        self.heuristic = HeuristicConfig()
+        self._pool = pool
+
+    # --- files ------------------------------------------------------------------------------
+    @property
+    def episodes_csv(self) -> Path:
+        return self.out / "episodes.csv"
+
+    def _check_out_folder(self) -> None:
+        saved_path = self.out / "compare_config.json"
+        if self.out.exists() and not self.out.is_dir():
+            raise ConfigError(f"out '{self.out}' exists and is not a folder")
+        if not saved_path.is_file():
+            return
+        saved = json.loads(saved_path.read_text())
+        current = self.config.to_dict()
+        changed = [k for k in _RESUME_KEYS if saved.get(k) != current[k]]
+        if changed:
+            diffs = ", ".join(f"{k}={saved.get(k)!r} (now {current[k]!r})" for k in changed)
+            raise ConfigError(f"out '{self.out}' holds a comparison with other settings: {diffs}; "
+                              "use another --out")
+
+    def _write_config(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        path = self.out / "compare_config.json"
+        path.write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
+
+    # --- running ----------------------------------------------------------------------------
+    def run(self) -> list[EpisodeRecord]:
+        """Tune (if asked), play every missing episode, write the report; returns the table."""
+        self._write_config()
+        done = stats.read_records_csv(self.episodes_csv) if self.episodes_csv.exists() else []
+        if self.config.tune_heuristic:
+            self.heuristic = self.tune()
+        growers = [s for s in self.specs.values() if s.kind != "matched"]
+        done += self._play_missing(self._plans(growers, done), self.episodes_csv)
+        matched = [s for s in self.specs.values() if s.kind == "matched"]
+        done += self._play_missing(self._plans(matched, done), self.episodes_csv)
+        records = [r for r in done if r.controller in self.specs]
+        self.report(records)
+        return records
+
+    def _plans(self, specs: Sequence[ControllerSpec], done: Sequence[EpisodeRecord]
+               ) -> list[EpisodePlan]:
+        finished = {(r.controller, r.episode_index) for r in done}
+        plans = []
+        for spec in specs:
+            implants = self._implants(spec, done)
+            for i in range(self.config.seeds):
+                if (spec.label, i) not in finished:
+                    rng_seed = evaluation_rng_seed(self.config.rng_seed, i)
+                    plans.append(EpisodePlan(spec.label, i, rng_seed, implants))
+        return plans
+
+    def _implants(self, spec: ControllerSpec, done: Sequence[EpisodeRecord]
+                  ) -> tuple[tuple[str, str], ...]:
+        if spec.kind != "matched":
+            return ()
+        grown = [r.seed_params for r in done if r.controller == spec.argument]
+        if not grown:
+            raise RuntimeError(f"{spec.label}: no finished episode of {spec.argument!r}")
+        implants = matched_implants(median(grown), self.config)
+        log.info("%s: median seed parameters of %s = %s -> implants %s", spec.label,
+                 spec.argument, median(grown), list(implants) or "none")
+        return implants
+
+    def _play_missing(self, plans: list[EpisodePlan], csv_path: Path,
+                      make: Callable[[EpisodePlan], Controller] | None = None,
+                      ) -> list[EpisodeRecord]:
+        make = make or self._make_controller
+        played: list[EpisodeRecord] = []
+        size = self.config.envs
+        with tqdm(total=len(plans), desc=csv_path.stem, unit="episode",
+                  disable=not self.config.progress or not plans, dynamic_ncols=True) as bar:
+            for start in range(0, len(plans), size):
+                chunk = plans[start:start + size]
+                controllers = [make(plan) for plan in chunk]
+                for record in play_episodes(self._get_pool(), chunk, controllers, self.config):
+                    stats.append_record_csv(csv_path, record)
+                    played.append(record)
+                bar.update(len(chunk))
+        return played
+
+    def _make_controller(self, plan: EpisodePlan) -> Controller:
+        spec = self.specs[plan.label]
+        if spec.kind == "custom":
+            return self.custom[spec.label](plan)
+        if spec.kind == "heuristic":
+            return HeuristicController(self.heuristic)
+        if spec.kind == "random":
+            return RandomController(rng_seed=plan.rng_seed)
+        if spec.kind == "grower":
+            return GrowerController(spec.argument)  # type: ignore[arg-type]
+        if spec.kind == "policy":
+            return PolicyController(self.policies[spec.label])
+        return StaticController()  # static, and matched (its seeds are implanted at birth)
+
+    def _get_pool(self) -> EnvPool:
+        if self._pool is None:
+            c = self.config
+            train, val = load_splits(c, c.progress)
+            self._pool = EnvPool(env_spec(c, on_rollback="restore"), train, val,
+                                 c.devices_for(c.envs))
+        return self._pool
+
+    # --- tuning the heuristic ---------------------------------------------------------------
+    def tune(self) -> HeuristicConfig:
+        """Play every `TUNING_GRID` configuration on the tuning episodes; keep the best mean
+        outcome (ties: the earlier configuration). Saved to ``heuristic_tuned.json``."""
+        saved = self.out / "heuristic_tuned.json"
+        if saved.is_file():
+            return _heuristic_from_json(json.loads(saved.read_text())["config"])
+        grid = tuning_grid()
+        csv_path = self.out / "tuning.csv"
+        done = stats.read_records_csv(csv_path) if csv_path.exists() else []
+        finished = {(r.controller, r.episode_index) for r in done}
+        plans = [EpisodePlan(f"tune-{k}", i, tuning_rng_seed(self.config.rng_seed, i))
+                 for k in range(len(grid)) for i in range(self.config.tuning_seeds)
+                 if (f"tune-{k}", i) not in finished]
+        configs = {f"tune-{k}": config for k, config in enumerate(grid)}
+        done += self._play_missing(plans, csv_path, lambda p: HeuristicController(configs[p.label]))
+        means = {label: sum(r.outcome for r in done if r.controller == label)
+                 / self.config.tuning_seeds for label in configs}
+        best = max(configs, key=lambda label: (means[label], -int(label.split("-")[1])))
+        chosen = configs[best]
+        saved.write_text(json.dumps({"chosen": best, "mean_outcomes": means,
+                                     "config": _heuristic_to_json(chosen)}, indent=2) + "\n")
+        log.info("tuned heuristic: %s (mean outcome %.2f on %d tuning episodes)", best,
+                 means[best], self.config.tuning_seeds)
+        return chosen
+
+    # --- report -----------------------------------------------------------------------------
+    def report(self, records: Sequence[EpisodeRecord]) -> str:
+        """Write ``summary.md``, ``summary.json``, the plots and TensorBoard; return the table."""
+        pairs = "all" if self.config.all_pairs else None
+        summaries = stats.summarize(records)
+        comparisons = stats.paired_differences(records, self.config.reference, pairs)
+        table = stats.markdown_table(summaries, comparisons)
+        (self.out / "summary.md").write_text(table + "\n")
+        summary = stats.summary_json(summaries, comparisons)
+        summary["heuristic"] = _heuristic_to_json(self.heuristic)
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        plots.save_figure(plots.outcome_vs_params_figure(summaries),
+                          self.out / "outcome_vs_params.png")
+        plots.save_figure(plots.accuracy_curves_figure(records), self.out / "accuracy_curves.png")
+        _log_tensorboard(self.out, self.config, table, summaries)
+        return table
+
+
+def tuning_grid() -> list[HeuristicConfig]:
+    """Every combination of `TUNING_GRID`, defaults for the other knobs."""
+    keys = list(TUNING_GRID)
+    return [dataclasses.replace(HeuristicConfig(), **dict(zip(keys, values, strict=True)))
+            for values in itertools.product(*(TUNING_GRID[k] for k in keys))]
+
+
+def _heuristic_to_json(config: HeuristicConfig) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v
+            for k, v in dataclasses.asdict(config).items()}
+
+
+def _heuristic_from_json(values: dict[str, Any]) -> HeuristicConfig:
+    return HeuristicConfig(**{k: tuple(v) if isinstance(v, list) else v
+                              for k, v in values.items()})
+
+
+def _log_tensorboard(out: Path, config: CompareConfig, table: str,
+                     summaries: Sequence[stats.ControllerSummary]) -> None:
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    logger = TensorBoardLogger(str(out), name="tensorboard")
+    logger.experiment.add_text("compare/summary", table)
+    metrics = {f"outcome/{s.controller}": s.outcome_mean for s in summaries
+               if math.isfinite(s.outcome_mean)}
+    logger.log_hyperparams(config.to_dict(), metrics)
+    logger.finalize("success")

@@ -1,0 +1,285 @@
+"""`esper-lightning compare`: pairing, verdicts, resuming, the born-grown baseline, tuning and
+the command line's errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from esper_lightning.app import compare as compare_module
+from esper_lightning.app.compare import (
+    Comparison,
+    EpisodePlan,
+    evaluation_rng_seed,
+    matched_implants,
+    parse_controller,
+    tuning_rng_seed,
+)
+from esper_lightning.app.config import CompareConfig
+from esper_lightning.blueprints import param_count
+from esper_lightning.controllers import GrowerController, StaticController
+from esper_lightning.core.engine import MorphogenesisEngine, StepOutcome
+from esper_lightning.core.lifecycle import ACTIVE_STAGES, GateConfig
+from esper_lightning.core.slots import SeedSlot
+from esper_lightning.envs import Observation
+from esper_lightning.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def fixture_config(cifar_dir: Path, out: Path, **changes) -> CompareConfig:
+    values = {"data_dir": str(cifar_dir), "out": str(out), "episode_length": 3,
+              "batch_size": 16, "slots": ("r0c1", "r0c2"), "min_training_epochs": 1,
+              "envs": 2, "seeds": 2, "progress": False, **changes}
+    return CompareConfig(**values)
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    with path.open() as f:
+        return [{k: v for k, v in row.items() if k != "wall_seconds"} for row in csv.DictReader(f)]
+
+
+# --- pairing on the real env pool ---------------------------------------------------------------
+def test_identical_controllers_give_identical_episodes(cifar_dir, tmp_path):
+    config = fixture_config(cifar_dir, tmp_path / "out", controllers=("static", "twin"), seeds=2)
+    comparison = Comparison(config, custom={"twin": lambda plan: StaticController()})
+    records = comparison.run()
+    by = {(r.controller, r.episode_index): r for r in records}
+    for i in range(2):
+        assert by["static", i].accuracy_curve == by["twin", i].accuracy_curve
+        assert by["static", i].episode_rng_seed == evaluation_rng_seed(0, i)
+    assert by["static", 0].accuracy_curve != by["static", 1].accuracy_curve  # episodes differ
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    (pair,) = summary["comparisons"]
+    assert pair["outcome_diff_mean"] == 0.0 and pair["outcome_diff_ci"] == [0.0, 0.0]
+    for name in ("episodes.csv", "summary.md", "outcome_vs_params.png", "accuracy_curves.png"):
+        assert (tmp_path / "out" / name).stat().st_size > 0
+    assert list((tmp_path / "out" / "tensorboard").glob("version_*/events.out.tfevents.*"))
+
+
+def test_interrupted_comparison_resumes_to_the_same_table(cifar_dir, tmp_path, monkeypatch):
+    straight = fixture_config(cifar_dir, tmp_path / "a", controllers=("static", "random"),
+                              envs=1)
+    Comparison(straight).run()
+    resumed = fixture_config(cifar_dir, tmp_path / "b", controllers=("static", "random"), envs=1)
+    real = compare_module.play_episodes
+    calls = {"n": 0}
+
+    def crash_on_third_chunk(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compare_module, "play_episodes", crash_on_third_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        Comparison(resumed).run()
+    assert len(read_rows(tmp_path / "b" / "episodes.csv")) == 2
+    monkeypatch.setattr(compare_module, "play_episodes", real)
+    Comparison(resumed).run()
+    assert read_rows(tmp_path / "b" / "episodes.csv") == read_rows(tmp_path / "a" / "episodes.csv")
+
+
+def test_rerun_with_other_task_settings_is_refused_and_writes_nothing(cifar_dir, tmp_path):
+    Comparison(fixture_config(cifar_dir, tmp_path / "out", controllers=("static",),
+                              seeds=1)).run()
+    before = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir() if p.is_file()}
+    with pytest.raises(ConfigError, match="holds a comparison with other settings: episode_length"):
+        Comparison(fixture_config(cifar_dir, tmp_path / "out", controllers=("static",),
+                                  episode_length=4))
+    after = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir() if p.is_file()}
+    assert after == before
+
+
+# --- a controller better by construction --------------------------------------------------------
+class ScriptedHostPool:
+    """A stand-in for `EnvPool` whose host accuracy is scripted from the real lifecycle: a
+    blended ``norm`` seed in the first slot adds ``10 · alpha`` points, on top of a plateau that
+    differs per episode. Everything else is real: `SeedSlot`s, the engine, masks and reports."""
+
+    def __init__(self, n: int, slots: tuple[str, ...], episode_length: int) -> None:
+        self.episode_length, self.slots = episode_length, slots
+        self.envs = [_ScriptedEnv(slots, episode_length) for _ in range(n)]
+
+    def reset(self, rng_seeds, which, implants):
+        return [self.envs[i].reset(seed) for i, seed in zip(which, rng_seeds, strict=True)]
+
+    def step(self, actions, which):
+        results = [self.envs[i].step(a) for i, a in zip(which, actions, strict=True)]
+        return [o for o, _ in results], [obs for _, obs in results]
+
+
+class _ScriptedEnv:
+    def __init__(self, slots: tuple[str, ...], episode_length: int) -> None:
+        self.slot_ids, self.episode_length = slots, episode_length
+        self.engine: MorphogenesisEngine | None = None
+
+    def reset(self, rng_seed: int) -> Observation:
+        model = nn.Module()
+        model.slots = nn.ModuleList(SeedSlot(sid, channels=4) for sid in self.slot_ids)
+        model.host = nn.Linear(4, 4)
+        self.engine = MorphogenesisEngine(model, gate_config=GateConfig(min_training_epochs=1))
+        self.plateau = 40.0 + 10.0 * torch.rand((), generator=torch.Generator().manual_seed(
+            rng_seed)).item()
+        return self._observe()
+
+    def step(self, action) -> tuple[StepOutcome, Observation]:
+        outcome = self.engine.execute(action)
+        self.engine.tick()
+        return outcome, self._observe()
+
+    def _observe(self) -> Observation:
+        slot = self.engine.slots[self.slot_ids[0]]
+        gain = 10.0 * slot.alpha if slot.stage in ACTIVE_STAGES else 0.0
+        accuracy = self.plateau + gain + 0.1 * self.engine.epoch
+        for s in self.engine.slots.values():
+            if s.state is not None:
+                s.state.metrics.gradient_health, s.state.metrics.has_exploding = 1.0, False
+        contributions = {slot.slot_id: gain} if gain else {}
+        self.engine.record_epoch(accuracy, 1.0, 1.0, contributions)
+        return Observation(self.engine.report(max_epochs=self.episode_length), None, 1.0)
+
+
+def test_a_controller_better_by_construction_is_reported_better(cifar_dir, tmp_path):
+    config = fixture_config(cifar_dir, tmp_path / "out", episode_length=10, seeds=8, envs=4,
+                            controllers=("static", "grower:norm"))
+    pool = ScriptedHostPool(4, config.slots, config.episode_length)
+    Comparison(config, pool=pool).run()
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    (pair,) = summary["comparisons"]
+    assert pair["controller"] == "grower:norm" and pair["n_pairs"] == 8
+    assert pair["verdict"] == "better" and pair["outcome_diff_ci"][0] > 5.0
+
+
+# --- the born-grown baseline -------------------------------------------------------------------
+def test_matched_implants_pick_the_closest_parameter_count():
+    config = CompareConfig(slots=("r0c1", "r0c2"))
+    light = param_count("conv_light", 32)  # r0c2 is 32 channels wide in the baseline host
+    assert matched_implants(light, config) == (("r0c2", "conv_light"),)
+    assert matched_implants(0, config) == ()
+    both = param_count("norm", 16) + param_count("conv_heavy", 32)
+    assert matched_implants(both, config) == (("r0c1", "norm"), ("r0c2", "conv_heavy"))
+
+
+def test_matched_controller_is_born_grown_with_the_growers_median(cifar_dir, tmp_path):
+    grower, matched = "grower:conv_light", "matched:grower:conv_light"
+    config = fixture_config(cifar_dir, tmp_path / "out", seeds=1, episode_length=4,
+                            controllers=("static", grower, matched))
+    records = {r.controller: r for r in Comparison(config).run()}
+    grown = records["grower:conv_light"].seed_params
+    assert grown > 0
+    assert records["matched:grower:conv_light"].seed_params == grown  # same blueprint exists
+    assert records["matched:grower:conv_light"].seeds_germinated == 0
+
+
+# --- tuning the heuristic ----------------------------------------------------------------------
+def test_tuning_picks_the_best_configuration_on_tuning_episodes(cifar_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(compare_module, "TUNING_GRID", {"fossilize_contribution": (0.0, 0.5)})
+    config = fixture_config(cifar_dir, tmp_path / "out", controllers=("static", "heuristic"),
+                            tune_heuristic=True, tuning_seeds=1, seeds=1)
+    Comparison(config).run()
+    saved = json.loads((tmp_path / "out" / "heuristic_tuned.json").read_text())
+    rows = list(csv.DictReader((tmp_path / "out" / "tuning.csv").open()))
+    assert {r["controller"] for r in rows} == {"tune-0", "tune-1"}
+    assert {int(r["episode_rng_seed"]) for r in rows} == {tuning_rng_seed(0, 0)}
+    best = max(rows, key=lambda r: (float(r["outcome"]), -int(r["controller"][-1])))
+    assert saved["chosen"] == best["controller"]
+    evaluation = {int(r["episode_rng_seed"]) for r in
+                  csv.DictReader((tmp_path / "out" / "episodes.csv").open())}
+    assert not evaluation & {tuning_rng_seed(0, i) for i in range(10)}
+
+
+def test_evaluation_and_tuning_seeds_never_overlap_training_seeds():
+    from esper_lightning.envs import episode_rng_seed
+
+    training = {episode_rng_seed(0, r, i, e) for r in range(200) for i in range(8)
+                for e in range(2)}
+    evaluation = {evaluation_rng_seed(0, i) for i in range(200)}
+    tuning = {tuning_rng_seed(0, i) for i in range(200)}
+    assert not training & evaluation and not training & tuning and not evaluation & tuning
+
+
+# --- bad input ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("text", ["bogus", "policy", "policy:", "matched", "static:x"])
+def test_unknown_controller_names(text):
+    with pytest.raises(ConfigError, match=f"unknown controller '{text}'; accepted: static"):
+        parse_controller(text)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "esper_lightning.app.cli", "compare", *args],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def trained_policy(tmp_path_factory):
+    """A one-round PPO checkpoint on slots r0c1 r0c2 of the baseline host."""
+    from esper_lightning.app.config import load_config
+    from esper_lightning.app.trainer import PPOTrainer
+    from esper_lightning.data import write_cifar10_fixture
+
+    root = tmp_path_factory.mktemp("policy")
+    data = write_cifar10_fixture(root / "data", n_train=64, n_test=32)
+    save = root / "ckpt.pt"
+    config = load_config("smoke", overrides={
+        "data_dir": str(data), "rounds": 1, "episode_length": 2, "logdir": str(root / "logs"),
+        "save": str(save), "progress": False})
+    PPOTrainer(config).train()
+    return data, save
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--controllers", "static", "bogus"], "unknown controller 'bogus'"),
+        (["--seeds", "0"], "seeds must be >= 1, got 0"),
+        (["--controllers", "static", "policy:/nowhere/ckpt.pt"], "does not exist"),
+        (["--controllers", "static", "policy:UNREADABLE"], "cannot read checkpoint"),
+        (["--controllers", "static", "policy:POLICY", "--slots", "r0c0"],
+         "was trained with slots=['r0c1', 'r0c2']"),
+        (["--controllers", "static", "policy:POLICY", "--host_preset", "impaired",
+          "--slots", "r0c1", "r0c2"], "was trained with host_preset='baseline'"),
+    ],
+)
+def test_cli_errors_are_one_line_and_leave_out_untouched(trained_policy, tmp_path, extra,
+                                                         message):
+    data, policy = trained_policy
+    unreadable = tmp_path / "bad.pt"
+    unreadable.write_text("not a checkpoint")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "episodes.csv").write_text("keep me\n")
+    extra = [a.replace("POLICY", str(policy)).replace("UNREADABLE", str(unreadable))
+             for a in extra]
+    result = run_cli("--preset", "smoke", "--data-dir", str(data), "--out", str(out), *extra)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert message in lines[0]
+    assert (out / "episodes.csv").read_text() == "keep me\n"
+
+
+def test_policy_controllers_play_in_the_comparison(trained_policy, tmp_path):
+    data, policy = trained_policy
+    config = CompareConfig(data_dir=str(data), out=str(tmp_path / "out"), episode_length=3,
+                           slots=("r0c1", "r0c2"), batch_size=16, seeds=1, envs=2,
+                           progress=False, controllers=("static", f"policy:{policy}"))
+    records = Comparison(config).run()
+    assert {r.controller for r in records} == {"static", f"policy:{policy}"}
+
+
+def test_grower_controller_grows_and_fossilizes():
+    controller = GrowerController("norm")
+    plan = EpisodePlan("grower:norm", 0, 1)
+    env = _ScriptedEnv(("r0c1",), 12)
+    observation = env.reset(plan.rng_seed)
+    for _ in range(12):
+        _, observation = env.step(controller.decide(observation.report))
+    assert env.engine.count("fossilized") == 1
