@@ -56,6 +56,7 @@ from esper_lightning.rl import (
     RolloutBuffer,
     RunningMeanStd,
     batch_observations,
+    step_ends,
 )
 
 PLATEAU = 50.0
@@ -235,23 +236,25 @@ def collect_rollout(
     starts = torch.ones(len(envs), dtype=torch.bool)
     raw_history = []
     obs_rms.freeze()
-    for _ in range(buffer.n_steps):
+    for t in range(buffer.n_steps):
         raw, indices, masks = batch_observations(reports)
         raw_history.append(raw)
         obs = obs_rms.normalize(raw)
         out = policy.act(obs, indices, masks, hidden, episode_starts=starts)
         actions = [Action.from_indices(a) for a in out.actions.tolist()]
         steps = [env.step(a) for env, a in zip(envs, actions, strict=True)]
-        done = torch.tensor([d for _, _, d in steps])
+        # The trainer's own rule for episode ends (a max-epoch end is a true terminal).
+        ends = step_ends([env.epoch for env in envs], EPISODE_LENGTH, [False] * len(envs),
+                         rollout_over=t == buffer.n_steps - 1)
         buffer.add(
             obs=obs, blueprint_idx=indices, hidden=hidden, masks=masks, actions=out.actions,
             log_probs=out.log_probs, values=out.value,
             rewards=torch.tensor([reward for _, reward, _ in steps]),
-            episode_starts=starts,
-            # The MDP really ends here (no future to bootstrap), so its end is a true terminal.
-            terminated=done, truncated=torch.zeros_like(done),
-        )
-        reports = [env.reset() if d else r for env, (r, _, d) in zip(envs, steps, strict=True)]
+            episode_starts=starts, terminated=ends.terminated, truncated=ends.truncated,
+        )  # whole episodes per rollout: nothing is ever truncated, so nothing is bootstrapped
+        done = ends.terminated
+        reports = [env.reset() if d else r for env, (r, _, _), d in zip(envs, steps, done.tolist(),
+                                                                          strict=True)]
         hidden, starts = out.hidden, done
     obs_rms.unfreeze()
     obs_rms.update(torch.cat(raw_history))

@@ -17,7 +17,7 @@ PPO_TAGS = {
     "morpho/seeds_fossilized", "morpho/seeds_pruned", "morpho/seed_params",
     "governor/rollbacks", "actions/wait", "actions/germinate", "actions/prune",
     "actions/fossilize", "actions/advance", "actions/set_alpha_target", "rewards/total",
-    "rewards/attribution", "rewards/pbrs", "rewards/rent", "rewards/terminal",
+    "rewards/attribution", "rewards/pbrs", "rewards/terminal",
 }
 
 
@@ -51,7 +51,7 @@ def test_smoke_round_logs_spec_tags_and_writes_a_checkpoint(cifar_dir, tmp_path)
 
 
 def _policy(trainer: PPOTrainer) -> dict[str, torch.Tensor]:
-    return {k: v.clone() for k, v in trainer.policy.state_dict().items()}
+    return {k: v.clone() for k, v in trainer.learners[0].policy.state_dict().items()}
 
 
 def test_resume_continues_exactly(cifar_dir, tmp_path):
@@ -66,7 +66,7 @@ def test_resume_continues_exactly(cifar_dir, tmp_path):
     resumed.train()
     a, b = _policy(straight), _policy(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert torch.equal(straight.obs_rms.mean, resumed.obs_rms.mean)
+    assert torch.equal(straight.learners[0].obs_rms.mean, resumed.learners[0].obs_rms.mean)
     # And the resumed run really moved the policy past the checkpoint.
     assert not all(torch.equal(a[k], _policy(first)[k]) for k in a)
 

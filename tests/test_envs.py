@@ -48,8 +48,10 @@ def test_lockstep_pool_equals_envs_run_one_after_another(data):
     sequential = [[], *[[] for _ in SCRIPT]]
     for i, env in enumerate(alone.envs):
         env.reset(seeds[i])
+        for _ in range(env.start_epoch()):  # the first epoch trains before the first decision
+            env.train_batch()
         env.validate()
-        sequential[0].append(_numbers([env.observe(trained=False)])[0])
+        sequential[0].append(_numbers([env.observe()])[0])
         for t, actions in enumerate(SCRIPT):
             env.execute(actions[i])
             for _ in range(env.start_epoch()):

@@ -8,8 +8,10 @@ real masks, the rollout buffer, the running-std reward normaliser, the value nor
 
 from __future__ import annotations
 
+import random
 import time
 
+import numpy as np
 import pytest
 import torch
 from lifecycle_mdp import (
@@ -47,11 +49,24 @@ PPO = PPOConfig(
 POLICY = PolicyConfig(n_slots=len(SLOT_IDS), hidden_dim=64, head_hidden_dim=64)
 
 
+@pytest.fixture(autouse=True)
+def _isolated_numerics():
+    """Every generator and the thread count this test's numbers depend on, set here, so the
+    result is the same alone and in any test order (other tests may change either)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with torch.random.fork_rng():
+        yield
+    torch.set_num_threads(threads)
+
+
 class Agent:
     """Policy, optimiser and normalisers of one training run."""
 
-    def __init__(self, seed: int) -> None:
-        torch.manual_seed(seed)
+    def __init__(self, rng_seed: int) -> None:
+        random.seed(rng_seed)
+        np.random.seed(rng_seed)
+        torch.manual_seed(rng_seed)
         self.policy = FactoredRecurrentActorCritic(POLICY)
         self.optimizer = make_optimizer(self.policy, PPO)
         self.obs_rms = RunningMeanStd(shape=(obs_dim(len(SLOT_IDS)),))
@@ -76,13 +91,13 @@ class Agent:
         return total
 
 
-def train_until_solved(seed: int) -> tuple[int | None, list[float]]:
+def train_until_solved(rng_seed: int) -> tuple[int | None, list[float]]:
     """PPO updates until the greedy policy earns >= 90% of the optimal mean return.
 
     Returns the number of updates it took (None if not within `MAX_UPDATES`) and the greedy
     mean return after each update.
     """
-    agent = Agent(seed)
+    agent = Agent(rng_seed)
     envs = [LifecycleMDP(start) for start in ["clean", "harmful"] * (N_ENVS // 2)]
     buffer = RolloutBuffer(N_ENVS, EPISODE_LENGTH, POLICY)
     target = SOLVED_FRACTION * sum(OPTIMAL_RETURN.values()) / len(OPTIMAL_RETURN)
@@ -116,16 +131,17 @@ def test_pruning_before_germinating_is_worse():
 
 
 def test_untrained_policy_is_far_from_optimal():
-    agent = Agent(seed=0)
+    agent = Agent(rng_seed=0)
     greedy = sum(map(agent.greedy_return, OPTIMAL_RETURN)) / len(OPTIMAL_RETURN)
     assert greedy < 0.5 * sum(OPTIMAL_RETURN.values()) / len(OPTIMAL_RETURN)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_ppo_reaches_90_percent_of_the_optimal_return(seed):
+@pytest.mark.parametrize("rng_seed", [0, 1, 2, 3, 4])
+def test_ppo_reaches_90_percent_of_the_optimal_return(rng_seed):
     began = time.perf_counter()
-    updates, greedy = train_until_solved(seed)
+    updates, greedy = train_until_solved(rng_seed)
     elapsed = time.perf_counter() - began
     curve = ", ".join(f"{g:.2f}" for g in greedy)
-    print(f"\nseed {seed}: solved after {updates} PPO updates in {elapsed:.1f}s; greedy: {curve}")
+    print(f"\nrng seed {rng_seed}: solved after {updates} PPO updates in {elapsed:.1f}s; "
+          f"greedy: {curve}")
     assert updates is not None, f"not solved within {MAX_UPDATES} updates: {curve}"

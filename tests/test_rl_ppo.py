@@ -23,6 +23,7 @@ from esper_lightning.rl import (
     ppo_update,
 )
 from esper_lightning.rl.ppo import (
+    batch_divergence,
     clip_fraction,
     clipped_surrogate_loss,
     joint_approx_kl,
@@ -105,13 +106,17 @@ def test_update_returns_cleanrl_metrics_and_changes_the_policy():
     assert 0 <= metrics["entropy/op"] <= 1
 
 
-def test_first_minibatch_starts_on_policy():
-    """Unchanged parameters re-evaluate to the stored log-probs: ratio 1, KL 0, no clipping."""
+def test_logged_kl_is_the_whole_batch_movement_after_the_update():
+    """Unchanged parameters re-evaluate to the stored log-probs (KL 0, no clipping); the logged
+    KL is the whole batch's divergence from the rollout policy after the last epoch, not the
+    average of per-minibatch values measured before each step (whose first is always 0)."""
     policy, buffer = _setup()
-    config = PPOConfig(minibatch_envs=4, n_epochs=1, target_kl=None)
+    assert batch_divergence(policy, buffer, 0.2) == {"approx_kl": 0.0, "clipfrac": 0.0}
+    config = PPOConfig(minibatch_envs=2, n_epochs=2, target_kl=None, learning_rate=1e-3)
     metrics = ppo_update(policy, make_optimizer(policy, config), buffer, config, ValueNormalizer())
-    assert metrics["approx_kl"] == pytest.approx(0.0, abs=1e-9)
-    assert metrics["clipfrac"] == 0.0
+    after = batch_divergence(policy, buffer, config.clip_coef)
+    assert metrics["approx_kl"] == after["approx_kl"] > 0.0
+    assert metrics["clipfrac"] == after["clipfrac"]
 
 
 def test_target_kl_stops_the_update_early():
@@ -119,7 +124,7 @@ def test_target_kl_stops_the_update_early():
     config = PPOConfig(minibatch_envs=1, n_epochs=4, target_kl=1e-9, learning_rate=1e-2)
     metrics = ppo_update(policy, make_optimizer(policy, config), buffer, config, ValueNormalizer())
     assert metrics["early_stopped"] == 1.0
-    assert metrics["epochs_run"] == 1  # the first step is on-policy, the next one exceeds KL
+    assert metrics["epochs_run"] == 1  # the whole-batch KL after the first epoch exceeds it
 
 
 def test_update_is_reproducible_with_a_seed():

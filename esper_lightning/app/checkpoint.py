@@ -21,7 +21,7 @@ from esper_lightning.errors import ConfigError
 from esper_lightning.rl.checkpoint import policy_entries, read_checkpoint, write_checkpoint
 
 if TYPE_CHECKING:
-    from esper_lightning.app.trainer import PPOTrainer
+    from esper_lightning.app.trainer import Learner
 
 
 def seed_run(rng_seed: int) -> None:
@@ -29,36 +29,41 @@ def seed_run(rng_seed: int) -> None:
     seed_everything(rng_seed, verbose=False)
 
 
-def save_trainer(trainer: PPOTrainer, path: str | os.PathLike[str]) -> None:
-    """Write the trainer's full state atomically (see `rl.checkpoint.write_checkpoint`)."""
-    c = trainer.config
+def save_trainer(learner: Learner, round_index: int, path: str | os.PathLike[str]) -> None:
+    """Write one policy's full training state atomically (`rl.checkpoint.write_checkpoint`)."""
+    c = learner.config
+    logger = learner.logger
     state = {
-        "round": trainer.round,
+        "round": round_index,
         "config": c.to_dict(),
-        **policy_entries(trainer.policy, trainer.obs_rms, c.slots, c.episode_length),
-        "optimizer": trainer.optimizer.state_dict(),
-        "reward_normalizer": trainer.reward_normalizer.state_dict(),
-        "value_normalizer": trainer.value_normalizer.state_dict(),
+        **policy_entries(learner.policy, learner.obs_rms, c.slots, c.episode_length,
+                         c.heads == "compact"),
+        "optimizer": learner.optimizer.state_dict(),
+        "reward_normalizer": learner.reward_normalizer.state_dict(),
+        "value_normalizer": learner.value_normalizer.state_dict(),
+        "logger_version": None if logger is None else logger.version,
         "rng": rng_states(),
     }
     write_checkpoint(state, path)
 
 
-def load_trainer(trainer: PPOTrainer, path: str | os.PathLike[str]) -> None:
-    """Restore ``trainer`` from a checkpoint of a compatible run (else `ConfigError`)."""
+def load_trainer(learner: Learner, path: str | os.PathLike[str]) -> int:
+    """Restore ``learner`` from a checkpoint of a compatible run (else `ConfigError`); returns
+    the round to continue from. The resumed run logs into the same TensorBoard version."""
     state = read_checkpoint(path)
-    errors = compatibility_errors(state["config"], trainer.config)
+    errors = compatibility_errors(state["config"], learner.config)
     if errors:
         raise ConfigError(
             f"checkpoint '{path}' comes from an incompatible config: {'; '.join(errors)}"
         )
-    trainer.policy.load_state_dict(state["policy"])
-    trainer.optimizer.load_state_dict(state["optimizer"])
-    trainer.obs_rms.load_state_dict(state["obs_rms"])
-    trainer.reward_normalizer.load_state_dict(state["reward_normalizer"])
-    trainer.value_normalizer.load_state_dict(state["value_normalizer"])
+    learner.policy.load_state_dict(state["policy"])
+    learner.optimizer.load_state_dict(state["optimizer"])
+    learner.obs_rms.load_state_dict(state["obs_rms"])
+    learner.reward_normalizer.load_state_dict(state["reward_normalizer"])
+    learner.value_normalizer.load_state_dict(state["value_normalizer"])
+    learner.logger_version = state["logger_version"]
     set_rng_states(state["rng"])
-    trainer.round = int(state["round"])
+    return int(state["round"])
 
 
 def rng_states() -> dict[str, Any]:

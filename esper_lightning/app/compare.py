@@ -40,6 +40,7 @@ from esper_lightning.controllers import (
     RandomController,
     StaticController,
 )
+from esper_lightning.core.outcome import episode_outcome
 from esper_lightning.core.report import EpochReport
 from esper_lightning.envs import EnvPool, episode_rng_seed
 from esper_lightning.errors import ConfigError
@@ -134,22 +135,23 @@ def play_episodes(
 ) -> list[EpisodeRecord]:
     """Play one episode per plan on envs ``0..len(plans)-1`` of ``pool`` in lockstep."""
     which = list(range(len(plans)))
-    reward_config = RewardConfig(mode=task.reward, gamma=task.gamma)
+    reward_config = RewardConfig(mode=task.reward, gamma=task.gamma, param_cost=task.param_cost)
     start = time.perf_counter()
+    # The first epoch trains before the first decision, as in a Trainer and in PPO rollouts.
     observations = pool.reset([p.rng_seed for p in plans], which, [p.implants for p in plans])
     for controller in controllers:
         controller.reset()
     returns = [0.0] * len(plans)
-    curves: list[list[float]] = [[] for _ in plans]
-    for epoch in range(task.episode_length):
+    curves = [[_accuracy(o.report)] for o in observations]
+    decisions = task.episode_length - 1
+    for t in range(decisions):
         reports = [o.report for o in observations]
         actions = [c.decide(r) for c, r in zip(controllers, reports, strict=True)]
         outcomes, observations = pool.step(actions, which)
         for k, (outcome, after) in enumerate(zip(outcomes, observations, strict=True)):
             reward = compute_reward(
-                reports[k], outcome.executed, outcome.success, after.report, reward_config,
-                terminal=epoch == task.episode_length - 1,
-                rollback=after.rollback_reason is not None,
+                reports[k], outcome.executed, after.report, reward_config,
+                terminal=t == decisions - 1, rollback=after.rollback_reason is not None,
             )
             returns[k] += reward.total
             curves[k].append(_accuracy(after.report))
@@ -173,7 +175,8 @@ def _record(
     events = engine.event_counts()
     return EpisodeRecord(
         controller=plan.label, episode_index=plan.index, episode_rng_seed=plan.rng_seed,
-        host=task.host_preset, outcome=stats.outcome_of(curve), final_accuracy=curve[-1],
+        host=task.host_preset, final_accuracy=curve[-1],
+        outcome=episode_outcome(curve, engine.seed_params, engine.host_params, task.param_cost),
         seed_params=engine.seed_params, total_params=engine.seed_params + engine.host_params,
         episode_return=episode_return, accuracy_curve=tuple(curve),
         seeds_germinated=events["germinated"], seeds_fossilized=events["fossilized"],

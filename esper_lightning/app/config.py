@@ -21,7 +21,7 @@ from typing import Any, Literal, TypeVar
 import torch
 import yaml
 
-from esper_lightning.app.stats import OUTCOME_EPOCHS
+from esper_lightning.core.outcome import OUTCOME_EPOCHS
 from esper_lightning.errors import ConfigError
 from esper_lightning.hosts import PRESETS as HOST_PRESETS
 from esper_lightning.hosts import slot_ids
@@ -47,6 +47,8 @@ class TaskConfig:
         host_preset: the host network.
         reward: reward mode the controller's return is computed with.
         gamma: discount of the return (and of the reward's potential-based shaping).
+        param_cost: outcome points charged per host-sized amount of seed parameters (the
+            outcome is the mean validation accuracy of the last 3 epochs minus this cost).
         device: device of every env when ``devices`` is empty (cpu, cuda, cuda:N).
         devices: one device per env, cycled when shorter than the pool.
         precision: host training precision (16-mixed gives each env its own GradScaler).
@@ -66,6 +68,7 @@ class TaskConfig:
     host_preset: HostPresetName = "baseline"
     reward: RewardName = "shaped"
     gamma: float = 0.995
+    param_cost: float = 1.0
     device: str = "cpu"
     devices: tuple[str, ...] = ()
     precision: PrecisionName = "32-true"
@@ -89,6 +92,8 @@ class TaskConfig:
             _check_device(device)
         _check_slots(self.slots, self.host_preset)
         _check_range("gamma", self.gamma, 0.0, 1.0)
+        if self.param_cost < 0:
+            raise ConfigError(f"param_cost must be >= 0, got {self.param_cost}")
         if self.host_lr <= 0:
             raise ConfigError(f"host_lr must be > 0, got {self.host_lr}")
 
@@ -119,6 +124,11 @@ class PPORunConfig(TaskConfig):
         ppo_epochs: passes over each round's rollout.
         minibatch_envs: env sequences per PPO minibatch.
         gae_lambda: GAE lambda.
+        target_kl: stop a PPO update after an epoch whose KL on the whole batch exceeds this.
+        heads: action space the policy learns: full (all eight heads) or compact (op, slot and
+            blueprint; the other heads keep their defaults).
+        ab: reward modes to train side by side, one policy each, in one pool (the envs split
+            evenly, the same episode seeds in every group); empty: one policy on ``reward``.
         progress: show a progress bar.
     """
 
@@ -132,14 +142,38 @@ class PPORunConfig(TaskConfig):
     ppo_epochs: int = 4
     minibatch_envs: int = 2
     gae_lambda: float = 0.95
+    target_kl: float = 0.02
+    heads: Literal["full", "compact"] = "full"
+    ab: tuple[str, ...] = ()
     progress: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_positive(self, ("envs", "rounds", "policy_hidden", "ppo_epochs", "minibatch_envs"))
         _check_range("gae_lambda", self.gae_lambda, 0.0, 1.0)
-        if self.learning_rate <= 0:
-            raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate}")
+        for name in ("learning_rate", "target_kl"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        _check_choice("heads", self.heads, ("full", "compact"))
+        for mode in self.ab:
+            _check_choice("ab reward", mode, tuple(m.value for m in RewardMode))
+        if len(set(self.ab)) != len(self.ab) or len(self.ab) == 1:
+            raise ConfigError(f"ab needs two or more different reward modes, got {list(self.ab)}")
+        if self.ab and self.envs % len(self.ab):
+            raise ConfigError(f"envs={self.envs} does not split evenly into {len(self.ab)} "
+                              f"groups for ab={list(self.ab)}")
+
+    @property
+    def reward_modes(self) -> tuple[str, ...]:
+        """One policy is learned per mode: ``ab``, or just ``reward``."""
+        return self.ab or (self.reward,)
+
+    def learner_config(self, mode: str) -> PPORunConfig:
+        """What one policy of an A/B run was trained with: its reward mode and its share of the
+        envs (so its checkpoint reads like a run of its own)."""
+        if not self.ab:
+            return self
+        return dataclasses.replace(self, reward=mode, envs=self.envs // len(self.ab), ab=())
 
     @property
     def env_devices(self) -> tuple[str, ...]:
@@ -196,7 +230,7 @@ class CompareConfig(TaskConfig):
 #: Fields that shape the policy or the task: a checkpoint only resumes with equal values.
 COMPATIBILITY_KEYS = (
     "slots", "host_preset", "reward", "episode_length", "policy_hidden", "envs",
-    "min_training_epochs", "max_seeds",
+    "min_training_epochs", "max_seeds", "param_cost", "heads",
 )
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -301,7 +335,7 @@ def check_hardware(config: TaskConfig, devices: tuple[str, ...]) -> None:
 
 
 # --- checking ---------------------------------------------------------------------------------
-_TUPLE_FIELDS = ("slots", "devices", "controllers")
+_TUPLE_FIELDS = ("slots", "devices", "controllers", "ab")
 _OPTIONAL_PATHS = ("data_dir", "save", "resume")
 _OPTIONAL_INTS = ("train_subset", "val_subset", "max_seeds")
 

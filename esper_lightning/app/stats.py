@@ -46,9 +46,7 @@ from typing import Any
 import numpy as np
 from scipy import stats as scipy_stats
 
-#: Epochs averaged by `outcome_of`: the small validation set makes a single epoch's accuracy
-#: jump by about 6 points, the mean of the last three is far steadier.
-OUTCOME_EPOCHS = 3
+from esper_lightning.core.outcome import OUTCOME_EPOCHS, accuracy_outcome
 
 #: Fewest pairs for a "better"/"worse" verdict: the smallest n whose exact two-sided Wilcoxon
 #: p-value can fall below 0.05 (2 / 2**6 = 0.031).
@@ -56,31 +54,8 @@ MIN_PAIRS_FOR_VERDICT = 6
 
 
 def outcome_of(curve: Sequence[float], last: int = OUTCOME_EPOCHS) -> float:
-    """The comparison's outcome of one episode: mean validation accuracy of its last epochs.
-
-    A single epoch's accuracy on the small validation set is noisy (about 6 points from one
-    epoch to the next at a plateau); the mean of the last ``last`` epochs is robust to it while
-    still measuring where the episode ended.
-
-    Args:
-        curve: validation accuracy per epoch, in percent.
-        last: epochs averaged, counted from the end.
-
-    Returns:
-        The mean of ``curve[-last:]``.
-
-    Raises:
-        ValueError: ``last`` < 1 or the curve has fewer than ``last`` epochs.
-
-    Example::
-
-        outcome_of([50.0, 60.0, 62.0, 64.0, 66.0])  # 64.0
-    """
-    if last < 1:
-        raise ValueError(f"last must be >= 1, got {last}")
-    if len(curve) < last:
-        raise ValueError(f"outcome needs at least {last} epochs, got a curve of {len(curve)}")
-    return float(np.mean(np.asarray(curve[-last:], dtype=np.float64)))
+    """Mean validation accuracy of the last ``last`` epochs (`core.outcome.accuracy_outcome`)."""
+    return accuracy_outcome(curve, last)
 
 
 _INT_FIELDS = (

@@ -1,16 +1,23 @@
 """`PPOTrainer`: learn the lifecycle controller over a pool of Fabric environments.
 
-One round = every env plays one episode of ``episode_length`` host epochs (a fresh host each; a
-governor rollback ends an episode early and the env starts a new one), then one PPO update.
-After every round the trainer logs to TensorBoard and writes an atomic checkpoint holding
-everything needed to continue exactly (`app.checkpoint`).
+One round = every env plays one episode of ``episode_length`` host epochs (a fresh host each,
+trained one epoch before its first decision; a governor rollback ends an episode early and the
+env starts a new one), then one PPO update. After every round the trainer logs to TensorBoard
+and writes an atomic checkpoint holding everything needed to continue exactly
+(`app.checkpoint`).
+
+With ``ab`` set, one policy per reward mode learns side by side in the same pool: the envs are
+split into equal groups that play the same episode seeds in lockstep, each group acting for and
+rewarding its own policy, which has its own optimizer, normalisers, checkpoint and TensorBoard
+run. Learning groups one after another would hand them different data and machine states.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
@@ -22,6 +29,7 @@ from esper_lightning.app.config import PPORunConfig, check_hardware
 from esper_lightning.app.metrics import RoundStats, mean, round_metrics
 from esper_lightning.app.task import env_spec, load_splits
 from esper_lightning.core.actions import Action
+from esper_lightning.core.report import EpochReport
 from esper_lightning.envs import EnvPool, Observation, episode_rng_seed
 from esper_lightning.rl import (
     FactoredRecurrentActorCritic,
@@ -37,22 +45,60 @@ from esper_lightning.rl import (
     make_optimizer,
     obs_dim,
     ppo_update,
+    step_ends,
 )
+from esper_lightning.rl.distributions import MaskBatch
 from esper_lightning.rl.policy import ActOutput, Hidden
+from esper_lightning.rl.rewards import RewardMode
+
+
+@dataclass
+class Learner:
+    """One policy being learned and everything that belongs to it."""
+
+    config: PPORunConfig  # the run as this policy sees it (its reward mode, its envs)
+    envs: list[int]  # pool indices of the envs it acts for
+    policy: FactoredRecurrentActorCritic
+    optimizer: torch.optim.Optimizer
+    obs_rms: RunningMeanStd
+    reward_normalizer: RewardNormalizer
+    value_normalizer: ValueNormalizer
+    reward_config: RewardConfig
+    logger_name: str
+    logger_version: int | None = None
+    logger: TensorBoardLogger | None = None
+    history: list[RoundStats] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.config.reward
 
 
 @dataclass
 class _Rollout:
-    """What a round's collection carries from one step to the next."""
+    """What one learner's collection carries from one step to the next (per env of its group:
+    index ``k`` is the k-th env of the learner's group)."""
 
-    round_index: int
     buffer: RolloutBuffer
-    observations: list[Observation]
     hidden: Hidden
     starts: Tensor  # [n] bool: the next step starts an episode
     returns: list[float]  # running return of each env's current episode
-    episodes: list[int]  # episodes each env began this round (restarts after rollbacks)
-    raw_features: list[Tensor]  # unnormalised observations, for the normaliser's update
+    decisions: list[int]  # decisions each env's current episode has taken
+    restarts: list[int]  # episodes each env began after a rollback this round
+    ended: Tensor | None = None  # [n] bool: the last step ended or cut the episode
+    raw_features: list[Tensor] = field(default_factory=list)  # for the normaliser's update
+    stats: RoundStats = field(default_factory=RoundStats)
+
+
+class _Acted(NamedTuple):
+    """One learner's decision step: the reports it saw and what `policy.act` produced."""
+
+    reports: list[EpochReport]
+    actions: list[Action]
+    obs: Tensor
+    blueprint_idx: Tensor
+    masks: MaskBatch
+    out: ActOutput
 
 
 class PPOTrainer:
@@ -73,158 +119,218 @@ class PPOTrainer:
         self.config = config
         self.round = 0
         seed_run(config.rng_seed)
-        self.policy_config = PolicyConfig(n_slots=len(config.slots),
-                                          hidden_dim=config.policy_hidden)
-        self.policy = FactoredRecurrentActorCritic(self.policy_config)
         self.ppo_config = PPOConfig(
             learning_rate=config.learning_rate, gamma=config.gamma,
             gae_lambda=config.gae_lambda, n_epochs=config.ppo_epochs,
-            minibatch_envs=min(config.minibatch_envs, config.envs),
+            minibatch_envs=min(config.minibatch_envs, config.envs // len(config.reward_modes)),
+            target_kl=config.target_kl,
         )
-        self.optimizer = make_optimizer(self.policy, self.ppo_config)
-        self.obs_rms = RunningMeanStd(shape=(obs_dim(len(config.slots)),))
-        self.reward_normalizer = RewardNormalizer(config.gamma)
-        self.value_normalizer = ValueNormalizer()
-        self.reward_config = RewardConfig(mode=config.reward, gamma=config.gamma)
+        self.policy_config = PolicyConfig(n_slots=len(config.slots),
+                                          hidden_dim=config.policy_hidden)
+        self.learners = [self._learner(mode, k) for k, mode in enumerate(config.reward_modes)]
         if config.resume is not None:
-            load_trainer(self, config.resume)
+            for learner in self.learners:
+                self.round = load_trainer(learner, self.checkpoint_path(config.resume, learner))
         self.pool = EnvPool(env_spec(config), *load_splits(config, config.progress),
                             config.env_devices)
-        self.logger = TensorBoardLogger(config.logdir, name="ppo")
+        for learner in self.learners:
+            learner.logger = TensorBoardLogger(config.logdir, name=learner.logger_name,
+                                               version=learner.logger_version)
+
+    def _learner(self, mode: str, group: int) -> Learner:
+        config = self.config.learner_config(mode)
+        policy = FactoredRecurrentActorCritic(self.policy_config)
+        n = config.envs
+        return Learner(
+            config=config, envs=list(range(group * n, (group + 1) * n)), policy=policy,
+            optimizer=make_optimizer(policy, self.ppo_config),
+            obs_rms=RunningMeanStd(shape=(obs_dim(len(config.slots)),)),
+            reward_normalizer=RewardNormalizer(config.gamma),
+            value_normalizer=ValueNormalizer(),
+            reward_config=RewardConfig(mode=RewardMode(mode), gamma=config.gamma,
+                                       param_cost=config.param_cost),
+            logger_name="ppo" if not self.config.ab else f"ppo-{mode}",
+        )
+
+    def checkpoint_path(self, path: str, learner: Learner) -> Path:
+        """``path`` itself, or ``<stem>.<mode><suffix>`` for each policy of an A/B run."""
+        path = Path(path)
+        return path if not self.config.ab else path.with_name(
+            f"{path.stem}.{learner.name}{path.suffix}")
+
+    @property
+    def decisions_per_episode(self) -> int:
+        """The first epoch trains before the first decision, as in a Trainer."""
+        return self.config.episode_length - 1
 
     # --- main loop ----------------------------------------------------------------------------
     def train(self) -> list[RoundStats]:
-        """Run the remaining rounds; returns their stats."""
+        """Run the remaining rounds; returns the first policy's stats per round (every
+        policy's are in ``learner.history``)."""
         c = self.config
         if self.round == 0:
-            # hparams.yaml keeps real lists, so it can be fed back with --config.
-            self.logger.log_hyperparams(c.to_dict())
-        history = []
+            for learner in self.learners:
+                # hparams.yaml keeps real lists, so it can be fed back with --config.
+                learner.logger.log_hyperparams(learner.config.to_dict())
         bar = tqdm(range(self.round, c.rounds), initial=self.round, total=c.rounds,
                    desc="rounds", disable=not c.progress, dynamic_ncols=True)
         for round_index in bar:
             stats = self.run_round(round_index)
             self.round = round_index + 1
-            self.logger.log_metrics(round_metrics(stats), step=self.round)
-            self.logger.save()
-            if c.save is not None:
-                save_trainer(self, c.save)
-            history.append(stats)
-            bar.set_postfix(acc=f"{mean(stats.final_accuracies):.1f}",
-                            ret=f"{mean(stats.returns):.2f}")
-        self.logger.finalize("success")
-        return history
+            for learner, learner_stats in zip(self.learners, stats, strict=True):
+                self._finish_round(learner, learner_stats)
+            bar.set_postfix(acc=f"{mean(stats[0].final_accuracies):.1f}",
+                            ret=f"{mean(stats[0].returns):.2f}")
+        for learner in self.learners:
+            learner.logger.finalize("success")
+        return self.learners[0].history
 
-    def run_round(self, round_index: int) -> RoundStats:
-        """Collect ``envs × episode_length`` transitions, then update the policy once."""
-        stats = RoundStats()
-        rollout = self._begin_round(round_index, stats)
-        self.obs_rms.freeze()  # one normalisation for the whole rollout
-        for t in range(self.config.episode_length):
-            self._collect_step(rollout, t, stats)
-        tick = time.perf_counter()
-        self.obs_rms.unfreeze()
-        self.obs_rms.update(torch.cat(rollout.raw_features))
-        self.obs_rms.freeze()
-        stats.ppo = ppo_update(self.policy, self.optimizer, rollout.buffer, self.ppo_config,
-                               self.value_normalizer, self.reward_normalizer)
-        stats.update_seconds = time.perf_counter() - tick
-        return stats
+    def _finish_round(self, learner: Learner, stats: RoundStats) -> None:
+        learner.history.append(stats)
+        learner.logger.log_metrics(round_metrics(stats), step=self.round)
+        learner.logger.save()
+        if self.config.save is not None:
+            save_trainer(learner, self.round, self.checkpoint_path(self.config.save, learner))
+
+    def run_round(self, round_index: int) -> list[RoundStats]:
+        """Collect one episode per env (``decisions_per_episode`` steps), then update every
+        policy once on its own envs' transitions."""
+        rollouts = self._begin_round()
+        for learner in self.learners:
+            learner.obs_rms.freeze()  # one normalisation for the whole rollout
+        observations = self._reset_pool(round_index, rollouts)
+        for t in range(self.decisions_per_episode):
+            observations = self._collect_step(rollouts, observations, round_index,
+                                              last=t == self.decisions_per_episode - 1)
+        for learner, rollout in zip(self.learners, rollouts, strict=True):
+            self._update(learner, rollout)
+        return [rollout.stats for rollout in rollouts]
 
     # --- collection ---------------------------------------------------------------------------
-    def _begin_round(self, round_index: int, stats: RoundStats) -> _Rollout:
-        n = self.config.envs
-        start = time.perf_counter()
-        seeds = [episode_rng_seed(self.config.rng_seed, round_index, i) for i in range(n)]
-        observations = self.pool.reset(seeds)
-        stats.env_seconds += time.perf_counter() - start
-        return _Rollout(
-            round_index=round_index,
-            buffer=RolloutBuffer(n, self.config.episode_length, self.policy_config),
-            observations=observations,
-            hidden=self.policy.initial_state(n),
-            starts=torch.ones(n, dtype=torch.bool),
-            returns=[0.0] * n,
-            episodes=[0] * n,
-            raw_features=[],
-        )
+    def _begin_round(self) -> list[_Rollout]:
+        rollouts = []
+        for learner in self.learners:
+            n = len(learner.envs)
+            rollouts.append(_Rollout(
+                buffer=RolloutBuffer(n, self.decisions_per_episode, self.policy_config),
+                hidden=learner.policy.initial_state(n), starts=torch.ones(n, dtype=torch.bool),
+                returns=[0.0] * n, decisions=[0] * n, restarts=[0] * n,
+            ))
+        return rollouts
 
-    def _collect_step(self, rollout: _Rollout, t: int, stats: RoundStats) -> None:
-        """One decision per env, one epoch of training per env, one buffer row."""
-        horizon = self.config.episode_length
-        tick = time.perf_counter()
-        reports = [o.report for o in rollout.observations]
-        raw, obs, blueprints, masks = encode_reports(reports, self.obs_rms, horizon)
-        rollout.raw_features.append(raw)
-        out = self.policy.act(obs, blueprints, masks, rollout.hidden,
-                              episode_starts=rollout.starts)
-        actions = [Action.from_indices(row) for row in out.actions.tolist()]
-        stats.controller_seconds += time.perf_counter() - tick
+    def _reset_pool(self, round_index: int, rollouts: list[_Rollout]) -> list[Observation]:
+        """Every group plays the same episode seeds: the k-th env of each group gets seed k."""
+        start = time.perf_counter()
+        group = len(self.learners[0].envs)
+        seeds = [episode_rng_seed(self.config.rng_seed, round_index, i % group)
+                 for i in range(len(self.pool))]
+        observations = self.pool.reset(seeds)
+        for rollout in rollouts:  # the lockstep time is shared evenly between the groups
+            rollout.stats.env_seconds += (time.perf_counter() - start) / len(rollouts)
+        return observations
+
+    def _collect_step(
+        self, rollouts: list[_Rollout], observations: list[Observation], round_index: int,
+        last: bool,
+    ) -> list[Observation]:
+        """One decision per env, one epoch of training per env (all groups in lockstep)."""
+        actions: list[Action] = [Action()] * len(self.pool)
+        acted = []
+        for learner, rollout in zip(self.learners, rollouts, strict=True):
+            tick = time.perf_counter()
+            step = self._act(learner, rollout, [observations[i].report for i in learner.envs])
+            for i, action in zip(learner.envs, step.actions, strict=True):
+                actions[i] = action
+            acted.append(step)
+            rollout.stats.controller_seconds += time.perf_counter() - tick
         tick = time.perf_counter()
         outcomes, next_obs = self.pool.step(actions)
-        stats.env_seconds += time.perf_counter() - tick
-        last = t == horizon - 1
-        terminated = torch.tensor([o.rollback_reason is not None for o in next_obs])
-        truncated = torch.tensor([last and o.rollback_reason is None for o in next_obs])
-        rewards = self._rewards(rollout, reports, outcomes, next_obs, stats)
+        env_seconds = (time.perf_counter() - tick) / len(self.learners)
+        for learner, rollout, step in zip(self.learners, rollouts, acted, strict=True):
+            rollout.stats.env_seconds += env_seconds
+            after = [next_obs[i] for i in learner.envs]
+            executed = [outcomes[i].executed for i in learner.envs]
+            self._store(learner, rollout, step, executed, after, last)
+            self._finish_episodes(learner, rollout, next_obs, round_index)
+        return next_obs
+
+    def _act(self, learner: Learner, rollout: _Rollout, reports: list[EpochReport]) -> _Acted:
+        raw, obs, blueprints, masks = encode_reports(
+            reports, learner.obs_rms, self.config.episode_length, self.config.heads == "compact")
+        rollout.raw_features.append(raw)
+        out = learner.policy.act(obs, blueprints, masks, rollout.hidden,
+                                 episode_starts=rollout.starts)
+        actions = [Action.from_indices(row) for row in out.actions.tolist()]
+        return _Acted(reports, actions, obs, blueprints, masks, out)
+
+    def _store(
+        self, learner: Learner, rollout: _Rollout, step: _Acted, executed: list[Action],
+        after: list[Observation], last: bool,
+    ) -> None:
+        """Rewards, episode ends (`rl.episodes.step_ends`) and one buffer row."""
+        for k in range(len(after)):
+            rollout.decisions[k] += 1
+        rollbacks = [o.rollback_reason is not None for o in after]
+        ends = step_ends(rollout.decisions, self.decisions_per_episode, rollbacks, last)
+        rewards = torch.zeros(len(after))
+        for k, (before, action, obs) in enumerate(zip(step.reports, executed, after,
+                                                      strict=True)):
+            breakdown = compute_reward(before, action, obs.report, learner.reward_config,
+                                       terminal=bool(ends.at_horizon[k]), rollback=rollbacks[k])
+            rewards[k] = breakdown.total
+            rollout.returns[k] += breakdown.total
+            rollout.stats.reward_sums.update(breakdown.as_dict())
+            rollout.stats.ops[action.op.name.lower()] += 1
+        out = step.out
+        bootstrap = self._bootstrap(learner, after, out.hidden) if ends.truncated.any() else None
         rollout.buffer.add(
-            obs=obs, blueprint_idx=blueprints, hidden=rollout.hidden, masks=masks,
-            actions=out.actions, log_probs=out.log_probs, values=out.value, rewards=rewards,
-            episode_starts=rollout.starts, terminated=terminated, truncated=truncated,
-            bootstrap_values=self._bootstrap(next_obs, out) if last else None,
+            obs=step.obs, blueprint_idx=step.blueprint_idx, hidden=rollout.hidden,
+            masks=step.masks, actions=out.actions, log_probs=out.log_probs, values=out.value,
+            rewards=rewards, episode_starts=rollout.starts, terminated=ends.terminated,
+            truncated=ends.truncated, bootstrap_values=bootstrap,
         )
-        rollout.hidden, rollout.starts = out.hidden, terminated.clone()
-        rollout.observations = self._finish_episodes(rollout, next_obs, terminated | truncated,
-                                                     stats)
-        stats.steps += len(actions)
+        rollout.hidden, rollout.starts = out.hidden, ends.terminated.clone()
+        rollout.stats.steps += len(after)
+        rollout.ended = ends.terminated | ends.truncated
 
-    def _rewards(
-        self, rollout: _Rollout, reports: list[Any], outcomes: list[Any],
-        next_obs: list[Observation], stats: RoundStats,
-    ) -> Tensor:
-        rewards = torch.zeros(len(outcomes))
-        for i, (before, outcome, after) in enumerate(zip(reports, outcomes, next_obs,
-                                                         strict=True)):
-            breakdown = compute_reward(
-                before, outcome.executed, outcome.success, after.report, self.reward_config,
-                terminal=after.report.epoch >= self.config.episode_length,
-                rollback=after.rollback_reason is not None,
-            )
-            rewards[i] = breakdown.total
-            rollout.returns[i] += breakdown.total
-            stats.reward_sums.update(breakdown.as_dict())
-            stats.ops[outcome.executed.op.name.lower()] += 1
-        return rewards
+    def _bootstrap(self, learner: Learner, after: list[Observation], hidden: Hidden) -> Tensor:
+        """V(s') of the states a rollout is cut in (read only where an env is truncated)."""
+        _, obs, blueprints, masks = encode_reports(
+            [o.report for o in after], learner.obs_rms, self.config.episode_length,
+            self.config.heads == "compact")
+        return learner.policy.act(obs, blueprints, masks, hidden, deterministic=True).value
 
-    def _bootstrap(self, next_obs: list[Observation], out: ActOutput) -> Tensor:
-        """V(s') of the states the round ends in (read only where an env is truncated)."""
-        reports = [o.report for o in next_obs]
-        _, obs, blueprints, masks = encode_reports(reports, self.obs_rms,
-                                                   self.config.episode_length)
-        return self.policy.act(obs, blueprints, masks, out.hidden, deterministic=True).value
-
-    def _finish_episodes(
-        self, rollout: _Rollout, observations: list[Observation], done: Tensor,
-        stats: RoundStats,
-    ) -> list[Observation]:
+    def _finish_episodes(self, learner: Learner, rollout: _Rollout,
+                         observations: list[Observation], round_index: int) -> None:
         """Book the finished episodes; envs stopped by the governor start a new one now."""
-        observations = list(observations)
-        for i in torch.nonzero(done).flatten().tolist():
+        stats = rollout.stats
+        assert rollout.ended is not None
+        for k in torch.nonzero(rollout.ended).flatten().tolist():
+            i = learner.envs[k]
+            report, rollback = observations[i].report, observations[i].rollback_reason
             engine = self.pool.envs[i].engine
             assert engine is not None
-            report, rollback = observations[i].report, observations[i].rollback_reason
             stats.events.update(engine.event_counts())
-            full_length = report.epoch >= self.config.episode_length
-            if full_length or rollback is not None:  # not a round-end cut
-                stats.returns.append(rollout.returns[i])
-            if full_length:
+            if rollout.decisions[k] >= self.decisions_per_episode or rollback is not None:
+                stats.returns.append(rollout.returns[k])  # a real end, not a round-end cut
+            if rollout.decisions[k] >= self.decisions_per_episode and rollback is None:
                 stats.final_accuracies.append(report.val_accuracy or 0.0)
                 stats.seed_params.append(float(report.seed_params))
-            rollout.returns[i] = 0.0
+            rollout.returns[k], rollout.decisions[k] = 0.0, 0
             if rollback is not None:
                 stats.rollbacks += 1
-                rollout.episodes[i] += 1
-                rng_seed = episode_rng_seed(self.config.rng_seed, rollout.round_index, i,
-                                            rollout.episodes[i])
+                rollout.restarts[k] += 1  # group-local index k: every group restarts alike
+                rng_seed = episode_rng_seed(self.config.rng_seed, round_index, k,
+                                            rollout.restarts[k])
                 observations[i] = self.pool.reset([rng_seed], which=[i])[0]
-        return observations
+
+    # --- update -------------------------------------------------------------------------------
+    def _update(self, learner: Learner, rollout: _Rollout) -> None:
+        tick = time.perf_counter()
+        learner.obs_rms.unfreeze()
+        learner.obs_rms.update(torch.cat(rollout.raw_features))
+        learner.obs_rms.freeze()
+        rollout.stats.ppo = ppo_update(learner.policy, learner.optimizer, rollout.buffer,
+                                       self.ppo_config, learner.value_normalizer,
+                                       learner.reward_normalizer)
+        rollout.stats.update_seconds = time.perf_counter() - tick

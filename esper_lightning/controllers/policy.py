@@ -37,7 +37,7 @@ class PolicyController:
         bundle = (checkpoint if isinstance(checkpoint, PolicyBundle)
                   else load_policy(read_checkpoint(checkpoint)))
         self.policy, self.obs_rms = bundle.policy, bundle.obs_rms
-        self.slot_ids, self.horizon = bundle.slot_ids, bundle.horizon
+        self.slot_ids, self.horizon, self.compact = bundle.slot_ids, bundle.horizon, bundle.compact
         self.deterministic = deterministic
         self.reset()
 
@@ -47,7 +47,8 @@ class PolicyController:
                 f"the policy was trained for slots {list(self.slot_ids)}; the callback has "
                 f"{list(report.slot_ids)}"
             )
-        _, obs, blueprints, masks = encode_reports([report], self.obs_rms, self.horizon)
+        _, obs, blueprints, masks = encode_reports([report], self.obs_rms, self.horizon,
+                                                   self.compact)
         starts = torch.tensor([self._episode_start])
         out = self.policy.act(obs, blueprints, masks, self.hidden, self.deterministic,
                               episode_starts=starts)

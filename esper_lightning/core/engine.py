@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -53,6 +54,8 @@ from esper_lightning.core.report import HISTORY_WINDOW, EpochReport
 from esper_lightning.core.slots import SeedSlot, host_parameters, prune_live
 
 _WAIT = Action()
+#: Optimizer steps between gradient-health measurements (each epoch's first step is measured too).
+GRAD_STATS_EVERY = 25
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,12 @@ class MorphogenesisEngine:
         gate_mode, gate_config: quality-gate mode and thresholds; when given they apply to
             every slot, otherwise existing slots keep theirs (injected ones: permissive defaults).
         seed_optim: hyper-parameters of the seed param groups.
+        rng_seed: a new seed's initial weights are drawn from a generator seeded with
+            (``rng_seed``, epoch), so they depend on the run and the epoch only — never on what
+            else drew from the global generator (data loading, other envs). None: the global
+            generator as it is.
+        grad_stats_every: gradient health is measured every this many optimizer steps (and on
+            each epoch's first step), by every adapter alike (`gradient_stats_due`).
 
     Example:
         >>> model = nn.Module()
@@ -113,10 +122,16 @@ class MorphogenesisEngine:
         gate_mode: GateMode | str | None = None,
         gate_config: GateConfig | None = None,
         seed_optim: SeedOptimConfig | None = None,
+        rng_seed: int | None = None,
+        grad_stats_every: int = GRAD_STATS_EVERY,
     ) -> None:
         if max_seeds is not None and (isinstance(max_seeds, bool) or max_seeds < 1):
             raise ValueError(f"max_seeds must be an int >= 1 or None, got {max_seeds!r}")
+        if isinstance(grad_stats_every, bool) or grad_stats_every < 1:
+            raise ValueError(f"grad_stats_every must be an int >= 1, got {grad_stats_every!r}")
         self.model = model
+        self.rng_seed = rng_seed
+        self.grad_stats_every = grad_stats_every
         self.slots = resolve_slots(model, slots, topology)
         if gate_mode is not None or gate_config is not None:
             for slot in self.slots.values():
@@ -218,7 +233,8 @@ class MorphogenesisEngine:
             slot = list(self.slots.values())[action.slot]
             before = self._stages()
             why = f"policy: {reason}" if reason else "policy"
-            gate = execute_on_slot(slot, action, why)
+            with self._seed_rng(self.epoch):
+                gate = execute_on_slot(slot, action, why)
             passed = gate is None or gate.passed
             reason = None if passed else gate.message  # type: ignore[union-attr]
             outcome = StepOutcome(action, action, passed, reason, gate)
@@ -243,9 +259,25 @@ class MorphogenesisEngine:
             accepted = ", ".join(blueprint_registry.available(self.topology))
             raise ValueError(f"unknown blueprint {blueprint!r}; accepted: {accepted}")
         slot = self.slots[slot_id]
-        slot.implant(blueprint)
+        with self._seed_rng(-1 - list(self.slots).index(slot_id)):  # apart from every epoch
+            slot.implant(blueprint)
         self.events.append(LifecycleEvent(self.epoch, slot_id, "implanted", blueprint, "implanted"))
         self._sync_optimizer()
+
+    def gradient_stats_due(self, step: int, first_of_epoch: bool) -> bool:
+        """Whether to measure gradient health at this optimizer step (the one cadence every
+        adapter follows, so a controller sees the same measurements in a Trainer and an env)."""
+        return first_of_epoch or step % self.grad_stats_every == 0
+
+    @contextmanager
+    def _seed_rng(self, epoch: int) -> Iterator[None]:
+        if self.rng_seed is None:
+            yield
+            return
+        # fork_rng also forks every CUDA generator manual_seed reseeds.
+        with torch.random.fork_rng(devices=range(torch.cuda.device_count())):
+            torch.manual_seed((self.rng_seed * 1_000_003 + epoch) % 2**63)
+            yield
 
     def prune_live(self, reason: str) -> list[str]:
         """Prune every live seed now (the governor's rollback); fossilized seeds stay."""

@@ -23,7 +23,7 @@ from torch import Tensor
 from esper_lightning.core.actions import Action
 from esper_lightning.core.counterfactual import CounterfactualAccumulator, make_plan
 from esper_lightning.core.divergence import Governor, GovernorConfig
-from esper_lightning.core.engine import MorphogenesisEngine, StepOutcome
+from esper_lightning.core.engine import GRAD_STATS_EVERY, MorphogenesisEngine, StepOutcome
 from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.core.report import EpochReport
 from esper_lightning.core.snapshot import Snapshot, restore_snapshot, take_snapshot
@@ -56,6 +56,7 @@ class EnvSpec:
     gate_config: GateConfig = field(default_factory=GateConfig)
     governor: GovernorConfig = field(default_factory=lambda: GovernorConfig(num_classes=10))
     on_rollback: str = "end"
+    grad_stats_every: int = GRAD_STATS_EVERY
 
     def __post_init__(self) -> None:
         if self.on_rollback not in ROLLBACK_MODES:
@@ -113,6 +114,8 @@ class MorphogenesisEnv:
         self._accumulator: CounterfactualAccumulator | None = None
         self.snapshot: Snapshot | None = None
         self._snapshot_fossils = 0
+        self._steps = 0  # optimizer steps this episode
+        self._first_of_epoch = True
 
     # --- episode ------------------------------------------------------------------------------
     def reset(self, episode_rng_seed: int, implants: Sequence[tuple[str, str]] = ()) -> None:
@@ -138,11 +141,13 @@ class MorphogenesisEnv:
             blueprints=self.spec.blueprints,
             max_seeds=self.spec.max_seeds,
             gate_config=self.spec.gate_config,
+            rng_seed=episode_rng_seed,
+            grad_stats_every=self.spec.grad_stats_every,
         )
         self.engine.attach_optimizer(self.optimizer.optimizer)
-        with _forked_rng(episode_rng_seed + 1):
-            for slot_id, blueprint in implants:
-                self.engine.implant(slot_id, blueprint)
+        for slot_id, blueprint in implants:
+            self.engine.implant(slot_id, blueprint)
+        self._steps = 0
         self.governor.reset()
         self.loader.reseed(episode_rng_seed)
         self.snapshot = self._take_snapshot() if self.spec.on_rollback == "restore" else None
@@ -152,7 +157,7 @@ class MorphogenesisEnv:
         engine = self._engine()
         # A new seed's initial weights depend on this env's episode and epoch only, never on
         # what other envs drew from the global generator before.
-        with self._on_stream(), _forked_rng(self.episode_rng_seed * 1_000_003 + engine.epoch):
+        with self._on_stream():  # new seed weights come from the engine's own rng seed
             outcome = engine.execute(action)
             engine.tick()
         return outcome
@@ -164,17 +169,25 @@ class MorphogenesisEnv:
         with self._on_stream():  # the epoch's permutation and augmentation are drawn here
             self._batches = iter(self.loader)
             self._loss_sum = torch.zeros((), device=self.device)
+        self._first_of_epoch = True
         self.model.train()
         return len(self.loader)
 
     def train_batch(self) -> None:
-        """One optimizer step on the next batch (nothing is read back to the host)."""
+        """One optimizer step on the next batch. Nothing is read back to the host, except the
+        gradient health at the engine's cadence (the same as in a Trainer)."""
+        engine = self._engine()
         with self._on_stream():
             x, y = next(self._batches)
             self.optimizer.zero_grad(set_to_none=True)
             loss = F.cross_entropy(self.model(x), y)
             self.fabric.backward(loss)
-            self.optimizer.step()
+            self.optimizer.step()  # unscales the gradients under 16-mixed before stepping
+            # The step index before counting this one, as a Trainer's global_step.
+            if engine.gradient_stats_due(self._steps, self._first_of_epoch):
+                engine.capture_gradient_stats()
+            self._steps += 1
+            self._first_of_epoch = False
             self._loss_sum = self._loss_sum + loss.detach().float()
 
     def validate(self) -> None:
@@ -190,24 +203,20 @@ class MorphogenesisEnv:
                 accumulator.update(self.model, x, y, engine.slots)
         self._accumulator = accumulator
 
-    def observe(self, trained: bool = True) -> Observation:
+    def observe(self) -> Observation:
         """Synchronise this env's stream once, read the epoch's numbers, consult the governor
         and return the state the controller sees next."""
         engine, accumulator = self._engine(), self._accumulator
         assert accumulator is not None, "validate() before observe()"
+        assert self._loss_sum is not None, "train an epoch before observe()"
         if self.stream is not None:
             self.stream.synchronize()
-        loss_sum = self._loss_sum if trained else None
-        accuracies, val_loss, extra = accumulator.read(loss_sum)  # one transfer
-        train_loss = None if extra is None else float(extra[0]) / len(self.loader)
-        if trained:
-            engine.capture_gradient_stats()  # the last batch's gradients are still in place
+        accuracies, val_loss, extra = accumulator.read(self._loss_sum)  # one transfer
+        train_loss = float(extra[0]) / len(self.loader)
         contributions = accumulator.contributions(accuracies)
         engine.record_epoch(accuracies["main"], val_loss, train_loss, contributions)
-        reason = None
-        if train_loss is not None:
-            reason = self.governor.check_train_loss(train_loss)
-        if reason is None and val_loss is not None:
+        reason = self.governor.check_train_loss(train_loss)
+        if reason is None:
             reason = self.governor.check_validation(val_loss, num_classes=NUM_CLASSES)
         if self.spec.on_rollback == "restore":
             self._restore_or_snapshot(reason)

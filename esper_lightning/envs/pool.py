@@ -59,15 +59,18 @@ class EnvPool:
         which: Sequence[int] | None = None,
         implants: Sequence[Sequence[tuple[str, str]]] | None = None,
     ) -> list[Observation]:
-        """Fresh hosts for the envs in ``which`` (all by default), measured before training;
-        ``implants[k]`` are born-grown seeds of the k-th of them (`MorphogenesisEnv.reset`)."""
+        """Fresh hosts for the envs in ``which`` (all by default), each trained for its first
+        epoch before the first observation — the first decision comes after one epoch, as in a
+        Trainer. ``implants[k]``: born-grown seeds of the k-th env (`MorphogenesisEnv.reset`)."""
         indices = list(range(len(self.envs)) if which is None else which)
         implants = [()] * len(indices) if implants is None else implants
         for i, rng_seed, grown in zip(indices, episode_rng_seeds, implants, strict=True):
             self.envs[i].reset(rng_seed, grown)
-        for i in indices:
-            self.envs[i].validate()
-        return [self.envs[i].observe(trained=False) for i in indices]
+        envs = [self.envs[i] for i in indices]
+        self.train_epoch(envs)
+        for env in envs:
+            env.validate()
+        return [env.observe() for env in envs]
 
     def step(
         self, actions: Sequence[Action], which: Sequence[int] | None = None

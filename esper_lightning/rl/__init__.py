@@ -18,6 +18,7 @@ from esper_lightning.rl.distributions import (
     MaskedCategorical,
     stack_masks,
 )
+from esper_lightning.rl.episodes import StepEnds, step_ends
 from esper_lightning.rl.normalizers import RewardNormalizer, RunningMeanStd, ValueNormalizer
 from esper_lightning.rl.observations import (
     BASE_DIM,
@@ -62,6 +63,7 @@ __all__ = [
     "RewardNormalizer",
     "RolloutBuffer",
     "RunningMeanStd",
+    "StepEnds",
     "ValueNormalizer",
     "batch_observations",
     "blueprint_indices",
@@ -77,5 +79,6 @@ __all__ = [
     "ppo_update",
     "read_checkpoint",
     "stack_masks",
+    "step_ends",
     "write_checkpoint",
 ]

@@ -33,12 +33,14 @@ class PolicyBundle:
         obs_rms: the frozen observation normaliser of the run.
         slot_ids: slots the policy was trained for, in action order.
         horizon: episode length its observations were scaled with.
+        compact: trained on the compact action space (op, slot, blueprint).
     """
 
     policy: FactoredRecurrentActorCritic
     obs_rms: RunningMeanStd
     slot_ids: tuple[str, ...]
     horizon: int
+    compact: bool = False
 
 
 def policy_entries(
@@ -46,6 +48,7 @@ def policy_entries(
     obs_rms: RunningMeanStd,
     slot_ids: tuple[str, ...],
     horizon: int,
+    compact: bool = False,
 ) -> dict[str, Any]:
     """The checkpoint entries `load_policy` reads back."""
     return {
@@ -54,6 +57,7 @@ def policy_entries(
         "obs_rms": obs_rms.state_dict(),
         "slot_ids": list(slot_ids),
         "horizon": int(horizon),
+        "compact": bool(compact),
     }
 
 
@@ -67,7 +71,7 @@ def load_policy(state: dict[str, Any]) -> PolicyBundle:
     obs_rms = RunningMeanStd(shape=(obs_dim(len(slot_ids)),))
     obs_rms.load_state_dict(state["obs_rms"])
     obs_rms.freeze()
-    return PolicyBundle(policy, obs_rms, slot_ids, int(state["horizon"]))
+    return PolicyBundle(policy, obs_rms, slot_ids, int(state["horizon"]), bool(state["compact"]))
 
 
 def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:

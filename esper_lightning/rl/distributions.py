@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import torch
@@ -80,6 +80,25 @@ class MaskBatch:
     def index(self, key: Tensor | slice | int) -> MaskBatch:
         """Select along the leading batch dimension (e.g. the envs of a minibatch)."""
         return MaskBatch(**{f.name: getattr(self, f.name)[key] for f in fields(self)})
+
+
+#: Heads a compact action space still samples; the others keep their canonical value.
+COMPACT_HEADS = ("op", "slot", "blueprint")
+
+
+def compact_masks(masks: MaskBatch) -> MaskBatch:
+    """The masks of the compact action space: every head outside `COMPACT_HEADS` allows only
+    its canonical value (`actions.CANONICAL`: standard tempo, sigmoid-add blend, full alpha
+    target, instant alpha speed, linear curve), so the policy learns op, slot and blueprint only
+    and those heads carry no log-prob and no entropy."""
+    fixed = {}
+    for name in HEADS:
+        if name in COMPACT_HEADS:
+            continue
+        mask = torch.zeros_like(getattr(masks, name))
+        mask[..., int(CANONICAL[name])] = True
+        fixed[name] = mask
+    return replace(masks, **fixed)
 
 
 def stack_masks(masks: Sequence[ActionMasks]) -> MaskBatch:

@@ -27,7 +27,7 @@ from esper_lightning.core.alpha import AlphaMode
 from esper_lightning.core.lifecycle import STAGE_ONE_HOT_INDEX, SeedStage
 from esper_lightning.core.report import EpochReport
 from esper_lightning.core.slots import SlotReport
-from esper_lightning.rl.distributions import MaskBatch, stack_masks
+from esper_lightning.rl.distributions import MaskBatch, compact_masks, stack_masks
 from esper_lightning.rl.normalizers import RunningMeanStd
 
 SYMLOG_SCALE = 7.0
@@ -125,13 +125,15 @@ def batch_observations(
 
 
 def encode_reports(
-    reports: Sequence[EpochReport], obs_rms: RunningMeanStd, horizon: int
+    reports: Sequence[EpochReport], obs_rms: RunningMeanStd, horizon: int, compact: bool = False
 ) -> tuple[Tensor, Tensor, Tensor, MaskBatch]:
     """Raw features, normalised features, blueprint indices and masks of a batch of reports:
-    exactly what the policy sees, in training and when it drives the callback."""
+    exactly what the policy sees, in training and when it drives the callback (``compact``:
+    the compact action space, `distributions.compact_masks`)."""
     batch = batch_observations(reports, horizon)
     normalized = obs_rms.normalize(batch.features).float()
-    return batch.features, normalized, batch.blueprint_idx, batch.masks
+    masks = compact_masks(batch.masks) if compact else batch.masks
+    return batch.features, normalized, batch.blueprint_idx, masks
 
 
 def _require(blueprint: str | None, slot: SlotReport) -> str:

@@ -83,11 +83,13 @@ class Evaluation(NamedTuple):
         entropy: ``[B, T, 8]`` *normalised* entropy H / ln(#legal) in [0, 1] of each head's
             op-conditioned distribution (0 for irrelevant or single-choice heads).
         values: ``[B, T]`` critic outputs (normalised scale).
+        has_choice: bool ``[B, T, 8]``: the head had more than one legal value at that step.
     """
 
     log_probs: Tensor
     entropy: Tensor
     values: Tensor
+    has_choice: Tensor
 
 
 class FactoredRecurrentActorCritic(nn.Module):
@@ -231,13 +233,15 @@ class FactoredRecurrentActorCritic(nn.Module):
         core, _ = self._core(x, hidden0, episode_starts)
         logits = self._logits(core)
         op = actions[..., 0]
-        log_probs, entropies = [], []
+        log_probs, entropies, choices = [], [], []
         for i, name in enumerate(HEADS):
             dist = MaskedCategorical(logits[name], masks_seq.head(name, op))
             log_probs.append(dist.log_prob(actions[..., i]))
             entropies.append(dist.normalized_entropy())
+            choices.append(dist.n_valid > 1)
         values = self.value_head(core).squeeze(-1)
-        return Evaluation(torch.stack(log_probs, -1), torch.stack(entropies, -1), values)
+        return Evaluation(torch.stack(log_probs, -1), torch.stack(entropies, -1), values,
+                          torch.stack(choices, -1))
 
     @torch.no_grad()
     def preserve_value_outputs(

@@ -8,8 +8,9 @@ One call of `ppo_update` consumes one full `RolloutBuffer` (a round):
    outputs do not jump (PopArt), normalise the value targets with mean and std;
 4. for ``n_epochs`` epochs, over shuffled minibatches of WHOLE env sequences (recurrent: each
    minibatch is unrolled from its stored initial hidden state, never shuffled inside a
-   sequence), take one Adam step on the clipped per-head surrogate + value loss − entropy bonus,
-   stopping early when the joint approximate KL exceeds the target.
+   sequence), take one Adam step on the clipped per-head surrogate + value loss − entropy bonus;
+   after each epoch measure the joint approximate KL on the whole batch against the rollout
+   policy and stop when it exceeds the target.
 
 Factored heads: the policy's log-prob is the sum of the per-head log-probs of the heads that are
 causally relevant to the stored op (the others have log-prob exactly 0). Each head gets its own
@@ -29,7 +30,7 @@ from esper_lightning.core.actions import HEADS
 from esper_lightning.rl.buffer import RolloutBuffer, compute_gae
 from esper_lightning.rl.distributions import RELEVANCE
 from esper_lightning.rl.normalizers import RewardNormalizer, ValueNormalizer
-from esper_lightning.rl.policy import FactoredRecurrentActorCritic
+from esper_lightning.rl.policy import Evaluation, FactoredRecurrentActorCritic
 
 
 def _default_entropy_coefs() -> dict[str, float]:
@@ -51,8 +52,8 @@ class PPOConfig:
         clip_coef: PPO ratio clip epsilon, applied per head.
         n_epochs: passes over the rollout per update.
         minibatch_envs: env sequences per minibatch (whole sequences, recurrent).
-        target_kl: stop the update before a step whose joint approx KL exceeds 1.5x this
-            (None: never stop early).
+        target_kl: stop the update after an epoch whose joint approx KL over the whole batch
+            exceeds this (None: never stop early).
         vf_coef: weight of the value loss.
         entropy_coefs: weight of each head's normalised entropy bonus.
         max_grad_norm: global gradient-norm clip.
@@ -125,10 +126,8 @@ def ppo_update(
     value_targets = value_normalizer.normalize(returns)
 
     history: dict[str, list[float]] = {}
-    epochs_run = 0
-    stop = False
+    epochs_run, stopped, divergence = 0, False, {"approx_kl": 0.0, "clipfrac": 0.0}
     for _ in range(config.n_epochs):
-        stepped = False
         for env_ids in torch.randperm(buffer.n_envs).split(config.minibatch_envs):
             stats = _minibatch_step(
                 policy, optimizer, buffer, env_ids, advantages[env_ids],
@@ -136,19 +135,31 @@ def ppo_update(
             )
             for key, value in stats.items():
                 history.setdefault(key, []).append(value)
-            if stats["stopped"]:
-                stop = True
-                break
-            stepped = True
-        epochs_run += stepped
-        if stop:
+        epochs_run += 1
+        # How far the policy moved from the one that collected the data, on the whole batch.
+        divergence = batch_divergence(policy, buffer, config.clip_coef)
+        if config.target_kl is not None and divergence["approx_kl"] > config.target_kl:
+            stopped = True
             break
 
-    metrics = {key: sum(v) / len(v) for key, v in history.items() if key != "stopped"}
+    metrics = {key: sum(v) / len(v) for key, v in history.items()}
+    metrics.update(divergence)
     metrics["explained_variance"] = explained_variance(values, returns)
     metrics["epochs_run"] = float(epochs_run)
-    metrics["early_stopped"] = float(stop)
+    metrics["early_stopped"] = float(stopped)
     return metrics
+
+
+def _evaluate(policy: FactoredRecurrentActorCritic, buffer: RolloutBuffer,
+              env_ids: Tensor | slice) -> Evaluation:
+    return policy.evaluate(
+        buffer.obs[env_ids],
+        buffer.blueprint_idx[env_ids],
+        buffer.actions[env_ids],
+        buffer.masks.index(env_ids),
+        (buffer.hidden_h[env_ids, 0], buffer.hidden_c[env_ids, 0]),
+        buffer.episode_starts[env_ids],
+    )
 
 
 def _minibatch_step(
@@ -160,48 +171,49 @@ def _minibatch_step(
     value_targets: Tensor,
     config: PPOConfig,
 ) -> dict[str, float]:
-    """Loss and (unless the KL is too large) one optimizer step on the envs ``env_ids``."""
+    """Loss and one optimizer step on the env sequences ``env_ids``."""
     actions = buffer.actions[env_ids]  # [b, T, 8]
-    new = policy.evaluate(
-        buffer.obs[env_ids],
-        buffer.blueprint_idx[env_ids],
-        actions,
-        buffer.masks.index(env_ids),
-        (buffer.hidden_h[env_ids, 0], buffer.hidden_c[env_ids, 0]),
-        buffer.episode_starts[env_ids],
-    )
+    new = _evaluate(policy, buffer, env_ids)
     relevant = RELEVANCE[actions[..., 0]].float()  # [b, T, 8] causal mask of the stored op
-    logratio = new.log_probs - buffer.log_probs[env_ids]  # [b, T, 8]
-    ratio = (logratio * relevant).exp()  # irrelevant heads: exactly 1
+    ratio = ((new.log_probs - buffer.log_probs[env_ids]) * relevant).exp()  # irrelevant: 1
 
     if config.norm_adv:
         advantages = (advantages - advantages.mean()) / (advantages.std(unbiased=False) + 1e-8)
     pg_loss = clipped_surrogate_loss(ratio, advantages, relevant, config.clip_coef)
     v_loss = 0.5 * (new.values - value_targets).square().mean()
-    head_entropy = masked_head_means(new.entropy, relevant)  # [8]
+    # Entropy only where the head had a choice: a forced value says nothing about exploration.
+    head_entropy = masked_head_means(new.entropy, relevant * new.has_choice.float())  # [8]
     coefs = torch.tensor([config.entropy_coefs[h] for h in HEADS])
     loss = pg_loss + config.vf_coef * v_loss - (coefs * head_entropy).sum()
 
-    with torch.no_grad():
-        approx_kl = float(joint_approx_kl(logratio, relevant))
-        clipfrac = float(clip_fraction(ratio, relevant, config.clip_coef))
-    stopped = config.target_kl is not None and approx_kl > 1.5 * config.target_kl
-    stats = {
+    optimizer.zero_grad()
+    loss.backward()
+    grad_norm = nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
+    optimizer.step()
+    return {
         "policy_loss": pg_loss.item(),
         "value_loss": v_loss.item(),
         "entropy": head_entropy.sum().item(),
-        "approx_kl": approx_kl,
-        "clipfrac": clipfrac,
-        "stopped": float(stopped),
+        "grad_norm": grad_norm.item(),
         **{f"entropy/{h}": head_entropy[i].item() for i, h in enumerate(HEADS)},
     }
-    if not stopped:
-        optimizer.zero_grad()
-        loss.backward()
-        grad_norm = nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
-        optimizer.step()
-        stats["grad_norm"] = grad_norm.item()
-    return stats
+
+
+@torch.no_grad()
+def batch_divergence(
+    policy: FactoredRecurrentActorCritic, buffer: RolloutBuffer, clip_coef: float
+) -> dict[str, float]:
+    """Joint approximate KL and clip fraction of the current policy against the rollout policy,
+    over the whole batch (measured after an update epoch, so it is the real movement, not the
+    zero of a minibatch evaluated before its own step)."""
+    new = _evaluate(policy, buffer, slice(None))
+    relevant = RELEVANCE[buffer.actions[..., 0]].float()
+    logratio = new.log_probs - buffer.log_probs
+    ratio = (logratio * relevant).exp()
+    return {
+        "approx_kl": float(joint_approx_kl(logratio, relevant)),
+        "clipfrac": float(clip_fraction(ratio, relevant, clip_coef)),
+    }
 
 
 def clipped_surrogate_loss(
@@ -236,5 +248,5 @@ def clip_fraction(ratio: Tensor, relevant: Tensor, clip_coef: float) -> Tensor:
 
 
 def masked_head_means(values: Tensor, relevant: Tensor) -> Tensor:
-    """Mean of ``values`` ``[b, T, 8]`` over the steps where each head is relevant -> ``[8]``."""
+    """Mean of ``values`` ``[b, T, 8]`` over the steps where ``relevant`` (per head) -> ``[8]``."""
     return (values * relevant).sum((0, 1)) / relevant.sum((0, 1)).clamp(min=1)
