@@ -40,6 +40,8 @@ def save_trainer(trainer: PPOTrainer, path: str | os.PathLike[str]) -> None:
         "reward_normalizer": trainer.reward_normalizer.state_dict(),
         "value_normalizer": trainer.value_normalizer.state_dict(),
         "rng": rng_states(),
+        # The TensorBoard version folder, so a resumed run continues the same run's charts.
+        "log_version": trainer.logger.version,
     }
     write_checkpoint(state, path)
 
@@ -59,6 +61,7 @@ def load_trainer(trainer: PPOTrainer, path: str | os.PathLike[str]) -> None:
     trainer.value_normalizer.load_state_dict(state["value_normalizer"])
     set_rng_states(state["rng"])
     trainer.round = int(state["round"])
+    trainer.log_version = state.get("log_version")  # absent in older checkpoints: a new one
 
 
 def rng_states() -> dict[str, Any]:

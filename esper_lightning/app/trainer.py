@@ -2,12 +2,15 @@
 
 One round = every env plays one episode of ``episode_length`` host epochs (a fresh host each; a
 governor rollback ends an episode early and the env starts a new one), then one PPO update.
-After every round the trainer logs to TensorBoard and writes an atomic checkpoint holding
-everything needed to continue exactly (`app.checkpoint`).
+After every round the trainer logs to TensorBoard (scalars, and env 0's seed timeline as an
+image), logs one INFO line on the ``esper_lightning`` logger, and writes an atomic checkpoint
+holding everything needed to continue exactly (`app.checkpoint`), the TensorBoard version
+included, so a resumed run keeps writing to the same ``version_N`` folder.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +45,11 @@ from esper_lightning.rl import (
     ppo_update,
 )
 from esper_lightning.rl.policy import ActOutput, Hidden
+from esper_lightning.viz.timeline import log_timeline
+
+log = logging.getLogger(__name__)
+#: TensorBoard image tag of env 0's seed timeline, once per round.
+TIMELINE_TAG = "morpho/timeline_env0"
 
 
 @dataclass
@@ -89,10 +97,12 @@ class PPOTrainer:
         self.reward_normalizer = RewardNormalizer(config.gamma)
         self.value_normalizer = ValueNormalizer()
         self.reward_config = RewardConfig(mode=config.reward, gamma=config.gamma)
+        #: TensorBoard version to write to (None: the next free one); a resume sets it.
+        self.log_version: int | str | None = None
         if config.resume is not None:
             load_trainer(self, config.resume)
         self.pool = EnvPool(env_spec(config), *load_splits(config), config.env_devices)
-        self.logger = TensorBoardLogger(config.logdir, name="ppo")
+        self.logger = TensorBoardLogger(config.logdir, name="ppo", version=self.log_version)
 
     # --- main loop ----------------------------------------------------------------------------
     def train(self) -> list[RoundStats]:
@@ -105,10 +115,13 @@ class PPOTrainer:
         bar = tqdm(range(self.round, c.rounds), initial=self.round, total=c.rounds,
                    desc="rounds", disable=not c.progress, dynamic_ncols=True)
         for round_index in bar:
+            start = time.perf_counter()
             stats = self.run_round(round_index)
             self.round = round_index + 1
             self.logger.log_metrics(round_metrics(stats), step=self.round)
+            self._log_timeline()
             self.logger.save()
+            _log_round(self.round, c.rounds, stats, time.perf_counter() - start)
             if c.save is not None:
                 save_trainer(self, c.save)
             history.append(stats)
@@ -116,6 +129,13 @@ class PPOTrainer:
                             ret=f"{mean(stats.returns):.2f}")
         self.logger.finalize("success")
         return history
+
+    def _log_timeline(self) -> None:
+        """Env 0's last episode as a seed-timeline image (the pool resets at the next round)."""
+        engine = self.pool.envs[0].engine
+        if engine is not None:
+            log_timeline(self.logger.experiment, engine.timeline, self.round, TIMELINE_TAG,
+                         slot_ids=engine.slot_ids, title=f"env 0, round {self.round}")
 
     def run_round(self, round_index: int) -> RoundStats:
         """Collect ``envs × episode_length`` transitions, then update the policy once."""
@@ -230,6 +250,12 @@ class PPOTrainer:
                                             rollout.episodes[i])
                 observations[i] = self.pool.reset([rng_seed], which=[i])[0]
         return observations
+
+
+def _log_round(round_number: int, rounds: int, stats: RoundStats, seconds: float) -> None:
+    ops = " ".join(f"{name}={count}" for name, count in sorted(stats.ops.items()))
+    log.info("round %d/%d: final accuracy %.2f%%, return %.3f, ops %s, %.1f s", round_number,
+             rounds, mean(stats.final_accuracies), mean(stats.returns), ops or "none", seconds)
 
 
 def env_spec(config: PPORunConfig) -> EnvSpec:
