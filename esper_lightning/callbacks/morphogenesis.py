@@ -170,6 +170,7 @@ class MorphogenesisCallback(Callback):
     def _start_fit(self) -> None:
         """Forget what the last fit left behind (all but `_decided_epoch`, which a resumed
         fit takes from its checkpoint)."""
+        self.last_outcome = None
         self._validated_epoch = -1
         self._stats_epoch = -1
         self._probed = False
