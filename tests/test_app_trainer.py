@@ -1,5 +1,7 @@
 """PPOTrainer end to end on a tiny CIFAR-format fixture: TensorBoard tags, checkpoints, resume."""
 
+import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -7,7 +9,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from esper_lightning.app.config import ConfigError, load_config
-from esper_lightning.app.trainer import PPOTrainer
+from esper_lightning.app.trainer import TIMELINE_TAG, PPOTrainer
 from esper_lightning.rl.checkpoint import read_checkpoint
 
 PPO_TAGS = {
@@ -96,3 +98,23 @@ def test_cuda_options_on_a_cpu_machine_are_config_errors(cifar_dir, tmp_path):
         PPOTrainer(_config(cifar_dir, tmp_path, device="cuda"))
     with pytest.raises(ConfigError, match="'16-mixed' needs CUDA devices"):
         PPOTrainer(_config(cifar_dir, tmp_path, precision="16-mixed"))
+
+
+def test_resume_continues_the_same_tensorboard_run_with_a_line_and_a_timeline_per_round(
+        cifar_dir, tmp_path, caplog):
+    save = tmp_path / "ckpt.pt"
+    with caplog.at_level(logging.INFO, logger="esper_lightning"):
+        PPOTrainer(_config(cifar_dir, tmp_path, rounds=1, save=str(save))).train()
+        resumed = PPOTrainer(_config(cifar_dir, tmp_path, rounds=2, resume=str(save)))
+        resumed.train()
+    assert read_checkpoint(save)["log_version"] == 0
+    assert sorted(p.name for p in (tmp_path / "logs" / "ppo").iterdir()) == ["version_0"]
+    events = EventAccumulator(str(tmp_path / "logs" / "ppo" / "version_0"),
+                              size_guidance={"scalars": 0, "images": 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars("charts/final_accuracy")] == [1, 2]
+    assert [e.step for e in events.Images(TIMELINE_TAG)] == [1, 2]
+    rounds = [r.getMessage() for r in caplog.records if r.name == "esper_lightning.app.trainer"]
+    assert [m.split(":")[0] for m in rounds] == ["round 1/1", "round 2/2"]
+    assert re.fullmatch(r"round 2/2: final accuracy \d+\.\d\d%, return -?\d+\.\d{3}, "
+                        r"ops (\w+=\d+ ?)+, \d+\.\d s", rounds[1]), rounds[1]

@@ -115,3 +115,20 @@ def test_state_round_trip():
     other = GovernorCallback()
     other.load_state_dict(governor.state_dict())
     assert other.governor.history == governor.governor.history
+
+
+def test_a_fresh_fit_forgets_the_last_fits_losses_and_a_resumed_one_keeps_them(cifar_dir,
+                                                                                  tmp_path):
+    torch.manual_seed(0)
+    governor = GovernorCallback(num_classes=10)
+    dm = CIFAR10DataModule(cifar_dir, batch_size=16)
+    _trainer(tmp_path, 2, [governor], limit_train_batches=1).fit(CifarCNNHost("baseline"),
+                                                                  datamodule=dm)
+    assert len(governor.governor.history) == 2
+    _trainer(tmp_path, 1, [governor], limit_train_batches=1).fit(CifarCNNHost("baseline"),
+                                                                  datamodule=dm)
+    assert len(governor.governor.history) == 1  # only this fit's validation loss
+    saved = governor.state_dict()
+    governor.load_state_dict(saved)  # what a resumed fit does before on_fit_start
+    governor.on_fit_start(None, None)
+    assert list(governor.governor.history) == saved["governor"]["history"] != []

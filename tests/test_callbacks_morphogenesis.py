@@ -1,19 +1,27 @@
 """MorphogenesisCallback with a real lightning.Trainer on a tiny CIFAR-format fixture."""
 
+import logging
+import warnings
 from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.loggers import Logger, TensorBoardLogger
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.custom_scalar import layout_pb2
 from torch import nn
 
 from esper_lightning.callbacks import MorphogenesisCallback
-from esper_lightning.controllers import HeuristicController, ScriptedController, StaticController
+from esper_lightning.callbacks.morphogenesis import TIMELINE_TAG
+from esper_lightning.controllers import (
+    HeuristicController,
+    ScriptedController,
+    StaticController,
+)
 from esper_lightning.core.actions import Action, AlphaSpeed, BlueprintAction, LifecycleOp, Tempo
 from esper_lightning.core.lifecycle import GateConfig, SeedStage
 from esper_lightning.core.optim import seed_group_names
@@ -220,3 +228,279 @@ def test_bad_configuration_is_refused_at_construction():
         MorphogenesisCallback(StaticController(), topology="rnn")
     with pytest.raises(TypeError, match="controller must implement decide"):
         MorphogenesisCallback(object())
+
+
+# --- one callback, several fits ----------------------------------------------------------------
+class CountingController(StaticController):
+    """Never acts; records the epoch of every report it is asked to decide on."""
+
+    def __init__(self) -> None:
+        self.epochs: list[int] = []
+
+    def decide(self, report):
+        self.epochs.append(report.epoch)
+        return super().decide(report)
+
+
+def test_a_reused_callback_decides_every_epoch_of_a_fresh_fit(cifar_dir, tmp_path):
+    torch.manual_seed(0)
+    controller = CountingController()
+    callback = MorphogenesisCallback(controller, slots=["net.3"])
+    _trainer(tmp_path, 1, [callback]).fit(PlainModule(), datamodule=_dm(cifar_dir))
+    assert controller.epochs == [0]
+    controller.epochs.clear()
+    _trainer(tmp_path, 3, [callback]).fit(PlainModule(), datamodule=_dm(cifar_dir))
+    assert controller.epochs == [0, 1, 2]  # a new model: a new engine, every epoch decided
+    assert callback.engine.epoch == 3
+
+
+# --- the counterfactual's contract with the user's module --------------------------------------
+class TupleModule(PlainModule):
+    """forward returns (logits, features)."""
+
+    def forward(self, x):
+        features = self.net[:-1](x)
+        return self.net[-1](features), features
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self(x)[0], y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", F.cross_entropy(self(x)[0], y))
+
+
+class NoForwardModule(PlainModule):
+    """No forward at all (legal for a LightningModule): the steps call the network."""
+
+    forward = L.LightningModule.forward
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self.net(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", F.cross_entropy(self.net(x), y))
+
+
+class BatchSizeModule(PlainModule):
+    """Reads the batch size before the slot and reshapes with it after."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(4))
+        self.head = nn.Linear(8 * 8 * 8, 10)
+        del self.net
+
+    def forward(self, x):
+        b = x.shape[0]
+        return self.head(self.features(x).reshape(b, -1))  # [B, 512] -> [B, 10]
+
+
+GROWTH = {0: germinate(), 1: advance(), 2: advance()}  # blending after epoch 2's decision
+
+
+@pytest.mark.parametrize(
+    ("module_cls", "slot", "fix", "broken", "message"),
+    [
+        (TupleModule, "net.3", {"logits_fn": lambda m, x: m(x)[0]}, {},
+         r"cannot measure TupleModule: the forward returned a tuple, not a logits tensor; "
+         r"pass logits_fn="),
+        (NoForwardModule, "net.3", {"logits_fn": lambda m, x: m.net(x)}, {},
+         r"cannot measure NoForwardModule: it has no forward\(\); pass logits_fn="),
+        (BatchSizeModule, "features.1", {"counterfactual": "separate"},
+         {"counterfactual": "fused"},
+         r"counterfactual='fused' does not work with BatchSizeModule \(.*\): .*"
+         r"pass counterfactual='separate'$"),
+    ],
+    ids=["tuple", "no_forward", "batch_size"],
+)
+def test_measurement_works_with_the_right_option_and_fails_early_without(
+    cifar_dir, tmp_path, module_cls, slot, fix, broken, message
+):
+    torch.manual_seed(0)
+    callback = MorphogenesisCallback(ScriptedController(GROWTH), slots=[slot],
+                                     gate_config=FAST_GATES, **broken)
+    trainer = _trainer(tmp_path, 4, [callback])
+    with pytest.raises(MisconfigurationException, match=message) as failure:
+        trainer.fit(module_cls(), datamodule=_dm(cifar_dir))
+    assert "\n" not in str(failure.value)  # one line
+    assert trainer.global_step == 0  # in the sanity check, before any training
+
+    callback = MorphogenesisCallback(ScriptedController(GROWTH), slots=[slot],
+                                     gate_config=FAST_GATES, **fix)
+    _trainer(tmp_path, 4, [callback]).fit(module_cls(), datamodule=_dm(cifar_dir))
+    state = callback.engine.slots[slot].state
+    assert state.stage == SeedStage.BLENDING
+    assert state.metrics.counterfactual_contribution is not None  # measured at epoch 3
+
+
+class RngRecorder(L.Callback):
+    def __init__(self) -> None:
+        self.states: list[torch.Tensor] = []
+
+    def on_train_start(self, trainer, pl_module):
+        self.states.append(torch.get_rng_state())
+
+
+def test_without_a_sanity_check_the_measurement_still_fails_before_training(cifar_dir, tmp_path):
+    callback = MorphogenesisCallback(StaticController(), slots=["net.3"])
+    trainer = _trainer(tmp_path, 1, [callback], num_sanity_val_steps=0)
+    with pytest.raises(MisconfigurationException, match="pass logits_fn=") as failure:
+        trainer.fit(TupleModule(), datamodule=_dm(cifar_dir))
+    assert "\n" not in str(failure.value) and trainer.global_step == 0
+
+    before, after = RngRecorder(), RngRecorder()
+    callback = MorphogenesisCallback(StaticController(), slots=["net.3"],
+                                     logits_fn=lambda m, x: m(x)[0])
+    trainer = _trainer(tmp_path, 1, [before, callback, after], num_sanity_val_steps=0)
+    trainer.fit(TupleModule(), datamodule=_dm(cifar_dir))
+    assert callback._probed  # measured one validation batch at train start,
+    assert torch.equal(before.states[0], after.states[0])  # drawing nothing from the RNG
+
+
+def test_a_batch_the_default_cannot_read_names_batch_to_xy(cifar_dir, tmp_path):
+    class DictBatches(PlainModule):
+        def validation_step(self, batch, batch_idx):
+            pass
+
+        def transfer_batch_to_device(self, batch, device, dataloader_idx):
+            return {"image": batch[0].to(device), "label": batch[1].to(device)}
+
+        def training_step(self, batch, batch_idx):
+            return F.cross_entropy(self(batch["image"]), batch["label"])
+
+    callback = MorphogenesisCallback(StaticController(), slots=["net.3"])
+    trainer = _trainer(tmp_path, 1, [callback])
+    with pytest.raises(TypeError, match="as \\(inputs, targets\\); pass batch_to_xy="):
+        trainer.fit(DictBatches(), datamodule=_dm(cifar_dir))
+    assert trainer.global_step == 0
+    callback = MorphogenesisCallback(StaticController(), slots=["net.3"],
+                                     batch_to_xy=lambda b: (b["image"], b["label"]))
+    _trainer(tmp_path, 1, [callback]).fit(DictBatches(), datamodule=_dm(cifar_dir))
+    assert callback.engine.epoch == 1
+
+
+# --- no silent non-growth ---------------------------------------------------------------------
+class SlashKeys(PlainModule):
+    """Logs its metrics under other names than the callback's defaults."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.log("train/loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self(x)
+        self.log("val/loss", F.cross_entropy(logits, y))
+        self.log("val/acc", (logits.argmax(1) == y).float().mean())
+
+
+def _fit_warnings(trainer: L.Trainer, module, dm) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(module, datamodule=dm)
+    return [str(w.message) for w in caught if "MorphogenesisCallback" in str(w.message)]
+
+
+def test_metric_keys_that_are_never_logged_draw_one_warning_per_fit(cifar_dir, tmp_path):
+    torch.manual_seed(0)
+    callback = MorphogenesisCallback(StaticController(), slots=["net.3"])
+    messages = _fit_warnings(_trainer(tmp_path, 3, [callback]), SlashKeys(), _dm(cifar_dir))
+    assert len(messages) == 1
+    (message,) = messages
+    for option, key in (("loss_key", "val_loss"), ("accuracy_key", "val_acc"),
+                        ("train_loss_key", "train_loss")):
+        assert f"{option}='{key}' is never logged" in message
+    assert "logged keys: ['train/loss', 'val/acc', 'val/loss']" in message
+    assert "never germinates" in message
+
+    callback = MorphogenesisCallback(StaticController(), slots=["net.3"], loss_key="val/loss",
+                                     accuracy_key="val/acc", train_loss_key="train/loss")
+    trainer = _trainer(tmp_path, 2, [callback])
+    assert _fit_warnings(trainer, SlashKeys(), _dm(cifar_dir)) == []
+    assert callback.engine.report().val_loss == pytest.approx(
+        float(trainer.callback_metrics["val/loss"]))
+
+
+def test_a_run_too_short_for_any_seed_to_blend_is_warned_about(cifar_dir, tmp_path):
+    callback = MorphogenesisCallback(HeuristicController(), slots=["net.3"])
+    trainer = _trainer(tmp_path, 12, [callback], limit_train_batches=1, limit_val_batches=1,
+                       max_steps=1)
+    messages = _fit_warnings(trainer, PlainModule(), _dm(cifar_dir))
+    # At 12 epochs the default knobs scale to 1 epoch each: germination at epoch 1 at the
+    # earliest, then 1 + 10 (G2's default incubation) epochs before a seed may blend.
+    assert messages == [
+        "MorphogenesisCallback: max_epochs=12 is too short for any seed to reach blending: the "
+        "controller germinates at epoch 1 at the earliest (plateau_epochs_to_germinate=1, "
+        "min_epochs_before_germinate=1, stabilization_epochs=1 at this length), then a seed "
+        "needs 1 epoch to start training and min_training_epochs=10 epochs of training before "
+        "G2 lets it blend, 13 epochs in all; lower the HeuristicConfig timing knobs, "
+        "gate_config=GateConfig(min_training_epochs=...), or train longer"
+    ]
+    callback = MorphogenesisCallback(HeuristicController(), slots=["net.3"],
+                                     gate_config=GateConfig(min_training_epochs=9))
+    trainer = _trainer(tmp_path, 12, [callback], limit_train_batches=1, limit_val_batches=1,
+                       max_steps=1)
+    assert _fit_warnings(trainer, PlainModule(), _dm(cifar_dir)) == []
+
+
+# --- what a user sees: LR tags, TensorBoard pictures, log lines --------------------------------
+class MemoryLogger(Logger):
+    """Keeps every logged metrics dict (what LearningRateMonitor writes, for one)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[dict[str, float]] = []
+
+    @property
+    def name(self) -> str:
+        return "memory"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_hyperparams(self, params, *args, **kwargs) -> None:
+        pass
+
+    def log_metrics(self, metrics, step=None) -> None:
+        self.records.append(dict(metrics))
+
+
+def test_lr_tags_stay_put_and_tensorboard_gets_a_timeline_and_a_layout(cifar_dir, tmp_path,
+                                                                        caplog):
+    torch.manual_seed(0)
+    callback = MorphogenesisCallback(ScriptedController({1: germinate()}), slots=["net.3"])
+    memory = MemoryLogger()
+    tensorboard = TensorBoardLogger(tmp_path, name="tb", version=0)
+    trainer = _trainer(tmp_path, 3, [LearningRateMonitor("epoch"), callback],
+                       logger=[memory, tensorboard])
+    with caplog.at_level(logging.INFO, logger="esper_lightning"):
+        trainer.fit(PlainModule(), datamodule=_dm(cifar_dir))
+
+    lr_records = [r for r in memory.records if any(k.startswith("lr-") for k in r)]
+    tags = [sorted(k for k in r if k.startswith("lr-")) for r in lr_records]
+    assert tags == [["lr-SGD/host"], ["lr-SGD/host"], ["lr-SGD/host", "lr-SGD/seed/net.3"]]
+    assert [r["lr-SGD/host"] for r in lr_records] == [0.05, 0.05, 0.025]  # StepLR(2, 0.5)
+
+    events = EventAccumulator(str(tmp_path / "tb" / "version_0"),
+                              size_guidance={"images": 0, "tensors": 0})
+    events.Reload()
+    images = events.Images(TIMELINE_TAG)
+    assert len(images) == 1 and images[0].step == trainer.global_step
+    assert images[0].width > 400 and images[0].height > 100
+    (layout_event,) = events.Tensors("custom_scalars__config__")
+    layout = layout_pb2.Layout.FromString(layout_event.tensor_proto.string_val[0])
+    assert [c.title for c in layout.category] == ["morpho net.3"]
+    charts = {c.title: list(c.multiline.tag) for c in layout.category[0].chart}
+    assert charts == {t: [rf"morpho/net\.3/{t}"] for t in ("alpha", "stage", "contribution")}
+
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("esper_lightning")]
+    assert lines == ["epoch 1: net.3 germinated conv_light (policy)"]
+    assert [(e.epoch, e.stage) for e in callback.engine.timeline] == [
+        (0, "DORMANT"), (1, "GERMINATED"), (2, "GERMINATED")]

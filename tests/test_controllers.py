@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import doctest
 import functools
 import io
@@ -35,8 +36,8 @@ from esper_lightning.core.actions import (
     action_error,
     compute_masks,
 )
-from esper_lightning.core.engine import execute_on_slot
-from esper_lightning.core.lifecycle import SeedStage
+from esper_lightning.core.engine import MorphogenesisEngine, execute_on_slot
+from esper_lightning.core.lifecycle import GateConfig, SeedStage
 from esper_lightning.core.report import HISTORY_WINDOW, EpochReport
 from esper_lightning.core.slots import SeedSlot
 
@@ -495,6 +496,78 @@ def test_heuristic_reset_starts_a_fresh_run():
 def test_bad_heuristic_config_is_rejected(overrides, match):
     with pytest.raises(ValueError, match=match):
         HeuristicConfig(**overrides)
+
+
+# --- heuristic: timing that follows the run length ---------------------------------------------
+def test_timing_knobs_scale_with_the_run_length():
+    config = HeuristicConfig()  # given for 50 epochs
+    assert HeuristicController(config).timing(50) == {
+        "plateau_epochs_to_germinate": 3, "min_epochs_before_germinate": 5,
+        "stabilization_epochs": 3, "embargo_epochs_after_prune": 5, "min_epochs_before_prune": 5,
+    }
+    assert HeuristicController(config).timing(150) == {
+        "plateau_epochs_to_germinate": 9, "min_epochs_before_germinate": 15,
+        "stabilization_epochs": 9, "embargo_epochs_after_prune": 15,
+        "min_epochs_before_prune": 15,
+    }
+    short = config.scaled_to(10)  # 3 -> 0.6 -> 1 (never below 1), 5 -> 1.0 -> 1
+    assert short.plateau_epochs_to_germinate == 1 and short.min_epochs_before_germinate == 1
+    assert config.scaled_to(25).min_epochs_before_germinate == 3  # 2.5 rounds half up
+    assert short.reference_epochs is None and short.scaled_to(1000) == short  # fixed from now
+    assert config.scaled_to(None) == dataclasses.replace(config, reference_epochs=None)
+    assert config.scaled_to(-1) == config.scaled_to(None)  # open-ended run: not scaled
+    off = HeuristicConfig(min_epochs_before_germinate=0).scaled_to(200)
+    assert off.min_epochs_before_germinate == 0  # a knob switched off stays off
+    fixed = HeuristicConfig.fixed_timing(embargo_epochs_after_prune=8)
+    assert fixed.reference_epochs is None and fixed.scaled_to(10).embargo_epochs_after_prune == 8
+    assert config.scaled_to(10).fossilize_contribution == config.fossilize_contribution
+    with pytest.raises(ValueError, match="reference_epochs must be an int >= 1 or None, got 0"):
+        HeuristicConfig(reference_epochs=0)
+
+
+def test_a_short_run_germinates_sooner_than_a_long_one():
+    def first_germination(max_epochs: int) -> int:
+        controller = HeuristicController()
+        slots = make_slots(1)
+        for epoch in range(max_epochs):
+            report = dataclasses.replace(make_report(slots, epoch, [50.0] * (epoch + 1),
+                                                     [1.0] * (epoch + 1)), max_epochs=max_epochs)
+            if controller.decide(report).op == Op.GERMINATE:
+                return epoch
+        raise AssertionError("never germinated")
+
+    assert first_germination(10) == 1 < first_germination(50) == 5 < first_germination(150) == 15
+
+
+def _reaches_blending(controller: HeuristicController, max_epochs: int, incubation: int) -> bool:
+    """Whether a flat host run of ``max_epochs`` epochs gets a seed into BLENDING."""
+    torch.manual_seed(0)
+    net = torch.nn.Module()
+    net.conv = torch.nn.Conv2d(3, 4, 1)
+    engine = MorphogenesisEngine(net, slots=["conv"],
+                                 gate_config=GateConfig(min_training_epochs=incubation))
+    net.conv(torch.zeros(1, 3, 4, 4))  # the slot learns its width
+    controller.reset()
+    for _ in range(max_epochs):
+        slot = engine.slots["conv"]
+        if slot.state is not None:
+            slot.state.metrics.gradient_health, slot.state.metrics.has_exploding = 1.0, False
+        engine.record_epoch(50.0, 1.0, 1.0)
+        action = controller.decide(engine.report(max_epochs=max_epochs))
+        engine.execute(action)
+        engine.tick()
+    return any(e.stage == "BLENDING" for e in engine.timeline)
+
+
+@pytest.mark.parametrize("config", [HeuristicConfig(), HeuristicConfig.fixed_timing()],
+                         ids=["scaled", "fixed"])
+def test_earliest_germination_says_when_a_run_is_long_enough_to_blend(config):
+    controller = HeuristicController(config)
+    for incubation in (1, 3):
+        for max_epochs in range(3, 14):
+            needed = controller.earliest_germination(max_epochs) + 2 + incubation
+            reached = _reaches_blending(controller, max_epochs, incubation)
+            assert reached == (max_epochs >= needed), (incubation, max_epochs, needed)
 
 
 # --- random ------------------------------------------------------------------------------------

@@ -1,14 +1,22 @@
 import copy
 
+import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from esper_lightning.core.counterfactual import (
     ALL_OFF,
+    DEFAULT_MODES,
     MAIN,
+    MODES,
     CounterfactualAccumulator,
+    LogitsError,
+    default_mode,
     fused_forward,
     make_plan,
+    probe_plan,
+    separate_forward,
 )
 from esper_lightning.core.lifecycle import SeedStage
 from esper_lightning.hosts import CifarCNNHost
@@ -107,3 +115,90 @@ def test_contribution_is_zero_when_seed_is_identity():
     acc.update(host, torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,)), host.slots)
     assert acc.contributions() == {"r0c1": 0.0}
     assert isinstance(host.slots["r0c1"], nn.Module)
+
+
+# --- separate passes: the default for any module -----------------------------------------------
+def test_separate_and_fused_give_the_same_accuracies_and_contributions():
+    host = _grown_host()
+    torch.manual_seed(1)
+    batches = [(torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))) for _ in range(3)]
+    results = {}
+    for mode in MODES:
+        acc = CounterfactualAccumulator(make_plan(host.slots), mode)
+        for x, y in batches:
+            acc.update(host, x, y, host.slots)
+        accuracies, loss, _ = acc.read()
+        results[mode] = (accuracies, acc.contributions(accuracies), loss)
+    assert results["separate"][:2] == results["fused"][:2]
+    assert results["separate"][2] == pytest.approx(results["fused"][2], rel=1e-5)
+    assert set(results["fused"][1]) == {"r0c0", "r0c1"}
+    assert any(c != 0 for c in results["fused"][1].values())  # the seeds matter
+
+
+def test_separate_passes_keep_the_batch_shape_and_match_real_alphas():
+    host = _grown_host()
+    plan = make_plan(host.slots)
+    rows = []
+    host.head.register_forward_hook(lambda m, i, o: rows.append(i[0].shape[0]))
+    x = torch.randn(8, 3, 32, 32)
+    with torch.no_grad():
+        out = separate_forward(host, x, host.slots, plan)  # [K, B, classes]
+        assert rows == [8] * plan.size and out.shape == (plan.size, 8, 10)
+        for k in range(plan.size):
+            ref = copy.deepcopy(host)
+            for sid in plan.slot_ids:
+                ref.slots[sid].alpha_controller.snap(float(plan.alphas[sid][k]))
+            torch.testing.assert_close(out[k], ref(x), rtol=1e-5, atol=1e-5)
+
+
+def test_default_mode_per_device_and_bad_modes():
+    assert default_mode("cpu") == DEFAULT_MODES["cpu"] and default_mode("cuda:1") in MODES
+    assert CounterfactualAccumulator(make_plan({})).mode is None  # picked at the first batch
+    with pytest.raises(ValueError, match="unknown counterfactual mode 'both'; accepted: "
+                                         "separate, fused"):
+        CounterfactualAccumulator(make_plan({}), "both")
+
+
+def test_token_level_logits_count_every_token():
+    # A [B, T, classes] classifier (the GPT host): accuracy and loss over all B*T tokens.
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 7)  # [B, T, C]
+    y = torch.randint(0, 7, (3, 5))
+    acc = CounterfactualAccumulator(make_plan({}), "separate")
+    acc.update(lambda x: x, logits, y, {})
+    accuracies, loss, _ = acc.read()
+    expected = 100.0 * float((logits.argmax(-1) == y).float().mean())
+    assert accuracies == {MAIN: pytest.approx(expected)} and acc.total == 15
+    assert loss == pytest.approx(float(F.cross_entropy(logits.reshape(15, 7), y.reshape(15))))
+
+
+@pytest.mark.parametrize(
+    ("output", "targets", "message"),
+    [
+        ((torch.zeros(4, 10), torch.zeros(4, 3)), torch.zeros(4, dtype=torch.long),
+         "the forward returned a tuple, not a logits tensor"),
+        (torch.zeros(4, 10), torch.zeros(4, 2, dtype=torch.long),
+         r"logits of shape \(4, 10\) do not match class targets of shape \(4, 2\)"),
+        (torch.zeros(4, 10), torch.zeros(4), "targets must be class indices"),
+    ],
+    ids=["tuple", "shape", "float_targets"],
+)
+def test_outputs_that_are_not_logits_are_refused_in_one_line(output, targets, message):
+    acc = CounterfactualAccumulator(make_plan({}), "separate")
+    with pytest.raises(LogitsError, match=message):
+        acc.update(lambda x: output, torch.zeros(4, 3), targets, {})
+
+
+def test_the_probe_fans_out_at_the_first_slot_even_without_a_seed():
+    host = CifarCNNHost("baseline", slots=["r0c1", "r0c2"]).eval()  # no seeds at all
+    plan = probe_plan(host.slots)
+    assert plan.slot_ids == ("r0c1", "r0c2") and plan.size == 2
+    rows = {}
+    for name in ("blocks.1", "head"):
+        host.get_submodule(name).register_forward_hook(
+            lambda m, i, o, name=name: rows.setdefault(name, []).append(i[0].shape[0]))
+    x = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        out = fused_forward(host, x, host.slots, plan)
+        torch.testing.assert_close(out[1], host(x))  # same outputs as a plain forward
+    assert rows["blocks.1"][0] == 4 and rows["head"][0] == 8  # fanned out at r0c1

@@ -1,3 +1,5 @@
+import logging
+
 import pytest
 import torch
 from torch import nn
@@ -11,7 +13,7 @@ from esper_lightning.core.actions import (
 )
 from esper_lightning.core.engine import MorphogenesisEngine
 from esper_lightning.core.lifecycle import GateConfig, SeedStage
-from esper_lightning.core.optim import SeedOptimConfig, seed_group_names
+from esper_lightning.core.optim import SeedOptimConfig, name_host_groups, seed_group_names
 
 GERMINATE = Action(LifecycleOp.GERMINATE, 0, blueprint=BlueprintAction.CONV_LIGHT)
 ADVANCE = Action(LifecycleOp.ADVANCE, 0)
@@ -267,3 +269,61 @@ def test_registered_blueprint_without_an_action_index_is_refused():
         assert "my_conv" not in engine.mask_context.blueprints
     finally:
         unregister("my_conv")
+
+
+# --- host group names, the timeline, event log lines -------------------------------------------
+def test_host_groups_get_names_and_user_names_stay():
+    net, engine = _engine()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    engine.attach_optimizer(opt)
+    engine.execute(GERMINATE)
+    assert [g["name"] for g in opt.param_groups] == ["host", "seed/net.1"]
+    params = list(net.parameters())
+    two = torch.optim.SGD([{"params": params[:2]}, {"params": params[2:4], "name": "head"},
+                           {"params": params[4:]}], lr=0.1)
+    name_host_groups(two)
+    assert [g["name"] for g in two.param_groups] == ["host/pg1", "head", "host/pg3"]
+    clash = torch.optim.SGD([{"params": params[:2], "name": "host"}, {"params": params[2:]}],
+                            lr=0.1)
+    name_host_groups(clash)
+    assert [g["name"] for g in clash.param_groups] == ["host", "host_"]
+
+
+def test_the_timeline_records_every_slot_after_each_decision_and_survives_state():
+    _, engine = _engine()
+    engine.execute(GERMINATE)
+    engine.tick()
+    engine.execute(ADVANCE)
+    engine.tick()
+    _healthy(engine, "net.1")
+    assert engine.execute(ADVANCE).success  # G2 after 1 training epoch (min_training_epochs=1)
+    engine.tick()
+    rows = [(e.epoch, e.slot_id, e.stage, e.blueprint) for e in engine.timeline]
+    assert rows == [
+        (0, "net.1", "GERMINATED", "conv_light"), (0, "net.3", "DORMANT", None),
+        (1, "net.1", "TRAINING", "conv_light"), (1, "net.3", "DORMANT", None),
+        (2, "net.1", "BLENDING", "conv_light"), (2, "net.3", "DORMANT", None),
+    ]
+    alphas = [e.alpha for e in engine.timeline if e.slot_id == "net.1"]
+    assert alphas[:2] == [0.0, 0.0] and alphas[2] == engine.slots["net.1"].alpha > 0
+    assert engine.timeline[0].seed_id == engine.slots["net.1"].state.seed_id
+    other = MorphogenesisEngine(_net(), slots=["net.1", "net.3"])
+    other.load_state_dict(engine.state_dict())
+    assert other.timeline == engine.timeline
+    state = engine.state_dict()
+    del state["timeline"]  # a checkpoint written before the timeline existed
+    other.load_state_dict(state)
+    assert other.timeline == []
+
+
+def test_each_lifecycle_event_is_one_info_line(caplog):
+    _, engine = _engine()
+    with caplog.at_level(logging.INFO, logger="esper_lightning"):
+        engine.execute(GERMINATE, reason="plateau")
+        engine.tick()
+        engine.prune_live("governor_rollback")
+    assert [r.getMessage() for r in caplog.records] == [
+        "epoch 0: net.1 germinated conv_light (policy: plateau)",
+        "epoch 1: net.1 pruned conv_light (governor_rollback)",
+    ]
+    assert all(r.levelno == logging.INFO for r in caplog.records)

@@ -78,3 +78,22 @@ def test_trainer_fits_two_epochs_on_fixture(cifar_dir, tmp_path):
     assert torch.isfinite(metrics["val_loss"])
     assert 0.0 <= float(metrics["val_acc"]) <= 1.0
     assert {"train_loss", "val_loss", "val_acc"} <= set(metrics)
+
+
+def test_validation_accuracy_is_exact_over_the_split(cifar_dir, tmp_path):
+    # 40 test images in batches of 16, 16, 8: correct / total over the whole split.
+    torch.manual_seed(0)
+    dm = CIFAR10DataModule(cifar_dir, batch_size=16)
+    host = CifarCNNHost("baseline")
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=tmp_path)
+    metrics = trainer.validate(host, datamodule=dm, verbose=False)[0]
+    correct = total = 0
+    host.eval()
+    with torch.no_grad():
+        for x, y in dm.val_dataloader():
+            correct += int((host(x).argmax(1) == y).sum())
+            total += len(y)
+    assert total == 40 and metrics["val_acc"] == pytest.approx(correct / total)
+    assert "val_accuracy.tp" not in "".join(host.state_dict())  # metric states not saved
+    assert host.configure_optimizers().param_groups[0]["name"] == "host"

@@ -221,3 +221,18 @@ def test_trainer_fit_lowers_validation_loss(tmp_path: Path):
     assert math.isclose(float(metrics["val_ppl"]), math.exp(float(metrics["val_loss"])),
                         rel_tol=1e-5)
     assert 0.0 < float(metrics["val_acc"]) <= 1.0
+
+
+def test_token_accuracy_counts_every_token(tmp_path: Path):
+    torch.manual_seed(0)
+    text = _write_text(tmp_path / "text.txt")
+    dm = TextDataModule(text, block_size=16, batch_size=3, train_blocks=20, val_blocks=7)
+    host = GPTHost("tiny")
+    metrics = _trainer(tmp_path).validate(host, datamodule=dm, verbose=False)[0]
+    dm.setup("validate")
+    correct = total = 0
+    with torch.no_grad():
+        for x, y in dm.val_dataloader():
+            correct += int((host(x).argmax(-1) == y).sum())
+            total += y.numel()
+    assert total == 7 * 16 and metrics["val_acc"] == pytest.approx(correct / total)

@@ -41,7 +41,8 @@ def save_trainer(learner: Learner, round_index: int, path: str | os.PathLike[str
         "optimizer": learner.optimizer.state_dict(),
         "reward_normalizer": learner.reward_normalizer.state_dict(),
         "value_normalizer": learner.value_normalizer.state_dict(),
-        "logger_version": None if logger is None else logger.version,
+        # The TensorBoard version folder, so a resumed run continues the same run's charts.
+        "log_version": None if logger is None else logger.version,
         "rng": rng_states(),
     }
     write_checkpoint(state, path)
@@ -61,7 +62,7 @@ def load_trainer(learner: Learner, path: str | os.PathLike[str]) -> int:
     learner.obs_rms.load_state_dict(state["obs_rms"])
     learner.reward_normalizer.load_state_dict(state["reward_normalizer"])
     learner.value_normalizer.load_state_dict(state["value_normalizer"])
-    learner.logger_version = state["logger_version"]
+    learner.log_version = state.get("log_version")  # absent in older checkpoints: a new one
     set_rng_states(state["rng"])
     return int(state["round"])
 

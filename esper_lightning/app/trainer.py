@@ -3,8 +3,10 @@
 One round = every env plays one episode of ``episode_length`` host epochs (a fresh host each,
 trained one epoch before its first decision; a governor rollback ends an episode early and the
 env starts a new one), then one PPO update. After every round the trainer logs to TensorBoard
-and writes an atomic checkpoint holding everything needed to continue exactly
-(`app.checkpoint`).
+(scalars, and env 0's seed timeline as an image), logs one INFO line on the ``esper_lightning``
+logger, and writes an atomic checkpoint holding everything needed to continue exactly
+(`app.checkpoint`), the TensorBoard version included, so a resumed run keeps writing to the same
+``version_N`` folder.
 
 With ``ab`` set, one policy per reward mode learns side by side in the same pool: the envs are
 split into equal groups that play the same episode seeds in lockstep, each group acting for and
@@ -14,6 +16,7 @@ run. Learning groups one after another would hand them different data and machin
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +53,11 @@ from esper_lightning.rl import (
 from esper_lightning.rl.distributions import MaskBatch
 from esper_lightning.rl.policy import ActOutput, Hidden
 from esper_lightning.rl.rewards import RewardMode
+from esper_lightning.viz.timeline import log_timeline
+
+log = logging.getLogger(__name__)
+#: TensorBoard image tag of a learner's first env's seed timeline, once per round.
+TIMELINE_TAG = "morpho/timeline_env0"
 
 
 @dataclass
@@ -65,7 +73,7 @@ class Learner:
     value_normalizer: ValueNormalizer
     reward_config: RewardConfig
     logger_name: str
-    logger_version: int | None = None
+    log_version: int | str | None = None  # TensorBoard version (None: the next free one)
     logger: TensorBoardLogger | None = None
     history: list[RoundStats] = field(default_factory=list)
 
@@ -135,7 +143,7 @@ class PPOTrainer:
                             config.env_devices)
         for learner in self.learners:
             learner.logger = TensorBoardLogger(config.logdir, name=learner.logger_name,
-                                               version=learner.logger_version)
+                                               version=learner.log_version)
 
     def _learner(self, mode: str, group: int) -> Learner:
         config = self.config.learner_config(mode)
@@ -175,22 +183,36 @@ class PPOTrainer:
         bar = tqdm(range(self.round, c.rounds), initial=self.round, total=c.rounds,
                    desc="rounds", disable=not c.progress, dynamic_ncols=True)
         for round_index in bar:
+            start = time.perf_counter()
             stats = self.run_round(round_index)
             self.round = round_index + 1
             for learner, learner_stats in zip(self.learners, stats, strict=True):
-                self._finish_round(learner, learner_stats)
+                self._finish_round(learner, learner_stats, time.perf_counter() - start)
             bar.set_postfix(acc=f"{mean(stats[0].final_accuracies):.1f}",
                             ret=f"{mean(stats[0].returns):.2f}")
         for learner in self.learners:
             learner.logger.finalize("success")
         return self.learners[0].history
 
-    def _finish_round(self, learner: Learner, stats: RoundStats) -> None:
+    def _finish_round(self, learner: Learner, stats: RoundStats, seconds: float) -> None:
         learner.history.append(stats)
         learner.logger.log_metrics(round_metrics(stats), step=self.round)
+        self._log_timeline(learner)
         learner.logger.save()
+        ops = " ".join(f"{name}={count}" for name, count in sorted(stats.ops.items()))
+        group = f" [{learner.name}]" if self.config.ab else ""
+        log.info("round %d/%d%s: final accuracy %.2f%%, return %.3f, ops %s, %.1f s",
+                 self.round, self.config.rounds, group, mean(stats.final_accuracies),
+                 mean(stats.returns), ops or "none", seconds)
         if self.config.save is not None:
             save_trainer(learner, self.round, self.checkpoint_path(self.config.save, learner))
+
+    def _log_timeline(self, learner: Learner) -> None:
+        """The learner's first env's last episode as a seed-timeline image."""
+        engine = self.pool.envs[learner.envs[0]].engine
+        if engine is not None:
+            log_timeline(learner.logger.experiment, engine.timeline, self.round, TIMELINE_TAG,
+                         slot_ids=engine.slot_ids, title=f"env 0, round {self.round}")
 
     def run_round(self, round_index: int) -> list[RoundStats]:
         """Collect one episode per env (``decisions_per_episode`` steps), then update every

@@ -67,6 +67,7 @@ class GovernorCallback(Callback):
         self._engine: MorphogenesisEngine | None = None
         self._fossilized_seen = 0
         self._warned_monitor = False
+        self._resumed = False
 
     @property
     def rollbacks(self) -> int:
@@ -80,6 +81,16 @@ class GovernorCallback(Callback):
                 "GovernorCallback comes after MorphogenesisCallback: a diverged epoch is seen by "
                 "the controller before it is rolled back; list the governor first"
             )
+
+    @override
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # A fresh fit forgets the last fit's loss readings (another model may be training now);
+        # a resumed one keeps those its checkpoint restored (load_state_dict runs before).
+        if not self._resumed:
+            self.governor.reset()
+        self._resumed = False
+        self._warned_monitor = False
+        self._nonfinite = None
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -181,6 +192,7 @@ class GovernorCallback(Callback):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.governor.load_state_dict(state_dict["governor"])
+        self._resumed = True
 
 
 def _scaler(trainer: L.Trainer) -> Any:

@@ -2,41 +2,77 @@
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 from typing_extensions import override
 
 from esper_lightning.blueprints import TOPOLOGIES
 from esper_lightning.controllers.base import Controller
-from esper_lightning.core.counterfactual import CounterfactualAccumulator, make_plan
+from esper_lightning.core.counterfactual import (
+    CounterfactualAccumulator,
+    LogitsError,
+    check_mode,
+    default_mode,
+    make_plan,
+    probe_plan,
+)
 from esper_lightning.core.engine import MorphogenesisEngine, StepOutcome
 from esper_lightning.core.lifecycle import PRESENT_STAGES, GateConfig, GateMode, QualityGates
 from esper_lightning.core.optim import SeedOptimConfig
-from esper_lightning.core.telemetry import morpho_metrics
+from esper_lightning.core.telemetry import morpho_metrics, slot_layout
+from esper_lightning.viz.timeline import log_timeline
 
 log = logging.getLogger(__name__)
 
 BatchToXY = Callable[[Any], tuple[Tensor, Tensor]]
+LogitsFn = Callable[[L.LightningModule, Tensor], Tensor]
 #: Strategies that keep one copy of the model on one device.
 _SINGLE_DEVICE_STRATEGIES = ("SingleDeviceStrategy",)
+#: What the controller misses when a configured metric key is never logged.
+_MISSING_KEY_EFFECT = {
+    "loss_key": "the controller sees no validation loss (the heuristic never counts the host as "
+    "stable, so it never germinates)",
+    "accuracy_key": "the callback measures the accuracy itself (one more forward per validation "
+    "batch; accuracy_key=None says so on purpose)",
+    "train_loss_key": "the controller sees no training loss",
+}
+TIMELINE_TAG = "morpho/timeline"
+#: The heuristic's knobs that decide how early it can germinate.
+_GERMINATION_KNOBS = ("min_epochs_before_germinate", "stabilization_epochs",
+                      "plateau_epochs_to_germinate")
 
 
 class MorphogenesisCallback(Callback):
     r"""Let a controller germinate, blend, fossilize and prune seeds once per epoch.
 
     After each validation epoch (never during the sanity check) the callback measures every
-    blending seed's counterfactual contribution with one fused forward per validation batch,
-    builds an `EpochReport`, asks the controller for an action, executes it (illegal actions
-    become WAIT with a reason) and ticks every slot. Seeds join the optimizer as param groups
-    named ``seed/<slot>``; LR schedulers are extended to schedule them too.
+    blending seed's counterfactual contribution (validation accuracy with the seed at its alpha
+    minus accuracy with that slot's alpha at 0), builds an `EpochReport`, asks the controller
+    for an action, executes it (illegal actions become WAIT with a reason) and ticks every
+    slot. Seeds join the optimizer as param groups named ``seed/<slot>`` (the host's unnamed
+    groups are named ``host`` so LR-monitor tags stay put); LR schedulers schedule them too.
+    Lifecycle events are logged at INFO on the ``esper_lightning`` logger; at the end of the
+    fit a seed-timeline image goes to every TensorBoard logger (``morpho/timeline``).
+
+    What the measurement needs of your module: only that it maps inputs to logits. By default
+    it runs one forward per configuration (main, each measured slot off, all off) on the
+    unchanged batch. ``batch_to_xy`` says how to read a validation batch and ``logits_fn`` how
+    to get logits when ``forward`` returns a tuple or dict or the module has no ``forward``.
+    The measurement runs once at fit start (on the sanity-check batch, or on one validation
+    batch when sanity checking is off), so a module it cannot measure fails in the first
+    minute with one line naming the option to set.
 
     Args:
         controller: decides the action each epoch (e.g. `HeuristicController`).
@@ -47,20 +83,32 @@ class MorphogenesisCallback(Callback):
         seed_lr, seed_momentum, seed_weight_decay: seed param-group settings (None: copied from
             the host's first param group).
         topology: ``"cnn"`` or ``"transformer"`` for injected slots.
-        gate_mode, gate_config: quality-gate mode and thresholds for every slot (None: each
-            slot keeps its own; injected slots are permissive with the default thresholds).
-        batch_to_xy: maps a validation batch to ``(inputs, class targets)`` for the
-            counterfactual; the default accepts ``(x, y)`` pairs.
+        gate_mode, gate_config: quality-gate mode and `GateConfig` thresholds for every slot
+            (None: each slot keeps its own; injected slots are permissive with the default
+            thresholds, whose G2 incubation of 10 epochs suits long runs).
+        batch_to_xy: ``batch -> (inputs, class targets)`` for the counterfactual; the default
+            accepts ``(x, y)`` pairs. Targets are class indices ``[B]`` (or ``[B, T]`` for a
+            token-level classifier).
+        logits_fn: ``(pl_module, x) -> logits [B, classes]`` (or ``[B, T, classes]``); default
+            ``pl_module(x)``. Set it when ``forward`` returns a tuple or dict
+            (``lambda m, x: m(x)[0]``) or the module has no ``forward``.
+        counterfactual: ``"separate"`` (one forward per configuration, works on any module),
+            ``"fused"`` (one forward whose batch fans out K-fold at the first measured slot;
+            the module must not reshape with a batch size read before the slot) or None: the
+            measured default for the device (`core.counterfactual.DEFAULT_MODES`).
         accuracy_key: a logged validation accuracy in [0, 1] used when no seed needs measuring
             (saves the extra forward); missing -> measured by the callback.
-        loss_key, train_loss_key: logged metrics copied into the controller's report.
+        loss_key, train_loss_key: logged metrics copied into the controller's report. A key
+            that is configured but never logged draws one warning per fit naming the logged
+            keys.
         grad_stats_every: measure seed gradient health every this many optimizer steps.
 
     Example:
         >>> from esper_lightning.controllers import HeuristicController
         >>> trainer = L.Trainer(
         ...     max_epochs=30,
-        ...     callbacks=[MorphogenesisCallback(HeuristicController(), slots=["net.3"])],
+        ...     callbacks=[MorphogenesisCallback(HeuristicController(), slots=["net.3"],
+        ...                                      logits_fn=lambda m, x: m(x)[0])],
         ... )
         >>> trainer.fit(my_module, datamodule=dm)  # doctest: +SKIP
     """
@@ -78,6 +126,8 @@ class MorphogenesisCallback(Callback):
         gate_mode: GateMode | str | None = None,
         gate_config: GateConfig | None = None,
         batch_to_xy: BatchToXY | None = None,
+        logits_fn: LogitsFn | None = None,
+        counterfactual: str | None = None,
         accuracy_key: str | None = "val_acc",
         loss_key: str = "val_loss",
         train_loss_key: str = "train_loss",
@@ -105,16 +155,27 @@ class MorphogenesisCallback(Callback):
             "seed_optim": SeedOptimConfig(seed_lr, seed_momentum, seed_weight_decay),
         }
         self.batch_to_xy = batch_to_xy or _pair
+        self.logits_fn = logits_fn
+        self.counterfactual = None if counterfactual is None else check_mode(counterfactual)
         self.accuracy_key = accuracy_key
         self.loss_key, self.train_loss_key = loss_key, train_loss_key
         self.grad_stats_every = grad_stats_every
         self.engine: MorphogenesisEngine | None = None
         self.last_outcome: StepOutcome | None = None
         self._accumulator: CounterfactualAccumulator | None = None
+        self._pending_state: dict[str, Any] | None = None
         self._decided_epoch = -1
+        self._start_fit()
+
+    def _start_fit(self) -> None:
+        """Forget what the last fit left behind (all but `_decided_epoch`, which a resumed
+        fit takes from its checkpoint)."""
+        self.last_outcome = None
         self._validated_epoch = -1
         self._stats_epoch = -1
-        self._pending_state: dict[str, Any] | None = None
+        self._probed = False
+        self._checked_keys: set[str] = set()
+        self._accumulator = None
 
     @property
     @override
@@ -143,14 +204,37 @@ class MorphogenesisCallback(Callback):
                 f"MorphogenesisCallback needs exactly one optimizer (automatic optimization); "
                 f"got {len(trainer.optimizers)}"
             )
-        if self._pending_state is not None:
+        self._start_fit()
+        if self._pending_state is not None:  # resumed: load_state_dict ran before this hook
             engine.load_state_dict(self._pending_state["engine"])
             self._pending_state = None
         else:  # a fresh fit: forget any earlier run (a recurrent policy's state, trackers)
             self.controller.reset()
+            self._decided_epoch = -1
         schedulers = [config.scheduler for config in trainer.lr_scheduler_configs]
         # Runs before Lightning restores the optimizer state, so saved seed groups line up.
         engine.attach_optimizer(trainer.optimizers[0], schedulers)
+        self._warn_if_too_short(trainer)
+
+    @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self._probed:  # no sanity check ran: measure one validation batch now
+            batch = _first_validation_batch(trainer)
+            if batch is not None:
+                self._probe(trainer, pl_module, batch)
+        layout = slot_layout(self._require_engine().slot_ids)
+        for logger in _tensorboards(trainer):
+            logger.experiment.add_custom_scalars(layout)
+
+    @override
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Here, not in on_fit_end: the loggers are finalized before that hook.
+        engine = self._require_engine()
+        title = f"seed timeline of {type(pl_module).__name__}"
+        for logger in _tensorboards(trainer):
+            log_timeline(logger.experiment, engine.timeline, trainer.global_step, TIMELINE_TAG,
+                         slot_ids=engine.slot_ids, title=title)
+            logger.experiment.flush()
 
     # --- training -----------------------------------------------------------------------------
     @override
@@ -180,7 +264,7 @@ class MorphogenesisCallback(Callback):
         plan = make_plan(engine.slots)
         logged = self.accuracy_key is not None and self.accuracy_key in trainer.callback_metrics
         if plan.slot_ids or not logged:  # otherwise the logged accuracy is enough
-            self._accumulator = CounterfactualAccumulator(plan)
+            self._accumulator = CounterfactualAccumulator(plan, self.counterfactual)
 
     @override
     def on_validation_batch_end(
@@ -192,11 +276,46 @@ class MorphogenesisCallback(Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        if self._accumulator is None or dataloader_idx != 0:
+        if dataloader_idx != 0:
+            return
+        if trainer.sanity_checking:
+            if not self._probed and trainer.state.fn == TrainerFn.FITTING:
+                self._probe(trainer, pl_module, batch)
+            return
+        if self._accumulator is None:
             return
         x, y = self.batch_to_xy(batch)
         with trainer.precision_plugin.forward_context():  # same autocast as validation_step
-            self._accumulator.update(pl_module, x, y, self._require_engine().slots)
+            self._accumulator.update(self._forward(pl_module), x, y,
+                                     self._require_engine().slots)
+
+    def _forward(self, pl_module: L.LightningModule) -> Callable[[Tensor], Tensor]:
+        if self.logits_fn is None:
+            return pl_module
+        return functools.partial(self.logits_fn, pl_module)
+
+    # --- the fit-start probe: can this module be measured? ------------------------------------
+    def _probe(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any) -> None:
+        """Run the measurement once on ``batch`` with every slot overridden (a fused probe fans
+        out at the first slot), so a module it cannot measure fails now, not when the first
+        seed blends; the result is thrown away."""
+        self._probed = True
+        name = type(pl_module).__name__
+        if self.logits_fn is None and type(pl_module).forward is L.LightningModule.forward:
+            raise MisconfigurationException(
+                f"MorphogenesisCallback cannot measure {name}: it has no forward(); pass "
+                f"logits_fn=lambda module, x: <logits [B, classes]>"
+            )
+        x, y = self.batch_to_xy(batch)
+        slots = self._require_engine().slots
+        mode = self.counterfactual or default_mode(x.device)
+        forward = self._forward(pl_module)
+        with trainer.precision_plugin.forward_context(), _eval_mode(pl_module):
+            for run in dict.fromkeys(("separate", mode)):  # the general contract first
+                try:
+                    CounterfactualAccumulator(probe_plan(slots), run).update(forward, x, y, slots)
+                except Exception as err:
+                    raise MisconfigurationException(_probe_message(name, run, err)) from err
 
     @override
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -218,6 +337,7 @@ class MorphogenesisCallback(Callback):
         validated = self._validated_epoch == trainer.current_epoch
         accuracy, contributions = self._measurements(trainer) if validated else (None, {})
         metrics = trainer.callback_metrics
+        self._check_keys(trainer, validated)
         engine.record_epoch(  # without validation this epoch, no stale validation numbers
             accuracy,
             _scalar(metrics.get(self.loss_key)) if validated else None,
@@ -229,11 +349,59 @@ class MorphogenesisCallback(Callback):
         reason = getattr(self.controller, "last_reason", None)
         self.last_outcome = outcome = engine.execute(action, reason)
         engine.tick()
-        if action.op != 0:
+        if action.op != 0:  # lifecycle events themselves are logged at INFO by the engine
             verdict = "done" if outcome.success else f"refused ({outcome.reason})"
-            log.info("epoch %d: %s %s", trainer.current_epoch,
-                     action.describe(engine.slot_ids), verdict)
+            log.debug("epoch %d: %s %s", trainer.current_epoch,
+                      action.describe(engine.slot_ids), verdict)
         self._log(trainer, contributions)
+
+    # --- warnings, once per fit ---------------------------------------------------------------
+    def _check_keys(self, trainer: L.Trainer, validated: bool) -> None:
+        """Warn once per fit about configured metric keys the module does not log: the
+        training key at the first decision, the validation keys at the first validated one."""
+        groups = {"train": ("train_loss_key",)}
+        if validated:
+            groups["validation"] = ("loss_key", "accuracy_key")
+        metrics = trainer.callback_metrics
+        missing = []
+        for group, options in groups.items():
+            if group in self._checked_keys:
+                continue
+            self._checked_keys.add(group)
+            for option in options:
+                key = getattr(self, option)
+                if key is not None and key not in metrics:
+                    missing.append(f"{option}={key!r} is never logged, so "
+                                   f"{_MISSING_KEY_EFFECT[option]}")
+        if missing:
+            rank_zero_warn(f"MorphogenesisCallback: {'; '.join(missing)}; logged keys: "
+                           f"{sorted(metrics)}")
+
+    def _warn_if_too_short(self, trainer: L.Trainer) -> None:
+        """Warn when no seed can reach blending before the run ends (controllers that know
+        their earliest germination, such as `HeuristicController`)."""
+        earliest = getattr(self.controller, "earliest_germination", None)
+        max_epochs = trainer.max_epochs
+        if earliest is None or max_epochs is None or max_epochs < 1:
+            return
+        first = int(earliest(max_epochs))
+        incubation = min(s.gates.config.min_training_epochs
+                         for s in self._require_engine().slots.values())
+        needed = first + 2 + incubation  # germinate, advance, incubate, then the G2 decision
+        if max_epochs >= needed:
+            return
+        timing = getattr(self.controller, "timing", None)
+        knobs = "" if timing is None else " (" + ", ".join(
+            f"{k}={v}" for k, v in timing(max_epochs).items() if k in _GERMINATION_KNOBS
+        ) + " at this length)"
+        rank_zero_warn(
+            f"MorphogenesisCallback: max_epochs={max_epochs} is too short for any seed to reach "
+            f"blending: the controller germinates at epoch {first} at the earliest{knobs}, "
+            f"then a seed needs 1 epoch to start training and min_training_epochs="
+            f"{incubation} epochs of training before G2 lets it blend, {needed} epochs in all; "
+            f"lower the HeuristicConfig timing knobs, gate_config=GateConfig("
+            f"min_training_epochs=...), or train longer"
+        )
 
     def _measurements(self, trainer: L.Trainer) -> tuple[float | None, dict[str, float]]:
         acc = self._accumulator
@@ -289,3 +457,56 @@ def _pair(batch: Any) -> tuple[Tensor, Tensor]:
 
 def _scalar(value: Any) -> float | None:
     return None if value is None else float(value)
+
+
+def _probe_message(name: str, mode: str, err: Exception) -> str:
+    """One line: what went wrong measuring module ``name`` and which option fixes it."""
+    lines = str(err).strip().splitlines()
+    cause = lines[0] if lines else type(err).__name__
+    if mode == "fused":
+        return (f"MorphogenesisCallback: counterfactual='fused' does not work with {name} "
+                f"({cause}): its forward must carry a batch that grows K-fold at the first slot; "
+                f"pass counterfactual='separate'")
+    if isinstance(err, LogitsError):
+        return (f"MorphogenesisCallback cannot measure {name}: {cause}; pass logits_fn=lambda "
+                f"module, x: <logits [B, classes]> (or batch_to_xy= returning class targets)")
+    return (f"MorphogenesisCallback cannot measure {name}: its forward failed on the validation "
+            f"inputs ({type(err).__name__}: {cause}); pass batch_to_xy= (what the forward takes) "
+            f"or logits_fn=lambda module, x: <logits [B, classes]>")
+
+
+@contextmanager
+def _eval_mode(module: torch.nn.Module) -> Iterator[None]:
+    """Evaluation mode for a block, then every submodule's own mode back (a frozen BatchNorm
+    stays in eval), so the probe never updates running statistics."""
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def _first_validation_batch(trainer: L.Trainer) -> Any | None:
+    """One batch of the first validation loader on the module's device, or None without
+    validation. The global RNG is left untouched (creating a loader iterator draws from it)."""
+    if not trainer.enable_validation or trainer.state.fn != TrainerFn.FITTING:
+        return None
+    trainer.fit_loop.epoch_loop.val_loop.setup_data()
+    loaders = trainer.val_dataloaders
+    if isinstance(loaders, dict):
+        loaders = list(loaders.values())
+    loader = loaders[0] if isinstance(loaders, list | tuple) and loaders else loaders
+    if loader is None:
+        return None
+    with torch.random.fork_rng(devices=[]):
+        batch = next(iter(loader), None)
+    return None if batch is None else trainer.strategy.batch_to_device(batch, dataloader_idx=0)
+
+
+def _tensorboards(trainer: L.Trainer) -> list[TensorBoardLogger]:
+    """The trainer's TensorBoard loggers (rank zero only: the others write nothing)."""
+    if not trainer.is_global_zero:
+        return []
+    return [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]

@@ -17,6 +17,7 @@ the engine records it during validation and the heuristic reads it from the repo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, fields
 from typing import Any
@@ -48,6 +49,14 @@ _STATE_KEYS = (
     "penalties",
     "counted_prunes",
 )
+#: The knobs counted in epochs, scaled with the run length (`HeuristicConfig.reference_epochs`).
+TIMING_KNOBS = (
+    "plateau_epochs_to_germinate",
+    "min_epochs_before_germinate",
+    "stabilization_epochs",
+    "embargo_epochs_after_prune",
+    "min_epochs_before_prune",
+)
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,13 @@ class HeuristicConfig:
     """Knobs of `HeuristicController`; the defaults are the research code's constants.
 
     Accuracies are in percentage points, loss changes are relative.
+
+    Timing: the knobs counted in epochs (`TIMING_KNOBS`) are given for a run of
+    ``reference_epochs`` epochs and scaled linearly to the run's ``max_epochs`` (rounded half
+    up, never below 1; a knob set to 0 stays 0; no scaling when the run length is unknown), so a
+    30-epoch run does not wait as long as a 150-epoch one. ``reference_epochs=None`` (or
+    `fixed_timing`) keeps them as given, the research code's behaviour. `scaled_to` and
+    `HeuristicController.timing` show the values a run will use.
 
     Args:
         plateau_threshold: an epoch that gains less accuracy than this counts as a plateau epoch.
@@ -76,10 +92,15 @@ class HeuristicConfig:
         blueprint_penalty_threshold: blueprints with at least this penalty are skipped.
         blueprint_rotation: germination order (round robin), filtered to the blueprints the
             run allows.
+        reference_epochs: run length the timing knobs are given for (None: not scaled).
 
     Example:
         >>> HeuristicConfig(embargo_epochs_after_prune=8).embargo_epochs_after_prune
         8
+        >>> HeuristicConfig().scaled_to(20).min_epochs_before_germinate  # 5 * 20 / 50
+        2
+        >>> HeuristicConfig.fixed_timing().scaled_to(20).min_epochs_before_germinate
+        5
     """
 
     plateau_threshold: float = 0.5
@@ -104,6 +125,7 @@ class HeuristicConfig:
         "norm",
         "depthwise",
     )
+    reference_epochs: int | None = 50
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "blueprint_rotation", tuple(self.blueprint_rotation))
@@ -121,6 +143,25 @@ class HeuristicConfig:
             raise ValueError("HeuristicConfig.blueprint_rotation must name at least one blueprint")
         for name in self.blueprint_rotation:
             BlueprintAction.from_name(name)  # raises ValueError listing the accepted names
+        ref = self.reference_epochs
+        if ref is not None and (isinstance(ref, bool) or not isinstance(ref, int) or ref < 1):
+            raise ValueError(f"HeuristicConfig.reference_epochs must be an int >= 1 or None, "
+                             f"got {ref!r}")
+
+    @classmethod
+    def fixed_timing(cls, **knobs: Any) -> HeuristicConfig:
+        """A config whose timing knobs are used as given, whatever the run length."""
+        return cls(**{**knobs, "reference_epochs": None})
+
+    def scaled_to(self, max_epochs: int | None) -> HeuristicConfig:
+        """The config a run of ``max_epochs`` epochs uses: timing knobs scaled, the result
+        fixed (``reference_epochs=None``). Unchanged for None or a non-positive length (an
+        open-ended run)."""
+        ref = self.reference_epochs
+        if ref is None or max_epochs is None or max_epochs < 1:
+            return dataclasses.replace(self, reference_epochs=None)
+        scaled = {name: _scale(getattr(self, name), max_epochs, ref) for name in TIMING_KNOBS}
+        return dataclasses.replace(self, reference_epochs=None, **scaled)
 
 
 class HeuristicController:
@@ -156,6 +197,7 @@ class HeuristicController:
 
     def __init__(self, config: HeuristicConfig | None = None) -> None:
         self.config = config or HeuristicConfig()
+        self._scaled = (self.config, None, self.config.scaled_to(None))
         self.reset()
 
     # --- public API ---------------------------------------------------------------------------
@@ -164,7 +206,8 @@ class HeuristicController:
         self._prev_loss: float | None = None
         self._plateau_epochs = 0
         self._stable_epochs = 0
-        # With stabilization_epochs == 0 the host counts as stable from the start.
+        # With stabilization_epochs == 0 the host counts as stable from the start (scaling
+        # keeps a zero knob at zero).
         self._stabilized = self.config.stabilization_epochs == 0
         self._last_epoch: int | None = None
         self._last_prune_epoch: int | None = None
@@ -175,6 +218,7 @@ class HeuristicController:
         self.last_reason = "reset"
 
     def decide(self, report: EpochReport) -> Action:
+        self._active(report.max_epochs)
         epoch = int(report.epoch)
         self._note_prunes(report)  # dated to the previous decision, so before the decay
         self._decay_penalties(epoch)
@@ -182,6 +226,24 @@ class HeuristicController:
         self._last_epoch = epoch
         action, reason = self._rule(report)
         return self._legal(action, reason, report)
+
+    def timing(self, max_epochs: int | None) -> dict[str, int]:
+        """The timing knobs a run of ``max_epochs`` epochs uses (see `HeuristicConfig`).
+
+        Example:
+            >>> HeuristicController().timing(25)["min_epochs_before_germinate"]
+            3
+        """
+        cfg = self.config.scaled_to(max_epochs)
+        return {name: getattr(cfg, name) for name in TIMING_KNOBS}
+
+    def earliest_germination(self, max_epochs: int | None) -> int:
+        """The first epoch (0-based) at which the rules can germinate in a run of
+        ``max_epochs`` epochs: the stability latch and the plateau each need that many epochs
+        after the first, and germination waits for ``min_epochs_before_germinate``."""
+        t = self.timing(max_epochs)
+        return max(t["min_epochs_before_germinate"], t["stabilization_epochs"],
+                   t["plateau_epochs_to_germinate"])
 
     @property
     def is_stabilized(self) -> bool:
@@ -228,9 +290,15 @@ class HeuristicController:
         self.last_reason = "loaded"
 
     # --- signals ------------------------------------------------------------------------------
+    def _active(self, max_epochs: int | None) -> HeuristicConfig:
+        """The config scaled to this run's length (cached: the length rarely changes)."""
+        if self._scaled[:2] != (self.config, max_epochs):
+            self._scaled = (self.config, max_epochs, self.config.scaled_to(max_epochs))
+        return self._scaled[2]
+
     def _track(self, report: EpochReport) -> None:
         """Update the plateau counter and the stabilisation latch from this epoch's metrics."""
-        cfg = self.config
+        cfg = self._scaled[2]
         if report.val_accuracy is not None:
             accuracy = float(report.val_accuracy)
             if self._prev_accuracy is not None:
@@ -251,7 +319,7 @@ class HeuristicController:
         if prev is None or not (math.isfinite(prev) and prev > 0.0 and math.isfinite(loss)):
             return False
         improvement = (prev - loss) / prev
-        cfg = self.config
+        cfg = self._scaled[2]
         return -cfg.regression_threshold < improvement < cfg.stabilization_threshold
 
     def _note_prunes(self, report: EpochReport) -> None:
@@ -289,7 +357,7 @@ class HeuristicController:
         return self._germination(report)
 
     def _germination(self, report: EpochReport) -> tuple[Action, str]:
-        cfg = self.config
+        cfg = self._scaled[2]
         epoch = int(report.epoch)
         if self._last_prune_epoch is not None:
             since = epoch - self._last_prune_epoch
@@ -354,7 +422,7 @@ class HeuristicController:
         return self._judge(index, slot)
 
     def _failing(self, slot: SlotReport) -> bool:
-        cfg = self.config
+        cfg = self._scaled[2]
         return (
             slot.epochs_in_stage >= cfg.min_epochs_before_prune
             and slot.metrics.improvement_since_stage_start < cfg.prune_improvement_threshold
@@ -362,7 +430,7 @@ class HeuristicController:
 
     def _judge(self, index: int, slot: SlotReport) -> tuple[Action, str]:
         """HOLDING: keep or remove the seed on its measured contribution."""
-        cfg = self.config
+        cfg = self._scaled[2]
         contribution = slot.metrics.counterfactual_contribution
         if contribution is None:
             return WAIT, "holding: contribution not measured yet"
@@ -396,6 +464,12 @@ def _prune(index: int) -> Action:
     return Action(LifecycleOp.PRUNE, slot=index)
 
 
+
+
+def _scale(epochs: int, max_epochs: int, reference: int) -> int:
+    if epochs == 0:
+        return 0  # a knob switched off stays off
+    return max(1, math.floor(epochs * max_epochs / reference + 0.5))
 
 
 def _optional_float(value: Any) -> float | None:

@@ -1,6 +1,6 @@
-"""Fused counterfactual evaluation: how much does each seed contribute right now?
+"""Counterfactual evaluation: how much does each seed contribute right now?
 
-One forward pass of the batch repeated K times, each copy with its own per-sample alphas:
+The model is evaluated in K configurations, each with its own alpha per measured slot:
 
 * ``main``: every slot at its current alpha;
 * ``off:<slot>``: that slot at alpha 0, the others unchanged (one per measured slot);
@@ -8,6 +8,16 @@ One forward pass of the batch repeated K times, each copy with its own per-sampl
 
 ``contribution(slot) = acc(main) − acc(off:slot)`` in percentage points. A slot is measured when
 its seed runs with alpha > 0 (BLENDING after the first tick, HOLDING, FOSSILIZED).
+
+Two ways to run the K configurations give the same numbers:
+
+* ``"separate"``: K forwards of the unchanged batch, each with scalar alpha overrides. It asks
+  nothing of the model beyond "maps inputs to logits", so it is the safe choice for any module.
+* ``"fused"``: one forward whose batch fans out K times at the first measured slot (per-sample
+  alphas, `fused_forward`). The model must carry a batch that grows K-fold mid-forward: a
+  forward that reads the batch size before the slot and reshapes with it afterwards breaks.
+
+`DEFAULT_MODES` picks one per device type from `benchmarks/bench_counterfactual.py`.
 """
 
 from __future__ import annotations
@@ -25,6 +35,33 @@ from esper_lightning.core.slots import SeedSlot
 
 MAIN = "main"
 ALL_OFF = "all_off"
+PROBE = "probe"
+#: Ways to run the configurations (see the module docstring).
+MODES = ("separate", "fused")
+#: The default mode per device type, from `benchmarks/bench_counterfactual.py` (docs/benchmarks.md):
+#: separate passes won on the CPU; CUDA is not measured yet, so it takes the CPU's winner.
+DEFAULT_MODES = {"cpu": "separate", "cuda": "separate"}
+
+
+class LogitsError(ValueError):
+    """The forward's output cannot be read as logits for the class targets."""
+
+
+def check_mode(mode: str) -> str:
+    """``mode`` if it is one of `MODES`, else a one-line `ValueError`."""
+    if mode not in MODES:
+        raise ValueError(f"unknown counterfactual mode {mode!r}; accepted: {', '.join(MODES)}")
+    return mode
+
+
+def default_mode(device: torch.device | str) -> str:
+    """The measured default mode for ``device`` (``"separate"`` for device types not measured).
+
+    Example:
+        >>> default_mode("cpu")
+        'separate'
+    """
+    return DEFAULT_MODES.get(torch.device(device).type, "separate")
 
 
 @dataclass(frozen=True)
@@ -35,6 +72,9 @@ class CounterfactualPlan:
     configs: tuple[str, ...]
     alphas: Mapping[str, Tensor]  # slot id -> [K] alpha per configuration
     _per_sample: dict[tuple[int, str], dict[str, Tensor]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+    _scalars: dict[tuple[int, str], dict[str, Tensor]] = field(
         default_factory=dict, repr=False, compare=False
     )
 
@@ -52,6 +92,14 @@ class CounterfactualPlan:
                 for sid, alphas in self.alphas.items()
             }
         return self._per_sample[key]
+
+    def scalars(self, config: int, device: torch.device) -> dict[str, Tensor]:
+        """0-dim alphas per slot for configuration ``config`` (an index into `configs`), built
+        once per device: the batch keeps its shape."""
+        key = (config, str(device))
+        if key not in self._scalars:
+            self._scalars[key] = {sid: a[config].to(device) for sid, a in self.alphas.items()}
+        return self._scalars[key]
 
 
 def make_plan(slots: Mapping[str, SeedSlot]) -> CounterfactualPlan:
@@ -73,6 +121,14 @@ def make_plan(slots: Mapping[str, SeedSlot]) -> CounterfactualPlan:
     return CounterfactualPlan(measured, tuple(configs), alphas)
 
 
+def probe_plan(slots: Mapping[str, SeedSlot]) -> CounterfactualPlan:
+    """Two configurations that override every slot at its current alpha (the outputs equal an
+    ordinary forward's). A fused pass fans the batch out at the first slot the forward reaches,
+    seed or not, so one call checks what a later measurement will need of the model."""
+    alphas = {sid: torch.tensor([s.alpha, s.alpha]) for sid, s in slots.items()}
+    return CounterfactualPlan(tuple(slots), (MAIN, PROBE), alphas)
+
+
 def fused_forward(
     forward: Callable[[Tensor], Tensor],
     x: Tensor,
@@ -90,6 +146,7 @@ def fused_forward(
         for sid, per_sample in plan.per_sample(b, x.device).items():  # [K*B] each
             stack.enter_context(slots[sid].alpha_override(per_sample))
         out = forward(x)
+    _check_tensor(out)
     if out.shape[0] != k * b:
         raise RuntimeError(
             f"fused counterfactual: the forward returned {out.shape[0]} rows, expected {k}x{b}; "
@@ -98,13 +155,75 @@ def fused_forward(
     return out.view(k, b, *out.shape[1:])
 
 
+def separate_forward(
+    forward: Callable[[Tensor], Tensor],
+    x: Tensor,
+    slots: Mapping[str, SeedSlot],
+    plan: CounterfactualPlan,
+) -> Tensor:
+    """Run ``forward`` once per configuration on the unchanged batch, with scalar alpha
+    overrides; returns ``[K, B, ...]`` like `fused_forward`."""
+    outputs = []
+    for k in range(plan.size):
+        with ExitStack() as stack:
+            for sid, alpha in plan.scalars(k, x.device).items():
+                stack.enter_context(slots[sid].alpha_override(alpha))
+            out = forward(x)
+        outputs.append(_check_tensor(out))
+    return torch.stack(outputs)
+
+
+def evaluate(
+    forward: Callable[[Tensor], Tensor],
+    x: Tensor,
+    slots: Mapping[str, SeedSlot],
+    plan: CounterfactualPlan,
+    mode: str,
+) -> Tensor:
+    """Logits ``[K, B, ...]`` of every configuration of ``plan``, run the ``mode`` way."""
+    run = fused_forward if check_mode(mode) == "fused" else separate_forward
+    return run(forward, x, slots, plan)
+
+
+def _check_tensor(out: object) -> Tensor:
+    if not isinstance(out, Tensor):
+        raise LogitsError(f"the forward returned a {type(out).__name__}, not a logits tensor")
+    return out
+
+
+def flat_logits(logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """``[K, B, ..., C]`` logits and ``[B, ...]`` class targets as ``[K, N, C]`` and ``[N]``
+    (a token-level classifier counts every token)."""
+    if logits.dim() < 3 or tuple(logits.shape[1:-1]) != tuple(y.shape):
+        raise LogitsError(
+            f"logits of shape {tuple(logits.shape[1:])} do not match class targets of shape "
+            f"{tuple(y.shape)}; expected logits [B, ..., classes] for targets [B, ...]"
+        )
+    if y.is_floating_point() or y.is_complex():
+        raise LogitsError(f"targets must be class indices (an integer tensor), got {y.dtype}")
+    return logits.reshape(logits.shape[0], -1, logits.shape[-1]), y.reshape(-1)
+
+
 class CounterfactualAccumulator:
     """Accumulates correct counts per configuration (and the main configuration's summed
     cross-entropy) over the validation batches of an epoch. Sums stay on the device of the
-    logits: nothing is copied to the host until `read` (or `accuracies`) is called."""
+    logits: nothing is copied to the host until `read` (or `accuracies`) is called.
 
-    def __init__(self, plan: CounterfactualPlan) -> None:
+    Args:
+        plan: the configurations (`make_plan`).
+        mode: ``"separate"`` or ``"fused"``; None picks `default_mode` of the first batch's
+            device.
+
+    Example:
+        >>> acc = CounterfactualAccumulator(make_plan(model.slots))  # doctest: +SKIP
+        >>> acc.update(model, x, y, model.slots)  # doctest: +SKIP
+        >>> acc.contributions()  # doctest: +SKIP
+        {'r0c1': 1.25}
+    """
+
+    def __init__(self, plan: CounterfactualPlan, mode: str | None = None) -> None:
         self.plan = plan
+        self.mode = None if mode is None else check_mode(mode)
         self.correct: Tensor | None = None  # [K]
         self.loss_sum: Tensor | None = None  # scalar
         self.total = 0
@@ -117,14 +236,17 @@ class CounterfactualAccumulator:
         y: Tensor,
         slots: Mapping[str, SeedSlot],
     ) -> None:
-        logits = fused_forward(forward, x, slots, self.plan).float()  # [K, B, classes]
-        hits = (logits.argmax(dim=-1) == y.unsqueeze(0)).sum(dim=1)  # [K]
-        loss = F.cross_entropy(logits[0], y, reduction="sum")
+        if self.mode is None:
+            self.mode = default_mode(x.device)
+        logits = evaluate(forward, x, slots, self.plan, self.mode)  # [K, B, ..., classes]
+        logits, targets = flat_logits(logits.float(), y)  # [K, N, classes], [N]
+        hits = (logits.argmax(dim=-1) == targets.unsqueeze(0)).sum(dim=1)  # [K]
+        loss = F.cross_entropy(logits[0], targets, reduction="sum")
         if self.correct is None or self.loss_sum is None:
             self.correct, self.loss_sum = hits, loss
         else:
             self.correct, self.loss_sum = self.correct + hits, self.loss_sum + loss
-        self.total += int(y.shape[0])
+        self.total += int(targets.shape[0])
 
     def read(self, extra: Tensor | None = None) -> tuple[dict[str, float], float, Tensor | None]:
         """Accuracy (percent) per configuration, mean main-configuration loss, and ``extra``

@@ -12,6 +12,7 @@ The Lightning callback and the Fabric RL environments both drive one engine per 
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import Counter, deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -44,6 +45,7 @@ from esper_lightning.core.lifecycle import (
 from esper_lightning.core.optim import (
     SeedOptimConfig,
     add_seed_group,
+    name_host_groups,
     remove_seed_group,
     seed_group_name,
     seed_group_names,
@@ -52,6 +54,8 @@ from esper_lightning.core.optim import (
 )
 from esper_lightning.core.report import HISTORY_WINDOW, EpochReport
 from esper_lightning.core.slots import SeedSlot, host_parameters, prune_live
+
+log = logging.getLogger(__name__)
 
 _WAIT = Action()
 #: Optimizer steps between gradient-health measurements (each epoch's first step is measured too).
@@ -67,6 +71,22 @@ class LifecycleEvent:
     kind: str  # "germinated" | "fossilized" | "pruned" | "implanted"
     blueprint: str
     reason: str
+
+
+@dataclass(frozen=True)
+class TimelineEntry:
+    """One slot after the decision of one epoch: what `viz.timeline` draws.
+
+    ``stage`` is the `SeedStage` name (plain data, so checkpoints load with
+    ``weights_only=True``); ``blueprint`` and ``seed_id`` are None for an empty slot.
+    """
+
+    epoch: int
+    slot_id: str
+    stage: str
+    alpha: float
+    blueprint: str | None
+    seed_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -150,6 +170,8 @@ class MorphogenesisEngine:
         self.loss_history: deque[float] = deque(maxlen=HISTORY_WINDOW)
         self.train_loss: float | None = None
         self.events: list[LifecycleEvent] = []
+        #: Every slot's stage and alpha after each decision (appended by `tick`).
+        self.timeline: list[TimelineEntry] = []
         self._pending_group_order: list[str] | None = None
 
     # --- slots --------------------------------------------------------------------------------
@@ -250,6 +272,7 @@ class MorphogenesisEngine:
             slot.tick()
         self._note_changes(before, "scheduled")
         self._sync_optimizer()
+        self.timeline.extend(_timeline_entry(self.epoch, s) for s in self.slots.values())
         self.epoch += 1
 
     def implant(self, slot_id: str, blueprint: str) -> None:
@@ -310,6 +333,7 @@ class MorphogenesisEngine:
         """Track ``optimizer``: seed params leave the host groups and get their own groups,
         in the order saved in a checkpoint (so its optimizer state lines up)."""
         self.optimizer, self.schedulers = optimizer, list(schedulers)
+        name_host_groups(optimizer)  # stable per-group tags in LR loggers
         strip_params(optimizer, self.seed_parameters())
         existing = set(seed_group_names(optimizer))
         order = self._pending_group_order or []
@@ -353,9 +377,11 @@ class MorphogenesisEngine:
             }.get(stage)
             if kind is not None:
                 reason = state.prune_reason if kind == "pruned" else initiator
-                self.events.append(
-                    LifecycleEvent(self.epoch, slot_id, kind, state.blueprint, reason or initiator)
-                )
+                event = LifecycleEvent(self.epoch, slot_id, kind, state.blueprint,
+                                       reason or initiator)
+                self.events.append(event)
+                log.info("epoch %d: %s %s %s (%s)", event.epoch, event.slot_id, event.kind,
+                         event.blueprint, event.reason)
 
     def state_dict(self) -> dict[str, Any]:
         """Engine bookkeeping (slot states live in the model's own state_dict)."""
@@ -373,6 +399,7 @@ class MorphogenesisEngine:
             "train_loss": self.train_loss,
             "events": [asdict(e) for e in self.events],
             "seed_group_order": order,
+            "timeline": [asdict(e) for e in self.timeline],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -384,7 +411,15 @@ class MorphogenesisEngine:
         self.loss_history = deque(state["loss_history"], maxlen=HISTORY_WINDOW)
         self.train_loss = state["train_loss"]
         self.events = [LifecycleEvent(**e) for e in state["events"]]
+        self.timeline = [TimelineEntry(**e) for e in state.get("timeline", [])]
         self._pending_group_order = list(state["seed_group_order"])
+
+
+def _timeline_entry(epoch: int, slot: SeedSlot) -> TimelineEntry:
+    state = slot.state
+    return TimelineEntry(epoch, slot.slot_id, slot.stage.name, float(slot.alpha),
+                         None if state is None else state.blueprint,
+                         None if state is None else state.seed_id)
 
 
 def _common_topology(slots: Any) -> str:

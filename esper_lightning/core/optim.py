@@ -58,6 +58,30 @@ def _group_index(optimizer: Optimizer, name: str) -> int | None:
     return next((i for i, g in enumerate(optimizer.param_groups) if g.get("name") == name), None)
 
 
+def name_host_groups(optimizer: Optimizer) -> None:
+    """Name the host's unnamed param groups (``"host"``, or ``"host/pg<i>"`` when there are
+    several; names the user gave stay), so loggers that tag groups by name, such as
+    Lightning's LearningRateMonitor, keep the host's tag when seed groups appear.
+
+    Example:
+        >>> import torch
+        >>> opt = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
+        >>> name_host_groups(opt)
+        >>> opt.param_groups[0]["name"]
+        'host'
+    """
+    unnamed = [g for g in optimizer.param_groups if "name" not in g]
+    taken = {g["name"] for g in optimizer.param_groups if "name" in g}
+    for i, group in enumerate(optimizer.param_groups):
+        if "name" in group:
+            continue
+        name = "host" if len(unnamed) == 1 else f"host/pg{i + 1}"
+        while name in taken:  # never collide with a name the user chose
+            name += "_"
+        group["name"] = name
+        taken.add(name)
+
+
 def strip_params(optimizer: Optimizer, params: Iterable[nn.Parameter]) -> None:
     """Remove ``params`` from every non-seed group (a host optimizer built over
     ``model.parameters()`` after seeds were rebuilt from a checkpoint would hold them)."""

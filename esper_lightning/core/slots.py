@@ -12,7 +12,8 @@ Forward semantics at a slot with host activation ``h`` and seed output ``s = see
 
 Counterfactuals pass a per-sample ``alpha_override`` (argument, or the `alpha_override` context
 manager for slots called from inside a host's forward) instead of mutating alpha. An override
-with K times as many rows as the batch fans the batch out K times at this slot.
+with K times as many rows as the batch fans the batch out K times at this slot (with or without
+a seed).
 """
 
 from __future__ import annotations
@@ -209,11 +210,11 @@ class SeedSlot(nn.Module):
                 )
             self.channels = int(h.shape[1] if self.topology == "cnn" else h.shape[-1])
         stage = self.stage
-        if self.seed is None or stage not in ACTIVE_STAGES:
-            return h
         override = self._override if alpha_override is None else alpha_override
         if override is not None and override.dim() == 1 and override.shape[0] != h.shape[0]:
-            h = _fan_out(h, override.shape[0])
+            h = _fan_out(h, override.shape[0])  # before the seed check: probes fan out too
+        if self.seed is None or stage not in ACTIVE_STAGES:
+            return h
         x = h.detach() if self._isolated(stage) else h
         s = self.seed(x).to(h.dtype)
         if stage == SeedStage.TRAINING and override is None:

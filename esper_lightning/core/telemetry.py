@@ -8,7 +8,9 @@ README.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from esper_lightning.core.slots import SeedSlot
 
@@ -45,3 +47,24 @@ def morpho_metrics(
     for slot_id, contribution in (contributions or {}).items():
         metrics[f"morpho/{slot_id}/contribution"] = contribution
     return metrics
+
+
+#: Per-slot tags, in the order the custom-scalars layout shows them.
+SLOT_TAGS = ("alpha", "stage", "contribution")
+
+
+def slot_layout(slot_ids: Sequence[str]) -> dict[str, dict[str, list[Any]]]:
+    """A TensorBoard custom-scalars layout that groups ``morpho/<slot>/*`` per slot: one
+    category per slot with one chart per tag (``SummaryWriter.add_custom_scalars`` format; the
+    tags are regular expressions, so a slot id's dots are escaped).
+
+    Example:
+        >>> slot_layout(["r0c1"])["morpho r0c1"]["alpha"]
+        ['Multiline', ['morpho/r0c1/alpha']]
+    """
+    return {
+        f"morpho {slot_id}": {
+            tag: ["Multiline", [f"morpho/{re.escape(slot_id)}/{tag}"]] for tag in SLOT_TAGS
+        }
+        for slot_id in slot_ids
+    }

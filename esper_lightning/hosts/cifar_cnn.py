@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torchmetrics.classification import MulticlassAccuracy
 
 from esper_lightning.core.slots import SeedSlot
 from esper_lightning.hosts.base import SlottedHost
@@ -101,6 +102,10 @@ class CifarCNNHost(SlottedHost):
         self._build_slots(slot_ids(cfg.n_blocks), slots, preset,
                           lambda sid: SeedSlot(sid, widths[int(sid[3:])]))
         self.head = nn.Linear(widths[-1], cfg.num_classes)
+        # Exact epoch accuracies (correct / samples over the whole split), synced across
+        # processes; their states are not part of the state_dict.
+        self.val_accuracy = MulticlassAccuracy(cfg.num_classes, average="micro")
+        self.test_accuracy = MulticlassAccuracy(cfg.num_classes, average="micro")
 
     def forward(self, x: Tensor) -> Tensor:
         # x: [B, 3, H, W] -> logits [B, num_classes]
@@ -110,31 +115,32 @@ class CifarCNNHost(SlottedHost):
             x = self._slot(f"r1c{i}", x)
         return self.head(x.mean(dim=(2, 3)))
 
-    def _shared_step(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
         logits = self(x)
         loss = F.cross_entropy(logits, y)
-        acc = (logits.argmax(dim=1) == y).float().mean()
-        return loss, acc
-
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        loss, acc = self._shared_step(batch)
         self.log("train_loss", loss, prog_bar=True)
+        acc = (logits.argmax(dim=1) == y).float().mean()
         self.log("train_acc", acc, on_step=False, on_epoch=True)
         return loss
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        loss, acc = self._shared_step(batch)
-        self.log("val_loss", loss, prog_bar=True)
-        self.log("val_acc", acc, prog_bar=True)
+        x, y = batch
+        logits = self(x)
+        self.log("val_loss", F.cross_entropy(logits, y), prog_bar=True)
+        self.val_accuracy.update(logits, y)
+        self.log("val_acc", self.val_accuracy, prog_bar=True)  # computed at epoch end
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        loss, acc = self._shared_step(batch)
-        self.log("test_loss", loss)
-        self.log("test_acc", acc)
+        x, y = batch
+        logits = self(x)
+        self.log("test_loss", F.cross_entropy(logits, y))
+        self.test_accuracy.update(logits, y)
+        self.log("test_acc", self.test_accuracy)
 
     def configure_optimizers(self) -> Any:
         hp = self.hparams
         return torch.optim.SGD(
-            self.host_parameters(), lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay
+            [{"params": self.host_parameters(), "name": "host"}],
+            lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay,
         )

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torchmetrics.classification import MulticlassAccuracy
 
 from esper_lightning.core.slots import SeedSlot
 from esper_lightning.hosts.base import SlottedHost
@@ -185,6 +186,9 @@ class GPTHost(SlottedHost):
             if pname.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
         self._val_sums: Tensor | None = None
+        # Token accuracy over flattened tokens: exact per-token means over the whole split.
+        self.val_accuracy = MulticlassAccuracy(cfg.vocab_size, average="micro")
+        self.test_accuracy = MulticlassAccuracy(cfg.vocab_size, average="micro")
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -212,50 +216,51 @@ class GPTHost(SlottedHost):
         return self.head(self.ln_f(x))  # [B, T, V]
 
     # --- steps --------------------------------------------------------------------------------
-    def _token_stats(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, int]:
-        """Mean cross-entropy over all tokens, number of correct next-token guesses, tokens."""
+    def _token_loss(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        """Mean cross-entropy over all tokens, with the flattened logits and targets."""
         x, y = batch
         logits = self(x)  # [B, T, V]
         flat = logits.reshape(-1, logits.shape[-1])  # [B*T, V]
-        targets = y.reshape(-1)
-        loss = F.cross_entropy(flat, targets)
-        correct = (flat.argmax(dim=-1) == targets).sum()
-        return loss, correct, targets.numel()
+        targets = y.reshape(-1)  # [B*T]
+        return F.cross_entropy(flat, targets), flat, targets
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        loss, _, _ = self._token_stats(batch)
+        loss, _, _ = self._token_loss(batch)
         self.log("train_loss", loss, prog_bar=True)
         return loss
 
     def on_validation_epoch_start(self) -> None:
-        self._val_sums = torch.zeros(3, device=self.device, dtype=torch.float64)
+        self._val_sums = torch.zeros(2, device=self.device, dtype=torch.float64)
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        loss, correct, n = self._token_stats(batch)
+        loss, flat, targets = self._token_loss(batch)
         if self._val_sums is None:
             raise RuntimeError("validation_step outside a validation epoch")
-        # Sums stay on the device (no host sync per batch); ratios once per epoch, so every
-        # metric is an exact per-token mean and the perplexity is exp of that mean.
+        # Sums stay on the device (no host sync per batch); the ratio once per epoch, so the
+        # loss is an exact per-token mean and the perplexity is exp of that mean.
+        n = targets.numel()
         self._val_sums[0] += loss.detach().double() * n
-        self._val_sums[1] += correct
-        self._val_sums[2] += n
+        self._val_sums[1] += n
+        self.val_accuracy.update(flat, targets)
 
     def on_validation_epoch_end(self) -> None:
         if self._val_sums is None:
             return
         sums = self.trainer.strategy.reduce(self._val_sums, reduce_op="sum")
         self._val_sums = None
-        if float(sums[2]) == 0:
+        if float(sums[1]) == 0:
             return
-        loss = (sums[0] / sums[2]).float()
+        loss = (sums[0] / sums[1]).float()
         self.log("val_loss", loss, prog_bar=True)
-        self.log("val_acc", (sums[1] / sums[2]).float(), prog_bar=True)
+        self.log("val_acc", self.val_accuracy.compute(), prog_bar=True)
         self.log("val_ppl", loss.exp())
+        self.val_accuracy.reset()
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        loss, correct, n = self._token_stats(batch)
-        self.log("test_loss", loss, batch_size=n)
-        self.log("test_acc", correct.float() / n, batch_size=n)
+        loss, flat, targets = self._token_loss(batch)
+        self.log("test_loss", loss, batch_size=targets.numel())
+        self.test_accuracy.update(flat, targets)
+        self.log("test_acc", self.test_accuracy)
 
     def configure_optimizers(self) -> Any:
         hp = self.hparams
@@ -266,7 +271,7 @@ class GPTHost(SlottedHost):
         rest = [p for p in params if id(p) not in decay_ids]
         # The decay group comes first: seed param groups copy group 0's settings.
         groups = [
-            {"params": decay, "weight_decay": hp.weight_decay},
-            {"params": rest, "weight_decay": 0.0},
+            {"params": decay, "weight_decay": hp.weight_decay, "name": "host/decay"},
+            {"params": rest, "weight_decay": 0.0, "name": "host/no_decay"},
         ]
         return torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas))

@@ -1,0 +1,51 @@
+"""examples/cifar_callback.py (LightningCLI) on a tiny CIFAR-format fixture, in process."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cifar_callback.py"
+
+
+@pytest.fixture
+def example():
+    spec = importlib.util.spec_from_file_location("cifar_callback_example", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    logger = logging.getLogger("esper_lightning")
+    handlers, level = list(logger.handlers), logger.level
+    yield module
+    for handler in logger.handlers[len(handlers):]:  # the example attaches one: take it off
+        logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def test_the_readme_flags_train_log_and_draw_the_timeline(example, cifar_dir, tmp_path, capsys):
+    timeline = tmp_path / "timeline.png"
+    status = example.main([
+        "--data-dir", str(cifar_dir), "--epochs", "2", "--logdir", str(tmp_path / "runs"),
+        "--timeline", str(timeline), "--data.batch_size", "16",
+        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+        "--morpho.controller", "esper_lightning.controllers.RandomController",
+        "--morpho.controller.rng_seed", "3",
+    ])
+    out = capsys.readouterr().out
+    assert status == 0 and "validation accuracy" in out and "seeds germinated" in out
+    assert timeline.read_bytes()[:4] == b"\x89PNG"
+    run = tmp_path / "runs" / "callback" / "version_0"
+    events = EventAccumulator(str(run), size_guidance={"images": 0})
+    events.Reload()
+    assert "morpho/timeline" in events.Tags()["images"]
+    assert (run / "config.yaml").read_text().count("RandomController") == 1
+
+
+def test_a_missing_data_folder_is_one_line(example, tmp_path, capsys):
+    status = example.main(["--data-dir", str(tmp_path / "nothing"), "--epochs", "1",
+                           "--logdir", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert status == 2 and err.startswith("error: ") and err.count("\n") == 1
