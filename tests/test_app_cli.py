@@ -30,7 +30,7 @@ def checkpoint(tmp_path_factory, request):
     data = write_cifar10_fixture(root / "data", n_train=64, n_test=32)
     save = root / "ckpt.pt"
     result = run("--preset", "smoke", "--data-dir", str(data), "--rounds", "1",
-                 "--episode-length", "2", "--logdir", str(root / "logs"), "--save", str(save),
+                 "--episode-length", "3", "--logdir", str(root / "logs"), "--save", str(save),
                  "--no-progress")
     assert result.returncode == 0, result.stderr
     return data, save

@@ -229,7 +229,7 @@ def trained_policy(tmp_path_factory):
     data = write_cifar10_fixture(root / "data", n_train=64, n_test=32)
     save = root / "ckpt.pt"
     config = load_config("smoke", overrides={
-        "data_dir": str(data), "rounds": 1, "episode_length": 2, "logdir": str(root / "logs"),
+        "data_dir": str(data), "rounds": 1, "episode_length": 3, "logdir": str(root / "logs"),
         "save": str(save), "progress": False})
     PPOTrainer(config).train()
     return data, save

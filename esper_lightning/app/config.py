@@ -82,6 +82,9 @@ class TaskConfig:
 
     def __post_init__(self) -> None:
         _check_positive(self, ("episode_length", "batch_size"))
+        if self.episode_length < OUTCOME_EPOCHS:
+            raise ConfigError(f"episode_length must be >= {OUTCOME_EPOCHS} (the outcome averages "
+                              f"the last {OUTCOME_EPOCHS} epochs), got {self.episode_length}")
         _check_optional_positive(self, ("train_subset", "val_subset", "max_seeds"))
         if self.min_training_epochs < 0:
             raise ConfigError(f"min_training_epochs must be >= 0, got {self.min_training_epochs}")
@@ -214,10 +217,7 @@ class CompareConfig(TaskConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_positive(self, ("seeds", "envs", "tuning_seeds"))
-        if self.episode_length < OUTCOME_EPOCHS:
-            raise ConfigError(f"episode_length must be >= {OUTCOME_EPOCHS} for a comparison (the "
-                              f"outcome averages the last {OUTCOME_EPOCHS} epochs), got "
-                              f"{self.episode_length}")
+
         if not self.controllers:
             raise ConfigError("controllers must name at least one controller")
         if len(set(self.controllers)) != len(self.controllers):
