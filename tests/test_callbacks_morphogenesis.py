@@ -409,7 +409,8 @@ def _fit_warnings(trainer: L.Trainer, module, dm) -> list[str]:
 
 def test_metric_keys_that_are_never_logged_draw_one_warning_per_fit(cifar_dir, tmp_path):
     torch.manual_seed(0)
-    callback = MorphogenesisCallback(StaticController(), slots=["net.3"])
+    callback = MorphogenesisCallback(StaticController(), slots=["net.3"],
+                                     train_loss_key="train_loss")
     messages = _fit_warnings(_trainer(tmp_path, 3, [callback]), SlashKeys(), _dm(cifar_dir))
     assert len(messages) == 1
     (message,) = messages

@@ -28,7 +28,7 @@ from esper_lightning.core.counterfactual import (
     make_plan,
     probe_plan,
 )
-from esper_lightning.core.engine import MorphogenesisEngine, StepOutcome
+from esper_lightning.core.engine import GRAD_STATS_EVERY, MorphogenesisEngine, StepOutcome
 from esper_lightning.core.lifecycle import PRESENT_STAGES, GateConfig, GateMode, QualityGates
 from esper_lightning.core.optim import SeedOptimConfig
 from esper_lightning.core.telemetry import morpho_metrics, slot_layout
@@ -98,10 +98,16 @@ class MorphogenesisCallback(Callback):
             measured default for the device (`core.counterfactual.DEFAULT_MODES`).
         accuracy_key: a logged validation accuracy in [0, 1] used when no seed needs measuring
             (saves the extra forward); missing -> measured by the callback.
-        loss_key, train_loss_key: logged metrics copied into the controller's report. A key
-            that is configured but never logged draws one warning per fit naming the logged
-            keys.
-        grad_stats_every: measure seed gradient health every this many optimizer steps.
+        loss_key: the logged validation loss copied into the controller's report.
+        train_loss_key: a logged training loss to report instead of the callback's own
+            measurement (None: the mean of the epoch's ``training_step`` losses, exactly what the
+            RL envs report). A configured key that is never logged draws one warning per fit
+            naming the logged keys.
+        grad_stats_every: measure seed gradient health every this many optimizer steps (and on
+            each epoch's first step): the engine's cadence, the same the RL envs use.
+        rng_seed: a new seed's initial weights come from a generator seeded with (``rng_seed``,
+            epoch), as in the RL envs, so a policy meets the seeds it was trained with. None:
+            ``torch.initial_seed()`` at setup (the value `seed_everything` set).
 
     Example:
         >>> from esper_lightning.controllers import HeuristicController
@@ -130,8 +136,9 @@ class MorphogenesisCallback(Callback):
         counterfactual: str | None = None,
         accuracy_key: str | None = "val_acc",
         loss_key: str = "val_loss",
-        train_loss_key: str = "train_loss",
-        grad_stats_every: int = 25,
+        train_loss_key: str | None = None,
+        grad_stats_every: int = GRAD_STATS_EVERY,
+        rng_seed: int | None = None,
     ) -> None:
         if not isinstance(controller, Controller):
             raise TypeError(
@@ -153,13 +160,14 @@ class MorphogenesisCallback(Callback):
             "gate_mode": gate_mode,
             "gate_config": gate_config,
             "seed_optim": SeedOptimConfig(seed_lr, seed_momentum, seed_weight_decay),
+            "grad_stats_every": grad_stats_every,
         }
+        self.rng_seed = rng_seed
         self.batch_to_xy = batch_to_xy or _pair
         self.logits_fn = logits_fn
         self.counterfactual = None if counterfactual is None else check_mode(counterfactual)
         self.accuracy_key = accuracy_key
         self.loss_key, self.train_loss_key = loss_key, train_loss_key
-        self.grad_stats_every = grad_stats_every
         self.engine: MorphogenesisEngine | None = None
         self.last_outcome: StepOutcome | None = None
         self._accumulator: CounterfactualAccumulator | None = None
@@ -176,6 +184,7 @@ class MorphogenesisCallback(Callback):
         self._probed = False
         self._checked_keys: set[str] = set()
         self._accumulator = None
+        self._train_loss: Tensor | None = None  # [loss sum, batches] of the epoch
 
     @property
     @override
@@ -194,7 +203,8 @@ class MorphogenesisCallback(Callback):
         if self.engine is None or self.engine.model is not pl_module:
             # Slots are injected here, before Lightning loads a checkpoint's weights, so grown
             # seeds are rebuilt from each slot's saved manifest during strict loading.
-            self.engine = MorphogenesisEngine(pl_module, **self._engine_kwargs)
+            rng_seed = torch.initial_seed() if self.rng_seed is None else self.rng_seed
+            self.engine = MorphogenesisEngine(pl_module, rng_seed=rng_seed, **self._engine_kwargs)
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -238,7 +248,18 @@ class MorphogenesisCallback(Callback):
 
     # --- training -----------------------------------------------------------------------------
     @override
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+        batch_idx: int,
+    ) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if isinstance(loss, Tensor):  # summed on the device: no host sync per batch
+            step = torch.stack([loss.detach().float(), loss.new_ones((), dtype=torch.float)])
+            self._train_loss = step if self._train_loss is None else self._train_loss + step
+
+    @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._train_loss = None
         engine = self._require_engine()
         present = sum(s.stage in PRESENT_STAGES for s in engine.slots.values())
         pl_module.log("seeds", float(present), prog_bar=True, logger=False, on_epoch=True)
@@ -249,10 +270,11 @@ class MorphogenesisCallback(Callback):
     ) -> None:
         # Gradients are already unscaled here under AMP. Measure at least once per epoch so the
         # gates always have fresh gradient health.
+        engine = self._require_engine()
         first_of_epoch = self._stats_epoch != trainer.current_epoch
-        if first_of_epoch or trainer.global_step % self.grad_stats_every == 0:
+        if engine.gradient_stats_due(trainer.global_step, first_of_epoch):
             self._stats_epoch = trainer.current_epoch
-            self._require_engine().capture_gradient_stats()
+            engine.capture_gradient_stats()
 
     # --- validation: counterfactual measurement -----------------------------------------------
     @override
@@ -334,6 +356,7 @@ class MorphogenesisCallback(Callback):
             return
         self._decided_epoch = trainer.current_epoch
         engine = self._require_engine()
+        train_loss = self._epoch_train_loss(trainer)
         validated = self._validated_epoch == trainer.current_epoch
         accuracy, contributions = self._measurements(trainer) if validated else (None, {})
         metrics = trainer.callback_metrics
@@ -341,7 +364,7 @@ class MorphogenesisCallback(Callback):
         engine.record_epoch(  # without validation this epoch, no stale validation numbers
             accuracy,
             _scalar(metrics.get(self.loss_key)) if validated else None,
-            _scalar(metrics.get(self.train_loss_key)),
+            train_loss,
             contributions,
         )
         report = engine.report(max_epochs=trainer.max_epochs)
@@ -354,6 +377,12 @@ class MorphogenesisCallback(Callback):
             log.debug("epoch %d: %s %s", trainer.current_epoch,
                       action.describe(engine.slot_ids), verdict)
         self._log(trainer, contributions)
+
+    def _epoch_train_loss(self, trainer: L.Trainer) -> float | None:
+        if self.train_loss_key is not None:
+            return _scalar(trainer.callback_metrics.get(self.train_loss_key))
+        total, self._train_loss = self._train_loss, None
+        return None if total is None else float(total[0] / total[1])  # one host sync per epoch
 
     # --- warnings, once per fit ---------------------------------------------------------------
     def _check_keys(self, trainer: L.Trainer, validated: bool) -> None:
@@ -370,7 +399,7 @@ class MorphogenesisCallback(Callback):
             self._checked_keys.add(group)
             for option in options:
                 key = getattr(self, option)
-                if key is not None and key not in metrics:
+                if key is not None and key not in metrics:  # None: measured, not read
                     missing.append(f"{option}={key!r} is never logged, so "
                                    f"{_MISSING_KEY_EFFECT[option]}")
         if missing:

@@ -119,7 +119,8 @@ class CifarCNNHost(SlottedHost):
         x, y = batch
         logits = self(x)
         loss = F.cross_entropy(logits, y)
-        self.log("train_loss", loss, prog_bar=True)
+        # The epoch mean (the controller reads it, as the env reports it), not the last step.
+        self.log("train_loss", loss, prog_bar=True, on_step=False, on_epoch=True)
         acc = (logits.argmax(dim=1) == y).float().mean()
         self.log("train_acc", acc, on_step=False, on_epoch=True)
         return loss
