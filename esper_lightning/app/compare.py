@@ -53,7 +53,8 @@ log = logging.getLogger("esper_lightning")
 EVALUATION_ROUNDS = 1_000_000
 TUNING_ROUNDS = 2_000_000
 CONTROLLER_KINDS = (
-    "static", "heuristic", "random", "grower:BLUEPRINT", "policy:PATH", "matched:NAME",
+    "static", "heuristic", "random", "grower:BLUEPRINT[:all][:hold]", "policy:PATH",
+    "matched:NAME",
 )
 #: Most seeds the born-grown baseline implants (the search is over slot subsets of this size).
 MATCHED_MAX_SEEDS = 3
@@ -102,6 +103,21 @@ def parse_controller(text: str, custom: Sequence[str] = ()) -> ControllerSpec:
         return ControllerSpec(text, kind, argument or None)
     accepted = ", ".join((*CONTROLLER_KINDS, *custom))
     raise ConfigError(f"unknown controller {text!r}; accepted: {accepted}")
+
+
+def make_grower(argument: str) -> GrowerController:
+    """``BLUEPRINT[:all][:hold]``: grow it in the first slot (``all``: in every slot), fossilize
+    once held (``hold``: never fossilize, the seed stays blended in HOLDING)."""
+    blueprint, *options = argument.split(":")
+    unknown = [o for o in options if o not in ("all", "hold")]
+    if unknown:
+        raise ConfigError(f"unknown grower option {unknown[0]!r} in 'grower:{argument}'; "
+                          "accepted: all, hold")
+    try:
+        return GrowerController(blueprint, slots=None if "all" in options else (0,),
+                                fossilize="hold" not in options)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def check_policy(path: str, task: TaskConfig) -> PolicyBundle:
@@ -243,7 +259,7 @@ class Comparison:
                       for text in config.controllers}
         for spec in self.specs.values():
             if spec.kind == "grower":
-                GrowerController(spec.argument)  # type: ignore[arg-type]  # one-line error
+                make_grower(spec.argument)  # type: ignore[arg-type]  # one-line errors early
         self.policies = {s.label: check_policy(s.argument, config)  # type: ignore[arg-type]
                          for s in self.specs.values() if s.kind == "policy"}
         for spec in self.specs.values():
@@ -344,7 +360,7 @@ class Comparison:
         if spec.kind == "random":
             return RandomController(rng_seed=plan.rng_seed)
         if spec.kind == "grower":
-            return GrowerController(spec.argument)  # type: ignore[arg-type]
+            return make_grower(spec.argument)  # type: ignore[arg-type]
         if spec.kind == "policy":
             return PolicyController(self.policies[spec.label])
         return StaticController()  # static, and matched (its seeds are implanted at birth)

@@ -188,8 +188,9 @@ class CompareConfig(TaskConfig):
     """A paired comparison of controllers (``esper-lightning compare``).
 
     Args:
-        controllers: controllers to compare: static, heuristic, random, grower:BLUEPRINT
-            (germinate it in the first slot, advance when legal, fossilize), policy:PATH (a PPO
+        controllers: controllers to compare: static, heuristic, random,
+            grower:BLUEPRINT[:all][:hold] (germinate it in the first slot, or every slot, advance
+            when legal, fossilize unless hold), policy:PATH (a PPO
             checkpoint) and matched:NAME (the host born with the median seed parameters of
             NAME's grown models, fully blended from epoch 0).
         seeds: evaluation episodes per controller; episode i has the same host initialisation,
