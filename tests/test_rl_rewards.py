@@ -148,7 +148,7 @@ def test_terminal_pays_the_outcome_and_zeroes_every_potential():
     seed = _to_holding(slots[1], "norm")  # 5 seed parameters
     seed.record_accuracy(56.0)
     seed.record_contribution(2.0)
-    prev, after, breakdown = _step(slots, Action(), accuracies=(50.0, 54.0, 56.0, 58.0),
+    prev, _, breakdown = _step(slots, Action(), accuracies=(50.0, 54.0, 56.0, 58.0),
                                    terminal=True)
     phi = stage_potential(prev, SHAPED) + attribution_potential(prev, SHAPED)
     assert phi > 0
