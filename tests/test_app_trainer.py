@@ -118,3 +118,30 @@ def test_resume_continues_the_same_tensorboard_run_with_a_line_and_a_timeline_pe
     assert [m.split(":")[0] for m in rounds] == ["round 1/1", "round 2/2"]
     assert re.fullmatch(r"round 2/2: final accuracy \d+\.\d\d%, return -?\d+\.\d{3}, "
                         r"ops (\w+=\d+ ?)+, \d+\.\d s", rounds[1]), rounds[1]
+
+
+def test_ab_trains_one_policy_per_reward_mode_on_the_same_episodes(cifar_dir, tmp_path):
+    save = tmp_path / "ckpt.pt"
+    trainer = PPOTrainer(_config(cifar_dir, tmp_path, rounds=1, save=str(save),
+                                 ab=["shaped", "sparse"]))
+    assert [learner.name for learner in trainer.learners] == ["shaped", "sparse"]
+    assert [learner.envs for learner in trainer.learners] == [[0], [1]]
+    trainer._reset_pool(0, trainer._begin_round())
+    first, second = (env.host.state_dict() for env in trainer.pool.envs)
+    assert all(torch.equal(first[k], second[k]) for k in first  # the same episode seed
+               if isinstance(first[k], torch.Tensor))
+    trainer.train()
+    for mode in ("shaped", "sparse"):
+        state = read_checkpoint(tmp_path / f"ckpt.{mode}.pt")
+        assert state["config"]["reward"] == mode and state["config"]["envs"] == 1
+        assert state["config"]["ab"] == []
+        assert (tmp_path / "logs" / f"ppo-{mode}" / "version_0").is_dir()
+    a, b = (learner.policy.state_dict() for learner in trainer.learners)
+    assert not all(torch.equal(a[k], b[k]) for k in a)  # two policies, not one
+
+
+def test_ab_needs_envs_that_split_evenly(cifar_dir, tmp_path):
+    with pytest.raises(ConfigError, match="does not split evenly"):
+        _config(cifar_dir, tmp_path, envs=3, ab=["shaped", "sparse"])
+    with pytest.raises(ConfigError, match="two or more different reward modes"):
+        _config(cifar_dir, tmp_path, ab=["shaped"])
