@@ -4,7 +4,10 @@ env; resuming on another number of processes."""
 
 import contextlib
 import multiprocessing
+import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,6 +18,7 @@ from esper_lightning.app.config import ConfigError, load_config
 from esper_lightning.app.distributed import Ranks, launch_ppo, merge_stats
 from esper_lightning.app.metrics import RoundStats
 from esper_lightning.app.trainer import PPOTrainer
+from esper_lightning.data import write_cifar10_fixture
 from esper_lightning.rl.checkpoint import read_checkpoint
 
 #: Two processes against one: the same rollouts, sums over the batch taken in another order and
@@ -50,8 +54,6 @@ def _two_ranks(config):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> SimpleNamespace:
     base = tmp_path_factory.mktemp("ddppo")
-    from esper_lightning.data import write_cifar10_fixture
-
     cifar = write_cifar10_fixture(base / "cifar", n_train=80, n_test=40, rng_seed=0)
     path = {name: str(base / f"{name}.pt") for name in ("one", "two", "one_one", "one_two")}
     config = _config(cifar, base)
@@ -125,3 +127,25 @@ def test_round_stats_of_every_rank_merge_into_one_runs():
     assert merged.returns == [1.0, 3.0] and merged.steps == 8 and merged.rollbacks == 1
     assert merged.env_seconds == 3.0  # ranks run side by side: the slowest rank's time
     assert merged.reward_sums["pbrs"] == -3.0 and merged.ppo == {"approx_kl": 0.1}
+
+
+@pytest.mark.slow
+def test_three_processes_started_by_the_command_line_match_one(cifar_dir, tmp_path):
+    """The real ``ddp`` path: Fabric re-runs the command for ranks 1 and 2 (slow: three fresh
+    interpreters)."""
+    root = Path(__file__).resolve().parents[1]
+    config = _config(cifar_dir, tmp_path, envs=3, minibatch_envs=3)
+    PPOTrainer(config.replace(save=str(tmp_path / "one.pt"))).train()
+    with _local_rendezvous():
+        env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+        done = subprocess.run(
+            [sys.executable, "-m", "esper_lightning.app.cli", "ppo", "--preset", "smoke",
+             "--data_dir", str(cifar_dir), "--logdir", str(tmp_path / "three"),
+             "--episode_length", "3", "--envs", "3", "--minibatch_envs", "3", "--rounds", "1",
+             "--no-progress", "--strategy", "ddp", "--devices", "3",
+             "--save", str(tmp_path / "three.pt")],
+            env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("done: 1 rounds") == 1  # rank 0 reports
+    three = read_checkpoint(tmp_path / "three.pt")
+    _assert_same_policy(read_checkpoint(tmp_path / "one.pt"), three)

@@ -258,3 +258,17 @@ def test_slots_stay_out_of_ddp_so_a_pruned_seed_leaves_it_no_gradient_to_wait_fo
             _prune_under_ddp(keep_out=False)
     finally:
         torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_ddp_spawn_gives_what_ddp_fork_gives(runs, tmp_path):
+    """``ddp_spawn`` pickles the trainer into fresh interpreters (slow: each imports torch and
+    Lightning); the result is the fork launch's, bit for bit."""
+    with _local_rendezvous():
+        _fit(tmp_path, "spawn", strategy="ddp_spawn", devices=WORLD)
+    for r, forked in enumerate(runs.ranks):
+        spawned = torch.load(tmp_path / f"spawn_rank{r}.pt", weights_only=False)
+        assert spawned["events"] == forked["events"]
+        assert spawned["manifests"] == forked["manifests"]
+        for key, value in forked["state"].items():
+            assert torch.equal(spawned["state"][key], value), key
