@@ -137,5 +137,7 @@ def _train_rank(fabric: Fabric, config: PPORunConfig) -> list[RoundStats] | None
     from esper_lightning.app.trainer import PPOTrainer  # the trainer imports this module
 
     ranks = Ranks.from_fabric(fabric)
-    history = PPOTrainer(config, ranks).train()
+    with fabric.rank_zero_first(local=True):  # one data download per machine, then the rest
+        trainer = PPOTrainer(config, ranks)
+    history = trainer.train()
     return history if ranks.is_zero else None
