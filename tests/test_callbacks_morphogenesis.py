@@ -130,17 +130,6 @@ def test_heuristic_on_the_cifar_host_runs_and_measures(cifar_dir, tmp_path):
     assert report.slot_ids == ("r0c1", "r0c2")
 
 
-def test_refuses_ddp_in_setup(cifar_dir, tmp_path):
-    callback = MorphogenesisCallback(StaticController(), slots=["net.3"])
-    trainer = _trainer(tmp_path, 1, [callback], strategy="ddp", accelerator="cpu", devices=1)
-    try:
-        with pytest.raises(MisconfigurationException, match=r"single-device training only.*DDP"):
-            trainer.fit(PlainModule(), datamodule=_dm(cifar_dir))
-    finally:
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
-
-
 def test_without_validation_the_fossilize_gate_fails_closed(cifar_dir, tmp_path):
     torch.manual_seed(0)
     script = ScriptedController({0: germinate(blueprint=BlueprintAction.NORM), 1: advance(),

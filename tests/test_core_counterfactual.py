@@ -202,3 +202,23 @@ def test_the_probe_fans_out_at_the_first_slot_even_without_a_seed():
         out = fused_forward(host, x, host.slots, plan)
         torch.testing.assert_close(out[1], host(x))  # same outputs as a plain forward
     assert rows["blocks.1"][0] == 4 and rows["head"][0] == 8  # fanned out at r0c1
+
+
+def test_reduced_shards_give_the_whole_sets_counts_not_a_mean_of_ratios():
+    host = _grown_host()
+    torch.manual_seed(2)
+    x, y = torch.randn(24, 3, 32, 32), torch.randint(0, 10, (24,))
+    whole = CounterfactualAccumulator(make_plan(host.slots), "separate")
+    whole.update(host, x, y, host.slots)
+    shards = [CounterfactualAccumulator(make_plan(host.slots), "separate") for _ in range(3)]
+    shards[0].update(host, x[:16], y[:16], host.slots)  # unequal shards: 16, 8 and none
+    shards[1].update(host, x[16:], y[16:], host.slots)
+    parts: list[torch.Tensor] = []
+    for shard in shards:  # what each rank contributes to the collective
+        shard.reduce(lambda t: parts.append(t.clone()) or t, torch.device("cpu"))
+    for shard in shards:  # the collective: every rank gets the sum
+        shard.reduce(lambda t: torch.stack(parts).sum(0), torch.device("cpu"))
+    for shard in shards:
+        assert shard.total == 24 and torch.equal(shard.correct, whole.correct)
+        assert shard.accuracies() == whole.accuracies()
+        assert shard.read()[1] == pytest.approx(whole.read()[1], rel=1e-6)

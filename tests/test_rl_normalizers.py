@@ -3,6 +3,7 @@ import io
 import numpy as np
 import pytest
 import torch
+from thread_ranks import run_ranks
 
 from esper_lightning.rl import RewardNormalizer, RunningMeanStd, ValueNormalizer
 
@@ -135,3 +136,40 @@ def test_value_normalizer_round_trip_and_freeze():
     norm.freeze()
     with pytest.raises(RuntimeError):
         norm.update(torch.ones(3))
+
+
+def test_moments_merged_over_ranks_equal_those_of_all_rows():
+    rng = np.random.default_rng(1)
+    shards = [torch.from_numpy(rng.normal(5.0, 3.0, size=(n, 3))) for n in (7, 2, 30)]
+    # Two rounds on two ranks (uneven rows) against one process that saw every row.
+    whole = RunningMeanStd(shape=(3,))
+    whole.update(torch.cat(shards[:2]))
+    whole.update(torch.cat(shards[2:]))
+
+    def ranks(r: int, all_reduce) -> RunningMeanStd:
+        rms = RunningMeanStd(shape=(3,))
+        rms.update(torch.cat(shards[:2])[r::2], all_reduce)  # 9 rows split 5 / 4
+        rms.update(shards[2][r::2], all_reduce)
+        return rms
+
+    for rms in run_ranks(2, ranks):
+        np.testing.assert_allclose(rms.mean.numpy(), whole.mean.numpy(), rtol=1e-12)
+        np.testing.assert_allclose(rms.var.numpy(), whole.var.numpy(), rtol=1e-12)
+        assert rms.count == whole.count == 39
+
+    returns = RewardNormalizer(gamma=0.9)
+    rewards = torch.from_numpy(rng.normal(size=(4, 5)))
+    starts = torch.zeros(4, 5, dtype=torch.bool)
+    starts[:, 0] = starts[1, 3] = True
+    returns.update(rewards, starts)
+    merged = run_ranks(2, lambda r, reduce: _reward_update(rewards[2 * r:2 * r + 2],
+                                                           starts[2 * r:2 * r + 2], reduce))
+    for normalizer in merged:
+        assert float(normalizer.returns.var) == pytest.approx(float(returns.returns.var),
+                                                              rel=1e-12)
+
+
+def _reward_update(rewards, starts, all_reduce) -> RewardNormalizer:
+    normalizer = RewardNormalizer(gamma=0.9)
+    normalizer.update(rewards, starts, all_reduce)
+    return normalizer

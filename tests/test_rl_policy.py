@@ -131,6 +131,23 @@ def test_act_shapes_and_irrelevant_heads():
     }
 
 
+def test_per_env_generators_make_an_envs_draws_independent_of_the_batch():
+    raw, indices, masks = _fresh_inputs(64)
+    policy = _policy()
+
+    def draws(rows: slice) -> torch.Tensor:
+        generators = [torch.Generator().manual_seed(1000 + i) for i in range(64)[rows]]
+        hidden = policy.initial_state(len(generators))
+        return policy.act(raw[rows], indices[rows], masks.index(rows), hidden,
+                          generators=generators).actions
+
+    global_state = torch.get_rng_state()
+    whole = draws(slice(None))
+    assert torch.equal(torch.get_rng_state(), global_state)  # the global stream is untouched
+    assert torch.equal(draws(slice(32, None)), whole[32:])  # another "rank" with half the envs
+    assert len(set(map(tuple, whole.tolist()))) > 1  # the streams differ between envs
+
+
 def test_initial_policy_is_near_uniform_over_legal_actions():
     raw, indices, masks = _fresh_inputs(1)
     policy = _policy()

@@ -1,3 +1,4 @@
+import copy
 import math
 
 import pytest
@@ -7,6 +8,7 @@ from lifecycle_mdp import (
     LifecycleMDP,
     collect_rollout,
 )
+from thread_ranks import run_ranks
 
 from esper_lightning.core.actions import HEADS
 from esper_lightning.rl import (
@@ -185,3 +187,45 @@ def test_config_validation():
     with pytest.raises(RuntimeError, match="0/"):
         ppo_update(policy, make_optimizer(policy, PPOConfig()), buffer, PPOConfig(),
                    ValueNormalizer())
+
+
+def _envs_of(buffer: RolloutBuffer, envs: slice) -> RolloutBuffer:
+    """The rollout of some envs only: what one rank of a data-parallel run collected."""
+    part = copy.copy(buffer)
+    for name, value in vars(buffer).items():
+        if isinstance(value, torch.Tensor):
+            setattr(part, name, value[envs])
+    part.masks, part.n_envs = buffer.masks.index(envs), len(range(buffer.n_envs)[envs])
+    return part
+
+
+@pytest.mark.parametrize("target_kl", [None, 0.004])
+def test_two_ranks_on_half_the_envs_each_update_like_one_process_on_all(target_kl):
+    """DD-PPO: every rank ends with the policy of one process on the whole batch (float32
+    rounding of sums taken in another order), takes as many steps (the KL stop is one decision)
+    and logs the same metrics."""
+    policy, buffer = _setup(rng_seed=3)
+    config = PPOConfig(minibatch_envs=4, n_epochs=3, target_kl=target_kl, learning_rate=3e-3)
+    start = copy.deepcopy(policy)
+    alone = ppo_update(policy, make_optimizer(policy, config), buffer, config,
+                       ValueNormalizer(), RewardNormalizer(config.gamma))
+
+    def rank(r: int, all_reduce):
+        mine = copy.deepcopy(start)
+        local = PPOConfig(minibatch_envs=2, n_epochs=3, target_kl=target_kl, learning_rate=3e-3)
+        envs = _envs_of(buffer, slice(2 * r, 2 * r + 2))
+        metrics = ppo_update(mine, make_optimizer(mine, local), envs, local, ValueNormalizer(),
+                             RewardNormalizer(config.gamma), all_reduce)
+        return mine, metrics
+
+    ranks = run_ranks(2, rank)
+    if target_kl is not None:
+        assert alone["early_stopped"] == 1.0 and alone["epochs_run"] == 2  # the stop is tested
+    for mine, metrics in ranks:
+        assert metrics["epochs_run"] == alone["epochs_run"]
+        for key, value in alone.items():
+            assert metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+        for a, b in zip(mine.parameters(), policy.parameters(), strict=True):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+    for a, b in zip(*(m.parameters() for m, _ in ranks), strict=True):
+        assert torch.equal(a, b)  # bitwise: every rank applied the same summed gradient

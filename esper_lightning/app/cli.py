@@ -2,6 +2,7 @@
 
     esper-lightning ppo --preset smoke --data_dir ../shared/data/cifar10-subset
     esper-lightning compare --controllers static heuristic --seeds 10 --preset cpu --out cmp
+    esper-lightning ppo --preset smoke --strategy ddp --devices 2 --minibatch_envs 2
     esper-lightning ppo --preset smoke --print_config > run.yaml
     esper-lightning ppo --config run.yaml
 
@@ -55,7 +56,14 @@ def run_ppo(config: TaskConfig) -> int:
     from esper_lightning.app.trainer import PPOTrainer  # heavy imports only for this command
 
     assert isinstance(config, PPORunConfig)
-    history = PPOTrainer(config).train()
+    if config.strategy != "auto":  # data-parallel: Fabric starts or joins the processes
+        from esper_lightning.app.distributed import launch_ppo
+
+        history = launch_ppo(config)
+        if history is None:  # not rank 0: rank 0 reports
+            return 0
+    else:
+        history = PPOTrainer(config).train()
     if history:
         accuracies = history[-1].final_accuracies
         accuracy = sum(accuracies) / max(len(accuracies), 1)

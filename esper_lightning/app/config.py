@@ -32,6 +32,9 @@ PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 HostPresetName = Literal[tuple(HOST_PRESETS)]  # type: ignore[valid-type]
 RewardName = Literal[tuple(m.value for m in RewardMode)]  # type: ignore[valid-type]
 PrecisionName = Literal[PRECISIONS]  # type: ignore[valid-type]
+#: How ``esper-lightning ppo`` runs: one process, or Lightning's data-parallel launchers.
+STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_fork")
+StrategyName = Literal[STRATEGIES]  # type: ignore[valid-type]
 ConfigT = TypeVar("ConfigT", bound="TaskConfig")
 
 
@@ -50,7 +53,8 @@ class TaskConfig:
         param_cost: outcome points charged per host-sized amount of seed parameters (the
             outcome is the mean validation accuracy of the last 3 epochs minus this cost).
         device: device of every env when ``devices`` is empty (cpu, cuda, cuda:N).
-        devices: one device per env, cycled when shorter than the pool.
+        devices: one device per env, cycled when shorter than the pool (ppo with a ddp
+            strategy: the number of processes per node, e.g. 2).
         precision: host training precision (16-mixed gives each env its own GradScaler).
         rng_seed: root random-number seed: episodes and data subsets derive from it.
         batch_size: host training batch size.
@@ -91,14 +95,17 @@ class TaskConfig:
         _check_choice("host_preset", self.host_preset, tuple(HOST_PRESETS))
         _check_choice("reward", self.reward, tuple(m.value for m in RewardMode))
         _check_choice("precision", self.precision, PRECISIONS)
-        for device in (self.device, *self.devices):
-            _check_device(device)
+        self._check_devices()
         _check_slots(self.slots, self.host_preset)
         _check_range("gamma", self.gamma, 0.0, 1.0)
         if self.param_cost < 0:
             raise ConfigError(f"param_cost must be >= 0, got {self.param_cost}")
         if self.host_lr <= 0:
             raise ConfigError(f"host_lr must be > 0, got {self.host_lr}")
+
+    def _check_devices(self) -> None:
+        for device in (self.device, *self.devices):
+            _check_device(device)
 
     def devices_for(self, n_envs: int) -> tuple[str, ...]:
         """The device of each of ``n_envs`` envs (``devices`` cycled, else ``device``)."""
@@ -133,6 +140,11 @@ class PPORunConfig(TaskConfig):
         ab: reward modes to train side by side, one policy each, in one pool (the envs split
             evenly, the same episode seeds in every group); empty: one policy on ``reward``.
         progress: show a progress bar.
+        strategy: auto (one process) or data-parallel processes with one env pool each (DD-PPO,
+            docs/scaling.md): ddp (Fabric starts ``devices`` processes per node, or joins the
+            ones torchrun or SLURM started), ddp_spawn or ddp_fork (processes started from
+            this one, on one node). ``envs`` and ``minibatch_envs`` count every process's envs.
+        num_nodes: machines of a ddp run.
     """
 
     envs: int = 4
@@ -149,6 +161,8 @@ class PPORunConfig(TaskConfig):
     heads: Literal["full", "compact"] = "full"
     ab: tuple[str, ...] = ()
     progress: bool = True
+    strategy: StrategyName = "auto"
+    num_nodes: int = 1
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -165,6 +179,49 @@ class PPORunConfig(TaskConfig):
         if self.ab and self.envs % len(self.ab):
             raise ConfigError(f"envs={self.envs} does not split evenly into {len(self.ab)} "
                               f"groups for ab={list(self.ab)}")
+        self._check_processes()
+
+    def _check_devices(self) -> None:
+        _check_choice("strategy", self.strategy, STRATEGIES)
+        counts = [d for d in self.devices if d.isdigit()]
+        if self.strategy == "auto":
+            if counts:
+                raise ConfigError(f"devices={list(self.devices)} is a process count, which needs "
+                                  f"--strategy ddp; with strategy auto list one device per env "
+                                  f"(cpu, cuda, cuda:N)")
+            super()._check_devices()
+            return
+        _check_device(self.device)
+        if self.device not in ("cpu", "cuda"):
+            raise ConfigError(f"with strategy {self.strategy}, device is cpu or cuda (each "
+                              f"process takes cuda:<local rank>), got {self.device!r}")
+        if len(self.devices) > 1 or len(counts) != len(self.devices) or "0" in counts:
+            raise ConfigError(f"with strategy {self.strategy}, devices is the number of "
+                              f"processes per node (one device each), e.g. --devices 2; got "
+                              f"{list(self.devices)}")
+
+    def _check_processes(self) -> None:
+        _check_positive(self, ("num_nodes",))
+        if self.num_nodes > 1 and self.strategy != "ddp":
+            raise ConfigError(f"num_nodes={self.num_nodes} needs strategy ddp (torchrun or SLURM "
+                              f"start the processes of every node), got {self.strategy}")
+        if self.strategy == "auto":
+            return
+        if self.ab:
+            raise ConfigError(f"ab={list(self.ab)} cannot be combined with strategy "
+                              f"{self.strategy}; run one ddp run per reward mode")
+        world, minibatch = self.world_size, min(self.minibatch_envs, self.envs)
+        for name, value in (("envs", self.envs), ("minibatch_envs", minibatch)):
+            if value % world:
+                raise ConfigError(f"{name}={value} does not split evenly over {world} processes "
+                                  f"(devices x num_nodes); use a multiple of {world}")
+
+    @property
+    def world_size(self) -> int:
+        """Processes of the run: ``devices`` (a count) times ``num_nodes`` under ddp, else 1."""
+        if self.strategy == "auto":
+            return 1
+        return (int(self.devices[0]) if self.devices else 1) * self.num_nodes
 
     @property
     def reward_modes(self) -> tuple[str, ...]:
@@ -180,6 +237,8 @@ class PPORunConfig(TaskConfig):
 
     @property
     def env_devices(self) -> tuple[str, ...]:
+        if self.strategy != "auto":  # each process puts its envs on its own device
+            return (self.device,) * self.envs
         return self.devices_for(self.envs)
 
 

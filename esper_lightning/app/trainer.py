@@ -12,6 +12,11 @@ With ``ab`` set, one policy per reward mode learns side by side in the same pool
 split into equal groups that play the same episode seeds in lockstep, each group acting for and
 rewarding its own policy, which has its own optimizer, normalisers, checkpoint and TensorBoard
 run. Learning groups one after another would hand them different data and machine states.
+
+Under a ddp strategy (`app.distributed`) every process runs this trainer on its share of the
+envs with the same policy: episode and action-sampling seeds come from the global env index, so
+the rollouts are those of one process with every env, the update reduces over the ranks, and
+rank 0 logs and writes the checkpoint.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch import Tensor
@@ -29,11 +35,13 @@ from tqdm.auto import tqdm
 
 from esper_lightning.app.checkpoint import load_trainer, save_trainer, seed_run
 from esper_lightning.app.config import PPORunConfig, check_hardware
+from esper_lightning.app.distributed import Ranks, merge_stats
 from esper_lightning.app.metrics import RoundStats, mean, round_metrics
 from esper_lightning.app.task import env_spec, load_splits
 from esper_lightning.core.actions import Action
 from esper_lightning.core.report import EpochReport
 from esper_lightning.envs import EnvPool, Observation, episode_rng_seed
+from esper_lightning.errors import ConfigError
 from esper_lightning.rl import (
     FactoredRecurrentActorCritic,
     PolicyConfig,
@@ -58,6 +66,13 @@ from esper_lightning.viz.timeline import log_timeline
 log = logging.getLogger(__name__)
 #: TensorBoard image tag of a learner's first env's seed timeline, once per round.
 TIMELINE_TAG = "morpho/timeline_env0"
+
+
+def action_rng_seed(root: int, round_index: int, env_index: int) -> int:
+    """The seed of one env's action-sampling stream in one round (apart from its episode seeds):
+    an env samples the same actions however the envs are spread over processes."""
+    sequence = np.random.SeedSequence([root, round_index, env_index], spawn_key=(1,))
+    return int(sequence.generate_state(1, dtype=np.uint32)[0])
 
 
 @dataclass
@@ -93,6 +108,7 @@ class _Rollout:
     returns: list[float]  # running return of each env's current episode
     decisions: list[int]  # decisions each env's current episode has taken
     restarts: list[int]  # episodes each env began after a rollback this round
+    generators: list[torch.Generator]  # each env's action-sampling stream this round
     ended: Tensor | None = None  # [n] bool: the last step ended or cut the episode
     raw_features: list[Tensor] = field(default_factory=list)  # for the normaliser's update
     stats: RoundStats = field(default_factory=RoundStats)
@@ -115,6 +131,8 @@ class PPOTrainer:
     Args:
         config: the run (see `PPORunConfig`); data problems raise `DataError`, configuration
             problems (including an incompatible ``resume`` checkpoint) raise `ConfigError`.
+        ranks: this process of a data-parallel run (`app.distributed.launch_ppo` builds it);
+            None: one process.
 
     Example:
         >>> from esper_lightning.app.config import load_config
@@ -122,15 +140,24 @@ class PPOTrainer:
         >>> trainer.train()  # doctest: +SKIP
     """
 
-    def __init__(self, config: PPORunConfig) -> None:
-        check_hardware(config, config.env_devices)
+    def __init__(self, config: PPORunConfig, ranks: Ranks | None = None) -> None:
+        self.ranks = ranks = ranks or Ranks()
+        if ranks.world_size != config.world_size:
+            raise ConfigError(f"{ranks.world_size} processes run a config for "
+                              f"{config.world_size} (devices x num_nodes); pass the same counts "
+                              f"to the launcher and to esper-lightning")
+        devices = config.env_devices if ranks.world_size == 1 else (ranks.device,)
+        check_hardware(config, devices)
         self.config = config
         self.round = 0
-        seed_run(config.rng_seed)
+        seed_run(config.rng_seed)  # the same on every rank: the same initial policy
+        self.local_envs = config.envs // ranks.world_size
+        self.env_offset = ranks.rank * self.local_envs  # global index of this rank's env 0
+        minibatch = min(config.minibatch_envs, config.envs // len(config.reward_modes))
         self.ppo_config = PPOConfig(
             learning_rate=config.learning_rate, gamma=config.gamma,
             gae_lambda=config.gae_lambda, n_epochs=config.ppo_epochs,
-            minibatch_envs=min(config.minibatch_envs, config.envs // len(config.reward_modes)),
+            minibatch_envs=minibatch // ranks.world_size,  # this rank's share of a minibatch
             target_kl=config.target_kl,
         )
         self.policy_config = PolicyConfig(n_slots=len(config.slots),
@@ -139,16 +166,17 @@ class PPOTrainer:
         if config.resume is not None:
             for learner in self.learners:
                 self.round = load_trainer(learner, self.checkpoint_path(config.resume, learner))
+        pool_devices = config.env_devices if ranks.world_size == 1 else devices * self.local_envs
         self.pool = EnvPool(env_spec(config), *load_splits(config, config.progress),
-                            config.env_devices)
-        for learner in self.learners:
+                            pool_devices)
+        for learner in self.learners if ranks.is_zero else ():  # rank 0 logs
             learner.logger = TensorBoardLogger(config.logdir, name=learner.logger_name,
                                                version=learner.log_version)
 
     def _learner(self, mode: str, group: int) -> Learner:
         config = self.config.learner_config(mode)
         policy = FactoredRecurrentActorCritic(self.policy_config)
-        n = config.envs
+        n = config.envs // self.ranks.world_size
         return Learner(
             config=config, envs=list(range(group * n, (group + 1) * n)), policy=policy,
             optimizer=make_optimizer(policy, self.ppo_config),
@@ -178,24 +206,29 @@ class PPOTrainer:
         c = self.config
         if self.round == 0:
             for learner in self.learners:
-                # hparams.yaml keeps real lists, so it can be fed back with --config.
-                learner.logger.log_hyperparams(learner.config.to_dict())
+                if learner.logger is not None:
+                    # hparams.yaml keeps real lists, so it can be fed back with --config.
+                    learner.logger.log_hyperparams(learner.config.to_dict())
         bar = tqdm(range(self.round, c.rounds), initial=self.round, total=c.rounds,
-                   desc="rounds", disable=not c.progress, dynamic_ncols=True)
+                   desc="rounds", disable=not (c.progress and self.ranks.is_zero),
+                   dynamic_ncols=True)
         for round_index in bar:
             start = time.perf_counter()
-            stats = self.run_round(round_index)
+            stats = [merge_stats(self.ranks.gather(s)) for s in self.run_round(round_index)]
             self.round = round_index + 1
             for learner, learner_stats in zip(self.learners, stats, strict=True):
                 self._finish_round(learner, learner_stats, time.perf_counter() - start)
             bar.set_postfix(acc=f"{mean(stats[0].final_accuracies):.1f}",
                             ret=f"{mean(stats[0].returns):.2f}")
         for learner in self.learners:
-            learner.logger.finalize("success")
+            if learner.logger is not None:
+                learner.logger.finalize("success")
         return self.learners[0].history
 
     def _finish_round(self, learner: Learner, stats: RoundStats, seconds: float) -> None:
         learner.history.append(stats)
+        if learner.logger is None:  # not rank 0
+            return
         learner.logger.log_metrics(round_metrics(stats), step=self.round)
         self._log_timeline(learner)
         learner.logger.save()
@@ -210,14 +243,14 @@ class PPOTrainer:
     def _log_timeline(self, learner: Learner) -> None:
         """The learner's first env's last episode as a seed-timeline image."""
         engine = self.pool.envs[learner.envs[0]].engine
-        if engine is not None:
+        if engine is not None and learner.logger is not None:
             log_timeline(learner.logger.experiment, engine.timeline, self.round, TIMELINE_TAG,
                          slot_ids=engine.slot_ids, title=f"env 0, round {self.round}")
 
     def run_round(self, round_index: int) -> list[RoundStats]:
         """Collect one episode per env (``decisions_per_episode`` steps), then update every
         policy once on its own envs' transitions."""
-        rollouts = self._begin_round()
+        rollouts = self._begin_round(round_index)
         for learner in self.learners:
             learner.obs_rms.freeze()  # one normalisation for the whole rollout
         observations = self._reset_pool(round_index, rollouts)
@@ -229,22 +262,28 @@ class PPOTrainer:
         return [rollout.stats for rollout in rollouts]
 
     # --- collection ---------------------------------------------------------------------------
-    def _begin_round(self) -> list[_Rollout]:
+    def _begin_round(self, round_index: int) -> list[_Rollout]:
         rollouts = []
         for learner in self.learners:
             n = len(learner.envs)
+            generators = [  # the k-th env of every A/B group samples from the same stream
+                torch.Generator().manual_seed(
+                    action_rng_seed(self.config.rng_seed, round_index, self.env_offset + k))
+                for k in range(n)
+            ]
             rollouts.append(_Rollout(
                 buffer=RolloutBuffer(n, self.decisions_per_episode, self.policy_config),
                 hidden=learner.policy.initial_state(n), starts=torch.ones(n, dtype=torch.bool),
-                returns=[0.0] * n, decisions=[0] * n, restarts=[0] * n,
+                returns=[0.0] * n, decisions=[0] * n, restarts=[0] * n, generators=generators,
             ))
         return rollouts
 
     def _reset_pool(self, round_index: int, rollouts: list[_Rollout]) -> list[Observation]:
-        """Every group plays the same episode seeds: the k-th env of each group gets seed k."""
+        """Every group plays the same episode seeds: the k-th env of each group gets seed k
+        (of a data-parallel rank: its global index)."""
         start = time.perf_counter()
         group = len(self.learners[0].envs)
-        seeds = [episode_rng_seed(self.config.rng_seed, round_index, i % group)
+        seeds = [episode_rng_seed(self.config.rng_seed, round_index, self.env_offset + i % group)
                  for i in range(len(self.pool))]
         observations = self.pool.reset(seeds)
         for rollout in rollouts:  # the lockstep time is shared evenly between the groups
@@ -281,7 +320,7 @@ class PPOTrainer:
             reports, learner.obs_rms, self.config.episode_length, self.config.heads == "compact")
         rollout.raw_features.append(raw)
         out = learner.policy.act(obs, blueprints, masks, rollout.hidden,
-                                 episode_starts=rollout.starts)
+                                 episode_starts=rollout.starts, generators=rollout.generators)
         actions = [Action.from_indices(row) for row in out.actions.tolist()]
         return _Acted(reports, actions, obs, blueprints, masks, out)
 
@@ -342,17 +381,18 @@ class PPOTrainer:
             if rollback is not None:
                 stats.rollbacks += 1
                 rollout.restarts[k] += 1  # group-local index k: every group restarts alike
-                rng_seed = episode_rng_seed(self.config.rng_seed, round_index, k,
-                                            rollout.restarts[k])
+                rng_seed = episode_rng_seed(self.config.rng_seed, round_index,
+                                            self.env_offset + k, rollout.restarts[k])
                 observations[i] = self.pool.reset([rng_seed], which=[i])[0]
 
     # --- update -------------------------------------------------------------------------------
     def _update(self, learner: Learner, rollout: _Rollout) -> None:
         tick = time.perf_counter()
         learner.obs_rms.unfreeze()
-        learner.obs_rms.update(torch.cat(rollout.raw_features))
+        all_reduce = self.ranks.all_reduce_hook()  # None on one process
+        learner.obs_rms.update(torch.cat(rollout.raw_features), all_reduce)
         learner.obs_rms.freeze()
         rollout.stats.ppo = ppo_update(learner.policy, learner.optimizer, rollout.buffer,
                                        self.ppo_config, learner.value_normalizer,
-                                       learner.reward_normalizer)
+                                       learner.reward_normalizer, all_reduce)
         rollout.stats.update_seconds = time.perf_counter() - tick

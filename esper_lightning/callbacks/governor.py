@@ -12,6 +12,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
+from esper_lightning.callbacks import _distributed as dist
 from esper_lightning.callbacks.morphogenesis import MorphogenesisCallback
 from esper_lightning.core.divergence import Governor, GovernorConfig
 from esper_lightning.core.engine import MorphogenesisEngine
@@ -34,6 +35,9 @@ class GovernorCallback(Callback):
 
     Place it before `MorphogenesisCallback` in ``callbacks=[...]`` so a diverged epoch is rolled
     back before the controller decides.
+
+    Under DDP every check reads values reduced over the ranks (a non-finite loss on any rank, the
+    mean validation loss), so every rank rolls back at the same step to the same snapshot.
 
     Args:
         config: thresholds of the rules (`GovernorConfig` defaults when None).
@@ -119,7 +123,7 @@ class GovernorCallback(Callback):
 
     def _check_train_losses(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         flag, self._nonfinite = self._nonfinite, None
-        if flag is not None and bool(flag):
+        if dist.any_rank(trainer, flag):  # under DDP a NaN on one rank rolls every rank back
             reason = self.governor.check_train_loss(float("nan"))
             if reason is not None:
                 self._rollback(trainer, pl_module, reason)
@@ -128,7 +132,8 @@ class GovernorCallback(Callback):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
             return
-        value = trainer.callback_metrics.get(self.monitor)
+        # The mean over the ranks: every rank takes the same decision, synced logging or not.
+        value = dist.mean_over_ranks(trainer, trainer.callback_metrics.get(self.monitor))
         if value is None:
             if not self._warned_monitor:
                 self._warned_monitor = True
@@ -137,7 +142,7 @@ class GovernorCallback(Callback):
                     f"and divergence rules are off; logged: {sorted(trainer.callback_metrics)}"
                 )
             return
-        reason = self.governor.check_validation(float(value), num_classes=self.num_classes)
+        reason = self.governor.check_validation(value, num_classes=self.num_classes)
         if reason is not None:
             self._rollback(trainer, pl_module, reason)
 

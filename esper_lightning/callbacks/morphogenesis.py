@@ -19,6 +19,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from esper_lightning.blueprints import TOPOLOGIES
+from esper_lightning.callbacks import _distributed as dist
 from esper_lightning.controllers.base import Controller
 from esper_lightning.core.counterfactual import (
     CounterfactualAccumulator,
@@ -38,8 +39,6 @@ log = logging.getLogger(__name__)
 
 BatchToXY = Callable[[Any], tuple[Tensor, Tensor]]
 LogitsFn = Callable[[L.LightningModule, Tensor], Tensor]
-#: Strategies that keep one copy of the model on one device.
-_SINGLE_DEVICE_STRATEGIES = ("SingleDeviceStrategy",)
 #: What the controller misses when a configured metric key is never logged.
 _MISSING_KEY_EFFECT = {
     "loss_key": "the controller sees no validation loss (the heuristic never counts the host as "
@@ -65,6 +64,12 @@ class MorphogenesisCallback(Callback):
     groups are named ``host`` so LR-monitor tags stay put); LR schedulers schedule them too.
     Lifecycle events are logged at INFO on the ``esper_lightning`` logger; at the end of the
     fit a seed-timeline image goes to every TensorBoard logger (``morpho/timeline``).
+
+    Under DDP (``strategy="ddp"``, ``"ddp_spawn"`` or ``"ddp_fork"``, any devices and nodes)
+    every rank holds the same lifecycle: measurements are summed over the ranks, rank 0's
+    decision is broadcast, new seeds get the same weights and their gradients are averaged
+    before each optimizer step (docs/design.md, "Distributed"). Sharded strategies (FSDP,
+    DeepSpeed) are refused.
 
     What the measurement needs of your module: only that it maps inputs to logits. By default
     it runs one forward per configuration (main, each measured slot off, all off) on the
@@ -194,17 +199,14 @@ class MorphogenesisCallback(Callback):
     # --- setup --------------------------------------------------------------------------------
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        strategy = type(trainer.strategy).__name__
-        if strategy not in _SINGLE_DEVICE_STRATEGIES or trainer.world_size > 1:
-            raise MisconfigurationException(
-                f"MorphogenesisCallback supports single-device training only (strategy='auto' "
-                f"with devices=1); got {strategy} with world size {trainer.world_size}"
-            )
+        dist.check_strategy(trainer)  # one device or DDP; sharded strategies are refused
         if self.engine is None or self.engine.model is not pl_module:
             # Slots are injected here, before Lightning loads a checkpoint's weights, so grown
             # seeds are rebuilt from each slot's saved manifest during strict loading.
             rng_seed = torch.initial_seed() if self.rng_seed is None else self.rng_seed
+            rng_seed = dist.broadcast_rng_seed(trainer, rng_seed)  # equal seeds on every rank
             self.engine = MorphogenesisEngine(pl_module, rng_seed=rng_seed, **self._engine_kwargs)
+        dist.keep_slots_out_of_ddp(pl_module)
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -262,7 +264,8 @@ class MorphogenesisCallback(Callback):
         self._train_loss = None
         engine = self._require_engine()
         present = sum(s.stage in PRESENT_STAGES for s in engine.slots.values())
-        pl_module.log("seeds", float(present), prog_bar=True, logger=False, on_epoch=True)
+        pl_module.log("seeds", float(present), prog_bar=True, logger=False, on_epoch=True,
+                      sync_dist=dist.is_distributed(trainer))  # equal everywhere; no warning
 
     @override
     def on_before_optimizer_step(
@@ -271,6 +274,7 @@ class MorphogenesisCallback(Callback):
         # Gradients are already unscaled here under AMP. Measure at least once per epoch so the
         # gates always have fresh gradient health.
         engine = self._require_engine()
+        dist.average_gradients(trainer, engine.seed_parameters())  # DDP only syncs the host's
         first_of_epoch = self._stats_epoch != trainer.current_epoch
         if engine.gradient_stats_due(trainer.global_step, first_of_epoch):
             self._stats_epoch = trainer.current_epoch
@@ -363,13 +367,14 @@ class MorphogenesisCallback(Callback):
         self._check_keys(trainer, validated)
         engine.record_epoch(  # without validation this epoch, no stale validation numbers
             accuracy,
-            _scalar(metrics.get(self.loss_key)) if validated else None,
+            dist.mean_over_ranks(trainer, metrics.get(self.loss_key)) if validated else None,
             train_loss,
             contributions,
         )
         report = engine.report(max_epochs=trainer.max_epochs)
         action = self.controller.decide(report)
         reason = getattr(self.controller, "last_reason", None)
+        action, reason = dist.broadcast_decision(trainer, action, reason)  # decided once
         self.last_outcome = outcome = engine.execute(action, reason)
         engine.tick()
         if action.op != 0:  # lifecycle events themselves are logged at INFO by the engine
@@ -380,8 +385,12 @@ class MorphogenesisCallback(Callback):
 
     def _epoch_train_loss(self, trainer: L.Trainer) -> float | None:
         if self.train_loss_key is not None:
-            return _scalar(trainer.callback_metrics.get(self.train_loss_key))
+            return dist.mean_over_ranks(trainer, trainer.callback_metrics.get(self.train_loss_key))
         total, self._train_loss = self._train_loss, None
+        if dist.is_distributed(trainer):  # every rank's [loss sum, batches], summed
+            none = torch.zeros(2, device=trainer.strategy.root_device)
+            total = dist.reduce_sum(trainer, none if total is None else total)
+            total = None if float(total[1]) == 0 else total
         return None if total is None else float(total[0] / total[1])  # one host sync per epoch
 
     # --- warnings, once per fit ---------------------------------------------------------------
@@ -435,13 +444,16 @@ class MorphogenesisCallback(Callback):
     def _measurements(self, trainer: L.Trainer) -> tuple[float | None, dict[str, float]]:
         acc = self._accumulator
         self._accumulator = None
+        if acc is not None and dist.is_distributed(trainer):  # counts of every rank's shard
+            acc.reduce(dist.all_reduce_sum, trainer.strategy.root_device)
         if acc is not None and acc.total > 0:
             accuracies = acc.accuracies()
             return accuracies["main"], acc.contributions(accuracies)
         logged = None if self.accuracy_key is None else trainer.callback_metrics.get(
             self.accuracy_key
         )
-        return (None if logged is None else 100.0 * float(logged)), {}
+        logged = dist.mean_over_ranks(trainer, logged)
+        return (None if logged is None else 100.0 * logged), {}
 
     def _log(self, trainer: L.Trainer, contributions: dict[str, float]) -> None:
         engine = self._require_engine()
@@ -464,6 +476,8 @@ class MorphogenesisCallback(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.controller.load_state_dict(state_dict["controller"])
         self._decided_epoch = int(state_dict["decided_epoch"])
+        if self.engine is not None:  # seeds just rebuilt from the checkpoint: not DDP's to sync
+            dist.keep_slots_out_of_ddp(self.engine.model)
         # The engine adopts its state in on_fit_start, next to the optimizer it re-groups.
         self._pending_state = {"engine": state_dict["engine"]}
 
@@ -482,10 +496,6 @@ def _pair(batch: Any) -> tuple[Tensor, Tensor]:
         f"cannot read a validation batch of type {type(batch).__name__} as (inputs, targets); "
         "pass batch_to_xy= to MorphogenesisCallback"
     )
-
-
-def _scalar(value: Any) -> float | None:
-    return None if value is None else float(value)
 
 
 def _probe_message(name: str, mode: str, err: Exception) -> str:

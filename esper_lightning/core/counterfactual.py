@@ -248,6 +248,25 @@ class CounterfactualAccumulator:
             self.correct, self.loss_sum = self.correct + hits, self.loss_sum + loss
         self.total += int(targets.shape[0])
 
+    def reduce(self, all_reduce: Callable[[Tensor], Tensor], device: torch.device) -> None:
+        """Sum this accumulator with the other processes' (data-parallel validation): correct
+        counts, loss sum and total of every rank, in one collective. Sums, not ratios, so the
+        accuracies are those of the whole validation set however it was sharded.
+
+        ``all_reduce`` sums a tensor over the ranks and returns the sum; every rank must call
+        this, also one that saw no batch (its part is zero). Counts travel as float64, exact
+        below 2**53.
+        """
+        k = self.plan.size
+        packed = torch.zeros(k + 2, dtype=torch.float64, device=device)  # [correct..., loss, n]
+        if self.correct is not None and self.loss_sum is not None:
+            packed[:k], packed[k] = self.correct, self.loss_sum
+        packed[k + 1] = self.total
+        packed = all_reduce(packed)
+        self.total = int(packed[k + 1].item())
+        if self.total > 0:
+            self.correct, self.loss_sum = packed[:k].round().long(), packed[k]
+
     def read(self, extra: Tensor | None = None) -> tuple[dict[str, float], float, Tensor | None]:
         """Accuracy (percent) per configuration, mean main-configuration loss, and ``extra``
         (device values the caller wants back), all in one device-to-host transfer."""

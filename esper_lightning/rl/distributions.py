@@ -149,11 +149,19 @@ class MaskedCategorical:
         self.log_probs_all = masked.log_softmax(-1)  # [*B, n]
         self.n_valid = mask.sum(-1)  # [*B]
 
-    def sample(self) -> Tensor:
-        """Draw one action per row (uses the global torch RNG)."""
+    def sample(self, generators: Sequence[torch.Generator] | None = None) -> Tensor:
+        """Draw one action per row: from the global torch RNG, or row ``i`` from
+        ``generators[i]`` (one stream per env, so what an env draws does not depend on which
+        other envs share the batch, or the process)."""
         probs = self.log_probs_all.exp()
         flat = probs.reshape(-1, probs.shape[-1])
-        return torch.multinomial(flat, 1).view(probs.shape[:-1])
+        if generators is None:
+            return torch.multinomial(flat, 1).view(probs.shape[:-1])
+        if len(generators) != flat.shape[0]:
+            raise ValueError(f"{len(generators)} generators for {flat.shape[0]} rows")
+        rows = [torch.multinomial(row, 1, generator=g) for row, g in zip(flat, generators,
+                                                                         strict=True)]
+        return torch.cat(rows).view(probs.shape[:-1])
 
     def mode(self) -> Tensor:
         """The most likely legal action per row (deterministic acting)."""

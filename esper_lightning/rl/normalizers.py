@@ -21,16 +21,43 @@ rounds do not see a near-identity normaliser (the research code's EMA started fr
 Later updates either merge exactly (Chan's parallel Welford, ``momentum=None``) or follow an EMA
 of the batch moments (``momentum`` = weight of the old statistics).
 
+Data-parallel learning (DD-PPO): every ``update`` takes an optional ``all_reduce`` (sums a tensor
+over the ranks), and the batch moments are then those of every rank's rows together
+(`batch_moments`: count and sum, then the sum of squared deviations from the global mean), so
+every rank holds the same statistics as one process that saw the whole batch.
+
 All ``state_dict`` values are plain tensors, floats and bools (``torch.load(weights_only=True)``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
+
+#: Sums a tensor over every rank of a data-parallel run and returns the sum (every rank calls it).
+AllReduce = Callable[[Tensor], Tensor]
+
+
+def batch_moments(x: Tensor, all_reduce: AllReduce | None = None) -> tuple[Tensor, Tensor, float]:
+    """Mean, (biased) variance and count of the rows of ``x`` ``[N, *shape]``, over every rank's
+    rows when ``all_reduce`` is given (two collectives: count and sum, then the squared
+    deviations from the global mean, so nothing cancels).
+
+    Example:
+        >>> mean, var, n = batch_moments(torch.tensor([[0.0], [2.0]]))
+        >>> mean.tolist(), var.tolist(), n
+        ([1.0], [1.0], 2.0)
+    """
+    if all_reduce is None:
+        return x.mean(0), x.var(0, unbiased=False), float(x.shape[0])
+    head = all_reduce(torch.cat([x.new_tensor([x.shape[0]]), x.sum(0).reshape(-1)]))
+    count = float(head[0])
+    mean = (head[1:] / count).view(x.shape[1:])
+    m2 = all_reduce((x - mean).square().sum(0))
+    return mean, m2 / count, count
 
 
 class RunningMeanStd:
@@ -78,8 +105,9 @@ class RunningMeanStd:
         self.frozen = False
 
     # --- statistics -------------------------------------------------------------------------
-    def update(self, x: Tensor) -> None:
-        """Fold a batch ``[N, *shape]`` into the statistics.
+    def update(self, x: Tensor, all_reduce: AllReduce | None = None) -> None:
+        """Fold a batch ``[N, *shape]`` (with ``all_reduce``: every rank's batches together)
+        into the statistics.
 
         Raises:
             RuntimeError: while frozen (an update inside a rollout is a programming error).
@@ -92,9 +120,7 @@ class RunningMeanStd:
             raise ValueError("RunningMeanStd.update with an empty batch")
         if not bool(torch.isfinite(x).all()):
             raise ValueError("RunningMeanStd.update with non-finite values")
-        batch_mean = x.mean(0)
-        batch_var = x.var(0, unbiased=False)
-        self._merge(batch_mean, batch_var, float(x.shape[0]))
+        self._merge(*batch_moments(x, all_reduce))
 
     def _merge(self, batch_mean: Tensor, batch_var: Tensor, n: float) -> None:
         if self.count == 0:
@@ -158,8 +184,11 @@ class RewardNormalizer:
         self.clip = clip
         self.returns = RunningMeanStd(shape=(), epsilon=epsilon, clip=None)
 
-    def update(self, rewards: Tensor, episode_starts: Tensor) -> None:
-        """Fold one round of raw rewards ``[N, T]`` into the return statistics.
+    def update(
+        self, rewards: Tensor, episode_starts: Tensor, all_reduce: AllReduce | None = None
+    ) -> None:
+        """Fold one round of raw rewards ``[N, T]`` (every rank's, with ``all_reduce``) into the
+        return statistics.
 
         ``episode_starts[n, t]`` marks the first step of an episode; each row must start one.
         """
@@ -170,7 +199,7 @@ class RewardNormalizer:
         for t in range(rewards.shape[1]):
             running = running * self.gamma * (~episode_starts[:, t]) + rewards[:, t]
             discounted[:, t] = running
-        self.returns.update(discounted.reshape(-1))
+        self.returns.update(discounted.reshape(-1), all_reduce)
 
     def normalize(self, rewards: Tensor) -> Tensor:
         scaled = rewards / self.returns.std.to(rewards)
@@ -216,8 +245,8 @@ class ValueNormalizer:
     def std(self) -> float:
         return float(self.stats.std)
 
-    def update(self, returns: Tensor) -> None:
-        self.stats.update(returns)
+    def update(self, returns: Tensor, all_reduce: AllReduce | None = None) -> None:
+        self.stats.update(returns, all_reduce)
 
     def normalize(self, returns: Tensor) -> Tensor:
         return (returns - self.mean) / self.std

@@ -15,6 +15,7 @@ values.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -180,6 +181,7 @@ class FactoredRecurrentActorCritic(nn.Module):
         hidden: Hidden,
         deterministic: bool = False,
         episode_starts: Tensor | None = None,
+        generators: Sequence[torch.Generator] | None = None,
     ) -> ActOutput:
         """Choose one action per env (no gradients: acting only collects data).
 
@@ -190,6 +192,8 @@ class FactoredRecurrentActorCritic(nn.Module):
             hidden: pre-step (h, c) ``[B, H]`` each.
             deterministic: argmax per head instead of sampling.
             episode_starts: bool ``[B]``; where True the hidden state is zeroed first.
+            generators: one per env: env ``i`` samples from ``generators[i]`` (None: the global
+                torch RNG), so a data-parallel run samples what one process would.
         """
         starts = (
             torch.zeros(obs.shape[0], dtype=torch.bool, device=obs.device)
@@ -201,11 +205,11 @@ class FactoredRecurrentActorCritic(nn.Module):
         core = core[:, 0]  # [B, H]
         logits = self._logits(core)
         op_dist = MaskedCategorical(logits["op"], masks.op)
-        op = op_dist.mode() if deterministic else op_dist.sample()  # [B]
+        op = op_dist.mode() if deterministic else op_dist.sample(generators)  # [B]
         actions, log_probs = [op], [op_dist.log_prob(op)]
         for name in HEADS[1:]:
             dist = MaskedCategorical(logits[name], masks.head(name, op))
-            choice = dist.mode() if deterministic else dist.sample()
+            choice = dist.mode() if deterministic else dist.sample(generators)
             actions.append(choice)
             log_probs.append(dist.log_prob(choice))
         value = self.value_head(core).squeeze(-1)

@@ -17,6 +17,13 @@ causally relevant to the stored op (the others have log-prob exactly 0). Each he
 clipped ratio, and a head only counts at the steps where it is relevant; the policy loss is the
 per-step sum over relevant heads averaged over steps, i.e. a sparse head (blueprint: only on
 GERMINATE) weighs in proportion to how often it acts instead of being inflated by a per-head mean.
+
+Data-parallel (DD-PPO): with ``all_reduce`` (sums a tensor over the ranks) each rank updates on
+its own envs' sequences and every quantity is that of the whole batch of all ranks: normaliser
+moments, the advantage mean and std of each minibatch, the loss (each rank's part is its sum
+divided by the global count, so the gradients summed over the ranks are those of the whole
+minibatch; one flat all-reduce per minibatch), the KL that stops the update (so every rank takes
+the same number of steps) and the logged metrics. Without it the update is the one-process one.
 """
 
 from __future__ import annotations
@@ -29,7 +36,12 @@ from torch import Tensor, nn
 from esper_lightning.core.actions import HEADS
 from esper_lightning.rl.buffer import RolloutBuffer, compute_gae
 from esper_lightning.rl.distributions import RELEVANCE
-from esper_lightning.rl.normalizers import RewardNormalizer, ValueNormalizer
+from esper_lightning.rl.normalizers import (
+    AllReduce,
+    RewardNormalizer,
+    ValueNormalizer,
+    batch_moments,
+)
 from esper_lightning.rl.policy import Evaluation, FactoredRecurrentActorCritic
 
 
@@ -87,12 +99,20 @@ def make_optimizer(policy: nn.Module, config: PPOConfig) -> torch.optim.Adam:
     return torch.optim.Adam(policy.parameters(), lr=config.learning_rate, eps=config.adam_eps)
 
 
-def explained_variance(predicted: Tensor, target: Tensor) -> float:
-    """``1 - Var(target - predicted) / Var(target)``; NaN when the target is constant."""
-    var_target = target.var(unbiased=False)
+def explained_variance(
+    predicted: Tensor, target: Tensor, all_reduce: AllReduce | None = None
+) -> float:
+    """``1 - Var(target - predicted) / Var(target)``; NaN when the target is constant (over
+    every rank's values with ``all_reduce``)."""
+    if all_reduce is None:
+        var_target = target.var(unbiased=False)
+        var_residual = (target - predicted).var(unbiased=False)
+    else:
+        var_target = batch_moments(target.reshape(-1).double(), all_reduce)[1]
+        var_residual = batch_moments((target - predicted).reshape(-1).double(), all_reduce)[1]
     if float(var_target) == 0.0:
         return float("nan")
-    return float(1.0 - (target - predicted).var(unbiased=False) / var_target)
+    return float(1.0 - var_residual / var_target)
 
 
 def ppo_update(
@@ -102,16 +122,19 @@ def ppo_update(
     config: PPOConfig,
     value_normalizer: ValueNormalizer,
     reward_normalizer: RewardNormalizer | None = None,
+    all_reduce: AllReduce | None = None,
 ) -> dict[str, float]:
     """One PPO update on a full buffer; returns CleanRL-named metrics (see ``docs/rl.md``).
 
-    Shuffling uses the global torch RNG (seed it for reproducibility).
+    Shuffling uses the global torch RNG (seed it for reproducibility). With ``all_reduce`` this
+    is one rank's part of a data-parallel update (module docstring): every rank calls it with
+    the same number of envs and the same ``config``, and ends with the same policy.
     """
     if not buffer.full:
         raise RuntimeError(f"ppo_update on a buffer with {buffer.step}/{buffer.n_steps} steps")
     rewards = buffer.rewards
     if reward_normalizer is not None:
-        reward_normalizer.update(buffer.rewards, buffer.episode_starts)
+        reward_normalizer.update(buffer.rewards, buffer.episode_starts, all_reduce)
         rewards = reward_normalizer.normalize(buffer.rewards)
 
     values = value_normalizer.denormalize(buffer.values)
@@ -121,7 +144,7 @@ def ppo_update(
         config.gamma, config.gae_lambda,
     )
     old = (value_normalizer.mean, value_normalizer.std)
-    value_normalizer.update(returns)
+    value_normalizer.update(returns, all_reduce)
     policy.preserve_value_outputs(*old, value_normalizer.mean, value_normalizer.std)
     value_targets = value_normalizer.normalize(returns)
 
@@ -131,22 +154,36 @@ def ppo_update(
         for env_ids in torch.randperm(buffer.n_envs).split(config.minibatch_envs):
             stats = _minibatch_step(
                 policy, optimizer, buffer, env_ids, advantages[env_ids],
-                value_targets[env_ids], config,
+                value_targets[env_ids], config, all_reduce,
             )
             for key, value in stats.items():
                 history.setdefault(key, []).append(value)
         epochs_run += 1
         # How far the policy moved from the one that collected the data, on the whole batch.
-        divergence = batch_divergence(policy, buffer, config.clip_coef)
+        divergence = batch_divergence(policy, buffer, config.clip_coef, all_reduce)
         if config.target_kl is not None and divergence["approx_kl"] > config.target_kl:
             stopped = True
             break
 
-    metrics = {key: sum(v) / len(v) for key, v in history.items()}
+    metrics = _mean_metrics(history, all_reduce)
     metrics.update(divergence)
-    metrics["explained_variance"] = explained_variance(values, returns)
+    metrics["explained_variance"] = explained_variance(values, returns, all_reduce)
     metrics["epochs_run"] = float(epochs_run)
     metrics["early_stopped"] = float(stopped)
+    return metrics
+
+
+def _mean_metrics(
+    history: dict[str, list[float]], all_reduce: AllReduce | None
+) -> dict[str, float]:
+    """Each metric's mean over the minibatches; with ``all_reduce`` the losses are each rank's
+    share of the whole minibatch's, so the ranks' shares are summed (the clipped gradient norm
+    is already the same everywhere)."""
+    metrics = {key: sum(v) / len(v) for key, v in history.items()}
+    if all_reduce is not None:
+        shared = [key for key in metrics if key != "grad_norm"]
+        total = all_reduce(torch.tensor([metrics[key] for key in shared], dtype=torch.float64))
+        metrics.update(zip(shared, total.tolist(), strict=True))
     return metrics
 
 
@@ -170,24 +207,32 @@ def _minibatch_step(
     advantages: Tensor,
     value_targets: Tensor,
     config: PPOConfig,
+    all_reduce: AllReduce | None = None,
 ) -> dict[str, float]:
     """Loss and one optimizer step on the env sequences ``env_ids``."""
     actions = buffer.actions[env_ids]  # [b, T, 8]
     new = _evaluate(policy, buffer, env_ids)
     relevant = RELEVANCE[actions[..., 0]].float()  # [b, T, 8] causal mask of the stored op
     ratio = ((new.log_probs - buffer.log_probs[env_ids]) * relevant).exp()  # irrelevant: 1
-
-    if config.norm_adv:
-        advantages = (advantages - advantages.mean()) / (advantages.std(unbiased=False) + 1e-8)
-    pg_loss = clipped_surrogate_loss(ratio, advantages, relevant, config.clip_coef)
-    v_loss = 0.5 * (new.values - value_targets).square().mean()
     # Entropy only where the head had a choice: a forced value says nothing about exploration.
-    head_entropy = masked_head_means(new.entropy, relevant * new.has_choice.float())  # [8]
+    choice = relevant * new.has_choice.float()
+
+    if all_reduce is not None:
+        pg_loss, v_loss, head_entropy = _shared_losses(
+            new, ratio, advantages, value_targets, relevant, choice, config, all_reduce)
+    else:
+        if config.norm_adv:
+            advantages = (advantages - advantages.mean()) / (advantages.std(unbiased=False) + 1e-8)
+        pg_loss = clipped_surrogate_loss(ratio, advantages, relevant, config.clip_coef)
+        v_loss = 0.5 * (new.values - value_targets).square().mean()
+        head_entropy = masked_head_means(new.entropy, choice)  # [8]
     coefs = torch.tensor([config.entropy_coefs[h] for h in HEADS])
     loss = pg_loss + config.vf_coef * v_loss - (coefs * head_entropy).sum()
 
     optimizer.zero_grad()
     loss.backward()
+    if all_reduce is not None:
+        sum_gradients(policy, all_reduce)
     grad_norm = nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
     optimizer.step()
     return {
@@ -199,17 +244,64 @@ def _minibatch_step(
     }
 
 
+def _shared_losses(
+    new: Evaluation, ratio: Tensor, advantages: Tensor, value_targets: Tensor,
+    relevant: Tensor, choice: Tensor, config: PPOConfig, all_reduce: AllReduce,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """This rank's share of the whole minibatch's policy loss, value loss and head entropies
+    (local sums over global counts), with advantages normalised by the whole minibatch's mean
+    and std."""
+    n_local = advantages.numel()
+    counts = all_reduce(torch.cat([  # [steps, advantage sum, 8 head counts] of every rank
+        torch.tensor([n_local], dtype=torch.float64), advantages.double().sum().view(1),
+        choice.double().sum((0, 1)),
+    ]))
+    n = float(counts[0])
+    if config.norm_adv:
+        mean = counts[1] / n
+        var = all_reduce((advantages.double() - mean).square().sum()) / n
+        advantages = ((advantages - mean) / (var.sqrt() + 1e-8)).to(ratio.dtype)
+    share = n_local / n
+    pg_loss = clipped_surrogate_loss(ratio, advantages, relevant, config.clip_coef) * share
+    v_loss = 0.5 * (new.values - value_targets).square().mean() * share
+    head_entropy = (new.entropy * choice).sum((0, 1)) / counts[2:].clamp(min=1).float()
+    return pg_loss, v_loss, head_entropy
+
+
+@torch.no_grad()
+def sum_gradients(policy: nn.Module, all_reduce: AllReduce) -> None:
+    """Replace every parameter's gradient by its sum over the ranks (one flat all-reduce, what
+    DDP's bucketed reduction does for a model this small)."""
+    params = list(policy.parameters())
+    flat = all_reduce(torch.cat([
+        (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params
+    ]))
+    for p, part in zip(params, flat.split([p.numel() for p in params]), strict=True):
+        p.grad = part.view_as(p).clone()
+
+
 @torch.no_grad()
 def batch_divergence(
-    policy: FactoredRecurrentActorCritic, buffer: RolloutBuffer, clip_coef: float
+    policy: FactoredRecurrentActorCritic, buffer: RolloutBuffer, clip_coef: float,
+    all_reduce: AllReduce | None = None,
 ) -> dict[str, float]:
     """Joint approximate KL and clip fraction of the current policy against the rollout policy,
     over the whole batch (measured after an update epoch, so it is the real movement, not the
-    zero of a minibatch evaluated before its own step)."""
+    zero of a minibatch evaluated before its own step); with ``all_reduce`` over every rank's
+    batch, so the early stop is one decision for all."""
     new = _evaluate(policy, buffer, slice(None))
     relevant = RELEVANCE[buffer.actions[..., 0]].float()
     logratio = new.log_probs - buffer.log_probs
     ratio = (logratio * relevant).exp()
+    if all_reduce is not None:
+        joint = (logratio * relevant).sum(-1)
+        outside = ((ratio - 1).abs() > clip_coef).float() * relevant
+        sums = all_reduce(torch.stack([
+            ((joint.exp() - 1) - joint).sum(), joint.new_tensor(joint.numel()),
+            outside.sum(), relevant.sum(),
+        ]).double())
+        return {"approx_kl": float(sums[0] / sums[1]),
+                "clipfrac": float(sums[2] / sums[3].clamp(min=1))}
     return {
         "approx_kl": float(joint_approx_kl(logratio, relevant)),
         "clipfrac": float(clip_fraction(ratio, relevant, clip_coef)),
