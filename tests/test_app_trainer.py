@@ -126,7 +126,7 @@ def test_ab_trains_one_policy_per_reward_mode_on_the_same_episodes(cifar_dir, tm
                                  ab=["shaped", "sparse"]))
     assert [learner.name for learner in trainer.learners] == ["shaped", "sparse"]
     assert [learner.envs for learner in trainer.learners] == [[0], [1]]
-    trainer._reset_pool(0, trainer._begin_round())
+    trainer._reset_pool(0, trainer._begin_round(0))
     first, second = (env.host.state_dict() for env in trainer.pool.envs)
     assert all(torch.equal(first[k], second[k]) for k in first  # the same episode seed
                if isinstance(first[k], torch.Tensor))
