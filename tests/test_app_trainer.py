@@ -118,3 +118,19 @@ def test_resume_continues_the_same_tensorboard_run_with_a_line_and_a_timeline_pe
     assert [m.split(":")[0] for m in rounds] == ["round 1/1", "round 2/2"]
     assert re.fullmatch(r"round 2/2: final accuracy \d+\.\d\d%, return -?\d+\.\d{3}, "
                         r"ops (\w+=\d+ ?)+, \d+\.\d s", rounds[1]), rounds[1]
+
+
+def test_lm_smoke_preset_learns_on_a_text_file(text_file, tmp_path):
+    save = tmp_path / "lm.pt"
+    config = load_config("lm-smoke", overrides={
+        "data_dir": str(text_file), "logdir": str(tmp_path / "logs"), "progress": False,
+        "save": str(save)})
+    trainer = PPOTrainer(config)
+    history = trainer.train()
+    assert len(history) == 2 and all(len(s.returns) >= 2 for s in history)
+    assert all(0.0 <= a <= 100.0 for s in history for a in s.final_accuracies)
+    env = trainer.pool.envs[0]
+    assert type(env.host).__name__ == "GPTHost" and env.governor.config.num_classes == 256
+    assert env.val_batches[0][0].shape[1] == 32  # lm-smoke's block size
+    state = read_checkpoint(save)
+    assert state["config"]["task"] == "lm" and state["config"]["host_preset"] == "tiny"

@@ -24,6 +24,7 @@ import json
 import logging
 import re
 import sys
+import types
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
@@ -141,6 +142,8 @@ def normalize_argv(argv: Sequence[str], cls: type[TaskConfig]) -> list[str]:
 
 
 def _kind(hint: object) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):  # X | None: the X
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
     if hint is bool:
         return "bool"
     return "list" if typing.get_origin(hint) is tuple else "value"
