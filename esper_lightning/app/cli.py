@@ -2,6 +2,7 @@
 
     esper-lightning ppo --preset smoke --data_dir ../shared/data/cifar10-subset
     esper-lightning compare --controllers static heuristic --seeds 10 --preset cpu --out cmp
+    esper-lightning ppo --preset lm-smoke --data_dir ../shared/data/shakespeare/shakespeare.txt
     esper-lightning ppo --preset smoke --print_config > run.yaml
     esper-lightning ppo --config run.yaml
 
