@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import random
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +26,23 @@ def cifar_dir(tmp_path: Path) -> Path:
     """A tiny learnable CIFAR-10 (80 train / 40 test) in the standard format; the folder that
     contains ``cifar-10-batches-py/``."""
     return write_cifar10_fixture(tmp_path / "cifar", n_train=80, n_test=40, rng_seed=0)
+
+
+_WORDS = ("the", "king", "queen", "speaks", "to", "his", "her", "lord", "and", "lady", "of",
+          "france", "with", "love", "war", "my", "good", "sir")
+
+
+@pytest.fixture
+def text_file(tmp_path: Path) -> Path:
+    """A small learnable text in ``tmp_path/text/plays.txt``: 600 seeded pseudo-sentences of
+    4 to 9 words (about 19 KB, so a 10% validation tail holds 58 blocks of 32 tokens)."""
+    rng = random.Random(0)
+    lines = [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 9))).capitalize() + "."
+             for _ in range(600)]
+    path = tmp_path / "text" / "plays.txt"
+    path.parent.mkdir()
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):

@@ -17,7 +17,7 @@ from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.data import TensorLoader, load_cifar10
 from esper_lightning.data.tensor_loader import normalize
 from esper_lightning.envs import EnvSpec, MorphogenesisEnv
-from esper_lightning.envs.env import VAL_BATCH
+from esper_lightning.envs.tasks import VAL_BATCH
 from esper_lightning.hosts import CifarCNNHost
 
 RNG_SEED = 1234

@@ -1,5 +1,6 @@
 """The CLI as a user runs it: subprocesses, exit status 2 and one-line errors."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,9 +11,9 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "cifar_ppo.py"
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(EXAMPLE), *args], capture_output=True, text=True,
-                          timeout=300, cwd=ROOT)
+                          timeout=300, cwd=ROOT, env=env)
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], text: str) -> None:
@@ -69,3 +70,11 @@ def test_incompatible_checkpoint_left_untouched(checkpoint, tmp_path):
 
 def test_bad_flag_value():
     assert_one_line_error(run("--envs", "many"), "Expected a <class 'int'>. Got value: many")
+
+
+def test_lm_task_without_text_is_one_line_offline(tmp_path):
+    # No --data-dir: the default data folder holds no text (and nothing is downloaded).
+    # PYTHONPATH: this checkout's package, whichever one is installed.
+    env = {**os.environ, "ESPER_DATA_DIR": str(tmp_path / "empty"), "PYTHONPATH": str(ROOT)}
+    assert_one_line_error(run("--preset", "lm-smoke", env=env),
+                          f"text file or folder '{tmp_path / 'empty'}' not found")

@@ -22,7 +22,7 @@ from esper_lightning.app.compare import (
     parse_controller,
     tuning_rng_seed,
 )
-from esper_lightning.app.config import CompareConfig
+from esper_lightning.app.config import CompareConfig, preset_values
 from esper_lightning.blueprints import param_count
 from esper_lightning.controllers import GrowerController, StaticController
 from esper_lightning.core.engine import MorphogenesisEngine, StepOutcome
@@ -168,6 +168,41 @@ def test_matched_implants_pick_the_closest_parameter_count():
     assert matched_implants(both, config) == (("r0c1", "norm"), ("r0c2", "conv_heavy"))
 
 
+def test_matched_implants_on_the_lm_task_are_transformer_seeds():
+    config = CompareConfig(task="lm")  # the tiny GPT: 64 wide, slots r0c0 and r0c1
+    lora = param_count("lora", 64, "transformer")
+    assert matched_implants(lora, config) == (("r0c0", "lora"),)
+    both = lora + param_count("attention", 64, "transformer")
+    assert matched_implants(both, config) == (("r0c0", "lora"), ("r0c1", "attention"))
+
+
+def test_lm_comparison_records_token_accuracy_and_loss(text_file, tmp_path):
+    values = preset_values("lm-smoke", CompareConfig)
+    config = CompareConfig(**{**values, "data_dir": str(text_file), "out": str(tmp_path / "out"),
+                              "controllers": ("static", "grower:lora", "matched:grower:lora"),
+                              "seeds": 2, "envs": 2, "progress": False})
+    records = Comparison(config).run()
+    assert len(records) == 6 and {r.host for r in records} == {"tiny"}
+    for r in records:
+        assert len(r.loss_curve) == len(r.accuracy_curve) == config.episode_length
+        assert 0.0 < min(r.loss_curve) < 6.0  # per-token cross-entropy, below ln 256
+    grown = [r for r in records if r.controller == "grower:lora"]
+    assert all(r.seeds_germinated == 1 and r.seed_params > 0 for r in grown)
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "## Validation loss" in summary and "| grower:lora | static | 2 |" in summary
+    assert json.loads((tmp_path / "out" / "compare_config.json").read_text())["task"] == "lm"
+
+
+def test_a_folder_written_before_tasks_existed_resumes_as_cifar(cifar_dir, tmp_path):
+    config = fixture_config(cifar_dir, tmp_path / "out", controllers=("static",), seeds=1)
+    Comparison(config).run()
+    saved_path = tmp_path / "out" / "compare_config.json"
+    saved = json.loads(saved_path.read_text())
+    del saved["task"], saved["block_size"]
+    saved_path.write_text(json.dumps(saved))
+    assert len(Comparison(config).run()) == 1  # accepted, nothing replayed
+
+
 def test_matched_controller_is_born_grown_with_the_growers_median(cifar_dir, tmp_path):
     grower, matched = "grower:conv_light", "matched:grower:conv_light"
     config = fixture_config(cifar_dir, tmp_path / "out", seeds=1, episode_length=4,
@@ -246,6 +281,8 @@ def trained_policy(tmp_path_factory):
          "was trained with slots=['r0c1', 'r0c2']"),
         (["--controllers", "static", "policy:POLICY", "--host_preset", "impaired",
           "--slots", "r0c1", "r0c2"], "was trained with host_preset='baseline'"),
+        (["--controllers", "static", "policy:POLICY", "--task", "lm", "--slots", "r0c0", "r0c1"],
+         "was trained with task='cifar'; the comparison uses task='lm'"),
     ],
 )
 def test_cli_errors_are_one_line_and_leave_out_untouched(trained_policy, tmp_path, extra,

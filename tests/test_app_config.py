@@ -2,7 +2,13 @@ import json
 
 import pytest
 
-from esper_lightning.app.config import PRESETS, ConfigError, PPORunConfig, load_config
+from esper_lightning.app.config import (
+    PRESETS,
+    ConfigError,
+    PPORunConfig,
+    compatibility_errors,
+    load_config,
+)
 
 
 def test_presets_are_valid_and_layered(tmp_path):
@@ -53,3 +59,48 @@ def test_bad_file(tmp_path):
 def test_env_devices_cycle():
     config = load_config(None, overrides={"envs": 3, "devices": ["cpu", "cpu"]})
     assert config.env_devices == ("cpu", "cpu", "cpu")
+
+
+def test_the_task_picks_host_slots_and_learning_rate_unless_given():
+    cifar = load_config(None)
+    assert (cifar.task, cifar.host_preset, cifar.slots, cifar.host_lr, cifar.block_size) == (
+        "cifar", "baseline", ("r0c0", "r0c1", "r0c2"), 0.01, None)
+    lm = load_config(None, overrides={"task": "lm"})
+    assert (lm.host_preset, lm.slots, lm.host_lr) == ("tiny", ("r0c0", "r0c1"), 1e-3)
+    assert PPORunConfig(task="lm") == lm
+    # A value given in a layer stays; one still at the old task's default follows the task.
+    tuned = load_config(None, overrides={"host_lr": 0.05}).replace(task="lm")
+    assert tuned.host_lr == 0.05 and tuned.host_preset == "tiny"
+    assert load_config(None, overrides={"task": "lm", "slots": ["r0c1"]}).slots == ("r0c1",)
+    smoke = load_config("lm-smoke")
+    assert (smoke.task, smoke.block_size, smoke.slots) == ("lm", 32, ("r0c0", "r0c1"))
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"task": "nlp"}, "unknown task 'nlp'; accepted: cifar, lm"),
+        ({"task": "lm", "host_preset": "baseline"},
+         "unknown host_preset 'baseline' for task 'lm'; accepted: tiny, small, medium"),
+        ({"host_preset": "tiny"}, "unknown host_preset 'tiny' for task 'cifar'"),
+        ({"task": "lm", "slots": ["r0c2"]}, "unknown slot 'r0c2'; accepted: r0c0, r0c1"),
+        ({"block_size": 64}, "block_size is for task 'lm' only; task 'cifar' takes null"),
+        ({"task": "lm", "block_size": 129}, "block_size must be in [1, 128] for host_preset"),
+        ({"task": "lm", "train_subset": 100},
+         "train_subset (training blocks per epoch) must be >= batch_size=128"),
+        ({"task": "lm", "host_lr": "fast"}, "host_lr must be a float, got 'fast'"),
+    ],
+)
+def test_task_values_are_checked_in_one_line(values, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides=values)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_configs_saved_before_the_task_existed_are_cifar():
+    saved = PPORunConfig().to_dict()
+    del saved["task"], saved["block_size"]
+    assert compatibility_errors(saved, PPORunConfig()) == []
+    assert compatibility_errors(saved, PPORunConfig(task="lm")) == [
+        "task='cifar' (now 'lm')", "slots=['r0c0', 'r0c1', 'r0c2'] (now ['r0c0', 'r0c1'])",
+        "host_preset='baseline' (now 'tiny')"]

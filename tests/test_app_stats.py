@@ -1,3 +1,4 @@
+import dataclasses
 import itertools
 import json
 
@@ -6,10 +7,12 @@ import pytest
 
 from esper_lightning.app.stats import (
     FIELDNAMES,
+    LEGACY_FIELDNAMES,
     MIN_PAIRS_FOR_VERDICT,
     EpisodeRecord,
     append_record_csv,
     bootstrap_ci,
+    loss_outcome,
     markdown_table,
     outcome_of,
     paired_differences,
@@ -320,3 +323,44 @@ def test_markdown_and_json_reports():
     assert report["controllers"][0]["return_ci"] is None
     assert report["comparisons"][0]["verdict"] == "better"
     assert report["comparisons"][0]["outcome_diff_ci"] == list(comparisons[0].outcome_diff_ci)
+
+
+def _with_losses(record, losses):
+    return dataclasses.replace(record, loss_curve=tuple(losses))
+
+
+def test_losses_round_trip_and_tables_without_them_still_read_and_grow(tmp_path):
+    with_loss = _with_losses(_record("static", 0, 60.0), (2.5, 2.25, 2.0, 1.0 / 3.0))
+    path = tmp_path / "episodes.csv"
+    write_records_csv(path, [with_loss])
+    assert read_records_csv(path) == [with_loss]
+    # A table written before losses were recorded: read without them, appended to as it is.
+    legacy = tmp_path / "legacy.csv"
+    rows = path.read_text().splitlines()
+    cut = [line.rsplit(",", 1)[0] for line in rows]
+    assert rows[0].endswith(",loss_curve") and ",".join(LEGACY_FIELDNAMES) == cut[0]
+    legacy.write_text("\n".join(cut) + "\n")
+    append_record_csv(legacy, _with_losses(_record("static", 1, 61.0), (1.0,) * 4))
+    assert legacy.read_text().splitlines()[0] == cut[0]
+    assert [r.loss_curve for r in read_records_csv(legacy)] == [(), ()]
+    with pytest.raises(ValueError, match="loss_curve has 2 epochs, accuracy_curve 4"):
+        _with_losses(_record("static", 0, 60.0), (1.0, 2.0))
+
+
+def test_validation_losses_are_summarised_and_paired():
+    records = []
+    for i in range(6):
+        records.append(_with_losses(_record("static", i, 60.0), (3.0, 2.0 + i, 2.0 + i, 2.0 + i)))
+        records.append(_with_losses(_record("grown", i, 61.0), (3.0, 1.9 + i, 1.9 + i, 1.8 + i)))
+    assert loss_outcome(records[1]) == pytest.approx((1.9 + 1.9 + 1.8) / 3)
+    static, grown = summarize(records)
+    assert static.val_loss_mean == pytest.approx(4.5) and grown.val_loss_mean < 4.5
+    (pair,) = paired_differences(records, "static")
+    assert pair.val_loss_diff_mean == pytest.approx(-0.4 / 3)
+    assert pair.val_loss_diff_ci == pytest.approx((-0.4 / 3, -0.4 / 3))  # constant differences
+    text = markdown_table([static, grown], [pair])
+    assert "## Validation loss" in text
+    assert "| grown | static | 6 | -0.1333 [-0.1333, -0.1333] |" in text
+    no_losses = [_record("static", i, 60.0) for i in range(2)]
+    assert summarize(no_losses)[0].val_loss_mean is None
+    assert "Validation loss" not in markdown_table(summarize(no_losses), [])

@@ -145,3 +145,19 @@ def test_ab_needs_envs_that_split_evenly(cifar_dir, tmp_path):
         _config(cifar_dir, tmp_path, envs=3, ab=["shaped", "sparse"])
     with pytest.raises(ConfigError, match="two or more different reward modes"):
         _config(cifar_dir, tmp_path, ab=["shaped"])
+
+
+def test_lm_smoke_preset_learns_on_a_text_file(text_file, tmp_path):
+    save = tmp_path / "lm.pt"
+    config = load_config("lm-smoke", overrides={
+        "data_dir": str(text_file), "logdir": str(tmp_path / "logs"), "progress": False,
+        "save": str(save)})
+    trainer = PPOTrainer(config)
+    history = trainer.train()
+    assert len(history) == 2 and all(len(s.returns) >= 2 for s in history)
+    assert all(0.0 <= a <= 100.0 for s in history for a in s.final_accuracies)
+    env = trainer.pool.envs[0]
+    assert type(env.host).__name__ == "GPTHost" and env.governor.config.num_classes == 256
+    assert env.val_batches[0][0].shape[1] == 32  # lm-smoke's block size
+    state = read_checkpoint(save)
+    assert state["config"]["task"] == "lm" and state["config"]["host_preset"] == "tiny"

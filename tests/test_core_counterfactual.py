@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from esper_lightning.core.alpha import AlphaAlgorithm
 from esper_lightning.core.counterfactual import (
     ALL_OFF,
     DEFAULT_MODES,
@@ -19,7 +20,7 @@ from esper_lightning.core.counterfactual import (
     separate_forward,
 )
 from esper_lightning.core.lifecycle import SeedStage
-from esper_lightning.hosts import CifarCNNHost
+from esper_lightning.hosts import CifarCNNHost, GPTHost
 
 
 def _blend(host: CifarCNNHost, slot_id: str, blueprint: str, ticks: int) -> None:
@@ -222,3 +223,109 @@ def test_reduced_shards_give_the_whole_sets_counts_not_a_mean_of_ratios():
         assert shard.total == 24 and torch.equal(shard.correct, whole.correct)
         assert shard.accuracies() == whole.accuracies()
         assert shard.read()[1] == pytest.approx(whole.read()[1], rel=1e-6)
+
+
+# --- language models: every token counts ---------------------------------------------------------
+def test_batches_of_different_sizes_give_the_exact_token_weighted_mean():
+    # Per-batch means averaged over batches (what the research code's fused validation did)
+    # weigh a 1-block batch like a 3-block one; the accumulator counts tokens.
+    g = torch.Generator().manual_seed(3)
+    batches = [(torch.randn(3, 5, 7, generator=g), torch.randint(0, 7, (3, 5), generator=g)),
+               (torch.randn(1, 5, 7, generator=g), torch.randint(0, 7, (1, 5), generator=g)),
+               (torch.randn(2, 4, 7, generator=g), torch.randint(0, 7, (2, 4), generator=g))]
+    acc = CounterfactualAccumulator(make_plan({}), "separate")
+    for logits, y in batches:
+        acc.update(lambda x: x, logits, y, {})
+    accuracies, loss, _ = acc.read()
+    flat = torch.cat([logits.reshape(-1, 7) for logits, _ in batches])  # [28, 7]
+    targets = torch.cat([y.reshape(-1) for _, y in batches])  # [28]
+    assert acc.total == 15 + 5 + 8 == targets.numel()
+    hits = int((flat.argmax(-1) == targets).sum())
+    assert accuracies[MAIN] == pytest.approx(100.0 * hits / 28)
+    assert loss == pytest.approx(float(F.cross_entropy(flat, targets)), rel=1e-6)
+    per_batch = [float(F.cross_entropy(lg.reshape(-1, 7), y.reshape(-1))) for lg, y in batches]
+    assert abs(sum(per_batch) / 3 - loss) > 1e-3  # the per-batch mean is another number
+
+
+def _blend_gpt(host, slot_id: str, blueprint: str, algorithm, ticks: int) -> None:
+    slot = host.slots[slot_id]
+    slot.germinate(blueprint, algorithm=algorithm, tempo=4)
+    slot.advance()
+    slot.state.metrics.epochs_in_stage = 10
+    slot.state.metrics.gradient_health, slot.state.metrics.has_exploding = 1.0, False
+    assert slot.advance().passed  # -> BLENDING
+    for _ in range(ticks):
+        slot.tick()
+
+
+def _grown_gpt():
+    """The tiny GPT host with an ADD attention seed mid-ramp after block 0 and a GATE MLP seed
+    fully blended (HOLDING) after block 1, both large enough to change predictions."""
+    torch.manual_seed(0)
+    host = GPTHost("tiny", slots=["r0c0", "r0c1"])
+    _blend_gpt(host, "r0c0", "attention", AlphaAlgorithm.ADD, ticks=2)
+    _blend_gpt(host, "r0c1", "mlp_small", AlphaAlgorithm.GATE, ticks=4)
+    host.slots["r0c1"].advance()  # -> HOLDING at alpha 1
+    with torch.no_grad():
+        for slot_id in ("r0c0", "r0c1"):
+            for p in host.slots[slot_id].seed.parameters():
+                p.normal_(0, 0.5)
+    return host.eval()
+
+
+def test_gpt_fused_equals_separate_passes_with_add_and_gate_seeds():
+    host = _grown_gpt()
+    assert host.slots["r0c0"].blend.algorithm == AlphaAlgorithm.ADD
+    assert host.slots["r0c1"].blend.algorithm == AlphaAlgorithm.GATE
+    assert host.slots["r0c1"].stage == SeedStage.HOLDING and 0 < host.slots["r0c0"].alpha < 1
+    plan = make_plan(host.slots)
+    assert plan.configs == (MAIN, "off:r0c0", "off:r0c1", ALL_OFF)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, 256, (3, 16), generator=g)
+    with torch.no_grad():
+        fused = fused_forward(host, x, host.slots, plan)  # [K, B, T, V]
+        separate = separate_forward(host, x, host.slots, plan)
+        torch.testing.assert_close(fused, separate, rtol=1e-4, atol=1e-4)
+        for k in range(plan.size):
+            ref = copy.deepcopy(host)  # the slots really at this configuration's alphas
+            for sid in plan.slot_ids:
+                ref.slots[sid].alpha_controller.snap(float(plan.alphas[sid][k]))
+            torch.testing.assert_close(separate[k], ref(x), rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(separate[0], separate[1], atol=1e-3)  # the seeds matter
+
+
+def test_gpt_contribution_is_token_accuracy_and_the_loss_is_the_main_configurations():
+    host = _grown_gpt()
+    plan = make_plan(host.slots)
+    g = torch.Generator().manual_seed(2)
+    batches = [(torch.randint(0, 256, (b, 16), generator=g),
+                torch.randint(0, 256, (b, 16), generator=g)) for b in (4, 1)]
+    with torch.no_grad():
+        # Targets the host gets right part of the time: its own predictions, half of them.
+        batches = [(x, torch.where(torch.rand(y.shape, generator=g) < 0.5,
+                                   separate_forward(host, x, host.slots, plan)[2].argmax(-1), y))
+                   for x, y in batches]
+        logits = [separate_forward(host, x, host.slots, plan) for x, _ in batches]
+    targets = torch.cat([y.reshape(-1) for _, y in batches])  # [80] tokens
+    expected = {}
+    for k, config in enumerate(plan.configs):
+        flat = torch.cat([lg[k].reshape(-1, 256) for lg in logits])
+        expected[config] = 100.0 * float((flat.argmax(-1) == targets).double().mean())
+    main_loss = float(F.cross_entropy(torch.cat([lg[0].reshape(-1, 256) for lg in logits]),
+                                      targets))
+    results = {}
+    for mode in MODES:
+        acc = CounterfactualAccumulator(plan, mode)
+        for x, y in batches:
+            acc.update(host, x, y, host.slots)
+        accuracies, loss, _ = acc.read()
+        results[mode] = acc.contributions(accuracies)
+        assert acc.total == 80
+        assert accuracies == pytest.approx(expected)
+        assert loss == pytest.approx(main_loss, rel=1e-5)
+    assert results["fused"] == pytest.approx(results["separate"])
+    contributions = results["separate"]
+    assert contributions == pytest.approx({
+        "r0c0": expected[MAIN] - expected["off:r0c0"],
+        "r0c1": expected[MAIN] - expected["off:r0c1"]})
+    assert contributions["r0c1"] != 0.0  # measured, not trivially zero

@@ -16,6 +16,7 @@ from esper_lightning.data.text import (
     TextDataModule,
     TextTensorLoader,
     download_tinystories,
+    find_text_file,
     load_text_tokens,
     split_tokens,
     validation_blocks,
@@ -81,6 +82,43 @@ def test_load_text_tokens_errors_name_the_file(tmp_path: Path, case: str):
     message = _one_line(err)
     assert str(path) in message
     assert ("empty" in message.replace(str(path), "")) == (case == "empty")
+
+
+def test_find_text_file_takes_a_file_or_the_one_text_file_of_a_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "README.md").write_text("not the corpus")
+    only = folder / "plays.txt"
+    only.write_text("To be, or not to be")
+    assert find_text_file(only) == only and find_text_file(folder) == only
+    (folder / "more.txt").write_text("that is the question")
+    tiny = folder / TINYSTORIES_VALID_NAME  # what download_tinystories writes wins
+    tiny.write_text("Once upon a time")
+    assert find_text_file(folder) == tiny
+    monkeypatch.setenv("ESPER_DATA_DIR", str(folder))
+    assert find_text_file(None) == tiny
+
+
+@pytest.mark.parametrize(("case", "message"), [
+    ("missing", "text file or folder '{path}' not found"),
+    ("no_text", "folder '{path}' holds no *.txt file"),
+    ("two_texts", "folder '{path}' holds 2 *.txt files"),
+])
+def test_find_text_file_errors_are_one_line(tmp_path: Path, case: str, message: str):
+    path = tmp_path / "corpus"
+    if case != "missing":
+        path.mkdir()
+        (path / "notes.md").write_text("x")
+    if case == "two_texts":
+        (path / "a.txt").write_text("a")
+        (path / "b.txt").write_text("b")
+    with pytest.raises(DataError) as err:
+        find_text_file(path)
+    text_of_error = _one_line(err)
+    assert text_of_error.startswith(message.format(path=path))
+    assert "download=True" in text_of_error
 
 
 def test_split_is_contiguous_with_the_tail_for_validation():

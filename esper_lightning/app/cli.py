@@ -3,6 +3,7 @@
     esper-lightning ppo --preset smoke --data_dir ../shared/data/cifar10-subset
     esper-lightning compare --controllers static heuristic --seeds 10 --preset cpu --out cmp
     esper-lightning ppo --preset smoke --strategy ddp --devices 2 --minibatch_envs 2
+    esper-lightning ppo --preset lm-smoke --data_dir ../shared/data/shakespeare/shakespeare.txt
     esper-lightning ppo --preset smoke --print_config > run.yaml
     esper-lightning ppo --config run.yaml
 
@@ -25,6 +26,7 @@ import json
 import logging
 import re
 import sys
+import types
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
@@ -149,6 +151,8 @@ def normalize_argv(argv: Sequence[str], cls: type[TaskConfig]) -> list[str]:
 
 
 def _kind(hint: object) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):  # X | None: the X
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
     if hint is bool:
         return "bool"
     return "list" if typing.get_origin(hint) is tuple else "value"

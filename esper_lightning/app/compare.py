@@ -28,9 +28,14 @@ from tqdm.auto import tqdm
 
 from esper_lightning import blueprints as blueprint_registry
 from esper_lightning.app import plots, stats
-from esper_lightning.app.config import CompareConfig, TaskConfig, check_hardware
+from esper_lightning.app.config import (
+    ADDED_KEY_DEFAULTS,
+    CompareConfig,
+    TaskConfig,
+    check_hardware,
+)
 from esper_lightning.app.stats import EpisodeRecord
-from esper_lightning.app.task import env_spec, load_splits
+from esper_lightning.app.task import env_spec, load_splits, make_task
 from esper_lightning.controllers import (
     Controller,
     GrowerController,
@@ -44,7 +49,6 @@ from esper_lightning.core.outcome import episode_outcome
 from esper_lightning.core.report import EpochReport
 from esper_lightning.envs import EnvPool, episode_rng_seed
 from esper_lightning.errors import ConfigError
-from esper_lightning.hosts import CifarCNNHost
 from esper_lightning.rl.checkpoint import PolicyBundle, load_policy, read_checkpoint
 from esper_lightning.rl.rewards import RewardConfig, compute_reward
 
@@ -121,10 +125,10 @@ def make_grower(argument: str) -> GrowerController:
 
 
 def check_policy(path: str, task: TaskConfig) -> PolicyBundle:
-    """Load a policy checkpoint, refusing one trained for other slots, host or horizon."""
+    """Load a policy checkpoint, refusing one trained for another task, slots or host."""
     state = read_checkpoint(path)
-    saved = state.get("config", {})
-    wanted = {"slots": list(task.slots), "host_preset": task.host_preset}
+    saved = {**ADDED_KEY_DEFAULTS, **state.get("config", {})}
+    wanted = {"task": task.task, "slots": list(task.slots or ()), "host_preset": task.host_preset}
     for key, value in wanted.items():
         if saved.get(key) != value:
             raise ConfigError(f"policy '{path}' was trained with {key}={saved.get(key)!r}; the "
@@ -159,6 +163,7 @@ def play_episodes(
         controller.reset()
     returns = [0.0] * len(plans)
     curves = [[_accuracy(o.report)] for o in observations]
+    losses = [[_loss(o.report)] for o in observations]
     decisions = task.episode_length - 1
     for t in range(decisions):
         reports = [o.report for o in observations]
@@ -171,8 +176,9 @@ def play_episodes(
             )
             returns[k] += reward.total
             curves[k].append(_accuracy(after.report))
+            losses[k].append(_loss(after.report))
     seconds = (time.perf_counter() - start) / len(plans)
-    return [_record(pool, k, plan, task, returns[k], curves[k], seconds)
+    return [_record(pool, k, plan, task, returns[k], (curves[k], losses[k]), seconds)
             for k, plan in enumerate(plans)]
 
 
@@ -182,10 +188,15 @@ def _accuracy(report: EpochReport) -> float:
     return report.val_accuracy
 
 
+def _loss(report: EpochReport) -> float | None:
+    return report.val_loss  # None from a pool that measures no loss: the record has none
+
+
 def _record(
     pool: EnvPool, k: int, plan: EpisodePlan, task: TaskConfig, episode_return: float,
-    curve: list[float], seconds: float,
+    curves: tuple[list[float], list[float | None]], seconds: float,
 ) -> EpisodeRecord:
+    curve, losses = curves
     engine = pool.envs[k].engine
     assert engine is not None
     events = engine.event_counts()
@@ -197,20 +208,24 @@ def _record(
         episode_return=episode_return, accuracy_curve=tuple(curve),
         seeds_germinated=events["germinated"], seeds_fossilized=events["fossilized"],
         seeds_pruned=events["pruned"], wall_seconds=seconds,
+        loss_curve=() if None in losses else tuple(losses),  # type: ignore[arg-type]
     )
 
 
 # --- the born-grown baseline ------------------------------------------------------------------
 def matched_implants(target_params: float, task: TaskConfig) -> tuple[tuple[str, str], ...]:
     """At most `MATCHED_MAX_SEEDS` seeds, one per slot, whose parameter count is closest to
-    ``target_params``; ties go to fewer seeds, then to earlier slots and smaller blueprints."""
-    host = CifarCNNHost(task.host_preset, slots=task.slots)
-    names = blueprint_registry.available("cnn")  # smallest first
-    sizes = {(sid, bp): blueprint_registry.param_count(bp, slot.channels)
+    ``target_params``; ties go to fewer seeds, then to earlier slots and smaller blueprints.
+    The blueprints are those of the task's topology."""
+    played = make_task(task)
+    slot_ids = tuple(task.slots or ())
+    host = played.make_host(str(task.host_preset), slot_ids, lr=1.0)  # sizes only
+    names = played.blueprints()  # smallest first
+    sizes = {(sid, bp): blueprint_registry.param_count(bp, slot.channels, played.topology)
              for sid, slot in host.slots.items() for bp in names}
     best: tuple[float, int, tuple[tuple[str, str], ...]] = (float(target_params), 0, ())
-    for n_seeds in range(1, min(MATCHED_MAX_SEEDS, len(task.slots)) + 1):
-        for slots in itertools.combinations(task.slots, n_seeds):
+    for n_seeds in range(1, min(MATCHED_MAX_SEEDS, len(slot_ids)) + 1):
+        for slots in itertools.combinations(slot_ids, n_seeds):
             for choice in itertools.product(names, repeat=n_seeds):
                 implants = tuple(zip(slots, choice, strict=True))
                 size = sum(sizes[pair] for pair in implants)
@@ -282,7 +297,7 @@ class Comparison:
             raise ConfigError(f"out '{self.out}' exists and is not a folder")
         if not saved_path.is_file():
             return
-        saved = json.loads(saved_path.read_text())
+        saved = {**ADDED_KEY_DEFAULTS, **json.loads(saved_path.read_text())}
         current = self.config.to_dict()
         changed = [k for k in _RESUME_KEYS if saved.get(k) != current[k]]
         if changed:

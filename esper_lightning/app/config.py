@@ -22,14 +22,15 @@ import torch
 import yaml
 
 from esper_lightning.core.outcome import OUTCOME_EPOCHS
+from esper_lightning.envs.tasks import TASKS, Task
 from esper_lightning.errors import ConfigError
-from esper_lightning.hosts import PRESETS as HOST_PRESETS
-from esper_lightning.hosts import slot_ids
+from esper_lightning.hosts import GPT_PRESETS
 from esper_lightning.rl.rewards import RewardMode
 
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 # Choices as types, so the command-line help lists them (built from the one registry of each).
-HostPresetName = Literal[tuple(HOST_PRESETS)]  # type: ignore[valid-type]
+TaskName = Literal[tuple(TASKS)]  # type: ignore[valid-type]
+HostPresetName = Literal[tuple(p for t in TASKS.values() for p in t.presets)]  # type: ignore[valid-type]
 RewardName = Literal[tuple(m.value for m in RewardMode)]  # type: ignore[valid-type]
 PrecisionName = Literal[PRECISIONS]  # type: ignore[valid-type]
 #: How ``esper-lightning ppo`` runs: one process, or Lightning's data-parallel launchers.
@@ -42,12 +43,23 @@ ConfigT = TypeVar("ConfigT", bound="TaskConfig")
 class TaskConfig:
     """The task every env plays: one host trained for one episode on one dataset.
 
+    The defaults of ``host_preset``, ``slots`` and ``host_lr`` follow the task (null: the
+    task's own); a layer that changes the task also moves the ones still at the old task's
+    default.
+
     Args:
-        data_dir: folder with ``cifar-10-batches-py/`` (null: ``$ESPER_DATA_DIR`` or the cache).
-        download: download CIFAR-10 when missing.
+        data_dir: cifar: folder with ``cifar-10-batches-py/``; lm: a text file, or a folder
+            with ``TinyStories-valid.txt`` or a single ``*.txt`` file (null: ``$ESPER_DATA_DIR``
+            or the cache).
+        task: what the hosts learn: cifar (CifarCNNHost on CIFAR-10 images) or lm (GPTHost
+            predicting the next byte of a text; accuracy is next-token accuracy).
+        download: download the data when missing (cifar: CIFAR-10; lm: the TinyStories
+            validation split).
         episode_length: host epochs per episode (one RL step = one epoch).
-        slots: enabled slot ids of the host, in action order.
-        host_preset: the host network.
+        slots: enabled slot ids of the host, in action order (null: cifar r0c0 r0c1 r0c2; lm
+            r0c0 r0c1).
+        host_preset: the host network (cifar: baseline, impaired, scale; lm: tiny, small,
+            medium; null: baseline / tiny).
         reward: reward mode the controller's return is computed with.
         gamma: discount of the return (and of the reward's potential-based shaping).
         param_cost: outcome points charged per host-sized amount of seed parameters (the
@@ -58,18 +70,22 @@ class TaskConfig:
         precision: host training precision (16-mixed gives each env its own GradScaler).
         rng_seed: root random-number seed: episodes and data subsets derive from it.
         batch_size: host training batch size.
-        train_subset: at most this many training images (null: all).
-        val_subset: at most this many validation images (null: all).
-        host_lr: host SGD learning rate.
+        train_subset: cifar: at most this many training images (null: all); lm: training
+            blocks per epoch (null: about one pass over the text).
+        val_subset: cifar: at most this many validation images; lm: at most this many
+            validation blocks (null: all).
+        host_lr: host learning rate (cifar: SGD, lm: AdamW; null: 0.01 / 0.001).
         max_seeds: seeds present at once per host (null: unlimited).
         min_training_epochs: epochs a seed incubates before it may blend (gate G2).
+        block_size: lm only: tokens per block (null: the GPT preset's block_size).
     """
 
     data_dir: str | None = None
+    task: TaskName = "cifar"
     download: bool = False
     episode_length: int = 20
-    slots: tuple[str, ...] = ("r0c0", "r0c1", "r0c2")
-    host_preset: HostPresetName = "baseline"
+    slots: tuple[str, ...] | None = None
+    host_preset: HostPresetName | None = None
     reward: RewardName = "shaped"
     gamma: float = 0.995
     param_cost: float = 1.0
@@ -80,11 +96,14 @@ class TaskConfig:
     batch_size: int = 128
     train_subset: int | None = None
     val_subset: int | None = None
-    host_lr: float = 0.01
+    host_lr: float | None = None
     max_seeds: int | None = None
     min_training_epochs: int = 10
+    block_size: int | None = None
 
     def __post_init__(self) -> None:
+        _check_choice("task", self.task, tuple(TASKS))
+        _resolve_task_defaults(self)
         _check_positive(self, ("episode_length", "batch_size"))
         if self.episode_length < OUTCOME_EPOCHS:
             raise ConfigError(f"episode_length must be >= {OUTCOME_EPOCHS} (the outcome averages "
@@ -92,16 +111,24 @@ class TaskConfig:
         _check_optional_positive(self, ("train_subset", "val_subset", "max_seeds"))
         if self.min_training_epochs < 0:
             raise ConfigError(f"min_training_epochs must be >= 0, got {self.min_training_epochs}")
-        _check_choice("host_preset", self.host_preset, tuple(HOST_PRESETS))
+        if self.host_preset not in self.task_class.presets:
+            raise ConfigError(f"unknown host_preset {self.host_preset!r} for task {self.task!r}; "
+                              f"accepted: {', '.join(self.task_class.presets)}")
         _check_choice("reward", self.reward, tuple(m.value for m in RewardMode))
         _check_choice("precision", self.precision, PRECISIONS)
         self._check_devices()
-        _check_slots(self.slots, self.host_preset)
+        _check_slots(self.slots, self.task_class.slot_ids(self.host_preset))
         _check_range("gamma", self.gamma, 0.0, 1.0)
         if self.param_cost < 0:
             raise ConfigError(f"param_cost must be >= 0, got {self.param_cost}")
-        if self.host_lr <= 0:
+        if self.host_lr <= 0:  # type: ignore[operator]  # resolved above
             raise ConfigError(f"host_lr must be > 0, got {self.host_lr}")
+        _check_block_size(self)
+
+    @property
+    def task_class(self) -> type[Task]:
+        """The registered `Task` class of ``task``."""
+        return TASKS[self.task]
 
     def _check_devices(self) -> None:
         for device in (self.device, *self.devices):
@@ -289,9 +316,14 @@ class CompareConfig(TaskConfig):
 
 #: Fields that shape the policy or the task: a checkpoint only resumes with equal values.
 COMPATIBILITY_KEYS = (
-    "slots", "host_preset", "reward", "episode_length", "policy_hidden", "envs",
+    "task", "slots", "host_preset", "reward", "episode_length", "policy_hidden", "envs",
     "min_training_epochs", "max_seeds", "param_cost", "heads",
 )
+#: What a saved config (a checkpoint, a comparison folder) written before these keys existed
+#: meant by leaving them out.
+ADDED_KEY_DEFAULTS: dict[str, Any] = {"task": "cifar", "block_size": None}
+#: Keys whose default depends on the task (null in a layer: the task's own).
+TASK_DEFAULTED_KEYS = ("host_preset", "slots", "host_lr")
 
 PRESETS: dict[str, dict[str, Any]] = {
     # Seconds-to-minutes on 2 CPU cores: proves the loop end to end, learns nothing.
@@ -317,6 +349,19 @@ PRESETS: dict[str, dict[str, Any]] = {
         "precision": "bf16-mixed", "policy_hidden": 128, "minibatch_envs": 8,
         "learning_rate": 5e-4,
     },
+    # The language-model task in seconds on 2 CPU cores (tiny GPT, 32-token blocks).
+    "lm-smoke": {
+        "task": "lm", "envs": 2, "rounds": 2, "episode_length": 4, "train_subset": 64,
+        "val_subset": 16, "batch_size": 16, "block_size": 32, "slots": ("r0c0", "r0c1"),
+        "min_training_epochs": 1, "policy_hidden": 32, "ppo_epochs": 2, "minibatch_envs": 1,
+    },
+    # The language-model task sized for a CPU: an episode of the tiny GPT on 1,280 random
+    # 64-byte blocks per epoch is about a minute on one thread (docs/evidence_lm.md).
+    "lm-cpu": {
+        "task": "lm", "envs": 4, "rounds": 20, "episode_length": 20, "train_subset": 1280,
+        "val_subset": 256, "batch_size": 32, "block_size": 64, "slots": ("r0c0", "r0c1"),
+        "min_training_epochs": 2, "policy_hidden": 64, "ppo_epochs": 4, "minibatch_envs": 2,
+    },
 }
 
 
@@ -337,6 +382,7 @@ def from_mapping(values: Mapping[str, Any], base: ConfigT) -> ConfigT:
             f"{', '.join(known)}"
         )
     coerced = {name: _coerce(name, value, known[name].default) for name, value in values.items()}
+    coerced = {**_follow_task(coerced, base), **coerced}
     try:
         return dataclasses.replace(base, **coerced)
     except TypeError as err:
@@ -377,6 +423,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 def compatibility_errors(saved: Mapping[str, Any], config: PPORunConfig) -> list[str]:
     """The compatibility keys whose saved value differs from ``config``."""
     current = config.to_dict()
+    saved = {**ADDED_KEY_DEFAULTS, **saved}
     return [
         f"{key}={saved.get(key)!r} (now {current[key]!r})"
         for key in COMPATIBILITY_KEYS
@@ -399,14 +446,56 @@ def check_hardware(config: TaskConfig, devices: tuple[str, ...]) -> None:
                           "32-true")
 
 
+# --- the task's defaults -----------------------------------------------------------------------
+def _task_defaults(task: type[Task]) -> dict[str, Any]:
+    return {"host_preset": task.default_preset, "slots": task.default_slots,
+            "host_lr": task.default_host_lr}
+
+
+def _resolve_task_defaults(config: TaskConfig) -> None:
+    """Fill the task-dependent keys left null with the task's defaults (before any check)."""
+    for name, value in _task_defaults(config.task_class).items():
+        if getattr(config, name) is None:
+            object.__setattr__(config, name, value)
+
+
+def _follow_task(values: Mapping[str, Any], base: TaskConfig) -> dict[str, Any]:
+    """A layer that changes the task resets the task-dependent keys it does not set and that
+    still hold the old task's default, so ``--task lm`` alone gets the lm host and slots."""
+    task = values.get("task", base.task)
+    if task == base.task or task not in TASKS:
+        return {}
+    old = _task_defaults(base.task_class)
+    return {name: None for name in TASK_DEFAULTED_KEYS
+            if name not in values and getattr(base, name) == old[name]}
+
+
+def _check_block_size(config: TaskConfig) -> None:
+    if config.task != "lm":
+        if config.block_size is not None:
+            raise ConfigError(f"block_size is for task 'lm' only; task {config.task!r} takes "
+                              f"null, got {config.block_size}")
+        return
+    limit = GPT_PRESETS[config.host_preset].block_size  # type: ignore[index]
+    if config.block_size is not None and not 1 <= config.block_size <= limit:
+        raise ConfigError(f"block_size must be in [1, {limit}] for host_preset "
+                          f"{config.host_preset!r}, got {config.block_size}")
+    if config.train_subset is not None and config.train_subset < config.batch_size:
+        raise ConfigError(f"train_subset (training blocks per epoch) must be >= batch_size="
+                          f"{config.batch_size} for task 'lm', got {config.train_subset}")
+
+
 # --- checking ---------------------------------------------------------------------------------
 _TUPLE_FIELDS = ("slots", "devices", "controllers", "ab")
-_OPTIONAL_PATHS = ("data_dir", "save", "resume")
-_OPTIONAL_INTS = ("train_subset", "val_subset", "max_seeds")
+_OPTIONAL_PATHS = ("data_dir", "save", "resume", "host_preset")
+_OPTIONAL_INTS = ("train_subset", "val_subset", "max_seeds", "block_size")
+_OPTIONAL_FLOATS = ("host_lr",)
 
 
 def _coerce(name: str, value: Any, default: Any) -> Any:
     if name in _TUPLE_FIELDS:
+        if value is None and default is None:
+            return None
         if isinstance(value, str) or not isinstance(value, list | tuple):
             raise ConfigError(f"{name} must be a list of strings, got {value!r}")
         return tuple(str(v) for v in value)
@@ -415,6 +504,8 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
         expected = str
     if name in _OPTIONAL_INTS:
         expected = int
+    if name in _OPTIONAL_FLOATS:
+        expected = float
     if value is None:
         if default is None:
             return None
@@ -451,8 +542,7 @@ def _check_choice(name: str, value: str, accepted: tuple[str, ...]) -> None:
         raise ConfigError(f"unknown {name} {value!r}; accepted: {', '.join(accepted)}")
 
 
-def _check_slots(slots: tuple[str, ...], host_preset: str) -> None:
-    accepted = slot_ids(HOST_PRESETS[host_preset].n_blocks)
+def _check_slots(slots: tuple[str, ...] | None, accepted: tuple[str, ...]) -> None:
     if not slots:
         raise ConfigError(f"slots must name at least one slot; accepted: {', '.join(accepted)}")
     for slot in slots:

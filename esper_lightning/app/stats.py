@@ -58,6 +58,18 @@ def outcome_of(curve: Sequence[float], last: int = OUTCOME_EPOCHS) -> float:
     return accuracy_outcome(curve, last)
 
 
+def loss_outcome(record: EpisodeRecord, last: int = OUTCOME_EPOCHS) -> float | None:
+    """Mean validation loss of the episode's last ``last`` epochs (the loss twin of the
+    outcome); None for a record without losses.
+
+    Example::
+
+        loss_outcome(record)  # 1.93: mean per-token loss of the last 3 epochs
+    """
+    tail = record.loss_curve[-last:]
+    return math.fsum(tail) / len(tail) if tail else None
+
+
 _INT_FIELDS = (
     "episode_index",
     "episode_rng_seed",
@@ -91,6 +103,8 @@ class EpisodeRecord:
         accuracy_curve: validation accuracy (percent) per epoch.
         seeds_germinated, seeds_fossilized, seeds_pruned: lifecycle counts over the episode.
         wall_seconds: wall-clock time of the episode.
+        loss_curve: validation loss per epoch (mean per sample, per token for a language
+            model); empty in tables written before losses were recorded.
 
     Example::
 
@@ -114,10 +128,12 @@ class EpisodeRecord:
     seeds_fossilized: int
     seeds_pruned: int
     wall_seconds: float
+    loss_curve: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         # A list curve would make the record unhashable and compare unequal to its CSV twin.
         object.__setattr__(self, "accuracy_curve", tuple(float(v) for v in self.accuracy_curve))
+        object.__setattr__(self, "loss_curve", tuple(float(v) for v in self.loss_curve))
         for name in ("controller", "host"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ValueError(f"{name} must be a non-empty string, got {getattr(self, name)!r}")
@@ -130,7 +146,11 @@ class EpisodeRecord:
             raise ValueError(
                 f"seed_params ({self.seed_params}) exceeds total_params ({self.total_params})"
             )
-        finite = [self.outcome, self.final_accuracy, self.wall_seconds, *self.accuracy_curve]
+        if self.loss_curve and len(self.loss_curve) != len(self.accuracy_curve):
+            raise ValueError(f"loss_curve has {len(self.loss_curve)} epochs, accuracy_curve "
+                             f"{len(self.accuracy_curve)}; they must be equally long")
+        finite = [self.outcome, self.final_accuracy, self.wall_seconds, *self.accuracy_curve,
+                  *self.loss_curve]
         if self.episode_return is not None:
             finite.append(self.episode_return)
         if not all(math.isfinite(v) for v in finite):
@@ -145,22 +165,25 @@ class EpisodeRecord:
             "" if self.episode_return is None else repr(float(self.episode_return))
         )
         row["accuracy_curve"] = " ".join(repr(v) for v in self.accuracy_curve)
+        row["loss_curve"] = " ".join(repr(v) for v in self.loss_curve)
         return {name: row[name] for name in FIELDNAMES}
 
     @classmethod
     def from_row(cls, row: Mapping[str | None, Any]) -> EpisodeRecord:
-        """The record of a CSV row written by `to_row`.
+        """The record of a CSV row written by `to_row` (or of a table without losses, written
+        before they were recorded: `LEGACY_FIELDNAMES`).
 
         Raises:
             ValueError: a missing or extra field, or a value that does not parse.
         """
-        if None in row or any(row.get(name) is None for name in FIELDNAMES):
-            missing = [name for name in FIELDNAMES if row.get(name) is None]
+        names = FIELDNAMES if "loss_curve" in row else LEGACY_FIELDNAMES
+        if None in row or any(row.get(name) is None for name in names):
+            missing = [name for name in names if row.get(name) is None]
             raise ValueError(
                 f"row has the wrong number of fields (missing: {', '.join(missing) or 'none'})"
             )
         values: dict[str, Any] = {"controller": row["controller"], "host": row["host"]}
-        for name in FIELDNAMES:
+        for name in names:
             text = row[name]
             try:
                 if name in _INT_FIELDS:
@@ -169,7 +192,7 @@ class EpisodeRecord:
                     values[name] = float(text)
                 elif name == "episode_return":
                     values[name] = None if text == "" else float(text)
-                elif name == "accuracy_curve":
+                elif name in ("accuracy_curve", "loss_curve"):
                     values[name] = tuple(float(v) for v in text.split())
             except ValueError:
                 raise ValueError(f"bad {name} {text!r}") from None
@@ -178,6 +201,9 @@ class EpisodeRecord:
 
 #: CSV columns, in `EpisodeRecord` field order.
 FIELDNAMES = tuple(f.name for f in fields(EpisodeRecord))
+#: The columns of tables written before validation losses were recorded: still read, and
+#: appended to in their own format, so an earlier comparison resumes where it stopped.
+LEGACY_FIELDNAMES = tuple(name for name in FIELDNAMES if name != "loss_curve")
 
 
 def bootstrap_ci(
@@ -307,6 +333,8 @@ class ControllerSummary:
         seed_params_mean, seed_params_ci: mean seed parameters and interval.
         return_mean, return_ci: mean RL return and interval; None when the controller has none.
         confidence: level of every interval.
+        val_loss_mean, val_loss_ci: mean validation loss of the last epochs (`loss_outcome`)
+            and its interval; None when an episode has no losses.
     """
 
     controller: str
@@ -321,6 +349,8 @@ class ControllerSummary:
     return_mean: float | None
     return_ci: tuple[float, float] | None
     confidence: float = 0.95
+    val_loss_mean: float | None = None
+    val_loss_ci: tuple[float, float] | None = None
 
 
 def _mean_ci(values: Sequence[float], **bootstrap: Any) -> tuple[float, tuple[float, float]]:
@@ -340,6 +370,8 @@ def _summarize_one(
     total_mean, total_ci = _mean_ci([r.total_params for r in episodes], **bootstrap)
     seed_mean, seed_ci = _mean_ci([r.seed_params for r in episodes], **bootstrap)
     return_mean, return_ci = _mean_ci(returns, **bootstrap) if returns else (None, None)
+    losses = [loss_outcome(r) for r in episodes]
+    loss_mean, loss_ci = (None, None) if None in losses else _mean_ci(losses, **bootstrap)
     return ControllerSummary(
         controller=name,
         n_episodes=len(episodes),
@@ -353,6 +385,8 @@ def _summarize_one(
         return_mean=return_mean,
         return_ci=return_ci,
         confidence=bootstrap["confidence"],
+        val_loss_mean=loss_mean,
+        val_loss_ci=loss_ci,
     )
 
 
@@ -397,6 +431,9 @@ class PairedComparison:
         total_params_diff_mean, total_params_diff_ci: mean paired difference of total
             parameters and its interval.
         confidence: level of the intervals.
+        val_loss_diff_mean, val_loss_diff_ci: mean paired difference of the validation loss
+            of the last epochs (`loss_outcome`; negative: the controller's loss is lower) and
+            its interval; None when an episode has no losses.
     """
 
     controller: str
@@ -410,6 +447,8 @@ class PairedComparison:
     total_params_diff_mean: float
     total_params_diff_ci: tuple[float, float]
     confidence: float = 0.95
+    val_loss_diff_mean: float | None = None
+    val_loss_diff_ci: tuple[float, float] | None = None
 
 
 def _resolve_pairs(
@@ -464,6 +503,20 @@ def _paired_arrays(
     return [m.episode_index for m, _ in pairs], outcome, params
 
 
+def _paired_losses(
+    controller: list[EpisodeRecord], reference: list[EpisodeRecord], indices: Sequence[int],
+    **bootstrap: Any,
+) -> tuple[float | None, tuple[float, float] | None]:
+    """Mean and interval of the paired validation-loss differences (None without losses)."""
+    mine = {r.episode_index: loss_outcome(r) for r in controller}
+    theirs = {r.episode_index: loss_outcome(r) for r in reference}
+    pairs = [(mine[i], theirs[i]) for i in indices]
+    if any(m is None or t is None for m, t in pairs):
+        return None, None
+    diffs = np.array([m - t for m, t in pairs], dtype=np.float64)  # type: ignore[operator]
+    return float(np.mean(diffs)), bootstrap_ci(diffs, **bootstrap)
+
+
 def paired_differences(
     records: Iterable[EpisodeRecord],
     reference: str = "static",
@@ -501,6 +554,7 @@ def paired_differences(
     for name, ref in _resolve_pairs(list(groups), reference, pairs):
         indices, outcome_d, params_d = _paired_arrays(groups[name], groups[ref])
         ci = bootstrap_ci(outcome_d, **bootstrap)
+        loss_mean, loss_ci = _paired_losses(groups[name], groups[ref], indices, **bootstrap)
         comparisons.append(
             PairedComparison(
                 controller=name,
@@ -514,6 +568,8 @@ def paired_differences(
                 total_params_diff_mean=float(np.mean(params_d)),
                 total_params_diff_ci=bootstrap_ci(params_d, **bootstrap),
                 confidence=confidence,
+                val_loss_diff_mean=loss_mean,
+                val_loss_diff_ci=loss_ci,
             )
         )
     return comparisons
@@ -576,10 +632,35 @@ def _comparison_rows(comparisons: Sequence[PairedComparison]) -> list[str]:
     return rows
 
 
+def _loss_rows(
+    summaries: Sequence[ControllerSummary], comparisons: Sequence[PairedComparison]
+) -> list[str]:
+    """The validation-loss section: per controller, and paired against the reference."""
+    known = [s for s in summaries if s.val_loss_mean is not None]
+    if not known:
+        return []
+    ci = f"[{known[0].confidence:.0%} CI]"
+    lines = ["", "## Validation loss", "",
+             f"Mean validation loss of the last {OUTCOME_EPOCHS} epochs (per token for a "
+             "language model; lower is better).", "",
+             _row(["controller", f"val loss {ci}"]), "|---|---:|"]
+    lines += [_row([_cell(s.controller), _fmt_ci(s.val_loss_mean, s.val_loss_ci, ".4f")])
+              for s in known]  # type: ignore[arg-type]
+    paired = [c for c in comparisons if c.val_loss_diff_mean is not None]
+    if paired:
+        lines += ["", _row(["controller", "reference", "pairs", f"Δ val loss {ci}"]),
+                  "|---|---|---:|---:|"]
+        lines += [_row([_cell(c.controller), _cell(c.reference), c.n_pairs,
+                        _fmt_ci(c.val_loss_diff_mean, c.val_loss_diff_ci, "+.4f")])
+                  for c in paired]  # type: ignore[arg-type]
+    return lines
+
+
 def markdown_table(
     summaries: Sequence[ControllerSummary], comparisons: Sequence[PairedComparison]
 ) -> str:
-    """A Markdown report: a per-controller table, then a table of paired differences.
+    """A Markdown report: a per-controller table, then a table of paired differences, then
+    (when the episodes recorded them) the validation losses.
 
     Outcomes and differences are in percent / percentage points with two decimals, parameters
     are whole numbers with thousands separators, p-values have three decimals (scientific below
@@ -601,6 +682,7 @@ def markdown_table(
         "",
     ]
     lines += _comparison_rows(comparisons) if comparisons else ["No paired comparison."]
+    lines += _loss_rows(summaries, comparisons)
     return "\n".join(lines) + "\n"
 
 
@@ -654,17 +736,20 @@ def write_records_csv(path: str | os.PathLike[str], records: Iterable[EpisodeRec
         tmp.unlink(missing_ok=True)
 
 
-def _check_header(path: Path, header: Sequence[str] | None) -> None:
-    if header is None or tuple(header) != FIELDNAMES:
+def _check_header(path: Path, header: Sequence[str] | None) -> tuple[str, ...]:
+    """The file's columns: `FIELDNAMES`, or `LEGACY_FIELDNAMES` for an older table."""
+    if header is None or tuple(header) not in (FIELDNAMES, LEGACY_FIELDNAMES):
         raise ValueError(
             f"malformed records file {path}: header {list(header or [])} is not the episode "
             f"record header ({', '.join(FIELDNAMES)})"
         )
+    return tuple(header)
 
 
 def append_record_csv(path: str | os.PathLike[str], record: EpisodeRecord) -> None:
     """Append one record (header first when the file is new or empty), flushed to disk so the
-    episodes finished before a crash are kept.
+    episodes finished before a crash are kept. A table written before losses were recorded
+    keeps its columns (the record's losses are left out).
 
     Raises:
         ValueError: the existing file has another header.
@@ -675,11 +760,13 @@ def append_record_csv(path: str | os.PathLike[str], record: EpisodeRecord) -> No
     """
     path = Path(path)
     new = not path.exists() or path.stat().st_size == 0
+    columns = FIELDNAMES
     if not new:
         with path.open(newline="", encoding="utf-8") as f:
-            _check_header(path, next(csv.reader(f), None))
+            columns = _check_header(path, next(csv.reader(f), None))
     with path.open("a", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDNAMES, lineterminator="\n")
+        writer = csv.DictWriter(f, fieldnames=columns, lineterminator="\n",
+                                extrasaction="ignore")
         if new:
             writer.writeheader()
         writer.writerow(record.to_row())

@@ -1,36 +1,43 @@
-"""From a `TaskConfig` to what the env pool needs: the shared env settings and the data."""
+"""From a `TaskConfig` to what the env pool needs: the task, the shared env settings, the data."""
 
 from __future__ import annotations
 
-from torch import Tensor
+from typing import Any
 
 from esper_lightning.app.config import TaskConfig
 from esper_lightning.core.divergence import GovernorConfig
 from esper_lightning.core.lifecycle import GateConfig
-from esper_lightning.data import download_cifar10, load_cifar10_subset
-from esper_lightning.data.cifar10 import cifar10_present
 from esper_lightning.envs import EnvSpec
+from esper_lightning.envs.tasks import CifarTask, Task, TextTask
+from esper_lightning.hosts import GPT_PRESETS
 
-Split = tuple[Tensor, Tensor]
+
+def make_task(task: TaskConfig) -> Task:
+    """The `Task` of ``task.task`` with its data settings: CIFAR subsets, or the language
+    model's block size (the GPT preset's when null), training blocks per epoch
+    (``train_subset``) and validation blocks (``val_subset``)."""
+    if task.task == "lm":
+        block_size = task.block_size or GPT_PRESETS[str(task.host_preset)].block_size
+        return TextTask(block_size=block_size, train_blocks=task.train_subset,
+                        val_blocks=task.val_subset)
+    return CifarTask(train_subset=task.train_subset, val_subset=task.val_subset)
 
 
 def env_spec(task: TaskConfig, on_rollback: str = "end") -> EnvSpec:
     """The settings every env of the task's pool shares (`EnvSpec.on_rollback` explains the
     two rollback modes: learning ends the episode, evaluating restores and goes on)."""
+    played = make_task(task)
     return EnvSpec(
         host_preset=task.host_preset, slots=task.slots, batch_size=task.batch_size,
         host_lr=task.host_lr, precision=task.precision, episode_length=task.episode_length,
         max_seeds=task.max_seeds,
         gate_config=GateConfig(min_training_epochs=task.min_training_epochs),
-        governor=GovernorConfig(num_classes=10), on_rollback=on_rollback,
+        governor=GovernorConfig(num_classes=played.num_classes), on_rollback=on_rollback,
+        task=played,
     )
 
 
-def load_splits(task: TaskConfig, progress: bool = True) -> tuple[Split, Split]:
-    """The task's training and validation images (downloaded first when asked to)."""
-    if task.download and not cifar10_present(task.data_dir):
-        download_cifar10(task.data_dir, progress=progress)
-    train = load_cifar10_subset(task.data_dir, True, task.train_subset, task.rng_seed,
-                                at_most=True)
-    val = load_cifar10_subset(task.data_dir, False, task.val_subset, task.rng_seed, at_most=True)
-    return train, val
+def load_splits(task: TaskConfig, progress: bool = True) -> tuple[Any, Any]:
+    """The task's training and validation data (downloaded first when asked to)."""
+    return make_task(task).load(task.data_dir, download=task.download, progress=progress,
+                                rng_seed=task.rng_seed)

@@ -41,6 +41,7 @@ __all__ = [
     "TextDataModule",
     "TextTensorLoader",
     "download_tinystories",
+    "find_text_file",
     "load_text_tokens",
     "split_tokens",
     "validation_blocks",
@@ -183,6 +184,38 @@ def validation_blocks(
 
 
 # --------------------------------------------------------------------------------------- download
+
+
+def find_text_file(path: PathLike | None) -> Path:
+    """The text file a user pointed at: a file as is, or the one file a folder holds.
+
+    A folder holds its text when it has ``TinyStories-valid.txt`` (what
+    :func:`download_tinystories` writes) or else exactly one ``*.txt`` file.
+
+    Args:
+        path: A text file or a folder; ``None`` means :func:`default_data_dir`.
+
+    Raises:
+        DataError: No such file or folder, or a folder with no text file or several.
+
+    Example:
+        >>> find_text_file("data/shakespeare")  # doctest: +SKIP
+        PosixPath('data/shakespeare/shakespeare.txt')
+    """
+    target = resolve_data_dir(path)
+    if target.is_file():
+        return target
+    hint = ("pass a text file or a folder holding one, or download=True (--download) for the "
+            "TinyStories validation split")
+    if not target.is_dir():
+        raise DataError(f"text file or folder '{target}' not found; {hint}")
+    if (target / TINYSTORIES_VALID_NAME).is_file():
+        return target / TINYSTORIES_VALID_NAME
+    found = sorted(p for p in target.glob("*.txt") if p.is_file())
+    if len(found) != 1:
+        what = "no *.txt file" if not found else f"{len(found)} *.txt files"
+        raise DataError(f"folder '{target}' holds {what}; {hint}")
+    return found[0]
 
 
 def download_tinystories(

@@ -1,6 +1,18 @@
-"""RL environments: one Lightning Fabric host per env, driven in lockstep by a pool."""
+"""RL environments: one Lightning Fabric host per env, driven in lockstep by a pool, on one of
+the registered tasks (CIFAR-10 images or byte-level text)."""
 
 from esper_lightning.envs.env import EnvSpec, MorphogenesisEnv, Observation
 from esper_lightning.envs.pool import EnvPool, episode_rng_seed
+from esper_lightning.envs.tasks import TASKS, CifarTask, Task, TextTask
 
-__all__ = ["EnvPool", "EnvSpec", "MorphogenesisEnv", "Observation", "episode_rng_seed"]
+__all__ = [
+    "TASKS",
+    "CifarTask",
+    "EnvPool",
+    "EnvSpec",
+    "MorphogenesisEnv",
+    "Observation",
+    "Task",
+    "TextTask",
+    "episode_rng_seed",
+]

@@ -1,5 +1,5 @@
-"""`MorphogenesisEnv`: one RL environment = one host model training on CIFAR-10 under its own
-Lightning Fabric.
+"""`MorphogenesisEnv`: one RL environment = one host model training on its task's data (CIFAR-10
+images, or byte-level text: `envs.tasks`) under its own Lightning Fabric.
 
 One RL step is one host epoch. The env never drives itself: the `EnvPool` calls, in lockstep over
 all envs, `execute` (the controller's action, then the epoch tick), `train_batch` once per batch
@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from lightning.fabric import Fabric
 from torch import Tensor
 
@@ -27,11 +26,8 @@ from esper_lightning.core.engine import GRAD_STATS_EVERY, MorphogenesisEngine, S
 from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.core.report import EpochReport
 from esper_lightning.core.snapshot import Snapshot, restore_snapshot, take_snapshot
-from esper_lightning.data.tensor_loader import TensorLoader, normalize
-from esper_lightning.hosts import CifarCNNHost
+from esper_lightning.envs.tasks import CifarTask, Task
 
-VAL_BATCH = 500
-NUM_CLASSES = 10
 ROLLBACK_MODES = ("end", "restore")
 
 
@@ -43,6 +39,9 @@ class EnvSpec:
     controller: the episode is over, the caller starts a new one) or ``"restore"`` (evaluating
     one: live seeds are pruned, the last snapshot is restored in place and the episode goes on,
     exactly as `GovernorCallback` does in a Trainer).
+
+    ``task`` is what the envs learn (`envs.tasks`): its data, host presets and slot ids, loss
+    and number of classes; ``host_preset`` and ``slots`` must be the task's.
     """
 
     host_preset: str = "baseline"
@@ -57,11 +56,13 @@ class EnvSpec:
     governor: GovernorConfig = field(default_factory=lambda: GovernorConfig(num_classes=10))
     on_rollback: str = "end"
     grad_stats_every: int = GRAD_STATS_EVERY
+    task: Task = field(default_factory=CifarTask)
 
     def __post_init__(self) -> None:
         if self.on_rollback not in ROLLBACK_MODES:
             raise ValueError(f"unknown on_rollback {self.on_rollback!r}; accepted: "
                              f"{', '.join(ROLLBACK_MODES)}")
+        self.task.check_preset(self.host_preset)
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ class MorphogenesisEnv:
     Args:
         index: position in the pool (names the env in logs).
         spec: the pool-wide settings.
-        train, val: uint8 images ``[N, 3, 32, 32]`` and int64 labels, on any device.
+        train, val: the task's training and validation data (`Task.load`), on any device.
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
     """
 
@@ -93,8 +94,8 @@ class MorphogenesisEnv:
         self,
         index: int,
         spec: EnvSpec,
-        train: tuple[Tensor, Tensor],
-        val: tuple[Tensor, Tensor],
+        train: Any,
+        val: Any,
         device: str = "cpu",
     ) -> None:
         self.index, self.spec = index, spec
@@ -103,9 +104,9 @@ class MorphogenesisEnv:
         self.fabric = Fabric(accelerator=kind, devices=devices, precision=spec.precision)
         self.device = self.fabric.device
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self.loader = TensorLoader(*train, spec.batch_size, device=self.device, drop_last=True)
-        self.val_x = normalize(val[0].to(self.device))  # normalised once: [N, 3, 32, 32]
-        self.val_y = val[1].to(self.device)
+        self.task = spec.task
+        self.loader = self.task.train_loader(train, spec.batch_size, self.device)
+        self.val_batches = self.task.validation_batches(val, self.device)
         self.engine: MorphogenesisEngine | None = None
         self.governor = Governor(spec.governor)
         self.episode_rng_seed = 0
@@ -131,8 +132,8 @@ class MorphogenesisEnv:
             # A fresh loss scale per episode: an episode depends on its rng seed, not on history.
             precision.scaler = torch.amp.GradScaler(self.device.type)
         with _forked_rng(episode_rng_seed):
-            host = CifarCNNHost(self.spec.host_preset, slots=self.spec.slots,
-                                lr=self.spec.host_lr)
+            host = self.task.make_host(self.spec.host_preset, self.spec.slots,
+                                       self.spec.host_lr)
         optimizer = single_optimizer(host)
         self.model, self.optimizer = self.fabric.setup(host, optimizer)
         self.host = host
@@ -180,7 +181,7 @@ class MorphogenesisEnv:
         with self._on_stream():
             x, y = next(self._batches)
             self.optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(self.model(x), y)
+            loss = self.task.loss(self.model(x), y)
             self.fabric.backward(loss)
             self.optimizer.step()  # unscales the gradients under 16-mixed before stepping
             # The step index before counting this one, as a Trainer's global_step.
@@ -191,15 +192,13 @@ class MorphogenesisEnv:
             self._loss_sum = self._loss_sum + loss.detach().float()
 
     def validate(self) -> None:
-        """Fused counterfactual validation: accuracy with and without each blending seed."""
+        """Counterfactual validation: accuracy with and without each blending seed."""
         engine = self._engine()
         self._join_default_stream()
         self.model.eval()
         with self._on_stream(), torch.no_grad():
             accumulator = CounterfactualAccumulator(make_plan(engine.slots))
-            for start in range(0, len(self.val_y), VAL_BATCH):
-                x = self.val_x[start:start + VAL_BATCH]
-                y = self.val_y[start:start + VAL_BATCH]
+            for x, y in self.val_batches:
                 accumulator.update(self.model, x, y, engine.slots)
         self._accumulator = accumulator
 
@@ -217,7 +216,7 @@ class MorphogenesisEnv:
         engine.record_epoch(accuracies["main"], val_loss, train_loss, contributions)
         reason = self.governor.check_train_loss(train_loss)
         if reason is None:
-            reason = self.governor.check_validation(val_loss, num_classes=NUM_CLASSES)
+            reason = self.governor.check_validation(val_loss, num_classes=self.task.num_classes)
         if self.spec.on_rollback == "restore":
             self._restore_or_snapshot(reason)
         report = engine.report(max_epochs=self.spec.episode_length)

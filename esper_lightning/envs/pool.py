@@ -8,9 +8,9 @@ starts. Streams are synchronised once per env per epoch, in `observe`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
-from torch import Tensor
 
 from esper_lightning.core.actions import Action
 from esper_lightning.core.engine import StepOutcome
@@ -29,7 +29,8 @@ class EnvPool:
 
     Args:
         spec: settings shared by every env.
-        train, val: uint8 images and labels (each env copies them to its device once).
+        train, val: the task's training and validation data (`Task.load` of
+            ``spec.task``; each env copies them to its device once).
         devices: one device per env (``["cpu", "cpu"]``, ``["cuda:0", "cuda:1"]``, ...).
 
     Example:
@@ -41,8 +42,8 @@ class EnvPool:
     def __init__(
         self,
         spec: EnvSpec,
-        train: tuple[Tensor, Tensor],
-        val: tuple[Tensor, Tensor],
+        train: Any,
+        val: Any,
         devices: Sequence[str],
     ) -> None:
         if not devices:

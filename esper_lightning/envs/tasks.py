@@ -1,0 +1,272 @@
+"""Tasks an env can play: the data a host trains on, the host that grows, how a batch is scored.
+
+A `Task` holds everything about one learning problem that the env pool, the PPO trainer and the
+comparison tool need, so none of them names a dataset or a host class:
+
+* the data: `Task.load` reads the training and validation splits (downloading when asked);
+* the host: `presets`, `slot_ids` and `make_host` (a `SlottedHost` with its own optimizer);
+* the batches: `train_loader` (device-resident, reseeded per episode) and `validation_batches`
+  (cut once per env, on its device);
+* the score: `loss` of a training batch, and `num_classes` (classes, or the vocabulary) for the
+  governor's lobotomy rule;
+* the seeds: `topology`, hence the blueprints a controller may germinate (`blueprints`).
+
+Two tasks are registered in `TASKS`: ``"cifar"`` (`CifarTask`: `CifarCNNHost` on CIFAR-10
+images) and ``"lm"`` (`TextTask`: `GPTHost` predicting the next byte of a text file).
+
+Example:
+    >>> task = TextTask(block_size=64, train_blocks=256, val_blocks=32)
+    >>> train, val = task.load("shakespeare.txt")  # doctest: +SKIP
+    >>> spec = EnvSpec(task=task, host_preset="tiny", slots=("r0c1",))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from esper_lightning import blueprints as blueprint_registry
+from esper_lightning.data import (
+    download_cifar10,
+    download_tinystories,
+    load_cifar10_subset,
+    load_text_tokens,
+    split_tokens,
+)
+from esper_lightning.data.cifar10 import cifar10_present
+from esper_lightning.data.files import PathLike, check_int
+from esper_lightning.data.tensor_loader import TensorLoader, normalize
+from esper_lightning.data.text import TextTensorLoader, find_text_file, validation_blocks
+from esper_lightning.hosts import GPT_PRESETS, PRESETS, CifarCNNHost, GPTHost, slot_ids
+from esper_lightning.hosts.base import SlottedHost
+from esper_lightning.hosts.gpt import gpt_slot_ids
+
+__all__ = ["TASKS", "CifarTask", "Task", "TextTask", "TrainLoader", "get_task_class"]
+
+#: Images per validation forward of the CIFAR task.
+VAL_BATCH = 500
+#: Blocks per validation forward of the language-model task (64 x 128 tokens x 256 logits).
+VAL_BLOCKS = 64
+
+Batch = tuple[Tensor, Tensor]
+
+
+class TrainLoader(Protocol):
+    """What an env needs of a training loader: epochs of ``(x, y)`` batches on its device, the
+    number of batches per epoch, and a restart of its random stream per episode."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[Batch]: ...
+
+    def reseed(self, rng_seed: int) -> None: ...
+
+
+class Task(ABC):
+    """One learning problem for the env pool (see the module docstring).
+
+    Class attributes:
+        name: the task's name in `TASKS` (``--task``).
+        topology: the slots' topology, which picks the blueprints.
+        num_classes: classes (or vocabulary size) of the targets.
+        presets: host presets by name.
+        default_preset, default_slots, default_host_lr: what a run uses when it names none.
+    """
+
+    name: ClassVar[str]
+    topology: ClassVar[str]
+    num_classes: ClassVar[int]
+    presets: ClassVar[Mapping[str, Any]]
+    default_preset: ClassVar[str]
+    default_slots: ClassVar[tuple[str, ...]]
+    default_host_lr: ClassVar[float]
+
+    @classmethod
+    @abstractmethod
+    def slot_ids(cls, preset: str) -> tuple[str, ...]:
+        """Every slot id of host ``preset``, in action order."""
+
+    @abstractmethod
+    def make_host(self, preset: str, slots: Sequence[str], lr: float) -> SlottedHost:
+        """A fresh host (drawn from the global generator) with only ``slots`` enabled."""
+
+    @abstractmethod
+    def load(self, data_dir: PathLike | None, *, download: bool = False, progress: bool = True,
+             rng_seed: int = 0) -> tuple[Any, Any]:
+        """The training and validation data, on the CPU (each env copies them to its device)."""
+
+    @abstractmethod
+    def train_loader(self, train: Any, batch_size: int, device: torch.device) -> TrainLoader:
+        """A loader of training batches on ``device``."""
+
+    @abstractmethod
+    def validation_batches(self, val: Any, device: torch.device) -> list[Batch]:
+        """The validation set as ``(x, y)`` batches on ``device``, always the same."""
+
+    @abstractmethod
+    def loss(self, logits: Tensor, y: Tensor) -> Tensor:
+        """Mean training loss of a batch."""
+
+    @classmethod
+    def blueprints(cls) -> tuple[str, ...]:
+        """Blueprints a controller may germinate in this task's slots, smallest first."""
+        return blueprint_registry.available(cls.topology)
+
+    @classmethod
+    def check_preset(cls, preset: str) -> None:
+        """A one-line `ValueError` when ``preset`` is not a host preset of this task."""
+        if preset not in cls.presets:
+            raise ValueError(f"unknown host_preset {preset!r} for task {cls.name!r}; accepted: "
+                             f"{', '.join(cls.presets)}")
+
+
+@dataclass(frozen=True)
+class CifarTask(Task):
+    """CIFAR-10 classification with `CifarCNNHost` (random crops and flips while training).
+
+    Args:
+        train_subset: at most this many training images (None: all).
+        val_subset: at most this many validation images (None: all).
+
+    Example:
+        >>> train, val = CifarTask(train_subset=5000).load("data")  # doctest: +SKIP
+    """
+
+    name: ClassVar[str] = "cifar"
+    topology: ClassVar[str] = "cnn"
+    num_classes: ClassVar[int] = 10
+    presets: ClassVar[Mapping[str, Any]] = PRESETS
+    default_preset: ClassVar[str] = "baseline"
+    default_slots: ClassVar[tuple[str, ...]] = ("r0c0", "r0c1", "r0c2")
+    default_host_lr: ClassVar[float] = 0.01
+
+    train_subset: int | None = None
+    val_subset: int | None = None
+
+    @classmethod
+    def slot_ids(cls, preset: str) -> tuple[str, ...]:
+        cls.check_preset(preset)
+        return slot_ids(PRESETS[preset].n_blocks)
+
+    def make_host(self, preset: str, slots: Sequence[str], lr: float) -> SlottedHost:
+        return CifarCNNHost(preset, slots=slots, lr=lr)
+
+    def load(self, data_dir: PathLike | None, *, download: bool = False, progress: bool = True,
+             rng_seed: int = 0) -> tuple[Batch, Batch]:
+        """uint8 images ``[N, 3, 32, 32]`` and int64 labels of each split; the subsets are
+        drawn from ``rng_seed``."""
+        if download and not cifar10_present(data_dir):
+            download_cifar10(data_dir, progress=progress)
+        train = load_cifar10_subset(data_dir, True, self.train_subset, rng_seed, at_most=True)
+        val = load_cifar10_subset(data_dir, False, self.val_subset, rng_seed, at_most=True)
+        return train, val
+
+    def train_loader(self, train: Batch, batch_size: int, device: torch.device) -> TrainLoader:
+        return TensorLoader(*train, batch_size, device=device, drop_last=True)
+
+    def validation_batches(self, val: Batch, device: torch.device) -> list[Batch]:
+        x = normalize(val[0].to(device))  # normalised once: [N, 3, 32, 32]
+        y = val[1].to(device)
+        return [(x[i:i + VAL_BATCH], y[i:i + VAL_BATCH]) for i in range(0, len(y), VAL_BATCH)]
+
+    def loss(self, logits: Tensor, y: Tensor) -> Tensor:
+        return F.cross_entropy(logits, y)  # [B, 10] logits, [B] labels
+
+
+@dataclass(frozen=True)
+class TextTask(Task):
+    """Next-byte prediction on a text file with `GPTHost` (vocabulary 256).
+
+    The file's bytes split into a training head and a validation tail (`split_tokens`).
+    Training batches are blocks at random offsets of the head (`TextTensorLoader`); validation
+    is the tail's first non-overlapping blocks. Loss and accuracy count every token.
+
+    Args:
+        block_size: tokens per block ``T`` (at most the GPT preset's ``block_size``).
+        train_blocks: blocks per training epoch (None: about one pass over the head).
+        val_blocks: at most this many validation blocks (None: the whole tail).
+        val_fraction: share of the file held out as the validation tail.
+
+    Example:
+        >>> task = TextTask(block_size=64, train_blocks=512, val_blocks=32)
+        >>> train, val = task.load("shakespeare.txt")  # doctest: +SKIP
+    """
+
+    name: ClassVar[str] = "lm"
+    topology: ClassVar[str] = "transformer"
+    num_classes: ClassVar[int] = 256
+    presets: ClassVar[Mapping[str, Any]] = GPT_PRESETS
+    default_preset: ClassVar[str] = "tiny"
+    default_slots: ClassVar[tuple[str, ...]] = ("r0c0", "r0c1")
+    default_host_lr: ClassVar[float] = 1e-3
+
+    block_size: int = 128
+    train_blocks: int | None = None
+    val_blocks: int | None = None
+    val_fraction: float = 0.1
+
+    def __post_init__(self) -> None:
+        check_int("block_size", self.block_size, 1)
+        check_int("train_blocks", self.train_blocks, 1, allow_none=True)
+        check_int("val_blocks", self.val_blocks, 1, allow_none=True)
+        if isinstance(self.val_fraction, bool) or not 0.0 < self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction!r}")
+
+    @classmethod
+    def slot_ids(cls, preset: str) -> tuple[str, ...]:
+        cls.check_preset(preset)
+        return gpt_slot_ids(GPT_PRESETS[preset].n_layer)
+
+    def make_host(self, preset: str, slots: Sequence[str], lr: float) -> SlottedHost:
+        self.check_preset(preset)
+        limit = GPT_PRESETS[preset].block_size
+        if self.block_size > limit:
+            raise ValueError(f"block_size {self.block_size} exceeds the {preset!r} host's "
+                             f"block_size {limit}; accepted: 1..{limit}")
+        return GPTHost(preset, slots=slots, lr=lr)
+
+    def load(self, data_dir: PathLike | None, *, download: bool = False, progress: bool = True,
+             rng_seed: int = 0) -> tuple[Tensor, Tensor]:
+        """uint8 tokens ``[N]`` of the training head and the validation tail. ``data_dir`` is a
+        text file or a folder holding one (`find_text_file`); with ``download`` and no file
+        there, the TinyStories validation split is downloaded into the folder. The split is
+        contiguous, so ``rng_seed`` plays no part."""
+        if download and not (data_dir is not None and Path(data_dir).expanduser().is_file()):
+            file = download_tinystories(data_dir, progress=progress)
+        else:
+            file = find_text_file(data_dir)
+        return split_tokens(load_text_tokens(file), self.val_fraction)
+
+    def train_loader(self, train: Tensor, batch_size: int, device: torch.device) -> TrainLoader:
+        return TextTensorLoader(train, self.block_size, batch_size, n_blocks=self.train_blocks,
+                                device=device)
+
+    def validation_batches(self, val: Tensor, device: torch.device) -> list[Batch]:
+        x, y = validation_blocks(val, self.block_size, self.val_blocks, device)  # [N, T] each
+        return [(x[i:i + VAL_BLOCKS], y[i:i + VAL_BLOCKS]) for i in range(0, len(y), VAL_BLOCKS)]
+
+    def loss(self, logits: Tensor, y: Tensor) -> Tensor:
+        return F.cross_entropy(logits.flatten(0, 1), y.flatten())  # every token of [B, T]
+
+
+#: Registered tasks by name.
+TASKS: dict[str, type[Task]] = {"cifar": CifarTask, "lm": TextTask}
+
+
+def get_task_class(name: str) -> type[Task]:
+    """The task registered as ``name``; a one-line `ValueError` naming the accepted ones.
+
+    Example:
+        >>> get_task_class("lm").default_preset
+        'tiny'
+    """
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; accepted: {', '.join(TASKS)}")
+    return TASKS[name]

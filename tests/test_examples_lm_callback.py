@@ -1,0 +1,53 @@
+"""examples/lm_callback.py (a GPT grown in a plain Trainer) on a tiny text fixture, in process."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "lm_callback.py"
+
+
+@pytest.fixture
+def example():
+    spec = importlib.util.spec_from_file_location("lm_callback_example", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    logger = logging.getLogger("esper_lightning")
+    handlers, level = list(logger.handlers), logger.level
+    yield module
+    for handler in logger.handlers[len(handlers):]:  # the example attaches one: take it off
+        logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def test_trains_logs_loss_perplexity_and_morpho_tags(example, text_file, tmp_path, capsys):
+    timeline = tmp_path / "timeline.png"
+    status = example.main([
+        "--data", str(text_file.parent), "--epochs", "2", "--block-size", "16",
+        "--batch-size", "8", "--train-blocks", "32", "--val-blocks", "8",
+        "--logdir", str(tmp_path / "runs"), "--timeline", str(timeline), "--no-progress",
+    ])
+    out = capsys.readouterr().out
+    assert status == 0 and "validation perplexity" in out and "seeds germinated" in out
+    assert timeline.read_bytes()[:4] == b"\x89PNG"
+    events = EventAccumulator(str(tmp_path / "runs" / "gpt" / "version_0"),
+                              size_guidance={"scalars": 0})
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"val_loss", "val_ppl", "val_acc", "morpho/seeds_germinated",
+            "morpho/r0c0/stage"} <= tags
+    loss, ppl = events.Scalars("val_loss")[-1].value, events.Scalars("val_ppl")[-1].value
+    assert ppl == pytest.approx(2.718281828 ** loss, rel=1e-4)
+    assert f"validation loss        {loss:.4f} per token" in out
+
+
+def test_missing_text_is_one_line(example, tmp_path, capsys):
+    status = example.main(["--data", str(tmp_path / "nothing.txt"), "--epochs", "1",
+                           "--logdir", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert status == 2 and err.startswith("error: ") and err.count("\n") == 1
