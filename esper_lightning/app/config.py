@@ -356,7 +356,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "min_training_epochs": 1, "policy_hidden": 32, "ppo_epochs": 2, "minibatch_envs": 1,
     },
     # The language-model task sized for a CPU: an episode of the tiny GPT on 1,280 random
-    # 64-byte blocks per epoch is about a minute on one thread (docs/evidence_lm.md).
+    # 64-byte blocks per epoch is about a minute on one thread (docs/evidence.md).
     "lm-cpu": {
         "task": "lm", "envs": 4, "rounds": 20, "episode_length": 20, "train_subset": 1280,
         "val_subset": 256, "batch_size": 32, "block_size": 64, "slots": ("r0c0", "r0c1"),
