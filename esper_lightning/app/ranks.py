@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 from torch import Tensor
 
-from esper_lightning.rl.normalizers import AllReduce
+from esper_lightning.rl.normalizers import AllReduce, single_process
 
 if TYPE_CHECKING:
     from lightning.fabric import Fabric
@@ -34,7 +34,7 @@ class Ranks:
         comm_seconds: time spent in collectives so far (waiting for the slowest rank included).
 
     Example:
-        >>> Ranks().all_reduce_hook() is None  # one process: the update runs as it always did
+        >>> Ranks().all_reduce_hook() is single_process  # one process: the sum is the tensor
         True
     """
 
@@ -65,9 +65,10 @@ class Ranks:
         self.comm_seconds += time.perf_counter() - start
         return out
 
-    def all_reduce_hook(self) -> AllReduce | None:
-        """What `ppo_update` and the normalisers take: None on one process."""
-        return self.all_reduce if self.world_size > 1 else None
+    def all_reduce_hook(self) -> AllReduce:
+        """What `ppo_update` and the normalisers take: `single_process` (the identity, no
+        collective) on one process, so one process runs the same formulas as many."""
+        return self.all_reduce if self.world_size > 1 else single_process
 
     def gather(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, in rank order, on every rank."""

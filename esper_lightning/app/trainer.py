@@ -369,7 +369,7 @@ class PPOTrainer:
     def _update(self, learner: Learner, rollout: _Rollout) -> None:
         tick = time.perf_counter()
         learner.obs_rms.unfreeze()
-        all_reduce = self.ranks.all_reduce_hook()  # None on one process
+        all_reduce = self.ranks.all_reduce_hook()  # the identity on one process
         learner.obs_rms.update(torch.cat(rollout.raw_features), all_reduce)
         learner.obs_rms.freeze()
         rollout.stats.ppo = ppo_update(learner.policy, learner.optimizer, rollout.buffer,
