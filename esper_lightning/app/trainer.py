@@ -115,9 +115,20 @@ class PPOTrainer:
             None: one process.
 
     Example:
+        One round on a tiny generated CIFAR-10 (point ``data_dir`` at the real one instead):
+
+        >>> import tempfile
         >>> from esper_lightning.app.config import load_config
-        >>> trainer = PPOTrainer(load_config("smoke", overrides={"data_dir": "data"}))
-        >>> trainer.train()  # doctest: +SKIP
+        >>> from esper_lightning.data import write_cifar10_fixture
+        >>> folder = tempfile.TemporaryDirectory()
+        >>> data = write_cifar10_fixture(f"{folder.name}/cifar", n_train=80, n_test=40)
+        >>> config = load_config("smoke", overrides={
+        ...     "data_dir": str(data), "logdir": f"{folder.name}/logs", "progress": False,
+        ...     "envs": 2, "minibatch_envs": 2, "episode_length": 3, "rounds": 1})
+        >>> history = PPOTrainer(config).train()
+        >>> len(history), history[0].steps  # one round of 2 envs x 2 decisions
+        (1, 4)
+        >>> folder.cleanup()
     """
 
     def __init__(self, config: PPORunConfig, ranks: Ranks | None = None) -> None:
