@@ -220,14 +220,8 @@ def _minibatch_step(
     # Entropy only where the head had a choice: a forced value says nothing about exploration.
     choice = relevant * new.has_choice.float()
 
-    mean, var, n = batch_moments(advantages.reshape(-1).double(), all_reduce)
-    if config.norm_adv:
-        advantages = ((advantages - mean) / (var.sqrt() + 1e-8)).to(ratio.dtype)
-    # Each loss is this rank's share of the whole minibatch's: its sum over the global count.
-    share = advantages.numel() / n
-    pg_loss = clipped_surrogate_loss(ratio, advantages, relevant, config.clip_coef) * share
-    v_loss = 0.5 * (new.values - value_targets).square().mean() * share
-    head_entropy = masked_head_means(new.entropy, choice, all_reduce)  # [8]
+    pg_loss, v_loss, head_entropy = _minibatch_losses(
+        new, ratio, advantages, value_targets, relevant, choice, config, all_reduce)
     coefs = torch.tensor([config.entropy_coefs[h] for h in HEADS])
     loss = pg_loss + config.vf_coef * v_loss - (coefs * head_entropy).sum()
 
@@ -243,6 +237,32 @@ def _minibatch_step(
         "grad_norm": grad_norm.item(),
         **{f"entropy/{h}": head_entropy[i].item() for i, h in enumerate(HEADS)},
     }
+
+
+def _minibatch_losses(
+    new: Evaluation, ratio: Tensor, advantages: Tensor, value_targets: Tensor,
+    relevant: Tensor, choice: Tensor, config: PPOConfig, all_reduce: AllReduce,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """This rank's share of the whole minibatch's policy loss, value loss and head entropies
+    (local sums over global counts, so the ranks' shares and their gradients sum to the whole
+    minibatch's; one process: the means), with advantages normalised by the whole minibatch's
+    mean and std. Two collectives: the counts (steps, advantage sum, steps per head with a
+    choice), then the advantages' squared deviations from the global mean."""
+    n_local = advantages.numel()
+    counts = all_reduce(torch.cat([
+        torch.tensor([n_local], dtype=torch.float64), advantages.double().sum().view(1),
+        choice.double().sum((0, 1)),
+    ]))
+    n = float(counts[0])
+    if config.norm_adv:
+        mean = counts[1] / n
+        var = all_reduce((advantages.double() - mean).square().sum()) / n
+        advantages = ((advantages - mean) / (var.sqrt() + 1e-8)).to(ratio.dtype)
+    share = n_local / n
+    pg_loss = clipped_surrogate_loss(ratio, advantages, relevant, config.clip_coef) * share
+    v_loss = 0.5 * (new.values - value_targets).square().mean() * share
+    head_entropy = masked_head_means(new.entropy, choice, counts[2:])
+    return pg_loss, v_loss, head_entropy
 
 
 @torch.no_grad()
@@ -268,12 +288,9 @@ def batch_divergence(
     batch, so the early stop is one decision for all)."""
     new = _evaluate(policy, buffer, slice(None))
     relevant = RELEVANCE[buffer.actions[..., 0]].float()
-    logratio = new.log_probs - buffer.log_probs
-    ratio = (logratio * relevant).exp()
-    return {
-        "approx_kl": float(joint_approx_kl(logratio, relevant, all_reduce)),
-        "clipfrac": float(clip_fraction(ratio, relevant, clip_coef, all_reduce)),
-    }
+    sums = all_reduce(divergence_sums(new.log_probs - buffer.log_probs, relevant, clip_coef))
+    return {"approx_kl": float(sums[0] / sums[1]),
+            "clipfrac": float(sums[2] / sums[3].clamp(min=1))}
 
 
 def clipped_surrogate_loss(
@@ -294,32 +311,22 @@ def clipped_surrogate_loss(
     return (torch.max(unclipped, clipped) * relevant).sum(-1).mean()
 
 
-def joint_approx_kl(
-    logratio: Tensor, relevant: Tensor, all_reduce: AllReduce = single_process
-) -> Tensor:
-    """KL(pi_old || pi_new) estimate ``mean((r - 1) - log r)`` of the JOINT factored action over
-    every rank's steps, ``log r = Σ_relevant heads logratio`` (an average of per-head KLs would
-    under-state it)."""
+def divergence_sums(logratio: Tensor, relevant: Tensor, clip_coef: float) -> Tensor:
+    """The sums behind the approximate KL and the clip fraction, summable over ranks (float64):
+    ``[Σ (r - 1) - log r, steps, relevant (step, head) pairs whose ratio left the clip range,
+    relevant pairs]``. The approximate KL (``sums[0] / sums[1]``) is KL(pi_old || pi_new) of the
+    JOINT factored action, ``log r = Σ_relevant heads logratio`` (an average of per-head KLs
+    would under-state it); the clip fraction is ``sums[2] / sums[3]``, per head."""
     joint = (logratio * relevant).sum(-1)
-    sums = all_reduce(torch.stack([((joint.exp() - 1) - joint).sum(),
-                                   joint.new_tensor(joint.numel())]).double())
-    return sums[0] / sums[1]
+    outside = (((logratio * relevant).exp() - 1).abs() > clip_coef).float() * relevant
+    return torch.stack([
+        ((joint.exp() - 1) - joint).sum(), joint.new_tensor(joint.numel()),
+        outside.sum(), relevant.sum(),
+    ]).double()
 
 
-def clip_fraction(
-    ratio: Tensor, relevant: Tensor, clip_coef: float, all_reduce: AllReduce = single_process
-) -> Tensor:
-    """Fraction of relevant (step, head) pairs of every rank whose ratio left the clip range."""
-    outside = ((ratio - 1).abs() > clip_coef).float() * relevant
-    sums = all_reduce(torch.stack([outside.sum(), relevant.sum()]).double())
-    return sums[0] / sums[1].clamp(min=1)
-
-
-def masked_head_means(
-    values: Tensor, relevant: Tensor, all_reduce: AllReduce = single_process
-) -> Tensor:
-    """This rank's share of the mean of ``values`` ``[b, T, 8]`` over every rank's steps where
-    ``relevant`` (per head) -> ``[8]``: its own sum over the global count, so the shares of the
-    ranks sum to the mean (and so do the gradients). One process: the mean."""
-    counts = all_reduce(relevant.double().sum((0, 1)))
+def masked_head_means(values: Tensor, relevant: Tensor, counts: Tensor) -> Tensor:
+    """Each head's sum of ``values`` ``[b, T, 8]`` over this rank's steps where ``relevant``,
+    divided by ``counts`` ``[8]``, those steps of every rank: this rank's share of the mean
+    (one process, ``counts = relevant.sum((0, 1))``: the mean) -> ``[8]``."""
     return (values * relevant).sum((0, 1)) / counts.clamp(min=1).float()
