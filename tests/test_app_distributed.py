@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from esper_lightning.app.config import ConfigError, load_config
-from esper_lightning.app.distributed import Ranks, launch_ppo, merge_stats
-from esper_lightning.app.metrics import RoundStats
+from esper_lightning.app.distributed import launch_ppo
+from esper_lightning.app.metrics import RoundStats, merge_stats
+from esper_lightning.app.ranks import Ranks
 from esper_lightning.app.trainer import PPOTrainer
 from esper_lightning.data import write_cifar10_fixture
 from esper_lightning.rl.checkpoint import read_checkpoint

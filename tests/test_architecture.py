@@ -1,12 +1,15 @@
 """The layout's promises, checked on the source: a Lightning-free core, controllers that never
-reach into the application, no references to documents outside the repository, short functions."""
+reach into the application, no import cycles, no references to documents outside the repository,
+short functions."""
 
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -17,25 +20,100 @@ MAX_FUNCTION_LINES = 60
 FOREIGN = re.compile(r"SPEC|reference/|Tamiyo|Leyline|Tolaria|Kasmina|Simic|Obs V3|[Uu]pstream")
 
 
-def modules() -> list[Path]:
-    return sorted(PACKAGE.rglob("*.py"))
+def modules(package: Path = PACKAGE) -> list[Path]:
+    return sorted(package.rglob("*.py"))
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+def module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = path.relative_to(package.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports(path: Path) -> set[str]:
-    """Absolute names a module imports (module level and inside functions)."""
+def imports(path: Path, package: Path = PACKAGE) -> set[str]:
+    """Absolute names a module imports (module level, inside functions and under
+    ``TYPE_CHECKING``; relative imports resolved)."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(node, path, package)
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
     return names
+
+
+def _absolute(node: ast.ImportFrom, path: Path, package: Path) -> str:
+    if node.level == 0:
+        return str(node.module)
+    here = module_name(path, package).split(".")
+    if path.name != "__init__.py":
+        here = here[:-1]  # a module's relative imports start from its package
+    base = here[: len(here) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Package module -> the package modules its import statements name (every statement:
+    module level, inside functions, under ``TYPE_CHECKING``).
+
+    ``from a.b import c`` names module ``a.b.c`` when it exists, else ``a.b`` (``c`` is then an
+    attribute of it); ``import a.b.c`` names ``a.b.c``. A package's ``__init__`` is a module
+    like any other: importing the package (``from esper_lightning.envs import EnvPool``) is an
+    edge to its ``__init__``, and through its re-exports to the modules it imports. The parent
+    packages Python initialises on the way to a module are not edges: every module of a
+    subpackage whose ``__init__`` re-exports it would be in a cycle otherwise. So the rule is:
+    a module imports its siblings by their own names, never its own package's ``__init__``. The
+    root package's lazy names (``esper_lightning._LAZY``, imported on first attribute access)
+    count as imports of the root.
+    """
+    by_name = {module_name(p, package): p for p in modules(package)}
+    graph = {name: _imported_modules(path, package, by_name.keys())
+             for name, path in by_name.items()}
+    if package == PACKAGE:
+        graph[package.name] |= set(importlib.import_module(package.name)._LAZY.values())
+    return graph
+
+
+def _imported_modules(path: Path, package: Path, known: Iterable[str]) -> set[str]:
+    known = set(known)
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name in known)
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(node, path, package)
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                found.update([full] if full in known else [base] if base in known else [])
+    return found
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as ``[a, b, ..., a]``, or None when it is acyclic (depth-first
+    search; a module on the current path reached again closes a cycle)."""
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        if node in path:
+            return [*path[path.index(node):], node]
+        if node in done:
+            return None
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            cycle = visit(nxt)
+            if cycle is not None:
+                return cycle
+        path.pop()
+        done.add(node)
+        return None
+
+    for start in sorted(graph):
+        cycle = visit(start)
+        if cycle is not None:
+            return cycle
+    return None
 
 
 def package_closure(start: str) -> set[str]:
@@ -83,6 +161,38 @@ def test_controllers_and_rl_never_reach_the_application(start):
 def test_closure_helper_can_see_the_application():
     # The check above would pass vacuously if the closure never followed imports.
     assert "esper_lightning.app.config" in package_closure("esper_lightning.app.trainer")
+
+
+def test_package_imports_have_no_cycles():
+    """Every import statement counts (see `import_graph` for how packages count): a cycle means
+    two modules each need the other, which only import order (or a deferred import) holds
+    together; shared types belong in a module both import."""
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_cycle_check_sees_deferred_type_checking_and_package_imports(tmp_path):
+    # The check above would pass vacuously if the graph missed any kind of import.
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    files = {
+        "__init__.py": "",
+        "a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.b import B\n",
+        "b.py": "def f():\n    from pkg import a\n",
+        "sub/__init__.py": "from .c import C\n",
+        "sub/c.py": "from pkg.sub.d import D\nC = D\n",
+        "sub/d.py": "import pkg.sub\nD = 1\n",
+    }
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    graph = import_graph(pkg)
+    assert graph["pkg.a"] == {"pkg.b"} and graph["pkg.b"] == {"pkg.a"}
+    assert graph["pkg.sub"] == {"pkg.sub.c"} and graph["pkg.sub.c"] == {"pkg.sub.d"}
+    assert find_cycle(graph) == ["pkg.a", "pkg.b", "pkg.a"]
+    del graph["pkg.a"]
+    assert find_cycle(graph) == ["pkg.sub", "pkg.sub.c", "pkg.sub.d", "pkg.sub"]
+    graph["pkg.sub.d"] = set()  # only parent packages left: Python initialises them, no edge
+    assert find_cycle(graph) is None
 
 
 @pytest.mark.parametrize("path", modules(), ids=str)

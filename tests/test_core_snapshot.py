@@ -110,9 +110,6 @@ def test_snapshot_excludes_live_seeds_and_copies_to_cpu():
     weight = model[0].weight
     assert snap.tensors["0.weight"].data_ptr() != weight.data_ptr()  # a copy, not a view
     assert all(t.device.type == "cpu" for t in snap.tensors.values())
-    expected = sum(t.numel() * t.element_size() for t in snap.tensors.values())
-    expected += sum(s["momentum_buffer"].numel() * 4 for s in snap.optimizer_state.values())
-    assert snap.nbytes == expected
 
 
 def test_rollback_restores_host_fossil_and_momentum_in_place():

@@ -26,9 +26,8 @@ from esper_lightning.rl import (
 )
 from esper_lightning.rl.ppo import (
     batch_divergence,
-    clip_fraction,
     clipped_surrogate_loss,
-    joint_approx_kl,
+    divergence_sums,
     masked_head_means,
 )
 
@@ -70,20 +69,26 @@ def test_joint_kl_sums_relevant_heads():
     logratio = torch.tensor([[[0.1, 0.2, 5.0], [-0.1, 0.0, 5.0]]])
     relevant = _relevant([1, 1, 0], [1, 0, 0])
     joint = torch.tensor([0.3, -0.1])
-    expected = ((joint.exp() - 1) - joint).mean()
-    assert float(joint_approx_kl(logratio, relevant)) == pytest.approx(float(expected))
+    expected = ((joint.exp() - 1) - joint).sum()
+    kl_sum, steps = divergence_sums(logratio, relevant, 0.2)[:2].tolist()
+    assert (kl_sum, steps) == (pytest.approx(float(expected)), 2.0)
     # Summing (joint) is larger than a per-head average would be.
     per_head = ((logratio.exp() - 1) - logratio)[..., :2].mean()
-    assert float(expected) > float(per_head)
+    assert kl_sum / steps > float(per_head)
 
 
 def test_clip_fraction_and_masked_head_means():
-    ratio = torch.tensor([[[1.5, 1.0, 3.0], [1.0, 0.7, 1.0]]])
+    logratio = torch.tensor([[[1.5, 1.0, 3.0], [1.0, 0.7, 1.0]]]).log()
     relevant = _relevant([1, 1, 0], [1, 1, 0])
-    assert float(clip_fraction(ratio, relevant, 0.2)) == pytest.approx(2 / 4)
+    # Ratios 1.5 and 0.7 left [0.8, 1.2]; the irrelevant head's 3.0 does not count.
+    assert divergence_sums(logratio, relevant, 0.2)[2:].tolist() == [2.0, 4.0]
     values = torch.tensor([[[0.4, 0.9, 0.5], [0.6, 0.1, 0.5]]])
     relevant = _relevant([1, 0, 0], [1, 1, 0])
-    torch.testing.assert_close(masked_head_means(values, relevant), torch.tensor([0.5, 0.1, 0.0]))
+    means = masked_head_means(values, relevant, relevant.sum((0, 1)))
+    torch.testing.assert_close(means, torch.tensor([0.5, 0.1, 0.0]))
+    # Against counts of more steps (other ranks'), this rank's share of the mean.
+    torch.testing.assert_close(masked_head_means(values, relevant, torch.tensor([4.0, 2.0, 0.0])),
+                               torch.tensor([0.25, 0.05, 0.0]))
 
 
 def test_explained_variance():

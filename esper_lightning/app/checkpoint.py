@@ -11,17 +11,15 @@ The policy part of the checkpoint (what `PolicyController` needs) is defined in
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from lightning.fabric.utilities.seed import seed_everything
 
 from esper_lightning.app.config import compatibility_errors
+from esper_lightning.app.learner import Learner
 from esper_lightning.errors import ConfigError
 from esper_lightning.rl.checkpoint import policy_entries, read_checkpoint, write_checkpoint
-
-if TYPE_CHECKING:
-    from esper_lightning.app.trainer import Learner
 
 
 def seed_run(rng_seed: int) -> None:

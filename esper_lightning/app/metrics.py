@@ -1,15 +1,20 @@
-"""What one PPO round produced, and the TensorBoard metrics made of it (tags in docs/rl.md)."""
+"""What one PPO round produced, every rank's merged into one run's, and the TensorBoard metrics
+made of it (tags in docs/rl.md)."""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
 from esper_lightning.core.actions import LifecycleOp
 from esper_lightning.core.telemetry import ROLLBACKS_TAG, morpho_metrics
+
+#: RoundStats fields that are wall-clock times: ranks run side by side, so a round took the
+#: longest rank's time (summing would count parallel seconds twice).
+_SECONDS = ("env_seconds", "controller_seconds", "update_seconds")
 
 
 @dataclass
@@ -38,6 +43,31 @@ class RoundStats:
     controller_seconds: float = 0.0
     update_seconds: float = 0.0
     ppo: dict[str, float] = field(default_factory=dict)
+
+
+def merge_stats(parts: list[RoundStats]) -> RoundStats:
+    """One round's statistics of every rank as one run's: episodes and counters pooled, times
+    of the slowest rank, the update's metrics (equal on every rank) from rank 0.
+
+    Example:
+        >>> merge_stats([RoundStats(steps=4), RoundStats(steps=4)]).steps
+        8
+    """
+    merged = RoundStats(ppo=dict(parts[0].ppo))
+    for part in parts:
+        for f in fields(RoundStats):
+            value, total = getattr(part, f.name), getattr(merged, f.name)
+            if f.name == "ppo":
+                continue
+            if f.name in _SECONDS:
+                setattr(merged, f.name, max(total, value))
+            elif isinstance(value, Counter):
+                total.update(value)  # adds negative sums too (reward components)
+            elif isinstance(value, list):
+                total.extend(value)
+            else:
+                setattr(merged, f.name, total + value)
+    return merged
 
 
 def round_metrics(stats: RoundStats) -> dict[str, float]:

@@ -13,10 +13,11 @@ split into equal groups that play the same episode seeds in lockstep, each group
 rewarding its own policy, which has its own optimizer, normalisers, checkpoint and TensorBoard
 run. Learning groups one after another would hand them different data and machine states.
 
-Under a ddp strategy (`app.distributed`) every process runs this trainer on its share of the
-envs with the same policy: episode and action-sampling seeds come from the global env index, so
-the rollouts are those of one process with every env, the update reduces over the ranks, and
-rank 0 logs and writes the checkpoint.
+Under a ddp strategy (`app.distributed` launches the processes; `app.ranks` says where one
+stands) every process runs this trainer on its share of the envs with the same policy: episode
+and action-sampling seeds come from the global env index, so the rollouts are those of one
+process with every env, the update reduces over the ranks, and rank 0 logs and writes the
+checkpoint.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ from tqdm.auto import tqdm
 
 from esper_lightning.app.checkpoint import load_trainer, save_trainer, seed_run
 from esper_lightning.app.config import PPORunConfig, check_hardware
-from esper_lightning.app.distributed import Ranks, merge_stats
-from esper_lightning.app.metrics import RoundStats, mean, round_metrics
+from esper_lightning.app.learner import Learner
+from esper_lightning.app.metrics import RoundStats, mean, merge_stats, round_metrics
+from esper_lightning.app.ranks import Ranks
 from esper_lightning.app.task import env_spec, load_splits
 from esper_lightning.core.actions import Action
 from esper_lightning.core.report import EpochReport
@@ -73,28 +75,6 @@ def action_rng_seed(root: int, round_index: int, env_index: int) -> int:
     an env samples the same actions however the envs are spread over processes."""
     sequence = np.random.SeedSequence([root, round_index, env_index], spawn_key=(1,))
     return int(sequence.generate_state(1, dtype=np.uint32)[0])
-
-
-@dataclass
-class Learner:
-    """One policy being learned and everything that belongs to it."""
-
-    config: PPORunConfig  # the run as this policy sees it (its reward mode, its envs)
-    envs: list[int]  # pool indices of the envs it acts for
-    policy: FactoredRecurrentActorCritic
-    optimizer: torch.optim.Optimizer
-    obs_rms: RunningMeanStd
-    reward_normalizer: RewardNormalizer
-    value_normalizer: ValueNormalizer
-    reward_config: RewardConfig
-    logger_name: str
-    log_version: int | str | None = None  # TensorBoard version (None: the next free one)
-    logger: TensorBoardLogger | None = None
-    history: list[RoundStats] = field(default_factory=list)
-
-    @property
-    def name(self) -> str:
-        return self.config.reward
 
 
 @dataclass
@@ -135,9 +115,20 @@ class PPOTrainer:
             None: one process.
 
     Example:
+        One round on a tiny generated CIFAR-10 (point ``data_dir`` at the real one instead):
+
+        >>> import tempfile
         >>> from esper_lightning.app.config import load_config
-        >>> trainer = PPOTrainer(load_config("smoke", overrides={"data_dir": "data"}))
-        >>> trainer.train()  # doctest: +SKIP
+        >>> from esper_lightning.data import write_cifar10_fixture
+        >>> folder = tempfile.TemporaryDirectory()
+        >>> data = write_cifar10_fixture(f"{folder.name}/cifar", n_train=80, n_test=40)
+        >>> config = load_config("smoke", overrides={
+        ...     "data_dir": str(data), "logdir": f"{folder.name}/logs", "progress": False,
+        ...     "envs": 2, "minibatch_envs": 2, "episode_length": 3, "rounds": 1})
+        >>> history = PPOTrainer(config).train()
+        >>> len(history), history[0].steps  # one round of 2 envs x 2 decisions
+        (1, 4)
+        >>> folder.cleanup()
     """
 
     def __init__(self, config: PPORunConfig, ranks: Ranks | None = None) -> None:
@@ -389,7 +380,7 @@ class PPOTrainer:
     def _update(self, learner: Learner, rollout: _Rollout) -> None:
         tick = time.perf_counter()
         learner.obs_rms.unfreeze()
-        all_reduce = self.ranks.all_reduce_hook()  # None on one process
+        all_reduce = self.ranks.all_reduce_hook()  # the identity on one process
         learner.obs_rms.update(torch.cat(rollout.raw_features), all_reduce)
         learner.obs_rms.freeze()
         rollout.stats.ppo = ppo_update(learner.policy, learner.optimizer, rollout.buffer,

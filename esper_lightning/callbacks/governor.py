@@ -16,8 +16,8 @@ from esper_lightning.callbacks import _distributed as dist
 from esper_lightning.callbacks.morphogenesis import MorphogenesisCallback
 from esper_lightning.core.divergence import Governor, GovernorConfig
 from esper_lightning.core.engine import MorphogenesisEngine
-from esper_lightning.core.slots import find_slots, prune_live
-from esper_lightning.core.snapshot import Snapshot, restore_snapshot, take_snapshot
+from esper_lightning.core.rollback import roll_back
+from esper_lightning.core.snapshot import Snapshot, take_snapshot
 from esper_lightning.core.telemetry import ROLLBACKS_TAG
 
 log = logging.getLogger(__name__)
@@ -27,9 +27,10 @@ class GovernorCallback(Callback):
     r"""Watch every training loss and the validation loss; on NaN/Inf, lobotomy or divergence,
     roll the model back to the last snapshot in place.
 
-    A rollback prunes every live seed (through the `MorphogenesisCallback`'s engine when there is
-    one), restores the host and fossilized seeds, the optimizer state and the grad scaler from
-    an in-memory CPU snapshot (same Parameter objects, so the optimizer stays valid), logs
+    A rollback (`core.rollback.roll_back`, the same routine as an env's) prunes every live seed
+    (through the `MorphogenesisCallback`'s engine when there is one), restores the host and
+    fossilized seeds, the optimizer state and the grad scaler from an in-memory CPU snapshot
+    (same Parameter objects, so the optimizer stays valid), drops the gradients, logs
     ``governor/rollbacks`` and lets training continue. Snapshots are taken every
     ``config.snapshot_every`` healthy epochs and after each fossilization.
 
@@ -162,17 +163,8 @@ class GovernorCallback(Callback):
 
     # --- rollback -----------------------------------------------------------------------------
     def _rollback(self, trainer: L.Trainer, pl_module: L.LightningModule, reason: str) -> None:
-        if self.snapshot is None:
-            raise RuntimeError(f"governor panic ({reason}) before any snapshot was taken")
-        if self._engine is not None:  # also drops the pruned seeds' optimizer groups
-            pruned = self._engine.prune_live(reason)
-        else:
-            pruned = prune_live(find_slots(pl_module).values(), reason)
-        optimizer = self._optimizer(trainer)
-        restore_snapshot(self.snapshot, pl_module, optimizer, _scaler(trainer))
-        if optimizer is not None:  # accumulated gradients belong to the diverged weights
-            optimizer.zero_grad(set_to_none=True)
-        self.governor.record_rollback()
+        pruned = roll_back(self.snapshot, pl_module, self.governor, reason, engine=self._engine,
+                           optimizer=self._optimizer(trainer), scaler=_scaler(trainer))
         log.warning(
             "governor: %s at epoch %d (loss %s); rolled back, pruned %s",
             reason, trainer.current_epoch, self.governor.last_panic_loss, pruned or "no seeds",

@@ -12,13 +12,13 @@ model. What a rollback restores lives in `snapshot.py`; who carries it out is th
    history mean + 6σ and 3× the history mean (history = last 20 healthy readings, rule active
    from 10 readings) is an anomaly; 3 consecutive anomalies -> ``"governor_divergence"``.
 
-A rollback, in the order an adapter carries it out::
+What an adapter does with the answer (the rollback itself is `rollback.roll_back`: prune live
+seeds, restore the snapshot in place, drop the gradients, count it here)::
 
     reason = governor.check_validation(val_loss, num_classes=10)
     if reason is not None:
-        engine.prune_live(reason)   # prunes live seeds, drops their optimizer groups and state
-        restore_snapshot(snapshot, model, optimizer, scaler)
-        governor.record_rollback()
+        roll_back(snapshot, model, governor, reason, engine=engine, optimizer=optimizer,
+                  scaler=scaler)
     elif governor.should_snapshot(epoch):
         snapshot = take_snapshot(model, optimizer, scaler)
 

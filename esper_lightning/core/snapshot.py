@@ -8,7 +8,6 @@ Fabric, a compiled graph) stays valid. Live seeds are never captured: a rollback
 Memory: a snapshot costs one CPU copy of the host and fossilized-seed weights and buffers, plus one
 CPU copy of their optimizer state (SGD with momentum: 1× the weights again; Adam: 2×). Taking a
 snapshot replaces the previous one, so the caller holds at most two during the swap.
-`Snapshot.nbytes` reports the exact figure.
 """
 
 from __future__ import annotations
@@ -58,15 +57,6 @@ class Snapshot:
     cpu_state_keys: frozenset[tuple[str, str]] = field(default_factory=frozenset)
     param_groups: dict[str, dict[str, Any]] = field(default_factory=dict)
     scaler_state: dict[str, Any] | None = None
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held by the snapshot's tensors (weights, buffers and optimizer state)."""
-        total = sum(t.numel() * t.element_size() for t in self.tensors.values())
-        for entry in (self.optimizer_state or {}).values():
-            total += sum(v.numel() * v.element_size() for v in entry.values()
-                         if isinstance(v, Tensor))
-        return total
 
 
 def live_seed_prefixes(model: nn.Module) -> set[str]:

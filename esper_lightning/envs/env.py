@@ -25,7 +25,8 @@ from esper_lightning.core.divergence import Governor, GovernorConfig
 from esper_lightning.core.engine import GRAD_STATS_EVERY, MorphogenesisEngine, StepOutcome
 from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.core.report import EpochReport
-from esper_lightning.core.snapshot import Snapshot, restore_snapshot, take_snapshot
+from esper_lightning.core.rollback import roll_back
+from esper_lightning.core.snapshot import Snapshot, take_snapshot
 from esper_lightning.envs.tasks import CifarTask, Task
 
 ROLLBACK_MODES = ("end", "restore")
@@ -38,7 +39,7 @@ class EnvSpec:
     ``on_rollback`` says what a governor rollback does to an episode: ``"end"`` (learning a
     controller: the episode is over, the caller starts a new one) or ``"restore"`` (evaluating
     one: live seeds are pruned, the last snapshot is restored in place and the episode goes on,
-    exactly as `GovernorCallback` does in a Trainer).
+    with the routine `GovernorCallback` calls in a Trainer, `core.rollback.roll_back`).
 
     ``task`` is what the envs learn (`envs.tasks`): its data, host presets and slot ids, loss
     and number of classes; ``host_preset`` and ``slots`` must be the task's.
@@ -226,11 +227,8 @@ class MorphogenesisEnv:
     def _restore_or_snapshot(self, reason: str | None) -> None:
         engine = self._engine()
         if reason is not None:
-            assert self.snapshot is not None
-            engine.prune_live(reason)  # also drops their optimizer groups
-            restore_snapshot(self.snapshot, self.host, self.optimizer.optimizer, self._scaler())
-            self.optimizer.zero_grad(set_to_none=True)
-            self.governor.record_rollback()
+            roll_back(self.snapshot, self.host, self.governor, reason, engine=engine,
+                      optimizer=self.optimizer.optimizer, scaler=self._scaler())
         elif self.governor.consecutive_anomalies == 0:
             fossilized = engine.count("fossilized")
             if self.governor.should_snapshot(engine.epoch, fossilized > self._snapshot_fossils):

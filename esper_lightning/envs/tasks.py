@@ -48,7 +48,7 @@ from esper_lightning.hosts import GPT_PRESETS, PRESETS, CifarCNNHost, GPTHost, s
 from esper_lightning.hosts.base import SlottedHost
 from esper_lightning.hosts.gpt import gpt_slot_ids
 
-__all__ = ["TASKS", "CifarTask", "Task", "TextTask", "TrainLoader", "get_task_class"]
+__all__ = ["TASKS", "CifarTask", "Task", "TextTask", "TrainLoader"]
 
 #: Images per validation forward of the CIFAR task.
 VAL_BATCH = 500
@@ -258,15 +258,3 @@ class TextTask(Task):
 
 #: Registered tasks by name.
 TASKS: dict[str, type[Task]] = {"cifar": CifarTask, "lm": TextTask}
-
-
-def get_task_class(name: str) -> type[Task]:
-    """The task registered as ``name``; a one-line `ValueError` naming the accepted ones.
-
-    Example:
-        >>> get_task_class("lm").default_preset
-        'tiny'
-    """
-    if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; accepted: {', '.join(TASKS)}")
-    return TASKS[name]

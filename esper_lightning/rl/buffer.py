@@ -103,15 +103,6 @@ class RolloutBuffer:
         """Start filling again from step 0 (storage is overwritten)."""
         self.step = 0
 
-    def compute_gae(self, gamma: float, gae_lambda: float) -> tuple[Tensor, Tensor]:
-        """GAE on the stored rewards and values as they are (see `compute_gae`)."""
-        if not self.full:
-            raise RuntimeError(f"RolloutBuffer holds {self.step}/{self.n_steps} steps")
-        return compute_gae(
-            self.rewards, self.values, self.bootstrap_values, self.terminated, self.truncated,
-            gamma, gae_lambda,
-        )
-
 
 def compute_gae(
     rewards: Tensor,

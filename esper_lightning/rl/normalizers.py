@@ -21,10 +21,11 @@ rounds do not see a near-identity normaliser (the research code's EMA started fr
 Later updates either merge exactly (Chan's parallel Welford, ``momentum=None``) or follow an EMA
 of the batch moments (``momentum`` = weight of the old statistics).
 
-Data-parallel learning (DD-PPO): every ``update`` takes an optional ``all_reduce`` (sums a tensor
-over the ranks), and the batch moments are then those of every rank's rows together
-(`batch_moments`: count and sum, then the sum of squared deviations from the global mean), so
-every rank holds the same statistics as one process that saw the whole batch.
+Data-parallel learning (DD-PPO): every ``update`` takes an ``all_reduce`` (sums a tensor over the
+ranks), and the batch moments are those of every rank's rows together (`batch_moments`: count
+and sum, then the sum of squared deviations from the global mean), so every rank holds the same
+statistics as one process that saw the whole batch. One process is one rank whose sum over the
+ranks is its own tensor (`single_process`, the default), so the same formula runs either way.
 
 All ``state_dict`` values are plain tensors, floats and bools (``torch.load(weights_only=True)``).
 """
@@ -41,18 +42,29 @@ from torch import Tensor
 AllReduce = Callable[[Tensor], Tensor]
 
 
-def batch_moments(x: Tensor, all_reduce: AllReduce | None = None) -> tuple[Tensor, Tensor, float]:
-    """Mean, (biased) variance and count of the rows of ``x`` ``[N, *shape]``, over every rank's
-    rows when ``all_reduce`` is given (two collectives: count and sum, then the squared
-    deviations from the global mean, so nothing cancels).
+def single_process(tensor: Tensor) -> Tensor:
+    """The `AllReduce` of a one-process run: the sum over the only rank is the tensor itself.
+    Callers never modify what an all-reduce returns, so the tensor is not copied.
+
+    Example:
+        >>> single_process(torch.tensor([1.0, 2.0]))
+        tensor([1., 2.])
+    """
+    return tensor
+
+
+def batch_moments(
+    x: Tensor, all_reduce: AllReduce = single_process
+) -> tuple[Tensor, Tensor, float]:
+    """Mean, (biased) variance and count of the rows of ``x`` ``[N, *shape]`` over every rank's
+    rows (two collectives: count and sum, then the squared deviations from the global mean, so
+    nothing cancels).
 
     Example:
         >>> mean, var, n = batch_moments(torch.tensor([[0.0], [2.0]]))
         >>> mean.tolist(), var.tolist(), n
         ([1.0], [1.0], 2.0)
     """
-    if all_reduce is None:
-        return x.mean(0), x.var(0, unbiased=False), float(x.shape[0])
     head = all_reduce(torch.cat([x.new_tensor([x.shape[0]]), x.sum(0).reshape(-1)]))
     count = float(head[0])
     mean = (head[1:] / count).view(x.shape[1:])
@@ -105,7 +117,7 @@ class RunningMeanStd:
         self.frozen = False
 
     # --- statistics -------------------------------------------------------------------------
-    def update(self, x: Tensor, all_reduce: AllReduce | None = None) -> None:
+    def update(self, x: Tensor, all_reduce: AllReduce = single_process) -> None:
         """Fold a batch ``[N, *shape]`` (with ``all_reduce``: every rank's batches together)
         into the statistics.
 
@@ -185,7 +197,7 @@ class RewardNormalizer:
         self.returns = RunningMeanStd(shape=(), epsilon=epsilon, clip=None)
 
     def update(
-        self, rewards: Tensor, episode_starts: Tensor, all_reduce: AllReduce | None = None
+        self, rewards: Tensor, episode_starts: Tensor, all_reduce: AllReduce = single_process
     ) -> None:
         """Fold one round of raw rewards ``[N, T]`` (every rank's, with ``all_reduce``) into the
         return statistics.
@@ -245,7 +257,7 @@ class ValueNormalizer:
     def std(self) -> float:
         return float(self.stats.std)
 
-    def update(self, returns: Tensor, all_reduce: AllReduce | None = None) -> None:
+    def update(self, returns: Tensor, all_reduce: AllReduce = single_process) -> None:
         self.stats.update(returns, all_reduce)
 
     def normalize(self, returns: Tensor) -> Tensor:

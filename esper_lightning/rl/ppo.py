@@ -18,12 +18,14 @@ clipped ratio, and a head only counts at the steps where it is relevant; the pol
 per-step sum over relevant heads averaged over steps, i.e. a sparse head (blueprint: only on
 GERMINATE) weighs in proportion to how often it acts instead of being inflated by a per-head mean.
 
-Data-parallel (DD-PPO): with ``all_reduce`` (sums a tensor over the ranks) each rank updates on
-its own envs' sequences and every quantity is that of the whole batch of all ranks: normaliser
-moments, the advantage mean and std of each minibatch, the loss (each rank's part is its sum
-divided by the global count, so the gradients summed over the ranks are those of the whole
-minibatch; one flat all-reduce per minibatch), the KL that stops the update (so every rank takes
-the same number of steps) and the logged metrics. Without it the update is the one-process one.
+Data-parallel (DD-PPO): ``all_reduce`` sums a tensor over the ranks; each rank updates on its own
+envs' sequences and every quantity is that of the whole batch of all ranks: normaliser moments,
+the advantage mean and std of each minibatch, the loss (each rank's part is its sum divided by
+the global count, so the gradients summed over the ranks are those of the whole minibatch; one
+flat all-reduce per minibatch), the KL that stops the update (so every rank takes the same
+number of steps) and the logged metrics. One process is the world of one rank: its all-reduce
+is `single_process` (the identity, the default), so every test of the update runs the formulas
+a data-parallel run uses.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from esper_lightning.rl.normalizers import (
     RewardNormalizer,
     ValueNormalizer,
     batch_moments,
+    single_process,
 )
 from esper_lightning.rl.policy import Evaluation, FactoredRecurrentActorCritic
 
@@ -100,16 +103,12 @@ def make_optimizer(policy: nn.Module, config: PPOConfig) -> torch.optim.Adam:
 
 
 def explained_variance(
-    predicted: Tensor, target: Tensor, all_reduce: AllReduce | None = None
+    predicted: Tensor, target: Tensor, all_reduce: AllReduce = single_process
 ) -> float:
-    """``1 - Var(target - predicted) / Var(target)``; NaN when the target is constant (over
-    every rank's values with ``all_reduce``)."""
-    if all_reduce is None:
-        var_target = target.var(unbiased=False)
-        var_residual = (target - predicted).var(unbiased=False)
-    else:
-        var_target = batch_moments(target.reshape(-1).double(), all_reduce)[1]
-        var_residual = batch_moments((target - predicted).reshape(-1).double(), all_reduce)[1]
+    """``1 - Var(target - predicted) / Var(target)`` over every rank's values; NaN when the
+    target is constant."""
+    var_target = batch_moments(target.reshape(-1).double(), all_reduce)[1]
+    var_residual = batch_moments((target - predicted).reshape(-1).double(), all_reduce)[1]
     if float(var_target) == 0.0:
         return float("nan")
     return float(1.0 - var_residual / var_target)
@@ -122,13 +121,13 @@ def ppo_update(
     config: PPOConfig,
     value_normalizer: ValueNormalizer,
     reward_normalizer: RewardNormalizer | None = None,
-    all_reduce: AllReduce | None = None,
+    all_reduce: AllReduce = single_process,
 ) -> dict[str, float]:
     """One PPO update on a full buffer; returns CleanRL-named metrics (see ``docs/rl.md``).
 
-    Shuffling uses the global torch RNG (seed it for reproducibility). With ``all_reduce`` this
-    is one rank's part of a data-parallel update (module docstring): every rank calls it with
-    the same number of envs and the same ``config``, and ends with the same policy.
+    Shuffling uses the global torch RNG (seed it for reproducibility). With a data-parallel
+    ``all_reduce`` this is one rank's part of the update (module docstring): every rank calls it
+    with the same number of envs and the same ``config``, and ends with the same policy.
     """
     if not buffer.full:
         raise RuntimeError(f"ppo_update on a buffer with {buffer.step}/{buffer.n_steps} steps")
@@ -151,7 +150,7 @@ def ppo_update(
     history: dict[str, list[float]] = {}
     epochs_run, stopped, divergence = 0, False, {"approx_kl": 0.0, "clipfrac": 0.0}
     for _ in range(config.n_epochs):
-        for env_ids in torch.randperm(buffer.n_envs).split(config.minibatch_envs):
+        for env_ids in minibatches(buffer.n_envs, config.minibatch_envs):
             stats = _minibatch_step(
                 policy, optimizer, buffer, env_ids, advantages[env_ids],
                 value_targets[env_ids], config, all_reduce,
@@ -173,17 +172,20 @@ def ppo_update(
     return metrics
 
 
-def _mean_metrics(
-    history: dict[str, list[float]], all_reduce: AllReduce | None
-) -> dict[str, float]:
-    """Each metric's mean over the minibatches; with ``all_reduce`` the losses are each rank's
-    share of the whole minibatch's, so the ranks' shares are summed (the clipped gradient norm
-    is already the same everywhere)."""
+def minibatches(n_envs: int, minibatch_envs: int) -> tuple[Tensor, ...]:
+    """One epoch's minibatches: this rank's env sequences, shuffled with the global torch RNG
+    and cut into groups of ``minibatch_envs`` (the last one may be smaller)."""
+    return torch.randperm(n_envs).split(minibatch_envs)
+
+
+def _mean_metrics(history: dict[str, list[float]], all_reduce: AllReduce) -> dict[str, float]:
+    """Each metric's mean over the minibatches. The losses and entropies are each rank's share of
+    the whole minibatch's, so the ranks' shares are summed (the clipped gradient norm is already
+    the same everywhere)."""
     metrics = {key: sum(v) / len(v) for key, v in history.items()}
-    if all_reduce is not None:
-        shared = [key for key in metrics if key != "grad_norm"]
-        total = all_reduce(torch.tensor([metrics[key] for key in shared], dtype=torch.float64))
-        metrics.update(zip(shared, total.tolist(), strict=True))
+    shared = [key for key in metrics if key != "grad_norm"]
+    total = all_reduce(torch.tensor([metrics[key] for key in shared], dtype=torch.float64))
+    metrics.update(zip(shared, total.tolist(), strict=True))
     return metrics
 
 
@@ -207,9 +209,10 @@ def _minibatch_step(
     advantages: Tensor,
     value_targets: Tensor,
     config: PPOConfig,
-    all_reduce: AllReduce | None = None,
+    all_reduce: AllReduce = single_process,
 ) -> dict[str, float]:
-    """Loss and one optimizer step on the env sequences ``env_ids``."""
+    """Loss and one optimizer step on the env sequences ``env_ids`` (of every rank: the
+    gradients are summed over the ranks before the clip and the step)."""
     actions = buffer.actions[env_ids]  # [b, T, 8]
     new = _evaluate(policy, buffer, env_ids)
     relevant = RELEVANCE[actions[..., 0]].float()  # [b, T, 8] causal mask of the stored op
@@ -217,22 +220,14 @@ def _minibatch_step(
     # Entropy only where the head had a choice: a forced value says nothing about exploration.
     choice = relevant * new.has_choice.float()
 
-    if all_reduce is not None:
-        pg_loss, v_loss, head_entropy = _shared_losses(
-            new, ratio, advantages, value_targets, relevant, choice, config, all_reduce)
-    else:
-        if config.norm_adv:
-            advantages = (advantages - advantages.mean()) / (advantages.std(unbiased=False) + 1e-8)
-        pg_loss = clipped_surrogate_loss(ratio, advantages, relevant, config.clip_coef)
-        v_loss = 0.5 * (new.values - value_targets).square().mean()
-        head_entropy = masked_head_means(new.entropy, choice)  # [8]
+    pg_loss, v_loss, head_entropy = _minibatch_losses(
+        new, ratio, advantages, value_targets, relevant, choice, config, all_reduce)
     coefs = torch.tensor([config.entropy_coefs[h] for h in HEADS])
     loss = pg_loss + config.vf_coef * v_loss - (coefs * head_entropy).sum()
 
     optimizer.zero_grad()
     loss.backward()
-    if all_reduce is not None:
-        sum_gradients(policy, all_reduce)
+    sum_gradients(policy, all_reduce)
     grad_norm = nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
     optimizer.step()
     return {
@@ -244,15 +239,17 @@ def _minibatch_step(
     }
 
 
-def _shared_losses(
+def _minibatch_losses(
     new: Evaluation, ratio: Tensor, advantages: Tensor, value_targets: Tensor,
     relevant: Tensor, choice: Tensor, config: PPOConfig, all_reduce: AllReduce,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """This rank's share of the whole minibatch's policy loss, value loss and head entropies
-    (local sums over global counts), with advantages normalised by the whole minibatch's mean
-    and std."""
+    (local sums over global counts, so the ranks' shares and their gradients sum to the whole
+    minibatch's; one process: the means), with advantages normalised by the whole minibatch's
+    mean and std. Two collectives: the counts (steps, advantage sum, steps per head with a
+    choice), then the advantages' squared deviations from the global mean."""
     n_local = advantages.numel()
-    counts = all_reduce(torch.cat([  # [steps, advantage sum, 8 head counts] of every rank
+    counts = all_reduce(torch.cat([
         torch.tensor([n_local], dtype=torch.float64), advantages.double().sum().view(1),
         choice.double().sum((0, 1)),
     ]))
@@ -264,7 +261,7 @@ def _shared_losses(
     share = n_local / n
     pg_loss = clipped_surrogate_loss(ratio, advantages, relevant, config.clip_coef) * share
     v_loss = 0.5 * (new.values - value_targets).square().mean() * share
-    head_entropy = (new.entropy * choice).sum((0, 1)) / counts[2:].clamp(min=1).float()
+    head_entropy = masked_head_means(new.entropy, choice, counts[2:])
     return pg_loss, v_loss, head_entropy
 
 
@@ -283,29 +280,17 @@ def sum_gradients(policy: nn.Module, all_reduce: AllReduce) -> None:
 @torch.no_grad()
 def batch_divergence(
     policy: FactoredRecurrentActorCritic, buffer: RolloutBuffer, clip_coef: float,
-    all_reduce: AllReduce | None = None,
+    all_reduce: AllReduce = single_process,
 ) -> dict[str, float]:
     """Joint approximate KL and clip fraction of the current policy against the rollout policy,
-    over the whole batch (measured after an update epoch, so it is the real movement, not the
-    zero of a minibatch evaluated before its own step); with ``all_reduce`` over every rank's
-    batch, so the early stop is one decision for all."""
+    over the whole batch of every rank (measured after an update epoch, so it is the real
+    movement, not the zero of a minibatch evaluated before its own step; over every rank's
+    batch, so the early stop is one decision for all)."""
     new = _evaluate(policy, buffer, slice(None))
     relevant = RELEVANCE[buffer.actions[..., 0]].float()
-    logratio = new.log_probs - buffer.log_probs
-    ratio = (logratio * relevant).exp()
-    if all_reduce is not None:
-        joint = (logratio * relevant).sum(-1)
-        outside = ((ratio - 1).abs() > clip_coef).float() * relevant
-        sums = all_reduce(torch.stack([
-            ((joint.exp() - 1) - joint).sum(), joint.new_tensor(joint.numel()),
-            outside.sum(), relevant.sum(),
-        ]).double())
-        return {"approx_kl": float(sums[0] / sums[1]),
-                "clipfrac": float(sums[2] / sums[3].clamp(min=1))}
-    return {
-        "approx_kl": float(joint_approx_kl(logratio, relevant)),
-        "clipfrac": float(clip_fraction(ratio, relevant, clip_coef)),
-    }
+    sums = all_reduce(divergence_sums(new.log_probs - buffer.log_probs, relevant, clip_coef))
+    return {"approx_kl": float(sums[0] / sums[1]),
+            "clipfrac": float(sums[2] / sums[3].clamp(min=1))}
 
 
 def clipped_surrogate_loss(
@@ -326,19 +311,22 @@ def clipped_surrogate_loss(
     return (torch.max(unclipped, clipped) * relevant).sum(-1).mean()
 
 
-def joint_approx_kl(logratio: Tensor, relevant: Tensor) -> Tensor:
-    """KL(pi_old || pi_new) estimate ``mean((r - 1) - log r)`` of the JOINT factored action,
-    ``log r = Σ_relevant heads logratio`` (an average of per-head KLs would under-state it)."""
+def divergence_sums(logratio: Tensor, relevant: Tensor, clip_coef: float) -> Tensor:
+    """The sums behind the approximate KL and the clip fraction, summable over ranks (float64):
+    ``[Σ (r - 1) - log r, steps, relevant (step, head) pairs whose ratio left the clip range,
+    relevant pairs]``. The approximate KL (``sums[0] / sums[1]``) is KL(pi_old || pi_new) of the
+    JOINT factored action, ``log r = Σ_relevant heads logratio`` (an average of per-head KLs
+    would under-state it); the clip fraction is ``sums[2] / sums[3]``, per head."""
     joint = (logratio * relevant).sum(-1)
-    return ((joint.exp() - 1) - joint).mean()
+    outside = (((logratio * relevant).exp() - 1).abs() > clip_coef).float() * relevant
+    return torch.stack([
+        ((joint.exp() - 1) - joint).sum(), joint.new_tensor(joint.numel()),
+        outside.sum(), relevant.sum(),
+    ]).double()
 
 
-def clip_fraction(ratio: Tensor, relevant: Tensor, clip_coef: float) -> Tensor:
-    """Fraction of relevant (step, head) pairs whose ratio left the clip range."""
-    outside = ((ratio - 1).abs() > clip_coef).float() * relevant
-    return outside.sum() / relevant.sum().clamp(min=1)
-
-
-def masked_head_means(values: Tensor, relevant: Tensor) -> Tensor:
-    """Mean of ``values`` ``[b, T, 8]`` over the steps where ``relevant`` (per head) -> ``[8]``."""
-    return (values * relevant).sum((0, 1)) / relevant.sum((0, 1)).clamp(min=1)
+def masked_head_means(values: Tensor, relevant: Tensor, counts: Tensor) -> Tensor:
+    """Each head's sum of ``values`` ``[b, T, 8]`` over this rank's steps where ``relevant``,
+    divided by ``counts`` ``[8]``, those steps of every rank: this rank's share of the mean
+    (one process, ``counts = relevant.sum((0, 1))``: the mean) -> ``[8]``."""
+    return (values * relevant).sum((0, 1)) / counts.clamp(min=1).float()
