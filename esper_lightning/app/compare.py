@@ -36,6 +36,7 @@ from esper_lightning.app.config import (
     check_hardware,
 )
 from esper_lightning.app.records import (
+    METRICS,
     OUTCOME,
     Episode,
     EpisodeRecord,
@@ -395,9 +396,10 @@ class Comparison:
                  if (f"tune-{k}", i) not in finished]
         configs = {f"tune-{k}": config for k, config in enumerate(grid)}
         done += self._play_missing(plans, csv_path, lambda p: HeuristicController(configs[p.label]))
-        means = {label: sum(r["outcome"] for r in done if r.controller == label)
+        means = {label: sum(r[OUTCOME] for r in done if r.controller == label)
                  / self.config.tuning_seeds for label in configs}
-        best = max(configs, key=lambda label: (means[label], -int(label.split("-")[1])))
+        sign = 1.0 if METRICS[OUTCOME].better == "higher" else -1.0
+        best = max(configs, key=lambda label: (sign * means[label], -int(label.split("-")[1])))
         chosen = configs[best]
         saved.write_text(json.dumps({"chosen": best, "mean_outcomes": means,
                                      "config": _heuristic_to_json(chosen)}, indent=2) + "\n")

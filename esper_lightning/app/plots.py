@@ -30,7 +30,7 @@ from matplotlib.ticker import StrMethodFormatter
 
 from esper_lightning.app.records import METRICS, EpisodeRecord, group_by_controller
 from esper_lightning.app.report import ControllerSummary
-from esper_lightning.app.stats import bootstrap_ci
+from esper_lightning.app.stats import estimate
 
 #: The size a scalar metric is drawn against.
 SIZE = "total_params"
@@ -97,9 +97,9 @@ def curves_figure(
     """The mean per epoch of curve metric ``name`` per controller, with a shaded bootstrap
     band. Controllers whose episodes lack the curve are left out.
 
-    The band at each epoch is `bootstrap_ci` of the mean over that controller's episodes (the
-    same interval as the report's tables); a controller with a single episode has a band of
-    zero width. Epochs are numbered from 1.
+    The band at each epoch is the interval of the mean over that controller's episodes
+    (`stats.estimate`, as in the report's tables); a controller with a single episode has a
+    band of zero width. Epochs are numbered from 1.
 
     Raises:
         ValueError: no record has the curve, or one controller's curves differ in length.
@@ -118,8 +118,8 @@ def curves_figure(
         curves = _curves(controller, name, episodes)  # [E, T]
         epochs = np.arange(1, curves.shape[1] + 1)
         bands = [
-            bootstrap_ci(curves[:, t], n_resamples=n_resamples, confidence=confidence,
-                         rng_seed=rng_seed)
+            estimate(curves[:, t], n_resamples=n_resamples, confidence=confidence,
+                     rng_seed=rng_seed).ci
             for t in range(curves.shape[1])
         ]
         low, high = np.array(bands).T  # [T] each

@@ -188,7 +188,11 @@ def _matched(
 
 def _differences(metric: Metric, pairs: list[tuple[EpisodeRecord, EpisodeRecord]]
                  ) -> np.ndarray | None:
-    """Per-pair ``controller - reference`` of one metric; None when an episode lacks it."""
+    """Per-pair ``controller - reference`` of one metric; None when an episode lacks it.
+
+    The one place a paired value is formed: a metric of two episodes at once (one read from
+    both controllers' curves) would be computed here.
+    """
     mine = _known(metric, [m[metric.name] for m, _ in pairs],
                   f"controller {pairs[0][0].controller!r}")
     theirs = _known(metric, [t[metric.name] for _, t in pairs],
