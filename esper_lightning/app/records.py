@@ -372,24 +372,26 @@ def _layout(path: Path, header: Sequence[str] | None) -> int | None:
         if names == columns:
             return version
     required = ("schema", *IDENTITY, *(m.name for m in METRICS.values() if not m.optional))
-    unknown = [name for name in names if name not in fieldnames()]
+    current = fieldnames()
+    unknown = [name for name in names if name not in current]
     missing = [name for name in required if name not in names]
     if unknown or missing or len(set(names)) != len(names):
         problem = (f"unknown column {unknown[0]!r}" if unknown else
                    f"no column {missing[0]!r}" if missing else "a repeated column")
         raise ConfigError(f"malformed records file {path}: header {list(names)} is not an "
-                          f"episode table's ({problem}); accepted: {', '.join(fieldnames())}")
+                          f"episode table's ({problem}); accepted: {', '.join(current)}")
     return None
 
 
 def _row_version(text: str) -> int:
     first = max(LAYOUTS) + 1  # the first layout with a schema column
-    if text.isdigit() and int(text) > SCHEMA_VERSION:
+    version = int(text) if text.isascii() and text.isdigit() else None
+    if version is not None and version > SCHEMA_VERSION:
         raise ValueError(f"schema {text} was written by a newer esper-lightning; this one "
                          f"reads up to {SCHEMA_VERSION}")
-    if not text.isdigit() or int(text) < first:
+    if version is None or version < first:
         raise ValueError(f"bad schema {text!r}; accepted: {first} to {SCHEMA_VERSION}")
-    return int(text)
+    return version
 
 
 def _record_of_row(row: dict[Any, Any], version: int | None) -> EpisodeRecord:
