@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -23,6 +24,8 @@ from esper_lightning.app.compare import (
     tuning_rng_seed,
 )
 from esper_lightning.app.config import CompareConfig, preset_values
+from esper_lightning.app.records import METRICS, Metric
+from esper_lightning.app.stats import bootstrap_ci
 from esper_lightning.blueprints import param_count
 from esper_lightning.controllers import GrowerController, StaticController
 from esper_lightning.core.engine import MorphogenesisEngine, StepOutcome
@@ -53,9 +56,9 @@ def test_identical_controllers_give_identical_episodes(cifar_dir, tmp_path):
     records = comparison.run()
     by = {(r.controller, r.episode_index): r for r in records}
     for i in range(2):
-        assert by["static", i].accuracy_curve == by["twin", i].accuracy_curve
+        assert by["static", i]["accuracy_curve"] == by["twin", i]["accuracy_curve"]
         assert by["static", i].episode_rng_seed == evaluation_rng_seed(0, i)
-    assert by["static", 0].accuracy_curve != by["static", 1].accuracy_curve  # episodes differ
+    assert by["static", 0]["accuracy_curve"] != by["static", 1]["accuracy_curve"]  # differ
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     (pair,) = summary["comparisons"]
     assert pair["outcome_diff_mean"] == 0.0 and pair["outcome_diff_ci"] == [0.0, 0.0]
@@ -96,6 +99,47 @@ def test_rerun_with_other_task_settings_is_refused_and_writes_nothing(cifar_dir,
                                   episode_length=4))
     after = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir() if p.is_file()}
     assert after == before
+
+
+# --- a metric added in one place ----------------------------------------------------------------
+#: The final training loss: measured by the env, reported nowhere. This one entry is all it
+#: takes for every output of a comparison to carry it.
+FINAL_TRAIN_LOSS = Metric("final_train_loss", lambda e: e.reports[-1].train_loss,
+                          "final train loss", fmt=".4f", better="lower", paired=True, plot=True,
+                          description="mean training loss of the last epoch")
+
+
+def test_a_metric_added_in_one_place_reaches_every_output(cifar_dir, tmp_path, monkeypatch):
+    monkeypatch.setitem(METRICS, FINAL_TRAIN_LOSS.name, FINAL_TRAIN_LOSS)
+    out = tmp_path / "out"
+    Comparison(fixture_config(cifar_dir, out, controllers=("static", "grower:norm"))).run()
+    rows = list(csv.DictReader((out / "episodes.csv").open()))
+    loss = {(r["controller"], int(r["episode_index"])): float(r["final_train_loss"])
+            for r in rows}
+    assert len(loss) == 4 and all(0.0 < v < 10.0 for v in loss.values())
+    diffs = [loss["grower:norm", i] - loss["static", i] for i in range(2)]
+    summary = json.loads((out / "summary.json").read_text())
+    static, _ = summary["controllers"]
+    assert static["final_train_loss_mean"] == pytest.approx((loss["static", 0]
+                                                            + loss["static", 1]) / 2)
+    assert static["final_train_loss_ci"] == list(bootstrap_ci([loss["static", i]
+                                                                for i in range(2)]))
+    (pair,) = summary["comparisons"]
+    assert pair["final_train_loss_diff_mean"] == pytest.approx(np.mean(diffs))
+    assert pair["final_train_loss_diff_ci"] == list(bootstrap_ci(diffs))
+    text = (out / "summary.md").read_text()
+    assert "| final train loss [95% CI] |" in text and "| Δ final train loss [95% CI] |" in text
+    assert f"| {np.mean(diffs):+.4f} [" in text
+    assert (out / "final_train_loss_vs_params.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_foreign_episode_table_is_refused_before_anything_is_written(cifar_dir, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "episodes.csv").write_text("name,score\nme,1\n")
+    with pytest.raises(ConfigError, match=r"episodes\.csv: header \['name', 'score'\]"):
+        Comparison(fixture_config(cifar_dir, out, controllers=("static",)))
+    assert sorted(p.name for p in out.iterdir()) == ["episodes.csv"]
 
 
 # --- a controller better by construction --------------------------------------------------------
@@ -184,10 +228,10 @@ def test_lm_comparison_records_token_accuracy_and_loss(text_file, tmp_path):
     records = Comparison(config).run()
     assert len(records) == 6 and {r.host for r in records} == {"tiny"}
     for r in records:
-        assert len(r.loss_curve) == len(r.accuracy_curve) == config.episode_length
-        assert 0.0 < min(r.loss_curve) < 6.0  # per-token cross-entropy, below ln 256
+        assert len(r["loss_curve"]) == len(r["accuracy_curve"]) == config.episode_length
+        assert 0.0 < min(r["loss_curve"]) < 6.0  # per-token cross-entropy, below ln 256
     grown = [r for r in records if r.controller == "grower:lora"]
-    assert all(r.seeds_germinated == 1 and r.seed_params > 0 for r in grown)
+    assert all(r["seeds_germinated"] == 1 and r["seed_params"] > 0 for r in grown)
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "## Validation loss" in summary and "| grower:lora | static | 2 |" in summary
     assert json.loads((tmp_path / "out" / "compare_config.json").read_text())["task"] == "lm"
@@ -208,10 +252,10 @@ def test_matched_controller_is_born_grown_with_the_growers_median(cifar_dir, tmp
     config = fixture_config(cifar_dir, tmp_path / "out", seeds=1, episode_length=4,
                             controllers=("static", grower, matched))
     records = {r.controller: r for r in Comparison(config).run()}
-    grown = records["grower:conv_light"].seed_params
+    grown = records["grower:conv_light"]["seed_params"]
     assert grown > 0
-    assert records["matched:grower:conv_light"].seed_params == grown  # same blueprint exists
-    assert records["matched:grower:conv_light"].seeds_germinated == 0
+    assert records["matched:grower:conv_light"]["seed_params"] == grown  # same blueprint exists
+    assert records["matched:grower:conv_light"]["seeds_germinated"] == 0
 
 
 # --- tuning the heuristic ----------------------------------------------------------------------

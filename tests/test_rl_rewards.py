@@ -213,8 +213,8 @@ def test_mean_returns_rank_scripted_controllers_like_their_mean_outcomes(cifar_d
     means = {}
     for name in RANKED:
         mine = [r for r in records if r.controller == name]
-        means[name] = (sum(r.episode_return for r in mine) / len(mine),
-                       sum(r.outcome for r in mine) / len(mine))
+        means[name] = (sum(r["episode_return"] for r in mine) / len(mine),
+                       sum(r["outcome"] for r in mine) / len(mine))
     by_return = sorted(RANKED, key=lambda n: means[n][0])
     by_outcome = sorted(RANKED, key=lambda n: means[n][1])
     assert by_return == by_outcome, means

@@ -18,6 +18,7 @@ import itertools
 import json
 import logging
 import math
+import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,14 +28,28 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from esper_lightning import blueprints as blueprint_registry
-from esper_lightning.app import plots, stats
+from esper_lightning.app import plots
 from esper_lightning.app.config import (
     ADDED_KEY_DEFAULTS,
     CompareConfig,
     TaskConfig,
     check_hardware,
 )
-from esper_lightning.app.stats import EpisodeRecord
+from esper_lightning.app.records import (
+    METRICS,
+    OUTCOME,
+    Episode,
+    EpisodeRecord,
+    append_record_csv,
+    read_records_csv,
+)
+from esper_lightning.app.report import (
+    ControllerSummary,
+    markdown_table,
+    paired_differences,
+    summarize,
+    summary_json,
+)
 from esper_lightning.app.task import env_spec, load_splits, make_task
 from esper_lightning.controllers import (
     Controller,
@@ -45,7 +60,6 @@ from esper_lightning.controllers import (
     RandomController,
     StaticController,
 )
-from esper_lightning.core.outcome import episode_outcome
 from esper_lightning.core.report import EpochReport
 from esper_lightning.envs import EnvPool, episode_rng_seed
 from esper_lightning.errors import ConfigError
@@ -162,8 +176,7 @@ def play_episodes(
     for controller in controllers:
         controller.reset()
     returns = [0.0] * len(plans)
-    curves = [[_accuracy(o.report)] for o in observations]
-    losses = [[_loss(o.report)] for o in observations]
+    histories = [[o.report] for o in observations]  # every epoch's report, per episode
     decisions = task.episode_length - 1
     for t in range(decisions):
         reports = [o.report for o in observations]
@@ -175,41 +188,22 @@ def play_episodes(
                 terminal=t == decisions - 1, rollback=after.rollback_reason is not None,
             )
             returns[k] += reward.total
-            curves[k].append(_accuracy(after.report))
-            losses[k].append(_loss(after.report))
+            histories[k].append(after.report)
     seconds = (time.perf_counter() - start) / len(plans)
-    return [_record(pool, k, plan, task, returns[k], (curves[k], losses[k]), seconds)
+    return [_record(pool, k, plan, task, returns[k], histories[k], seconds)
             for k, plan in enumerate(plans)]
-
-
-def _accuracy(report: EpochReport) -> float:
-    if report.val_accuracy is None:
-        raise RuntimeError(f"epoch {report.epoch}: the env reported no validation accuracy")
-    return report.val_accuracy
-
-
-def _loss(report: EpochReport) -> float | None:
-    return report.val_loss  # None from a pool that measures no loss: the record has none
 
 
 def _record(
     pool: EnvPool, k: int, plan: EpisodePlan, task: TaskConfig, episode_return: float,
-    curves: tuple[list[float], list[float | None]], seconds: float,
+    reports: list[EpochReport], seconds: float,
 ) -> EpisodeRecord:
-    curve, losses = curves
     engine = pool.envs[k].engine
     assert engine is not None
-    events = engine.event_counts()
-    return EpisodeRecord(
-        controller=plan.label, episode_index=plan.index, episode_rng_seed=plan.rng_seed,
-        host=task.host_preset, final_accuracy=curve[-1],
-        outcome=episode_outcome(curve, engine.seed_params, engine.host_params, task.param_cost),
-        seed_params=engine.seed_params, total_params=engine.seed_params + engine.host_params,
-        episode_return=episode_return, accuracy_curve=tuple(curve),
-        seeds_germinated=events["germinated"], seeds_fossilized=events["fossilized"],
-        seeds_pruned=events["pruned"], wall_seconds=seconds,
-        loss_curve=() if None in losses else tuple(losses),  # type: ignore[arg-type]
-    )
+    episode = Episode(tuple(reports), episode_return, engine.seed_params, engine.host_params,
+                      engine.event_counts(), task.param_cost, seconds)
+    return EpisodeRecord.of_episode(plan.label, plan.index, plan.rng_seed,
+                                    str(task.host_preset), episode)
 
 
 # --- the born-grown baseline ------------------------------------------------------------------
@@ -232,12 +226,6 @@ def matched_implants(target_params: float, task: TaskConfig) -> tuple[tuple[str,
                 if (abs(size - target_params), n_seeds) < best[:2]:
                     best = (abs(size - target_params), n_seeds, implants)
     return best[2]
-
-
-def median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
 
 
 # --- the comparison ---------------------------------------------------------------------------
@@ -295,6 +283,9 @@ class Comparison:
         saved_path = self.out / "compare_config.json"
         if self.out.exists() and not self.out.is_dir():
             raise ConfigError(f"out '{self.out}' exists and is not a folder")
+        for table in (self.episodes_csv, self.out / "tuning.csv"):
+            if table.is_file():
+                read_records_csv(table)  # a foreign or cut table: one line, before any write
         if not saved_path.is_file():
             return
         saved = {**ADDED_KEY_DEFAULTS, **json.loads(saved_path.read_text())}
@@ -314,7 +305,7 @@ class Comparison:
     def run(self) -> list[EpisodeRecord]:
         """Tune (if asked), play every missing episode, write the report; returns the table."""
         self._write_config()
-        done = stats.read_records_csv(self.episodes_csv) if self.episodes_csv.exists() else []
+        done = read_records_csv(self.episodes_csv) if self.episodes_csv.exists() else []
         if self.config.tune_heuristic:
             self.heuristic = self.tune()
         growers = [s for s in self.specs.values() if s.kind != "matched"]
@@ -341,12 +332,13 @@ class Comparison:
                   ) -> tuple[tuple[str, str], ...]:
         if spec.kind != "matched":
             return ()
-        grown = [r.seed_params for r in done if r.controller == spec.argument]
+        grown = [r["seed_params"] for r in done if r.controller == spec.argument]
         if not grown:
             raise RuntimeError(f"{spec.label}: no finished episode of {spec.argument!r}")
-        implants = matched_implants(median(grown), self.config)
+        target = statistics.median(grown)
+        implants = matched_implants(target, self.config)
         log.info("%s: median seed parameters of %s = %s -> implants %s", spec.label,
-                 spec.argument, median(grown), list(implants) or "none")
+                 spec.argument, target, list(implants) or "none")
         return implants
 
     def _play_missing(self, plans: list[EpisodePlan], csv_path: Path,
@@ -361,7 +353,7 @@ class Comparison:
                 chunk = plans[start:start + size]
                 controllers = [make(plan) for plan in chunk]
                 for record in play_episodes(self._get_pool(), chunk, controllers, self.config):
-                    stats.append_record_csv(csv_path, record)
+                    append_record_csv(csv_path, record)
                     played.append(record)
                 bar.update(len(chunk))
         return played
@@ -397,16 +389,17 @@ class Comparison:
             return _heuristic_from_json(json.loads(saved.read_text())["config"])
         grid = tuning_grid()
         csv_path = self.out / "tuning.csv"
-        done = stats.read_records_csv(csv_path) if csv_path.exists() else []
+        done = read_records_csv(csv_path) if csv_path.exists() else []
         finished = {(r.controller, r.episode_index) for r in done}
         plans = [EpisodePlan(f"tune-{k}", i, tuning_rng_seed(self.config.rng_seed, i))
                  for k in range(len(grid)) for i in range(self.config.tuning_seeds)
                  if (f"tune-{k}", i) not in finished]
         configs = {f"tune-{k}": config for k, config in enumerate(grid)}
         done += self._play_missing(plans, csv_path, lambda p: HeuristicController(configs[p.label]))
-        means = {label: sum(r.outcome for r in done if r.controller == label)
+        means = {label: sum(r[OUTCOME] for r in done if r.controller == label)
                  / self.config.tuning_seeds for label in configs}
-        best = max(configs, key=lambda label: (means[label], -int(label.split("-")[1])))
+        sign = 1.0 if METRICS[OUTCOME].better == "higher" else -1.0
+        best = max(configs, key=lambda label: (sign * means[label], -int(label.split("-")[1])))
         chosen = configs[best]
         saved.write_text(json.dumps({"chosen": best, "mean_outcomes": means,
                                      "config": _heuristic_to_json(chosen)}, indent=2) + "\n")
@@ -418,16 +411,14 @@ class Comparison:
     def report(self, records: Sequence[EpisodeRecord]) -> str:
         """Write ``summary.md``, ``summary.json``, the plots and TensorBoard; return the table."""
         pairs = "all" if self.config.all_pairs else None
-        summaries = stats.summarize(records)
-        comparisons = stats.paired_differences(records, self.config.reference, pairs)
-        table = stats.markdown_table(summaries, comparisons)
+        summaries = summarize(records)
+        comparisons = paired_differences(records, self.config.reference, pairs)
+        table = markdown_table(summaries, comparisons)
         (self.out / "summary.md").write_text(table + "\n")
-        summary = stats.summary_json(summaries, comparisons)
+        summary = summary_json(summaries, comparisons)
         summary["heuristic"] = _heuristic_to_json(self.heuristic)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        plots.save_figure(plots.outcome_vs_params_figure(summaries),
-                          self.out / "outcome_vs_params.png")
-        plots.save_figure(plots.accuracy_curves_figure(records), self.out / "accuracy_curves.png")
+        plots.save_figures(records, summaries, self.out)
         _log_tensorboard(self.out, self.config, table, summaries)
         return table
 
@@ -450,12 +441,13 @@ def _heuristic_from_json(values: dict[str, Any]) -> HeuristicConfig:
 
 
 def _log_tensorboard(out: Path, config: CompareConfig, table: str,
-                     summaries: Sequence[stats.ControllerSummary]) -> None:
+                     summaries: Sequence[ControllerSummary]) -> None:
     from lightning.pytorch.loggers import TensorBoardLogger
 
     logger = TensorBoardLogger(str(out), name="tensorboard")
     logger.experiment.add_text("compare/summary", table)
-    metrics = {f"outcome/{s.controller}": s.outcome_mean for s in summaries
-               if math.isfinite(s.outcome_mean)}
+    outcomes = {s.controller: s.metrics[OUTCOME] for s in summaries}
+    metrics = {f"outcome/{name}": value.mean for name, value in outcomes.items()
+               if value is not None and math.isfinite(value.mean)}
     logger.log_hyperparams(config.to_dict(), metrics)
     logger.finalize("success")

@@ -1,4 +1,9 @@
-"""Figures of a controller comparison: outcome against size, and accuracy curves.
+"""Figures of a controller comparison: each plotted metric of `records.METRICS`.
+
+A scalar metric is drawn against size (`vs_params_figure`: one point per controller at its mean
+total parameters and mean value, with both intervals as error bars); a curve per epoch
+(`curves_figure`: the mean curve per controller with a bootstrap band). `save_figures` writes
+every metric with ``plot=True``: ``<name>_vs_params.png`` or ``<name>s.png``.
 
 Figures are built on `matplotlib.figure.Figure` with an Agg canvas attached directly, never
 through ``pyplot``: nothing here selects or changes matplotlib's global backend, so a user's
@@ -7,8 +12,8 @@ interactive session (or a notebook) is left as it was, and no GUI window can ope
 Example::
 
     summaries = summarize(records)
-    save_figure(outcome_vs_params_figure(summaries), "compare/outcome_vs_params.png")
-    save_figure(accuracy_curves_figure(records), "compare/accuracy_curves.png")
+    save_figure(vs_params_figure(summaries, "outcome"), "compare/outcome_vs_params.png")
+    save_figure(curves_figure(records, "accuracy_curve"), "compare/accuracy_curves.png")
 """
 
 from __future__ import annotations
@@ -23,12 +28,12 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import StrMethodFormatter
 
-from esper_lightning.app.stats import (
-    ControllerSummary,
-    EpisodeRecord,
-    bootstrap_ci,
-    group_by_controller,
-)
+from esper_lightning.app.records import METRICS, EpisodeRecord, group_by_controller
+from esper_lightning.app.report import ControllerSummary
+from esper_lightning.app.stats import estimate
+
+#: The size a scalar metric is drawn against.
+SIZE = "total_params"
 
 
 def _new_axes() -> tuple[Figure, Axes]:
@@ -37,90 +42,119 @@ def _new_axes() -> tuple[Figure, Axes]:
     return fig, fig.add_subplot()
 
 
-def outcome_vs_params_figure(summaries: Sequence[ControllerSummary]) -> Figure:
-    """One labelled point per controller at (mean total parameters, mean outcome), with the
-    confidence intervals of both as error bars.
+def vs_params_figure(summaries: Sequence[ControllerSummary], name: str = "outcome") -> Figure:
+    """One labelled point per controller at (mean total parameters, mean of metric ``name``),
+    with the confidence intervals of both as error bars. Controllers without the metric are
+    left out.
 
     Raises:
-        ValueError: no summaries.
+        ValueError: no summary has the metric.
 
     Example::
 
-        fig = outcome_vs_params_figure(summarize(records))
+        fig = vs_params_figure(summarize(records), "outcome")
     """
-    if not summaries:
-        raise ValueError("outcome_vs_params_figure needs at least one controller summary")
+    metric, size = METRICS[name], METRICS[SIZE]
+    shown = [s for s in summaries if s.metrics.get(name) is not None]
+    if not shown:
+        raise ValueError(f"vs_params_figure needs at least one controller summary with {name}")
     fig, ax = _new_axes()
-    for s in summaries:
-        x, y = s.total_params_mean, s.outcome_mean
-        ax.errorbar(
-            [x],
-            [y],
-            xerr=[[x - s.total_params_ci[0]], [s.total_params_ci[1] - x]],
-            yerr=[[y - s.outcome_ci[0]], [s.outcome_ci[1] - y]],
-            fmt="o",
-            capsize=4,
-            label=s.controller,
-        )
-        ax.annotate(s.controller, (x, y), xytext=(6, 6), textcoords="offset points")
-    level = f"{summaries[0].confidence:.0%}"
-    ax.set_xlabel("total parameters (host + seeds)")
-    ax.set_ylabel("outcome: mean validation accuracy of the last epochs (%)")
-    ax.set_title(f"Outcome against size (means, {level} bootstrap intervals)")
+    for s in shown:
+        x, y = s.metrics[SIZE], s.metrics[name]
+        assert x is not None and y is not None and x.ci is not None
+        yerr = None if y.ci is None else [[y.mean - y.ci[0]], [y.ci[1] - y.mean]]
+        ax.errorbar([x.mean], [y.mean], xerr=[[x.mean - x.ci[0]], [x.ci[1] - x.mean]],
+                    yerr=yerr, fmt="o", capsize=4, label=s.controller)
+        ax.annotate(s.controller, (x.mean, y.mean), xytext=(6, 6), textcoords="offset points")
+    ax.set_xlabel(size.axis_label())
+    ax.set_ylabel(metric.axis_label())
+    ax.set_title(f"{metric.label.capitalize()} against size "
+                 f"(means, {shown[0].confidence:.0%} bootstrap intervals)")
     ax.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
     ax.grid(alpha=0.3)
     ax.legend()
     return fig
 
 
-def _curves(name: str, episodes: list[EpisodeRecord]) -> np.ndarray:
-    lengths = sorted({len(r.accuracy_curve) for r in episodes})
+def _curves(controller: str, name: str, episodes: list[EpisodeRecord]) -> np.ndarray:
+    lengths = sorted({len(r[name]) for r in episodes})
     if len(lengths) != 1 or lengths[0] == 0:
         raise ValueError(
-            f"controller {name!r} has accuracy curves of lengths {lengths}; "
+            f"controller {controller!r} has {name}s of lengths {lengths}; "
             "its episodes must all have the same, non-zero number of epochs"
         )
-    return np.array([r.accuracy_curve for r in episodes], dtype=np.float64)  # [E, T]
+    return np.array([r[name] for r in episodes], dtype=np.float64)  # [E, T]
 
 
-def accuracy_curves_figure(
+def curves_figure(
     records: Iterable[EpisodeRecord],
+    name: str = "accuracy_curve",
     *,
     n_resamples: int = 2_000,
     confidence: float = 0.95,
     rng_seed: int = 0,
 ) -> Figure:
-    """Mean validation accuracy per epoch per controller, with a shaded bootstrap band.
+    """The mean per epoch of curve metric ``name`` per controller, with a shaded bootstrap
+    band. Controllers whose episodes lack the curve are left out.
 
-    The band at each epoch is `bootstrap_ci` of the mean over that controller's episodes (the
-    same percentile bootstrap as the report's tables); a controller with a single episode has a
+    The band at each epoch is the interval of the mean over that controller's episodes
+    (`stats.estimate`, as in the report's tables); a controller with a single episode has a
     band of zero width. Epochs are numbered from 1.
 
     Raises:
-        ValueError: no records, or one controller's curves differ in length.
+        ValueError: no record has the curve, or one controller's curves differ in length.
 
     Example::
 
-        fig = accuracy_curves_figure(records)
+        fig = curves_figure(records, "accuracy_curve")
     """
+    metric = METRICS[name]
+    groups = {c: eps for c, eps in group_by_controller(records).items()
+              if any(r[name] for r in eps)}
+    if not groups:
+        raise ValueError(f"curves_figure needs at least one episode with {name}")
     fig, ax = _new_axes()
-    for name, episodes in group_by_controller(records).items():
-        curves = _curves(name, episodes)  # [E, T]
+    for controller, episodes in groups.items():
+        curves = _curves(controller, name, episodes)  # [E, T]
         epochs = np.arange(1, curves.shape[1] + 1)
         bands = [
-            bootstrap_ci(curves[:, t], n_resamples=n_resamples, confidence=confidence,
-                         rng_seed=rng_seed)
+            estimate(curves[:, t], n_resamples=n_resamples, confidence=confidence,
+                     rng_seed=rng_seed).ci
             for t in range(curves.shape[1])
         ]
         low, high = np.array(bands).T  # [T] each
-        (line,) = ax.plot(epochs, curves.mean(axis=0), label=f"{name} (n={len(episodes)})")
+        (line,) = ax.plot(epochs, curves.mean(axis=0), label=f"{controller} (n={len(episodes)})")
         ax.fill_between(epochs, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
     ax.set_xlabel("epoch")
-    ax.set_ylabel("validation accuracy (%)")
-    ax.set_title(f"Validation accuracy (mean over episodes, {confidence:.0%} bootstrap band)")
+    ax.set_ylabel(metric.axis_label())
+    ax.set_title(f"{metric.label.capitalize()} (mean over episodes, "
+                 f"{confidence:.0%} bootstrap band)")
     ax.grid(alpha=0.3)
     ax.legend()
     return fig
+
+
+def save_figures(records: Sequence[EpisodeRecord], summaries: Sequence[ControllerSummary],
+                 out: str | os.PathLike[str]) -> list[Path]:
+    """Draw every metric with ``plot=True`` that some controller has into ``out``: a scalar
+    as ``<name>_vs_params.png``, a curve as ``<name>s.png``; returns the paths written.
+
+    Example::
+
+        save_figures(records, summarize(records), "compare")
+    """
+    paths = []
+    for m in METRICS.values():
+        if not m.plot:
+            continue
+        if m.kind == "curve" and any(r[m.name] for r in records):
+            fig, file = curves_figure(records, m.name), f"{m.name}s.png"
+        elif m.kind == "scalar" and any(s.metrics.get(m.name) for s in summaries):
+            fig, file = vs_params_figure(summaries, m.name), f"{m.name}_vs_params.png"
+        else:
+            continue
+        paths.append(save_figure(fig, Path(out) / file))
+    return paths
 
 
 def save_figure(fig: Figure, path: str | os.PathLike[str], *, dpi: int = 120) -> Path:

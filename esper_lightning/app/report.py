@@ -1,0 +1,419 @@
+"""The report of a comparison: every metric summarised per controller and paired against a
+reference, written as Markdown and JSON.
+
+What is summarised, paired, and how it is shown comes from `records.METRICS`; the statistics
+(intervals, the paired test, the verdict) from `app.stats`. The functions are pure: they take
+`EpisodeRecord` rows and return summaries, paired comparisons, a Markdown report and a
+JSON-ready dict.
+
+Example::
+
+    records = read_records_csv("compare/episodes.csv")
+    summaries = summarize(records)
+    comparisons = paired_differences(records, reference="static")
+    print(markdown_table(summaries, comparisons))
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from esper_lightning.app.records import (
+    METRICS,
+    OUTCOME,
+    EpisodeRecord,
+    Metric,
+    group_by_controller,
+)
+from esper_lightning.app.stats import (
+    MIN_PAIRS_FOR_VERDICT,
+    Estimate,
+    estimate,
+    verdict,
+    wilcoxon_p,
+)
+
+
+@dataclass(frozen=True)
+class ControllerSummary:
+    """Per-controller means and intervals of every summarised metric.
+
+    Attributes:
+        controller: controller name.
+        n_episodes: episodes played.
+        metrics: by metric name, its mean (and interval, for a ``summary="ci"`` metric); None
+            when the controller's episodes lack it (an optional metric).
+        confidence: level of every interval.
+    """
+
+    controller: str
+    n_episodes: int
+    metrics: dict[str, Estimate | None]
+    confidence: float = 0.95
+
+
+@dataclass(frozen=True)
+class PairedComparison:
+    """``controller`` minus ``reference``, episode by episode.
+
+    Attributes:
+        controller, reference: the two controllers.
+        n_pairs: episode indices both played.
+        episode_indices: those indices, ascending.
+        differences: by paired metric name, the mean paired difference and its interval; None
+            when an episode lacks the metric.
+        outcome: the metric the test and the verdict judge.
+        p_value: two-sided Wilcoxon signed-rank p-value of its differences (`stats.wilcoxon_p`).
+        verdict: ``"better"``, ``"worse"`` or ``"no detectable difference at N seeds"``.
+        confidence: level of the intervals.
+    """
+
+    controller: str
+    reference: str
+    n_pairs: int
+    episode_indices: tuple[int, ...]
+    differences: dict[str, Estimate | None]
+    outcome: str
+    p_value: float
+    verdict: str
+    confidence: float = 0.95
+
+
+def summarized() -> list[Metric]:
+    """The metrics summarised per controller, in table order."""
+    return [m for m in METRICS.values() if m.summary]
+
+
+def paired() -> list[Metric]:
+    """The metrics with paired differences, in table order."""
+    return [m for m in METRICS.values() if m.paired]
+
+
+def _known(metric: Metric, values: list[Any], what: str) -> list[Any] | None:
+    """``values`` when all are known, None when none is (an optional metric)."""
+    missing = sum(v is None for v in values)
+    if missing and missing != len(values):
+        raise ValueError(f"{what} has {metric.name} in {len(values) - missing} of {len(values)} "
+                         f"episodes; it must be known in every episode or in none")
+    return None if missing else values
+
+
+def summarize(
+    records: Iterable[EpisodeRecord],
+    *,
+    n_resamples: int = 10_000,
+    confidence: float = 0.95,
+    rng_seed: int = 0,
+) -> list[ControllerSummary]:
+    """Per controller: episodes, and the mean (and interval) of every summarised metric.
+
+    Every interval is drawn with a fresh generator from ``rng_seed``, so a summary does not
+    depend on which other controllers or metrics are in the table.
+
+    Raises:
+        ValueError: no records, a duplicated episode index, or a controller whose optional
+            metric is known in some episodes only.
+
+    Example::
+
+        for s in summarize(records):
+            print(s.controller, s.metrics["outcome"].mean, s.metrics["outcome"].ci)
+    """
+    bootstrap = {"n_resamples": n_resamples, "confidence": confidence, "rng_seed": rng_seed}
+    summaries = []
+    for name, episodes in group_by_controller(records).items():
+        estimates: dict[str, Estimate | None] = {}
+        for m in summarized():
+            values = _known(m, [r[m.name] for r in episodes], f"controller {name!r}")
+            estimates[m.name] = None if values is None else estimate(
+                values, interval=m.summary == "ci", **bootstrap)
+        summaries.append(ControllerSummary(name, len(episodes), estimates, confidence))
+    return summaries
+
+
+def _resolve_pairs(
+    names: Sequence[str], reference: str, pairs: str | Sequence[tuple[str, str]] | None
+) -> list[tuple[str, str]]:
+    """(controller, reference) pairs to compare; names must all have played."""
+    if pairs is None:
+        if reference not in names:
+            raise ValueError(
+                f"reference controller {reference!r} has no episodes; played: {', '.join(names)}"
+            )
+        return [(name, reference) for name in names if name != reference]
+    if isinstance(pairs, str):
+        if pairs != "all":
+            raise ValueError(f"unknown pairs {pairs!r}; accepted: None, 'all' or (a, b) pairs")
+        # Later controllers minus earlier ones: with the reference played first, every row
+        # reads the same way as the default comparison.
+        return [(later, earlier) for earlier, later in itertools.combinations(names, 2)]
+    resolved = [tuple(pair) for pair in pairs]
+    for pair in resolved:
+        if len(pair) != 2 or pair[0] == pair[1]:
+            raise ValueError(f"bad pair {pair!r}; accepted: (controller, reference), distinct")
+        unknown = [name for name in pair if name not in names]
+        if unknown:
+            played = ", ".join(names)
+            raise ValueError(f"controller {unknown[0]!r} has no episodes; played: {played}")
+    return resolved  # type: ignore[return-value]
+
+
+def _matched(
+    controller: list[EpisodeRecord], reference: list[EpisodeRecord]
+) -> list[tuple[EpisodeRecord, EpisodeRecord]]:
+    """(controller, reference) records of the episode indices both played, ascending."""
+    ref_by_index = {r.episode_index: r for r in reference}
+    pairs = [(r, ref_by_index[r.episode_index]) for r in controller
+             if r.episode_index in ref_by_index]
+    if not pairs:
+        raise ValueError(
+            f"controller {controller[0].controller!r} shares no episode index with "
+            f"{reference[0].controller!r}; pairing needs the same evaluation episodes"
+        )
+    for mine, theirs in pairs:
+        # The same index must mean the same episode, or the pairing compares unlike with unlike.
+        if (mine.episode_rng_seed, mine.host) != (theirs.episode_rng_seed, theirs.host):
+            raise ValueError(
+                f"episode {mine.episode_index} differs between {mine.controller!r} "
+                f"(rng seed {mine.episode_rng_seed}, host {mine.host!r}) and "
+                f"{theirs.controller!r} (rng seed {theirs.episode_rng_seed}, host {theirs.host!r})"
+            )
+    return pairs
+
+
+def _differences(metric: Metric, pairs: list[tuple[EpisodeRecord, EpisodeRecord]]
+                 ) -> np.ndarray | None:
+    """Per-pair ``controller - reference`` of one metric; None when an episode lacks it.
+
+    The one place a paired value is formed: a metric of two episodes at once (one read from
+    both controllers' curves) would be computed here.
+    """
+    mine = _known(metric, [m[metric.name] for m, _ in pairs],
+                  f"controller {pairs[0][0].controller!r}")
+    theirs = _known(metric, [t[metric.name] for _, t in pairs],
+                    f"controller {pairs[0][1].controller!r}")
+    if mine is None or theirs is None:
+        return None
+    return np.array([m - t for m, t in zip(mine, theirs, strict=True)], dtype=np.float64)
+
+
+def paired_differences(
+    records: Iterable[EpisodeRecord],
+    reference: str = "static",
+    pairs: str | Sequence[tuple[str, str]] | None = None,
+    *,
+    outcome: str = OUTCOME,
+    n_resamples: int = 10_000,
+    confidence: float = 0.95,
+    rng_seed: int = 0,
+) -> list[PairedComparison]:
+    """Paired comparisons of every paired metric, matched by episode index.
+
+    Args:
+        records: the episode table.
+        reference: the controller every other one is compared with (when ``pairs`` is None).
+        pairs: None (each controller vs ``reference``), ``"all"`` (every pair; later-appearing
+            controller minus earlier one) or explicit ``(controller, reference)`` pairs.
+        outcome: the paired metric the test and the verdict judge, in its better direction.
+        n_resamples, confidence, rng_seed: of the bootstrap intervals.
+
+    Returns:
+        One `PairedComparison` per pair; empty when only the reference played. Only episode
+        indices both controllers played are used.
+
+    Raises:
+        ValueError: unknown controller or reference, no common episode index (naming the
+            controller), or a paired index played with different rng seeds or hosts.
+
+    Example::
+
+        for c in paired_differences(records, reference="static"):
+            print(c.controller, c.differences["outcome"], c.p_value, c.verdict)
+    """
+    judged = METRICS[outcome]
+    if not judged.paired or judged.optional or judged.better is None:
+        raise ValueError(f"outcome {outcome!r} must be a paired, required metric with a "
+                         "better direction")
+    bootstrap = {"n_resamples": n_resamples, "confidence": confidence, "rng_seed": rng_seed}
+    groups = group_by_controller(records)
+    comparisons = []
+    for name, ref in _resolve_pairs(list(groups), reference, pairs):
+        matched = _matched(groups[name], groups[ref])
+        diffs = {m.name: _differences(m, matched) for m in paired()}
+        estimates = {key: None if d is None else estimate(d, **bootstrap)
+                     for key, d in diffs.items()}
+        ci = estimates[outcome].ci  # type: ignore[union-attr]
+        comparisons.append(PairedComparison(
+            controller=name, reference=ref, n_pairs=len(matched),
+            episode_indices=tuple(m.episode_index for m, _ in matched),
+            differences=estimates, outcome=outcome,
+            p_value=wilcoxon_p(diffs[outcome]),  # type: ignore[arg-type]
+            verdict=verdict(ci, len(matched), judged.better),  # type: ignore[arg-type]
+            confidence=confidence,
+        ))
+    return comparisons
+
+
+# --- Markdown ---------------------------------------------------------------------------------
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _row(cells: Iterable[object]) -> str:
+    return "| " + " | ".join(str(cell) for cell in cells) + " |"
+
+
+def _fmt(value: Estimate | None, fmt: str) -> str:
+    """``mean [low, high]`` (``mean`` without an interval), ``n/a`` when missing."""
+    if value is None:
+        return "n/a"
+    if value.ci is None:
+        return f"{value.mean:{fmt}}"
+    return f"{value.mean:{fmt}} [{value.ci[0]:{fmt}}, {value.ci[1]:{fmt}}]"
+
+
+def _fmt_p(p: float) -> str:
+    return f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
+
+
+def _header(metric: Metric, ci: str, difference: bool = False) -> str:
+    """``label (unit) [95% CI]``; a difference is ``Δ label``, in points for a percentage."""
+    unit = "pp" if difference and metric.unit == "%" else metric.unit
+    text = f"Δ {metric.label}" if difference else metric.label
+    text += f" ({unit})" if unit else ""
+    return f"{text} {ci}" if difference or metric.summary == "ci" else text
+
+
+def _controller_rows(summaries: Sequence[ControllerSummary], metrics: Sequence[Metric],
+                     with_episodes: bool) -> list[str]:
+    """Per-controller table of ``metrics``; a controller that lacks them all is left out."""
+    shown = [s for s in summaries if any(s.metrics[m.name] is not None for m in metrics)]
+    if not shown:
+        return []
+    ci = f"[{shown[0].confidence:.0%} CI]"
+    episodes = ["episodes"] if with_episodes else []
+    head = ["controller", *episodes, *(_header(m, ci) for m in metrics)]
+    rows = [_row(head), "|---|" + "---:|" * (len(head) - 1)]
+    for s in shown:
+        counts = [s.n_episodes] if with_episodes else []
+        rows.append(_row([_cell(s.controller), *counts,
+                          *(_fmt(s.metrics[m.name], m.fmt) for m in metrics)]))
+    return rows
+
+
+def _paired_rows(comparisons: Sequence[PairedComparison], metrics: Sequence[Metric],
+                 with_test: bool) -> list[str]:
+    """Paired table of ``metrics`` (after the outcome: its p-value and verdict, ``with_test``);
+    a comparison that lacks them all is left out."""
+    shown = [c for c in comparisons if any(c.differences[m.name] is not None for m in metrics)]
+    if not shown:
+        return []
+    ci = f"[{shown[0].confidence:.0%} CI]"
+    head, align = ["controller", "reference", "pairs"], ["---", "---", "---:"]
+    for m in metrics:
+        head.append(_header(m, ci, difference=True))
+        align.append("---:")
+        if with_test and m.name == shown[0].outcome:
+            head += ["p (Wilcoxon)", "verdict"]
+            align += ["---:", "---"]
+    rows = [_row(head), "|" + "|".join(align) + "|"]
+    for c in shown:
+        cells: list[object] = [_cell(c.controller), _cell(c.reference), c.n_pairs]
+        for m in metrics:
+            cells.append(_fmt(c.differences[m.name], "+" + m.fmt))
+            if with_test and m.name == c.outcome:
+                cells += [_fmt_p(c.p_value), c.verdict]
+        rows.append(_row(cells))
+    return rows
+
+
+def _sentence(metric: Metric) -> str:
+    text = metric.description or metric.label
+    better = f" ({metric.better} is better)" if metric.better else ""
+    return f"{text[0].upper()}{text[1:]}{better}."
+
+
+def _section(title: str, summaries: Sequence[ControllerSummary],
+             comparisons: Sequence[PairedComparison]) -> list[str]:
+    """A metric section of its own: per controller, then paired; nothing when no controller
+    has its metrics."""
+    metrics = [m for m in summarized() if m.section == title]
+    table = _controller_rows(summaries, metrics, with_episodes=False)
+    if not table:
+        return []
+    lines = ["", f"## {title}", "", " ".join(_sentence(m) for m in metrics), "", *table]
+    differences = _paired_rows(comparisons, [m for m in metrics if m.paired], with_test=False)
+    return lines + (["", *differences] if differences else [])
+
+
+def markdown_table(
+    summaries: Sequence[ControllerSummary], comparisons: Sequence[PairedComparison]
+) -> str:
+    """A Markdown report: a per-controller table, then a table of paired differences with the
+    outcome's p-value and verdict, then a section per metric ``section`` (e.g. the validation
+    losses, when the episodes recorded them).
+
+    Values use their metric's format (differences signed), a difference of percentages is in
+    percentage points, p-values have three decimals (scientific below 0.001); a value a
+    controller lacks shows ``n/a``.
+
+    Example::
+
+        Path("compare/report.md").write_text(markdown_table(summaries, comparisons))
+    """
+    main = [m for m in summarized() if not m.section]
+    lines = ["## Controllers", ""]
+    lines += _controller_rows(summaries, main, with_episodes=True) or ["No episodes."]
+    lines += [
+        "",
+        "## Paired differences",
+        "",
+        "Controller minus reference on the same evaluation episodes (matched by episode index). "
+        f"A verdict needs an interval that excludes zero and at least {MIN_PAIRS_FOR_VERDICT} "
+        "pairs.",
+        "",
+    ]
+    lines += _paired_rows(comparisons, [m for m in main if m.paired], with_test=True) or [
+        "No paired comparison."]
+    for title in dict.fromkeys(m.section for m in summarized() if m.section):
+        lines += _section(title, summaries, comparisons)
+    return "\n".join(lines) + "\n"
+
+
+# --- JSON -------------------------------------------------------------------------------------
+def _flat(estimates: dict[str, Estimate | None], suffix: str) -> dict[str, Any]:
+    """``<name><suffix>_mean`` and (for an interval) ``<name><suffix>_ci`` of each metric."""
+    flat: dict[str, Any] = {}
+    for name, value in estimates.items():
+        flat[f"{name}{suffix}_mean"] = None if value is None else value.mean
+        if suffix or METRICS[name].summary == "ci":
+            flat[f"{name}{suffix}_ci"] = None if value is None or value.ci is None else list(
+                value.ci)
+    return flat
+
+
+def summary_json(
+    summaries: Sequence[ControllerSummary], comparisons: Sequence[PairedComparison]
+) -> dict[str, Any]:
+    """The report as a plain dict (``json.dumps``-able): ``controllers`` (``<metric>_mean``,
+    ``<metric>_ci``), ``comparisons`` (``<metric>_diff_mean``, ``<metric>_diff_ci``, the
+    outcome's ``p_value`` and ``verdict``) and ``min_pairs_for_verdict``; intervals are
+    ``[low, high]`` lists, a missing value is null.
+
+    Example::
+
+        Path("compare/summary.json").write_text(json.dumps(summary_json(s, c), indent=2))
+    """
+    controllers = [{"controller": s.controller, "n_episodes": s.n_episodes,
+                    **_flat(s.metrics, ""), "confidence": s.confidence} for s in summaries]
+    pairs = [{"controller": c.controller, "reference": c.reference, "n_pairs": c.n_pairs,
+              "episode_indices": list(c.episode_indices), **_flat(c.differences, "_diff"),
+              "p_value": c.p_value, "verdict": c.verdict, "confidence": c.confidence}
+             for c in comparisons]
+    return {"controllers": controllers, "comparisons": pairs,
+            "min_pairs_for_verdict": MIN_PAIRS_FOR_VERDICT}

@@ -1,0 +1,247 @@
+"""`app.report`: per-controller summaries, paired differences, Markdown and JSON, for every
+metric of `records.METRICS`."""
+
+import json
+
+import numpy as np
+import pytest
+
+from esper_lightning.app.records import METRICS, EpisodeRecord, Metric
+from esper_lightning.app.report import (
+    markdown_table,
+    paired_differences,
+    summarize,
+    summary_json,
+)
+from esper_lightning.app.stats import MIN_PAIRS_FOR_VERDICT, bootstrap_ci, wilcoxon_p
+
+
+def record(controller, index, outcome, *, total_params=100_000, seed_params=0,
+           episode_return=None, curve=None, episode_rng_seed=None, host="baseline", **values):
+    curve = (50.0, outcome - 1.0, outcome, outcome + 1.0) if curve is None else curve
+    return EpisodeRecord(
+        controller, index, 1000 + index if episode_rng_seed is None else episode_rng_seed, host,
+        {"outcome": outcome, "final_accuracy": curve[-1], "seed_params": seed_params,
+         "total_params": total_params, "episode_return": episode_return,
+         "accuracy_curve": tuple(curve), "seeds_germinated": 2, "seeds_fossilized": 1,
+         "seeds_pruned": 1, "wall_seconds": 3.25, **values},
+    )
+
+
+def paired_table(reference_outcomes, controller_outcomes, name="grower"):
+    records = [record("static", i, float(v)) for i, v in enumerate(reference_outcomes)]
+    records += [record(name, i, float(v), total_params=104_000, seed_params=4_000)
+                for i, v in enumerate(controller_outcomes)]
+    return records
+
+
+def test_identical_controllers_differ_by_exactly_zero():
+    outcomes = np.random.default_rng(0).normal(70.0, 3.0, size=8)
+    records = paired_table(outcomes, outcomes, name="twin")
+    (comparison,) = paired_differences(records, reference="static")
+    assert comparison.controller == "twin" and comparison.reference == "static"
+    assert comparison.differences["outcome"].mean == 0.0
+    assert comparison.differences["outcome"].ci == (0.0, 0.0)
+    assert comparison.p_value == 1.0
+    assert comparison.verdict == "no detectable difference at 8 seeds"
+    assert comparison.differences["total_params"].mean == 4_000.0
+    assert comparison.differences["total_params"].ci == (4_000.0, 4_000.0)
+    assert comparison.differences["val_loss"] is None  # no losses recorded
+
+
+@pytest.mark.parametrize(("shift", "expected"), [(5.0, "better"), (-5.0, "worse")])
+def test_clear_differences_get_a_verdict(shift, expected):
+    rng = np.random.default_rng(1)
+    reference = rng.normal(70.0, 3.0, size=10)
+    controller = reference + shift + rng.normal(0.0, 0.5, size=10)
+    (comparison,) = paired_differences(paired_table(reference, controller))
+    outcome = comparison.differences["outcome"]
+    assert comparison.verdict == expected and comparison.outcome == "outcome"
+    assert outcome.mean == pytest.approx(np.mean(controller - reference))
+    assert comparison.p_value == pytest.approx(2 / 2**10)  # unanimous signs, exact test
+    low, high = outcome.ci
+    assert low < outcome.mean < high and (low > 0 or high < 0)
+
+
+def test_noisy_small_difference_is_not_detected():
+    reference = np.random.default_rng(2).normal(70.0, 3.0, size=10)
+    noise = np.array([3.0, -2.9, 2.4, -2.6, 0.5, -1.1, 1.6, -2.0, 2.2, -0.7])
+    (comparison,) = paired_differences(paired_table(reference, reference + 0.2 + noise))
+    low, high = comparison.differences["outcome"].ci
+    assert low < 0.0 < high
+    assert comparison.p_value > 0.05
+    assert comparison.verdict == "no detectable difference at 10 seeds"
+
+
+def test_too_few_pairs_get_no_verdict_even_when_the_interval_excludes_zero():
+    reference = np.full(MIN_PAIRS_FOR_VERDICT, 70.0)
+    steps = np.arange(MIN_PAIRS_FOR_VERDICT, dtype=float)
+    (few,) = paired_differences(paired_table(reference[:3], reference[:3] + 5.0 + steps[:3]))
+    assert few.differences["outcome"].ci[0] > 0.0
+    assert few.verdict == "no detectable difference at 3 seeds"
+    (enough,) = paired_differences(paired_table(reference, reference + 5.0 + steps))
+    assert enough.verdict == "better"
+
+
+def test_summary_and_paired_intervals_are_the_stats_of_the_right_arrays():
+    reference = np.array([68.0, 71.5, 66.25, 73.0, 70.5, 69.0, 72.25, 67.75])
+    controller = reference + np.array([2.1, -0.4, 3.3, 1.7, -1.2, 2.8, 0.9, 4.5])
+    records = paired_table(reference, controller)
+    d = controller - reference  # the same float operations as the module
+    (comparison,) = paired_differences(records)
+    assert comparison.differences["outcome"].ci == bootstrap_ci(d)
+    assert comparison.p_value == wilcoxon_p(d)
+    static, grower = summarize(records)
+    assert grower.metrics["outcome"].mean == pytest.approx(controller.mean())
+    assert grower.metrics["outcome"].ci == bootstrap_ci(controller)
+    assert static.metrics["outcome"].ci == bootstrap_ci(reference)
+
+
+def test_summarize_reports_params_returns_and_final_accuracy():
+    records = [record("static", i, 70.0 + i) for i in range(4)]
+    records += [record("ppo", i, 72.0 + i, total_params=100_000 + 1_000 * i,
+                       seed_params=1_000 * i, episode_return=float(i)) for i in range(4)]
+    static, ppo = summarize(records)
+    assert (static.controller, static.n_episodes) == ("static", 4)
+    assert static.metrics["episode_return"] is None
+    assert static.metrics["final_accuracy"].mean == pytest.approx(72.5)
+    assert static.metrics["final_accuracy"].ci is None  # a mean-only metric
+    assert static.metrics["seed_params"].ci == (0.0, 0.0)
+    assert ppo.metrics["total_params"].mean == 101_500.0
+    assert ppo.metrics["seed_params"].mean == 1_500.0
+    assert ppo.metrics["episode_return"].mean == 1.5
+    assert 0.0 <= ppo.metrics["episode_return"].ci[0] < 1.5 < ppo.metrics["episode_return"].ci[1]
+    assert set(ppo.metrics) == {m.name for m in METRICS.values() if m.summary}
+    mixed = [*records, record("half", 0, 70.0, episode_return=1.0), record("half", 1, 70.0)]
+    with pytest.raises(ValueError, match="controller 'half' has episode_return in 1 of 2"):
+        summarize(mixed)
+
+
+def test_pairing_uses_only_common_episode_indices():
+    records = [record("static", i, 60.0 + i) for i in range(8)]
+    records += [record("ppo", i, 62.0 + i) for i in range(11, 3, -1)]  # 11..4, out of order
+    (comparison,) = paired_differences(records)
+    assert comparison.episode_indices == (4, 5, 6, 7)
+    assert comparison.n_pairs == 4
+    assert comparison.differences["outcome"].mean == 2.0
+    assert comparison.differences["outcome"].ci == (2.0, 2.0)
+    disjoint = [record("static", 0, 60.0), record("ppo", 1, 61.0)]
+    with pytest.raises(ValueError, match="controller 'ppo' shares no episode index with 'static'"):
+        paired_differences(disjoint)
+
+
+def test_pairing_refuses_unlike_episodes_and_duplicates():
+    unlike = [record("static", 0, 60.0), record("ppo", 0, 61.0, episode_rng_seed=7)]
+    with pytest.raises(ValueError, match="episode 0 differs between 'ppo'"):
+        paired_differences(unlike)
+    duplicated = [record("static", 0, 60.0), record("static", 0, 61.0)]
+    with pytest.raises(ValueError, match="'static' has two records of episode 0"):
+        summarize(duplicated)
+
+
+def test_pair_selection():
+    records = [record(name, i, 60.0 + k + i) for k, name in enumerate(["static", "a", "b"])
+               for i in range(6)]
+    default = paired_differences(records)
+    assert [(c.controller, c.reference) for c in default] == [("a", "static"), ("b", "static")]
+    every = paired_differences(records, pairs="all")
+    assert [(c.controller, c.reference, c.differences["outcome"].mean) for c in every] == [
+        ("a", "static", 1.0), ("b", "static", 2.0), ("b", "a", 1.0)]
+    explicit = paired_differences(records, pairs=[("static", "b")])
+    assert explicit[0].differences["outcome"].mean == -2.0 and explicit[0].verdict == "worse"
+    assert paired_differences([record("static", 0, 60.0)]) == []
+    with pytest.raises(ValueError, match="reference controller 'heuristic' has no episodes"):
+        paired_differences(records, reference="heuristic")
+    with pytest.raises(ValueError, match="unknown pairs 'every'"):
+        paired_differences(records, pairs="every")
+    with pytest.raises(ValueError, match="controller 'c' has no episodes"):
+        paired_differences(records, pairs=[("c", "a")])
+    with pytest.raises(ValueError, match="outcome 'seed_params' must be a paired"):
+        paired_differences(records, outcome="seed_params")
+
+
+def test_markdown_and_json_reports():
+    rng = np.random.default_rng(3)
+    reference = rng.normal(70.0, 3.0, size=8)
+    records = paired_table(reference, reference + 5.0 + rng.normal(0.0, 0.3, size=8))
+    records += [record("ppo|v2", i, float(v), episode_return=0.5)
+                for i, v in enumerate(reference + 0.1 * rng.normal(size=8))]
+    summaries, comparisons = summarize(records), paired_differences(records)
+    text = markdown_table(summaries, comparisons)
+    for name in ["static", "grower", "ppo\\|v2"]:
+        assert f"| {name} |" in text
+    assert ("| controller | episodes | outcome (%) [95% CI] | final acc. (%) | total params "
+            "[95% CI] | seed params [95% CI] | return [95% CI] |") in text
+    assert ("| controller | reference | pairs | Δ outcome (pp) [95% CI] | p (Wilcoxon) | "
+            "verdict | Δ total params [95% CI] |\n|---|---|---:|---:|---:|---|---:|") in text
+    assert "| better |" in text and "| no detectable difference at 8 seeds |" in text
+    assert "n/a" in text and "104,000" in text and "+4,000 [+4,000, +4,000]" in text
+    assert text.count("\n|---") == 2 and "Validation loss" not in text  # no losses recorded
+
+    report = json.loads(json.dumps(summary_json(summaries, comparisons)))
+    assert [c["controller"] for c in report["controllers"]] == ["static", "grower", "ppo|v2"]
+    assert report["controllers"][0]["episode_return_ci"] is None
+    assert "final_accuracy_ci" not in report["controllers"][0]  # a mean-only metric
+    assert report["comparisons"][0]["verdict"] == "better"
+    outcome = comparisons[0].differences["outcome"]
+    assert report["comparisons"][0]["outcome_diff_ci"] == list(outcome.ci)
+    assert report["comparisons"][0]["outcome_diff_mean"] == outcome.mean
+    assert report["min_pairs_for_verdict"] == MIN_PAIRS_FOR_VERDICT
+
+
+def with_losses(r, losses):
+    values = {**r.values, "loss_curve": tuple(losses), "val_loss": float(np.mean(losses[-3:]))}
+    return EpisodeRecord(r.controller, r.episode_index, r.episode_rng_seed, r.host, values)
+
+
+def test_validation_losses_are_summarised_and_paired_in_their_section():
+    records = []
+    for i in range(6):
+        records.append(with_losses(record("static", i, 60.0), (3.0, 2.0 + i, 2.0 + i, 2.0 + i)))
+        records.append(with_losses(record("grown", i, 61.0), (3.0, 1.9 + i, 1.9 + i, 1.8 + i)))
+    static, grown = summarize(records)
+    assert static.metrics["val_loss"].mean == pytest.approx(4.5)
+    (pair,) = paired_differences(records, "static")
+    assert pair.differences["val_loss"].mean == pytest.approx(-0.4 / 3)
+    assert pair.differences["val_loss"].ci == pytest.approx((-0.4 / 3, -0.4 / 3))
+    text = markdown_table([static, grown], [pair])
+    assert ("## Validation loss\n\nMean validation loss of the last 3 epochs, per token for a "
+            "language model (lower is better).\n\n| controller | val loss [95% CI] |") in text
+    assert "| grown | static | 6 | -0.1333 [-0.1333, -0.1333] |" in text
+    no_losses = [record("static", i, 60.0) for i in range(2)]
+    assert summarize(no_losses)[0].metrics["val_loss"] is None
+    assert "Validation loss" not in markdown_table(summarize(no_losses), [])
+
+
+#: A metric of the test alone: the outcome shifted by a constant, lower is better, in a section
+#: of its own. Added below in this one place; every output must show it.
+SHIFTED = Metric("shifted", lambda e: METRICS["outcome"].read(e) + 10.0, "shifted", fmt=".3f",
+                 better="lower", paired=True, section="Shifted outcome",
+                 description="the outcome plus ten")
+
+
+def test_a_metric_added_in_one_place_is_summarised_paired_and_reported(monkeypatch):
+    rng = np.random.default_rng(4)
+    reference = rng.normal(70.0, 3.0, size=8)
+    table = paired_table(reference, reference + 2.0 + rng.normal(0, 0.2, size=8))
+    monkeypatch.setitem(METRICS, SHIFTED.name, SHIFTED)
+    records = [EpisodeRecord(r.controller, r.episode_index, r.episode_rng_seed, r.host,
+                             {**r.values, "shifted": r["outcome"] + 10.0}) for r in table]
+    summaries, comparisons = summarize(records), paired_differences(records)
+    for s in summaries:
+        assert s.metrics["shifted"].mean == pytest.approx(s.metrics["outcome"].mean + 10.0)
+    (pair,) = comparisons
+    assert pair.differences["shifted"].mean == pytest.approx(pair.differences["outcome"].mean)
+    shifted_ci, outcome_ci = pair.differences["shifted"].ci, pair.differences["outcome"].ci
+    assert shifted_ci == pytest.approx(outcome_ci)
+    text = markdown_table(summaries, comparisons)
+    assert "## Shifted outcome\n\nThe outcome plus ten (lower is better)." in text
+    grower = summaries[1].metrics["shifted"]
+    assert f"| grower | {grower.mean:.3f} [{grower.ci[0]:.3f}, {grower.ci[1]:.3f}] |" in text
+    assert f"| grower | static | 8 | {pair.differences['shifted'].mean:+.3f} [" in text
+    report = summary_json(summaries, comparisons)
+    assert report["controllers"][1]["shifted_mean"] == grower.mean
+    assert report["comparisons"][0]["shifted_diff_ci"] == list(shifted_ci)
+    # Judged as the outcome, the same shift is worse: lower is better for this metric.
+    (judged,) = paired_differences(records, outcome="shifted")
+    assert pair.verdict == "better" and judged.verdict == "worse"
