@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from esper_lightning.data import text
-from esper_lightning.data.cifar10 import DataError
+from esper_lightning.data.files import DataError
 from esper_lightning.data.text import (
     TINYSTORIES_VALID_NAME,
     ByteTokenizer,

@@ -10,13 +10,12 @@ Example:
 from esper_lightning.data.cifar10 import (
     CIFAR10_MEAN,
     CIFAR10_STD,
-    DataError,
-    default_data_dir,
     download_cifar10,
     load_cifar10,
     load_cifar10_subset,
 )
 from esper_lightning.data.datamodule import CIFAR10DataModule
+from esper_lightning.data.files import DataError, default_data_dir
 from esper_lightning.data.fixture import write_cifar10_fixture
 from esper_lightning.data.tensor_loader import TensorLoader
 from esper_lightning.data.text import (

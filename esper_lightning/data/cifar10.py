@@ -29,7 +29,6 @@ from esper_lightning.data.files import (
     DataError,
     PathLike,
     check_int,
-    default_data_dir,
     fetch_verified,
     file_digest,
     make_data_dir,
@@ -37,7 +36,6 @@ from esper_lightning.data.files import (
     resolve_data_dir,
 )
 
-# DataError and default_data_dir live in files.py; re-exported so existing imports keep working.
 __all__ = [
     "ARCHIVE_NAME",
     "CIFAR10_CLASSES",
@@ -48,9 +46,7 @@ __all__ = [
     "FOLDER_NAME",
     "TEST_FILES",
     "TRAIN_FILES",
-    "DataError",
     "cifar10_present",
-    "default_data_dir",
     "download_cifar10",
     "find_batches_dir",
     "load_cifar10",
