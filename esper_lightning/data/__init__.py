@@ -2,9 +2,14 @@
 LightningDataModule and a device-resident loader for the RL environments.
 
 Example:
-    >>> from esper_lightning.data import CIFAR10DataModule, TensorLoader
-    >>> dm = CIFAR10DataModule("~/data", download=True, batch_size=256)
-    >>> loader = TensorLoader.from_cifar10("~/data", train=True, batch_size=256, device="cuda")
+    >>> import tempfile
+    >>> from esper_lightning.data import CIFAR10DataModule, TensorLoader, write_cifar10_fixture
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     root = write_cifar10_fixture(tmp)  # a tiny stand-in; download=True fetches the real one
+    ...     dm = CIFAR10DataModule(root, batch_size=16)  # for a Trainer
+    ...     loader = TensorLoader.from_cifar10(root, train=True, batch_size=16)  # for the envs
+    ...     len(loader), next(iter(loader))[0].shape
+    (4, torch.Size([16, 3, 32, 32]))
 """
 
 from esper_lightning.data.cifar10 import (

@@ -131,15 +131,15 @@ class CIFAR10DataModule(L.LightningDataModule):
 
     Reproducibility: the training order *and* every crop/flip are drawn from a
     ``torch.Generator`` seeded with ``rng_seed + epoch`` by the loader's sampler, whose
-    ``set_epoch``
-    Lightning calls at the start of each training epoch (under DDP too: Lightning's
+    ``set_epoch`` Lightning calls at the start of each training epoch (under DDP too: Lightning's
     ``DistributedSamplerWrapper`` forwards it). Batches are therefore a function of
     ``(rng_seed, epoch)`` only, for any ``num_workers``, and a resumed run replays the same epochs.
     Outside a Trainer, call ``loader.sampler.set_epoch(epoch)`` before each pass.
 
     Args:
         data_dir: Folder containing ``cifar-10-batches-py/`` (or that folder itself); ``None``
-            means :func:`default_data_dir` (``$ESPER_DATA_DIR`` or ``~/.cache/esper_lightning``).
+            means :func:`default_data_dir` (``$ESPER_DATA_DIR`` or
+            ``~/.cache/esper_lightning/data``).
         download: Let :meth:`prepare_data` download CIFAR-10 when it is missing.
         batch_size: Samples per batch for every loader.
         subset: Keep this many training images (the first ones after a shuffle seeded with
@@ -151,9 +151,18 @@ class CIFAR10DataModule(L.LightningDataModule):
         pin_memory: Pin host memory of batches for faster transfer to a GPU.
 
     Example:
-        >>> dm = CIFAR10DataModule("~/data", download=True, batch_size=256, subset=5000)
-        >>> trainer = L.Trainer(max_epochs=10)
-        >>> trainer.fit(model, datamodule=dm)
+        >>> import tempfile
+        >>> from esper_lightning.data import write_cifar10_fixture
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     root = write_cifar10_fixture(tmp, n_train=64, n_test=32)  # or download=True
+        ...     dm = CIFAR10DataModule(root, batch_size=16, subset=48)
+        ...     dm.setup("fit")
+        ...     x, y = next(iter(dm.train_dataloader()))
+        ...     x.shape, y.shape, len(dm.train_dataloader()), len(dm.val_dataloader())
+        (torch.Size([16, 3, 32, 32]), torch.Size([16]), 3, 2)
+
+        A Trainer calls ``prepare_data`` and ``setup`` itself:
+        ``L.Trainer(max_epochs=10).fit(model, datamodule=dm)``.
     """
 
     num_classes: int = 10
