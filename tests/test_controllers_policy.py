@@ -5,9 +5,8 @@ import io
 import lightning as L
 import pytest
 import torch
+from helpers import train_smoke_policy
 
-from esper_lightning.app.config import load_config
-from esper_lightning.app.trainer import PPOTrainer
 from esper_lightning.callbacks import MorphogenesisCallback
 from esper_lightning.controllers import PolicyController
 from esper_lightning.data import CIFAR10DataModule
@@ -16,17 +15,7 @@ from esper_lightning.hosts import CifarCNNHost
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    from esper_lightning.data import write_cifar10_fixture
-
-    root = tmp_path_factory.mktemp("policy")
-    data = write_cifar10_fixture(root / "data", n_train=64, n_test=32)
-    save = root / "ckpt.pt"
-    config = load_config("smoke", overrides={
-        "data_dir": str(data), "rounds": 1, "episode_length": 3, "logdir": str(root / "logs"),
-        "save": str(save), "progress": False,
-    })
-    PPOTrainer(config).train()
-    return data, save
+    return train_smoke_policy(tmp_path_factory.mktemp("policy"))
 
 
 class Recorder(PolicyController):

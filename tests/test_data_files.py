@@ -6,6 +6,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
+from helpers import one_line_message
 
 from esper_lightning.data import DataError as PackageDataError
 from esper_lightning.data.files import (
@@ -25,8 +26,8 @@ PAYLOAD = b"a verified payload\n" * 100
 
 
 def _message(err: pytest.ExceptionInfo[DataError]) -> str:
-    message = str(err.value)
-    assert "\n" not in message and message.endswith(HINT)
+    message = one_line_message(err)
+    assert message.endswith(HINT)
     return message
 
 
