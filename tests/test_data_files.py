@@ -18,6 +18,7 @@ from esper_lightning.data.files import (
     file_digest,
     make_data_dir,
     one_line,
+    require_setup,
     resolve_data_dir,
 )
 
@@ -204,3 +205,11 @@ def test_check_bool_rejects(value: object) -> None:
     with pytest.raises(ValueError) as err:
         check_bool("flag", value)
     assert str(err.value) == f"flag must be True or False, got {value!r}"
+
+
+def test_require_setup_passes_what_setup_loaded_and_names_the_caller_otherwise() -> None:
+    loaded = object()
+    assert require_setup(loaded, "train_dataloader") is loaded
+    with pytest.raises(RuntimeError) as err:
+        require_setup(None, "val_dataloader")
+    assert str(err.value) == "call setup() before val_dataloader()"

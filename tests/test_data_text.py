@@ -156,6 +156,13 @@ def test_datamodule_bad_arguments(kwargs, message):
         TextDataModule(**kwargs)
 
 
+def test_loaders_before_setup_name_the_call(ramp_file: Path):
+    dm = TextDataModule(ramp_file, block_size=16)
+    for loader in (dm.train_dataloader, dm.val_dataloader, dm.test_dataloader):
+        with pytest.raises(RuntimeError, match=rf"^call setup\(\) before {loader.__name__}\(\)$"):
+            loader()
+
+
 def _datamodule(path: Path, **kwargs) -> TextDataModule:
     dm = TextDataModule(path, **{"block_size": 16, "batch_size": 4, "val_fraction": 0.2, **kwargs})
     dm.setup("fit")

@@ -16,7 +16,7 @@ from esper_lightning.data.cifar10 import (
     download_cifar10,
     load_cifar10_subset,
 )
-from esper_lightning.data.files import check_bool, check_int, resolve_data_dir
+from esper_lightning.data.files import check_bool, check_int, require_setup, resolve_data_dir
 from esper_lightning.data.sampling import EpochSeededSampler
 from esper_lightning.data.tensor_loader import (
     PAD,
@@ -114,12 +114,6 @@ class _Collate:
             flip = torch.tensor([s[2].flip for s in samples])
             images = crop_flip(images, dy, dx, flip)
         return normalize(images), labels
-
-
-def _require(dataset: _KeyedImages | None, caller: str) -> _KeyedImages:
-    if dataset is None:
-        raise RuntimeError(f"call setup() before {caller}()")
-    return dataset
 
 
 class CIFAR10DataModule(L.LightningDataModule):
@@ -237,18 +231,18 @@ class CIFAR10DataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         """Shuffled, augmented, normalised training batches; see the class docs on seeding."""
-        dataset = _require(self.train_set, "train_dataloader")
+        dataset = require_setup(self.train_set, "train_dataloader")
         sampler = EpochSampler(len(dataset), self.rng_seed, shuffle=True, augment=self.augment)
         return self._loader(dataset, sampler, self.augment)
 
     def val_dataloader(self) -> DataLoader:
         """The test split, normalised, in file order."""
-        dataset = _require(self.test_set, "val_dataloader")
+        dataset = require_setup(self.test_set, "val_dataloader")
         return self._loader(dataset, SequentialSampler(dataset), augment=False)
 
     def test_dataloader(self) -> DataLoader:
         """The test split, normalised, in file order (same as validation)."""
-        dataset = _require(self.test_set, "test_dataloader")
+        dataset = require_setup(self.test_set, "test_dataloader")
         return self._loader(dataset, SequentialSampler(dataset), augment=False)
 
     def state_dict(self) -> dict[str, Any]:

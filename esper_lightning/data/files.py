@@ -1,5 +1,5 @@
 """The file-system and network layer under every dataset: the data folder, verified downloads,
-one-line errors and the argument checks the data modules share.
+one-line errors and the argument and state checks the data modules share.
 
 Each dataset module (CIFAR-10, byte-level text) keeps only what is its own: file names, URLs,
 digests and the hint that tells a user how to provide the data offline.
@@ -27,7 +27,7 @@ import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import BinaryIO, Protocol, TypeVar
 
 from tqdm.auto import tqdm
 
@@ -41,10 +41,12 @@ __all__ = [
     "file_digest",
     "make_data_dir",
     "one_line",
+    "require_setup",
     "resolve_data_dir",
 ]
 
 PathLike = str | os.PathLike[str]
+_T = TypeVar("_T")
 
 _CHUNK_BYTES = 1 << 20
 _TIMEOUT_S = 60.0
@@ -289,3 +291,17 @@ def check_bool(name: str, value: object) -> None:
     """
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be True or False, got {value!r}")
+
+
+def require_setup(value: _T | None, caller: str) -> _T:
+    """``value`` (what a data module's ``setup`` loads), or a ``RuntimeError`` naming ``caller``
+    when ``setup`` has not run yet.
+
+    Example:
+        >>> require_setup(None, "train_dataloader")
+        Traceback (most recent call last):
+        RuntimeError: call setup() before train_dataloader()
+    """
+    if value is None:
+        raise RuntimeError(f"call setup() before {caller}()")
+    return value

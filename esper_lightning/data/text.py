@@ -36,6 +36,7 @@ from esper_lightning.data.files import (
     file_digest,
     make_data_dir,
     one_line,
+    require_setup,
     resolve_data_dir,
 )
 from esper_lightning.data.sampling import EpochSeededSampler, mixed_rng_seed
@@ -142,11 +143,15 @@ def split_tokens(
     """
     if tokens.dim() != 1:
         raise ValueError(f"tokens must be 1-D, got shape {tuple(tokens.shape)}")
-    if isinstance(val_fraction, bool) or not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
+    _check_val_fraction(val_fraction)
     n_val = int(len(tokens) * val_fraction)
     cut = len(tokens) - n_val
     return tokens[:cut], tokens[cut:]
+
+
+def _check_val_fraction(val_fraction: object) -> None:
+    if isinstance(val_fraction, bool) or not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
 
 
 def _check_tokens(tokens: object, block_size: int, what: str) -> torch.Tensor:
@@ -328,12 +333,6 @@ class _Blocks(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return chunk[:-1], chunk[1:]
 
 
-def _require(tokens: torch.Tensor | None, caller: str) -> torch.Tensor:
-    if tokens is None:
-        raise RuntimeError(f"call setup() before {caller}()")
-    return tokens
-
-
 class TextDataModule(L.LightningDataModule):
     """Byte-level language-model batches ``(x, y)``, int64 ``[B, T]``, from one text file.
 
@@ -394,8 +393,7 @@ class TextDataModule(L.LightningDataModule):
         check_int("val_blocks", val_blocks, 1, allow_none=True)
         check_int("rng_seed", rng_seed, 0)
         check_int("num_workers", num_workers, 0)
-        if isinstance(val_fraction, bool) or not 0.0 < val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
+        _check_val_fraction(val_fraction)
         self.download = download
         self.data_dir = resolve_data_dir(data_dir) if download else None
         self.path = Path(path).expanduser() if path is not None else None
@@ -449,14 +447,14 @@ class TextDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         """Random blocks of the training head; see the class docs on seeding."""
-        tokens = _require(self.train_tokens, "train_dataloader")
+        tokens = require_setup(self.train_tokens, "train_dataloader")
         offsets = len(tokens) - self.block_size
         n_blocks = self.train_blocks or max(1, len(tokens) // self.block_size)
         sampler = _RandomBlockSampler(offsets, n_blocks, self.rng_seed)
         return self._loader(_Blocks(tokens, self.block_size, 1, offsets), sampler)
 
     def _eval_loader(self, caller: str) -> DataLoader:
-        tokens = _require(self.val_tokens, caller)
+        tokens = require_setup(self.val_tokens, caller)
         n_blocks = (len(tokens) - 1) // self.block_size
         if self.val_blocks is not None:
             n_blocks = min(n_blocks, self.val_blocks)
