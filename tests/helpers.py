@@ -1,5 +1,6 @@
-"""Test helpers shared by several test files: tiny models, a trained smoke policy, the example
-loader, a local DDP rendezvous and the data tests' batch and message checks.
+"""Test helpers shared by several test files: tiny models, a checkpoint round trip, a trained
+smoke policy, the example loader, a local DDP rendezvous and the data tests' batch and message
+checks.
 
 Imported as ``from helpers import ...``: pytest puts ``tests/`` (not a package) on ``sys.path``,
 as for ``thread_ranks`` and ``lifecycle_mdp``.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import io
 import logging
 import multiprocessing
 import socket
@@ -104,6 +106,15 @@ class TinyHost(nn.Module):
 
 
 # ------------------------------------------------------------------- runs and processes
+
+
+def torch_round_trip(state: Any) -> Any:
+    """``state`` through ``torch.save`` / ``torch.load(weights_only=True)``, as checkpoints are."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
 
 
 def train_smoke_policy(root: Path) -> tuple[Path, Path]:

@@ -1,11 +1,10 @@
 """PolicyController: a PPO checkpoint driving MorphogenesisCallback in a plain Trainer."""
 
-import io
 
 import lightning as L
 import pytest
 import torch
-from helpers import train_smoke_policy
+from helpers import torch_round_trip, train_smoke_policy
 
 from esper_lightning.callbacks import MorphogenesisCallback
 from esper_lightning.controllers import PolicyController
@@ -54,11 +53,9 @@ def test_state_round_trip_continues_the_recurrent_state(checkpoint, tmp_path):
     data, save = checkpoint
     controller = Recorder(save)
     _fit(data, controller, tmp_path)
-    buffer = io.BytesIO()
-    torch.save(controller.state_dict(), buffer)
-    buffer.seek(0)
+    state = torch_round_trip(controller.state_dict())
     other = PolicyController(save)
-    other.load_state_dict(torch.load(buffer, weights_only=True))
+    other.load_state_dict(state)
     assert all(torch.equal(a, b) for a, b in zip(controller.hidden, other.hidden, strict=True))
 
 
