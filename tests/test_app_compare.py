@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import train_smoke_policy
 from torch import nn
 
 from esper_lightning.app import compare as compare_module
@@ -300,18 +301,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def trained_policy(tmp_path_factory):
     """A one-round PPO checkpoint on slots r0c1 r0c2 of the baseline host."""
-    from esper_lightning.app.config import load_config
-    from esper_lightning.app.trainer import PPOTrainer
-    from esper_lightning.data import write_cifar10_fixture
-
-    root = tmp_path_factory.mktemp("policy")
-    data = write_cifar10_fixture(root / "data", n_train=64, n_test=32)
-    save = root / "ckpt.pt"
-    config = load_config("smoke", overrides={
-        "data_dir": str(data), "rounds": 1, "episode_length": 3, "logdir": str(root / "logs"),
-        "save": str(save), "progress": False})
-    PPOTrainer(config).train()
-    return data, save
+    return train_smoke_policy(tmp_path_factory.mktemp("policy"))
 
 
 @pytest.mark.parametrize(

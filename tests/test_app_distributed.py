@@ -3,9 +3,7 @@ workers inherit the imported modules, so a launch takes seconds) against one pro
 env; resuming on another number of processes."""
 
 import contextlib
-import multiprocessing
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import local_rendezvous
 
 from esper_lightning.app.config import ConfigError, load_config
 from esper_lightning.app.distributed import launch_ppo
@@ -35,15 +34,8 @@ def _config(cifar_dir: Path, tmp_path: Path, **overrides):
 
 @contextlib.contextmanager
 def _local_rendezvous():
-    """A free port for this launch only: the environment is restored afterwards."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MASTER_ADDR", "127.0.0.1")
-        patch.setenv("MASTER_PORT", str(port))
+    with local_rendezvous():
         yield
-    assert not multiprocessing.active_children()  # the launcher joined every worker
     assert not torch.distributed.is_initialized()  # the workers held the process group
 
 

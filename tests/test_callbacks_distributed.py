@@ -2,9 +2,6 @@
 Lightning's own launcher (``ddp_fork``: the workers inherit the imported modules, so a run takes
 seconds) against one process that sees the same global batch."""
 
-import contextlib
-import multiprocessing
-import socket
 from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,6 +10,7 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import local_rendezvous
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import nn
@@ -150,23 +148,13 @@ def _fit(out: Path, tag: str, epochs: int = EPOCHS, ckpt: Path | None = None,
     trainer.fit(module, ckpt_path=ckpt)
 
 
-@contextlib.contextmanager
-def _local_rendezvous():
-    """A free port for this launch only: the environment is restored afterwards."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MASTER_ADDR", "127.0.0.1")
-        patch.setenv("MASTER_PORT", str(port))
-        yield
-    assert not multiprocessing.active_children()  # the launcher joined every worker
+
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> SimpleNamespace:
     out = tmp_path_factory.mktemp("ddp")
-    with _local_rendezvous():
+    with local_rendezvous():
         _fit(out, "ddp", strategy="ddp_fork", devices=WORLD)
     assert not torch.distributed.is_initialized()  # the workers held the process group
     _fit(out, "single")
@@ -264,7 +252,7 @@ def test_slots_stay_out_of_ddp_so_a_pruned_seed_leaves_it_no_gradient_to_wait_fo
 def test_ddp_spawn_gives_what_ddp_fork_gives(runs, tmp_path):
     """``ddp_spawn`` pickles the trainer into fresh interpreters (slow: each imports torch and
     Lightning); the result is the fork launch's, bit for bit."""
-    with _local_rendezvous():
+    with local_rendezvous():
         _fit(tmp_path, "spawn", strategy="ddp_spawn", devices=WORLD)
     for r, forked in enumerate(runs.ranks):
         spawned = torch.load(tmp_path / f"spawn_rank{r}.pt", weights_only=False)

@@ -8,6 +8,7 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import UserModule
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import Logger, TensorBoardLogger
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -39,36 +40,11 @@ def advance(slot: int = 0) -> Action:
     return Action(LifecycleOp.ADVANCE, slot)
 
 
-class PlainModule(L.LightningModule):
-    """A user's module that imports nothing from esper_lightning."""
+class PlainModule(UserModule):
+    """A user's module that imports nothing from esper_lightning, its LR on a StepLR schedule."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(
-            nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-            nn.Linear(16, 10),
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        loss = F.cross_entropy(self(x), y)
-        self.log("train_loss", loss)
-        return loss
-
-    def validation_step(self, batch, batch_idx):
-        x, y = batch
-        logits = self(x)
-        self.log("val_loss", F.cross_entropy(logits, y))
-        self.log("val_acc", (logits.argmax(1) == y).float().mean())
-
-    def configure_optimizers(self):
-        optimizer = torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
-        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
-        return {"optimizer": optimizer, "lr_scheduler": scheduler}
+        super().__init__(step_lr=True)
 
 
 def _trainer(tmp_path: Path, epochs: int, callbacks, **kwargs) -> L.Trainer:

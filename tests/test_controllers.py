@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 import doctest
 import functools
-import io
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
 import torch
+from helpers import torch_round_trip
 
 import esper_lightning.controllers.base as base_module
 import esper_lightning.controllers.baselines as baselines_module
@@ -186,13 +186,6 @@ def assert_plain(value) -> None:
             assert_plain(item)
     else:
         assert value is None or type(value) in (bool, int, float, str), (value, type(value))
-
-
-def through_torch(state: dict) -> dict:
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    buffer.seek(0)
-    return torch.load(buffer, weights_only=True)
 
 
 def quick_germinator(**overrides) -> HeuristicController:
@@ -759,7 +752,7 @@ def test_state_dict_round_trip_through_torch_continues_identically(name):
         state = replay.state_dict()
         assert_plain(state)
         restored = factory()
-        restored.load_state_dict(through_torch(state))
+        restored.load_state_dict(torch_round_trip(state))
         assert restored.state_dict() == state
         for epoch in range(split, len(sim.reports)):
             if epoch in resets:

@@ -1,13 +1,11 @@
 """PolicyController: a PPO checkpoint driving MorphogenesisCallback in a plain Trainer."""
 
-import io
 
 import lightning as L
 import pytest
 import torch
+from helpers import torch_round_trip, train_smoke_policy
 
-from esper_lightning.app.config import load_config
-from esper_lightning.app.trainer import PPOTrainer
 from esper_lightning.callbacks import MorphogenesisCallback
 from esper_lightning.controllers import PolicyController
 from esper_lightning.data import CIFAR10DataModule
@@ -16,17 +14,7 @@ from esper_lightning.hosts import CifarCNNHost
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    from esper_lightning.data import write_cifar10_fixture
-
-    root = tmp_path_factory.mktemp("policy")
-    data = write_cifar10_fixture(root / "data", n_train=64, n_test=32)
-    save = root / "ckpt.pt"
-    config = load_config("smoke", overrides={
-        "data_dir": str(data), "rounds": 1, "episode_length": 3, "logdir": str(root / "logs"),
-        "save": str(save), "progress": False,
-    })
-    PPOTrainer(config).train()
-    return data, save
+    return train_smoke_policy(tmp_path_factory.mktemp("policy"))
 
 
 class Recorder(PolicyController):
@@ -65,11 +53,9 @@ def test_state_round_trip_continues_the_recurrent_state(checkpoint, tmp_path):
     data, save = checkpoint
     controller = Recorder(save)
     _fit(data, controller, tmp_path)
-    buffer = io.BytesIO()
-    torch.save(controller.state_dict(), buffer)
-    buffer.seek(0)
+    state = torch_round_trip(controller.state_dict())
     other = PolicyController(save)
-    other.load_state_dict(torch.load(buffer, weights_only=True))
+    other.load_state_dict(state)
     assert all(torch.equal(a, b) for a, b in zip(controller.hidden, other.hidden, strict=True))
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import io
 import math
 
 import pytest
 import torch
+from helpers import torch_round_trip
 
 from esper_lightning.core.divergence import (
     REASON_DIVERGENCE,
@@ -177,11 +177,9 @@ def test_state_dict_round_trip_continues_identically():
     original.record_rollback()
     original.check_validation(20.0)
 
-    buffer = io.BytesIO()
-    torch.save(original.state_dict(), buffer)
-    buffer.seek(0)
+    state = torch_round_trip(original.state_dict())
     restored = Governor(config)
-    restored.load_state_dict(torch.load(buffer, weights_only=True))
+    restored.load_state_dict(state)
     assert restored.state_dict() == original.state_dict()
 
     tail = [20.0, 0.7, 20.0, 20.0, 20.0, 0.75, math.log(10), *stable(25, 0.6), 30.0]

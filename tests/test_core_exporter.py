@@ -4,6 +4,7 @@ import sys
 
 import pytest
 import torch
+from helpers import TinyHost, UserNet
 from torch import nn
 
 from esper_lightning.blueprints import available
@@ -66,32 +67,6 @@ def cifar_host(stage: SeedStage, blueprint: str = "conv_light",
         host(torch.randn(8, 3, 16, 16))  # non-trivial BatchNorm running statistics
     grow(host.slots["r0c1"], stage, blueprint, algorithm)
     return host.eval()
-
-
-class TinyHost(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
-        self.slot = SeedSlot("s", channels=8)
-        self.conv2 = nn.Conv2d(8, 4, 3, padding=1)
-
-    def forward(self, x):
-        return self.conv2(torch.relu(self.slot(torch.relu(self.conv1(x)))))
-
-
-class UserNet(nn.Module):
-    """A user's model without slots of its own: slots are injected by module path."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(
-            nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-            nn.Linear(16, 10),
-        )
-
-    def forward(self, x):
-        return self.net(x)
 
 
 def without_seed(model: nn.Module, slot: SeedSlot, x: torch.Tensor) -> torch.Tensor:

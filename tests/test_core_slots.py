@@ -2,7 +2,7 @@ import copy
 
 import pytest
 import torch
-from torch import nn
+from helpers import TinyHost
 
 from esper_lightning.blueprints import available
 from esper_lightning.core.alpha import AlphaAlgorithm, AlphaCurve, AlphaMode
@@ -48,17 +48,6 @@ def drive(slot: SeedSlot, stage: SeedStage, blueprint: str = "conv_light", **ger
     _measured(slot, contribution=1.0)
     assert slot.fossilize().passed
     return slot
-
-
-class TinyHost(nn.Module):
-    def __init__(self, slot: SeedSlot) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
-        self.slot = slot
-        self.conv2 = nn.Conv2d(8, 4, 3, padding=1)
-
-    def forward(self, x):
-        return self.conv2(torch.relu(self.slot(torch.relu(self.conv1(x)))))
 
 
 @pytest.mark.parametrize("blueprint", available("cnn"))

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import one_line_message
 
 from esper_lightning.data import (
     DataError,
@@ -26,13 +27,6 @@ from esper_lightning.data.cifar10 import (
     safe_extract,
     subset_indices,
 )
-
-
-def _assert_one_line(err: pytest.ExceptionInfo[DataError]) -> str:
-    message = str(err.value)
-    assert "\n" not in message
-    return message
-
 
 # ------------------------------------------------------------------------------------ format
 
@@ -78,7 +72,7 @@ def test_missing_folder_names_it(tmp_path: Path) -> None:
     missing = tmp_path / "nowhere"
     with pytest.raises(DataError) as err:
         load_cifar10(missing, train=True)
-    message = _assert_one_line(err)
+    message = one_line_message(err)
     assert f"'{missing}'" in message and "download=True" in message and "--data-dir" in message
 
 
@@ -112,7 +106,7 @@ def test_corrupt_file_names_it(cifar_dir: Path, payload: object) -> None:
         path.write_bytes(pickle.dumps(payload, protocol=2))
     with pytest.raises(DataError) as err:
         load_cifar10(cifar_dir, train=True)
-    message = _assert_one_line(err)
+    message = one_line_message(err)
     assert message.startswith(f"corrupt CIFAR-10 file '{path}': ")
     assert "download again" in message
     # The test split lives in another file and is unaffected.
@@ -198,7 +192,7 @@ def test_download_md5_mismatch_leaves_nothing_valid(
     wrong = "0" * 32
     with pytest.raises(DataError) as err:
         download_cifar10(dest, url=url, md5=wrong, progress=False)
-    message = _assert_one_line(err)
+    message = one_line_message(err)
     assert "MD5 mismatch" in message and wrong in message and str(dest / ARCHIVE_NAME) in message
     assert list(dest.iterdir()) == []
     assert not cifar10_present(dest)
@@ -208,7 +202,7 @@ def test_download_network_error_is_one_line(tmp_path: Path) -> None:
     url = "http://127.0.0.1:9/cifar-10-python.tar.gz"  # discard port: connection refused
     with pytest.raises(DataError) as err:
         download_cifar10(tmp_path / "dl", url=url, progress=False)
-    message = _assert_one_line(err)
+    message = one_line_message(err)
     assert url in message and "--data-dir" in message
     assert list((tmp_path / "dl").iterdir()) == []
 

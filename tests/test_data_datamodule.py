@@ -9,6 +9,7 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
+from helpers import epoch_batches, same_batches
 from torch import nn
 
 from esper_lightning.data import CIFAR10_MEAN, CIFAR10_STD, CIFAR10DataModule, load_cifar10
@@ -22,18 +23,6 @@ def _dm(cifar_dir: Path, **kwargs: Any) -> CIFAR10DataModule:
     dm.prepare_data()
     dm.setup("fit")
     return dm
-
-
-def _epoch(dm: CIFAR10DataModule, epoch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    loader = dm.train_dataloader()
-    loader.sampler.set_epoch(epoch)  # what Lightning's fit loop does every epoch
-    return list(loader)
-
-
-def _same(a: list[tuple[torch.Tensor, ...]], b: list[tuple[torch.Tensor, ...]]) -> bool:
-    return len(a) == len(b) and all(
-        torch.equal(x, y) for pa, pb in zip(a, b, strict=True) for x, y in zip(pa, pb, strict=True)
-    )
 
 
 def test_loaders_give_normalised_batches(cifar_dir: Path) -> None:
@@ -80,24 +69,24 @@ def test_subset_larger_than_split_is_a_clear_error(cifar_dir: Path) -> None:
 
 def test_order_is_a_function_of_seed_and_epoch(cifar_dir: Path) -> None:
     a, b, c = _dm(cifar_dir), _dm(cifar_dir), _dm(cifar_dir, rng_seed=1)
-    assert _same(_epoch(a, 3), _epoch(b, 3))
-    assert not torch.equal(_epoch(a, 0)[0][1], _epoch(a, 1)[0][1])
-    assert not torch.equal(_epoch(a, 0)[0][1], _epoch(c, 0)[0][1])
+    assert same_batches(epoch_batches(a, 3), epoch_batches(b, 3))
+    assert not torch.equal(epoch_batches(a, 0)[0][1], epoch_batches(a, 1)[0][1])
+    assert not torch.equal(epoch_batches(a, 0)[0][1], epoch_batches(c, 0)[0][1])
     # rng_seed + epoch is the generator seed: (rng_seed=0, epoch=1) == (rng_seed=1, epoch=0).
-    assert _same(_epoch(a, 1), _epoch(c, 0))
+    assert same_batches(epoch_batches(a, 1), epoch_batches(c, 0))
 
 
 def test_workers_do_not_change_the_batches(cifar_dir: Path) -> None:
-    in_process = _epoch(_dm(cifar_dir, rng_seed=5), 2)
-    with_workers = _epoch(_dm(cifar_dir, rng_seed=5, num_workers=2), 2)
-    assert _same(in_process, with_workers)
+    in_process = epoch_batches(_dm(cifar_dir, rng_seed=5), 2)
+    with_workers = epoch_batches(_dm(cifar_dir, rng_seed=5, num_workers=2), 2)
+    assert same_batches(in_process, with_workers)
 
 
 def test_augmentation_keeps_shape_and_pads_with_zero_pixels(cifar_dir: Path) -> None:
     dm = _dm(cifar_dir)
     plain = _dm(cifar_dir, augment=False)
-    x_aug, y_aug = map(torch.cat, zip(*_epoch(dm, 0), strict=True))
-    x_plain, y_plain = map(torch.cat, zip(*_epoch(plain, 0), strict=True))
+    x_aug, y_aug = map(torch.cat, zip(*epoch_batches(dm, 0), strict=True))
+    x_plain, y_plain = map(torch.cat, zip(*epoch_batches(plain, 0), strict=True))
     assert x_aug.shape == x_plain.shape == (80, 3, 32, 32)
     assert torch.equal(y_aug, y_plain)  # augmentation does not change the order
     assert not torch.equal(x_aug, x_plain)
@@ -207,7 +196,7 @@ def test_trainer_epochs_follow_seed_plus_epoch(cifar_dir: Path, tmp_path: Path) 
         warnings.simplefilter("ignore")  # "few workers" hints are irrelevant here
         trainer.fit(model, datamodule=dm)
     for epoch in (0, 1):
-        expected = torch.cat([y for _, y in _epoch(dm, epoch)])
+        expected = torch.cat([y for _, y in epoch_batches(dm, epoch)])
         assert torch.equal(torch.cat(model.labels[epoch]), expected)
 
 

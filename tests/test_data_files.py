@@ -6,9 +6,9 @@ import hashlib
 from pathlib import Path
 
 import pytest
+from helpers import one_line_message
 
 from esper_lightning.data import DataError as PackageDataError
-from esper_lightning.data.cifar10 import DataError as CifarDataError
 from esper_lightning.data.files import (
     DataError,
     check_bool,
@@ -18,6 +18,7 @@ from esper_lightning.data.files import (
     file_digest,
     make_data_dir,
     one_line,
+    require_setup,
     resolve_data_dir,
 )
 
@@ -26,13 +27,13 @@ PAYLOAD = b"a verified payload\n" * 100
 
 
 def _message(err: pytest.ExceptionInfo[DataError]) -> str:
-    message = str(err.value)
-    assert "\n" not in message and message.endswith(HINT)
+    message = one_line_message(err)
+    assert message.endswith(HINT)
     return message
 
 
 def test_data_error_is_one_class_everywhere() -> None:
-    assert PackageDataError is DataError and CifarDataError is DataError
+    assert PackageDataError is DataError
     assert issubclass(DataError, RuntimeError)
 
 
@@ -204,3 +205,11 @@ def test_check_bool_rejects(value: object) -> None:
     with pytest.raises(ValueError) as err:
         check_bool("flag", value)
     assert str(err.value) == f"flag must be True or False, got {value!r}"
+
+
+def test_require_setup_passes_what_setup_loaded_and_names_the_caller_otherwise() -> None:
+    loaded = object()
+    assert require_setup(loaded, "train_dataloader") is loaded
+    with pytest.raises(RuntimeError) as err:
+        require_setup(None, "val_dataloader")
+    assert str(err.value) == "call setup() before val_dataloader()"

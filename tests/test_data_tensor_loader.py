@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import same_batches
 
 from esper_lightning.data import CIFAR10_MEAN, CIFAR10_STD, TensorLoader
 from esper_lightning.data.tensor_loader import PAD, crop_flip, normalize
@@ -21,12 +22,6 @@ def _data(n: int = N) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _stream(loader: TensorLoader, epochs: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [batch for _ in range(epochs) for batch in loader]
-
-
-def _same(a: list[tuple[torch.Tensor, ...]], b: list[tuple[torch.Tensor, ...]]) -> bool:
-    return len(a) == len(b) and all(
-        torch.equal(x, y) for pa, pb in zip(a, b, strict=True) for x, y in zip(pa, pb, strict=True)
-    )
 
 
 def _pad_value() -> torch.Tensor:
@@ -121,7 +116,7 @@ def test_same_seed_same_batches_different_seed_different_order() -> None:
     a = _stream(TensorLoader(*data, batch_size=16, rng_seed=7), epochs=2)
     b = _stream(TensorLoader(*data, batch_size=16, rng_seed=7), epochs=2)
     c = _stream(TensorLoader(*data, batch_size=16, rng_seed=8), epochs=2)
-    assert _same(a, b)
+    assert same_batches(a, b)
     assert not torch.equal(a[0][1], c[0][1])
     assert not torch.equal(torch.cat([y for _, y in a[:3]]), torch.cat([y for _, y in a[3:]]))
 
@@ -131,7 +126,7 @@ def test_reseed_restarts_the_stream() -> None:
     loader = TensorLoader(*data, batch_size=16, rng_seed=1)
     _stream(loader)
     loader.reseed(5)
-    assert _same(_stream(loader), _stream(TensorLoader(*data, batch_size=16, rng_seed=5)))
+    assert same_batches(_stream(loader), _stream(TensorLoader(*data, batch_size=16, rng_seed=5)))
 
 
 @pytest.mark.parametrize("stop_after", [0, 1, 3])
@@ -150,7 +145,7 @@ def test_state_dict_resumes_exactly(stop_after: int) -> None:
         again["generator"], state["generator"]
     )
     rest = [*resumed, *resumed]
-    assert _same(consumed + rest[: len(reference) - len(consumed)], reference)
+    assert same_batches(consumed + rest[: len(reference) - len(consumed)], reference)
     assert resumed.rng_seed == 3
 
 
@@ -162,7 +157,7 @@ def test_breaking_out_starts_a_new_epoch() -> None:
     assert loader.epoch == 1 and loader.state_dict()["position"] == 0
     twin = TensorLoader(*data, batch_size=16, rng_seed=2)
     twin.load_state_dict(loader.state_dict())
-    assert _same(_stream(loader), _stream(twin))
+    assert same_batches(_stream(loader), _stream(twin))
 
 
 def test_from_cifar10_with_subset(cifar_dir: Path) -> None:

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import epoch_batches, one_line_message
 
 from esper_lightning.data import text
-from esper_lightning.data.cifar10 import DataError
+from esper_lightning.data.files import DataError
 from esper_lightning.data.text import (
     TINYSTORIES_VALID_NAME,
     ByteTokenizer,
@@ -23,12 +24,6 @@ from esper_lightning.data.text import (
 )
 
 PERIOD = 251  # a prime: the fixture's byte at position i is i % 251
-
-
-def _one_line(err: pytest.ExceptionInfo[BaseException]) -> str:
-    message = str(err.value)
-    assert "\n" not in message
-    return message
 
 
 @pytest.fixture
@@ -79,7 +74,7 @@ def test_load_text_tokens_errors_name_the_file(tmp_path: Path, case: str):
         path.mkdir()
     with pytest.raises(DataError) as err:
         load_text_tokens(path)
-    message = _one_line(err)
+    message = one_line_message(err)
     assert str(path) in message
     assert ("empty" in message.replace(str(path), "")) == (case == "empty")
 
@@ -116,7 +111,7 @@ def test_find_text_file_errors_are_one_line(tmp_path: Path, case: str, message: 
         (path / "b.txt").write_text("b")
     with pytest.raises(DataError) as err:
         find_text_file(path)
-    text_of_error = _one_line(err)
+    text_of_error = one_line_message(err)
     assert text_of_error.startswith(message.format(path=path))
     assert "download=True" in text_of_error
 
@@ -161,22 +156,23 @@ def test_datamodule_bad_arguments(kwargs, message):
         TextDataModule(**kwargs)
 
 
+def test_loaders_before_setup_name_the_call(ramp_file: Path):
+    dm = TextDataModule(ramp_file, block_size=16)
+    for loader in (dm.train_dataloader, dm.val_dataloader, dm.test_dataloader):
+        with pytest.raises(RuntimeError, match=rf"^call setup\(\) before {loader.__name__}\(\)$"):
+            loader()
+
+
 def _datamodule(path: Path, **kwargs) -> TextDataModule:
     dm = TextDataModule(path, **{"block_size": 16, "batch_size": 4, "val_fraction": 0.2, **kwargs})
     dm.setup("fit")
     return dm
 
 
-def _epoch(dm: TextDataModule, epoch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    loader = dm.train_dataloader()
-    loader.sampler.set_epoch(epoch)
-    return list(loader)
-
-
 def test_training_blocks_are_shifted_contiguous_and_in_the_head(ramp_file: Path):
     dm = _datamodule(ramp_file, train_blocks=40)
     assert len(dm.train_tokens) == 4000 and len(dm.val_tokens) == 1000
-    batches = _epoch(dm, 0)
+    batches = epoch_batches(dm, 0)
     assert len(batches) == 10
     for x, y in batches:
         assert x.shape == (4, 16)
@@ -191,7 +187,7 @@ def test_training_blocks_are_shifted_contiguous_and_in_the_head(ramp_file: Path)
 def test_training_blocks_deterministic_per_rng_seed_and_epoch(ramp_file: Path):
     def firsts(rng_seed: int, epoch: int) -> torch.Tensor:
         dm = _datamodule(ramp_file, train_blocks=32, rng_seed=rng_seed)
-        return torch.cat([x[:, 0] for x, _ in _epoch(dm, epoch)])
+        return torch.cat([x[:, 0] for x, _ in epoch_batches(dm, epoch)])
 
     assert torch.equal(firsts(0, 0), firsts(0, 0))
     assert torch.equal(firsts(0, 1), firsts(0, 1))
@@ -272,7 +268,7 @@ def test_download_checksum_mismatch_leaves_nothing(
     dest = tmp_path / "dl"
     with pytest.raises(DataError) as err:
         download_tinystories(dest, progress=False)
-    message = _one_line(err)
+    message = one_line_message(err)
     assert "SHA-256 mismatch" in message and wrong in message and "path=" in message
     assert list(dest.iterdir()) == []
 
@@ -283,7 +279,7 @@ def test_offline_and_absent_is_one_line(tmp_path: Path, monkeypatch: pytest.Monk
     dm = TextDataModule(download=True, data_dir=dest)
     with pytest.raises(DataError) as err:
         dm.prepare_data()
-    message = _one_line(err)
+    message = one_line_message(err)
     assert str(dest) in message and "path=" in message and TINYSTORIES_VALID_NAME in message
     assert list(dest.iterdir()) == []
     with pytest.raises(DataError, match="call prepare_data"):

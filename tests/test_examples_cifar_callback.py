@@ -2,27 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import logging
-from pathlib import Path
-
 import pytest
+from helpers import example_module
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cifar_callback.py"
 
 
 @pytest.fixture
 def example():
-    spec = importlib.util.spec_from_file_location("cifar_callback_example", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    logger = logging.getLogger("esper_lightning")
-    handlers, level = list(logger.handlers), logger.level
-    yield module
-    for handler in logger.handlers[len(handlers):]:  # the example attaches one: take it off
-        logger.removeHandler(handler)
-    logger.setLevel(level)
+    with example_module("cifar_callback") as module:
+        yield module
 
 
 def test_the_readme_flags_train_log_and_draw_the_timeline(example, cifar_dir, tmp_path, capsys):

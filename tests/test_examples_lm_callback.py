@@ -2,27 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import logging
-from pathlib import Path
-
 import pytest
+from helpers import example_module
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "lm_callback.py"
 
 
 @pytest.fixture
 def example():
-    spec = importlib.util.spec_from_file_location("lm_callback_example", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    logger = logging.getLogger("esper_lightning")
-    handlers, level = list(logger.handlers), logger.level
-    yield module
-    for handler in logger.handlers[len(handlers):]:  # the example attaches one: take it off
-        logger.removeHandler(handler)
-    logger.setLevel(level)
+    with example_module("lm_callback") as module:
+        yield module
 
 
 def test_trains_logs_loss_perplexity_and_morpho_tags(example, text_file, tmp_path, capsys):

@@ -5,7 +5,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-import torch.nn.functional as F
+from helpers import UserModule
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -28,37 +28,6 @@ def germinate(slot: int, blueprint: BlueprintAction) -> Action:
 
 def advance(slot: int) -> Action:
     return Action(LifecycleOp.ADVANCE, slot)
-
-
-class UserModule(L.LightningModule):
-    """A user's module that knows nothing about seeds: slots are injected by module path."""
-
-    def __init__(self, width: int = 8) -> None:
-        super().__init__()
-        self.save_hyperparameters()
-        self.net = nn.Sequential(
-            nn.Conv2d(3, width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(width, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-            nn.Linear(16, 10),
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        loss = F.cross_entropy(self(x), y)
-        self.log("train_loss", loss)
-        return loss
-
-    def validation_step(self, batch, batch_idx):
-        x, y = batch
-        logits = self(x)
-        self.log("val_loss", F.cross_entropy(logits, y))
-        self.log("val_acc", (logits.argmax(1) == y).float().mean())
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
 
 
 class HookedModule(UserModule):

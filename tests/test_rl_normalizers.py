@@ -1,19 +1,11 @@
-import io
 
 import numpy as np
 import pytest
 import torch
+from helpers import torch_round_trip
 from thread_ranks import run_ranks
 
 from esper_lightning.rl import RewardNormalizer, RunningMeanStd, ValueNormalizer
-
-
-def _round_trip(state: dict) -> dict:
-    """Through torch.save / torch.load(weights_only=True), as checkpoints are."""
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    buffer.seek(0)
-    return torch.load(buffer, weights_only=True)
 
 
 def test_exact_running_stats_equal_the_stats_of_all_data():
@@ -77,7 +69,7 @@ def test_running_mean_std_state_dict_round_trip():
     rms.update(torch.randn(4, 3))
     rms.freeze()
     restored = RunningMeanStd(shape=(3,), momentum=0.5)
-    restored.load_state_dict(_round_trip(rms.state_dict()))
+    restored.load_state_dict(torch_round_trip(rms.state_dict()))
     assert torch.equal(restored.mean, rms.mean) and torch.equal(restored.var, rms.var)
     assert restored.count == rms.count and restored.frozen
     x = torch.randn(5, 3)
@@ -106,7 +98,7 @@ def test_reward_normalizer_clips_and_round_trips():
     norm.update(torch.tensor([[0.1, -0.1, 0.1]]), torch.tensor([[True, False, False]]))
     assert float(norm.normalize(torch.tensor(1000.0))) == 2.0
     restored = RewardNormalizer(gamma=0.9, clip=2.0)
-    restored.load_state_dict(_round_trip(norm.state_dict()))
+    restored.load_state_dict(torch_round_trip(norm.state_dict()))
     x = torch.tensor([0.3, -0.2])
     assert torch.equal(restored.normalize(x), norm.normalize(x))
     with pytest.raises(ValueError, match="gamma"):
@@ -131,7 +123,7 @@ def test_value_normalizer_round_trip_and_freeze():
     norm.update(torch.tensor([1.0, 5.0, 2.0]))
     norm.update(torch.tensor([-3.0, 0.0]))
     restored = ValueNormalizer()
-    restored.load_state_dict(_round_trip(norm.state_dict()))
+    restored.load_state_dict(torch_round_trip(norm.state_dict()))
     assert (restored.mean, restored.std) == (norm.mean, norm.std)
     norm.freeze()
     with pytest.raises(RuntimeError):

@@ -7,13 +7,15 @@ Trainer callbacks in `esper_lightning.callbacks`, the Fabric environments in
 * `lifecycle`: seed stages, legal transitions, quality gates, seed metrics;
 * `alpha`: the blend schedule; `slots`: `SeedSlot`, the module a seed grows in;
 * `actions`: the factored action space and its masks;
-* `engine`: `MorphogenesisEngine`, which executes actions, ticks slots and keeps the optimizer in
-  step; `injection`: slots after named submodules;
-* `counterfactual`: fused measurement of each seed's contribution;
+* `engine`: `MorphogenesisEngine`, which executes actions and ticks slots; `optim`: seed param
+  groups that keep the optimizer and its LR schedulers in step; `injection`: slots after named
+  submodules;
+* `counterfactual`: each seed's contribution, measured with the seed's alpha at 0 (separate
+  forwards by default, or one fused forward);
 * `divergence` and `snapshot`: the governor's rules and what a rollback restores;
-* `exporter`: `export`, a grown model as a plain torch module to ship;
 * `report`: `EpochReport`, what a controller sees; `telemetry`: the ``morpho/*`` metrics;
-* `export`: `export`, a grown model as a plain torch module with its fossilized seeds folded in.
+  `outcome`: the episode outcome a controller is judged by;
+* `exporter`: `export`, a grown model as a plain torch module with its fossilized seeds folded in.
 
 No module here imports Lightning (a test checks it).
 """

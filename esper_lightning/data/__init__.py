@@ -2,21 +2,25 @@
 LightningDataModule and a device-resident loader for the RL environments.
 
 Example:
-    >>> from esper_lightning.data import CIFAR10DataModule, TensorLoader
-    >>> dm = CIFAR10DataModule("~/data", download=True, batch_size=256)
-    >>> loader = TensorLoader.from_cifar10("~/data", train=True, batch_size=256, device="cuda")
+    >>> import tempfile
+    >>> from esper_lightning.data import CIFAR10DataModule, TensorLoader, write_cifar10_fixture
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     root = write_cifar10_fixture(tmp)  # a tiny stand-in; download=True fetches the real one
+    ...     dm = CIFAR10DataModule(root, batch_size=16)  # for a Trainer
+    ...     loader = TensorLoader.from_cifar10(root, train=True, batch_size=16)  # for the envs
+    ...     len(loader), next(iter(loader))[0].shape
+    (4, torch.Size([16, 3, 32, 32]))
 """
 
 from esper_lightning.data.cifar10 import (
     CIFAR10_MEAN,
     CIFAR10_STD,
-    DataError,
-    default_data_dir,
     download_cifar10,
     load_cifar10,
     load_cifar10_subset,
 )
 from esper_lightning.data.datamodule import CIFAR10DataModule
+from esper_lightning.data.files import DataError, default_data_dir
 from esper_lightning.data.fixture import write_cifar10_fixture
 from esper_lightning.data.tensor_loader import TensorLoader
 from esper_lightning.data.text import (

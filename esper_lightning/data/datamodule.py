@@ -16,7 +16,7 @@ from esper_lightning.data.cifar10 import (
     download_cifar10,
     load_cifar10_subset,
 )
-from esper_lightning.data.files import check_bool, check_int, resolve_data_dir
+from esper_lightning.data.files import check_bool, check_int, require_setup, resolve_data_dir
 from esper_lightning.data.sampling import EpochSeededSampler
 from esper_lightning.data.tensor_loader import (
     PAD,
@@ -116,12 +116,6 @@ class _Collate:
         return normalize(images), labels
 
 
-def _require(dataset: _KeyedImages | None, caller: str) -> _KeyedImages:
-    if dataset is None:
-        raise RuntimeError(f"call setup() before {caller}()")
-    return dataset
-
-
 class CIFAR10DataModule(L.LightningDataModule):
     """CIFAR-10 from the standard ``cifar-10-batches-py`` files, held in memory as uint8.
 
@@ -131,15 +125,15 @@ class CIFAR10DataModule(L.LightningDataModule):
 
     Reproducibility: the training order *and* every crop/flip are drawn from a
     ``torch.Generator`` seeded with ``rng_seed + epoch`` by the loader's sampler, whose
-    ``set_epoch``
-    Lightning calls at the start of each training epoch (under DDP too: Lightning's
+    ``set_epoch`` Lightning calls at the start of each training epoch (under DDP too: Lightning's
     ``DistributedSamplerWrapper`` forwards it). Batches are therefore a function of
     ``(rng_seed, epoch)`` only, for any ``num_workers``, and a resumed run replays the same epochs.
     Outside a Trainer, call ``loader.sampler.set_epoch(epoch)`` before each pass.
 
     Args:
         data_dir: Folder containing ``cifar-10-batches-py/`` (or that folder itself); ``None``
-            means :func:`default_data_dir` (``$ESPER_DATA_DIR`` or ``~/.cache/esper_lightning``).
+            means :func:`default_data_dir` (``$ESPER_DATA_DIR`` or
+            ``~/.cache/esper_lightning/data``).
         download: Let :meth:`prepare_data` download CIFAR-10 when it is missing.
         batch_size: Samples per batch for every loader.
         subset: Keep this many training images (the first ones after a shuffle seeded with
@@ -151,9 +145,18 @@ class CIFAR10DataModule(L.LightningDataModule):
         pin_memory: Pin host memory of batches for faster transfer to a GPU.
 
     Example:
-        >>> dm = CIFAR10DataModule("~/data", download=True, batch_size=256, subset=5000)
-        >>> trainer = L.Trainer(max_epochs=10)
-        >>> trainer.fit(model, datamodule=dm)
+        >>> import tempfile
+        >>> from esper_lightning.data import write_cifar10_fixture
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     root = write_cifar10_fixture(tmp, n_train=64, n_test=32)  # or download=True
+        ...     dm = CIFAR10DataModule(root, batch_size=16, subset=48)
+        ...     dm.setup("fit")
+        ...     x, y = next(iter(dm.train_dataloader()))
+        ...     x.shape, y.shape, len(dm.train_dataloader()), len(dm.val_dataloader())
+        (torch.Size([16, 3, 32, 32]), torch.Size([16]), 3, 2)
+
+        A Trainer calls ``prepare_data`` and ``setup`` itself:
+        ``L.Trainer(max_epochs=10).fit(model, datamodule=dm)``.
     """
 
     num_classes: int = 10
@@ -228,18 +231,18 @@ class CIFAR10DataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         """Shuffled, augmented, normalised training batches; see the class docs on seeding."""
-        dataset = _require(self.train_set, "train_dataloader")
+        dataset = require_setup(self.train_set, "train_dataloader")
         sampler = EpochSampler(len(dataset), self.rng_seed, shuffle=True, augment=self.augment)
         return self._loader(dataset, sampler, self.augment)
 
     def val_dataloader(self) -> DataLoader:
         """The test split, normalised, in file order."""
-        dataset = _require(self.test_set, "val_dataloader")
+        dataset = require_setup(self.test_set, "val_dataloader")
         return self._loader(dataset, SequentialSampler(dataset), augment=False)
 
     def test_dataloader(self) -> DataLoader:
         """The test split, normalised, in file order (same as validation)."""
-        dataset = _require(self.test_set, "test_dataloader")
+        dataset = require_setup(self.test_set, "test_dataloader")
         return self._loader(dataset, SequentialSampler(dataset), augment=False)
 
     def state_dict(self) -> dict[str, Any]:

@@ -1,14 +1,21 @@
 """The file-system and network layer under every dataset: the data folder, verified downloads,
-one-line errors and the argument checks the data modules share.
+one-line errors and the argument and state checks the data modules share.
 
 Each dataset module (CIFAR-10, byte-level text) keeps only what is its own: file names, URLs,
 digests and the hint that tells a user how to provide the data offline.
 
 Example:
-    >>> from esper_lightning.data.files import fetch_verified, make_data_dir, resolve_data_dir
-    >>> root = make_data_dir(resolve_data_dir(None))  # $ESPER_DATA_DIR or ~/.cache/...
-    >>> fetch_verified(url, root / "file.txt", sha256, "sha256", progress=False,
-    ...                hint="pass path= pointing at a local copy")
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from esper_lightning.data.files import fetch_verified, file_digest, make_data_dir
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     source = Path(tmp) / "a.txt"  # a local file stands in for a server
+    ...     _ = source.write_text("payload")
+    ...     root = make_data_dir(Path(tmp) / "data")  # a dataset passes resolve_data_dir(...)
+    ...     fetch_verified(source.as_uri(), root / "a.txt", file_digest(source, "sha256"),
+    ...                    "sha256", progress=False, hint="put a.txt in that folder")
+    ...     (root / "a.txt").read_text()
+    'payload'
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import BinaryIO, Protocol, TypeVar
 
 from tqdm.auto import tqdm
 
@@ -34,10 +41,12 @@ __all__ = [
     "file_digest",
     "make_data_dir",
     "one_line",
+    "require_setup",
     "resolve_data_dir",
 ]
 
 PathLike = str | os.PathLike[str]
+_T = TypeVar("_T")
 
 _CHUNK_BYTES = 1 << 20
 _TIMEOUT_S = 60.0
@@ -55,10 +64,12 @@ class DataError(RuntimeError):
     to fix it, so a CLI can print it without a traceback.
 
     Example:
+        >>> from esper_lightning.data import load_cifar10
         >>> try:
         ...     load_cifar10("/nowhere", train=True)
         ... except DataError as err:
-        ...     print(err)  # CIFAR-10 not found in '/nowhere': expected cifar-10-batches-py/ ...
+        ...     print(err)  # doctest: +ELLIPSIS
+        CIFAR-10 not found in '/nowhere': expected cifar-10-batches-py/ ...; pass download=True ...
     """
 
 
@@ -72,8 +83,10 @@ def default_data_dir() -> Path:
     """Return ``$ESPER_DATA_DIR`` if set, else ``~/.cache/esper_lightning/data`` (expanded).
 
     Example:
-        >>> default_data_dir()  # doctest: +SKIP
-        PosixPath('/home/me/.cache/esper_lightning/data')
+        >>> from unittest import mock
+        >>> with mock.patch.dict(os.environ, {"ESPER_DATA_DIR": "~/datasets"}):
+        ...     default_data_dir() == Path.home() / "datasets"
+        True
     """
     env = os.environ.get("ESPER_DATA_DIR")
     if env:
@@ -98,7 +111,9 @@ def make_data_dir(folder: Path) -> Path:
         DataError: The folder cannot be created.
 
     Example:
-        >>> root = make_data_dir(resolve_data_dir(None))
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     make_data_dir(Path(tmp) / "a" / "b").is_dir()
+        True
     """
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -146,7 +161,9 @@ def file_digest(path: Path, algorithm: str) -> str:
         ValueError: ``algorithm`` is neither.
 
     Example:
-        >>> file_digest(Path("empty.txt"), "md5")
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     (Path(tmp) / "empty.txt").touch()
+        ...     file_digest(Path(tmp) / "empty.txt", "md5")
         'd41d8cd98f00b204e9800998ecf8427e'
     """
     digest = _new_hash(algorithm)
@@ -210,8 +227,20 @@ def fetch_verified(
         ValueError: ``algorithm`` is not ``"md5"`` or ``"sha256"``.
 
     Example:
-        >>> fetch_verified("https://example.org/a.txt", root / "a.txt", sha256, "sha256",
-        ...                progress=False, hint="put a.txt in that folder")
+        A download whose digest does not match leaves nothing behind (the module docs show one
+        that does):
+
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     source = Path(tmp) / "a.txt"  # a local file stands in for a server
+        ...     _ = source.write_text("payload")
+        ...     try:
+        ...         fetch_verified(source.as_uri(), Path(tmp) / "b.txt", "0" * 64, "sha256",
+        ...                        progress=False, hint="put b.txt in that folder")
+        ...     except DataError as err:
+        ...         print(err)  # doctest: +ELLIPSIS
+        ...     sorted(p.name for p in Path(tmp).iterdir())
+        SHA-256 mismatch for '.../b.txt' downloaded from 'file://.../a.txt': ... in that folder
+        ['a.txt']
     """
     hasher = _new_hash(algorithm)
     fd, tmp = _temp_file(target, hint)
@@ -262,3 +291,17 @@ def check_bool(name: str, value: object) -> None:
     """
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be True or False, got {value!r}")
+
+
+def require_setup(value: _T | None, caller: str) -> _T:
+    """``value`` (what a data module's ``setup`` loads), or a ``RuntimeError`` naming ``caller``
+    when ``setup`` has not run yet.
+
+    Example:
+        >>> require_setup(None, "train_dataloader")
+        Traceback (most recent call last):
+        RuntimeError: call setup() before train_dataloader()
+    """
+    if value is None:
+        raise RuntimeError(f"call setup() before {caller}()")
+    return value

@@ -102,11 +102,13 @@ def write_cifar10_fixture(
         ``root`` as a ``Path``: the folder containing ``cifar-10-batches-py/``.
 
     Example:
-        >>> from esper_lightning.data import load_cifar10, write_cifar10_fixture
-        >>> root = write_cifar10_fixture(tmp_path, n_train=80, n_test=40)
-        >>> images, labels = load_cifar10(root, train=True)
-        >>> images.shape
-        torch.Size([80, 3, 32, 32])
+        >>> import tempfile
+        >>> from esper_lightning.data import load_cifar10
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     root = write_cifar10_fixture(tmp, n_train=80, n_test=40)
+        ...     images, labels = load_cifar10(root, train=True)
+        ...     images.shape, labels.bincount().tolist()  # balanced classes
+        (torch.Size([80, 3, 32, 32]), [8, 8, 8, 8, 8, 8, 8, 8, 8, 8])
     """
     for name, value in (("n_train", n_train), ("n_test", n_test)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

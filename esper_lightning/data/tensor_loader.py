@@ -126,11 +126,20 @@ class TensorLoader:
         rng_seed: Seed of the loader's generator; different seeds give different orders.
 
     Example:
-        >>> loader = TensorLoader.from_cifar10("~/data", train=True, batch_size=256, device="cuda")
-        >>> for x, y in loader:  # x: float32 [256, 3, 32, 32] on cuda, y: int64 [256]
-        ...     loss = model(x, y)
-        >>> checkpoint = {"loader": loader.state_dict()}
-        >>> loader.load_state_dict(checkpoint["loader"])  # resumes the identical stream
+        >>> import tempfile
+        >>> from esper_lightning.data import write_cifar10_fixture
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     root = write_cifar10_fixture(tmp, n_train=64, n_test=32)
+        ...     loader = TensorLoader.from_cifar10(root, train=True, batch_size=16)  # or "cuda"
+        >>> batches = iter(loader)
+        >>> x, y = next(batches)
+        >>> x.shape, x.dtype, y.dtype
+        (torch.Size([16, 3, 32, 32]), torch.float32, torch.int64)
+        >>> state = loader.state_dict()  # mid-epoch: one batch yielded
+        >>> rest = [y for _, y in batches]
+        >>> loader.load_state_dict(state)  # resumes the identical stream
+        >>> [torch.equal(y, again) for (_, y), again in zip(loader, rest, strict=True)]
+        [True, True, True]
     """
 
     def __init__(

@@ -6,9 +6,16 @@ valid input and no tokenizer needs training or downloading. A language-model sam
 that follows ``x[t]``.
 
 Example:
-    >>> from esper_lightning.data import TextDataModule, load_text_tokens
-    >>> tokens = load_text_tokens("story.txt")  # uint8 [N]
-    >>> dm = TextDataModule(download=True, block_size=128, batch_size=32)  # TinyStories valid
+    >>> import tempfile
+    >>> from esper_lightning.data import TextDataModule
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     story = Path(tmp) / "story.txt"
+    ...     _ = story.write_text("Once upon a time, " * 100)
+    ...     dm = TextDataModule(story, block_size=16, batch_size=4)  # or download=True: TinyStories
+    ...     dm.setup("fit")
+    >>> x, y = next(iter(dm.train_dataloader()))
+    >>> x.shape, torch.equal(x[:, 1:], y[:, :-1])  # y is x shifted by one token
+    (torch.Size([4, 16]), True)
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from esper_lightning.data.files import (
     file_digest,
     make_data_dir,
     one_line,
+    require_setup,
     resolve_data_dir,
 )
 from esper_lightning.data.sampling import EpochSeededSampler, mixed_rng_seed
@@ -96,8 +104,11 @@ def load_text_tokens(path: PathLike) -> torch.Tensor:
         DataError: The file is missing, unreadable or empty.
 
     Example:
-        >>> load_text_tokens("story.txt")[:3]
-        tensor([79, 110, 99], dtype=torch.uint8)
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     _ = (Path(tmp) / "story.txt").write_text("Once upon a time")
+        ...     load_text_tokens(Path(tmp) / "story.txt")[:4]  # the bytes of "Once"
+        tensor([ 79, 110,  99, 101], dtype=torch.uint8)
     """
     file = Path(path).expanduser()
     if not file.is_file():
@@ -132,11 +143,15 @@ def split_tokens(
     """
     if tokens.dim() != 1:
         raise ValueError(f"tokens must be 1-D, got shape {tuple(tokens.shape)}")
-    if isinstance(val_fraction, bool) or not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
+    _check_val_fraction(val_fraction)
     n_val = int(len(tokens) * val_fraction)
     cut = len(tokens) - n_val
     return tokens[:cut], tokens[cut:]
+
+
+def _check_val_fraction(val_fraction: object) -> None:
+    if isinstance(val_fraction, bool) or not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
 
 
 def _check_tokens(tokens: object, block_size: int, what: str) -> torch.Tensor:
@@ -169,7 +184,13 @@ def validation_blocks(
         ``(x, y)``: int64 ``[n_blocks, T]`` each, ``y`` being ``x`` shifted by one token.
 
     Example:
-        >>> val_x, val_y = validation_blocks(val_tokens, block_size=128, max_blocks=64)
+        >>> x, y = validation_blocks(torch.arange(10, dtype=torch.uint8), block_size=4)
+        >>> x
+        tensor([[0, 1, 2, 3],
+                [4, 5, 6, 7]])
+        >>> y
+        tensor([[1, 2, 3, 4],
+                [5, 6, 7, 8]])
     """
     check_int("block_size", block_size, 1)
     check_int("max_blocks", max_blocks, 1, allow_none=True)
@@ -199,8 +220,11 @@ def find_text_file(path: PathLike | None) -> Path:
         DataError: No such file or folder, or a folder with no text file or several.
 
     Example:
-        >>> find_text_file("data/shakespeare")  # doctest: +SKIP
-        PosixPath('data/shakespeare/shakespeare.txt')
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     _ = (Path(tmp) / "plays.txt").write_text("To be, or not to be")
+        ...     find_text_file(tmp).name
+        'plays.txt'
     """
     target = resolve_data_dir(path)
     if target.is_file():
@@ -245,8 +269,18 @@ def download_tinystories(
             unwritable folder; the message names the folder and how to provide the file.
 
     Example:
-        >>> path = download_tinystories(progress=False)
-        >>> tokens = load_text_tokens(path)
+        >>> path = download_tinystories(progress=False)  # doctest: +SKIP
+
+        From a mirror (here a local file), checked against its SHA-256:
+
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     mirror = Path(tmp) / "stories.txt"
+        ...     _ = mirror.write_text("Once upon a time")
+        ...     path = download_tinystories(Path(tmp) / "data", url=mirror.as_uri(),
+        ...                                 sha256=file_digest(mirror, "sha256"), progress=False)
+        ...     path.name, path.read_text()
+        ('TinyStories-valid.txt', 'Once upon a time')
     """
     url = TINYSTORIES_VALID_URL if url is None else url
     sha256 = TINYSTORIES_VALID_SHA256 if sha256 is None else sha256
@@ -297,12 +331,6 @@ class _Blocks(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         start = index * self.stride
         chunk = self.tokens[start : start + self.block_size + 1].long()  # [T + 1]
         return chunk[:-1], chunk[1:]
-
-
-def _require(tokens: torch.Tensor | None, caller: str) -> torch.Tensor:
-    if tokens is None:
-        raise RuntimeError(f"call setup() before {caller}()")
-    return tokens
 
 
 class TextDataModule(L.LightningDataModule):
@@ -365,8 +393,7 @@ class TextDataModule(L.LightningDataModule):
         check_int("val_blocks", val_blocks, 1, allow_none=True)
         check_int("rng_seed", rng_seed, 0)
         check_int("num_workers", num_workers, 0)
-        if isinstance(val_fraction, bool) or not 0.0 < val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
+        _check_val_fraction(val_fraction)
         self.download = download
         self.data_dir = resolve_data_dir(data_dir) if download else None
         self.path = Path(path).expanduser() if path is not None else None
@@ -420,14 +447,14 @@ class TextDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         """Random blocks of the training head; see the class docs on seeding."""
-        tokens = _require(self.train_tokens, "train_dataloader")
+        tokens = require_setup(self.train_tokens, "train_dataloader")
         offsets = len(tokens) - self.block_size
         n_blocks = self.train_blocks or max(1, len(tokens) // self.block_size)
         sampler = _RandomBlockSampler(offsets, n_blocks, self.rng_seed)
         return self._loader(_Blocks(tokens, self.block_size, 1, offsets), sampler)
 
     def _eval_loader(self, caller: str) -> DataLoader:
-        tokens = _require(self.val_tokens, caller)
+        tokens = require_setup(self.val_tokens, caller)
         n_blocks = (len(tokens) - 1) // self.block_size
         if self.val_blocks is not None:
             n_blocks = min(n_blocks, self.val_blocks)
@@ -460,11 +487,15 @@ class TextTensorLoader:
         rng_seed: Seed of the generator.
 
     Example:
-        >>> train, val = split_tokens(load_text_tokens("story.txt"))
-        >>> loader = TextTensorLoader(train, block_size=128, batch_size=32, device="cuda")
-        >>> val_x, val_y = validation_blocks(val, 128, device="cuda")
-        >>> for x, y in loader:  # int64 [32, 128] each
-        ...     loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        >>> ids = ByteTokenizer().encode("Once upon a time, " * 100)
+        >>> train, val = split_tokens(torch.tensor(ids, dtype=torch.uint8))
+        >>> loader = TextTensorLoader(train, block_size=16, batch_size=4)  # or device="cuda"
+        >>> x, y = next(iter(loader))  # int64 [4, 16] each
+        >>> x.shape, torch.equal(x[:, 1:], y[:, :-1])
+        (torch.Size([4, 16]), True)
+        >>> val_x, val_y = validation_blocks(val, block_size=16)
+        >>> val_x.shape
+        torch.Size([11, 16])
     """
 
     def __init__(
