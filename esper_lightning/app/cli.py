@@ -198,7 +198,7 @@ def _pop_preset(argv: Sequence[str]) -> tuple[str | None, list[str]]:
     for token in tokens:
         if token == "--preset":
             preset = next(tokens, None)
-            if preset is None:
+            if preset is None or preset.startswith("--"):
                 raise ConfigError(f"--preset needs a name; accepted: {', '.join(PRESETS)}")
         elif token.startswith("--preset="):
             preset = token.partition("=")[2]
