@@ -6,8 +6,9 @@ disturbing it, blend in, and are fossilized or pruned. The main user API is impo
     from esper_lightning import GovernorCallback, HeuristicController, MorphogenesisCallback
 
 The core names (`SeedSlot`, `SeedStage`, `Action`, ...) come from `esper_lightning.core`, which
-never imports Lightning; the Lightning-facing names are imported on first use, so
-``import esper_lightning.core`` stays Lightning-free. The layout is explained in docs/design.md.
+never imports Lightning. Every name is imported on first use, so ``import esper_lightning.core``
+stays Lightning-free and ``import esper_lightning`` imports no torch at all. The layout is
+explained in docs/design.md.
 """
 
 from __future__ import annotations
@@ -15,32 +16,19 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from esper_lightning.core import (
-    Action,
-    ActionMasks,
-    AlphaAlgorithm,
-    AlphaController,
-    AlphaCurve,
-    AlphaMode,
-    EpochReport,
-    GateConfig,
-    GateMode,
-    GateResult,
-    LifecycleOp,
-    MaskContext,
-    SeedSlot,
-    SeedStage,
-    SlotReport,
-    compute_masks,
-    export,
-    find_slots,
-    restore_slots,
-)
-
 __version__ = "0.1.0"
 
-#: Lightning-facing names, resolved lazily from their modules (PEP 562).
+#: Names of `esper_lightning.core` offered here.
+_CORE = (
+    "Action", "ActionMasks", "AlphaAlgorithm", "AlphaController", "AlphaCurve", "AlphaMode",
+    "EpochReport", "GateConfig", "GateMode", "GateResult", "LifecycleOp", "MaskContext",
+    "SeedSlot", "SeedStage", "SlotReport", "compute_masks", "export", "find_slots",
+    "restore_slots",
+)
+#: Every public name, resolved lazily from its module (PEP 562): ``import esper_lightning`` alone
+#: imports neither torch nor Lightning, so the command line answers ``--help`` at once.
 _LAZY = {
+    **dict.fromkeys(_CORE, "esper_lightning.core"),
     "MorphogenesisCallback": "esper_lightning.callbacks",
     "GovernorCallback": "esper_lightning.callbacks",
     "HeuristicController": "esper_lightning.controllers",

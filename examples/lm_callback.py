@@ -99,13 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     show_lifecycle_events()
     L.seed_everything(args.seed, verbose=False)
     try:
-        text = find_text_file(args.data)
+        data = TextDataModule(path=find_text_file(args.data), block_size=args.block_size,
+                              batch_size=args.batch_size, train_blocks=args.train_blocks,
+                              val_blocks=args.val_blocks, rng_seed=args.seed)
+        data.setup()  # reads and checks the text before anything is logged (the fit reuses it)
     except DataError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    data = TextDataModule(path=text, block_size=args.block_size, batch_size=args.batch_size,
-                          train_blocks=args.train_blocks, val_blocks=args.val_blocks,
-                          rng_seed=args.seed)
     model = GPTHost("tiny", lr=args.lr)
     growth = MorphogenesisCallback(HeuristicController(), topology="transformer",
                                    gate_config=GateConfig(min_training_epochs=args.incubation))

@@ -1,11 +1,16 @@
 """The CLI as a user runs it: subprocesses, exit status 2 and one-line errors."""
 
+import hashlib
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from esper_lightning import __version__
+from esper_lightning.app.cli import build_parser, parse_config
+from esper_lightning.app.config import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "cifar_ppo.py"
@@ -14,6 +19,12 @@ EXAMPLE = ROOT / "examples" / "cifar_ppo.py"
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(EXAMPLE), *args], capture_output=True, text=True,
                           timeout=300, cwd=ROOT, env=env)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``esper-lightning ARGS`` (as ``python -m``, so this checkout's package runs)."""
+    return subprocess.run([sys.executable, "-m", "esper_lightning.app.cli", *args],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], text: str) -> None:
@@ -69,7 +80,7 @@ def test_incompatible_checkpoint_left_untouched(checkpoint, tmp_path):
 
 
 def test_bad_flag_value():
-    assert_one_line_error(run("--envs", "many"), "Expected a <class 'int'>. Got value: many")
+    assert_one_line_error(run("--envs", "many"), "envs must be an int, got 'many'")
 
 
 def test_lm_task_without_text_is_one_line_offline(tmp_path):
@@ -78,3 +89,133 @@ def test_lm_task_without_text_is_one_line_offline(tmp_path):
     env = {**os.environ, "ESPER_DATA_DIR": str(tmp_path / "empty"), "PYTHONPATH": str(ROOT)}
     assert_one_line_error(run("--preset", "lm-smoke", env=env),
                           f"text file or folder '{tmp_path / 'empty'}' not found")
+
+
+# --- parsing: fast, and every form the usage shows ---------------------------------------------
+#: Builds both parsers, parses, answers --help, --version and bad input, then lists what it
+#: imported of torch and Lightning.
+PARSE_ONLY = """
+import contextlib, io, sys
+from esper_lightning.app.cli import build_parser, main, parse_config
+for command in ("ppo", "compare"):
+    build_parser(command, "smoke")
+    parse_config(command, ["--preset", "cpu", "--slots=r0c1", "--devices", "[cpu,cpu]"])
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        for argv in (["--help"], ["--version"]):
+            try:
+                main([command, *argv])
+            except SystemExit as done:
+                assert done.code == 0, done.code
+        assert main([command, "--bogus", "1"]) == 2
+        assert main([command, "--slots", "r9c9"]) == 2
+        assert main([command, "--task", "lm", "--block_size", "999"]) == 2
+heavy = ("torch", "lightning", "pytorch_lightning", "torchmetrics")
+print(sorted({m.split(".")[0] for m in sys.modules} & set(heavy)))
+"""
+
+
+def test_parsing_and_its_errors_import_neither_torch_nor_lightning():
+    done = subprocess.run([sys.executable, "-c", PARSE_ONLY], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]"
+
+
+def test_help_lists_preset_and_version_answers():
+    for command in ("ppo", "compare"):
+        done = cli(command, "--help")
+        assert done.returncode == 0, done.stderr
+        assert f"[--preset {{{','.join(PRESETS)}}}]" in " ".join(done.stdout.split())
+        assert "--preset {" in done.stdout and "--version" in done.stdout
+        assert cli(command, "--version").stdout == f"esper-lightning {command} {__version__}\n"
+    done = cli("--version")
+    assert (done.returncode, done.stdout) == (0, f"esper-lightning {__version__}\n")
+    assert "--version" in cli("--help").stdout
+
+
+@pytest.mark.parametrize(
+    ("command", "flag", "forms", "expected"),
+    [
+        ("ppo", "slots", [["--slots=r0c1"], ["--slots", "r0c1"], ["--slots", "[r0c1]"]],
+         ("r0c1",)),
+        ("ppo", "slots", [["--slots", "r0c1", "r0c2"], ["--slots", "[r0c1,r0c2]"],
+                          ["--slots=[r0c1,r0c2]"], ["--slots", "[r0c1,", "r0c2]"]],
+         ("r0c1", "r0c2")),
+        ("compare", "controllers", [["--controllers", "[static,heuristic]"],
+                                    ["--controllers", "static", "heuristic"]],
+         ("static", "heuristic")),
+        ("ppo", "ab", [["--ab", "shaped", "sparse"], ["--ab=[shaped,sparse]"]],
+         ("shaped", "sparse")),
+        ("ppo", "ab", [["--ab"], ["--ab=[]"], ["--ab", "[]"]], ()),
+        ("ppo", "devices", [["--devices", "cpu", "cpu"], ["--devices", "[cpu,cpu]"]],
+         ("cpu", "cpu")),
+    ],
+)
+def test_list_flags_take_every_form(command, flag, forms, expected):
+    for argv in forms:
+        assert getattr(parse_config(command, [*argv, "--rng_seed", "1"]), flag) == expected, argv
+    # The usage line shows the space-separated form.
+    usage = " ".join(build_parser(command).format_usage().split())
+    item = {"ab": "MODE"}.get(flag, flag.upper().rstrip("S"))
+    assert f"[--{flag} {item} [{item} ...]]" in usage
+
+
+def test_slots_null_is_the_tasks_default():
+    assert parse_config("ppo", ["--slots", "null", "--task", "lm"]).slots == ("r0c0", "r0c1")
+
+
+# --- every bad input: one line, status 2, output folders as they were ---------------------------
+def checksums(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            if p.is_file() else "folder" for p in sorted(folder.rglob("*"))}
+
+
+@pytest.fixture
+def outputs(tmp_path: Path) -> Path:
+    """Output folders of earlier runs: a PPO log and checkpoint, a comparison's episodes."""
+    out = tmp_path / "out"
+    (out / "logs" / "ppo" / "version_0").mkdir(parents=True)
+    (out / "logs" / "ppo" / "version_0" / "hparams.yaml").write_text("envs: 2\n")
+    (out / "ckpt.pt").write_bytes(b"an earlier checkpoint")
+    (out / "cmp").mkdir()
+    (out / "cmp" / "episodes.csv").write_text("keep me\n")
+    (tmp_path / "short.txt").write_text("A text shorter than one block.\n")
+    (tmp_path / "preset.yaml").write_text("preset: smoke\nrounds: 3\n")
+    return out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["ppo", "--bogus", "1"], "ppo: error: unrecognized arguments: --bogus 1"),
+        (["ppo", "--slots", "r9c9"], "unknown slot 'r9c9'; accepted: r0c0, r0c1, r0c2, r1c0"),
+        (["ppo", "--slots=r0c1,r0c2"], "unknown slot 'r0c1,r0c2'; accepted: r0c0"),
+        (["ppo", "--envs", "many"], "envs must be an int, got 'many'"),
+        (["ppo", "--train_subset", "all"], "train_subset must be an int or null, got 'all'"),
+        (["ppo", "--task", "nlp"], "unknown task 'nlp'; accepted: cifar, lm"),
+        (["ppo", "--host_preset", "big"], "unknown host_preset 'big'; accepted: baseline"),
+        (["ppo", "--download", "maybe"], "download must be true or false, got 'maybe'"),
+        (["ppo", "--preset", "big"], "unknown preset 'big'; accepted: smoke, cpu, gpu"),
+        (["ppo", "--preset"], "--preset needs a name; accepted: smoke"),
+        (["ppo", "--config", "TMP/preset.yaml"],
+         "a --config file cannot set preset ('smoke'); pass --preset smoke on the command line"),
+        (["ppo", "--preset", "lm-smoke", "--data_dir", "TMP/short.txt"],
+         "short.txt' is too short for block_size=32: its training head holds 28 of its 31 bytes"),
+        (["compare", "--preset", "lm-smoke", "--data_dir", "TMP/short.txt", "--block_size", "8"],
+         "short.txt' is too short for block_size=8: its validation tail holds 3 of its 31 bytes"),
+        (["compare", "--controllers", "[static,bogus]"], "unknown controller 'bogus'; accepted:"),
+        (["compare", "--controllers", "static", "--reference", "random"],
+         "reference 'random' is not among the controllers; accepted: static"),
+        (["train"], "unknown command 'train'; accepted: ppo, compare"),
+    ],
+)
+def test_bad_input_is_one_line_and_leaves_the_outputs(outputs, args, message):
+    tmp = str(outputs.parent)
+    args = [a.replace("TMP", tmp) for a in args]
+    folders = {"ppo": ["--logdir", f"{outputs}/logs", "--save", f"{outputs}/ckpt.pt"],
+               "compare": ["--out", f"{outputs}/new_cmp"]}.get(args[0], [])
+    before = checksums(outputs)
+    result = cli(*args, *folders, "--no-progress")
+    assert_one_line_error(result, message)
+    assert result.stderr.startswith("esper-lightning")
+    assert checksums(outputs) == before

@@ -2,6 +2,7 @@ import json
 
 import pytest
 
+from esper_lightning.app import config as config_module
 from esper_lightning.app.config import (
     PRESETS,
     ConfigError,
@@ -104,3 +105,22 @@ def test_configs_saved_before_the_task_existed_are_cifar():
     assert compatibility_errors(saved, PPORunConfig(task="lm")) == [
         "task='cifar' (now 'lm')", "slots=['r0c0', 'r0c1', 'r0c2'] (now ['r0c0', 'r0c1'])",
         "host_preset='baseline' (now 'tiny')"]
+
+
+def test_what_the_configuration_checks_agrees_with_what_runs():
+    # The configuration keeps plain copies of these facts so that it imports no torch; the
+    # modules that play the tasks, compute rewards and outcomes are the ones that must agree.
+    from esper_lightning.core.outcome import OUTCOME_EPOCHS
+    from esper_lightning.envs.tasks import TASKS
+    from esper_lightning.rl.rewards import RewardMode
+
+    assert config_module.TASK_CHOICES.keys() == TASKS.keys()
+    for name, task in TASKS.items():
+        choices = config_module.TASK_CHOICES[name]
+        assert choices.presets is task.presets
+        assert (choices.default_preset, choices.default_slots, choices.default_host_lr) == (
+            task.default_preset, task.default_slots, task.default_host_lr)
+        for preset in task.presets:
+            assert choices.slot_ids(preset) == task.slot_ids(preset)
+    assert tuple(mode.value for mode in RewardMode) == config_module.REWARD_MODES
+    assert config_module.OUTCOME_EPOCHS == OUTCOME_EPOCHS

@@ -1,9 +1,8 @@
 """export(): a grown model becomes a plain torch module that computes the same thing."""
 
-import sys
-
 import pytest
 import torch
+from fresh_process import outputs_elsewhere
 from helpers import TinyHost, UserNet
 from torch import nn
 
@@ -11,7 +10,7 @@ from esper_lightning.blueprints import available
 from esper_lightning.core import MorphogenesisEngine, SeedSlot, SeedStage
 from esper_lightning.core.alpha import AlphaAlgorithm
 from esper_lightning.core.exporter import FossilBlend, export
-from esper_lightning.hosts import CifarCNNHost
+from esper_lightning.hosts import CifarCNNHost, GPTHost
 
 IDENTITY_STAGES = [SeedStage.DORMANT, SeedStage.GERMINATED, SeedStage.PRUNED,
                    SeedStage.EMBARGOED, SeedStage.RESETTING]
@@ -106,7 +105,7 @@ def _assert_plain_torch(module: nn.Module) -> None:
             assert owner.startswith(("torch", "_operator", "builtins")), node.target
 
 
-def test_export_is_plain_torch_re_exports_and_ships_without_the_package(tmp_path, monkeypatch):
+def test_export_is_plain_torch_and_re_exports():
     host = cifar_host(SeedStage.FOSSILIZED, "bottleneck", AlphaAlgorithm.GATE)
     shipped = export(host, torch.randn(2, 3, 16, 16))
     assert isinstance(shipped, torch.fx.GraphModule)
@@ -114,15 +113,53 @@ def test_export_is_plain_torch_re_exports_and_ships_without_the_package(tmp_path
     x = torch.randn(7, 3, 16, 16)  # the batch dimension stays dynamic
     expected = host(x)
     assert torch.equal(shipped(x), expected)
-    again = torch.export.export(shipped, (x,))
+    again = torch.export.export(shipped, (x,)).module()
+    assert torch.equal(again(x), expected)
+
+
+#: Batch sizes the shipped file must run, none of them the example's.
+SHIPPED_BATCHES = (1, 3, 17)
+
+
+def test_saved_cnn_program_runs_any_batch_without_the_package(tmp_path):
+    host = cifar_host(SeedStage.FOSSILIZED, "bottleneck", AlphaAlgorithm.GATE)
     path = tmp_path / "grown.pt2"
-    torch.export.save(again, path)
-    for name in [n for n in sys.modules if n.split(".")[0] == "esper_lightning"]:
-        monkeypatch.setitem(sys.modules, name, None)  # any import of the package now fails
-    with pytest.raises(ImportError):
-        __import__("esper_lightning.core")
-    loaded = torch.export.load(path).module()
-    assert torch.equal(loaded(x), expected)
+    generator = torch.Generator().manual_seed(3)
+    shipped = export(host, torch.randn(4, 3, 16, 16, generator=generator), path=path)
+    inputs = [torch.randn(b, 3, 16, 16, generator=generator) for b in SHIPPED_BATCHES]
+    expected = [host(x) for x in inputs]
+    assert (expected[0] - without_seed(host, host.slots["r0c1"], inputs[0])).abs().max() > 1e-3
+    for x, y, there in zip(inputs, expected, outputs_elsewhere(path, inputs), strict=True):
+        assert there.shape == (x.shape[0], 10)
+        torch.testing.assert_close(there, y, rtol=1e-5, atol=1e-6)
+        assert torch.equal(shipped(x), y)
+    assert sorted(p.name for p in tmp_path.iterdir() if "pt2" in p.name) == ["grown.pt2"]
+
+
+def test_saved_gpt_program_runs_any_batch_without_the_package(tmp_path):
+    torch.manual_seed(0)
+    host = GPTHost("tiny", slots=["r0c0", "r0c1"])
+    grow(host.slots["r0c1"], SeedStage.FOSSILIZED, available("transformer")[0])
+    host.eval()
+    generator = torch.Generator().manual_seed(4)
+    tokens = [torch.randint(0, 256, (b, 24), generator=generator) for b in (2, *SHIPPED_BATCHES)]
+    path = tmp_path / "gpt.pt2"
+    export(host, tokens[0], path=path)  # the sequence length stays 24, the batch is dynamic
+    expected = [host(x) for x in tokens[1:]]
+    assert (expected[1] - without_seed(host, host.slots["r0c1"], tokens[2])).abs().max() > 1e-3
+    for x, y, there in zip(tokens[1:], expected, outputs_elsewhere(path, tokens[1:]),
+                           strict=True):
+        assert there.shape == (x.shape[0], 24, 256)
+        torch.testing.assert_close(there, y, rtol=1e-5, atol=1e-5)
+
+
+def test_a_refused_export_leaves_an_existing_file(tmp_path):
+    path = tmp_path / "model.pt2"
+    path.write_bytes(b"an earlier export")
+    with pytest.raises(ValueError, match="holds a live seed"):
+        export(cifar_host(SeedStage.BLENDING), torch.randn(2, 3, 16, 16), path=path)
+    assert path.read_bytes() == b"an earlier export"
+    assert [p.name for p in tmp_path.iterdir()] == ["model.pt2"]
 
 
 def test_injected_slots_fossil_and_pruned():

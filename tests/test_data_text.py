@@ -212,9 +212,13 @@ def test_validation_blocks_contiguous_in_order_and_capped(ramp_file: Path):
 def test_too_short_text_names_block_size(tmp_path: Path):
     path = tmp_path / "short.txt"
     path.write_text("x" * 100)
-    pattern = r"validation text of .* too few for one block of block_size=16"
-    with pytest.raises(ValueError, match=pattern):
+    pattern = (r"^text file '.*short\.txt' is too short for block_size=16: its validation tail "
+               r"holds 10 of its 100 bytes and one block needs 17; use a smaller block_size")
+    with pytest.raises(DataError, match=pattern):
         _datamodule(path, val_fraction=0.1)
+    path.write_text("x" * 200)
+    with pytest.raises(DataError, match="its training head holds 10 of its 200 bytes"):
+        _datamodule(path, val_fraction=0.95)
 
 
 # ---------------------------------------------------------------------------------- download

@@ -39,3 +39,14 @@ def test_missing_text_is_one_line(example, tmp_path, capsys):
                            "--logdir", str(tmp_path / "runs")])
     err = capsys.readouterr().err
     assert status == 2 and err.startswith("error: ") and err.count("\n") == 1
+
+
+def test_text_shorter_than_a_block_is_one_line(example, tmp_path, capsys):
+    short = tmp_path / "short.txt"
+    short.write_text("Far too short for a block of 64 bytes.\n")
+    status = example.main(["--data", str(short), "--epochs", "1", "--no-progress",
+                           "--logdir", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: text file '{short}' is too short for block_size=64")
+    assert not (tmp_path / "runs").exists()

@@ -1,10 +1,14 @@
 """load_grown / restore_slots: a real Trainer fit with MorphogenesisCallback, then from disk."""
 
+import re
+import shutil
+import textwrap
 from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
+from fresh_process import run_without_package
 from helpers import UserModule
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
@@ -18,6 +22,8 @@ from esper_lightning.core.actions import Action, BlueprintAction, LifecycleOp, T
 from esper_lightning.core.injection import restore_slots
 from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.hosts import CifarCNNHost
+
+README = Path(__file__).resolve().parent.parent / "README.md"
 
 FAST_GATES = GateConfig(min_training_epochs=1)
 
@@ -119,6 +125,48 @@ def test_cifar_host_grows_a_fossil_loads_and_ships(tmp_path):
     x = torch.randn(4, 3, 8, 8)
     shipped = export(loaded, x)
     torch.testing.assert_close(shipped(x), host(x), rtol=0, atol=1e-5)
+
+
+def readme_shipping_snippets() -> list[str]:
+    """The python blocks of the README's "Shipping the grown model" section, as written."""
+    text = README.read_text()
+    section = text[text.index("### Shipping the grown model"):]
+    section = section[:section.index("\n## ")]
+    return re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
+
+
+#: Runs the README's loading snippet once per batch saved in argv[1]; saves the logits to argv[2].
+README_LOADING = """
+import torch
+outputs = []
+for batch in torch.load(sys.argv[1]):
+{snippet}
+    outputs.append(logits.detach())
+torch.save(outputs, sys.argv[2])
+"""
+
+
+def test_readme_shipping_recipe_runs_any_batch_without_the_package(tmp_path, monkeypatch):
+    save, load = readme_shipping_snippets()
+    script = {0: germinate(0, BlueprintAction.CONV_SMALL), 1: advance(0), 2: advance(0),
+              5: advance(0), 6: Action(LifecycleOp.FOSSILIZE, 0)}
+    module = UserModule()
+    last = _fit(module, tmp_path, 7, script, ["net.1"])
+    assert find_slots(module)["net.1"].stage == SeedStage.FOSSILIZED
+    (tmp_path / "checkpoints").mkdir()
+    shutil.copy(last, tmp_path / "checkpoints" / "last.ckpt")
+    monkeypatch.chdir(tmp_path)
+    generator = torch.Generator().manual_seed(5)
+    example_batch = torch.randn(32, 3, 8, 8, generator=generator)
+    exec(save, {"MyModule": UserModule, "example_batch": example_batch})
+
+    batches = [torch.randn(b, 3, 8, 8, generator=generator) for b in (1, 3, 17)]
+    torch.save(batches, tmp_path / "batches.pt")
+    run_without_package(README_LOADING.format(snippet=textwrap.indent(load, "    ")),
+                        tmp_path / "batches.pt", tmp_path / "logits.pt")
+    module.eval()
+    for x, logits in zip(batches, torch.load(tmp_path / "logits.pt"), strict=True):
+        torch.testing.assert_close(logits, module(x), rtol=1e-5, atol=1e-6)
 
 
 def test_errors_are_one_line(tmp_path):

@@ -12,11 +12,14 @@ the config dataclass's docstring). Layers apply in this order: defaults, ``--pre
 ``--config`` files and flags in the order given. ``--print_config`` writes a file that
 ``--config`` reads back, as does the ``hparams.yaml`` a PPO run logs. Flags may be spelled with
 dashes too (``--data-dir``), ``--no-progress`` means ``--progress false``, a bare boolean flag
-means true, and list flags take space-separated values (``--slots r0c1 r0c2``).
+means true, and a list flag takes space-separated values (``--slots r0c1 r0c2``), one value
+(``--slots=r0c1``) or a bracketed list (``--slots [r0c1,r0c2]``).
 
-Every user mistake (bad flag, unknown config key, bad slot, missing data, incompatible
-checkpoint, unknown controller) prints one line naming the bad value and what is accepted and
-exits with status 2; nothing already written is touched.
+Every user mistake (bad flag, unknown config key, bad slot, missing or too short data,
+incompatible checkpoint, unknown controller) prints one line naming the bad value and what is
+accepted and exits with status 2; nothing already written is touched. Parsing and checking the
+configuration import neither torch nor Lightning, so ``--help`` and these errors come at once;
+a command imports what it runs after its configuration is known to be good.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from dataclasses import dataclass, fields
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
+from esper_lightning import __version__
 from esper_lightning.app.config import (
     PRESETS,
     CompareConfig,
@@ -41,10 +45,10 @@ from esper_lightning.app.config import (
     from_mapping,
     preset_values,
 )
-from esper_lightning.data import DataError
 from esper_lightning.errors import ConfigError
 
 PROG = "esper-lightning"
+VERSION = f"{PROG} {__version__}"
 
 
 @dataclass(frozen=True)
@@ -97,18 +101,29 @@ def build_parser(command: str, preset: str | None = None) -> ArgumentParser:
     """The parser of one command; a preset becomes its defaults."""
     cls = COMMANDS[command].config
     parser = ArgumentParser(
-        prog=f"{PROG} {command}", exit_on_error=False,
-        description=f"{COMMANDS[command].summary}. --preset NAME sets the defaults of a preset "
-        f"(before any --config or flag): {', '.join(PRESETS)}.",
+        prog=f"{PROG} {command}", exit_on_error=False, version=__version__,
+        description=f"{COMMANDS[command].summary}.",
         epilog="presets: " + "; ".join(
             f"{name}: {json.dumps(preset_values(name, cls))}" for name in PRESETS),
     )
+    # Listed for --help only: _pop_preset takes it out of the arguments before they are parsed,
+    # because its values are the defaults every other layer overrides.
+    parser.add_argument("--preset", choices=list(PRESETS), default=argparse.SUPPRESS,
+                        help="set the defaults of a preset (listed below) before any --config "
+                        "file or flag, wherever it appears")
     parser.add_argument("--config", action=ActionConfigFile,
                         help="YAML or JSON file of config keys (what --print_config writes)")
     parser.add_class_arguments(cls, as_group=False)
+    for name in _LIST_METAVARS.keys() & {f.name for f in fields(cls)}:
+        parser._option_string_actions[f"--{name}"].metavar = _LIST_METAVARS[name]
     if preset is not None:
         parser.set_defaults(preset_values(preset, cls))
     return parser
+
+
+#: The usage line of each list flag: what `normalize_argv` accepts (brackets work too).
+_LIST_METAVARS = {name: f"{item} [{item} ...]" for name, item in (
+    ("slots", "SLOT"), ("devices", "DEVICE"), ("controllers", "CONTROLLER"), ("ab", "MODE"))}
 
 
 def parse_config(command: str, argv: Sequence[str]) -> TaskConfig:
@@ -119,12 +134,16 @@ def parse_config(command: str, argv: Sequence[str]) -> TaskConfig:
     namespace = parser.parse_args(normalize_argv(rest, cls))
     values = {k: v for k, v in namespace.as_dict().items()
               if k not in ("config", "__path__")}
+    if "preset" in values:  # only a --config file can bring it here
+        raise ConfigError(f"a --config file cannot set preset ({values['preset']!r}); pass "
+                          f"--preset {values['preset']} on the command line")
     return from_mapping(values, cls())
 
 
 def normalize_argv(argv: Sequence[str], cls: type[TaskConfig]) -> list[str]:
     """Accept the spellings people type: dashes for underscores, ``--no-<flag>``, a bare
-    boolean flag, and space-separated values of a list flag."""
+    boolean flag, and a list flag's values space-separated, as one ``--flag=value`` or in
+    brackets (``[a,b]``, also split by the shell as ``[a, b]``)."""
     hints = typing.get_type_hints(cls)
     kinds = {f.name: _kind(hints[f.name]) for f in fields(cls)}
     out: list[str] = []
@@ -137,12 +156,12 @@ def normalize_argv(argv: Sequence[str], cls: type[TaskConfig]) -> list[str]:
             out.append(f"--{key[3:]}=false")
         elif kinds.get(key) == "bool" and not eq and _no_value(argv, i):
             out.append(f"--{key}=true")
-        elif kinds.get(key) == "list" and not eq:
-            items = []
-            while i < len(argv) and not argv[i].startswith("--"):
+        elif kinds.get(key) == "list":
+            items = [value] if eq else []
+            while not eq and i < len(argv) and not argv[i].startswith("--"):
                 items.append(argv[i])
                 i += 1
-            out.append(f"--{key}={json.dumps(items)}")
+            out.append(f"--{key}={json.dumps(_list_values(items))}")
         elif key in kinds or key in ("print_config", "config"):
             out.append(f"--{key}{eq}{value}")
         else:
@@ -158,8 +177,19 @@ def _kind(hint: object) -> str:
     return "list" if typing.get_origin(hint) is tuple else "value"
 
 
+def _list_values(tokens: list[str]) -> list[str] | None:
+    """A list flag's values: the tokens, or the items of one bracketed list; ``null`` alone is
+    None (the task's default slots)."""
+    text = " ".join(tokens).strip()
+    if text == "null":
+        return None
+    if text.startswith("[") and text.endswith("]"):
+        return [item.strip() for item in text[1:-1].split(",") if item.strip()]
+    return tokens
+
+
 def _no_value(argv: Sequence[str], i: int) -> bool:
-    return i >= len(argv) or argv[i].lower() not in ("true", "false")
+    return i >= len(argv) or argv[i].startswith("--")
 
 
 def _pop_preset(argv: Sequence[str]) -> tuple[str | None, list[str]]:
@@ -168,7 +198,7 @@ def _pop_preset(argv: Sequence[str]) -> tuple[str | None, list[str]]:
     for token in tokens:
         if token == "--preset":
             preset = next(tokens, None)
-            if preset is None:
+            if preset is None or preset.startswith("--"):
                 raise ConfigError(f"--preset needs a name; accepted: {', '.join(PRESETS)}")
         elif token.startswith("--preset="):
             preset = token.partition("=")[2]
@@ -193,10 +223,14 @@ def attach_log_handler() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        lines = [f"usage: {PROG} {{{','.join(COMMANDS)}}} [--help] ...", ""]
+        lines = [f"usage: {PROG} {{{','.join(COMMANDS)}}} [--help] ...", f"       {PROG} --version",
+                 ""]
         lines += [f"  {name:8s} {command.summary}" for name, command in COMMANDS.items()]
         print("\n".join(lines))
         return 0 if argv else 2
+    if argv[0] == "--version":
+        print(VERSION)
+        return 0
     command = argv[0]
     if command not in COMMANDS:
         print(f"{PROG}: error: unknown command {command!r}; accepted: {', '.join(COMMANDS)}",
@@ -204,21 +238,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         config = parse_config(command, argv[1:])
-        attach_log_handler()
+    except (ConfigError, argparse.ArgumentError) as err:
+        return _fail(command, err)
+    attach_log_handler()
+    from esper_lightning.data.files import DataError  # imports torch, as the run does anyway
+
+    try:
         return COMMANDS[command].run(config)
-    except (ConfigError, DataError, argparse.ArgumentError) as err:
-        print(f"{PROG} {command}: error: {_one_line(err, command)}", file=sys.stderr)
-        return 2
+    except (ConfigError, DataError) as err:
+        return _fail(command, err)
+
+
+def _fail(command: str, err: Exception) -> int:
+    print(f"{PROG} {command}: error: {_one_line(err, command)}", file=sys.stderr)
+    return 2
 
 
 def _one_line(err: Exception, command: str) -> str:
-    """The error on one line; jsonargparse's unknown-key message gains the accepted keys."""
+    """The error on one line; jsonargparse's messages about an unknown key or a value of the
+    wrong type read like the configuration's own (the value, then what is accepted)."""
     message = " ".join(str(err).split())  # jsonargparse's messages span lines
     unknown = re.fullmatch(r"Option '([^']+)' is not accepted", message)
     if unknown:
         accepted = ", ".join(f.name for f in fields(COMMANDS[command].config))
-        message = f"unknown config key {unknown.group(1)!r}; accepted: {accepted}"
-    return message
+        return f"unknown config key {unknown.group(1)!r}; accepted: {accepted}"
+    bad = re.fullmatch(r'Parser key "(\w+)": (.*?)(?:Got|Given) value: (.*)', message)
+    if not bad:
+        return message
+    key, expected, value = bad.groups()
+    choices = re.search(r"Literal\[([^\]]*)\]", expected)
+    if choices:
+        return f"unknown {key} {value!r}; accepted: {choices.group(1).replace(chr(39), '')}"
+    expected = expected.partition("Given value type")[0]  # the type of the value given
+    kinds = dict.fromkeys(_TYPE_NAMES.get(t, t) for t in re.findall(r"<class '(\w+)'>", expected))
+    return f"{key} must be {' or '.join(kinds)}, got {value!r}"
+
+
+#: How `_one_line` names the types jsonargparse expected.
+_TYPE_NAMES = {"int": "an int", "float": "a float", "str": "a string", "bool": "true or false",
+               "NoneType": "null", "tuple": "a list"}
 
 
 if __name__ == "__main__":

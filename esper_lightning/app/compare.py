@@ -304,6 +304,7 @@ class Comparison:
     # --- running ----------------------------------------------------------------------------
     def run(self) -> list[EpisodeRecord]:
         """Tune (if asked), play every missing episode, write the report; returns the table."""
+        self._get_pool()  # the data first: a data error leaves ``out`` as it was
         self._write_config()
         done = read_records_csv(self.episodes_csv) if self.episodes_csv.exists() else []
         if self.config.tune_heuristic:

@@ -18,20 +18,43 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-import torch
 import yaml
 
-from esper_lightning.core.outcome import OUTCOME_EPOCHS
-from esper_lightning.envs.tasks import TASKS, Task
 from esper_lightning.errors import ConfigError
-from esper_lightning.hosts import GPT_PRESETS
-from esper_lightning.rl.rewards import RewardMode
+from esper_lightning.hosts.presets import GPT_PRESETS, PRESETS
 
+
+@dataclass(frozen=True)
+class TaskChoices:
+    """What a configuration checks of a task: its host presets (with their slot ids) and what a
+    run that names none uses. Plain data, so the command line checks a whole configuration
+    before it imports torch; the `Task` classes of `esper_lightning.envs.tasks` play the tasks
+    and carry the same facts (tests/test_app_config.py checks that they agree)."""
+
+    presets: Mapping[str, Any]
+    default_preset: str
+    default_slots: tuple[str, ...]
+    default_host_lr: float
+
+    def slot_ids(self, preset: str) -> tuple[str, ...]:
+        """Every slot id of host ``preset``, in action order."""
+        return self.presets[preset].slot_ids  # type: ignore[no-any-return]
+
+
+#: The tasks a configuration may name (``--task``).
+TASK_CHOICES: dict[str, TaskChoices] = {
+    "cifar": TaskChoices(PRESETS, "baseline", ("r0c0", "r0c1", "r0c2"), 0.01),
+    "lm": TaskChoices(GPT_PRESETS, "tiny", ("r0c0", "r0c1"), 1e-3),
+}
+#: The reward modes of `esper_lightning.rl.rewards.RewardMode`, by value.
+REWARD_MODES = ("shaped", "simplified", "sparse")
+#: Epochs the outcome averages (`esper_lightning.core.outcome.OUTCOME_EPOCHS`).
+OUTCOME_EPOCHS = 3
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
-# Choices as types, so the command-line help lists them (built from the one registry of each).
-TaskName = Literal[tuple(TASKS)]  # type: ignore[valid-type]
-HostPresetName = Literal[tuple(p for t in TASKS.values() for p in t.presets)]  # type: ignore[valid-type]
-RewardName = Literal[tuple(m.value for m in RewardMode)]  # type: ignore[valid-type]
+# Choices as types, so the command-line help lists them.
+TaskName = Literal[tuple(TASK_CHOICES)]  # type: ignore[valid-type]
+HostPresetName = Literal[tuple(p for t in TASK_CHOICES.values() for p in t.presets)]  # type: ignore[valid-type]
+RewardName = Literal[REWARD_MODES]  # type: ignore[valid-type]
 PrecisionName = Literal[PRECISIONS]  # type: ignore[valid-type]
 #: How ``esper-lightning ppo`` runs: one process, or Lightning's data-parallel launchers.
 STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_fork")
@@ -102,7 +125,7 @@ class TaskConfig:
     block_size: int | None = None
 
     def __post_init__(self) -> None:
-        _check_choice("task", self.task, tuple(TASKS))
+        _check_choice("task", self.task, tuple(TASK_CHOICES))
         _resolve_task_defaults(self)
         _check_positive(self, ("episode_length", "batch_size"))
         if self.episode_length < OUTCOME_EPOCHS:
@@ -111,13 +134,13 @@ class TaskConfig:
         _check_optional_positive(self, ("train_subset", "val_subset", "max_seeds"))
         if self.min_training_epochs < 0:
             raise ConfigError(f"min_training_epochs must be >= 0, got {self.min_training_epochs}")
-        if self.host_preset not in self.task_class.presets:
+        if self.host_preset not in self.task_choices.presets:
             raise ConfigError(f"unknown host_preset {self.host_preset!r} for task {self.task!r}; "
-                              f"accepted: {', '.join(self.task_class.presets)}")
-        _check_choice("reward", self.reward, tuple(m.value for m in RewardMode))
+                              f"accepted: {', '.join(self.task_choices.presets)}")
+        _check_choice("reward", self.reward, REWARD_MODES)
         _check_choice("precision", self.precision, PRECISIONS)
         self._check_devices()
-        _check_slots(self.slots, self.task_class.slot_ids(self.host_preset))
+        _check_slots(self.slots, self.task_choices.slot_ids(self.host_preset))
         _check_range("gamma", self.gamma, 0.0, 1.0)
         if self.param_cost < 0:
             raise ConfigError(f"param_cost must be >= 0, got {self.param_cost}")
@@ -126,9 +149,9 @@ class TaskConfig:
         _check_block_size(self)
 
     @property
-    def task_class(self) -> type[Task]:
-        """The registered `Task` class of ``task``."""
-        return TASKS[self.task]
+    def task_choices(self) -> TaskChoices:
+        """The presets, slots and defaults of ``task``."""
+        return TASK_CHOICES[self.task]
 
     def _check_devices(self) -> None:
         for device in (self.device, *self.devices):
@@ -200,7 +223,7 @@ class PPORunConfig(TaskConfig):
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         _check_choice("heads", self.heads, ("full", "compact"))
         for mode in self.ab:
-            _check_choice("ab reward", mode, tuple(m.value for m in RewardMode))
+            _check_choice("ab reward", mode, REWARD_MODES)
         if len(set(self.ab)) != len(self.ab) or len(self.ab) == 1:
             raise ConfigError(f"ab needs two or more different reward modes, got {list(self.ab)}")
         if self.ab and self.envs % len(self.ab):
@@ -433,6 +456,8 @@ def compatibility_errors(saved: Mapping[str, Any], config: PPORunConfig) -> list
 
 def check_hardware(config: TaskConfig, devices: tuple[str, ...]) -> None:
     """Refuse devices and precisions this machine cannot run (one-line `ConfigError`)."""
+    import torch  # only a run checks its hardware: parsing stays free of torch
+
     cuda = [d for d in devices if d.startswith("cuda")]
     if cuda and not torch.cuda.is_available():
         raise ConfigError(f"device {cuda[0]!r} requested but CUDA is not available; use cpu")
@@ -447,14 +472,14 @@ def check_hardware(config: TaskConfig, devices: tuple[str, ...]) -> None:
 
 
 # --- the task's defaults -----------------------------------------------------------------------
-def _task_defaults(task: type[Task]) -> dict[str, Any]:
+def _task_defaults(task: TaskChoices) -> dict[str, Any]:
     return {"host_preset": task.default_preset, "slots": task.default_slots,
             "host_lr": task.default_host_lr}
 
 
 def _resolve_task_defaults(config: TaskConfig) -> None:
     """Fill the task-dependent keys left null with the task's defaults (before any check)."""
-    for name, value in _task_defaults(config.task_class).items():
+    for name, value in _task_defaults(config.task_choices).items():
         if getattr(config, name) is None:
             object.__setattr__(config, name, value)
 
@@ -463,9 +488,9 @@ def _follow_task(values: Mapping[str, Any], base: TaskConfig) -> dict[str, Any]:
     """A layer that changes the task resets the task-dependent keys it does not set and that
     still hold the old task's default, so ``--task lm`` alone gets the lm host and slots."""
     task = values.get("task", base.task)
-    if task == base.task or task not in TASKS:
+    if task == base.task or task not in TASK_CHOICES:
         return {}
-    old = _task_defaults(base.task_class)
+    old = _task_defaults(base.task_choices)
     return {name: None for name in TASK_DEFAULTED_KEYS
             if name not in values and getattr(base, name) == old[name]}
 

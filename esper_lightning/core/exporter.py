@@ -4,8 +4,9 @@
 fossilized seed blended at its final alpha, or nothing at all for an empty or removed seed),
 rewires injected slots' forward hooks to those replacements, and traces the copy with
 `torch.export`. The result is an unlifted `torch.fx.GraphModule` built from torch classes only:
-it runs, re-exports and ships with ``torch.export.save``/``torch.export.load`` where
-`esper_lightning` is not installed.
+it runs and re-exports where `esper_lightning` is not installed, and ``export(..., path=...)``
+also writes the traced program as a ``.pt2`` file that ``torch.export.load`` reads back there,
+batch size still dynamic.
 
 Live seeds (TRAINING, BLENDING, HOLDING) are refused: their output still changes with training
 and alpha, so what would be shipped is not a finished model. Fossilize or prune them first, or
@@ -15,6 +16,8 @@ pass ``live="drop"`` to leave them out (the export then computes the host withou
 from __future__ import annotations
 
 import copy
+import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -100,16 +103,16 @@ def export(
     *,
     live: str = "error",
     dynamic_shapes: Any = BATCH,
+    path: str | os.PathLike[str] | None = None,
 ) -> nn.Module:
     """A plain-torch copy of ``model`` in eval mode with every fossilized seed folded in.
 
     Fossilized seeds become part of the network (`FossilBlend`); empty, GERMINATED, PRUNED,
     EMBARGOED and RESETTING slots, which are identities, disappear. The copy is traced with
     `torch.export.export` and the unlifted `torch.fx.GraphModule` is returned: it holds no
-    `esper_lightning` class or hook, can be traced by `torch.export` again, and ships with
-    ``torch.export.save(torch.export.export(shipped, (x,)), "model.pt2")`` (load with
-    ``torch.export.load("model.pt2").module()``, no `esper_lightning` needed). ``model`` itself
-    is left unchanged. The result is frozen in eval mode: its ``train()`` and ``eval()`` raise
+    `esper_lightning` class or hook and can be traced by `torch.export` again (without
+    ``dynamic_shapes``, such a trace fixes the batch size). ``model`` itself is left unchanged.
+    The result is frozen in eval mode: its ``train()`` and ``eval()`` raise
     `NotImplementedError` (as for any ``ExportedProgram.module()``).
 
     Args:
@@ -120,6 +123,9 @@ def export(
         dynamic_shapes: ``"batch"`` (default): dim 0 of every tensor input is dynamic (the
             example needs at least 2 rows); None: every shape fixed to the example's; anything
             else is passed to `torch.export.export` as is.
+        path: also save the traced program here (``torch.export.save``, atomically), dynamic
+            shapes and all: ``torch.export.load(path).module()`` runs any batch size where
+            `esper_lightning` is not installed.
 
     Returns:
         The exported module, on the device of ``model``.
@@ -135,6 +141,7 @@ def export(
         >>> shipped = export(host, torch.randn(2, 3, 32, 32))
         >>> shipped(torch.randn(5, 3, 32, 32)).shape
         torch.Size([5, 10])
+        >>> _ = export(host, torch.randn(2, 3, 32, 32), path="model.pt2")  # doctest: +SKIP
     """
     if live not in LIVE_POLICIES:
         raise ValueError(f"unknown live policy {live!r}; accepted: {', '.join(LIVE_POLICIES)}")
@@ -142,7 +149,20 @@ def export(
     shapes = _dynamic_shapes(args, dynamic_shapes)
     _check_live(model, live)
     plain = _without_slots(copy.deepcopy(model)).eval()
-    return torch.export.export(plain, args, dynamic_shapes=shapes).module()
+    program = torch.export.export(plain, args, dynamic_shapes=shapes)
+    if path is not None:
+        _save_atomically(program, Path(path))
+    return program.module()
+
+
+def _save_atomically(program: torch.export.ExportedProgram, path: Path) -> None:
+    """``torch.export.save`` to a temporary file beside ``path``, then rename it into place."""
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        torch.export.save(program, partial)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def _check_live(model: nn.Module, live: str) -> None:

@@ -48,6 +48,7 @@ __all__ = [
     "ByteTokenizer",
     "TextDataModule",
     "TextTensorLoader",
+    "check_text_blocks",
     "download_tinystories",
     "find_text_file",
     "load_text_tokens",
@@ -152,6 +153,32 @@ def split_tokens(
 def _check_val_fraction(val_fraction: object) -> None:
     if isinstance(val_fraction, bool) or not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
+
+
+def check_text_blocks(
+    train: torch.Tensor, val: torch.Tensor, block_size: int, file: PathLike
+) -> None:
+    """A one-line `DataError` unless each part of a split text holds one block.
+
+    A block of ``T`` tokens and its shifted targets need ``T + 1`` tokens, in the training head
+    and in the validation tail alike (`split_tokens`).
+
+    Args:
+        train: the training head of the text in ``file``.
+        val: its validation tail.
+        block_size: tokens per block ``T``.
+        file: the text file, named in the message.
+
+    Raises:
+        DataError: A part holds fewer than ``block_size + 1`` tokens.
+    """
+    for part, tokens in (("training head", train), ("validation tail", val)):
+        if len(tokens) < block_size + 1:
+            raise DataError(
+                f"text file '{file}' is too short for block_size={block_size}: its {part} holds "
+                f"{len(tokens)} of its {len(train) + len(val)} bytes and one block needs "
+                f"{block_size + 1}; use a smaller block_size or a longer text"
+            )
 
 
 def _check_tokens(tokens: object, block_size: int, what: str) -> torch.Tensor:
@@ -421,8 +448,8 @@ class TextDataModule(L.LightningDataModule):
         """Read and split the text (once; later calls reuse it).
 
         Raises:
-            DataError: The file is missing, unreadable or empty.
-            ValueError: A split holds fewer than ``block_size + 1`` tokens.
+            DataError: The file is missing, unreadable, empty, or too short: a split holds
+                fewer than ``block_size + 1`` tokens.
         """
         if self.val_tokens is not None:
             return
@@ -432,8 +459,8 @@ class TextDataModule(L.LightningDataModule):
                 "first (a Trainer does) or pass path= pointing at a local text file"
             )
         train, val = split_tokens(load_text_tokens(self.file), self.val_fraction)
-        self.train_tokens = _check_tokens(train, self.block_size, f"training text of '{self.file}'")
-        self.val_tokens = _check_tokens(val, self.block_size, f"validation text of '{self.file}'")
+        check_text_blocks(train, val, self.block_size, self.file)
+        self.train_tokens, self.val_tokens = train, val
 
     def _loader(self, dataset: _Blocks, sampler: Sampler[int] | None) -> DataLoader:
         return DataLoader(

@@ -43,7 +43,12 @@ from esper_lightning.data import (
 from esper_lightning.data.cifar10 import cifar10_present
 from esper_lightning.data.files import PathLike, check_int
 from esper_lightning.data.tensor_loader import TensorLoader, normalize
-from esper_lightning.data.text import TextTensorLoader, find_text_file, validation_blocks
+from esper_lightning.data.text import (
+    TextTensorLoader,
+    check_text_blocks,
+    find_text_file,
+    validation_blocks,
+)
 from esper_lightning.hosts import GPT_PRESETS, PRESETS, CifarCNNHost, GPTHost, slot_ids
 from esper_lightning.hosts.base import SlottedHost
 from esper_lightning.hosts.gpt import gpt_slot_ids
@@ -242,7 +247,9 @@ class TextTask(Task):
             file = download_tinystories(data_dir, progress=progress)
         else:
             file = find_text_file(data_dir)
-        return split_tokens(load_text_tokens(file), self.val_fraction)
+        train, val = split_tokens(load_text_tokens(file), self.val_fraction)
+        check_text_blocks(train, val, self.block_size, file)  # a one-line DataError
+        return train, val
 
     def train_loader(self, train: Tensor, batch_size: int, device: torch.device) -> TrainLoader:
         return TextTensorLoader(train, self.block_size, batch_size, n_blocks=self.train_blocks,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -13,28 +12,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from esper_lightning.core.slots import SeedSlot
 from esper_lightning.hosts.base import SlottedHost
-
-
-@dataclass(frozen=True)
-class CifarCNNConfig:
-    """Shape of the host. Block i has ``base_channels * 2**i`` channels."""
-
-    base_channels: int = 8
-    n_blocks: int = 3
-    kernel_size: int = 3
-    num_classes: int = 10
-
-
-PRESETS: dict[str, CifarCNNConfig] = {
-    "baseline": CifarCNNConfig(base_channels=8, n_blocks=3, kernel_size=3),  # ~6.4K params
-    "impaired": CifarCNNConfig(base_channels=1, n_blocks=3, kernel_size=1),  # 77 params
-    "scale": CifarCNNConfig(base_channels=8, n_blocks=5, kernel_size=3),  # ~100K params
-}
-
-
-def slot_ids(n_blocks: int) -> tuple[str, ...]:
-    """Slot ids in action order: ``r0c*`` (after each block) then ``r1c*`` (after each pool)."""
-    return tuple(f"r0c{i}" for i in range(n_blocks)) + tuple(f"r1c{i}" for i in range(n_blocks))
+from esper_lightning.hosts.presets import PRESETS, slot_ids
 
 
 class ConvBlock(nn.Module):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,57 +22,10 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from esper_lightning.core.slots import SeedSlot
 from esper_lightning.hosts.base import SlottedHost
+from esper_lightning.hosts.presets import GPT_PRESETS as PRESETS
+from esper_lightning.hosts.presets import GPTConfig, gpt_slot_ids
 
 __all__ = ["PRESETS", "GPTConfig", "GPTHost", "gpt_slot_ids"]
-
-
-@dataclass(frozen=True)
-class GPTConfig:
-    """Shape of the host.
-
-    Attributes:
-        vocab_size: Number of token ids (256: one per byte).
-        block_size: Longest sequence the position embedding covers.
-        n_layer: Number of transformer blocks (and of slots).
-        n_head: Attention heads per block; must divide ``n_embd``.
-        n_embd: Width ``D`` of the residual stream (the slot width).
-        dropout: Dropout on embeddings, attention weights and residual branches.
-        bias: Biases in the Linear and LayerNorm layers, as in GPT-2.
-    """
-
-    vocab_size: int = 256
-    block_size: int = 128
-    n_layer: int = 2
-    n_head: int = 4
-    n_embd: int = 64
-    dropout: float = 0.0
-    bias: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"GPTConfig.{name} must be an int >= 1, got {value!r}")
-        if self.n_embd % self.n_head != 0:
-            raise ValueError(
-                f"GPTConfig.n_head={self.n_head} must divide n_embd={self.n_embd}"
-            )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}")
-
-
-PRESETS: dict[str, GPTConfig] = {
-    # CPU-sized: trains in minutes on 2 cores at block 64-128.
-    "tiny": GPTConfig(block_size=128, n_layer=2, n_head=4, n_embd=64),  # 124,672 params
-    "small": GPTConfig(block_size=256, n_layer=4, n_head=4, n_embd=256),  # 3,290,624 params
-    # TinyStories-sized (6 x 384); wants a GPU.
-    "medium": GPTConfig(block_size=512, n_layer=6, n_head=6, n_embd=384),  # 10,942,464 params
-}
-
-
-def gpt_slot_ids(n_layer: int) -> tuple[str, ...]:
-    """Slot ids in action order: ``r0c{i}`` after block ``i``."""
-    return tuple(f"r0c{i}" for i in range(n_layer))
 
 
 class CausalSelfAttention(nn.Module):
