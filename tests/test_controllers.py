@@ -29,7 +29,6 @@ from esper_lightning.core.actions import (
     Action,
     AlphaSpeed,
     AlphaTargetChoice,
-    BlueprintAction,
     LifecycleOp,
     MaskContext,
     Tempo,
@@ -207,7 +206,7 @@ def test_heuristic_waits_before_epoch_5_then_germinates_conv_light():
     controller = HeuristicController()
     actions = feed(controller, make_slots(), [50.0] * 6, [1.0] * 6)
     assert actions[:5] == [WAIT] * 5
-    assert actions[5] == Action(Op.GERMINATE, slot=0, blueprint=BlueprintAction.CONV_LIGHT,
+    assert actions[5] == Action(Op.GERMINATE, slot=0, blueprint="conv_light",
                                 alpha_target=AlphaTargetChoice.FULL)
     assert controller.is_stabilized
 
@@ -263,7 +262,7 @@ def test_germinates_in_first_empty_slot_after_a_three_epoch_plateau():
     accs = [50.0 + e for e in range(8)] + [57.0] * 4  # climbing until epoch 7, flat after
     actions = feed(controller, slots, accs, [1.0] * len(accs))
     assert actions[:10] == [WAIT] * 10  # plateau of 1 at epoch 8, 2 at epoch 9
-    assert actions[10] == Action(Op.GERMINATE, slot=1, blueprint=BlueprintAction.CONV_LIGHT)
+    assert actions[10] == Action(Op.GERMINATE, slot=1, blueprint="conv_light")
 
 
 def test_rotation_is_filtered_to_the_blueprints_of_the_run():
@@ -271,7 +270,7 @@ def test_rotation_is_filtered_to_the_blueprints_of_the_run():
     controller = quick_germinator()
     slots = make_slots(1)
     picks = [controller.decide(make_report(slots, e, ctx=ctx)).blueprint for e in range(3)]
-    assert picks == [BlueprintAction.NORM, BlueprintAction.DEPTHWISE, BlueprintAction.NORM]
+    assert picks == ["norm", "depthwise", "norm"]
 
 
 def test_no_rotation_blueprint_allowed_waits_with_a_reason():
@@ -286,13 +285,13 @@ def test_penalised_blueprints_are_skipped_and_lowest_penalty_used_when_all_are()
     state = controller.state_dict()
     state["penalties"] = {"conv_light": 3.0, "conv_heavy": 2.9}
     controller.load_state_dict(state)
-    assert controller.decide(make_report(make_slots(1), 0)).blueprint == BlueprintAction.CONV_HEAVY
+    assert controller.decide(make_report(make_slots(1), 0)).blueprint == "conv_heavy"
 
     controller = quick_germinator()
     rotation = HeuristicConfig().blueprint_rotation
     state["penalties"] = {name: 10.0 - i for i, name in enumerate(rotation)}
     controller.load_state_dict(state)
-    assert controller.decide(make_report(make_slots(1), 0)).blueprint == BlueprintAction.DEPTHWISE
+    assert controller.decide(make_report(make_slots(1), 0)).blueprint == "depthwise"
 
 
 # --- heuristic: managing a live seed -----------------------------------------------------------
@@ -390,7 +389,7 @@ def pruned_run(controller: HeuristicController, epochs: int = 24) -> tuple[Sim, 
         sim.step(50.0 if epoch < 8 else 47.0)
     prunes = [e for e, a in enumerate(sim.actions) if a.op == Op.PRUNE]
     assert len(prunes) == 1, sim.ops()
-    assert sim.actions[5].blueprint == BlueprintAction.CONV_LIGHT
+    assert sim.actions[5].blueprint == "conv_light"
     return sim, prunes[0]
 
 
@@ -401,7 +400,7 @@ def test_prune_penalises_the_blueprint_and_the_rotation_moves_on():
         1.0, 0.5, 0.25, 0.125, None,  # 2.0 at the prune, halved per epoch, dropped below 0.1
     ]
     germinations = [a for a in sim.actions[p:] if a.op == Op.GERMINATE]
-    assert germinations[0].blueprint == BlueprintAction.CONV_HEAVY
+    assert germinations[0].blueprint == "conv_heavy"
 
 
 @pytest.mark.parametrize("embargo", [5, 10])
@@ -663,7 +662,7 @@ def test_random_rejects_bad_wait_probability():
 
 
 # --- scripted ----------------------------------------------------------------------------------
-GERMINATE = Action(Op.GERMINATE, slot=1, blueprint=BlueprintAction.NORM, tempo=Tempo.FAST)
+GERMINATE = Action(Op.GERMINATE, slot=1, blueprint="norm", tempo=Tempo.FAST)
 
 
 def test_scripted_plays_actions_at_their_epochs_and_waits_elsewhere():

@@ -5,14 +5,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from esper_lightning.blueprints import available
+from esper_lightning.blueprints import NO_BLUEPRINT, available, blueprint_index
 from esper_lightning.core.actions import (
     CANONICAL,
     CAUSAL_RELEVANCE,
     HEADS,
     Action,
     AlphaSpeed,
-    BlueprintAction,
     LifecycleOp,
     MaskContext,
     action_error,
@@ -36,7 +35,7 @@ def test_enum_values_match_upstream():
     assert [op.name for op in LifecycleOp] == [
         "WAIT", "GERMINATE", "SET_ALPHA_TARGET", "PRUNE", "FOSSILIZE", "ADVANCE"
     ]
-    assert BlueprintAction.CONV_LIGHT == 1 and BlueprintAction.FLEX_ATTENTION == 12
+    assert blueprint_index("conv_light") == 1 and blueprint_index("flex_attention") == 12
     assert [s.steps for s in AlphaSpeed] == [0, 3, 5, 8]
     assert HEADS[0] == "op"
 
@@ -49,9 +48,10 @@ def test_causal_relevance_table():
 
 
 def test_canonicalize_resets_irrelevant_heads():
-    action = Action(LifecycleOp.FOSSILIZE, slot=2, blueprint=BlueprintAction.NORM, tempo=0)
+    action = Action(LifecycleOp.FOSSILIZE, slot=2, blueprint="norm", tempo=0)
     canon = canonicalize(action)
-    assert canon.slot == 2 and canon.blueprint == CANONICAL["blueprint"]
+    assert canon.slot == 2 and canon.blueprint is None
+    assert canon.indices()[HEADS.index("blueprint")] == CANONICAL["blueprint"]
     assert canon.tempo == CANONICAL["tempo"]
     assert canonicalize(Action(LifecycleOp.WAIT, slot=2), canonical_slot=0).slot == 0
 
@@ -60,9 +60,9 @@ def test_empty_slots_allow_germinate_and_wait_only():
     masks = compute_masks([s.report() for s in _slots()], CNN)
     assert masks.op.tolist() == [True, True, False, False, False, False]
     assert masks.slot_by_op[LifecycleOp.GERMINATE].all()
-    assert not masks.blueprint[BlueprintAction.NOOP]
-    assert not masks.blueprint[BlueprintAction.LORA]  # transformer-only
-    assert masks.blueprint[BlueprintAction.CONV_LIGHT]
+    assert not masks.blueprint[NO_BLUEPRINT]
+    assert not masks.blueprint[blueprint_index("lora")]  # transformer-only
+    assert masks.blueprint[blueprint_index("conv_light")]
 
 
 def test_one_seed_incubating_at_a_time_and_no_germination_in_cooldown():
@@ -120,7 +120,7 @@ def test_max_seeds_and_blueprint_restriction():
         "blueprint_conv_light_not_allowed"
     )
     masks = compute_masks(views, ctx)
-    assert masks.blueprint.sum() == 1 and masks.blueprint[BlueprintAction.NORM]
+    assert masks.blueprint.sum() == 1 and masks.blueprint[blueprint_index("norm")]
 
 
 def test_head_masks_collapse_irrelevant_heads():
@@ -139,7 +139,7 @@ _actions = st.builds(
                         LifecycleOp.FOSSILIZE, LifecycleOp.FOSSILIZE,
                         LifecycleOp.SET_ALPHA_TARGET]),
     slot=st.integers(0, 2),
-    blueprint=st.sampled_from([BlueprintAction.NORM, BlueprintAction.CONV_SMALL]),
+    blueprint=st.sampled_from(["norm", "conv_small"]),
     style=st.integers(0, 3),
     tempo=st.integers(0, 2),
     alpha_target=st.integers(0, 2),

@@ -27,7 +27,6 @@ from torch.optim import Optimizer
 from esper_lightning import blueprints as blueprint_registry
 from esper_lightning.core.actions import (
     Action,
-    BlueprintAction,
     LifecycleOp,
     MaskContext,
     action_error,
@@ -127,7 +126,7 @@ class MorphogenesisEngine:
         >>> engine = MorphogenesisEngine(model, slots=["net.1"])
         >>> _ = model.net(torch.zeros(1, 3, 8, 8))  # infers the slot width
         >>> from esper_lightning.core.actions import LifecycleOp
-        >>> engine.execute(Action(LifecycleOp.GERMINATE, 0, blueprint=3)).success
+        >>> engine.execute(Action(LifecycleOp.GERMINATE, 0, blueprint="norm")).success
         True
     """
 
@@ -192,9 +191,6 @@ class MorphogenesisEngine:
     @property
     def host_params(self) -> int:
         return sum(p.numel() for p in self.host_parameters())
-
-    def count(self, kind: str) -> int:
-        return sum(e.kind == kind for e in self.events)
 
     def event_counts(self) -> Counter[str]:
         """Lifecycle events so far by kind (``germinated``, ``fossilized``, ``pruned``)."""
@@ -430,9 +426,8 @@ def _common_topology(slots: Any) -> str:
 
 
 def _check_blueprints(names: Sequence[str] | None, topology: str) -> tuple[str, ...]:
-    # Only blueprints with an index in the action space can be chosen by a controller.
-    actionable = {b.blueprint_name for b in BlueprintAction}
-    allowed = tuple(n for n in blueprint_registry.available(topology) if n in actionable)
+    # Every registered blueprint has an index in the blueprint table, so every one is actionable.
+    allowed = blueprint_registry.available(topology)
     if names is None:
         return allowed
     if isinstance(names, str):
@@ -456,7 +451,7 @@ def execute_on_slot(
     if op == LifecycleOp.GERMINATE:
         style = action.style
         return slot.germinate(
-            action.blueprint.blueprint_name,
+            action.blueprint,
             algorithm=style.algorithm,
             curve=style.curve,
             tempo=action.tempo.epochs,

@@ -232,12 +232,12 @@ class MorphogenesisEnv:
             self.optimizer.zero_grad(set_to_none=True)
             self.governor.record_rollback()
         elif self.governor.consecutive_anomalies == 0:
-            fossilized = engine.count("fossilized")
+            fossilized = engine.event_counts()["fossilized"]
             if self.governor.should_snapshot(engine.epoch, fossilized > self._snapshot_fossils):
                 self.snapshot = self._take_snapshot()
 
     def _take_snapshot(self) -> Snapshot:
-        self._snapshot_fossils = self._engine().count("fossilized")
+        self._snapshot_fossils = self._engine().event_counts()["fossilized"]
         return take_snapshot(self.host, self.optimizer.optimizer, self._scaler())
 
     def _scaler(self) -> Any:
