@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from esper_lightning.blueprints import NO_BLUEPRINT, available, blueprint_index
+from esper_lightning.blueprints import NO_BLUEPRINT, BlueprintError, available, blueprint_index
 from esper_lightning.core.actions import (
     CANONICAL,
     CAUSAL_RELEVANCE,
@@ -38,6 +38,23 @@ def test_enum_values_match_upstream():
     assert blueprint_index("conv_light") == 1 and blueprint_index("flex_attention") == 12
     assert [s.steps for s in AlphaSpeed] == [0, 3, 5, 8]
     assert HEADS[0] == "op"
+
+
+def test_the_blueprint_head_takes_names_and_table_indices():
+    action = Action(LifecycleOp.GERMINATE, slot=0, blueprint="norm")
+    assert action.indices()[HEADS.index("blueprint")] == blueprint_index("norm") == 3
+    assert Action.from_indices(action.indices()) == action == Action(LifecycleOp.GERMINATE, 0,
+                                                                     blueprint=3)
+    assert "blueprint=norm" in action.describe()
+    assert Action().blueprint is None and Action().indices()[2] == NO_BLUEPRINT
+    with pytest.raises(BlueprintError, match="unknown blueprint 'nrom'; known: conv_light, "):
+        Action(LifecycleOp.GERMINATE, 0, blueprint="nrom")
+    with pytest.raises(BlueprintError, match=r"blueprint index 99 outside the table 0\.\.12"):
+        Action.from_indices([1, 0, 99, 0, 0, 0, 0, 0])
+    views = [s.report() for s in _slots()]
+    assert action_error(Action(LifecycleOp.GERMINATE, 0), views, CNN) == (
+        "blueprint_none_not_allowed"
+    )
 
 
 def test_causal_relevance_table():
