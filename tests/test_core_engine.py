@@ -219,6 +219,9 @@ def test_report_and_state_dict_round_trip():
     state = other.state_dict()
     state["seed_group_order"] = engine.state_dict()["seed_group_order"]
     assert state == engine.state_dict()
+    assert state["last_action"]["blueprint"] == "conv_light"  # by name, not by table index
+    other.load_state_dict({**state, "last_action": list(GERMINATE.indices())})  # older format
+    assert other.last_action == GERMINATE == engine.last_action
 
 
 def test_controller_reason_is_recorded_on_the_event():

@@ -26,6 +26,7 @@ from torch.optim import Optimizer
 
 from esper_lightning import blueprints as blueprint_registry
 from esper_lightning.core.actions import (
+    HEADS,
     Action,
     LifecycleOp,
     MaskContext,
@@ -388,7 +389,9 @@ class MorphogenesisEngine:
         )
         return {
             "epoch": self.epoch,
-            "last_action": None if self.last_action is None else list(self.last_action.indices()),
+            # By head name, the blueprint by its name: a checkpoint never depends on the order in
+            # which a process registered its blueprints.
+            "last_action": None if self.last_action is None else _plain(self.last_action),
             "last_action_success": self.last_action_success,
             "accuracy_history": list(self.accuracy_history),
             "loss_history": list(self.loss_history),
@@ -401,7 +404,11 @@ class MorphogenesisEngine:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.epoch = int(state["epoch"])
         last = state["last_action"]
-        self.last_action = None if last is None else Action.from_indices(last)
+        if last is None:
+            self.last_action = None
+        else:  # a list of head indices in checkpoints written before names were stored
+            self.last_action = Action(**last) if isinstance(last, Mapping) else (
+                Action.from_indices(last))
         self.last_action_success = bool(state["last_action_success"])
         self.accuracy_history = deque(state["accuracy_history"], maxlen=HISTORY_WINDOW)
         self.loss_history = deque(state["loss_history"], maxlen=HISTORY_WINDOW)
@@ -409,6 +416,12 @@ class MorphogenesisEngine:
         self.events = [LifecycleEvent(**e) for e in state["events"]]
         self.timeline = [TimelineEntry(**e) for e in state.get("timeline", [])]
         self._pending_group_order = list(state["seed_group_order"])
+
+
+def _plain(action: Action) -> dict[str, int | str | None]:
+    """``action`` as plain data: head name -> index, the blueprint head -> blueprint name."""
+    return {head: action.blueprint if head == "blueprint" else int(getattr(action, head))
+            for head in HEADS}
 
 
 def _timeline_entry(epoch: int, slot: SeedSlot) -> TimelineEntry:
