@@ -5,7 +5,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from esper_lightning.blueprints import NO_BLUEPRINT, BlueprintError, available, blueprint_index
+from esper_lightning.blueprints import (
+    NO_BLUEPRINT,
+    BlueprintError,
+    available,
+    blueprint_index,
+    blueprint_table,
+)
 from esper_lightning.core.actions import (
     CANONICAL,
     CAUSAL_RELEVANCE,
@@ -23,8 +29,6 @@ from esper_lightning.core.lifecycle import IllegalTransitionError, SeedStage
 from esper_lightning.core.slots import SeedSlot
 
 CNN = MaskContext(blueprints=available("cnn"))
-HEAD_SIZES = {"op": 6, "blueprint": 13, "style": 4, "tempo": 3, "alpha_target": 3,
-              "alpha_speed": 4, "alpha_curve": 5}
 
 
 def _slots(n: int = 3) -> list[SeedSlot]:
@@ -49,7 +53,8 @@ def test_the_blueprint_head_takes_names_and_table_indices():
     assert Action().blueprint is None and Action().indices()[2] == NO_BLUEPRINT
     with pytest.raises(BlueprintError, match="unknown blueprint 'nrom'; known: conv_light, "):
         Action(LifecycleOp.GERMINATE, 0, blueprint="nrom")
-    with pytest.raises(BlueprintError, match=r"blueprint index 99 outside the table 0\.\.12"):
+    last = len(blueprint_table()) - 1
+    with pytest.raises(BlueprintError, match=rf"blueprint index 99 outside the table 0\.\.{last}"):
         Action.from_indices([1, 0, 99, 0, 0, 0, 0, 0])
     views = [s.report() for s in _slots()]
     assert action_error(Action(LifecycleOp.GERMINATE, 0), views, CNN) == (
