@@ -295,21 +295,22 @@ def test_a_policy_from_before_a_registration_acts_in_runs_it_knows_and_refuses_o
         action = controller.decide(_reports(1, ("norm", "conv_light"))[0])
         assert action.blueprint in (None, "norm", "conv_light")
         with pytest.raises(ConfigError, match=(
-            rf"policy '{path}' knows the blueprints \[none, conv_light, .*, flex_attention\]; "
+            rf"policy '{path}' knows the blueprints \[none, conv_light, .*\]; "
             rf"this run also allows {NAME}: leave them out")):
             controller.decide(_reports(1)[0])
         # Resuming training needs the very same head: a one-line error, not a size mismatch.
         grown = FactoredRecurrentActorCritic(PolicyConfig(n_slots=1, hidden_dim=16,
                                                           head_hidden_dim=16))
         with pytest.raises(ConfigError, match=rf"checkpoint has the blueprint head \[none, "
-                           rf"conv_light, .*flex_attention\]; this run builds \[.*, {NAME}\]"):
+                           rf"conv_light, .*\]; this run builds \[.*, {NAME}\]"):
             load_policy_weights(grown, read_checkpoint(path), "checkpoint")
 
 
 def test_version_1_checkpoints_load_with_the_built_in_table(tmp_path):
     torch.manual_seed(0)
-    # The trainer wrote version 1: only the hidden width was ever set.
-    policy = FactoredRecurrentActorCritic(PolicyConfig(n_slots=1, hidden_dim=16))
+    # The trainer wrote version 1: only the hidden width was ever set, on the first built-ins.
+    policy = FactoredRecurrentActorCritic(PolicyConfig(n_slots=1, hidden_dim=16,
+                                                       blueprints=VERSION_1_BLUEPRINTS))
     state = policy_entries(policy, RunningMeanStd(shape=(obs_dim(1),)), ("r0c0",), horizon=1)
     for key in ("blueprints", "head_sizes", "policy_head_hidden", "blueprint_embed_dim"):
         del state[key]  # what version 1 did not write
