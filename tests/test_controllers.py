@@ -782,3 +782,27 @@ def test_loading_another_controllers_state_is_refused(name):
 def test_docstring_examples_run(module):
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
+
+
+# --- optional hooks -------------------------------------------------------------------------------
+def test_the_optional_hooks_are_protocols_with_defaults_in_controller_base():
+    from esper_lightning.controllers import ControllerBase, ExplainsDecisions, PlansGermination
+
+    heuristic = HeuristicController()
+    assert isinstance(heuristic, ExplainsDecisions) and isinstance(heuristic, PlansGermination)
+    assert not isinstance(StaticController(), ExplainsDecisions | PlansGermination)
+
+    class Minimal(ControllerBase):
+        pass
+
+    minimal = Minimal()
+    assert isinstance(minimal, base_module.Controller)
+    assert isinstance(minimal, ExplainsDecisions) and isinstance(minimal, PlansGermination)
+    assert minimal.last_reason is None and minimal.earliest_germination(30) is None
+    assert minimal.timing(30) == {} and minimal.state_dict() == {}
+    minimal.reset()
+    minimal.load_state_dict({})
+    with pytest.raises(ValueError, match=r"Minimal keeps no state; got keys \['counter'\]"):
+        minimal.load_state_dict({"counter": 1})
+    with pytest.raises(NotImplementedError, match="Minimal must implement decide"):
+        minimal.decide(make_report(make_slots(1), 0))
