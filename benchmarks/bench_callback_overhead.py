@@ -26,7 +26,7 @@ import torch
 
 from esper_lightning.callbacks import MorphogenesisCallback
 from esper_lightning.controllers import ScriptedController, StaticController
-from esper_lightning.core.actions import Action, AlphaSpeed, BlueprintAction, LifecycleOp, Tempo
+from esper_lightning.core.actions import Action, AlphaSpeed, LifecycleOp, Tempo
 from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.data import CIFAR10DataModule, write_cifar10_fixture
 from esper_lightning.hosts import CifarCNNHost
@@ -37,7 +37,7 @@ CONFIGS = ("plain", "callback", "seed")
 def seed_script() -> ScriptedController:
     """Germinate before the first epoch's training ends, blend from epoch 1 on."""
     return ScriptedController({
-        0: Action(LifecycleOp.GERMINATE, 0, blueprint=BlueprintAction.CONV_LIGHT,
+        0: Action(LifecycleOp.GERMINATE, 0, blueprint="conv_light",
                   tempo=Tempo.FAST),
         1: Action(LifecycleOp.ADVANCE, 0),
         2: Action(LifecycleOp.ADVANCE, 0),

@@ -45,7 +45,7 @@ from torch import Tensor
 
 from esper_lightning.app.config import load_config
 from esper_lightning.app.trainer import PPOTrainer
-from esper_lightning.core.actions import Action, BlueprintAction, LifecycleOp, Tempo
+from esper_lightning.core.actions import Action, LifecycleOp, Tempo
 from esper_lightning.core.counterfactual import make_plan
 from esper_lightning.core.lifecycle import GateConfig, SeedStage
 from esper_lightning.data import load_cifar10_subset, write_cifar10_fixture
@@ -103,7 +103,7 @@ def scripted_action(env: MorphogenesisEnv) -> Action:
     assert env.engine is not None
     slot = env.engine.slots[SEED_SLOT]
     if slot.seed is None and slot.stage in (SeedStage.DORMANT, SeedStage.UNKNOWN):
-        return Action(LifecycleOp.GERMINATE, 0, blueprint=BlueprintAction.CONV_LIGHT,
+        return Action(LifecycleOp.GERMINATE, 0, blueprint="conv_light",
                       tempo=Tempo.FAST)
     if slot.stage in (SeedStage.GERMINATED, SeedStage.TRAINING):
         return Action(LifecycleOp.ADVANCE, 0)

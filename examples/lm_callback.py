@@ -61,15 +61,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def summary(engine: MorphogenesisEngine, val_loss: float, val_acc: float, seconds: float) -> str:
+    counts = engine.event_counts()
     rows = [
         ("validation loss", f"{val_loss:.4f} per token"),
         ("validation perplexity", f"{math.exp(val_loss):.3f}"),
         ("next-token accuracy", f"{val_acc:.2f}%"),
         ("host parameters", f"{engine.host_params:,}"),
         ("seed parameters", f"{engine.seed_params:,}"),
-        ("seeds germinated", str(engine.count("germinated"))),
-        ("seeds fossilized", str(engine.count("fossilized"))),
-        ("seeds pruned", str(engine.count("pruned"))),
+        ("seeds germinated", str(counts["germinated"])),
+        ("seeds fossilized", str(counts["fossilized"])),
+        ("seeds pruned", str(counts["pruned"])),
         ("wall time", f"{seconds:.1f} s"),
     ]
     width = max(len(name) for name, _ in rows)

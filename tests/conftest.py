@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from esper_lightning.blueprints import blueprint_table, scratch_registry
 from esper_lightning.data import write_cifar10_fixture
 
 
@@ -19,6 +20,18 @@ def pytest_configure(config: pytest.Config) -> None:
     # The test models are tiny: a second intra-op thread buys nothing, and on a busy 2-core
     # machine OpenMP spin-waiting between two processes slows them down by orders of magnitude.
     torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _blueprint_table_untouched() -> Iterator[None]:
+    """Fail a test that leaves a blueprint in the table (the table only grows, and its length
+    sizes every policy created later): register inside `scratch_registry`. The registry is put
+    back either way, so the other tests run as in any order."""
+    before = blueprint_table()
+    with scratch_registry():
+        yield
+        after = blueprint_table()
+    assert after == before, f"the test left blueprints {after[len(before):]} in the table"
 
 
 @pytest.fixture

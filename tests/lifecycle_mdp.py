@@ -40,7 +40,6 @@ import torch
 from esper_lightning.core.actions import (
     Action,
     AlphaTargetChoice,
-    BlueprintAction,
     LifecycleOp,
     MaskContext,
     Tempo,
@@ -204,7 +203,7 @@ def optimal_actions(start: str) -> list[Action]:
     germinate = Action(
         LifecycleOp.GERMINATE,
         slot=good,
-        blueprint=BlueprintAction.NORM,
+        blueprint="norm",
         tempo=Tempo.FAST,
         alpha_target=AlphaTargetChoice.FULL,
     )

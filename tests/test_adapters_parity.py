@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 
 from esper_lightning.callbacks import MorphogenesisCallback
 from esper_lightning.controllers import ScriptedController
-from esper_lightning.core.actions import Action, BlueprintAction, LifecycleOp, Tempo
+from esper_lightning.core.actions import Action, LifecycleOp, Tempo
 from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.data import TensorLoader, load_cifar10
 from esper_lightning.data.tensor_loader import normalize
@@ -24,7 +24,7 @@ RNG_SEED = 1234
 EPOCHS = 5
 GATES = GateConfig(min_training_epochs=1)
 SCRIPT = {
-    0: Action(LifecycleOp.GERMINATE, 0, blueprint=BlueprintAction.CONV_LIGHT, tempo=Tempo.FAST),
+    0: Action(LifecycleOp.GERMINATE, 0, blueprint="conv_light", tempo=Tempo.FAST),
     1: Action(LifecycleOp.ADVANCE, 0),
     2: Action(LifecycleOp.ADVANCE, 0),
 }

@@ -353,4 +353,4 @@ def test_grower_controller_grows_and_fossilizes():
     observation = env.reset(plan.rng_seed)
     for _ in range(12):
         _, observation = env.step(controller.decide(observation.report))
-    assert env.engine.count("fossilized") == 1
+    assert env.engine.event_counts()["fossilized"] == 1

@@ -16,13 +16,15 @@ from esper_lightning.blueprints import (
     BlueprintError,
     BlueprintSpec,
     available,
+    blueprint_table,
     build,
     get_spec,
     param_count,
     register,
+    scratch_registry,
     unregister,
 )
-from esper_lightning.blueprints.cnn import num_groups
+from esper_lightning.blueprints.cnn import PreActResidual, num_groups
 from esper_lightning.blueprints.registry import LayerScale, LayerScale2d
 
 CNN_NAMES = {
@@ -170,6 +172,30 @@ def test_param_count_matches_built_module_and_formula(topology: str, name: str, 
     assert actual == FORMULAS[topology, name](width)
 
 
+@pytest.mark.parametrize(
+    ("name", "kernel_size", "depth"),
+    [("conv_small", 1, 1), ("conv_light", 3, 1), ("conv_heavy", 3, 2)],
+)
+def test_the_conv_seeds_are_one_class_with_per_blueprint_arguments(name, kernel_size, depth):
+    seed = build(name, 8)
+    assert type(seed) is PreActResidual and len(seed.units) == depth
+    assert {u[-1].kernel_size for u in seed.units} == {(kernel_size, kernel_size)}
+    # The parameter names grown models saved before the classes were folded.
+    assert ("units.0.0.weight" in dict(seed.named_parameters())
+            and "ls.gamma" in dict(seed.named_parameters()))
+
+
+def test_scratch_registry_puts_specs_and_table_back() -> None:
+    table, norm = blueprint_table(), get_spec("norm")
+    with scratch_registry():
+        unregister("norm")
+        register(BlueprintSpec("scratch", "transformer", lambda d: nn.Identity(), "identity"))
+        assert blueprint_table() == (*table, "scratch")
+    assert blueprint_table() == table and get_spec("norm") is norm
+    with pytest.raises(BlueprintError):
+        get_spec("scratch", "transformer")
+
+
 def test_counting_and_listing_do_not_touch_the_global_rng() -> None:
     # Parameters are counted on the meta device: no allocation and no draws from the RNG, so
     # listing blueprints (e.g. for action masks) cannot change a training run.
@@ -311,9 +337,10 @@ def temporary_spec() -> Iterator[Callable[[BlueprintSpec], BlueprintSpec]]:
         added.append(register(spec))
         return spec
 
-    yield add
-    for spec in added:
-        unregister(spec.name, spec.topology)
+    with scratch_registry():  # the names leave the blueprint table too
+        yield add
+        for spec in added:
+            unregister(spec.name, spec.topology)
 
 
 def test_shape_changing_blueprint_is_rejected(temporary_spec) -> None:
@@ -365,14 +392,16 @@ def test_register_rejects_duplicates_and_unknown_topologies(temporary_spec) -> N
 
 
 def test_unregister_removes_and_returns_the_spec() -> None:
-    spec = register(BlueprintSpec("tmp", "cnn", lambda c: nn.Identity(), "temporary"))
-    try:
-        assert "tmp" in available("cnn")
-    finally:
-        assert unregister("tmp", "cnn") is spec
-    assert "tmp" not in available("cnn")
-    with pytest.raises(BlueprintError, match="'tmp'"):
-        unregister("tmp", "cnn")
+    with scratch_registry():
+        spec = register(BlueprintSpec("tmp", "cnn", lambda c: nn.Identity(), "temporary"))
+        try:
+            assert "tmp" in available("cnn")
+        finally:
+            assert unregister("tmp", "cnn") is spec
+        assert "tmp" not in available("cnn")
+        with pytest.raises(BlueprintError, match="'tmp'"):
+            unregister("tmp", "cnn")
+    assert "tmp" not in blueprint_table()
 
 
 @pytest.mark.parametrize("name", sorted(CNN_NAMES))

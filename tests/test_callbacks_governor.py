@@ -11,7 +11,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from esper_lightning.callbacks import GovernorCallback, MorphogenesisCallback
 from esper_lightning.controllers import ScriptedController, StaticController
-from esper_lightning.core.actions import Action, BlueprintAction, LifecycleOp, Tempo
+from esper_lightning.core.actions import Action, LifecycleOp, Tempo
 from esper_lightning.core.lifecycle import GateConfig, SeedStage
 from esper_lightning.data import CIFAR10DataModule
 from esper_lightning.hosts import CifarCNNHost
@@ -60,9 +60,9 @@ def test_nan_mid_epoch_rolls_back_prunes_live_keeps_fossil(cifar_dir, tmp_path):
     torch.manual_seed(0)
     grow = lambda slot, bp: Action(LifecycleOp.GERMINATE, slot, blueprint=bp, tempo=Tempo.FAST)  # noqa: E731
     script = ScriptedController({
-        0: grow(0, BlueprintAction.CONV_LIGHT), 1: Action(LifecycleOp.ADVANCE, 0),
+        0: grow(0, "conv_light"), 1: Action(LifecycleOp.ADVANCE, 0),
         2: Action(LifecycleOp.ADVANCE, 0), 5: Action(LifecycleOp.ADVANCE, 0),
-        6: Action(LifecycleOp.FOSSILIZE, 0), 7: grow(1, BlueprintAction.NORM),
+        6: Action(LifecycleOp.FOSSILIZE, 0), 7: grow(1, "norm"),
     })
     governor = GovernorCallback(num_classes=10)
     probe = CheckRestore(governor)

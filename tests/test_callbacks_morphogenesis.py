@@ -19,11 +19,12 @@ from torch import nn
 from esper_lightning.callbacks import MorphogenesisCallback
 from esper_lightning.callbacks.morphogenesis import TIMELINE_TAG
 from esper_lightning.controllers import (
+    ControllerBase,
     HeuristicController,
     ScriptedController,
     StaticController,
 )
-from esper_lightning.core.actions import Action, AlphaSpeed, BlueprintAction, LifecycleOp, Tempo
+from esper_lightning.core.actions import Action, AlphaSpeed, LifecycleOp, Tempo
 from esper_lightning.core.lifecycle import GateConfig, SeedStage
 from esper_lightning.core.optim import seed_group_names
 from esper_lightning.data import CIFAR10DataModule
@@ -32,7 +33,7 @@ from esper_lightning.hosts import CifarCNNHost
 FAST_GATES = GateConfig(min_training_epochs=1)
 
 
-def germinate(slot: int = 0, blueprint=BlueprintAction.CONV_LIGHT) -> Action:
+def germinate(slot: int = 0, blueprint="conv_light") -> Action:
     return Action(LifecycleOp.GERMINATE, slot, blueprint=blueprint, tempo=Tempo.STANDARD)
 
 
@@ -108,7 +109,7 @@ def test_heuristic_on_the_cifar_host_runs_and_measures(cifar_dir, tmp_path):
 
 def test_without_validation_the_fossilize_gate_fails_closed(cifar_dir, tmp_path):
     torch.manual_seed(0)
-    script = ScriptedController({0: germinate(blueprint=BlueprintAction.NORM), 1: advance(),
+    script = ScriptedController({0: germinate(blueprint="norm"), 1: advance(),
                                  2: advance(), 8: advance(), 9: Action(LifecycleOp.FOSSILIZE)})
     callback = MorphogenesisCallback(script, slots=["net.3"], gate_config=FAST_GATES)
     trainer = _trainer(tmp_path, 10, [callback], limit_val_batches=0)
@@ -402,10 +403,11 @@ def test_a_run_too_short_for_any_seed_to_blend_is_warned_about(cifar_dir, tmp_pa
     # earliest, then 1 + 10 (G2's default incubation) epochs before a seed may blend.
     assert messages == [
         "MorphogenesisCallback: max_epochs=12 is too short for any seed to reach blending: the "
-        "controller germinates at epoch 1 at the earliest (plateau_epochs_to_germinate=1, "
-        "min_epochs_before_germinate=1, stabilization_epochs=1 at this length), then a seed "
-        "needs 1 epoch to start training and min_training_epochs=10 epochs of training before "
-        "G2 lets it blend, 13 epochs in all; lower the HeuristicConfig timing knobs, "
+        "controller germinates at epoch 1 at the earliest (timing knobs at this length: "
+        "plateau_epochs_to_germinate=1, min_epochs_before_germinate=1, stabilization_epochs=1, "
+        "embargo_epochs_after_prune=1, min_epochs_before_prune=1), then a seed needs 1 epoch to "
+        "start training and min_training_epochs=10 epochs of training before G2 lets it blend, "
+        "13 epochs in all; lower the controller's timing knobs, "
         "gate_config=GateConfig(min_training_epochs=...), or train longer"
     ]
     callback = MorphogenesisCallback(HeuristicController(), slots=["net.3"],
@@ -413,6 +415,67 @@ def test_a_run_too_short_for_any_seed_to_blend_is_warned_about(cifar_dir, tmp_pa
     trainer = _trainer(tmp_path, 12, [callback], limit_train_batches=1, limit_val_batches=1,
                        max_steps=1)
     assert _fit_warnings(trainer, PlainModule(), _dm(cifar_dir)) == []
+
+
+class UserGrower(ControllerBase):
+    """A user's controller: germinates ``conv_small`` at one epoch, says why, and tells the
+    callback how soon it can germinate (the optional hooks of `ControllerBase`)."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def decide(self, report):
+        if report.epoch == self.epoch:
+            self.last_reason = f"my rule fires at epoch {self.epoch}"
+            return germinate(blueprint="conv_small")
+        self.last_reason = "not my epoch"
+        return Action()
+
+    def earliest_germination(self, max_epochs):
+        return self.epoch
+
+    def timing(self, max_epochs):
+        return {"epoch": self.epoch}
+
+
+class PlainGrower:
+    """The same rule in a plain class with the four required methods only: no hooks."""
+
+    def __init__(self, epoch: int) -> None:
+        self.rule = UserGrower(epoch)
+
+    def decide(self, report):
+        return self.rule.decide(report)
+
+    def reset(self) -> None:
+        pass
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state) -> None:
+        pass
+
+
+@pytest.mark.parametrize("kind", [UserGrower, PlainGrower])
+def test_a_user_controller_hooks_reach_the_event_log_and_the_warning(kind, cifar_dir, tmp_path):
+    torch.manual_seed(0)
+    callback = MorphogenesisCallback(kind(1), slots=["net.3"])
+    trainer = _trainer(tmp_path, 3, [callback], limit_train_batches=1, limit_val_batches=1)
+    messages = _fit_warnings(trainer, PlainModule(), _dm(cifar_dir))
+    (event,) = callback.engine.events
+    assert (event.epoch, event.kind, event.blueprint) == (1, "germinated", "conv_small")
+    if kind is PlainGrower:  # no hooks: no reason, no warning
+        assert event.reason == "policy" and messages == []
+        return
+    assert event.reason == "policy: my rule fires at epoch 1"
+    assert messages == [
+        "MorphogenesisCallback: max_epochs=3 is too short for any seed to reach blending: the "
+        "controller germinates at epoch 1 at the earliest (timing knobs at this length: "
+        "epoch=1), then a seed needs 1 epoch to start training and min_training_epochs=10 "
+        "epochs of training before G2 lets it blend, 13 epochs in all; lower the controller's "
+        "timing knobs, gate_config=GateConfig(min_training_epochs=...), or train longer"
+    ]
 
 
 # --- what a user sees: LR tags, TensorBoard pictures, log lines --------------------------------

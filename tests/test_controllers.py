@@ -29,7 +29,6 @@ from esper_lightning.core.actions import (
     Action,
     AlphaSpeed,
     AlphaTargetChoice,
-    BlueprintAction,
     LifecycleOp,
     MaskContext,
     Tempo,
@@ -200,7 +199,7 @@ def test_heuristic_waits_before_epoch_5_then_germinates_conv_light():
     controller = HeuristicController()
     actions = feed(controller, make_slots(), [50.0] * 6, [1.0] * 6)
     assert actions[:5] == [WAIT] * 5
-    assert actions[5] == Action(Op.GERMINATE, slot=0, blueprint=BlueprintAction.CONV_LIGHT,
+    assert actions[5] == Action(Op.GERMINATE, slot=0, blueprint="conv_light",
                                 alpha_target=AlphaTargetChoice.FULL)
     assert controller.is_stabilized
 
@@ -256,7 +255,7 @@ def test_germinates_in_first_empty_slot_after_a_three_epoch_plateau():
     accs = [50.0 + e for e in range(8)] + [57.0] * 4  # climbing until epoch 7, flat after
     actions = feed(controller, slots, accs, [1.0] * len(accs))
     assert actions[:10] == [WAIT] * 10  # plateau of 1 at epoch 8, 2 at epoch 9
-    assert actions[10] == Action(Op.GERMINATE, slot=1, blueprint=BlueprintAction.CONV_LIGHT)
+    assert actions[10] == Action(Op.GERMINATE, slot=1, blueprint="conv_light")
 
 
 def test_rotation_is_filtered_to_the_blueprints_of_the_run():
@@ -264,7 +263,7 @@ def test_rotation_is_filtered_to_the_blueprints_of_the_run():
     controller = quick_germinator()
     slots = make_slots(1)
     picks = [controller.decide(make_report(slots, e, ctx=ctx)).blueprint for e in range(3)]
-    assert picks == [BlueprintAction.NORM, BlueprintAction.DEPTHWISE, BlueprintAction.NORM]
+    assert picks == ["norm", "depthwise", "norm"]
 
 
 def test_no_rotation_blueprint_allowed_waits_with_a_reason():
@@ -279,13 +278,13 @@ def test_penalised_blueprints_are_skipped_and_lowest_penalty_used_when_all_are()
     state = controller.state_dict()
     state["penalties"] = {"conv_light": 3.0, "conv_heavy": 2.9}
     controller.load_state_dict(state)
-    assert controller.decide(make_report(make_slots(1), 0)).blueprint == BlueprintAction.CONV_HEAVY
+    assert controller.decide(make_report(make_slots(1), 0)).blueprint == "conv_heavy"
 
     controller = quick_germinator()
     rotation = HeuristicConfig().blueprint_rotation
     state["penalties"] = {name: 10.0 - i for i, name in enumerate(rotation)}
     controller.load_state_dict(state)
-    assert controller.decide(make_report(make_slots(1), 0)).blueprint == BlueprintAction.DEPTHWISE
+    assert controller.decide(make_report(make_slots(1), 0)).blueprint == "depthwise"
 
 
 # --- heuristic: managing a live seed -----------------------------------------------------------
@@ -383,7 +382,7 @@ def pruned_run(controller: HeuristicController, epochs: int = 24) -> tuple[Sim, 
         sim.step(50.0 if epoch < 8 else 47.0)
     prunes = [e for e, a in enumerate(sim.actions) if a.op == Op.PRUNE]
     assert len(prunes) == 1, sim.ops()
-    assert sim.actions[5].blueprint == BlueprintAction.CONV_LIGHT
+    assert sim.actions[5].blueprint == "conv_light"
     return sim, prunes[0]
 
 
@@ -394,7 +393,7 @@ def test_prune_penalises_the_blueprint_and_the_rotation_moves_on():
         1.0, 0.5, 0.25, 0.125, None,  # 2.0 at the prune, halved per epoch, dropped below 0.1
     ]
     germinations = [a for a in sim.actions[p:] if a.op == Op.GERMINATE]
-    assert germinations[0].blueprint == BlueprintAction.CONV_HEAVY
+    assert germinations[0].blueprint == "conv_heavy"
 
 
 @pytest.mark.parametrize("embargo", [5, 10])
@@ -656,7 +655,7 @@ def test_random_rejects_bad_wait_probability():
 
 
 # --- scripted ----------------------------------------------------------------------------------
-GERMINATE = Action(Op.GERMINATE, slot=1, blueprint=BlueprintAction.NORM, tempo=Tempo.FAST)
+GERMINATE = Action(Op.GERMINATE, slot=1, blueprint="norm", tempo=Tempo.FAST)
 
 
 def test_scripted_plays_actions_at_their_epochs_and_waits_elsewhere():
@@ -776,3 +775,27 @@ def test_loading_another_controllers_state_is_refused(name):
 def test_docstring_examples_run(module):
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
+
+
+# --- optional hooks -------------------------------------------------------------------------------
+def test_the_optional_hooks_are_protocols_with_defaults_in_controller_base():
+    from esper_lightning.controllers import ControllerBase, ExplainsDecisions, PlansGermination
+
+    heuristic = HeuristicController()
+    assert isinstance(heuristic, ExplainsDecisions) and isinstance(heuristic, PlansGermination)
+    assert not isinstance(StaticController(), ExplainsDecisions | PlansGermination)
+
+    class Minimal(ControllerBase):
+        pass
+
+    minimal = Minimal()
+    assert isinstance(minimal, base_module.Controller)
+    assert isinstance(minimal, ExplainsDecisions) and isinstance(minimal, PlansGermination)
+    assert minimal.last_reason is None and minimal.earliest_germination(30) is None
+    assert minimal.timing(30) == {} and minimal.state_dict() == {}
+    minimal.reset()
+    minimal.load_state_dict({})
+    with pytest.raises(ValueError, match=r"Minimal keeps no state; got keys \['counter'\]"):
+        minimal.load_state_dict({"counter": 1})
+    with pytest.raises(NotImplementedError, match="Minimal must implement decide"):
+        minimal.decide(make_report(make_slots(1), 0))

@@ -5,14 +5,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from esper_lightning.blueprints import available
+from esper_lightning.blueprints import (
+    NO_BLUEPRINT,
+    BlueprintError,
+    available,
+    blueprint_index,
+    blueprint_table,
+)
 from esper_lightning.core.actions import (
     CANONICAL,
     CAUSAL_RELEVANCE,
     HEADS,
     Action,
     AlphaSpeed,
-    BlueprintAction,
     LifecycleOp,
     MaskContext,
     action_error,
@@ -24,8 +29,6 @@ from esper_lightning.core.lifecycle import IllegalTransitionError, SeedStage
 from esper_lightning.core.slots import SeedSlot
 
 CNN = MaskContext(blueprints=available("cnn"))
-HEAD_SIZES = {"op": 6, "blueprint": 13, "style": 4, "tempo": 3, "alpha_target": 3,
-              "alpha_speed": 4, "alpha_curve": 5}
 
 
 def _slots(n: int = 3) -> list[SeedSlot]:
@@ -36,9 +39,27 @@ def test_enum_values_match_upstream():
     assert [op.name for op in LifecycleOp] == [
         "WAIT", "GERMINATE", "SET_ALPHA_TARGET", "PRUNE", "FOSSILIZE", "ADVANCE"
     ]
-    assert BlueprintAction.CONV_LIGHT == 1 and BlueprintAction.FLEX_ATTENTION == 12
+    assert blueprint_index("conv_light") == 1 and blueprint_index("flex_attention") == 12
     assert [s.steps for s in AlphaSpeed] == [0, 3, 5, 8]
     assert HEADS[0] == "op"
+
+
+def test_the_blueprint_head_takes_names_and_table_indices():
+    action = Action(LifecycleOp.GERMINATE, slot=0, blueprint="norm")
+    assert action.indices()[HEADS.index("blueprint")] == blueprint_index("norm") == 3
+    assert Action.from_indices(action.indices()) == action == Action(LifecycleOp.GERMINATE, 0,
+                                                                     blueprint=3)
+    assert "blueprint=norm" in action.describe()
+    assert Action().blueprint is None and Action().indices()[2] == NO_BLUEPRINT
+    with pytest.raises(BlueprintError, match="unknown blueprint 'nrom'; known: conv_light, "):
+        Action(LifecycleOp.GERMINATE, 0, blueprint="nrom")
+    last = len(blueprint_table()) - 1
+    with pytest.raises(BlueprintError, match=rf"blueprint index 99 outside the table 0\.\.{last}"):
+        Action.from_indices([1, 0, 99, 0, 0, 0, 0, 0])
+    views = [s.report() for s in _slots()]
+    assert action_error(Action(LifecycleOp.GERMINATE, 0), views, CNN) == (
+        "blueprint_none_not_allowed"
+    )
 
 
 def test_causal_relevance_table():
@@ -49,9 +70,10 @@ def test_causal_relevance_table():
 
 
 def test_canonicalize_resets_irrelevant_heads():
-    action = Action(LifecycleOp.FOSSILIZE, slot=2, blueprint=BlueprintAction.NORM, tempo=0)
+    action = Action(LifecycleOp.FOSSILIZE, slot=2, blueprint="norm", tempo=0)
     canon = canonicalize(action)
-    assert canon.slot == 2 and canon.blueprint == CANONICAL["blueprint"]
+    assert canon.slot == 2 and canon.blueprint is None
+    assert canon.indices()[HEADS.index("blueprint")] == CANONICAL["blueprint"]
     assert canon.tempo == CANONICAL["tempo"]
     assert canonicalize(Action(LifecycleOp.WAIT, slot=2), canonical_slot=0).slot == 0
 
@@ -60,9 +82,9 @@ def test_empty_slots_allow_germinate_and_wait_only():
     masks = compute_masks([s.report() for s in _slots()], CNN)
     assert masks.op.tolist() == [True, True, False, False, False, False]
     assert masks.slot_by_op[LifecycleOp.GERMINATE].all()
-    assert not masks.blueprint[BlueprintAction.NOOP]
-    assert not masks.blueprint[BlueprintAction.LORA]  # transformer-only
-    assert masks.blueprint[BlueprintAction.CONV_LIGHT]
+    assert not masks.blueprint[NO_BLUEPRINT]
+    assert not masks.blueprint[blueprint_index("lora")]  # transformer-only
+    assert masks.blueprint[blueprint_index("conv_light")]
 
 
 def test_one_seed_incubating_at_a_time_and_no_germination_in_cooldown():
@@ -120,7 +142,7 @@ def test_max_seeds_and_blueprint_restriction():
         "blueprint_conv_light_not_allowed"
     )
     masks = compute_masks(views, ctx)
-    assert masks.blueprint.sum() == 1 and masks.blueprint[BlueprintAction.NORM]
+    assert masks.blueprint.sum() == 1 and masks.blueprint[blueprint_index("norm")]
 
 
 def test_head_masks_collapse_irrelevant_heads():
@@ -139,7 +161,7 @@ _actions = st.builds(
                         LifecycleOp.FOSSILIZE, LifecycleOp.FOSSILIZE,
                         LifecycleOp.SET_ALPHA_TARGET]),
     slot=st.integers(0, 2),
-    blueprint=st.sampled_from([BlueprintAction.NORM, BlueprintAction.CONV_SMALL]),
+    blueprint=st.sampled_from(["norm", "conv_small"]),
     style=st.integers(0, 3),
     tempo=st.integers(0, 2),
     alpha_target=st.integers(0, 2),

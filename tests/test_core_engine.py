@@ -7,7 +7,6 @@ from torch import nn
 from esper_lightning.core.actions import (
     Action,
     AlphaSpeed,
-    BlueprintAction,
     GerminationStyle,
     LifecycleOp,
 )
@@ -15,7 +14,7 @@ from esper_lightning.core.engine import MorphogenesisEngine
 from esper_lightning.core.lifecycle import GateConfig, SeedStage
 from esper_lightning.core.optim import SeedOptimConfig, name_host_groups, seed_group_names
 
-GERMINATE = Action(LifecycleOp.GERMINATE, 0, blueprint=BlueprintAction.CONV_LIGHT)
+GERMINATE = Action(LifecycleOp.GERMINATE, 0, blueprint="conv_light")
 ADVANCE = Action(LifecycleOp.ADVANCE, 0)
 
 
@@ -160,7 +159,7 @@ def test_gate_blend_parameters_join_the_optimizer():
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     engine.attach_optimizer(opt)
     gated = GerminationStyle.GATED_GATE
-    engine.execute(Action(LifecycleOp.GERMINATE, 0, blueprint=BlueprintAction.NORM, style=gated))
+    engine.execute(Action(LifecycleOp.GERMINATE, 0, blueprint="norm", style=gated))
     gate_ids = {id(p) for p in engine.slots["net.1"].gate.parameters()}
     assert gate_ids <= {id(p) for p in opt.param_groups[1]["params"]}
 
@@ -193,7 +192,7 @@ def test_prune_live_keeps_fossilized_and_events_are_counted():
     assert engine.execute(ADVANCE).success and slot.stage == SeedStage.HOLDING
     slot.record_contribution(2.0)
     assert engine.execute(Action(LifecycleOp.FOSSILIZE, 0)).success
-    engine.execute(Action(LifecycleOp.GERMINATE, 1, blueprint=BlueprintAction.NORM))
+    engine.execute(Action(LifecycleOp.GERMINATE, 1, blueprint="norm"))
     assert engine.prune_live("governor_rollback") == ["net.3"]
     assert slot.stage == SeedStage.FOSSILIZED
     kinds = [(e.slot_id, e.kind, e.reason) for e in engine.events]
@@ -201,7 +200,7 @@ def test_prune_live_keeps_fossilized_and_events_are_counted():
         ("net.1", "germinated", "policy"), ("net.1", "fossilized", "policy"),
         ("net.3", "germinated", "policy"), ("net.3", "pruned", "governor_rollback"),
     ]
-    assert engine.count("pruned") == 1
+    assert engine.event_counts()["pruned"] == 1
 
 
 def test_report_and_state_dict_round_trip():
@@ -220,6 +219,9 @@ def test_report_and_state_dict_round_trip():
     state = other.state_dict()
     state["seed_group_order"] = engine.state_dict()["seed_group_order"]
     assert state == engine.state_dict()
+    assert state["last_action"]["blueprint"] == "conv_light"  # by name, not by table index
+    other.load_state_dict({**state, "last_action": list(GERMINATE.indices())})  # older format
+    assert other.last_action == GERMINATE == engine.last_action
 
 
 def test_controller_reason_is_recorded_on_the_event():
@@ -258,17 +260,27 @@ def test_seed_groups_follow_the_host_schedule(kind):
         assert seed == pytest.approx(host), (kind, host, seed)
 
 
-def test_registered_blueprint_without_an_action_index_is_refused():
-    from esper_lightning.blueprints import BlueprintSpec, register, unregister
+def test_a_registered_blueprint_is_allowed_and_germinates_by_name():
+    from esper_lightning.blueprints import (
+        BlueprintSpec,
+        blueprint_table,
+        register,
+        scratch_registry,
+    )
 
-    register(BlueprintSpec("my_conv", "cnn", lambda c: nn.Conv2d(c, c, 1), "1x1 conv"))
-    try:
-        with pytest.raises(ValueError, match="unknown blueprint 'my_conv' for cnn; accepted:"):
-            MorphogenesisEngine(_net(), slots=["net.1"], blueprints=["my_conv"])
-        engine = MorphogenesisEngine(_net(), slots=["net.1"])  # default list skips it
-        assert "my_conv" not in engine.mask_context.blueprints
-    finally:
-        unregister("my_conv")
+    with scratch_registry():
+        register(BlueprintSpec("my_conv", "cnn", lambda c: nn.Conv2d(c, c, 1), "1x1 conv"))
+        engine = MorphogenesisEngine(_net(), slots=["net.1"])  # the default list has it
+        assert "my_conv" in engine.mask_context.blueprints
+        net, engine = _engine(blueprints=["my_conv"])
+        masks = engine.report().masks
+        assert masks.blueprint.tolist() == [n == "my_conv" for n in blueprint_table()]
+        outcome = engine.execute(Action(LifecycleOp.GERMINATE, 0, blueprint="my_conv"))
+        assert outcome.success and engine.slots["net.1"].state.blueprint == "my_conv"
+        assert engine.events[-1].blueprint == "my_conv"
+        net(torch.zeros(1, 3, 8, 8))  # the seed runs inside the host
+    with pytest.raises(ValueError, match="unknown blueprint 'my_conv' for cnn; accepted:"):
+        MorphogenesisEngine(_net(), slots=["net.1"], blueprints=["my_conv"])
 
 
 # --- host group names, the timeline, event log lines -------------------------------------------

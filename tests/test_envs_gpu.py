@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from esper_lightning.core.actions import Action, BlueprintAction, LifecycleOp
+from esper_lightning.core.actions import Action, LifecycleOp
 from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.data import load_cifar10
 from esper_lightning.envs import EnvPool, EnvSpec
@@ -28,7 +28,7 @@ def test_each_env_has_its_own_stream_and_scaler(cifar_dir, precision):
     else:
         assert scalers == [None, None]  # bf16 needs no loss scaling
     pool.reset([1, 2])
-    germinate = Action(LifecycleOp.GERMINATE, 0, blueprint=BlueprintAction.CONV_LIGHT)
+    germinate = Action(LifecycleOp.GERMINATE, 0, blueprint="conv_light")
     for actions in ([germinate, germinate], [Action(LifecycleOp.ADVANCE, 0)] * 2,
                     [Action(LifecycleOp.ADVANCE, 0)] * 2, [Action(), Action()]):
         _, observations = pool.step(actions)

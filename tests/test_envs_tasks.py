@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from esper_lightning.core.actions import Action, BlueprintAction, LifecycleOp
+from esper_lightning.core.actions import Action, LifecycleOp
 from esper_lightning.core.divergence import GovernorConfig
 from esper_lightning.core.lifecycle import GateConfig, SeedStage
 from esper_lightning.data import DataError, load_cifar10
@@ -24,7 +24,7 @@ LM = TextTask(block_size=32, train_blocks=48, val_blocks=40)
 LM_SPEC = EnvSpec(task=LM, host_preset="tiny", slots=("r0c0", "r0c1"), batch_size=16,
                   host_lr=1e-3, episode_length=4, gate_config=GateConfig(min_training_epochs=1),
                   governor=GovernorConfig(num_classes=256))
-GERMINATE_LORA = Action(LifecycleOp.GERMINATE, 1, blueprint=BlueprintAction.LORA)
+GERMINATE_LORA = Action(LifecycleOp.GERMINATE, 1, blueprint="lora")
 ADVANCE = Action(LifecycleOp.ADVANCE, 1)
 
 

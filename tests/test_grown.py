@@ -18,7 +18,7 @@ from esper_lightning import load_grown
 from esper_lightning.callbacks import MorphogenesisCallback
 from esper_lightning.controllers import ScriptedController
 from esper_lightning.core import SeedSlot, SeedStage, export, find_slots
-from esper_lightning.core.actions import Action, BlueprintAction, LifecycleOp, Tempo
+from esper_lightning.core.actions import Action, LifecycleOp, Tempo
 from esper_lightning.core.injection import restore_slots
 from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.hosts import CifarCNNHost
@@ -28,7 +28,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 FAST_GATES = GateConfig(min_training_epochs=1)
 
 
-def germinate(slot: int, blueprint: BlueprintAction) -> Action:
+def germinate(slot: int, blueprint: str) -> Action:
     return Action(LifecycleOp.GERMINATE, slot, blueprint=blueprint, tempo=Tempo.FAST)
 
 
@@ -78,8 +78,8 @@ def _assert_same_growth(trained: nn.Module, loaded: nn.Module) -> None:
 
 
 # ScriptedController: slot 0 (net.1) grows to BLENDING mid-ramp, slot 1 (net.4) is germinated.
-INJECTED_SCRIPT = {0: germinate(0, BlueprintAction.CONV_LIGHT), 1: advance(0), 2: advance(0),
-                   3: germinate(1, BlueprintAction.ATTENTION)}
+INJECTED_SCRIPT = {0: germinate(0, "conv_light"), 1: advance(0), 2: advance(0),
+                   3: germinate(1, "attention")}
 
 
 def test_load_grown_restores_injected_slots_exactly(tmp_path):
@@ -114,7 +114,7 @@ def test_load_grown_restores_injected_slots_exactly(tmp_path):
 
 def test_cifar_host_grows_a_fossil_loads_and_ships(tmp_path):
     host = CifarCNNHost("baseline", slots=["r0c1", "r1c1"])
-    script = {0: germinate(0, BlueprintAction.CONV_SMALL), 1: advance(0), 2: advance(0),
+    script = {0: germinate(0, "conv_small"), 1: advance(0), 2: advance(0),
               5: advance(0), 6: Action(LifecycleOp.FOSSILIZE, 0)}
     last = _fit(host, tmp_path, 7, script, None)
     assert host.slots["r0c1"].stage == SeedStage.FOSSILIZED

@@ -17,7 +17,7 @@ def test_preset_sizes_and_slot_widths():
     assert _n_params(CifarCNNHost("impaired")) == 77
     assert 95_000 < _n_params(CifarCNNHost("scale")) < 105_000
     host = CifarCNNHost("baseline")
-    assert host.slot_order == ("r0c0", "r0c1", "r0c2", "r1c0", "r1c1", "r1c2")
+    assert tuple(host.slots) == ("r0c0", "r0c1", "r0c2", "r1c0", "r1c1", "r1c2")
     assert {sid: s.channels for sid, s in find_slots(host).items()} == {
         "r0c0": 8, "r0c1": 16, "r0c2": 32, "r1c0": 8, "r1c1": 16, "r1c2": 32,
     }
@@ -25,7 +25,7 @@ def test_preset_sizes_and_slot_widths():
 
 def test_slot_selection_keeps_canonical_order():
     host = CifarCNNHost("baseline", slots=["r1c0", "r0c2"])
-    assert host.slot_order == ("r0c2", "r1c0")
+    assert tuple(host.slots) == ("r0c2", "r1c0")
 
 
 @pytest.mark.parametrize(

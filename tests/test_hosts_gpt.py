@@ -123,12 +123,12 @@ def test_shapes_tying_and_slots():
     host = GPTHost("tiny")
     assert host(torch.zeros(3, 17, dtype=torch.long)).shape == (3, 17, 256)
     assert host.head.weight is host.tok_emb.weight
-    assert host.slot_order == ("r0c0", "r0c1")
+    assert tuple(host.slots) == ("r0c0", "r0c1")
     slots = find_slots(host)
     assert {sid: (s.channels, s.topology) for sid, s in slots.items()} == {
         "r0c0": (64, "transformer"), "r0c1": (64, "transformer"),
     }
-    assert GPTHost("tiny", slots=["r0c1"]).slot_order == ("r0c1",)
+    assert tuple(GPTHost("tiny", slots=["r0c1"]).slots) == ("r0c1",)
 
 
 def test_preset_sizes():

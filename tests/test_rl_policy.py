@@ -15,7 +15,6 @@ from esper_lightning.core.actions import (
     HEADS,
     Action,
     AlphaTargetChoice,
-    BlueprintAction,
     LifecycleOp,
     MaskContext,
     action_error,
@@ -262,7 +261,7 @@ def _legal_action(choice: int, report) -> Action:
     return Action(
         LifecycleOp(int(op)),
         slot=int(slot),
-        blueprint=(BlueprintAction.NORM, BlueprintAction.DEPTHWISE)[choice % 2],
+        blueprint=("norm", "depthwise")[choice % 2],
         tempo=choice % 3,
         alpha_target=AlphaTargetChoice.FULL if choice % 4 else AlphaTargetChoice.HALF,
         alpha_speed=choice % 4,

@@ -19,7 +19,12 @@ from lightning.fabric.utilities.seed import seed_everything
 from esper_lightning.app.config import compatibility_errors
 from esper_lightning.app.learner import Learner
 from esper_lightning.errors import ConfigError
-from esper_lightning.rl.checkpoint import policy_entries, read_checkpoint, write_checkpoint
+from esper_lightning.rl.checkpoint import (
+    load_policy_weights,
+    policy_entries,
+    read_checkpoint,
+    write_checkpoint,
+)
 
 
 def seed_run(rng_seed: int) -> None:
@@ -55,7 +60,7 @@ def load_trainer(learner: Learner, path: str | os.PathLike[str]) -> int:
         raise ConfigError(
             f"checkpoint '{path}' comes from an incompatible config: {'; '.join(errors)}"
         )
-    learner.policy.load_state_dict(state["policy"])
+    load_policy_weights(learner.policy, state, f"checkpoint '{path}'")
     learner.optimizer.load_state_dict(state["optimizer"])
     learner.obs_rms.load_state_dict(state["obs_rms"])
     learner.reward_normalizer.load_state_dict(state["reward_normalizer"])

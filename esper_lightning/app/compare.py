@@ -63,7 +63,12 @@ from esper_lightning.controllers import (
 from esper_lightning.core.report import EpochReport
 from esper_lightning.envs import EnvPool, episode_rng_seed
 from esper_lightning.errors import ConfigError
-from esper_lightning.rl.checkpoint import PolicyBundle, load_policy, read_checkpoint
+from esper_lightning.rl.checkpoint import (
+    PolicyBundle,
+    check_blueprints,
+    load_policy,
+    read_checkpoint,
+)
 from esper_lightning.rl.rewards import RewardConfig, compute_reward
 
 log = logging.getLogger("esper_lightning")
@@ -139,7 +144,8 @@ def make_grower(argument: str) -> GrowerController:
 
 
 def check_policy(path: str, task: TaskConfig) -> PolicyBundle:
-    """Load a policy checkpoint, refusing one trained for another task, slots or host."""
+    """Load a policy checkpoint, refusing one trained for another task, slots or host, or one
+    without a blueprint-head entry for a blueprint of the task's topology."""
     state = read_checkpoint(path)
     saved = {**ADDED_KEY_DEFAULTS, **state.get("config", {})}
     wanted = {"task": task.task, "slots": list(task.slots or ()), "host_preset": task.host_preset}
@@ -147,7 +153,9 @@ def check_policy(path: str, task: TaskConfig) -> PolicyBundle:
         if saved.get(key) != value:
             raise ConfigError(f"policy '{path}' was trained with {key}={saved.get(key)!r}; the "
                               f"comparison uses {key}={value!r}")
-    return load_policy(state)
+    bundle = load_policy(state, source=f"policy '{path}'")
+    check_blueprints(bundle, make_task(task).blueprints())
+    return bundle
 
 
 @dataclass(frozen=True)

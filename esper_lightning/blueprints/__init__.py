@@ -6,29 +6,47 @@ Importing this package registers the built-in CNN and transformer blueprints::
 
     blueprints.available("cnn")  # ('norm', 'attention', 'conv_small', ...), smallest first
     seed = blueprints.build("conv_light", channels=32)
+
+A blueprint of your own is one `register` call; it gets the next action index, so controllers
+can germinate it (``Action(LifecycleOp.GERMINATE, slot=0, blueprint="my_seed")``) and a PPO
+policy created afterwards has a blueprint head entry for it::
+
+    blueprints.register(BlueprintSpec("my_seed", "cnn", MySeed, "x + g*f(x); 2C^2"))
 """
 
 from esper_lightning.blueprints import cnn, transformer  # noqa: F401  (registers the built-ins)
 from esper_lightning.blueprints.registry import (
+    BUILTIN_TABLE,
+    NO_BLUEPRINT,
     TOPOLOGIES,
     BlueprintError,
     BlueprintSpec,
     available,
+    blueprint_at,
+    blueprint_index,
+    blueprint_table,
     build,
     get_spec,
     param_count,
     register,
+    scratch_registry,
     unregister,
 )
 
 __all__ = [
+    "BUILTIN_TABLE",
+    "NO_BLUEPRINT",
     "TOPOLOGIES",
     "BlueprintError",
     "BlueprintSpec",
     "available",
+    "blueprint_at",
+    "blueprint_index",
+    "blueprint_table",
     "build",
     "get_spec",
     "param_count",
     "register",
+    "scratch_registry",
     "unregister",
 ]

@@ -16,6 +16,7 @@ count chosen by :func:`num_groups`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import nn
@@ -29,12 +30,10 @@ from esper_lightning.blueprints.registry import (
 
 __all__ = [
     "Bottleneck",
-    "ConvHeavy",
-    "ConvLight",
-    "ConvSmall",
     "DepthwiseSeparable",
     "NormSeed",
     "PreActConv",
+    "PreActResidual",
     "SqueezeExcite",
     "group_norm",
     "num_groups",
@@ -237,17 +236,31 @@ class PreActConv(nn.Sequential):
         )
 
 
-class _PreActResidual(nn.Module):
-    """``x + gamma * units(x)`` over a stack of :class:`PreActConv` units of one kernel size."""
+class PreActResidual(nn.Module):
+    """``conv_small`` / ``conv_light`` / ``conv_heavy``: ``x + gamma * units(x)`` over ``depth``
+    :class:`PreActConv` units ``conv_kxk(act(Norm(.)))`` of one kernel size ``k``.
+
+    Params: ``depth * (k^2 C^2 + 2C) + 2C`` (per unit: norm 2C and conv k^2 C^2; the last conv's
+    bias C, gamma C): ``C^2 + 4C`` for ``conv_small`` (k = 1, one unit), ``9C^2 + 4C`` for
+    ``conv_light`` (k = 3, one unit), ``18C^2 + 6C`` for ``conv_heavy`` (k = 3, two units).
+
+    Args:
+        channels: Slot width ``C``.
+        kernel_size: Odd kernel size ``k`` of every unit.
+        depth: Number of units.
+        norm_layer: Builds the normalisation for ``C`` channels.
+        act_layer: Activation.
+        init_scale: Initial LayerScale ``gamma``.
+    """
 
     def __init__(
         self,
         channels: int,
-        kernel_size: int,
-        depth: int,
-        norm_layer: NormFactory,
-        act_layer: ActFactory,
-        init_scale: float,
+        kernel_size: int = 3,
+        depth: int = 1,
+        norm_layer: NormFactory = group_norm,
+        act_layer: ActFactory = nn.ReLU,
+        init_scale: float = DEFAULT_LAYER_SCALE,
     ) -> None:
         super().__init__()
         self.units = nn.Sequential(
@@ -270,73 +283,6 @@ class _PreActResidual(nn.Module):
         return x + self.ls(self.units(x))
 
 
-class ConvSmall(_PreActResidual):
-    """``conv_small``: ``x + gamma * conv1x1(act(Norm(x)))``.
-
-    Params: ``C^2 + 4C`` (norm 2C, conv C^2 + C, gamma C).
-
-    Args:
-        channels: Slot width ``C``.
-        norm_layer: Builds the normalisation for ``C`` channels.
-        act_layer: Activation.
-        init_scale: Initial LayerScale ``gamma``.
-    """
-
-    def __init__(
-        self,
-        channels: int,
-        norm_layer: NormFactory = group_norm,
-        act_layer: ActFactory = nn.ReLU,
-        init_scale: float = DEFAULT_LAYER_SCALE,
-    ) -> None:
-        super().__init__(channels, 1, 1, norm_layer, act_layer, init_scale)
-
-
-class ConvLight(_PreActResidual):
-    """``conv_light``: ``x + gamma * conv3x3(act(Norm(x)))``.
-
-    Params: ``9C^2 + 4C`` (norm 2C, conv 9C^2 + C, gamma C).
-
-    Args:
-        channels: Slot width ``C``.
-        norm_layer: Builds the normalisation for ``C`` channels.
-        act_layer: Activation.
-        init_scale: Initial LayerScale ``gamma``.
-    """
-
-    def __init__(
-        self,
-        channels: int,
-        norm_layer: NormFactory = group_norm,
-        act_layer: ActFactory = nn.ReLU,
-        init_scale: float = DEFAULT_LAYER_SCALE,
-    ) -> None:
-        super().__init__(channels, 3, 1, norm_layer, act_layer, init_scale)
-
-
-class ConvHeavy(_PreActResidual):
-    """``conv_heavy``: ``x + gamma * conv3x3(act(Norm(conv3x3(act(Norm(x))))))``.
-
-    Params: ``18C^2 + 6C`` (two norms 4C, conv 9C^2 without bias, conv 9C^2 + C, gamma C),
-    about twice ``conv_light``.
-
-    Args:
-        channels: Slot width ``C``.
-        norm_layer: Builds the normalisation for ``C`` channels.
-        act_layer: Activation.
-        init_scale: Initial LayerScale ``gamma``.
-    """
-
-    def __init__(
-        self,
-        channels: int,
-        norm_layer: NormFactory = group_norm,
-        act_layer: ActFactory = nn.ReLU,
-        init_scale: float = DEFAULT_LAYER_SCALE,
-    ) -> None:
-        super().__init__(channels, 3, 2, norm_layer, act_layer, init_scale)
-
-
 _BUILTINS = (
     BlueprintSpec("norm", "cnn", NormSeed, "x + tanh(s)*(GN(x) - x); 2C+1"),
     BlueprintSpec(
@@ -346,9 +292,24 @@ _BUILTINS = (
     BlueprintSpec(
         "bottleneck", "cnn", Bottleneck, "x + g*up(act(GN(3x3(act(GN(down x)))))); 2Cb+9b^2+4b+2C"
     ),
-    BlueprintSpec("conv_small", "cnn", ConvSmall, "x + g*conv1x1(act(GN x)); C^2+4C"),
-    BlueprintSpec("conv_light", "cnn", ConvLight, "x + g*conv3x3(act(GN x)); 9C^2+4C"),
-    BlueprintSpec("conv_heavy", "cnn", ConvHeavy, "x + g*[conv3x3(act(GN .))]x2; 18C^2+6C"),
+    BlueprintSpec(
+        "conv_small",
+        "cnn",
+        partial(PreActResidual, kernel_size=1, depth=1),
+        "x + g*conv1x1(act(GN x)); C^2+4C",
+    ),
+    BlueprintSpec(
+        "conv_light",
+        "cnn",
+        partial(PreActResidual, kernel_size=3, depth=1),
+        "x + g*conv3x3(act(GN x)); 9C^2+4C",
+    ),
+    BlueprintSpec(
+        "conv_heavy",
+        "cnn",
+        partial(PreActResidual, kernel_size=3, depth=2),
+        "x + g*[conv3x3(act(GN .))]x2; 18C^2+6C",
+    ),
 )
 
 for _spec in _BUILTINS:

@@ -5,6 +5,13 @@ The registry is keyed by ``(topology, name)``. ``build`` instantiates a blueprin
 a shape probe that the seed maps its input to a tensor of the same shape, so a bad blueprint is
 rejected at germination with a one-line error instead of failing somewhere inside a host forward.
 
+The registry also owns the *blueprint table*: the action index of every blueprint name, which
+the blueprint head of an `Action`, the action masks and a PPO policy's blueprint head and
+embedding all use. The table only grows: `register` gives a new name the next index, a name
+registered for two topologies has one index, and `unregister` keeps the index, so a policy's
+head keeps its meaning for as long as the process runs (a saved policy stores the names of its
+indices and is checked against the table when it is loaded).
+
 This module also holds :class:`LayerScale` / :class:`LayerScale2d`, the small-gain output stage
 shared by every built-in blueprint: each seed is ``x + gamma * branch(x)`` with ``gamma`` starting
 at 1e-3, which keeps a freshly germinated seed within 1e-2 of the identity while every parameter
@@ -15,13 +22,17 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 __all__ = [
+    "BUILTIN_TABLE",
+    "NO_BLUEPRINT",
     "REFERENCE_WIDTHS",
     "TOPOLOGIES",
     "BlueprintError",
@@ -29,10 +40,14 @@ __all__ = [
     "LayerScale",
     "LayerScale2d",
     "available",
+    "blueprint_at",
+    "blueprint_index",
+    "blueprint_table",
     "build",
     "get_spec",
     "param_count",
     "register",
+    "scratch_registry",
     "unregister",
 ]
 
@@ -49,6 +64,28 @@ _PROBE_SHAPES: dict[str, Callable[[int], tuple[int, ...]]] = {
 }
 
 DEFAULT_LAYER_SCALE = 1e-3
+
+#: Action index of "no blueprint": the blueprint head's value for every op but GERMINATE.
+NO_BLUEPRINT = 0
+#: The built-in part of the blueprint table: name of action index 1, 2, ... Append only: a new
+#: built-in goes at the end, and a retired name (``flex_attention``) keeps its place, so the
+#: blueprint head of every policy trained so far keeps its meaning.
+BUILTIN_TABLE: tuple[str, ...] = (
+    "conv_light",
+    "attention",
+    "norm",
+    "depthwise",
+    "bottleneck",
+    "conv_small",
+    "conv_heavy",
+    "lora",
+    "lora_large",
+    "mlp_small",
+    "mlp",
+    "flex_attention",
+)
+# Names appear in command lines (``grower:conv_light:all``) and comma-separated lists.
+_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
 class BlueprintError(ValueError):
@@ -74,6 +111,8 @@ class BlueprintSpec:
 
 
 _REGISTRY: dict[str, dict[str, BlueprintSpec]] = {topology: {} for topology in TOPOLOGIES}
+#: Name of each action index from 1 on (index 0 is `NO_BLUEPRINT`); grows in `register` only.
+_TABLE: list[str] = list(BUILTIN_TABLE)
 
 
 class LayerScale(nn.Module):
@@ -125,7 +164,14 @@ def _check_channels(channels: int) -> int:
 
 
 def register(spec: BlueprintSpec) -> BlueprintSpec:
-    """Add a blueprint to the registry.
+    """Add a blueprint to the registry; a name new to the blueprint table gets the next index.
+
+    Example:
+        >>> spec = BlueprintSpec("double", "cnn", lambda c: LayerScale2d(c, 2.0), "2x; C")
+        >>> with scratch_registry():
+        ...     _ = register(spec)
+        ...     blueprint_index("double") == len(blueprint_table()) - 1
+        True
 
     Args:
         spec: The blueprint to add.
@@ -134,12 +180,16 @@ def register(spec: BlueprintSpec) -> BlueprintSpec:
         ``spec`` unchanged, so registration can be written inline.
 
     Raises:
-        BlueprintError: If the topology is unknown, the name is empty, or the name is already
-            registered for that topology.
+        BlueprintError: If the topology is unknown, the name is not lower-case letters, digits
+            and underscores starting with a letter, the factory is not callable, or the name
+            is already registered for that topology.
     """
     _check_topology(spec.topology)
-    if not isinstance(spec.name, str) or not spec.name:
-        raise BlueprintError(f"blueprint name must be a non-empty string, got {spec.name!r}")
+    if not isinstance(spec.name, str) or not _NAME.fullmatch(spec.name):
+        raise BlueprintError(
+            f"blueprint name must be lower-case letters, digits and underscores starting with a "
+            f"letter, got {spec.name!r}"
+        )
     if not callable(spec.factory):
         raise BlueprintError(f"blueprint {spec.name!r} factory must be callable")
     table = _REGISTRY[spec.topology]
@@ -149,11 +199,14 @@ def register(spec: BlueprintSpec) -> BlueprintSpec:
             "unregister it first"
         )
     table[spec.name] = spec
+    if spec.name not in _TABLE:
+        _TABLE.append(spec.name)
     return spec
 
 
 def unregister(name: str, topology: str = "cnn") -> BlueprintSpec:
-    """Remove a blueprint from the registry.
+    """Remove a blueprint from the registry. Its name keeps its index in the blueprint table, so
+    registering it again gives it the same index.
 
     Args:
         name: Blueprint name.
@@ -168,6 +221,62 @@ def unregister(name: str, topology: str = "cnn") -> BlueprintSpec:
     spec = get_spec(name, topology)
     del _REGISTRY[topology][name]
     return spec
+
+
+def blueprint_table() -> tuple[str | None, ...]:
+    """The blueprint name of every action index: None ("no blueprint") at `NO_BLUEPRINT`, then
+    `BUILTIN_TABLE`, then the names registered since, in registration order.
+
+    Its length is the size of the blueprint head of a policy created now.
+
+    Example:
+        >>> blueprint_table()[:4]
+        (None, 'conv_light', 'attention', 'norm')
+    """
+    return (None, *_TABLE)
+
+
+def blueprint_index(name: str | None) -> int:
+    """Action index of a blueprint name (`NO_BLUEPRINT` for None).
+
+    Raises:
+        BlueprintError: If the name is not in the blueprint table.
+    """
+    if name is None:
+        return NO_BLUEPRINT
+    try:
+        return _TABLE.index(name) + 1
+    except ValueError:
+        raise BlueprintError(f"unknown blueprint {name!r}; known: {', '.join(_TABLE)}") from None
+
+
+def blueprint_at(index: int) -> str | None:
+    """Blueprint name of an action index (None for `NO_BLUEPRINT`).
+
+    Raises:
+        BlueprintError: If the index is outside the blueprint table.
+    """
+    if not 0 <= index <= len(_TABLE):
+        raise BlueprintError(f"blueprint index {index!r} outside the table 0..{len(_TABLE)}")
+    return None if index == NO_BLUEPRINT else _TABLE[index - 1]
+
+
+@contextmanager
+def scratch_registry() -> Iterator[None]:
+    """On exit, put the registry and the blueprint table back as they were on entry.
+
+    For tests and throwaway experiments only: everywhere else the table only grows, because a
+    policy created inside keeps indices that the process forgets here.
+    """
+    specs = {topology: dict(table) for topology, table in _REGISTRY.items()}
+    names = list(_TABLE)
+    try:
+        yield
+    finally:
+        for topology, table in _REGISTRY.items():
+            table.clear()
+            table.update(specs[topology])
+        _TABLE[:] = names
 
 
 def get_spec(name: str, topology: str = "cnn") -> BlueprintSpec:

@@ -178,7 +178,7 @@ class GovernorCallback(Callback):
         return trainer.optimizers[0] if trainer.optimizers else None
 
     def _fossilized(self) -> int:
-        return 0 if self._engine is None else self._engine.count("fossilized")
+        return 0 if self._engine is None else self._engine.event_counts()["fossilized"]
 
     # --- state --------------------------------------------------------------------------------
     @override

@@ -20,7 +20,7 @@ from typing_extensions import override
 
 from esper_lightning.blueprints import TOPOLOGIES
 from esper_lightning.callbacks import _distributed as dist
-from esper_lightning.controllers.base import Controller
+from esper_lightning.controllers.base import Controller, ExplainsDecisions, PlansGermination
 from esper_lightning.core.counterfactual import (
     CounterfactualAccumulator,
     LogitsError,
@@ -48,9 +48,6 @@ _MISSING_KEY_EFFECT = {
     "train_loss_key": "the controller sees no training loss",
 }
 TIMELINE_TAG = "morpho/timeline"
-#: The heuristic's knobs that decide how early it can germinate.
-_GERMINATION_KNOBS = ("min_epochs_before_germinate", "stabilization_epochs",
-                      "plateau_epochs_to_germinate")
 
 
 class MorphogenesisCallback(Callback):
@@ -373,7 +370,8 @@ class MorphogenesisCallback(Callback):
         )
         report = engine.report(max_epochs=trainer.max_epochs)
         action = self.controller.decide(report)
-        reason = getattr(self.controller, "last_reason", None)
+        controller = self.controller
+        reason = controller.last_reason if isinstance(controller, ExplainsDecisions) else None
         action, reason = dist.broadcast_decision(trainer, action, reason)  # decided once
         self.last_outcome = outcome = engine.execute(action, reason)
         engine.tick()
@@ -417,28 +415,28 @@ class MorphogenesisCallback(Callback):
 
     def _warn_if_too_short(self, trainer: L.Trainer) -> None:
         """Warn when no seed can reach blending before the run ends (controllers that know
-        their earliest germination, such as `HeuristicController`)."""
-        earliest = getattr(self.controller, "earliest_germination", None)
-        max_epochs = trainer.max_epochs
-        if earliest is None or max_epochs is None or max_epochs < 1:
+        their earliest germination: `PlansGermination`, such as `HeuristicController`)."""
+        controller, max_epochs = self.controller, trainer.max_epochs
+        if not isinstance(controller, PlansGermination) or max_epochs is None or max_epochs < 1:
             return
-        first = int(earliest(max_epochs))
+        earliest = controller.earliest_germination(max_epochs)
+        if earliest is None:
+            return
+        first = int(earliest)
         incubation = min(s.gates.config.min_training_epochs
                          for s in self._require_engine().slots.values())
         needed = first + 2 + incubation  # germinate, advance, incubate, then the G2 decision
         if max_epochs >= needed:
             return
-        timing = getattr(self.controller, "timing", None)
-        knobs = "" if timing is None else " (" + ", ".join(
-            f"{k}={v}" for k, v in timing(max_epochs).items() if k in _GERMINATION_KNOBS
-        ) + " at this length)"
+        timing = controller.timing(max_epochs)
+        knobs = ", ".join(f"{k}={v}" for k, v in timing.items())
         rank_zero_warn(
             f"MorphogenesisCallback: max_epochs={max_epochs} is too short for any seed to reach "
-            f"blending: the controller germinates at epoch {first} at the earliest{knobs}, "
-            f"then a seed needs 1 epoch to start training and min_training_epochs="
-            f"{incubation} epochs of training before G2 lets it blend, {needed} epochs in all; "
-            f"lower the HeuristicConfig timing knobs, gate_config=GateConfig("
-            f"min_training_epochs=...), or train longer"
+            f"blending: the controller germinates at epoch {first} at the earliest"
+            f"{f' (timing knobs at this length: {knobs})' if knobs else ''}, then a seed needs 1 "
+            f"epoch to start training and min_training_epochs={incubation} epochs of training "
+            f"before G2 lets it blend, {needed} epochs in all; lower the controller's timing "
+            f"knobs, gate_config=GateConfig(min_training_epochs=...), or train longer"
         )
 
     def _measurements(self, trainer: L.Trainer) -> tuple[float | None, dict[str, float]]:

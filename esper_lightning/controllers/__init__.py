@@ -1,7 +1,8 @@
 """Controllers: decide once per epoch what happens to the seeds.
 
 Every controller follows the `Controller` protocol (``decide``, ``reset``, ``state_dict``,
-``load_state_dict``) and reads the same `EpochReport`::
+``load_state_dict``) and reads the same `EpochReport`; `ControllerBase` adds the optional hooks
+the callback uses (``last_reason``, ``earliest_germination``, ``timing``) at their defaults::
 
     from esper_lightning.controllers import HeuristicController
 
@@ -9,7 +10,12 @@ Every controller follows the `Controller` protocol (``decide``, ``reset``, ``sta
     action = controller.decide(report)  # once per epoch, after validation
 """
 
-from esper_lightning.controllers.base import Controller
+from esper_lightning.controllers.base import (
+    Controller,
+    ControllerBase,
+    ExplainsDecisions,
+    PlansGermination,
+)
 from esper_lightning.controllers.baselines import (
     GrowerController,
     RandomController,
@@ -21,9 +27,12 @@ from esper_lightning.controllers.policy import PolicyController
 
 __all__ = [
     "Controller",
+    "ControllerBase",
+    "ExplainsDecisions",
     "GrowerController",
     "HeuristicConfig",
     "HeuristicController",
+    "PlansGermination",
     "PolicyController",
     "RandomController",
     "ScriptedController",

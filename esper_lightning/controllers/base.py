@@ -4,6 +4,10 @@ A controller reads one `EpochReport` after validation and returns one `Action`. 
 re-checks the action against the live slot states before executing it; an illegal action becomes
 WAIT with a recorded reason, so a controller never breaks the lifecycle, it only wastes a turn.
 
+Besides the four methods of `Controller`, a controller may offer optional hooks that the callback
+uses: `ExplainsDecisions` (``last_reason``) and `PlansGermination` (``earliest_germination``,
+``timing``). `ControllerBase` has all of them at their defaults, ready to subclass.
+
 Controller state must be plain data (ints, floats, strings, bools, None, lists and dicts of
 them) so that a Lightning checkpoint holding it loads with ``torch.load(weights_only=True)``.
 """
@@ -26,6 +30,10 @@ STATE_VERSION = 1
 class Controller(Protocol):
     """Decides one lifecycle action per epoch.
 
+    These four methods are all a controller needs; a plain class with them is a controller.
+    `MorphogenesisCallback` also uses the optional hooks below when a controller has them
+    (`ExplainsDecisions`, `PlansGermination`); `ControllerBase` gives every hook its default.
+
     Example:
         >>> from esper_lightning.controllers import StaticController
         >>> isinstance(StaticController(), Controller)
@@ -47,6 +55,79 @@ class Controller(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` returned; continues exactly where the saved one left off."""
         ...
+
+
+@runtime_checkable
+class ExplainsDecisions(Protocol):
+    """Optional hook: a controller that says why it took its last decision."""
+
+    #: Why the last `decide` returned its action, in a few words (None: not given). The
+    #: callback records it with the lifecycle event the action causes (``"policy: <reason>"``
+    #: in the event log and in the seed's prune reason).
+    last_reason: str | None
+
+
+@runtime_checkable
+class PlansGermination(Protocol):
+    """Optional hooks: a controller that knows how soon it can germinate.
+
+    With them, the callback warns at fit start when ``max_epochs`` is too short for any seed to
+    reach blending (earliest germination, one epoch to start training, then the G2 incubation).
+    """
+
+    def earliest_germination(self, max_epochs: int | None) -> int | None:
+        """The first epoch (0-based) at which a run of ``max_epochs`` epochs can germinate;
+        None when the controller cannot tell (no warning)."""
+        ...
+
+    def timing(self, max_epochs: int | None) -> Mapping[str, int]:
+        """The controller's knobs counted in epochs, as a run of ``max_epochs`` epochs uses them
+        (named in the warning, so the user knows what to lower; may be empty)."""
+        ...
+
+
+class ControllerBase:
+    """A controller with every optional hook at its default: subclass it and write `decide`.
+
+    The defaults: no reason (`last_reason` None), no known earliest germination (no too-short
+    warning), no timing knobs, and no state (`reset` does nothing, `state_dict` is empty and
+    `load_state_dict` accepts only an empty dict). Override what your controller has.
+
+    Example:
+        >>> class Waiter(ControllerBase):
+        ...     def decide(self, report: EpochReport) -> Action:
+        ...         self.last_reason = "nothing to do"
+        ...         return WAIT
+        >>> waiter = Waiter()
+        >>> isinstance(waiter, Controller), waiter.state_dict(), waiter.earliest_germination(30)
+        (True, {}, None)
+    """
+
+    last_reason: str | None = None
+
+    def decide(self, report: EpochReport) -> Action:
+        """Return the action for the epoch that ``report`` describes (call once per epoch)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement decide(report)")
+
+    def reset(self) -> None:
+        """Forget per-run state at the start of a new run or episode (none by default)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain-data state; empty by default."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned; by default only an empty dict."""
+        if state:
+            raise ValueError(f"{type(self).__name__} keeps no state; got keys {sorted(state)}")
+
+    def earliest_germination(self, max_epochs: int | None) -> int | None:
+        """The first epoch a run of ``max_epochs`` epochs can germinate; None: unknown."""
+        return None
+
+    def timing(self, max_epochs: int | None) -> Mapping[str, int]:
+        """Knobs counted in epochs at this run length; none by default."""
+        return {}
 
 
 def check_state(state: Mapping[str, Any], kind: str, keys: Iterable[str]) -> None:

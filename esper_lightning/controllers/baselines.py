@@ -13,13 +13,13 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
+from esper_lightning.blueprints import blueprint_index
 from esper_lightning.controllers.base import WAIT, check_state, state_header
 from esper_lightning.core.actions import (
     CAUSAL_RELEVANCE,
     HEADS,
     Action,
     ActionMasks,
-    BlueprintAction,
     LifecycleOp,
     Tempo,
     canonicalize,
@@ -156,7 +156,8 @@ class GrowerController:
         fossilize: bool = True,
         tempo: Tempo = Tempo.FAST,
     ) -> None:
-        self.blueprint = BlueprintAction.from_name(blueprint)
+        blueprint_index(blueprint)  # BlueprintError (a ValueError) listing the known names
+        self.blueprint = blueprint
         self.slots = None if slots is None else tuple(int(s) for s in slots)
         self.fossilize = fossilize
         self.tempo = Tempo(tempo)
@@ -200,8 +201,8 @@ class ScriptedController:
         TypeError: for an entry that is not an `Action`.
 
     Example:
-        >>> from esper_lightning.core.actions import BlueprintAction, LifecycleOp
-        >>> germinate = Action(LifecycleOp.GERMINATE, slot=0, blueprint=BlueprintAction.NORM)
+        >>> from esper_lightning.core.actions import LifecycleOp
+        >>> germinate = Action(LifecycleOp.GERMINATE, slot=0, blueprint="norm")
         >>> controller = ScriptedController({5: germinate, 6: Action(LifecycleOp.ADVANCE)})
         >>> sorted(controller.script)
         [5, 6]

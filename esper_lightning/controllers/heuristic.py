@@ -22,11 +22,11 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
+from esper_lightning.blueprints import blueprint_index
 from esper_lightning.controllers.base import WAIT, check_state, state_header
 from esper_lightning.core.actions import (
     Action,
     AlphaTargetChoice,
-    BlueprintAction,
     LifecycleOp,
     action_error,
     canonicalize,
@@ -142,7 +142,7 @@ class HeuristicConfig:
         if not self.blueprint_rotation:
             raise ValueError("HeuristicConfig.blueprint_rotation must name at least one blueprint")
         for name in self.blueprint_rotation:
-            BlueprintAction.from_name(name)  # raises ValueError listing the accepted names
+            blueprint_index(name)  # BlueprintError (a ValueError) listing the known names
         ref = self.reference_epochs
         if ref is not None and (isinstance(ref, bool) or not isinstance(ref, int) or ref < 1):
             raise ValueError(f"HeuristicConfig.reference_epochs must be an int >= 1 or None, "
@@ -382,7 +382,7 @@ class HeuristicController:
         action = Action(
             LifecycleOp.GERMINATE,
             slot=slot,
-            blueprint=BlueprintAction.from_name(blueprint),
+            blueprint=blueprint,
             alpha_target=AlphaTargetChoice.FULL,
         )
         return action, f"plateau of {self._plateau_epochs} epochs: germinate {blueprint}"

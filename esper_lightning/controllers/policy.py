@@ -10,7 +10,8 @@ import torch
 from esper_lightning.controllers.base import check_state, state_header
 from esper_lightning.core.actions import Action
 from esper_lightning.core.report import EpochReport
-from esper_lightning.rl.checkpoint import PolicyBundle, load_policy, read_checkpoint
+from esper_lightning.rl.checkpoint import PolicyBundle, check_blueprints, load_policy_file
+from esper_lightning.rl.distributions import fit_blueprint_head
 from esper_lightning.rl.observations import encode_reports
 
 
@@ -20,6 +21,10 @@ class PolicyController:
     The observation is built exactly as in training (same features, the training episode length
     as horizon, the saved observation normaliser) and the LSTM state carries over from epoch to
     epoch. Actions are the argmax of each head by default (``deterministic=False`` samples).
+
+    The policy acts in any run whose blueprints all have an entry in its blueprint head, also
+    after more blueprints were registered; at the first decision a run that allows a blueprint
+    the policy has never seen is refused with a `ConfigError` naming both.
 
     Args:
         checkpoint: path of a PPO checkpoint (loaded with ``weights_only=True``), or a
@@ -35,10 +40,12 @@ class PolicyController:
         self, checkpoint: str | os.PathLike[str] | PolicyBundle, deterministic: bool = True
     ) -> None:
         bundle = (checkpoint if isinstance(checkpoint, PolicyBundle)
-                  else load_policy(read_checkpoint(checkpoint)))
+                  else load_policy_file(checkpoint))
+        self.bundle = bundle
         self.policy, self.obs_rms = bundle.policy, bundle.obs_rms
         self.slot_ids, self.horizon, self.compact = bundle.slot_ids, bundle.horizon, bundle.compact
         self.deterministic = deterministic
+        self._checked: tuple[str, ...] | None = None  # the run blueprints found fitting
         self.reset()
 
     def decide(self, report: EpochReport) -> Action:
@@ -47,8 +54,13 @@ class PolicyController:
                 f"the policy was trained for slots {list(self.slot_ids)}; the callback has "
                 f"{list(report.slot_ids)}"
             )
+        allowed = report.mask_context.blueprints
+        if allowed != self._checked:
+            check_blueprints(self.bundle, allowed)
+            self._checked = allowed
         _, obs, blueprints, masks = encode_reports([report], self.obs_rms, self.horizon,
                                                    self.compact)
+        masks = fit_blueprint_head(masks, len(self.bundle.blueprints))
         starts = torch.tensor([self._episode_start])
         out = self.policy.act(obs, blueprints, masks, self.hidden, self.deterministic,
                               episode_starts=starts)

@@ -7,10 +7,15 @@ heuristic and the RL agent all read the same masks, and the engine re-checks eve
 An `Action` has eight heads. The op is chosen first; the causal relevance table
 (`CAUSAL_RELEVANCE`) says which other heads matter for that op. Irrelevant heads are set to their
 canonical value (`canonicalize`) so they carry no information and, in the RL agent, no log-prob.
+
+The blueprint head names a blueprint (``Action.blueprint = "conv_light"``); its index, in the
+masks and for a policy, is the name's place in the blueprint table (`blueprints.blueprint_table`:
+0 is "no blueprint", then the built-ins, then every blueprint registered since).
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from enum import IntEnum
@@ -18,6 +23,12 @@ from typing import Protocol
 
 import numpy as np
 
+from esper_lightning.blueprints.registry import (
+    NO_BLUEPRINT,
+    blueprint_at,
+    blueprint_index,
+    blueprint_table,
+)
 from esper_lightning.core.alpha import AlphaAlgorithm, AlphaCurve, AlphaMode
 from esper_lightning.core.lifecycle import (
     FAILURE_STAGES,
@@ -35,36 +46,6 @@ class LifecycleOp(IntEnum):
     PRUNE = 3
     FOSSILIZE = 4
     ADVANCE = 5
-
-
-class BlueprintAction(IntEnum):
-    """Blueprint head. NOOP is never legal; FLEX_ATTENTION is kept for index compatibility."""
-
-    NOOP = 0
-    CONV_LIGHT = 1
-    ATTENTION = 2
-    NORM = 3
-    DEPTHWISE = 4
-    BOTTLENECK = 5
-    CONV_SMALL = 6
-    CONV_HEAVY = 7
-    LORA = 8
-    LORA_LARGE = 9
-    MLP_SMALL = 10
-    MLP = 11
-    FLEX_ATTENTION = 12
-
-    @property
-    def blueprint_name(self) -> str:
-        return self.name.lower()
-
-    @classmethod
-    def from_name(cls, name: str) -> BlueprintAction:
-        try:
-            return cls[name.upper()]
-        except KeyError:
-            accepted = ", ".join(b.blueprint_name for b in cls if b != cls.NOOP)
-            raise ValueError(f"unknown blueprint {name!r}; accepted: {accepted}") from None
 
 
 class GerminationStyle(IntEnum):
@@ -155,9 +136,10 @@ HEADS: tuple[str, ...] = (
     "alpha_curve",
 )
 
+#: The heads with a fixed set of values; the slot head has one value per slot and the blueprint
+#: head one per entry of the blueprint table.
 HEAD_ENUMS: dict[str, type[IntEnum]] = {
     "op": LifecycleOp,
-    "blueprint": BlueprintAction,
     "style": GerminationStyle,
     "tempo": Tempo,
     "alpha_target": AlphaTargetChoice,
@@ -177,9 +159,9 @@ CAUSAL_RELEVANCE: dict[LifecycleOp, frozenset[str]] = {
     LifecycleOp.ADVANCE: frozenset({"op", "slot"}),
 }
 
-#: Value an irrelevant head takes (the slot head's canonical value is the first legal slot).
-CANONICAL: dict[str, IntEnum] = {
-    "blueprint": BlueprintAction.NOOP,
+#: Index an irrelevant head takes (the slot head's canonical value is the first legal slot).
+CANONICAL: dict[str, int] = {
+    "blueprint": NO_BLUEPRINT,
     "style": GerminationStyle.SIGMOID_ADD,
     "tempo": Tempo.STANDARD,
     "alpha_target": AlphaTargetChoice.FULL,
@@ -190,16 +172,23 @@ CANONICAL: dict[str, IntEnum] = {
 
 @dataclass(frozen=True)
 class Action:
-    """One factored decision. ``slot`` indexes the controller's ordered slot list.
+    """One factored decision. ``slot`` indexes the controller's ordered slot list; ``blueprint``
+    is a blueprint name (None: no blueprint, the value of every op but GERMINATE). An index of the
+    blueprint table (what a policy samples) is accepted too and stored as its name.
 
     Example:
-        >>> Action(LifecycleOp.GERMINATE, slot=1, blueprint=BlueprintAction.CONV_LIGHT).op.name
-        'GERMINATE'
+        >>> Action(LifecycleOp.GERMINATE, slot=1, blueprint="conv_light").describe()
+        'GERMINATE slot=1 blueprint=conv_light style=sigmoid_add tempo=standard alpha_target=full'
+        >>> Action.from_indices([1, 1, 1, 2, 1, 2, 0, 0]).blueprint
+        'conv_light'
+
+    Raises:
+        BlueprintError: For a name or index outside the blueprint table.
     """
 
     op: LifecycleOp = LifecycleOp.WAIT
     slot: int = 0
-    blueprint: BlueprintAction = BlueprintAction.NOOP
+    blueprint: str | None = None
     style: GerminationStyle = GerminationStyle.SIGMOID_ADD
     tempo: Tempo = Tempo.STANDARD
     alpha_target: AlphaTargetChoice = AlphaTargetChoice.FULL
@@ -207,12 +196,16 @@ class Action:
     alpha_curve: AlphaCurveChoice = AlphaCurveChoice.LINEAR
 
     def __post_init__(self) -> None:
-        # Accept plain ints (from a policy's sampled indices) and store enums.
+        # Accept plain ints (from a policy's sampled indices) and store enums and names.
         for f in fields(self):
             enum_type = HEAD_ENUMS.get(f.name)
             if enum_type is not None:
                 object.__setattr__(self, f.name, enum_type(getattr(self, f.name)))
         object.__setattr__(self, "slot", int(self.slot))
+        if isinstance(self.blueprint, str):
+            blueprint_index(self.blueprint)  # a misspelt name fails here, not at execution
+        elif self.blueprint is not None:
+            object.__setattr__(self, "blueprint", blueprint_at(operator.index(self.blueprint)))
 
     @classmethod
     def from_indices(cls, indices: Sequence[int]) -> Action:
@@ -220,7 +213,11 @@ class Action:
         return cls(**dict(zip(HEADS, (int(i) for i in indices), strict=True)))
 
     def indices(self) -> tuple[int, ...]:
-        return tuple(int(getattr(self, head)) for head in HEADS)
+        """Head indices in `HEADS` order (the blueprint's from the blueprint table)."""
+        return tuple(
+            blueprint_index(self.blueprint) if head == "blueprint" else int(getattr(self, head))
+            for head in HEADS
+        )
 
     def relevant(self, head: str) -> bool:
         return head in CAUSAL_RELEVANCE[self.op]
@@ -232,7 +229,8 @@ class Action:
             parts.append(f"slot={slot}")
         for head in HEADS[2:]:
             if self.relevant(head):
-                parts.append(f"{head}={getattr(self, head).name.lower()}")
+                value = getattr(self, head)
+                parts.append(f"{head}={value if head == 'blueprint' else value.name.lower()}")
         return " ".join(parts)
 
 
@@ -328,7 +326,7 @@ class ActionMasks:
 
     op: np.ndarray  # [6]
     slot_by_op: np.ndarray  # [6, S]
-    blueprint: np.ndarray  # [13]
+    blueprint: np.ndarray  # [len(blueprint_table())]
     style: np.ndarray  # [4]
     tempo: np.ndarray  # [3]
     alpha_target: np.ndarray  # [3]
@@ -351,7 +349,8 @@ class ActionMasks:
     def allows(self, action: Action) -> bool:
         if not self.op[action.op] or not self.head("slot", action.op)[action.slot]:
             return False
-        return all(self.head(h, action.op)[int(getattr(action, h))] for h in HEADS[2:])
+        indices = dict(zip(HEADS, action.indices(), strict=True))
+        return all(self.head(h, action.op)[indices[h]] for h in HEADS[2:])
 
 
 def compute_masks(views: Sequence[SlotView], ctx: MaskContext) -> ActionMasks:
@@ -368,10 +367,9 @@ def compute_masks(views: Sequence[SlotView], ctx: MaskContext) -> ActionMasks:
         for i in range(len(views)):
             slot_by_op[op, i] = slot_op_error(op, i, views, ctx) is None
     op_mask = slot_by_op.any(axis=1)
-    blueprint = np.zeros(len(BlueprintAction), dtype=bool)
+    blueprint = np.zeros(len(blueprint_table()), dtype=bool)
     for name in ctx.blueprints:
-        blueprint[BlueprintAction.from_name(name)] = True
-    blueprint[BlueprintAction.NOOP] = False
+        blueprint[blueprint_index(name)] = True
     configurable = op_mask[LifecycleOp.GERMINATE] or op_mask[LifecycleOp.SET_ALPHA_TARGET]
     style = np.ones(len(GerminationStyle), dtype=bool)
     alpha_target = np.ones(len(AlphaTargetChoice), dtype=bool)
@@ -381,7 +379,7 @@ def compute_masks(views: Sequence[SlotView], ctx: MaskContext) -> ActionMasks:
         alpha_target[:] = False
         alpha_target[AlphaTargetChoice.FULL] = True
     if not blueprint.any():
-        blueprint[BlueprintAction.NOOP] = True  # only reachable when GERMINATE is masked
+        blueprint[NO_BLUEPRINT] = True  # only reachable when GERMINATE is masked
     return ActionMasks(
         op=op_mask,
         slot_by_op=slot_by_op,
@@ -399,8 +397,6 @@ def action_error(action: Action, views: Sequence[SlotView], ctx: MaskContext) ->
     error = slot_op_error(action.op, action.slot, views, ctx)
     if error is not None:
         return error
-    if action.op == LifecycleOp.GERMINATE:
-        name = action.blueprint.blueprint_name
-        if action.blueprint == BlueprintAction.NOOP or name not in ctx.blueprints:
-            return f"blueprint_{name}_not_allowed"
+    if action.op == LifecycleOp.GERMINATE and action.blueprint not in ctx.blueprints:
+        return f"blueprint_{action.blueprint or 'none'}_not_allowed"
     return None

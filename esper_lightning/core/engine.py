@@ -26,8 +26,8 @@ from torch.optim import Optimizer
 
 from esper_lightning import blueprints as blueprint_registry
 from esper_lightning.core.actions import (
+    HEADS,
     Action,
-    BlueprintAction,
     LifecycleOp,
     MaskContext,
     action_error,
@@ -127,7 +127,7 @@ class MorphogenesisEngine:
         >>> engine = MorphogenesisEngine(model, slots=["net.1"])
         >>> _ = model.net(torch.zeros(1, 3, 8, 8))  # infers the slot width
         >>> from esper_lightning.core.actions import LifecycleOp
-        >>> engine.execute(Action(LifecycleOp.GERMINATE, 0, blueprint=3)).success
+        >>> engine.execute(Action(LifecycleOp.GERMINATE, 0, blueprint="norm")).success
         True
     """
 
@@ -192,9 +192,6 @@ class MorphogenesisEngine:
     @property
     def host_params(self) -> int:
         return sum(p.numel() for p in self.host_parameters())
-
-    def count(self, kind: str) -> int:
-        return sum(e.kind == kind for e in self.events)
 
     def event_counts(self) -> Counter[str]:
         """Lifecycle events so far by kind (``germinated``, ``fossilized``, ``pruned``)."""
@@ -392,7 +389,9 @@ class MorphogenesisEngine:
         )
         return {
             "epoch": self.epoch,
-            "last_action": None if self.last_action is None else list(self.last_action.indices()),
+            # By head name, the blueprint by its name: a checkpoint never depends on the order in
+            # which a process registered its blueprints.
+            "last_action": None if self.last_action is None else _plain(self.last_action),
             "last_action_success": self.last_action_success,
             "accuracy_history": list(self.accuracy_history),
             "loss_history": list(self.loss_history),
@@ -405,7 +404,11 @@ class MorphogenesisEngine:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.epoch = int(state["epoch"])
         last = state["last_action"]
-        self.last_action = None if last is None else Action.from_indices(last)
+        if last is None:
+            self.last_action = None
+        else:  # a list of head indices in checkpoints written before names were stored
+            self.last_action = Action(**last) if isinstance(last, Mapping) else (
+                Action.from_indices(last))
         self.last_action_success = bool(state["last_action_success"])
         self.accuracy_history = deque(state["accuracy_history"], maxlen=HISTORY_WINDOW)
         self.loss_history = deque(state["loss_history"], maxlen=HISTORY_WINDOW)
@@ -413,6 +416,12 @@ class MorphogenesisEngine:
         self.events = [LifecycleEvent(**e) for e in state["events"]]
         self.timeline = [TimelineEntry(**e) for e in state.get("timeline", [])]
         self._pending_group_order = list(state["seed_group_order"])
+
+
+def _plain(action: Action) -> dict[str, int | str | None]:
+    """``action`` as plain data: head name -> index, the blueprint head -> blueprint name."""
+    return {head: action.blueprint if head == "blueprint" else int(getattr(action, head))
+            for head in HEADS}
 
 
 def _timeline_entry(epoch: int, slot: SeedSlot) -> TimelineEntry:
@@ -430,9 +439,8 @@ def _common_topology(slots: Any) -> str:
 
 
 def _check_blueprints(names: Sequence[str] | None, topology: str) -> tuple[str, ...]:
-    # Only blueprints with an index in the action space can be chosen by a controller.
-    actionable = {b.blueprint_name for b in BlueprintAction}
-    allowed = tuple(n for n in blueprint_registry.available(topology) if n in actionable)
+    # Every registered blueprint has an index in the blueprint table, so every one is actionable.
+    allowed = blueprint_registry.available(topology)
     if names is None:
         return allowed
     if isinstance(names, str):
@@ -456,7 +464,7 @@ def execute_on_slot(
     if op == LifecycleOp.GERMINATE:
         style = action.style
         return slot.germinate(
-            action.blueprint.blueprint_name,
+            action.blueprint,
             algorithm=style.algorithm,
             curve=style.curve,
             tempo=action.tempo.epochs,

@@ -230,12 +230,12 @@ class MorphogenesisEnv:
             roll_back(self.snapshot, self.host, self.governor, reason, engine=engine,
                       optimizer=self.optimizer.optimizer, scaler=self._scaler())
         elif self.governor.consecutive_anomalies == 0:
-            fossilized = engine.count("fossilized")
+            fossilized = engine.event_counts()["fossilized"]
             if self.governor.should_snapshot(engine.epoch, fossilized > self._snapshot_fossils):
                 self.snapshot = self._take_snapshot()
 
     def _take_snapshot(self) -> Snapshot:
-        self._snapshot_fossils = self._engine().count("fossilized")
+        self._snapshot_fossils = self._engine().event_counts()["fossilized"]
         return take_snapshot(self.host, self.optimizer.optimizer, self._scaler())
 
     def _scaler(self) -> Any:

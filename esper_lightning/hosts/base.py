@@ -14,8 +14,8 @@ class SlottedHost(L.LightningModule):
     """A `LightningModule` whose architecture offers slots at named places.
 
     Subclasses call `_build_slots` in ``__init__`` and pass activations through `_slot` at each
-    place; `slot_order` is then the action order controllers see (the canonical order of the
-    architecture, whatever order the user listed the slots in).
+    place; the keys of ``slots`` are then the action order controllers see (the canonical order
+    of the architecture, whatever order the user listed the slots in).
     """
 
     slots: nn.ModuleDict
@@ -35,11 +35,6 @@ class SlottedHost(L.LightningModule):
                 f"accepted: {', '.join(available)}"
             )
         self.slots = nn.ModuleDict({sid: make_slot(sid) for sid in available if sid in chosen})
-
-    @property
-    def slot_order(self) -> tuple[str, ...]:
-        """Enabled slot ids in action order."""
-        return tuple(self.slots.keys())
 
     def _slot(self, slot_id: str, x: Tensor) -> Tensor:
         return self.slots[slot_id](x) if slot_id in self.slots else x

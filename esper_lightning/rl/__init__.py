@@ -7,7 +7,10 @@ See ``docs/rl.md`` for every feature, mask rule, hyper-parameter, reward formula
 from esper_lightning.rl.buffer import RolloutBuffer, compute_gae
 from esper_lightning.rl.checkpoint import (
     PolicyBundle,
+    check_blueprints,
     load_policy,
+    load_policy_file,
+    load_policy_weights,
     policy_entries,
     read_checkpoint,
     write_checkpoint,
@@ -16,6 +19,7 @@ from esper_lightning.rl.distributions import (
     RELEVANCE,
     MaskBatch,
     MaskedCategorical,
+    fit_blueprint_head,
     stack_masks,
 )
 from esper_lightning.rl.episodes import StepEnds, step_ends
@@ -68,11 +72,15 @@ __all__ = [
     "batch_observations",
     "blueprint_indices",
     "build_observation",
+    "check_blueprints",
     "compute_gae",
     "compute_reward",
     "encode_reports",
     "explained_variance",
+    "fit_blueprint_head",
     "load_policy",
+    "load_policy_file",
+    "load_policy_weights",
     "make_optimizer",
     "obs_dim",
     "policy_entries",

@@ -3,25 +3,38 @@
 A checkpoint is a plain dict saved with `torch.save` and read with ``weights_only=True``. The
 training application adds its own entries (optimizer, normalisers of rewards and values, RNG
 states, round, full config); this module owns the entries needed to *act*: the policy weights,
-its sizes, the observation normaliser, the slot ids it was trained for and the horizon its
-observations were scaled with.
+its sizes and action space (head sizes, and the blueprint name of each blueprint-head index), the
+observation normaliser, the slot ids it was trained for and the horizon its observations were
+scaled with.
+
+A policy acts in a run only if that run's action space fits it: the blueprint indices it shares
+with this process's blueprint table must name the same blueprints (checked on loading), and every
+blueprint the run allows must have a head entry (`check_blueprints`). A policy trained before a
+blueprint was registered therefore still acts in runs that do not allow the new blueprint.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from esper_lightning.blueprints import BUILTIN_TABLE, blueprint_table
 from esper_lightning.errors import ConfigError
 from esper_lightning.rl.normalizers import RunningMeanStd
 from esper_lightning.rl.observations import obs_dim
 from esper_lightning.rl.policy import FactoredRecurrentActorCritic, PolicyConfig
 
-CHECKPOINT_VERSION = 1
+#: Version 2 added the action space (``head_sizes``, ``blueprints``) and the sizes besides the
+#: hidden width (``policy_head_hidden``, ``blueprint_embed_dim``).
+CHECKPOINT_VERSION = 2
+#: Version 1 stored no action space: its blueprint head was always the 13 entries of the
+#: built-in table of the time, so reading it back is exact.
+VERSION_1_BLUEPRINTS: tuple[str | None, ...] = (None, *BUILTIN_TABLE[:12])
 
 
 @dataclass
@@ -34,6 +47,7 @@ class PolicyBundle:
         slot_ids: slots the policy was trained for, in action order.
         horizon: episode length its observations were scaled with.
         compact: trained on the compact action space (op, slot, blueprint).
+        source: what the policy is called in error messages (``policy 'runs/ckpt.pt'``).
     """
 
     policy: FactoredRecurrentActorCritic
@@ -41,6 +55,12 @@ class PolicyBundle:
     slot_ids: tuple[str, ...]
     horizon: int
     compact: bool = False
+    source: str = "the policy"
+
+    @property
+    def blueprints(self) -> tuple[str | None, ...]:
+        """The blueprint name of each index of the policy's blueprint head."""
+        return self.policy.config.blueprints
 
 
 def policy_entries(
@@ -54,6 +74,10 @@ def policy_entries(
     return {
         "policy": policy.state_dict(),
         "policy_hidden": policy.config.hidden_dim,
+        "policy_head_hidden": policy.config.head_hidden_dim,
+        "blueprint_embed_dim": policy.config.blueprint_embed_dim,
+        "head_sizes": dict(policy.config.head_sizes),
+        "blueprints": list(policy.config.blueprints),
         "obs_rms": obs_rms.state_dict(),
         "slot_ids": list(slot_ids),
         "horizon": int(horizon),
@@ -61,21 +85,91 @@ def policy_entries(
     }
 
 
-def load_policy(state: dict[str, Any]) -> PolicyBundle:
-    """Rebuild the policy and its observation normaliser from a read checkpoint."""
+def load_policy(state: dict[str, Any], source: str = "the policy") -> PolicyBundle:
+    """Rebuild the policy and its observation normaliser from a read checkpoint.
+
+    Raises:
+        ConfigError: when the checkpoint's action space does not fit this process (head sizes
+            of another version, or a blueprint index that names another blueprint here).
+    """
     slot_ids = tuple(state["slot_ids"])
-    config = PolicyConfig(n_slots=len(slot_ids), hidden_dim=int(state["policy_hidden"]))
+    config = PolicyConfig(
+        n_slots=len(slot_ids),
+        hidden_dim=int(state["policy_hidden"]),
+        head_hidden_dim=int(state["policy_head_hidden"]),
+        blueprint_embed_dim=int(state["blueprint_embed_dim"]),
+        blueprints=tuple(state["blueprints"]),
+    )
+    _check_action_space(state, config, source)
     policy = FactoredRecurrentActorCritic(config)
     policy.load_state_dict(state["policy"])
     policy.eval()
     obs_rms = RunningMeanStd(shape=(obs_dim(len(slot_ids)),))
     obs_rms.load_state_dict(state["obs_rms"])
     obs_rms.freeze()
-    return PolicyBundle(policy, obs_rms, slot_ids, int(state["horizon"]), bool(state["compact"]))
+    return PolicyBundle(policy, obs_rms, slot_ids, int(state["horizon"]), bool(state["compact"]),
+                        source)
+
+
+def load_policy_file(path: str | os.PathLike[str]) -> PolicyBundle:
+    """`read_checkpoint` then `load_policy`, naming the file in every error."""
+    return load_policy(read_checkpoint(path), source=f"policy '{path}'")
+
+
+def load_policy_weights(
+    policy: FactoredRecurrentActorCritic, state: dict[str, Any], source: str
+) -> None:
+    """Load a checkpoint's policy weights into ``policy`` (a resumed run's, built for this
+    process's blueprint table).
+
+    Raises:
+        ConfigError: when the checkpoint's blueprint head is not the policy's.
+    """
+    saved = tuple(state["blueprints"])
+    if saved != policy.config.blueprints:
+        raise ConfigError(f"{source} has the blueprint head {_names(saved)}; this run builds "
+                          f"{_names(policy.config.blueprints)}")
+    policy.load_state_dict(state["policy"])
+
+
+def check_blueprints(bundle: PolicyBundle, allowed: Sequence[str]) -> None:
+    """Refuse a run that allows a blueprint the policy has no head entry for.
+
+    Raises:
+        ConfigError: naming the blueprints the policy knows and those the run adds.
+    """
+    unknown = [name for name in allowed if name not in bundle.blueprints]
+    if unknown:
+        raise ConfigError(
+            f"{bundle.source} knows the blueprints {_names(bundle.blueprints)}; this run also "
+            f"allows {', '.join(unknown)}: leave them out of the run's blueprints or train a "
+            f"policy with them registered"
+        )
+
+
+def _check_action_space(state: dict[str, Any], config: PolicyConfig, source: str) -> None:
+    saved = state.get("head_sizes")
+    if saved is not None and dict(saved) != config.head_sizes:
+        raise ConfigError(f"{source} has the action heads {dict(saved)}; this version builds "
+                          f"{config.head_sizes} for its slots and blueprints")
+    here = blueprint_table()
+    for index, (name, ours) in enumerate(zip(config.blueprints, here, strict=False)):
+        if name != ours:
+            raise ConfigError(
+                f"{source} has blueprint {name!r} at index {index}; this process has {ours!r} "
+                f"there: register blueprints in the order of the policy's training run"
+            )
+
+
+def _names(blueprints: Sequence[str | None]) -> str:
+    return "[" + ", ".join(name or "none" for name in blueprints) + "]"
 
 
 def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Load a PPO checkpoint safely (``weights_only=True``); bad files raise `ConfigError`."""
+    """Load a PPO checkpoint safely (``weights_only=True``); bad files raise `ConfigError`.
+
+    A version-1 checkpoint comes back with the action space it implies (`VERSION_1_BLUEPRINTS`).
+    """
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
@@ -83,9 +177,15 @@ def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     except Exception as err:  # unpickling errors of any kind mean "not our checkpoint"
         reason = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
         raise ConfigError(f"cannot read checkpoint '{path}': {reason}") from None
-    if not isinstance(state, dict) or state.get("version") != CHECKPOINT_VERSION:
-        raise ConfigError(f"'{path}' is not an esper-lightning PPO checkpoint (version "
+    version = state.get("version") if isinstance(state, dict) else None
+    if version not in (1, CHECKPOINT_VERSION):
+        raise ConfigError(f"'{path}' is not an esper-lightning PPO checkpoint (version 1 or "
                           f"{CHECKPOINT_VERSION})")
+    if version == 1:  # every version-1 policy had the default sizes besides the hidden width
+        defaults = PolicyConfig(n_slots=1)
+        state = {**state, "blueprints": list(VERSION_1_BLUEPRINTS),
+                 "policy_head_hidden": defaults.head_hidden_dim,
+                 "blueprint_embed_dim": defaults.blueprint_embed_dim}
     return state
 
 
@@ -95,5 +195,5 @@ def write_checkpoint(state: dict[str, Any], path: str | os.PathLike[str]) -> Non
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    torch.save({"version": CHECKPOINT_VERSION, **state}, tmp)
+    torch.save({**state, "version": CHECKPOINT_VERSION}, tmp)
     os.replace(tmp, path)

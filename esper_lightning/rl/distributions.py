@@ -101,6 +101,28 @@ def compact_masks(masks: MaskBatch) -> MaskBatch:
     return replace(masks, **fixed)
 
 
+def fit_blueprint_head(masks: MaskBatch, size: int) -> MaskBatch:
+    """The masks with a blueprint head of ``size`` entries: a policy's head size when the
+    blueprint table has grown since the policy was created (or shrunk: the policy was created
+    in a process that had registered more). Entries are padded with False or dropped.
+
+    Raises:
+        ValueError: if a dropped entry is legal (the policy has no head entry for a blueprint
+            the masks allow: check the run's blueprints first, `rl.checkpoint.check_blueprints`).
+    """
+    blueprint = masks.blueprint
+    width = blueprint.shape[-1]
+    if width == size:
+        return masks
+    if width > size:
+        if bool(blueprint[..., size:].any()):
+            raise ValueError(f"the masks allow blueprint indices >= {size}, beyond the policy's "
+                             f"blueprint head")
+        return replace(masks, blueprint=blueprint[..., :size])
+    padding = blueprint.new_zeros(*blueprint.shape[:-1], size - width)
+    return replace(masks, blueprint=torch.cat([blueprint, padding], dim=-1))
+
+
 def stack_masks(masks: Sequence[ActionMasks]) -> MaskBatch:
     """Stack per-env `ActionMasks` into a `MaskBatch` with batch shape ``[len(masks)]``."""
     if not masks:

@@ -22,7 +22,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from esper_lightning.core.actions import BlueprintAction, LifecycleOp
+from esper_lightning.blueprints import blueprint_index
+from esper_lightning.core.actions import LifecycleOp
 from esper_lightning.core.alpha import AlphaMode
 from esper_lightning.core.lifecycle import STAGE_ONE_HOT_INDEX, SeedStage
 from esper_lightning.core.report import EpochReport
@@ -88,12 +89,13 @@ def build_observation(report: EpochReport, horizon: int | None = None) -> np.nda
 
 
 def blueprint_indices(report: EpochReport) -> np.ndarray:
-    """Blueprint index per slot ``[S]`` (int64), `EMPTY_BLUEPRINT` for an empty slot."""
+    """Blueprint index per slot ``[S]`` (int64, the blueprint table's), `EMPTY_BLUEPRINT` for an
+    empty slot."""
     return np.array(
         [
             EMPTY_BLUEPRINT
             if slot.seed_id is None
-            else int(BlueprintAction.from_name(_require(slot.blueprint, slot)))
+            else blueprint_index(_require(slot.blueprint, slot))
             for slot in report.slots
         ],
         dtype=np.int64,

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from esper_lightning.core.actions import HEAD_ENUMS, HEADS, BlueprintAction
+from esper_lightning.blueprints import blueprint_table
+from esper_lightning.core.actions import HEAD_ENUMS, HEADS
 from esper_lightning.rl.distributions import MaskBatch, MaskedCategorical
 from esper_lightning.rl.observations import EMPTY_BLUEPRINT, obs_dim
 
@@ -38,6 +39,9 @@ class PolicyConfig:
         hidden_dim: width of the feature net and of the LSTM (the residual needs them equal).
         head_hidden_dim: hidden width of each action-head and value MLP.
         blueprint_embed_dim: embedding size per slot's blueprint.
+        blueprints: the blueprint name of each index of the blueprint head (None: "no
+            blueprint"); the blueprint table when the config is created, so a policy has a head
+            entry and an embedding row for every blueprint registered by then.
         policy_head_gain: orthogonal gain of each head's last layer; small so the initial
             policy is near-uniform over the legal actions.
         value_head_gain: orthogonal gain of the value output layer.
@@ -49,6 +53,7 @@ class PolicyConfig:
     blueprint_embed_dim: int = 4
     policy_head_gain: float = 0.01
     value_head_gain: float = 1.0
+    blueprints: tuple[str | None, ...] = field(default_factory=blueprint_table)
 
     @property
     def obs_dim(self) -> int:
@@ -56,8 +61,11 @@ class PolicyConfig:
 
     @property
     def head_sizes(self) -> dict[str, int]:
-        sizes = {name: len(HEAD_ENUMS[name]) for name in HEADS if name != "slot"}
-        return {"slot": self.n_slots, **sizes}
+        """Values per head: the slot head first, then `HEADS` order (the modules' order, so
+        parameters and their optimizer state keep their places)."""
+        sizes = {name: len(HEAD_ENUMS[name]) for name in HEADS if name in HEAD_ENUMS}
+        sizes["blueprint"] = len(self.blueprints)
+        return {"slot": self.n_slots, **{name: sizes[name] for name in HEADS if name != "slot"}}
 
 
 class ActOutput(NamedTuple):
@@ -106,8 +114,8 @@ class FactoredRecurrentActorCritic(nn.Module):
         super().__init__()
         self.config = config
         c = config
-        self.null_blueprint = len(BlueprintAction)  # embedding row of an empty slot
-        self.blueprint_embedding = nn.Embedding(len(BlueprintAction) + 1, c.blueprint_embed_dim)
+        self.null_blueprint = len(c.blueprints)  # embedding row of an empty slot
+        self.blueprint_embedding = nn.Embedding(len(c.blueprints) + 1, c.blueprint_embed_dim)
         in_dim = c.obs_dim + c.n_slots * c.blueprint_embed_dim
         self.feature_net = nn.Sequential(
             nn.Linear(in_dim, c.hidden_dim), nn.LayerNorm(c.hidden_dim), nn.ReLU()
