@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from esper_lightning.callbacks import GovernorCallback
-from esper_lightning.core.actions import Action, BlueprintAction, LifecycleOp
+from esper_lightning.core.actions import Action, LifecycleOp
 from esper_lightning.core.divergence import Governor
 from esper_lightning.core.engine import MorphogenesisEngine
 from esper_lightning.core.lifecycle import GateConfig, SeedStage
@@ -21,7 +21,7 @@ from esper_lightning.data import load_cifar10
 from esper_lightning.envs import EnvSpec, MorphogenesisEnv
 
 GATES = GateConfig(min_training_epochs=1)
-GERMINATE = Action(LifecycleOp.GERMINATE, 0, blueprint=BlueprintAction.CONV_LIGHT)
+GERMINATE = Action(LifecycleOp.GERMINATE, 0, blueprint="conv_light")
 
 
 class _Host(nn.Module):

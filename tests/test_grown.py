@@ -148,7 +148,7 @@ torch.save(outputs, sys.argv[2])
 
 def test_readme_shipping_recipe_runs_any_batch_without_the_package(tmp_path, monkeypatch):
     save, load = readme_shipping_snippets()
-    script = {0: germinate(0, BlueprintAction.CONV_SMALL), 1: advance(0), 2: advance(0),
+    script = {0: germinate(0, "conv_small"), 1: advance(0), 2: advance(0),
               5: advance(0), 6: Action(LifecycleOp.FOSSILIZE, 0)}
     module = UserModule()
     last = _fit(module, tmp_path, 7, script, ["net.1"])
