@@ -12,7 +12,8 @@ Trainer callbacks in `esper_lightning.callbacks`, the Fabric environments in
   submodules;
 * `counterfactual`: each seed's contribution, measured with the seed's alpha at 0 (separate
   forwards by default, or one fused forward);
-* `divergence` and `snapshot`: the governor's rules and what a rollback restores;
+* `divergence` and `snapshot`: the governor's rules and what a rollback restores; `rollback`:
+  `roll_back`, the one rollback routine both adapters call;
 * `report`: `EpochReport`, what a controller sees; `telemetry`: the ``morpho/*`` metrics;
   `outcome`: the episode outcome a controller is judged by;
 * `exporter`: `export`, a grown model as a plain torch module with its fossilized seeds folded in.
