@@ -25,7 +25,7 @@ from esper_lightning.app.compare import (
 )
 from esper_lightning.app.config import CompareConfig, preset_values
 from esper_lightning.app.records import METRICS, Metric
-from esper_lightning.app.stats import bootstrap_ci
+from esper_lightning.app.stats import mean_ci
 from esper_lightning.blueprints import param_count
 from esper_lightning.controllers import GrowerController, StaticController
 from esper_lightning.core.engine import MorphogenesisEngine, StepOutcome
@@ -122,11 +122,11 @@ def test_a_metric_added_in_one_place_reaches_every_output(cifar_dir, tmp_path, m
     static, _ = summary["controllers"]
     assert static["final_train_loss_mean"] == pytest.approx((loss["static", 0]
                                                             + loss["static", 1]) / 2)
-    assert static["final_train_loss_ci"] == list(bootstrap_ci([loss["static", i]
+    assert static["final_train_loss_ci"] == list(mean_ci([loss["static", i]
                                                                 for i in range(2)]))
     (pair,) = summary["comparisons"]
     assert pair["final_train_loss_diff_mean"] == pytest.approx(np.mean(diffs))
-    assert pair["final_train_loss_diff_ci"] == list(bootstrap_ci(diffs))
+    assert pair["final_train_loss_diff_ci"] == list(mean_ci(diffs))
     text = (out / "summary.md").read_text()
     assert "| final train loss [95% CI] |" in text and "| Δ final train loss [95% CI] |" in text
     assert f"| {np.mean(diffs):+.4f} [" in text

@@ -418,7 +418,8 @@ class Comparison:
         summary = summary_json(summaries, comparisons)
         summary["heuristic"] = _heuristic_to_json(self.heuristic)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        plots.save_figures(records, summaries, self.out)
+        plots.save_figures(records, summaries, comparisons, self.out,
+                           param_cost=self.config.param_cost)
         _log_tensorboard(self.out, self.config, table, summaries)
         return table
 

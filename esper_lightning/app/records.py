@@ -115,7 +115,10 @@ class Metric:
             the controller's reward is unknown.
         section: Markdown section of its own (a title); ``""`` puts it in the main tables.
         description: what it is, in a sentence fragment (section text, plot axes).
-        plot: whether the comparison draws it (a curve per epoch, a scalar against size).
+        plot: whether the comparison draws it (a curve per epoch, a scalar against size and,
+            when paired, its paired differences).
+        priced: whether its value subtracts the parameter cost (`core.outcome`); plots of it
+            name the ``param_cost`` the comparison used.
     """
 
     name: str
@@ -132,6 +135,7 @@ class Metric:
     section: str = ""
     description: str = ""
     plot: bool = False
+    priced: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in ("scalar", "curve") or self.dtype not in (int, float):
@@ -197,7 +201,7 @@ def _events(kind: str) -> Callable[[Episode], int]:
 METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("outcome", lambda e: episode_outcome(e.accuracies, e.seed_params, e.host_params,
                                                 e.param_cost),
-           "outcome", unit="%", better="higher", paired=True, plot=True,
+           "outcome", unit="%", better="higher", paired=True, plot=True, priced=True,
            description=f"mean validation accuracy of the last {OUTCOME_EPOCHS} epochs minus "
                        "the parameter cost"),
     Metric("final_accuracy", lambda e: e.accuracies[-1], "final acc.", unit="%",
