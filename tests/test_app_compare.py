@@ -4,7 +4,9 @@ the command line's errors."""
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -131,6 +133,80 @@ def test_a_metric_added_in_one_place_reaches_every_output(cifar_dir, tmp_path, m
     assert "| final train loss [95% CI] |" in text and "| Δ final train loss [95% CI] |" in text
     assert f"| {np.mean(diffs):+.4f} [" in text
     assert (out / "final_train_loss_vs_params.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def checksums(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_table_without_its_settings_is_refused_and_left_unchanged(cifar_dir, tmp_path):
+    out = tmp_path / "out"
+    Comparison(fixture_config(cifar_dir, out, controllers=("static",), seeds=1,
+                              episode_length=4)).run()
+    (out / "compare_config.json").unlink()
+    before = checksums(out)
+    with pytest.raises(ConfigError, match=r"holds episodes\.csv but no compare_config\.json"):
+        Comparison(fixture_config(cifar_dir, out, controllers=("static",), seeds=1))
+    assert checksums(out) == before
+
+
+def test_rows_played_with_other_settings_are_refused_whatever_the_config_says(cifar_dir,
+                                                                             tmp_path):
+    out = tmp_path / "out"
+    Comparison(fixture_config(cifar_dir, out, controllers=("static",), seeds=1,
+                              episode_length=4)).run()
+    saved = json.loads((out / "compare_config.json").read_text())
+    (out / "compare_config.json").write_text(json.dumps({**saved, "episode_length": 3}))
+    before = checksums(out)
+    with pytest.raises(ConfigError, match=r"episode 0 of static was played with other "
+                                          r"settings \(4 epochs, not 3\)"):
+        Comparison(fixture_config(cifar_dir, out, controllers=("static",), seeds=1))
+    assert checksums(out) == before
+
+
+def test_the_same_data_folder_relative_or_absolute_resumes(cifar_dir, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    absolute = fixture_config(cifar_dir, out, controllers=("static",), seeds=1)
+    Comparison(absolute).run()
+    monkeypatch.chdir(cifar_dir.parent)
+    relative = fixture_config(Path(cifar_dir.name), out, controllers=("static",), seeds=1)
+    assert relative.data_dir != absolute.data_dir
+    assert len(Comparison(relative).run()) == 1  # accepted, nothing replayed
+    saved = json.loads((out / "compare_config.json").read_text())
+    assert saved["data_dir"] == str(cifar_dir.resolve())
+
+
+def retrain(path: Path) -> None:
+    """The same file path, other weights: what training again into ``--save`` leaves."""
+    state = torch.load(path, weights_only=True)
+
+    def perturb(value):
+        if isinstance(value, dict):
+            return {k: perturb(v) for k, v in value.items()}
+        return value + 1.0 if torch.is_tensor(value) and value.is_floating_point() else value
+
+    torch.save(perturb(state), path)
+
+
+def test_a_policy_retrained_into_the_same_file_is_another_controller(trained_policy, tmp_path):
+    data, trained = trained_policy
+    policy = tmp_path / "ckpt.pt"
+    policy.write_bytes(trained.read_bytes())
+    config = CompareConfig(data_dir=str(data), out=str(tmp_path / "out"), episode_length=3,
+                           slots=("r0c1", "r0c2"), batch_size=16, seeds=1, envs=2,
+                           progress=False, controllers=("static", f"policy:{policy}"))
+    Comparison(config).run()
+    played = json.loads((tmp_path / "out" / "controllers.json").read_text())
+    assert played[f"policy:{policy}"]["sha256"] == hashlib.sha256(
+        policy.read_bytes()).hexdigest()
+    assert len(Comparison(config).run()) == 2  # the same file resumes
+    retrain(policy)
+    before = checksums(tmp_path / "out")
+    with pytest.raises(ConfigError, match=re.escape(f"policy:{policy} is not the controller "
+                                                    "that played its 1 episodes")):
+        Comparison(config)
+    assert checksums(tmp_path / "out") == before
 
 
 def test_a_foreign_episode_table_is_refused_before_anything_is_written(cifar_dir, tmp_path):
@@ -345,6 +421,35 @@ def test_cli_errors_are_one_line_and_leave_out_untouched(trained_policy, tmp_pat
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     assert message in lines[0]
     assert (out / "episodes.csv").read_text() == "keep me\n"
+
+
+@pytest.mark.parametrize("case", ["no settings", "retrained policy", "cut table"])
+def test_cli_refuses_to_mix_results_in_one_line(trained_policy, tmp_path, case):
+    data, trained = trained_policy
+    policy, out = tmp_path / "ckpt.pt", tmp_path / "out"
+    policy.write_bytes(trained.read_bytes())
+    controllers = ("static", f"policy:{policy}")
+    values = {**preset_values("smoke", CompareConfig), "data_dir": str(data), "out": str(out),
+              "seeds": 1, "progress": False, "controllers": controllers}
+    Comparison(CompareConfig(**values)).run()
+    if case == "no settings":
+        (out / "compare_config.json").unlink()
+        message = "holds episodes.csv but no compare_config.json"
+    elif case == "retrained policy":
+        retrain(policy)
+        message = f"policy:{policy} is not the controller that played its 1 episodes"
+    else:  # a copy cut short in the middle of its last row
+        table = (out / "episodes.csv").read_bytes()
+        (out / "episodes.csv").write_bytes(table[:len(table) - 40])
+        message = "malformed records file"
+    before = checksums(out)
+    result = run_cli("--preset", "smoke", "--data-dir", str(data), "--out", str(out),
+                     "--seeds", "1", "--controllers", *controllers)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert message in lines[0]
+    assert checksums(out) == before
 
 
 def test_policy_controllers_play_in_the_comparison(trained_policy, tmp_path):

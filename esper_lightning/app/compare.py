@@ -14,6 +14,7 @@ Random-number seeds of the three kinds of episodes never overlap: PPO training u
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import json
 import logging
@@ -270,6 +271,7 @@ class Comparison:
                 raise ConfigError(f"{spec.label}: {spec.argument!r} is not among the "
                                   f"controllers; accepted: {', '.join(self.specs)}")
         check_hardware(config, config.devices_for(config.envs))
+        self.fingerprints = {label: fingerprint(spec) for label, spec in self.specs.items()}
         self._check_out_folder()
         self.heuristic = HeuristicConfig()
         self._pool = pool
@@ -279,27 +281,77 @@ class Comparison:
     def episodes_csv(self) -> Path:
         return self.out / "episodes.csv"
 
+    @property
+    def tuning_csv(self) -> Path:
+        return self.out / "tuning.csv"
+
+    @property
+    def config_json(self) -> Path:
+        """The settings the folder's episodes were played with."""
+        return self.out / "compare_config.json"
+
+    @property
+    def controllers_json(self) -> Path:
+        """Every controller that played in the folder, by label: its kind and, for a policy,
+        its file's path and content hash."""
+        return self.out / "controllers.json"
+
     def _check_out_folder(self) -> None:
-        saved_path = self.out / "compare_config.json"
+        """Refuse, before anything is written, a folder whose episodes were played with other
+        settings or other controllers under the same names: a comparison never mixes them."""
         if self.out.exists() and not self.out.is_dir():
             raise ConfigError(f"out '{self.out}' exists and is not a folder")
-        for table in (self.episodes_csv, self.out / "tuning.csv"):
-            if table.is_file():
-                read_records_csv(table)  # a foreign or cut table: one line, before any write
-        if not saved_path.is_file():
+        tables = {path: read_records_csv(path)  # a foreign or cut table: one line
+                  for path in (self.episodes_csv, self.tuning_csv) if path.is_file()}
+        if not self.config_json.is_file():
+            if tables:
+                raise ConfigError(f"out '{self.out}' holds {next(iter(tables)).name} but no "
+                                  f"{self.config_json.name}, so the settings its episodes were "
+                                  "played with are unknown; use another --out")
             return
-        saved = {**ADDED_KEY_DEFAULTS, **json.loads(saved_path.read_text())}
+        self._check_settings(_read_json(self.config_json))
+        self._check_controllers(tables.get(self.episodes_csv, []))
+        for path, records in tables.items():
+            _check_rows(path, records, self.config, tuning=path == self.tuning_csv)
+
+    def _check_settings(self, saved: dict[str, Any]) -> None:
+        saved = {**ADDED_KEY_DEFAULTS, **saved}
         current = self.config.to_dict()
-        changed = [k for k in _RESUME_KEYS if saved.get(k) != current[k]]
+        changed = [k for k in _RESUME_KEYS
+                   if _normalised(k, saved.get(k)) != _normalised(k, current[k])]
         if changed:
             diffs = ", ".join(f"{k}={saved.get(k)!r} (now {current[k]!r})" for k in changed)
             raise ConfigError(f"out '{self.out}' holds a comparison with other settings: {diffs}; "
                               "use another --out")
 
+    def _check_controllers(self, done: Sequence[EpisodeRecord]) -> None:
+        """A controller that played here must be the same one now: a policy file with other
+        content (a policy retrained into the same path) is another controller."""
+        saved = _read_json(self.controllers_json) if self.controllers_json.is_file() else {}
+        played = {r.controller for r in done}
+        for label, now in self.fingerprints.items():
+            if label not in played or (now["kind"] != "policy" and label not in saved):
+                continue
+            then = saved.get(label)
+            if then is None:
+                raise ConfigError(f"out '{self.out}' holds episodes of {label} but not which "
+                                  "policy file played them; use another --out")
+            if (then.get("kind"), then.get("sha256")) != (now["kind"], now.get("sha256")):
+                n = sum(r.controller == label for r in done)
+                what = (f"file sha256 {str(then.get('sha256'))[:12]}... then, "
+                        f"{now['sha256'][:12]}... now" if now["kind"] == "policy"
+                        else f"kind {then.get('kind')!r} then, {now['kind']!r} now")
+                raise ConfigError(f"{label} is not the controller that played its {n} episodes "
+                                  f"in out '{self.out}' ({what}); use another --out")
+
     def _write_config(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
-        path = self.out / "compare_config.json"
-        path.write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
+        config = self.config.to_dict()
+        config["data_dir"] = _normalised("data_dir", config["data_dir"])
+        self.config_json.write_text(json.dumps(config, indent=2) + "\n")
+        saved = _read_json(self.controllers_json) if self.controllers_json.is_file() else {}
+        self.controllers_json.write_text(json.dumps({**saved, **self.fingerprints},
+                                                    indent=2) + "\n")
 
     # --- running ----------------------------------------------------------------------------
     def run(self) -> list[EpisodeRecord]:
@@ -388,7 +440,7 @@ class Comparison:
         if saved.is_file():
             return _heuristic_from_json(json.loads(saved.read_text())["config"])
         grid = tuning_grid()
-        csv_path = self.out / "tuning.csv"
+        csv_path = self.tuning_csv
         done = read_records_csv(csv_path) if csv_path.exists() else []
         finished = {(r.controller, r.episode_index) for r in done}
         plans = [EpisodePlan(f"tune-{k}", i, tuning_rng_seed(self.config.rng_seed, i))
@@ -422,6 +474,52 @@ class Comparison:
                            param_cost=self.config.param_cost)
         _log_tensorboard(self.out, self.config, table, summaries)
         return table
+
+
+def fingerprint(spec: ControllerSpec) -> dict[str, str]:
+    """What identifies a controller beyond its label: its kind and, for a policy, the path
+    and SHA-256 of its file (a custom controller's code cannot be identified: its label is
+    all there is)."""
+    if spec.kind != "policy":
+        return {"kind": spec.kind}
+    path = Path(spec.argument).expanduser().resolve()  # type: ignore[arg-type]
+    return {"kind": "policy", "path": str(path),
+            "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+def _normalised(key: str, value: Any) -> Any:
+    """A saved setting in the form two runs compare: a data path made absolute (the same
+    folder given relative and absolute is the same data)."""
+    if key == "data_dir" and value is not None:
+        return str(Path(value).expanduser().resolve())
+    return value
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"cannot read {path}: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"cannot read {path}: not a JSON object")
+    return data
+
+
+def _check_rows(path: Path, records: Sequence[EpisodeRecord], config: CompareConfig,
+                tuning: bool) -> None:
+    """Every row must be an episode of these settings: its rng seed, host and length."""
+    seed_of = tuning_rng_seed if tuning else evaluation_rng_seed
+    for r in records:
+        problem = (
+            f"rng seed {r.episode_rng_seed}, not {seed_of(config.rng_seed, r.episode_index)}"
+            if r.episode_rng_seed != seed_of(config.rng_seed, r.episode_index) else
+            f"host {r.host!r}, not {config.host_preset!r}" if r.host != config.host_preset else
+            f"{len(r['accuracy_curve'])} epochs, not {config.episode_length}"
+            if len(r["accuracy_curve"]) != config.episode_length else None
+        )
+        if problem is not None:
+            raise ConfigError(f"{path}: episode {r.episode_index} of {r.controller} was played "
+                              f"with other settings ({problem}); use another --out")
 
 
 def tuning_grid() -> list[HeuristicConfig]:
