@@ -46,11 +46,11 @@ from esper_lightning.core.optim import (
     SeedOptimConfig,
     add_seed_group,
     name_host_groups,
-    remove_seed_group,
-    seed_group_name,
     seed_group_names,
-    set_group_params,
+    seed_groups,
+    slot_of_group,
     strip_params,
+    sync_seed_groups,
 )
 from esper_lightning.core.report import HISTORY_WINDOW, EpochReport
 from esper_lightning.core.slots import SeedSlot, host_parameters, prune_live
@@ -336,30 +336,22 @@ class MorphogenesisEngine:
         name_host_groups(optimizer)  # stable per-group tags in LR loggers
         strip_params(optimizer, self.seed_parameters())
         existing = set(seed_group_names(optimizer))
-        order = self._pending_group_order or []
-        wanted = [n for n in order if n not in existing]
-        wanted += [seed_group_name(sid) for sid in self.slots if seed_group_name(sid) not in order]
-        for name in wanted:
-            slot_id = name.removeprefix("seed/")
-            params = self.slots[slot_id].seed_parameters() if slot_id in self.slots else []
+        for name in self._pending_group_order or []:
+            slot_id = slot_of_group(name)
+            slot = self.slots.get(slot_id)
+            params = [] if slot is None else seed_groups(optimizer, slot_id,
+                                                         slot.seed_parameters()).get(name, [])
             if params and name not in existing:
-                add_seed_group(optimizer, slot_id, params, self.seed_optim, self.schedulers)
+                add_seed_group(optimizer, name, params, self.seed_optim, self.schedulers)
         self._pending_group_order = None
-        self._sync_optimizer()
+        self._sync_optimizer()  # the groups no checkpoint named, in slot order
 
     def _sync_optimizer(self) -> None:
-        optimizer = self.optimizer
-        if optimizer is None:
+        if self.optimizer is None:
             return
-        groups = {g.get("name"): g for g in optimizer.param_groups}
         for slot_id, slot in self.slots.items():
-            name, params = seed_group_name(slot_id), slot.seed_parameters()
-            if params and name not in groups:
-                add_seed_group(optimizer, slot_id, params, self.seed_optim, self.schedulers)
-            elif not params and name in groups:
-                remove_seed_group(optimizer, slot_id, self.schedulers)
-            elif params and [id(p) for p in groups[name]["params"]] != [id(p) for p in params]:
-                set_group_params(optimizer, slot_id, params)
+            sync_seed_groups(self.optimizer, slot_id, slot.seed_parameters(), self.seed_optim,
+                             self.schedulers)
 
     # --- bookkeeping --------------------------------------------------------------------------
     def _stages(self) -> dict[str, SeedStage]:
