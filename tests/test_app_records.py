@@ -46,13 +46,17 @@ def record(controller="static", index=0, outcome=61.0, **values):
 
 def test_metrics_read_their_values_from_a_played_episode():
     epochs = [(40.0, 2.0, 2.5), (50.0, 1.8, 2.0), (56.0, 1.6, 1.7), (58.0, 1.5, 1.5)]
-    reports = tuple(SimpleNamespace(epoch=t, val_accuracy=a, val_loss=v, train_loss=tr)
-                    for t, (a, v, tr) in enumerate(epochs))
-    episode = Episode(reports, 3.5, seed_params=500, host_params=1000,  # type: ignore[arg-type]
+    seeds = (0, 600, 600, 300)  # present at each epoch; a seed shrank before the last one
+    reports = tuple(SimpleNamespace(
+        epoch=t, val_accuracy=a, val_loss=v, train_loss=tr, host_params=1000,
+        accuracy_history=tuple(e[0] for e in epochs[:t + 1]), seed_params_history=seeds[:t + 1],
+    ) for t, (a, v, tr) in enumerate(epochs))
+    episode = Episode(reports, 3.5, seed_params=300, host_params=1000,  # type: ignore[arg-type]
                       events={"germinated": 2, "pruned": 1}, param_cost=1.0, wall_seconds=9.0)
     r = EpisodeRecord.of_episode("heuristic", 3, 77, "baseline", episode)
-    assert r["outcome"] == pytest.approx((50.0 + 56.0 + 58.0) / 3 - 0.5)  # minus the cost
-    assert (r["final_accuracy"], r["seed_params"], r["total_params"]) == (58.0, 500, 1500)
+    # The cost is charged on the mean seed parameters of the same 3 epochs: 500 / 1000 points.
+    assert r["outcome"] == pytest.approx((50.0 + 56.0 + 58.0) / 3 - 0.5)
+    assert (r["final_accuracy"], r["seed_params"], r["total_params"]) == (58.0, 300, 1300)
     assert r["val_loss"] == pytest.approx((1.8 + 1.6 + 1.5) / 3)
     assert r["accuracy_curve"] == (40.0, 50.0, 56.0, 58.0)
     assert r["loss_curve"] == (2.0, 1.8, 1.6, 1.5)

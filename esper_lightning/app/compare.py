@@ -19,7 +19,6 @@ import itertools
 import json
 import logging
 import math
-import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,7 +27,6 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from esper_lightning import blueprints as blueprint_registry
 from esper_lightning.app import plots
 from esper_lightning.app.config import (
     ADDED_KEY_DEFAULTS,
@@ -51,7 +49,7 @@ from esper_lightning.app.report import (
     summarize,
     summary_json,
 )
-from esper_lightning.app.task import env_spec, load_splits, make_task
+from esper_lightning.app.task import env_spec, load_splits
 from esper_lightning.controllers import (
     Controller,
     GrowerController,
@@ -61,10 +59,12 @@ from esper_lightning.controllers import (
     RandomController,
     StaticController,
 )
+from esper_lightning.core.lifecycle import PRESENT_STAGES
 from esper_lightning.core.report import EpochReport
 from esper_lightning.envs import EnvPool, episode_rng_seed
 from esper_lightning.errors import ConfigError
 from esper_lightning.rl.checkpoint import PolicyBundle, load_policy, read_checkpoint
+from esper_lightning.rl.episodes import step_ends
 from esper_lightning.rl.rewards import RewardConfig, compute_reward
 
 log = logging.getLogger("esper_lightning")
@@ -75,8 +75,6 @@ CONTROLLER_KINDS = (
     "static", "heuristic", "random", "grower:BLUEPRINT[:all][:hold]", "policy:PATH",
     "matched:NAME",
 )
-#: Most seeds the born-grown baseline implants (the search is over slot subsets of this size).
-MATCHED_MAX_SEEDS = 3
 #: The heuristic's main knobs and the values `--tune_heuristic` tries (every combination).
 TUNING_GRID: dict[str, tuple[Any, ...]] = {
     "plateau_epochs_to_germinate": (1, 3),
@@ -183,10 +181,11 @@ def play_episodes(
         reports = [o.report for o in observations]
         actions = [c.decide(r) for c, r in zip(controllers, reports, strict=True)]
         outcomes, observations = pool.step(actions, which)
+        ends = step_ends([t + 1] * len(plans), decisions, rollout_over=t == decisions - 1)
         for k, (outcome, after) in enumerate(zip(outcomes, observations, strict=True)):
-            reward = compute_reward(
+            reward = compute_reward(  # a rollback restored the env; the episode goes on
                 reports[k], outcome.executed, after.report, reward_config,
-                terminal=t == decisions - 1, rollback=after.rollback_reason is not None,
+                terminal=bool(ends.terminated[k]), rollback=after.rollback_reason is not None,
             )
             returns[k] += reward.total
             histories[k].append(after.report)
@@ -201,32 +200,12 @@ def _record(
 ) -> EpisodeRecord:
     engine = pool.envs[k].engine
     assert engine is not None
+    seeds = tuple((sid, slot.state.blueprint) for sid, slot in engine.slots.items()
+                  if slot.state is not None and slot.stage in PRESENT_STAGES)
     episode = Episode(tuple(reports), episode_return, engine.seed_params, engine.host_params,
-                      engine.event_counts(), task.param_cost, seconds)
+                      engine.event_counts(), task.param_cost, seconds, seeds)
     return EpisodeRecord.of_episode(plan.label, plan.index, plan.rng_seed,
                                     str(task.host_preset), episode)
-
-
-# --- the born-grown baseline ------------------------------------------------------------------
-def matched_implants(target_params: float, task: TaskConfig) -> tuple[tuple[str, str], ...]:
-    """At most `MATCHED_MAX_SEEDS` seeds, one per slot, whose parameter count is closest to
-    ``target_params``; ties go to fewer seeds, then to earlier slots and smaller blueprints.
-    The blueprints are those of the task's topology."""
-    played = make_task(task)
-    slot_ids = tuple(task.slots or ())
-    host = played.make_host(str(task.host_preset), slot_ids, lr=1.0)  # sizes only
-    names = played.blueprints()  # smallest first
-    sizes = {(sid, bp): blueprint_registry.param_count(bp, slot.channels, played.topology)
-             for sid, slot in host.slots.items() for bp in names}
-    best: tuple[float, int, tuple[tuple[str, str], ...]] = (float(target_params), 0, ())
-    for n_seeds in range(1, min(MATCHED_MAX_SEEDS, len(slot_ids)) + 1):
-        for slots in itertools.combinations(slot_ids, n_seeds):
-            for choice in itertools.product(names, repeat=n_seeds):
-                implants = tuple(zip(slots, choice, strict=True))
-                size = sum(sizes[pair] for pair in implants)
-                if (abs(size - target_params), n_seeds) < best[:2]:
-                    best = (abs(size - target_params), n_seeds, implants)
-    return best[2]
 
 
 # --- the comparison ---------------------------------------------------------------------------
@@ -329,6 +308,13 @@ class Comparison:
         content (a policy retrained into the same path) is another controller."""
         saved = _read_json(self.controllers_json) if self.controllers_json.is_file() else {}
         played = {r.controller for r in done}
+        for spec in self.specs.values():
+            unknown = [r for r in done if r.controller == spec.argument
+                       and r["final_seeds"] is None] if spec.kind == "matched" else []
+            if unknown:
+                raise ConfigError(f"{spec.label}: the episodes of {spec.argument} in out "
+                                  f"'{self.out}' were recorded without the seeds they grew "
+                                  "(an older table); use another --out")
         for label, now in self.fingerprints.items():
             if label not in played or (now["kind"] != "policy" and label not in saved):
                 continue
@@ -370,28 +356,15 @@ class Comparison:
 
     def _plans(self, specs: Sequence[ControllerSpec], done: Sequence[EpisodeRecord]
                ) -> list[EpisodePlan]:
-        finished = {(r.controller, r.episode_index) for r in done}
+        by_episode = {(r.controller, r.episode_index): r for r in done}
         plans = []
         for spec in specs:
-            implants = self._implants(spec, done)
             for i in range(self.config.seeds):
-                if (spec.label, i) not in finished:
+                if (spec.label, i) not in by_episode:
                     rng_seed = evaluation_rng_seed(self.config.rng_seed, i)
-                    plans.append(EpisodePlan(spec.label, i, rng_seed, implants))
+                    plans.append(EpisodePlan(spec.label, i, rng_seed,
+                                             _implants(spec, i, by_episode)))
         return plans
-
-    def _implants(self, spec: ControllerSpec, done: Sequence[EpisodeRecord]
-                  ) -> tuple[tuple[str, str], ...]:
-        if spec.kind != "matched":
-            return ()
-        grown = [r["seed_params"] for r in done if r.controller == spec.argument]
-        if not grown:
-            raise RuntimeError(f"{spec.label}: no finished episode of {spec.argument!r}")
-        target = statistics.median(grown)
-        implants = matched_implants(target, self.config)
-        log.info("%s: median seed parameters of %s = %s -> implants %s", spec.label,
-                 spec.argument, target, list(implants) or "none")
-        return implants
 
     def _play_missing(self, plans: list[EpisodePlan], csv_path: Path,
                       make: Callable[[EpisodePlan], Controller] | None = None,
@@ -428,8 +401,7 @@ class Comparison:
         if self._pool is None:
             c = self.config
             train, val = load_splits(c, c.progress)
-            self._pool = EnvPool(env_spec(c, on_rollback="restore"), train, val,
-                                 c.devices_for(c.envs))
+            self._pool = EnvPool(env_spec(c), train, val, c.devices_for(c.envs))
         return self._pool
 
     # --- tuning the heuristic ---------------------------------------------------------------
@@ -474,6 +446,22 @@ class Comparison:
                            param_cost=self.config.param_cost)
         _log_tensorboard(self.out, self.config, table, summaries)
         return table
+
+
+def _implants(spec: ControllerSpec, index: int,
+              by_episode: Mapping[tuple[str, int], EpisodeRecord]) -> tuple[tuple[str, str], ...]:
+    """What ``matched:NAME`` is born with in episode ``index``: the seeds NAME had at the end
+    of its own episode ``index`` (the same blueprints in the same slots), fully blended."""
+    if spec.kind != "matched":
+        return ()
+    grown = by_episode.get((spec.argument, index))  # type: ignore[arg-type]
+    if grown is None:
+        raise RuntimeError(f"{spec.label}: {spec.argument!r} has not played episode {index}")
+    seeds = grown["final_seeds"]
+    if seeds is None:  # refused before anything is written (`Comparison._check_controllers`)
+        raise RuntimeError(f"{spec.label}: episode {index} of {spec.argument!r} has no seeds")
+    log.info("%s episode %d: implants %s", spec.label, index, list(seeds) or "none")
+    return seeds
 
 
 def fingerprint(spec: ControllerSpec) -> dict[str, str]:

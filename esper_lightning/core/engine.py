@@ -168,6 +168,8 @@ class MorphogenesisEngine:
         self.last_action_success = True
         self.accuracy_history: deque[float] = deque(maxlen=HISTORY_WINDOW)
         self.loss_history: deque[float] = deque(maxlen=HISTORY_WINDOW)
+        #: Seed parameters at each recorded accuracy (the outcome charges their mean).
+        self.seed_params_history: deque[int] = deque(maxlen=HISTORY_WINDOW)
         self.train_loss: float | None = None
         self.events: list[LifecycleEvent] = []
         #: Every slot's stage and alpha after each decision (appended by `tick`).
@@ -211,6 +213,7 @@ class MorphogenesisEngine:
         """Record this epoch's measurements (accuracy in percent, contributions in points)."""
         if val_accuracy is not None:
             self.accuracy_history.append(float(val_accuracy))
+            self.seed_params_history.append(self.seed_params)
         if val_loss is not None:
             self.loss_history.append(float(val_loss))
         self.train_loss = train_loss
@@ -242,6 +245,7 @@ class MorphogenesisEngine:
             last_action=self.last_action,
             last_action_success=self.last_action_success,
             topology=self.topology,
+            seed_params_history=tuple(self.seed_params_history),
         )
 
     def execute(self, action: Action, reason: str | None = None) -> StepOutcome:
@@ -388,6 +392,7 @@ class MorphogenesisEngine:
             "last_action_success": self.last_action_success,
             "accuracy_history": list(self.accuracy_history),
             "loss_history": list(self.loss_history),
+            "seed_params_history": list(self.seed_params_history),
             "train_loss": self.train_loss,
             "events": [asdict(e) for e in self.events],
             "seed_group_order": order,
@@ -401,6 +406,10 @@ class MorphogenesisEngine:
         self.last_action_success = bool(state["last_action_success"])
         self.accuracy_history = deque(state["accuracy_history"], maxlen=HISTORY_WINDOW)
         self.loss_history = deque(state["loss_history"], maxlen=HISTORY_WINDOW)
+        # Checkpoints written before the history existed have none: the outcome then needs
+        # three more epochs, which only an episode (never a resumed Trainer) computes.
+        self.seed_params_history = deque(state.get("seed_params_history", []),
+                                         maxlen=HISTORY_WINDOW)
         self.train_loss = state["train_loss"]
         self.events = [LifecycleEvent(**e) for e in state["events"]]
         self.timeline = [TimelineEntry(**e) for e in state.get("timeline", [])]
