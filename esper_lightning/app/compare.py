@@ -4,7 +4,10 @@ Every controller plays the same evaluation episodes in the Fabric env pool: epis
 same host initialisation, data order and augmentation for every controller (its rng seed is
 `evaluation_rng_seed`), so two controllers can be compared episode by episode. The controller ×
 episode pairs run in lockstep, in chunks of the pool's size; each finished episode is appended to
-``<out>/episodes.csv`` at once, so a rerun with the same ``--out`` skips what is done.
+``<out>/episodes.csv`` at once, so a rerun with the same ``--out`` skips what is done. A folder
+never mixes results: its settings (``compare_config.json``) and its controllers
+(``controllers.json``: a policy by its file's SHA-256) must be those of the rerun, and every row
+an episode of those settings; anything else is refused before a byte is written.
 
 Random-number seeds of the three kinds of episodes never overlap: PPO training uses rounds
 ``0, 1, 2, ...`` of `episode_rng_seed`; evaluation episode ``i`` uses round
