@@ -90,6 +90,27 @@ def test_record_validation():
     assert short["episode_return"] is None and short["loss_curve"] == ()
 
 
+def test_seeds_at_the_end_round_trip_and_tell_none_from_unknown(tmp_path):
+    seeds = METRICS["final_seeds"]
+    grown = record(final_seeds=[["r0c1", "norm"], ("r0c2", "conv_light")])
+    assert grown["final_seeds"] == (("r0c1", "norm"), ("r0c2", "conv_light"))
+    assert seeds.encode(grown["final_seeds"]) == "r0c1:norm r0c2:conv_light"
+    assert seeds.encode(()) == "none" and seeds.decode("none") == ()
+    assert seeds.encode(None) == "" and seeds.decode("") is None  # not recorded
+    assert record()["final_seeds"] is None
+    append_record_csv(tmp_path / "e.csv", grown)
+    append_record_csv(tmp_path / "e.csv", record(index=1, final_seeds=()))
+    assert [r["final_seeds"] for r in read_records_csv(tmp_path / "e.csv")] == [
+        grown["final_seeds"], ()]
+    for bad in ("r0c1", "r0c1:"):
+        with pytest.raises(ValueError, match="bad final_seeds"):
+            seeds.decode(bad)
+    with pytest.raises(ValueError, match="bad seed"):
+        record(final_seeds=[("r0c1", "two words")])
+    with pytest.raises(ValueError, match="seeds are neither summarised"):
+        Metric("seeds2", lambda e: (), "s", kind="seeds")
+
+
 def test_a_metric_definition_is_checked():
     with pytest.raises(ValueError, match="a curve is named"):
         Metric("accuracy", lambda e: (), "acc", kind="curve", summary=None)

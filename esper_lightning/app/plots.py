@@ -105,7 +105,8 @@ def differences_figure(comparisons: Sequence[PairedComparison], name: str = "out
         if judged and c.mde is not None:
             ax.fill_betweenx([y - 0.3, y + 0.3], -c.mde, c.mde, color="0.85", linewidth=0)
         xerr = None if d.ci is None else [[d.mean - d.ci[0]], [d.ci[1] - d.mean]]
-        ax.errorbar([d.mean], [y], xerr=xerr, fmt="o", color=colour, capsize=4, markersize=6)
+        ax.errorbar([d.mean], [y], xerr=xerr, fmt="o", color=colour, capsize=4, markersize=6,
+                    markerfacecolor=colour if xerr else "none")  # hollow: no interval
         if judged:
             words = c.verdict if c.verdict in VERDICT_COLOURS else "no detectable difference"
             ax.annotate(f"{words}\nHolm p = {c.p_holm:.2g}", (1.0, y),
@@ -113,7 +114,9 @@ def differences_figure(comparisons: Sequence[PairedComparison], name: str = "out
                         textcoords="offset points", va="center", color=colour,
                         fontsize="small")
     ax.axvline(0.0, color="black", linewidth=1.0)
-    ax.set_yticks(rows, [f"{c.controller} − {c.reference}\n(n = {c.n_pairs})" for c in shown])
+    ax.set_yticks(rows, [f"{c.controller} − {c.reference}\n(n = {c.n_pairs}"
+                         f"{'' if c.differences[name].ci else ', no interval'})"  # type: ignore
+                         for c in shown])
     ax.set_ylim(-0.7, len(shown) - 0.3)
     ax.set_xlabel(_axis_label(metric, param_cost, difference=True, width=90))
     band = ("; grey: ± minimum detectable effect"
