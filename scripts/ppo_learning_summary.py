@@ -3,9 +3,9 @@
     python scripts/ppo_learning_summary.py runs/ppo/version_0 --rounds 5
 
 For each tag (episodic return, final accuracy, every `actions/<op>` frequency, the PPO
-diagnostics) it prints the mean of the first and the last ``--rounds`` rounds with a percentile
-bootstrap 95 % CI over those rounds, and the difference with its CI (a bootstrap of the
-difference of two independent means): "rose" / "fell" only when that CI excludes zero.
+diagnostics) it prints the mean of the first and the last ``--rounds`` rounds with a 95 % t
+interval over those rounds (`app.stats.mean_ci`), and the difference with its Welch t interval
+(two independent means): "rose" / "fell" only when that interval excludes zero.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+from scipy import stats
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from esper_lightning.app.stats import bootstrap_ci
+from esper_lightning.app.stats import CONFIDENCE, mean_ci
 
 TAGS = ("charts/episodic_return", "charts/final_accuracy", "morpho/seed_params",
         "actions/wait", "actions/germinate", "actions/advance", "actions/fossilize",
@@ -23,10 +24,12 @@ TAGS = ("charts/episodic_return", "charts/final_accuracy", "morpho/seed_params",
         "losses/explained_variance", "losses/entropy")
 
 
-def difference_ci(a: np.ndarray, b: np.ndarray, n: int = 10_000) -> tuple[float, float]:
-    rng = np.random.default_rng(0)
-    diffs = (rng.choice(b, (n, len(b))).mean(1) - rng.choice(a, (n, len(a))).mean(1))
-    return float(np.percentile(diffs, 2.5)), float(np.percentile(diffs, 97.5))
+def difference_ci(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """Welch t interval of mean(b) - mean(a); a zero-width one when neither varies."""
+    if np.all(a == a[0]) and np.all(b == b[0]):
+        return float(b[0] - a[0]), float(b[0] - a[0])
+    ci = stats.ttest_ind(b, a, equal_var=False).confidence_interval(CONFIDENCE)
+    return float(ci.low), float(ci.high)
 
 
 def main() -> None:
@@ -34,6 +37,8 @@ def main() -> None:
     parser.add_argument("run", help="a TensorBoard run folder (…/ppo/version_N)")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
+    if args.rounds < 2:
+        parser.error(f"--rounds must be >= 2 (an interval needs two rounds), got {args.rounds}")
     events = EventAccumulator(args.run, size_guidance={"scalars": 0})
     events.Reload()
     k = args.rounds
@@ -46,7 +51,7 @@ def main() -> None:
         first, last = values[:k], values[-k:]
         lo, hi = difference_ci(first, last)
         verdict = "rose" if lo > 0 else "fell" if hi < 0 else "no detectable change"
-        f_ci, l_ci = bootstrap_ci(first), bootstrap_ci(last)
+        f_ci, l_ci = mean_ci(first), mean_ci(last)
         print(f"| {tag} | {first.mean():.3f} [{f_ci[0]:.3f}, {f_ci[1]:.3f}] | "
               f"{last.mean():.3f} [{l_ci[0]:.3f}, {l_ci[1]:.3f}] | "
               f"{last.mean() - first.mean():+.3f} [{lo:+.3f}, {hi:+.3f}] {verdict} |")

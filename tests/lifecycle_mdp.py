@@ -156,11 +156,16 @@ def make_report(
     last_action: Action | None = None,
     success: bool = True,
     host_params: int = HOST_PARAMS,
+    seed_history: tuple[int, ...] | None = None,
 ) -> EpochReport:
     """The `EpochReport` an engine would build for ``slots`` (``accuracies``: oldest first,
-    the last one is this epoch's validation accuracy; the loss follows the accuracy)."""
+    the last one is this epoch's validation accuracy; the loss follows the accuracy;
+    ``seed_history``: the seed parameters at each of those epochs, by default the present
+    seeds' at every one)."""
     views = tuple(s.report() for s in slots)
     window = tuple(accuracies[-HISTORY_WINDOW:])
+    seed_params = sum(v.seed_params for v in views if v.seed_id is not None)
+    history = (seed_params,) * len(window) if seed_history is None else seed_history
     return EpochReport(
         epoch=epoch,
         max_epochs=max_epochs,
@@ -172,11 +177,12 @@ def make_report(
         accuracy_history=window,
         loss_history=tuple(_loss(a) for a in window),
         host_params=host_params,
-        seed_params=sum(v.seed_params for v in views if v.seed_id is not None),
+        seed_params=seed_params,
         masks=compute_masks(views, context),
         mask_context=context,
         last_action=last_action,
         last_action_success=success,
+        seed_params_history=tuple(history[-HISTORY_WINDOW:]),
     )
 
 
@@ -243,7 +249,7 @@ def collect_rollout(
         actions = [Action.from_indices(a) for a in out.actions.tolist()]
         steps = [env.step(a) for env, a in zip(envs, actions, strict=True)]
         # The trainer's own rule for episode ends (a max-epoch end is a true terminal).
-        ends = step_ends([env.epoch for env in envs], EPISODE_LENGTH, [False] * len(envs),
+        ends = step_ends([env.epoch for env in envs], EPISODE_LENGTH,
                          rollout_over=t == buffer.n_steps - 1)
         buffer.add(
             obs=obs, blueprint_idx=indices, hidden=hidden, masks=masks, actions=out.actions,

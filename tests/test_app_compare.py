@@ -4,7 +4,9 @@ the command line's errors."""
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,15 +22,14 @@ from esper_lightning.app.compare import (
     Comparison,
     EpisodePlan,
     evaluation_rng_seed,
-    matched_implants,
     parse_controller,
     tuning_rng_seed,
 )
 from esper_lightning.app.config import CompareConfig, preset_values
 from esper_lightning.app.records import METRICS, Metric
-from esper_lightning.app.stats import bootstrap_ci
-from esper_lightning.blueprints import param_count
+from esper_lightning.app.stats import mean_ci
 from esper_lightning.controllers import GrowerController, StaticController
+from esper_lightning.core.actions import Action, AlphaSpeed, LifecycleOp
 from esper_lightning.core.engine import MorphogenesisEngine, StepOutcome
 from esper_lightning.core.lifecycle import ACTIVE_STAGES, GateConfig
 from esper_lightning.core.slots import SeedSlot
@@ -123,15 +124,89 @@ def test_a_metric_added_in_one_place_reaches_every_output(cifar_dir, tmp_path, m
     static, _ = summary["controllers"]
     assert static["final_train_loss_mean"] == pytest.approx((loss["static", 0]
                                                             + loss["static", 1]) / 2)
-    assert static["final_train_loss_ci"] == list(bootstrap_ci([loss["static", i]
+    assert static["final_train_loss_ci"] == list(mean_ci([loss["static", i]
                                                                 for i in range(2)]))
     (pair,) = summary["comparisons"]
     assert pair["final_train_loss_diff_mean"] == pytest.approx(np.mean(diffs))
-    assert pair["final_train_loss_diff_ci"] == list(bootstrap_ci(diffs))
+    assert pair["final_train_loss_diff_ci"] == list(mean_ci(diffs))
     text = (out / "summary.md").read_text()
     assert "| final train loss [95% CI] |" in text and "| Δ final train loss [95% CI] |" in text
     assert f"| {np.mean(diffs):+.4f} [" in text
     assert (out / "final_train_loss_vs_params.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def checksums(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_table_without_its_settings_is_refused_and_left_unchanged(cifar_dir, tmp_path):
+    out = tmp_path / "out"
+    Comparison(fixture_config(cifar_dir, out, controllers=("static",), seeds=1,
+                              episode_length=4)).run()
+    (out / "compare_config.json").unlink()
+    before = checksums(out)
+    with pytest.raises(ConfigError, match=r"holds episodes\.csv but no compare_config\.json"):
+        Comparison(fixture_config(cifar_dir, out, controllers=("static",), seeds=1))
+    assert checksums(out) == before
+
+
+def test_rows_played_with_other_settings_are_refused_whatever_the_config_says(cifar_dir,
+                                                                             tmp_path):
+    out = tmp_path / "out"
+    Comparison(fixture_config(cifar_dir, out, controllers=("static",), seeds=1,
+                              episode_length=4)).run()
+    saved = json.loads((out / "compare_config.json").read_text())
+    (out / "compare_config.json").write_text(json.dumps({**saved, "episode_length": 3}))
+    before = checksums(out)
+    with pytest.raises(ConfigError, match=r"episode 0 of static was played with other "
+                                          r"settings \(4 epochs, not 3\)"):
+        Comparison(fixture_config(cifar_dir, out, controllers=("static",), seeds=1))
+    assert checksums(out) == before
+
+
+def test_the_same_data_folder_relative_or_absolute_resumes(cifar_dir, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    absolute = fixture_config(cifar_dir, out, controllers=("static",), seeds=1)
+    Comparison(absolute).run()
+    monkeypatch.chdir(cifar_dir.parent)
+    relative = fixture_config(Path(cifar_dir.name), out, controllers=("static",), seeds=1)
+    assert relative.data_dir != absolute.data_dir
+    assert len(Comparison(relative).run()) == 1  # accepted, nothing replayed
+    saved = json.loads((out / "compare_config.json").read_text())
+    assert saved["data_dir"] == str(cifar_dir.resolve())
+
+
+def retrain(path: Path) -> None:
+    """The same file path, other weights: what training again into ``--save`` leaves."""
+    state = torch.load(path, weights_only=True)
+
+    def perturb(value):
+        if isinstance(value, dict):
+            return {k: perturb(v) for k, v in value.items()}
+        return value + 1.0 if torch.is_tensor(value) and value.is_floating_point() else value
+
+    torch.save(perturb(state), path)
+
+
+def test_a_policy_retrained_into_the_same_file_is_another_controller(trained_policy, tmp_path):
+    data, trained = trained_policy
+    policy = tmp_path / "ckpt.pt"
+    policy.write_bytes(trained.read_bytes())
+    config = CompareConfig(data_dir=str(data), out=str(tmp_path / "out"), episode_length=3,
+                           slots=("r0c1", "r0c2"), batch_size=16, seeds=1, envs=2,
+                           progress=False, controllers=("static", f"policy:{policy}"))
+    Comparison(config).run()
+    played = json.loads((tmp_path / "out" / "controllers.json").read_text())
+    assert played[f"policy:{policy}"]["sha256"] == hashlib.sha256(
+        policy.read_bytes()).hexdigest()
+    assert len(Comparison(config).run()) == 2  # the same file resumes
+    retrain(policy)
+    before = checksums(tmp_path / "out")
+    with pytest.raises(ConfigError, match=re.escape(f"policy:{policy} is not the controller "
+                                                    "that played its 1 episodes")):
+        Comparison(config)
+    assert checksums(tmp_path / "out") == before
 
 
 def test_a_foreign_episode_table_is_refused_before_anything_is_written(cifar_dir, tmp_path):
@@ -154,7 +229,8 @@ class ScriptedHostPool:
         self.envs = [_ScriptedEnv(slots, episode_length) for _ in range(n)]
 
     def reset(self, rng_seeds, which, implants):
-        return [self.envs[i].reset(seed) for i, seed in zip(which, rng_seeds, strict=True)]
+        return [self.envs[i].reset(seed, seeds)
+                for i, seed, seeds in zip(which, rng_seeds, implants, strict=True)]
 
     def step(self, actions, which):
         results = [self.envs[i].step(a) for i, a in zip(which, actions, strict=True)]
@@ -166,11 +242,13 @@ class _ScriptedEnv:
         self.slot_ids, self.episode_length = slots, episode_length
         self.engine: MorphogenesisEngine | None = None
 
-    def reset(self, rng_seed: int) -> Observation:
+    def reset(self, rng_seed: int, implants=()) -> Observation:
         model = nn.Module()
         model.slots = nn.ModuleList(SeedSlot(sid, channels=4) for sid in self.slot_ids)
         model.host = nn.Linear(4, 4)
         self.engine = MorphogenesisEngine(model, gate_config=GateConfig(min_training_epochs=1))
+        for slot_id, blueprint in implants:
+            self.engine.implant(slot_id, blueprint)
         self.plateau = 40.0 + 10.0 * torch.rand((), generator=torch.Generator().manual_seed(
             rng_seed)).item()
         return self._observe()
@@ -203,22 +281,105 @@ def test_a_controller_better_by_construction_is_reported_better(cifar_dir, tmp_p
     assert pair["verdict"] == "better" and pair["outcome_diff_ci"][0] > 5.0
 
 
+class PruneAtTheEnd:
+    """Grows a ``norm`` seed, keeps it blended, and prunes it instantly at the last decision:
+    two of the three outcome epochs are measured with the seed, the last without."""
+
+    def __init__(self, plan: EpisodePlan) -> None:
+        self.grower = GrowerController("norm", fossilize=False)
+
+    def reset(self) -> None:
+        self.grower.reset()
+
+    def decide(self, report):
+        if report.epoch == report.max_epochs - 2:
+            return Action(LifecycleOp.PRUNE, 0, alpha_speed=AlphaSpeed.INSTANT)
+        return self.grower.decide(report)
+
+
+def test_pruning_at_the_last_decision_does_not_dodge_the_parameter_cost(cifar_dir, tmp_path):
+    config = fixture_config(cifar_dir, tmp_path / "out", episode_length=12, seeds=2, envs=2,
+                            param_cost=20.0, controllers=("keep", "prune"), reference="keep")
+    pool = ScriptedHostPool(2, config.slots, config.episode_length)
+    custom = {"keep": lambda plan: GrowerController("norm", fossilize=False),
+              "prune": PruneAtTheEnd}
+    records = {(r.controller, r.episode_index): r
+               for r in Comparison(config, custom=custom, pool=pool).run()}
+    host = 20  # the scripted host: one 4x4 linear layer
+    for i in range(2):
+        keep, prune = records["keep", i], records["prune", i]
+        size = keep["seed_params"]
+        assert size > 0 and prune["seed_params"] == 0 and prune["seeds_pruned"] == 1
+        for record, mean_size in ((keep, size), (prune, 2 * size / 3)):
+            accuracy = sum(record["accuracy_curve"][-3:]) / 3
+            assert record["outcome"] == pytest.approx(accuracy - 20.0 * mean_size / host)
+        # The pruned episode's last epoch lost the seed's 10 points, its cost fell by a third:
+        # the two together keep it below keeping the seed.
+        assert prune["outcome"] < keep["outcome"]
+
+
+def test_a_rollback_restores_and_the_episode_goes_on(cifar_dir, tmp_path, monkeypatch):
+    from test_app_trainer import force_one_rollback
+
+    force_one_rollback(monkeypatch)
+    config = fixture_config(cifar_dir, tmp_path / "out", controllers=("static",), seeds=1,
+                            episode_length=4, envs=1)
+    (record,) = Comparison(config).run()
+    assert len(record["accuracy_curve"]) == 4
+    # static: no seeds, no shaping; the return is the outcome minus one rollback penalty.
+    assert record["episode_return"] == pytest.approx(record["outcome"] - 10.0)
+
+
 # --- the born-grown baseline -------------------------------------------------------------------
-def test_matched_implants_pick_the_closest_parameter_count():
-    config = CompareConfig(slots=("r0c1", "r0c2"))
-    light = param_count("conv_light", 32)  # r0c2 is 32 channels wide in the baseline host
-    assert matched_implants(light, config) == (("r0c2", "conv_light"),)
-    assert matched_implants(0, config) == ()
-    both = param_count("norm", 16) + param_count("conv_heavy", 32)
-    assert matched_implants(both, config) == (("r0c1", "norm"), ("r0c2", "conv_heavy"))
+class ByEpisode:
+    """A grower of another blueprint in each episode (its factory gets the plan)."""
+
+    BLUEPRINTS = ("norm", "conv_light", "depthwise")
+
+    def __init__(self, plan: EpisodePlan) -> None:
+        self.grower = GrowerController(self.BLUEPRINTS[plan.index % 3], fossilize=False)
+
+    def reset(self) -> None:
+        self.grower.reset()
+
+    def decide(self, report):
+        return self.grower.decide(report)
 
 
-def test_matched_implants_on_the_lm_task_are_transformer_seeds():
-    config = CompareConfig(task="lm")  # the tiny GPT: 64 wide, slots r0c0 and r0c1
-    lora = param_count("lora", 64, "transformer")
-    assert matched_implants(lora, config) == (("r0c0", "lora"),)
-    both = lora + param_count("attention", 64, "transformer")
-    assert matched_implants(both, config) == (("r0c0", "lora"), ("r0c1", "attention"))
+def test_matched_is_born_with_exactly_what_its_grower_grew_in_each_episode(cifar_dir, tmp_path):
+    config = fixture_config(cifar_dir, tmp_path / "out", episode_length=8, seeds=3, envs=3,
+                            controllers=("static", "mixed", "matched:mixed"))
+    pool = ScriptedHostPool(3, config.slots, config.episode_length)
+    records = Comparison(config, custom={"mixed": ByEpisode}, pool=pool).run()
+    by = {(r.controller, r.episode_index): r for r in records}
+    for i, blueprint in enumerate(ByEpisode.BLUEPRINTS):
+        grown, born = by["mixed", i], by["matched:mixed", i]
+        assert grown["final_seeds"] == (("r0c1", blueprint),)
+        assert born["final_seeds"] == grown["final_seeds"]
+        assert born["seed_params"] == grown["seed_params"] > 0
+        assert (born["seeds_germinated"], born["seeds_fossilized"]) == (0, 0)  # implanted
+    assert by["static", 0]["final_seeds"] == ()
+    rows = list(csv.DictReader((tmp_path / "out" / "episodes.csv").open()))
+    assert {r["final_seeds"] for r in rows if r["controller"] == "static"} == {"none"}
+
+
+def test_a_table_without_grown_seeds_cannot_feed_matched(cifar_dir, tmp_path):
+    out = tmp_path / "out"
+    config = fixture_config(cifar_dir, out, seeds=1, controllers=("static", "grower:norm"))
+    Comparison(config).run()
+    with (out / "episodes.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    columns = [c for c in rows[0] if c != "final_seeds"]  # as an older version wrote it
+    with (out / "episodes.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, columns, extrasaction="ignore", lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    before = checksums(out)
+    matched = fixture_config(cifar_dir, out, seeds=1,
+                             controllers=("static", "grower:norm", "matched:grower:norm"))
+    with pytest.raises(ConfigError, match="were recorded without the seeds they grew"):
+        Comparison(matched)
+    assert checksums(out) == before
 
 
 def test_lm_comparison_records_token_accuracy_and_loss(text_file, tmp_path):
@@ -248,14 +409,15 @@ def test_a_folder_written_before_tasks_existed_resumes_as_cifar(cifar_dir, tmp_p
     assert len(Comparison(config).run()) == 1  # accepted, nothing replayed
 
 
-def test_matched_controller_is_born_grown_with_the_growers_median(cifar_dir, tmp_path):
+def test_matched_controller_is_born_with_the_growers_seeds(cifar_dir, tmp_path):
     grower, matched = "grower:conv_light", "matched:grower:conv_light"
     config = fixture_config(cifar_dir, tmp_path / "out", seeds=1, episode_length=4,
                             controllers=("static", grower, matched))
     records = {r.controller: r for r in Comparison(config).run()}
     grown = records["grower:conv_light"]["seed_params"]
     assert grown > 0
-    assert records["matched:grower:conv_light"]["seed_params"] == grown  # same blueprint exists
+    assert records["matched:grower:conv_light"]["seed_params"] == grown
+    assert records["matched:grower:conv_light"]["final_seeds"] == (("r0c1", "conv_light"),)
     assert records["matched:grower:conv_light"]["seeds_germinated"] == 0
 
 
@@ -335,6 +497,35 @@ def test_cli_errors_are_one_line_and_leave_out_untouched(trained_policy, tmp_pat
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     assert message in lines[0]
     assert (out / "episodes.csv").read_text() == "keep me\n"
+
+
+@pytest.mark.parametrize("case", ["no settings", "retrained policy", "cut table"])
+def test_cli_refuses_to_mix_results_in_one_line(trained_policy, tmp_path, case):
+    data, trained = trained_policy
+    policy, out = tmp_path / "ckpt.pt", tmp_path / "out"
+    policy.write_bytes(trained.read_bytes())
+    controllers = ("static", f"policy:{policy}")
+    values = {**preset_values("smoke", CompareConfig), "data_dir": str(data), "out": str(out),
+              "seeds": 1, "progress": False, "controllers": controllers}
+    Comparison(CompareConfig(**values)).run()
+    if case == "no settings":
+        (out / "compare_config.json").unlink()
+        message = "holds episodes.csv but no compare_config.json"
+    elif case == "retrained policy":
+        retrain(policy)
+        message = f"policy:{policy} is not the controller that played its 1 episodes"
+    else:  # a copy cut short in the middle of its last row
+        table = (out / "episodes.csv").read_bytes()
+        (out / "episodes.csv").write_bytes(table[:len(table) - 40])
+        message = "malformed records file"
+    before = checksums(out)
+    result = run_cli("--preset", "smoke", "--data-dir", str(data), "--out", str(out),
+                     "--seeds", "1", "--controllers", *controllers)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert message in lines[0]
+    assert checksums(out) == before
 
 
 def test_policy_controllers_play_in_the_comparison(trained_policy, tmp_path):

@@ -6,10 +6,17 @@ import pytest
 from matplotlib.collections import PolyCollection
 from matplotlib.container import ErrorbarContainer
 
-from esper_lightning.app.plots import curves_figure, save_figure, save_figures, vs_params_figure
+from esper_lightning.app.plots import (
+    curves_figure,
+    differences_figure,
+    dodge,
+    save_figure,
+    save_figures,
+    vs_params_figure,
+)
 from esper_lightning.app.records import METRICS, EpisodeRecord, Metric
-from esper_lightning.app.report import summarize
-from esper_lightning.app.stats import bootstrap_ci
+from esper_lightning.app.report import paired_differences, summarize
+from esper_lightning.app.stats import mean_ci
 from esper_lightning.core.outcome import accuracy_outcome
 
 CONTROLLERS = ("static", "heuristic", "ppo")
@@ -37,16 +44,18 @@ def _raw_backend():
 
 
 def test_outcome_vs_params_has_one_errorbar_per_controller(tmp_path):
-    summaries = summarize(_records(), n_resamples=500)
-    fig = vs_params_figure(summaries, "outcome")
+    summaries = summarize(_records())
+    fig = vs_params_figure(summaries, "outcome", param_cost=0.5)
     (ax,) = fig.axes
     bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
     assert [bar.get_label() for bar in bars] == list(CONTROLLERS)
     assert [t.get_text() for t in ax.get_legend().get_texts()] == list(CONTROLLERS)
     assert ax.get_xlabel() == METRICS["total_params"].axis_label()
-    assert ax.get_ylabel() == "outcome: mean validation accuracy of the last 3 epochs minus the " \
-                              "parameter cost (%)"
-    assert ax.get_title() == "Outcome against size (means, 95% bootstrap intervals)"
+    label = ax.get_ylabel().replace("\n", " ")
+    assert label.startswith("outcome: mean validation accuracy of the last 3 epochs minus")
+    assert label.endswith("(%); param_cost = 0.5")
+    assert ax.get_title().startswith("Outcome against size (means, 95% t intervals)")
+    assert len({bar.lines[0].get_marker() for bar in bars}) == len(CONTROLLERS)
     for bar, s in zip(bars, summaries, strict=True):
         size, outcome = s.metrics["total_params"], s.metrics["outcome"]
         point, _, (x_bar, y_bar) = bar.lines
@@ -59,25 +68,99 @@ def test_outcome_vs_params_has_one_errorbar_per_controller(tmp_path):
     assert path.stat().st_size > 0 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_accuracy_curves_show_mean_and_bootstrap_band(tmp_path):
+def test_labels_of_points_at_one_spot_do_not_overprint():
     records = _records()
-    fig = curves_figure(records, "accuracy_curve", n_resamples=300, rng_seed=4)
+    twins = [EpisodeRecord(f"{r.controller}-twin", r.episode_index, r.episode_rng_seed, r.host,
+                           r.values) for r in records]
+    fig = vs_params_figure(summarize(records + twins), "outcome")
     (ax,) = fig.axes
-    assert [line.get_label() for line in ax.lines] == [f"{c} (n=5)" for c in CONTROLLERS]
+    renderer = fig.canvas.get_renderer()
+    fig.draw_without_rendering()
+    boxes = [t.get_window_extent(renderer) for t in ax.texts]
+    assert [t.get_text() for t in ax.texts] == [*CONTROLLERS, *(f"{c}-twin" for c in CONTROLLERS)]
+    for i, box in enumerate(boxes):
+        assert not any(box.overlaps(other) for other in boxes[i + 1:])
+
+
+def test_paired_differences_are_a_forest_plot_with_zero_line_and_verdicts():
+    rng = np.random.default_rng(7)
+    reference = rng.normal(60.0, 3.0, 10)
+    records = []
+    for name, shift in (("static", 0.0), ("good", 2.0), ("bad", -2.0), ("same", 0.0)):
+        records += [EpisodeRecord(name, i, 100 + i, "baseline", {
+            "outcome": float(v + shift + (0.3 * rng.normal() if shift else 0.0)),
+            "final_accuracy": 50.0, "seed_params": 0, "total_params": 1_000,
+            "accuracy_curve": (50.0,), "seeds_germinated": 0, "seeds_fossilized": 0,
+            "seeds_pruned": 0, "wall_seconds": 1.0}) for i, v in enumerate(reference)]
+    comparisons = paired_differences(records)
+    assert [c.verdict for c in comparisons] == ["better", "worse",
+                                               "no detectable difference at 10 seeds"]
+    fig = differences_figure(comparisons, "outcome", param_cost=1.0)
+    (ax,) = fig.axes
+    assert [t.get_text() for t in ax.get_yticklabels()] == [
+        f"{c.controller} − static\n(n = 10)" for c in comparisons]
+    assert list(ax.get_yticks()) == [2, 1, 0]  # the first comparison on top
+    zero_lines = [line for line in ax.lines if list(line.get_xdata()) == [0.0, 0.0]]
+    assert len(zero_lines) == 1
+    bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    for bar, c in zip(bars, comparisons, strict=True):
+        (segment,) = bar.lines[2][0].get_segments()
+        assert segment[:, 0] == pytest.approx(c.differences["outcome"].ci)
+    texts = [t.get_text() for t in ax.texts]
+    assert texts == [f"better\nHolm p = {comparisons[0].p_holm:.2g}",
+                     f"worse\nHolm p = {comparisons[1].p_holm:.2g}",
+                     "no detectable difference\nHolm p = 1"]
+    colours = [t.get_color() for t in ax.texts]
+    assert colours[:2] == ["tab:green", "tab:red"] and colours[2] not in colours[:2]
     bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
-    assert len(bands) == len(CONTROLLERS)
+    mde = comparisons[0].mde
+    assert bands[0].get_paths()[0].vertices[:, 0].min() == pytest.approx(-mde)
+    assert "param_cost = 1" in ax.get_xlabel().replace("\n", " ")
+    with pytest.raises(ValueError, match="at least one comparison with val_loss"):
+        differences_figure(comparisons, "val_loss")
+
+
+def test_accuracy_curves_show_mean_and_band_distinguishably(tmp_path):
+    records = _records()
+    twins = [EpisodeRecord("twin", r.episode_index, r.episode_rng_seed, r.host, r.values)
+             for r in records if r.controller == "static"]
+    fig = curves_figure(records + twins, "accuracy_curve")
+    (ax,) = fig.axes
+    names = [*CONTROLLERS, "twin"]
+    assert [line.get_label() for line in ax.lines] == [f"{c} (n=5)" for c in names]
+    bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
+    assert len(bands) == len(names)
     assert ax.get_xlabel() == "epoch" and ax.get_ylabel() == "validation accuracy (%)"
-    for name, line, band in zip(CONTROLLERS, ax.lines, bands, strict=True):
-        curves = np.array([r["accuracy_curve"] for r in records if r.controller == name])
-        assert line.get_xdata() == pytest.approx(np.arange(1, 7))
+    styles = {(line.get_linestyle(), line.get_marker()) for line in ax.lines}
+    assert len(styles) == len(names)  # no two controllers drawn alike
+    static, twin = ax.lines[0], ax.lines[-1]
+    assert static.get_ydata() == pytest.approx(twin.get_ydata())  # identical curves ...
+    assert not np.allclose(static.get_xdata(), twin.get_xdata())  # ... both visible
+    fig.draw_without_rendering()
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    assert ticks and all(float(t).is_integer() for t in ticks)
+    for k, (name, line, band) in enumerate(zip(names, ax.lines, bands, strict=True)):
+        curves = np.array([r["accuracy_curve"] for r in records + twins if r.controller == name])
+        shift = dodge(k, len(names), 6)
+        assert abs(shift) < 0.1
+        assert line.get_xdata() == pytest.approx(np.arange(1, 7) + shift)
         assert line.get_ydata() == pytest.approx(curves.mean(axis=0))
         vertices = band.get_paths()[0].vertices
         for t in range(curves.shape[1]):
-            at_epoch = vertices[np.isclose(vertices[:, 0], t + 1), 1]
-            expected = bootstrap_ci(curves[:, t], n_resamples=300, rng_seed=4)
-            assert (at_epoch.min(), at_epoch.max()) == pytest.approx(expected)
+            at_epoch = vertices[np.isclose(vertices[:, 0], t + 1 + shift), 1]
+            assert (at_epoch.min(), at_epoch.max()) == pytest.approx(mean_ci(curves[:, t]))
     path = save_figure(fig, tmp_path / "curves.png")
     assert path.stat().st_size > 0 and path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_short_episodes_have_whole_epoch_ticks_and_one_episode_no_band():
+    records = [r for r in _records(n_episodes=1, epochs=3)]
+    fig = curves_figure(records, "accuracy_curve")
+    (ax,) = fig.axes
+    fig.draw_without_rendering()
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    assert all(float(t).is_integer() for t in ticks)  # no tick at 1.5
+    assert not [c for c in ax.collections if isinstance(c, PolyCollection)]
 
 
 def test_curves_of_different_lengths_are_refused():
@@ -92,8 +175,9 @@ def test_curves_of_different_lengths_are_refused():
 def test_figures_leave_the_global_backend_alone(tmp_path):
     backend, had_pyplot = _raw_backend(), "matplotlib.pyplot" in sys.modules
     records = _records(n_episodes=2)
-    save_figure(vs_params_figure(summarize(records, n_resamples=100)), tmp_path / "a.png")
-    save_figure(curves_figure(records, n_resamples=100), tmp_path / "b.png")
+    save_figure(vs_params_figure(summarize(records)), tmp_path / "a.png")
+    save_figure(curves_figure(records), tmp_path / "b.png")
+    save_figure(differences_figure(paired_differences(records)), tmp_path / "c.png")
     assert _raw_backend() == backend
     assert had_pyplot or "matplotlib.pyplot" not in sys.modules
     with pytest.raises(ValueError, match=r"figure path must end in \.png, got"):
@@ -103,7 +187,7 @@ def test_figures_leave_the_global_backend_alone(tmp_path):
 
 
 def test_curves_of_an_optional_metric_leave_out_controllers_without_them():
-    fig = curves_figure(_records(n_episodes=2), "loss_curve", n_resamples=100)
+    fig = curves_figure(_records(n_episodes=2), "loss_curve")
     (ax,) = fig.axes
     assert [line.get_label() for line in ax.lines] == ["heuristic (n=2)", "ppo (n=2)"]
     assert ax.get_ylabel() == "validation loss"
@@ -114,9 +198,10 @@ def test_curves_of_an_optional_metric_leave_out_controllers_without_them():
 
 def test_every_plotted_metric_is_saved_and_a_new_one_is_drawn(tmp_path, monkeypatch):
     records = _records(n_episodes=2)
-    summaries = summarize(records, n_resamples=100)
-    paths = save_figures(records, summaries, tmp_path)
-    assert [p.name for p in paths] == ["outcome_vs_params.png", "accuracy_curves.png"]
+    summaries, comparisons = summarize(records), paired_differences(records)
+    paths = save_figures(records, summaries, comparisons, tmp_path)
+    assert [p.name for p in paths] == ["outcome_differences.png", "outcome_vs_params.png",
+                                       "accuracy_curves.png"]
     added = (Metric("final_loss", lambda e: e.losses[-1], "final loss", plot=True,
                     optional=True, description="validation loss of the last epoch"),
              Metric("train_loss_curve", lambda e: (), "training loss", kind="curve",
@@ -126,9 +211,11 @@ def test_every_plotted_metric_is_saved_and_a_new_one_is_drawn(tmp_path, monkeypa
     records = [EpisodeRecord(r.controller, r.episode_index, r.episode_rng_seed, r.host, {
         **r.values, "final_loss": (r["loss_curve"] or (None,))[-1],
         "train_loss_curve": tuple(v + 0.5 for v in r["loss_curve"])}) for r in records]
-    summaries = summarize(records, n_resamples=100)
-    paths = save_figures(records, summaries, tmp_path)
-    assert [p.name for p in paths][2:] == ["final_loss_vs_params.png", "train_loss_curves.png"]
+    summaries, comparisons = summarize(records), paired_differences(records)
+    paths = save_figures(records, summaries, comparisons, tmp_path)
+    assert [p.name for p in paths] == [
+        "outcome_differences.png", "outcome_vs_params.png", "final_loss_vs_params.png",
+        "accuracy_curves.png", "train_loss_curves.png"]
     (scalar,) = vs_params_figure(summaries, "final_loss").axes
     assert scalar.get_ylabel() == "final loss: validation loss of the last epoch"
     assert [t.get_text() for t in scalar.texts] == ["heuristic", "ppo"]  # static has none

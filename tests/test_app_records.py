@@ -46,13 +46,17 @@ def record(controller="static", index=0, outcome=61.0, **values):
 
 def test_metrics_read_their_values_from_a_played_episode():
     epochs = [(40.0, 2.0, 2.5), (50.0, 1.8, 2.0), (56.0, 1.6, 1.7), (58.0, 1.5, 1.5)]
-    reports = tuple(SimpleNamespace(epoch=t, val_accuracy=a, val_loss=v, train_loss=tr)
-                    for t, (a, v, tr) in enumerate(epochs))
-    episode = Episode(reports, 3.5, seed_params=500, host_params=1000,  # type: ignore[arg-type]
+    seeds = (0, 600, 600, 300)  # present at each epoch; a seed shrank before the last one
+    reports = tuple(SimpleNamespace(
+        epoch=t, val_accuracy=a, val_loss=v, train_loss=tr, host_params=1000,
+        accuracy_history=tuple(e[0] for e in epochs[:t + 1]), seed_params_history=seeds[:t + 1],
+    ) for t, (a, v, tr) in enumerate(epochs))
+    episode = Episode(reports, 3.5, seed_params=300, host_params=1000,  # type: ignore[arg-type]
                       events={"germinated": 2, "pruned": 1}, param_cost=1.0, wall_seconds=9.0)
     r = EpisodeRecord.of_episode("heuristic", 3, 77, "baseline", episode)
-    assert r["outcome"] == pytest.approx((50.0 + 56.0 + 58.0) / 3 - 0.5)  # minus the cost
-    assert (r["final_accuracy"], r["seed_params"], r["total_params"]) == (58.0, 500, 1500)
+    # The cost is charged on the mean seed parameters of the same 3 epochs: 500 / 1000 points.
+    assert r["outcome"] == pytest.approx((50.0 + 56.0 + 58.0) / 3 - 0.5)
+    assert (r["final_accuracy"], r["seed_params"], r["total_params"]) == (58.0, 300, 1300)
     assert r["val_loss"] == pytest.approx((1.8 + 1.6 + 1.5) / 3)
     assert r["accuracy_curve"] == (40.0, 50.0, 56.0, 58.0)
     assert r["loss_curve"] == (2.0, 1.8, 1.6, 1.5)
@@ -84,6 +88,27 @@ def test_record_validation():
     short = record(accuracy_curve=[59.0, 60.0])
     assert short["accuracy_curve"] == (59.0, 60.0)  # a tuple, as read back from a CSV
     assert short["episode_return"] is None and short["loss_curve"] == ()
+
+
+def test_seeds_at_the_end_round_trip_and_tell_none_from_unknown(tmp_path):
+    seeds = METRICS["final_seeds"]
+    grown = record(final_seeds=[["r0c1", "norm"], ("r0c2", "conv_light")])
+    assert grown["final_seeds"] == (("r0c1", "norm"), ("r0c2", "conv_light"))
+    assert seeds.encode(grown["final_seeds"]) == "r0c1:norm r0c2:conv_light"
+    assert seeds.encode(()) == "none" and seeds.decode("none") == ()
+    assert seeds.encode(None) == "" and seeds.decode("") is None  # not recorded
+    assert record()["final_seeds"] is None
+    append_record_csv(tmp_path / "e.csv", grown)
+    append_record_csv(tmp_path / "e.csv", record(index=1, final_seeds=()))
+    assert [r["final_seeds"] for r in read_records_csv(tmp_path / "e.csv")] == [
+        grown["final_seeds"], ()]
+    for bad in ("r0c1", "r0c1:"):
+        with pytest.raises(ValueError, match="bad final_seeds"):
+            seeds.decode(bad)
+    with pytest.raises(ValueError, match="bad seed"):
+        record(final_seeds=[("r0c1", "two words")])
+    with pytest.raises(ValueError, match="seeds are neither summarised"):
+        Metric("seeds2", lambda e: (), "s", kind="seeds")
 
 
 def test_a_metric_definition_is_checked():

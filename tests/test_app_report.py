@@ -13,7 +13,7 @@ from esper_lightning.app.report import (
     summarize,
     summary_json,
 )
-from esper_lightning.app.stats import MIN_PAIRS_FOR_VERDICT, bootstrap_ci, wilcoxon_p
+from esper_lightning.app.stats import holm, mean_ci, min_detectable_effect, wilcoxon_p
 
 
 def record(controller, index, outcome, *, total_params=100_000, seed_params=0,
@@ -74,13 +74,51 @@ def test_noisy_small_difference_is_not_detected():
 
 
 def test_too_few_pairs_get_no_verdict_even_when_the_interval_excludes_zero():
-    reference = np.full(MIN_PAIRS_FOR_VERDICT, 70.0)
-    steps = np.arange(MIN_PAIRS_FOR_VERDICT, dtype=float)
-    (few,) = paired_differences(paired_table(reference[:3], reference[:3] + 5.0 + steps[:3]))
+    reference = np.full(6, 70.0)
+    steps = np.arange(6, dtype=float)
+    (few,) = paired_differences(paired_table(reference[:5], reference[:5] + 5.0 + steps[:5]))
     assert few.differences["outcome"].ci[0] > 0.0
-    assert few.verdict == "no detectable difference at 3 seeds"
+    assert few.p_value == pytest.approx(2 / 2**5)  # the smallest p five pairs can give
+    assert few.verdict == "no detectable difference at 5 seeds"
     (enough,) = paired_differences(paired_table(reference, reference + 5.0 + steps))
     assert enough.verdict == "better"
+
+
+def test_an_interval_that_excludes_zero_without_a_significant_test_is_no_verdict():
+    # Nine small gains and one loss of rank 8: the mean difference is clearly positive, the
+    # exact signed-rank p is 2 * 25 / 2**10 = 0.0488 alone, and twice that in a table of two
+    # (Holm: the smaller p of two is doubled).
+    reference = np.random.default_rng(5).normal(70.0, 3.0, size=10)
+    gains = np.array([0.30, 0.25, 0.20, 0.35, 0.28, 0.22, 0.31, 0.27, 0.24, -0.305])
+    records = paired_table(reference, reference + gains)
+    noise = np.array([0.1, -0.2, 0.3, -0.4, 0.5, -0.6, 0.7, -0.8, 0.9, -1.0])
+    records += [record("random", i, float(v)) for i, v in enumerate(reference + noise)]
+    grower, random = paired_differences(records)
+    assert grower.differences["outcome"].ci[0] > 0.0
+    assert grower.p_value == pytest.approx(2 * 25 / 2**10)
+    assert grower.p_holm == pytest.approx(2 * grower.p_value)
+    assert grower.p_holm == pytest.approx(holm([grower.p_value, random.p_value])[0])
+    assert grower.verdict == "no detectable difference at 10 seeds"
+    (alone,) = paired_differences(paired_table(reference, reference + gains))
+    assert alone.p_holm == alone.p_value and alone.verdict == "better"
+
+
+def test_a_table_of_null_comparisons_rarely_calls_any_of_them_better_or_worse():
+    """Three controllers that are the reference in disguise, 10 pairs, 150 seeded tables: the
+    rule before (the interval alone) called one of the three better or worse in about a
+    quarter of the tables; interval and Holm-adjusted test together keep it near 5 %."""
+    rng = np.random.default_rng(6)
+    tables, flagged = 150, 0
+    for _ in range(tables):
+        level = rng.normal(45.0, 2.0, size=10)  # episodes differ, controllers do not
+        records = [record("static", i, float(v))
+                   for i, v in enumerate(level + rng.normal(0.0, 0.5, 10))]
+        for name in ("a", "b", "c"):
+            records += [record(name, i, float(v))
+                        for i, v in enumerate(level + rng.normal(0.0, 0.5, 10))]
+        verdicts = [c.verdict for c in paired_differences(records)]
+        flagged += any(v in ("better", "worse") for v in verdicts)
+    assert flagged / tables <= 0.09
 
 
 def test_summary_and_paired_intervals_are_the_stats_of_the_right_arrays():
@@ -89,12 +127,13 @@ def test_summary_and_paired_intervals_are_the_stats_of_the_right_arrays():
     records = paired_table(reference, controller)
     d = controller - reference  # the same float operations as the module
     (comparison,) = paired_differences(records)
-    assert comparison.differences["outcome"].ci == bootstrap_ci(d)
-    assert comparison.p_value == wilcoxon_p(d)
+    assert comparison.differences["outcome"].ci == mean_ci(d)
+    assert comparison.p_value == comparison.p_holm == wilcoxon_p(d)  # a family of one
+    assert comparison.mde == min_detectable_effect(d)
     static, grower = summarize(records)
     assert grower.metrics["outcome"].mean == pytest.approx(controller.mean())
-    assert grower.metrics["outcome"].ci == bootstrap_ci(controller)
-    assert static.metrics["outcome"].ci == bootstrap_ci(reference)
+    assert grower.metrics["outcome"].ci == mean_ci(controller)
+    assert static.metrics["outcome"].ci == mean_ci(reference)
 
 
 def test_summarize_reports_params_returns_and_final_accuracy():
@@ -110,7 +149,7 @@ def test_summarize_reports_params_returns_and_final_accuracy():
     assert ppo.metrics["total_params"].mean == 101_500.0
     assert ppo.metrics["seed_params"].mean == 1_500.0
     assert ppo.metrics["episode_return"].mean == 1.5
-    assert 0.0 <= ppo.metrics["episode_return"].ci[0] < 1.5 < ppo.metrics["episode_return"].ci[1]
+    assert ppo.metrics["episode_return"].ci == mean_ci([0.0, 1.0, 2.0, 3.0])
     assert set(ppo.metrics) == {m.name for m in METRICS.values() if m.summary}
     mixed = [*records, record("half", 0, 70.0, episode_return=1.0), record("half", 1, 70.0)]
     with pytest.raises(ValueError, match="controller 'half' has episode_return in 1 of 2"):
@@ -173,7 +212,8 @@ def test_markdown_and_json_reports():
     assert ("| controller | episodes | outcome (%) [95% CI] | final acc. (%) | total params "
             "[95% CI] | seed params [95% CI] | return [95% CI] |") in text
     assert ("| controller | reference | pairs | Δ outcome (pp) [95% CI] | p (Wilcoxon) | "
-            "verdict | Δ total params [95% CI] |\n|---|---|---:|---:|---:|---|---:|") in text
+            "p (Holm) | verdict | MDE (pp) | Δ total params [95% CI] |\n"
+            "|---|---|---:|---:|---:|---:|---|---:|---:|") in text
     assert "| better |" in text and "| no detectable difference at 8 seeds |" in text
     assert "n/a" in text and "104,000" in text and "+4,000 [+4,000, +4,000]" in text
     assert text.count("\n|---") == 2 and "Validation loss" not in text  # no losses recorded
@@ -186,7 +226,10 @@ def test_markdown_and_json_reports():
     outcome = comparisons[0].differences["outcome"]
     assert report["comparisons"][0]["outcome_diff_ci"] == list(outcome.ci)
     assert report["comparisons"][0]["outcome_diff_mean"] == outcome.mean
-    assert report["min_pairs_for_verdict"] == MIN_PAIRS_FOR_VERDICT
+    assert report["comparisons"][0]["p_holm"] == comparisons[0].p_holm
+    assert report["comparisons"][0]["mde"] == comparisons[0].mde
+    assert f"| {comparisons[0].mde:.2f} |" in text
+    assert (report["alpha"], report["power"]) == (0.05, 0.8)
 
 
 def with_losses(r, losses):

@@ -10,6 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from esper_lightning.app.config import ConfigError, load_config
 from esper_lightning.app.trainer import TIMELINE_TAG, PPOTrainer
+from esper_lightning.core.divergence import Governor
 from esper_lightning.rl.checkpoint import read_checkpoint
 
 PPO_TAGS = {
@@ -161,3 +162,34 @@ def test_lm_smoke_preset_learns_on_a_text_file(text_file, tmp_path):
     assert env.val_batches[0][0].shape[1] == 32  # lm-smoke's block size
     state = read_checkpoint(save)
     assert state["config"]["task"] == "lm" and state["config"]["host_preset"] == "tiny"
+
+
+def force_one_rollback(monkeypatch, at_check: int = 2) -> None:
+    """Every governor asks for a rollback at its ``at_check``-th validation (the first is the
+    epoch before the first decision), once."""
+    real, checks = Governor.check_validation, {}
+
+    def check(self, val_loss, val_accuracy=None, num_classes=None):
+        checks[id(self)] = checks.get(id(self), 0) + 1
+        if checks[id(self)] == at_check:
+            return "governor_forced"
+        return real(self, val_loss, val_accuracy, num_classes)
+
+    monkeypatch.setattr(Governor, "check_validation", check)
+
+
+def test_a_rollback_costs_its_penalty_and_the_episode_goes_on(cifar_dir, tmp_path,
+                                                               monkeypatch):
+    """The same rule as `compare`: the env restores, the penalty is charged at that step, the
+    episode plays to its end and its outcome is paid there."""
+    force_one_rollback(monkeypatch)
+    trainer = PPOTrainer(_config(cifar_dir, tmp_path, rounds=1, episode_length=4))
+    resets = []
+    real_reset = trainer.pool.reset
+    trainer.pool.reset = lambda *a, **k: resets.append(a) or real_reset(*a, **k)
+    (stats,) = trainer.run_round(0)
+    assert len(resets) == 1  # no env started a new episode
+    assert stats.rollbacks == 2 and stats.steps == 2 * 3
+    assert len(stats.returns) == len(stats.final_accuracies) == 2
+    assert stats.reward_sums["rollback"] == pytest.approx(-2 * 10.0)
+    assert stats.reward_sums["terminal"] != 0.0  # both outcomes paid at the end

@@ -89,10 +89,9 @@ def test_roll_back_without_an_engine_prunes_the_slots_and_without_a_snapshot_rai
 
 
 def _poisoned_env(cifar_dir) -> MorphogenesisEnv:
-    """An env in ``restore`` mode with a fossil (born grown) and a live seed, a loss scale and
+    """An env with a fossil (born grown) and a live seed, a loss scale and
     momentum that moved since its snapshot, whose last epoch trained on a NaN host weight."""
-    spec = EnvSpec(slots=("r0c1", "r0c2"), batch_size=16, episode_length=4, gate_config=GATES,
-                   on_rollback="restore")
+    spec = EnvSpec(slots=("r0c1", "r0c2"), batch_size=16, episode_length=4, gate_config=GATES)
     env = MorphogenesisEnv(0, spec, load_cifar10(cifar_dir, True), load_cifar10(cifar_dir, False))
     # A scaler on the precision plugin, so the env's rollback has one to restore (on the CPU
     # a 32-true run has none; reset gives the env a fresh one, as under 16-mixed).

@@ -12,8 +12,9 @@ from esper_lightning.app.config import CompareConfig
 from esper_lightning.core.actions import Action, LifecycleOp
 from esper_lightning.core.engine import execute_on_slot
 from esper_lightning.core.lifecycle import SeedStage
+from esper_lightning.core.outcome import episode_outcome
 from esper_lightning.core.slots import SeedSlot
-from esper_lightning.rl import RewardBreakdown, RewardConfig, RewardMode, compute_reward
+from esper_lightning.rl import RewardBreakdown, RewardConfig, RewardMode, compute_reward, step_ends
 from esper_lightning.rl.rewards import (
     attribution_potential,
     outcome,
@@ -157,11 +158,46 @@ def test_terminal_pays_the_outcome_and_zeroes_every_potential():
           terminal=56.0 - 1.0 * 5 / 1000)
 
 
-def test_rollback_is_an_end_without_the_outcome():
+def test_a_rollback_costs_its_penalty_and_the_episode_goes_on():
+    """The env restored its snapshot: the step pays the penalty, the shaping goes on from the
+    restored state (Φ(s') is not zeroed: this is no episode end) and no outcome is paid."""
     slots = _slots()
     _to_holding(slots[1], "norm")
-    prev, _, breakdown = _step(slots, Action(), terminal=True, rollback=True)
-    _only(breakdown, pbrs=-stage_potential(prev, SHAPED), rollback=-10.0)
+    prev, after, breakdown = _step(slots, Action(), rollback=True)
+    assert stage_potential(after, SHAPED) > 0
+    _only(breakdown, pbrs=GAMMA * stage_potential(after, SHAPED) - stage_potential(prev, SHAPED),
+          rollback=-10.0)
+
+
+def test_a_rollback_at_the_last_step_pays_penalty_and_outcome():
+    slots = _slots()
+    _to_holding(slots[1], "norm")  # 5 seed parameters
+    prev, _, breakdown = _step(slots, Action(), accuracies=(50.0, 54.0, 56.0, 58.0),
+                               terminal=True, rollback=True)
+    _only(breakdown, pbrs=-stage_potential(prev, SHAPED), rollback=-10.0,
+          terminal=56.0 - 1.0 * 5 / 1000)
+
+
+def test_rollbacks_never_end_an_episode():
+    ends = step_ends([1, 2, 3], 3, rollout_over=False)
+    assert ends.terminated.tolist() == [False, False, True]
+    assert ends.truncated.tolist() == [False, False, False]
+    assert step_ends([2], 3, rollout_over=True).truncated.tolist() == [True]
+
+
+def test_the_parameter_cost_is_charged_over_the_outcome_window():
+    """An instant PRUNE at the last decision: the last epoch is measured without the seed, the
+    two before it with it. Their accuracy counts, so their seed parameters are charged too."""
+    slots = _slots()
+    accuracies = (50.0, 54.0, 56.0, 58.0)
+    pruned = make_report(slots, accuracies=accuracies, seed_history=(0, 300, 300, 0))
+    config = RewardConfig(param_cost=3.0)
+    assert outcome(pruned, config) == pytest.approx(56.0 - 3.0 * 200 / 1000)
+    kept = make_report(slots, accuracies=accuracies, seed_history=(0, 300, 300, 300))
+    assert outcome(kept, config) == pytest.approx(56.0 - 3.0 * 300 / 1000)
+    assert episode_outcome(accuracies, (0, 300, 300, 0), 1000, 3.0) == outcome(pruned, config)
+    with pytest.raises(ValueError, match="seed parameters of the last 3 epochs, got 2"):
+        outcome(make_report(slots, accuracies=accuracies, seed_history=(300, 0)), config)
 
 
 def test_illegal_action_raises():

@@ -4,7 +4,10 @@ Every controller plays the same evaluation episodes in the Fabric env pool: epis
 same host initialisation, data order and augmentation for every controller (its rng seed is
 `evaluation_rng_seed`), so two controllers can be compared episode by episode. The controller ×
 episode pairs run in lockstep, in chunks of the pool's size; each finished episode is appended to
-``<out>/episodes.csv`` at once, so a rerun with the same ``--out`` skips what is done.
+``<out>/episodes.csv`` at once, so a rerun with the same ``--out`` skips what is done. A folder
+never mixes results: its settings (``compare_config.json``) and its controllers
+(``controllers.json``: a policy by its file's SHA-256) must be those of the rerun, and every row
+an episode of those settings; anything else is refused before a byte is written.
 
 Random-number seeds of the three kinds of episodes never overlap: PPO training uses rounds
 ``0, 1, 2, ...`` of `episode_rng_seed`; evaluation episode ``i`` uses round
@@ -14,11 +17,11 @@ Random-number seeds of the three kinds of episodes never overlap: PPO training u
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import json
 import logging
 import math
-import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,7 +30,6 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from esper_lightning import blueprints as blueprint_registry
 from esper_lightning.app import plots
 from esper_lightning.app.config import (
     ADDED_KEY_DEFAULTS,
@@ -60,6 +62,7 @@ from esper_lightning.controllers import (
     RandomController,
     StaticController,
 )
+from esper_lightning.core.lifecycle import PRESENT_STAGES
 from esper_lightning.core.report import EpochReport
 from esper_lightning.envs import EnvPool, episode_rng_seed
 from esper_lightning.errors import ConfigError
@@ -69,6 +72,7 @@ from esper_lightning.rl.checkpoint import (
     load_policy,
     read_checkpoint,
 )
+from esper_lightning.rl.episodes import step_ends
 from esper_lightning.rl.rewards import RewardConfig, compute_reward
 
 log = logging.getLogger("esper_lightning")
@@ -79,8 +83,6 @@ CONTROLLER_KINDS = (
     "static", "heuristic", "random", "grower:BLUEPRINT[:all][:hold]", "policy:PATH",
     "matched:NAME",
 )
-#: Most seeds the born-grown baseline implants (the search is over slot subsets of this size).
-MATCHED_MAX_SEEDS = 3
 #: The heuristic's main knobs and the values `--tune_heuristic` tries (every combination).
 TUNING_GRID: dict[str, tuple[Any, ...]] = {
     "plateau_epochs_to_germinate": (1, 3),
@@ -190,10 +192,11 @@ def play_episodes(
         reports = [o.report for o in observations]
         actions = [c.decide(r) for c, r in zip(controllers, reports, strict=True)]
         outcomes, observations = pool.step(actions, which)
+        ends = step_ends([t + 1] * len(plans), decisions, rollout_over=t == decisions - 1)
         for k, (outcome, after) in enumerate(zip(outcomes, observations, strict=True)):
-            reward = compute_reward(
+            reward = compute_reward(  # a rollback restored the env; the episode goes on
                 reports[k], outcome.executed, after.report, reward_config,
-                terminal=t == decisions - 1, rollback=after.rollback_reason is not None,
+                terminal=bool(ends.terminated[k]), rollback=after.rollback_reason is not None,
             )
             returns[k] += reward.total
             histories[k].append(after.report)
@@ -208,32 +211,12 @@ def _record(
 ) -> EpisodeRecord:
     engine = pool.envs[k].engine
     assert engine is not None
+    seeds = tuple((sid, slot.state.blueprint) for sid, slot in engine.slots.items()
+                  if slot.state is not None and slot.stage in PRESENT_STAGES)
     episode = Episode(tuple(reports), episode_return, engine.seed_params, engine.host_params,
-                      engine.event_counts(), task.param_cost, seconds)
+                      engine.event_counts(), task.param_cost, seconds, seeds)
     return EpisodeRecord.of_episode(plan.label, plan.index, plan.rng_seed,
                                     str(task.host_preset), episode)
-
-
-# --- the born-grown baseline ------------------------------------------------------------------
-def matched_implants(target_params: float, task: TaskConfig) -> tuple[tuple[str, str], ...]:
-    """At most `MATCHED_MAX_SEEDS` seeds, one per slot, whose parameter count is closest to
-    ``target_params``; ties go to fewer seeds, then to earlier slots and smaller blueprints.
-    The blueprints are those of the task's topology."""
-    played = make_task(task)
-    slot_ids = tuple(task.slots or ())
-    host = played.make_host(str(task.host_preset), slot_ids, lr=1.0)  # sizes only
-    names = played.blueprints()  # smallest first
-    sizes = {(sid, bp): blueprint_registry.param_count(bp, slot.channels, played.topology)
-             for sid, slot in host.slots.items() for bp in names}
-    best: tuple[float, int, tuple[tuple[str, str], ...]] = (float(target_params), 0, ())
-    for n_seeds in range(1, min(MATCHED_MAX_SEEDS, len(slot_ids)) + 1):
-        for slots in itertools.combinations(slot_ids, n_seeds):
-            for choice in itertools.product(names, repeat=n_seeds):
-                implants = tuple(zip(slots, choice, strict=True))
-                size = sum(sizes[pair] for pair in implants)
-                if (abs(size - target_params), n_seeds) < best[:2]:
-                    best = (abs(size - target_params), n_seeds, implants)
-    return best[2]
 
 
 # --- the comparison ---------------------------------------------------------------------------
@@ -278,6 +261,7 @@ class Comparison:
                 raise ConfigError(f"{spec.label}: {spec.argument!r} is not among the "
                                   f"controllers; accepted: {', '.join(self.specs)}")
         check_hardware(config, config.devices_for(config.envs))
+        self.fingerprints = {label: fingerprint(spec) for label, spec in self.specs.items()}
         self._check_out_folder()
         self.heuristic = HeuristicConfig()
         self._pool = pool
@@ -287,27 +271,84 @@ class Comparison:
     def episodes_csv(self) -> Path:
         return self.out / "episodes.csv"
 
+    @property
+    def tuning_csv(self) -> Path:
+        return self.out / "tuning.csv"
+
+    @property
+    def config_json(self) -> Path:
+        """The settings the folder's episodes were played with."""
+        return self.out / "compare_config.json"
+
+    @property
+    def controllers_json(self) -> Path:
+        """Every controller that played in the folder, by label: its kind and, for a policy,
+        its file's path and content hash."""
+        return self.out / "controllers.json"
+
     def _check_out_folder(self) -> None:
-        saved_path = self.out / "compare_config.json"
+        """Refuse, before anything is written, a folder whose episodes were played with other
+        settings or other controllers under the same names: a comparison never mixes them."""
         if self.out.exists() and not self.out.is_dir():
             raise ConfigError(f"out '{self.out}' exists and is not a folder")
-        for table in (self.episodes_csv, self.out / "tuning.csv"):
-            if table.is_file():
-                read_records_csv(table)  # a foreign or cut table: one line, before any write
-        if not saved_path.is_file():
+        tables = {path: read_records_csv(path)  # a foreign or cut table: one line
+                  for path in (self.episodes_csv, self.tuning_csv) if path.is_file()}
+        if not self.config_json.is_file():
+            if tables:
+                raise ConfigError(f"out '{self.out}' holds {next(iter(tables)).name} but no "
+                                  f"{self.config_json.name}, so the settings its episodes were "
+                                  "played with are unknown; use another --out")
             return
-        saved = {**ADDED_KEY_DEFAULTS, **json.loads(saved_path.read_text())}
+        self._check_settings(_read_json(self.config_json))
+        self._check_controllers(tables.get(self.episodes_csv, []))
+        for path, records in tables.items():
+            _check_rows(path, records, self.config, tuning=path == self.tuning_csv)
+
+    def _check_settings(self, saved: dict[str, Any]) -> None:
+        saved = {**ADDED_KEY_DEFAULTS, **saved}
         current = self.config.to_dict()
-        changed = [k for k in _RESUME_KEYS if saved.get(k) != current[k]]
+        changed = [k for k in _RESUME_KEYS
+                   if _normalised(k, saved.get(k)) != _normalised(k, current[k])]
         if changed:
             diffs = ", ".join(f"{k}={saved.get(k)!r} (now {current[k]!r})" for k in changed)
             raise ConfigError(f"out '{self.out}' holds a comparison with other settings: {diffs}; "
                               "use another --out")
 
+    def _check_controllers(self, done: Sequence[EpisodeRecord]) -> None:
+        """A controller that played here must be the same one now: a policy file with other
+        content (a policy retrained into the same path) is another controller."""
+        saved = _read_json(self.controllers_json) if self.controllers_json.is_file() else {}
+        played = {r.controller for r in done}
+        for spec in self.specs.values():
+            unknown = [r for r in done if r.controller == spec.argument
+                       and r["final_seeds"] is None] if spec.kind == "matched" else []
+            if unknown:
+                raise ConfigError(f"{spec.label}: the episodes of {spec.argument} in out "
+                                  f"'{self.out}' were recorded without the seeds they grew "
+                                  "(an older table); use another --out")
+        for label, now in self.fingerprints.items():
+            if label not in played or (now["kind"] != "policy" and label not in saved):
+                continue
+            then = saved.get(label)
+            if then is None:
+                raise ConfigError(f"out '{self.out}' holds episodes of {label} but not which "
+                                  "policy file played them; use another --out")
+            if (then.get("kind"), then.get("sha256")) != (now["kind"], now.get("sha256")):
+                n = sum(r.controller == label for r in done)
+                what = (f"file sha256 {str(then.get('sha256'))[:12]}... then, "
+                        f"{now['sha256'][:12]}... now" if now["kind"] == "policy"
+                        else f"kind {then.get('kind')!r} then, {now['kind']!r} now")
+                raise ConfigError(f"{label} is not the controller that played its {n} episodes "
+                                  f"in out '{self.out}' ({what}); use another --out")
+
     def _write_config(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
-        path = self.out / "compare_config.json"
-        path.write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
+        config = self.config.to_dict()
+        config["data_dir"] = _normalised("data_dir", config["data_dir"])
+        self.config_json.write_text(json.dumps(config, indent=2) + "\n")
+        saved = _read_json(self.controllers_json) if self.controllers_json.is_file() else {}
+        self.controllers_json.write_text(json.dumps({**saved, **self.fingerprints},
+                                                    indent=2) + "\n")
 
     # --- running ----------------------------------------------------------------------------
     def run(self) -> list[EpisodeRecord]:
@@ -327,28 +368,15 @@ class Comparison:
 
     def _plans(self, specs: Sequence[ControllerSpec], done: Sequence[EpisodeRecord]
                ) -> list[EpisodePlan]:
-        finished = {(r.controller, r.episode_index) for r in done}
+        by_episode = {(r.controller, r.episode_index): r for r in done}
         plans = []
         for spec in specs:
-            implants = self._implants(spec, done)
             for i in range(self.config.seeds):
-                if (spec.label, i) not in finished:
+                if (spec.label, i) not in by_episode:
                     rng_seed = evaluation_rng_seed(self.config.rng_seed, i)
-                    plans.append(EpisodePlan(spec.label, i, rng_seed, implants))
+                    plans.append(EpisodePlan(spec.label, i, rng_seed,
+                                             _implants(spec, i, by_episode)))
         return plans
-
-    def _implants(self, spec: ControllerSpec, done: Sequence[EpisodeRecord]
-                  ) -> tuple[tuple[str, str], ...]:
-        if spec.kind != "matched":
-            return ()
-        grown = [r["seed_params"] for r in done if r.controller == spec.argument]
-        if not grown:
-            raise RuntimeError(f"{spec.label}: no finished episode of {spec.argument!r}")
-        target = statistics.median(grown)
-        implants = matched_implants(target, self.config)
-        log.info("%s: median seed parameters of %s = %s -> implants %s", spec.label,
-                 spec.argument, target, list(implants) or "none")
-        return implants
 
     def _play_missing(self, plans: list[EpisodePlan], csv_path: Path,
                       make: Callable[[EpisodePlan], Controller] | None = None,
@@ -385,8 +413,7 @@ class Comparison:
         if self._pool is None:
             c = self.config
             train, val = load_splits(c, c.progress)
-            self._pool = EnvPool(env_spec(c, on_rollback="restore"), train, val,
-                                 c.devices_for(c.envs))
+            self._pool = EnvPool(env_spec(c), train, val, c.devices_for(c.envs))
         return self._pool
 
     # --- tuning the heuristic ---------------------------------------------------------------
@@ -397,7 +424,7 @@ class Comparison:
         if saved.is_file():
             return _heuristic_from_json(json.loads(saved.read_text())["config"])
         grid = tuning_grid()
-        csv_path = self.out / "tuning.csv"
+        csv_path = self.tuning_csv
         done = read_records_csv(csv_path) if csv_path.exists() else []
         finished = {(r.controller, r.episode_index) for r in done}
         plans = [EpisodePlan(f"tune-{k}", i, tuning_rng_seed(self.config.rng_seed, i))
@@ -427,9 +454,72 @@ class Comparison:
         summary = summary_json(summaries, comparisons)
         summary["heuristic"] = _heuristic_to_json(self.heuristic)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        plots.save_figures(records, summaries, self.out)
+        plots.save_figures(records, summaries, comparisons, self.out,
+                           param_cost=self.config.param_cost)
         _log_tensorboard(self.out, self.config, table, summaries)
         return table
+
+
+def _implants(spec: ControllerSpec, index: int,
+              by_episode: Mapping[tuple[str, int], EpisodeRecord]) -> tuple[tuple[str, str], ...]:
+    """What ``matched:NAME`` is born with in episode ``index``: the seeds NAME had at the end
+    of its own episode ``index`` (the same blueprints in the same slots), fully blended."""
+    if spec.kind != "matched":
+        return ()
+    grown = by_episode.get((spec.argument, index))  # type: ignore[arg-type]
+    if grown is None:
+        raise RuntimeError(f"{spec.label}: {spec.argument!r} has not played episode {index}")
+    seeds = grown["final_seeds"]
+    if seeds is None:  # refused before anything is written (`Comparison._check_controllers`)
+        raise RuntimeError(f"{spec.label}: episode {index} of {spec.argument!r} has no seeds")
+    log.info("%s episode %d: implants %s", spec.label, index, list(seeds) or "none")
+    return seeds
+
+
+def fingerprint(spec: ControllerSpec) -> dict[str, str]:
+    """What identifies a controller beyond its label: its kind and, for a policy, the path
+    and SHA-256 of its file (a custom controller's code cannot be identified: its label is
+    all there is)."""
+    if spec.kind != "policy":
+        return {"kind": spec.kind}
+    path = Path(spec.argument).expanduser().resolve()  # type: ignore[arg-type]
+    return {"kind": "policy", "path": str(path),
+            "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+def _normalised(key: str, value: Any) -> Any:
+    """A saved setting in the form two runs compare: a data path made absolute (the same
+    folder given relative and absolute is the same data)."""
+    if key == "data_dir" and value is not None:
+        return str(Path(value).expanduser().resolve())
+    return value
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"cannot read {path}: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"cannot read {path}: not a JSON object")
+    return data
+
+
+def _check_rows(path: Path, records: Sequence[EpisodeRecord], config: CompareConfig,
+                tuning: bool) -> None:
+    """Every row must be an episode of these settings: its rng seed, host and length."""
+    seed_of = tuning_rng_seed if tuning else evaluation_rng_seed
+    for r in records:
+        problem = (
+            f"rng seed {r.episode_rng_seed}, not {seed_of(config.rng_seed, r.episode_index)}"
+            if r.episode_rng_seed != seed_of(config.rng_seed, r.episode_index) else
+            f"host {r.host!r}, not {config.host_preset!r}" if r.host != config.host_preset else
+            f"{len(r['accuracy_curve'])} epochs, not {config.episode_length}"
+            if len(r["accuracy_curve"]) != config.episode_length else None
+        )
+        if problem is not None:
+            raise ConfigError(f"{path}: episode {r.episode_index} of {r.controller} was played "
+                              f"with other settings ({problem}); use another --out")
 
 
 def tuning_grid() -> list[HeuristicConfig]:

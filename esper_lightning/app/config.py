@@ -300,12 +300,15 @@ class CompareConfig(TaskConfig):
         controllers: controllers to compare: static, heuristic, random,
             grower:BLUEPRINT[:all][:hold] (germinate it in the first slot, or every slot, advance
             when legal, fossilize unless hold), policy:PATH (a PPO
-            checkpoint) and matched:NAME (the host born with the median seed parameters of
-            NAME's grown models, fully blended from epoch 0).
+            checkpoint) and matched:NAME (the host born in each episode with the seeds NAME had
+            at the end of that episode, the same blueprints in the same slots, fully blended
+            from epoch 0).
         seeds: evaluation episodes per controller; episode i has the same host initialisation,
             data order and augmentation for every controller.
         envs: envs in the lockstep pool (episodes run in chunks of this size).
-        out: folder for the per-episode CSV, summary and plots (a rerun resumes it).
+        out: folder for the per-episode CSV, summary and plots (a rerun with the same settings
+            and controllers resumes it; other settings, or a policy file whose content changed,
+            are refused).
         reference: the controller every other one is compared with.
         all_pairs: also compare every pair of controllers.
         tune_heuristic: first tune the heuristic's main knobs on tuning episodes (disjoint from

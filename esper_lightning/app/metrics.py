@@ -22,8 +22,8 @@ class RoundStats:
     """Counters of one round.
 
     Attributes:
-        returns: return of every episode that ended this round (max epochs or rollback).
-        final_accuracies, seed_params: of every episode that reached max epochs.
+        returns: return of every episode of the round (a rollback does not end one).
+        final_accuracies, seed_params: of every episode, at its end.
         ops: executed ops by name; events: lifecycle events by kind over finished episodes.
         reward_sums: every reward component summed over all steps.
         rollbacks: governor rollbacks; steps: env steps (= env epochs) collected.

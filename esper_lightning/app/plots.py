@@ -1,9 +1,20 @@
-"""Figures of a controller comparison: each plotted metric of `records.METRICS`.
+"""Figures of a controller comparison: paired differences first, then each plotted metric of
+`records.METRICS`.
 
-A scalar metric is drawn against size (`vs_params_figure`: one point per controller at its mean
-total parameters and mean value, with both intervals as error bars); a curve per epoch
-(`curves_figure`: the mean curve per controller with a bootstrap band). `save_figures` writes
-every metric with ``plot=True``: ``<name>_vs_params.png`` or ``<name>s.png``.
+- `differences_figure` (``<name>_differences.png``, the figure to look at first): a forest plot
+  of the paired differences of a metric, one row per comparison, with its interval, a zero
+  line, the band of differences too small to detect (± the minimum detectable effect) and,
+  for the judged metric, the verdict and the Holm-adjusted p-value. Intervals of two means can
+  overlap widely while their paired difference is clearly away from zero (the episodes' shared
+  variation cancels in the difference), so the judgement is read here.
+- `vs_params_figure` (``<name>_vs_params.png``): one point per controller at its mean total
+  parameters and mean value, with both intervals as error bars; every controller has its own
+  marker, and labels that would print over each other are moved apart.
+- `curves_figure` (``<name>s.png``): the mean curve per epoch per controller with its band;
+  every controller has its own line style and marker and is shifted sideways by a hair, so
+  identical curves stay visible; epochs are whole numbers.
+
+`save_figures` writes every metric with ``plot=True`` (a paired one also as a forest plot).
 
 Figures are built on `matplotlib.figure.Figure` with an Agg canvas attached directly, never
 through ``pyplot``: nothing here selects or changes matplotlib's global backend, so a user's
@@ -11,7 +22,8 @@ interactive session (or a notebook) is left as it was, and no GUI window can ope
 
 Example::
 
-    summaries = summarize(records)
+    summaries, comparisons = summarize(records), paired_differences(records)
+    save_figure(differences_figure(comparisons, "outcome"), "compare/outcome_differences.png")
     save_figure(vs_params_figure(summaries, "outcome"), "compare/outcome_vs_params.png")
     save_figure(curves_figure(records, "accuracy_curve"), "compare/accuracy_curves.png")
 """
@@ -19,6 +31,7 @@ Example::
 from __future__ import annotations
 
 import os
+import textwrap
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -26,56 +39,158 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import StrMethodFormatter
+from matplotlib.ticker import MaxNLocator, StrMethodFormatter
 
-from esper_lightning.app.records import METRICS, EpisodeRecord, group_by_controller
-from esper_lightning.app.report import ControllerSummary
-from esper_lightning.app.stats import estimate
+from esper_lightning.app.records import METRICS, EpisodeRecord, Metric, group_by_controller
+from esper_lightning.app.report import ControllerSummary, PairedComparison
+from esper_lightning.app.stats import CONFIDENCE, estimate
 
 #: The size a scalar metric is drawn against.
 SIZE = "total_params"
+#: Per controller, in order: a marker and a line style (with the colour cycle, no two of the
+#: first twelve controllers look alike even in grey).
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", "h", ">", "*", "p")
+LINESTYLES = ("-", "--", ":", "-.")
+#: Colours of the verdicts in the forest plot.
+VERDICT_COLOURS = {"better": "tab:green", "worse": "tab:red"}
+NO_VERDICT_COLOUR = "0.35"
 
 
-def _new_axes() -> tuple[Figure, Axes]:
-    fig = Figure(figsize=(7.0, 4.5), layout="constrained")
+def _new_axes(height: float = 4.5, width: float = 7.5) -> tuple[Figure, Axes]:
+    fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)  # Agg on this figure only; the global backend is untouched
     return fig, fig.add_subplot()
 
 
-def vs_params_figure(summaries: Sequence[ControllerSummary], name: str = "outcome") -> Figure:
+def _axis_label(metric: Metric, param_cost: float | None, difference: bool = False,
+                width: int = 70) -> str:
+    """The metric's axis label, wrapped; a priced metric names the ``param_cost`` it used."""
+    label = metric.axis_label()
+    if difference:
+        unit = "pp" if metric.unit == "%" else metric.unit
+        label = f"Δ {metric.label}" + (f" ({unit})" if unit else "")
+        label += ": controller minus reference, paired by episode"
+    if metric.priced and param_cost is not None:
+        label += f"; param_cost = {param_cost:g}"
+    return "\n".join(textwrap.wrap(label, width))
+
+
+# --- paired differences -----------------------------------------------------------------------
+def differences_figure(comparisons: Sequence[PairedComparison], name: str = "outcome", *,
+                       param_cost: float | None = None) -> Figure:
+    """A forest plot of the paired differences of metric ``name``: one row per comparison
+    (``controller − reference``, top to bottom in table order) with its mean and interval, a
+    line at zero and a grey band of ± the minimum detectable effect (rows judged by the outcome);
+    the verdict, coloured, and the Holm-adjusted p-value are written at the right of each row
+    when ``name`` is the judged metric. Comparisons without the metric are left out.
+
+    Raises:
+        ValueError: no comparison has the metric.
+
+    Example::
+
+        fig = differences_figure(paired_differences(records), "outcome")
+    """
+    metric = METRICS[name]
+    shown = [c for c in comparisons if c.differences.get(name) is not None]
+    if not shown:
+        raise ValueError(f"differences_figure needs at least one comparison with {name}")
+    fig, ax = _new_axes(height=1.8 + 0.5 * len(shown), width=9.0)
+    rows = np.arange(len(shown))[::-1]  # the first comparison on top
+    for y, c in zip(rows, shown, strict=True):
+        d = c.differences[name]
+        assert d is not None
+        judged = name == c.outcome
+        colour = VERDICT_COLOURS.get(c.verdict, NO_VERDICT_COLOUR) if judged else "tab:blue"
+        if judged and c.mde is not None:
+            ax.fill_betweenx([y - 0.3, y + 0.3], -c.mde, c.mde, color="0.85", linewidth=0)
+        xerr = None if d.ci is None else [[d.mean - d.ci[0]], [d.ci[1] - d.mean]]
+        ax.errorbar([d.mean], [y], xerr=xerr, fmt="o", color=colour, capsize=4, markersize=6,
+                    markerfacecolor=colour if xerr else "none")  # hollow: no interval
+        if judged:
+            words = c.verdict if c.verdict in VERDICT_COLOURS else "no detectable difference"
+            ax.annotate(f"{words}\nHolm p = {c.p_holm:.2g}", (1.0, y),
+                        xycoords=("axes fraction", "data"), xytext=(8, 0),
+                        textcoords="offset points", va="center", color=colour,
+                        fontsize="small")
+    ax.axvline(0.0, color="black", linewidth=1.0)
+    ax.set_yticks(rows, [f"{c.controller} − {c.reference}\n(n = {c.n_pairs}"
+                         f"{'' if c.differences[name].ci else ', no interval'})"  # type: ignore
+                         for c in shown])
+    ax.set_ylim(-0.7, len(shown) - 0.3)
+    ax.set_xlabel(_axis_label(metric, param_cost, difference=True, width=90))
+    band = ("; grey: ± minimum detectable effect"
+            if any(name == c.outcome and c.mde is not None for c in shown) else "")
+    ax.set_title(f"Paired differences in {metric.label} "
+                 f"(means, {shown[0].confidence:.0%} t intervals{band})", fontsize="medium")
+    ax.grid(axis="x", alpha=0.3)
+    return fig
+
+
+# --- a scalar against size --------------------------------------------------------------------
+def vs_params_figure(summaries: Sequence[ControllerSummary], name: str = "outcome", *,
+                     param_cost: float | None = None) -> Figure:
     """One labelled point per controller at (mean total parameters, mean of metric ``name``),
-    with the confidence intervals of both as error bars. Controllers without the metric are
-    left out.
+    with the confidence intervals of both as error bars (none for a single episode).
+    Controllers without the metric are left out. ``param_cost`` is named in the axis label of
+    a metric that is ``priced``.
 
     Raises:
         ValueError: no summary has the metric.
 
     Example::
 
-        fig = vs_params_figure(summarize(records), "outcome")
+        fig = vs_params_figure(summarize(records), "outcome", param_cost=1.0)
     """
     metric, size = METRICS[name], METRICS[SIZE]
     shown = [s for s in summaries if s.metrics.get(name) is not None]
     if not shown:
         raise ValueError(f"vs_params_figure needs at least one controller summary with {name}")
     fig, ax = _new_axes()
-    for s in shown:
+    points = []
+    for k, s in enumerate(shown):
         x, y = s.metrics[SIZE], s.metrics[name]
-        assert x is not None and y is not None and x.ci is not None
+        assert x is not None and y is not None
+        xerr = None if x.ci is None else [[x.mean - x.ci[0]], [x.ci[1] - x.mean]]
         yerr = None if y.ci is None else [[y.mean - y.ci[0]], [y.ci[1] - y.mean]]
-        ax.errorbar([x.mean], [y.mean], xerr=[[x.mean - x.ci[0]], [x.ci[1] - x.mean]],
-                    yerr=yerr, fmt="o", capsize=4, label=s.controller)
-        ax.annotate(s.controller, (x.mean, y.mean), xytext=(6, 6), textcoords="offset points")
+        ax.errorbar([x.mean], [y.mean], xerr=xerr, yerr=yerr, fmt=MARKERS[k % len(MARKERS)],
+                    capsize=4, label=s.controller, markerfacecolor="none", markersize=8)
+        points.append((x.mean, y.mean))
+    _label_points(ax, points, [s.controller for s in shown])
     ax.set_xlabel(size.axis_label())
-    ax.set_ylabel(metric.axis_label())
-    ax.set_title(f"{metric.label.capitalize()} against size "
-                 f"(means, {shown[0].confidence:.0%} bootstrap intervals)")
+    ax.set_ylabel(_axis_label(metric, param_cost, width=55))
+    ax.set_title(f"{metric.label.capitalize()} against size (means, {shown[0].confidence:.0%} "
+                 "t intervals)\nOverlapping intervals of means do not mean no difference: "
+                 "see the paired differences", fontsize="medium")
     ax.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize="small")
     return fig
 
 
+def _label_points(ax: Axes, points: Sequence[tuple[float, float]], labels: Sequence[str]) -> None:
+    """Write each label beside its point; a label that would overlap one already written moves
+    down a line at a time, with a leader line back to its point."""
+    fig = ax.figure
+    fig.draw_without_rendering()  # final limits and layout, so display positions are right
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    placed: list = []
+    for xy, label in zip(points, labels, strict=True):
+        offset, leader = 6.0, None
+        tries = 4 * len(labels) + 1
+        for attempt in range(tries):
+            text = ax.annotate(label, xy, xytext=(8, offset), textcoords="offset points",
+                               fontsize="small", arrowprops=leader)
+            box = text.get_window_extent(renderer)
+            if attempt == tries - 1 or not any(box.overlaps(other) for other in placed):
+                break
+            text.remove()
+            offset -= 1.2 * box.height * 72 / fig.dpi
+            leader = {"arrowstyle": "-", "color": "0.6", "linewidth": 0.6, "shrinkB": 4}
+        placed.append(box)
+
+
+# --- curves per epoch -------------------------------------------------------------------------
 def _curves(controller: str, name: str, episodes: list[EpisodeRecord]) -> np.ndarray:
     lengths = sorted({len(r[name]) for r in episodes})
     if len(lengths) != 1 or lengths[0] == 0:
@@ -86,20 +201,25 @@ def _curves(controller: str, name: str, episodes: list[EpisodeRecord]) -> np.nda
     return np.array([r[name] for r in episodes], dtype=np.float64)  # [E, T]
 
 
+def dodge(k: int, n_controllers: int, n_epochs: int) -> float:
+    """Sideways shift of the ``k``-th controller's curve, in epochs: 0.5 % of the epoch axis
+    between neighbours, centred, so identical curves show side by side instead of hiding each
+    other; small enough never to be read as another epoch."""
+    return 0.005 * max(n_epochs - 1, 1) * (k - (n_controllers - 1) / 2)
+
+
 def curves_figure(
     records: Iterable[EpisodeRecord],
     name: str = "accuracy_curve",
     *,
-    n_resamples: int = 2_000,
-    confidence: float = 0.95,
-    rng_seed: int = 0,
+    confidence: float = CONFIDENCE,
 ) -> Figure:
-    """The mean per epoch of curve metric ``name`` per controller, with a shaded bootstrap
-    band. Controllers whose episodes lack the curve are left out.
+    """The mean per epoch of curve metric ``name`` per controller, with a shaded band.
+    Controllers whose episodes lack the curve are left out.
 
     The band at each epoch is the interval of the mean over that controller's episodes
-    (`stats.estimate`, as in the report's tables); a controller with a single episode has a
-    band of zero width. Epochs are numbered from 1.
+    (`stats.estimate`, as in the report's tables); a controller with a single episode has no
+    band. Epochs are numbered from 1; each curve is shifted by `dodge`.
 
     Raises:
         ValueError: no record has the curve, or one controller's curves differ in length.
@@ -114,47 +234,56 @@ def curves_figure(
     if not groups:
         raise ValueError(f"curves_figure needs at least one episode with {name}")
     fig, ax = _new_axes()
-    for controller, episodes in groups.items():
+    for k, (controller, episodes) in enumerate(groups.items()):
         curves = _curves(controller, name, episodes)  # [E, T]
-        epochs = np.arange(1, curves.shape[1] + 1)
-        bands = [
-            estimate(curves[:, t], n_resamples=n_resamples, confidence=confidence,
-                     rng_seed=rng_seed).ci
-            for t in range(curves.shape[1])
-        ]
-        low, high = np.array(bands).T  # [T] each
-        (line,) = ax.plot(epochs, curves.mean(axis=0), label=f"{controller} (n={len(episodes)})")
-        ax.fill_between(epochs, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+        epochs = np.arange(1, curves.shape[1] + 1) + dodge(k, len(groups), curves.shape[1])
+        (line,) = ax.plot(epochs, curves.mean(axis=0), label=f"{controller} (n={len(episodes)})",
+                          linestyle=LINESTYLES[k % len(LINESTYLES)],
+                          marker=MARKERS[k % len(MARKERS)], markersize=4,
+                          markerfacecolor="none")
+        bands = [estimate(curves[:, t], confidence=confidence).ci for t in range(curves.shape[1])]
+        if all(band is not None for band in bands):
+            low, high = np.array(bands).T  # [T] each
+            ax.fill_between(epochs, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("epoch")
     ax.set_ylabel(metric.axis_label())
     ax.set_title(f"{metric.label.capitalize()} (mean over episodes, "
-                 f"{confidence:.0%} bootstrap band)")
+                 f"{confidence:.0%} t band)")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize="small")
     return fig
 
 
+# --- files ------------------------------------------------------------------------------------
 def save_figures(records: Sequence[EpisodeRecord], summaries: Sequence[ControllerSummary],
-                 out: str | os.PathLike[str]) -> list[Path]:
-    """Draw every metric with ``plot=True`` that some controller has into ``out``: a scalar
-    as ``<name>_vs_params.png``, a curve as ``<name>s.png``; returns the paths written.
+                 comparisons: Sequence[PairedComparison], out: str | os.PathLike[str], *,
+                 param_cost: float | None = None) -> list[Path]:
+    """Draw every metric with ``plot=True`` that some controller has into ``out``: a paired
+    scalar's differences as ``<name>_differences.png`` (first), a scalar as
+    ``<name>_vs_params.png``, a curve as ``<name>s.png``; returns the paths written.
 
     Example::
 
-        save_figures(records, summarize(records), "compare")
+        save_figures(records, summarize(records), paired_differences(records), "compare")
     """
-    paths = []
+    figures: list[tuple[int, Figure, str]] = []
     for m in METRICS.values():
         if not m.plot:
             continue
         if m.kind == "curve" and any(r[m.name] for r in records):
-            fig, file = curves_figure(records, m.name), f"{m.name}s.png"
-        elif m.kind == "scalar" and any(s.metrics.get(m.name) for s in summaries):
-            fig, file = vs_params_figure(summaries, m.name), f"{m.name}_vs_params.png"
-        else:
+            figures.append((2, curves_figure(records, m.name), f"{m.name}s.png"))
             continue
-        paths.append(save_figure(fig, Path(out) / file))
-    return paths
+        if m.kind != "scalar":
+            continue
+        if m.paired and any(c.differences.get(m.name) for c in comparisons):
+            figures.append((0, differences_figure(comparisons, m.name, param_cost=param_cost),
+                            f"{m.name}_differences.png"))
+        if any(s.metrics.get(m.name) for s in summaries):
+            figures.append((1, vs_params_figure(summaries, m.name, param_cost=param_cost),
+                            f"{m.name}_vs_params.png"))
+    figures.sort(key=lambda item: item[0])  # stable: differences, then sizes, then curves
+    return [save_figure(fig, Path(out) / file) for _, fig, file in figures]
 
 
 def save_figure(fig: Figure, path: str | os.PathLike[str], *, dpi: int = 120) -> Path:

@@ -37,12 +37,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from esper_lightning.core.outcome import OUTCOME_EPOCHS, episode_outcome
+from esper_lightning.core.outcome import OUTCOME_EPOCHS, report_outcome
 from esper_lightning.core.report import EpochReport
 from esper_lightning.errors import ConfigError
 
-#: A metric's value in one episode: a number, a per-epoch curve, or None when not measured.
-Value = float | int | tuple[float, ...] | None
+#: Seeds present in a host: ``(slot id, blueprint)`` pairs in slot order.
+Seeds = tuple[tuple[str, str], ...]
+#: A metric's value in one episode: a number, a per-epoch curve, seeds, or None when not
+#: measured.
+Value = float | int | tuple[float, ...] | Seeds | None
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class Episode:
         events: lifecycle events over the episode by kind (``germinated``, ``fossilized``, ...).
         param_cost: the task's price of seed parameters in outcome points (`core.outcome`).
         wall_seconds: wall-clock time of the episode.
+        seeds: ``(slot id, blueprint)`` of every seed present at the end, in slot order.
     """
 
     reports: tuple[EpochReport, ...]
@@ -65,6 +69,7 @@ class Episode:
     events: Mapping[str, int]
     param_cost: float
     wall_seconds: float
+    seeds: Seeds = ()
 
     @property
     def accuracies(self) -> tuple[float, ...]:
@@ -103,7 +108,8 @@ class Metric:
             ``_curve``.
         read: its value from a played `Episode`.
         label: short name in table headers and plot titles.
-        kind: ``"scalar"`` (one value per episode) or ``"curve"`` (one value per epoch).
+        kind: ``"scalar"`` (one value per episode), ``"curve"`` (one value per epoch) or
+            ``"seeds"`` (``(slot id, blueprint)`` pairs; neither summarised, paired nor drawn).
         dtype: ``float``, or ``int`` for counts (never negative).
         unit: shown after the label (``"%"``; a difference of percentages is in ``"pp"``).
         fmt: format spec of its values in tables (a difference adds ``+``).
@@ -115,13 +121,16 @@ class Metric:
             the controller's reward is unknown.
         section: Markdown section of its own (a title); ``""`` puts it in the main tables.
         description: what it is, in a sentence fragment (section text, plot axes).
-        plot: whether the comparison draws it (a curve per epoch, a scalar against size).
+        plot: whether the comparison draws it (a curve per epoch, a scalar against size and,
+            when paired, its paired differences).
+        priced: whether its value subtracts the parameter cost (`core.outcome`); plots of it
+            name the ``param_cost`` the comparison used.
     """
 
     name: str
     read: Callable[[Episode], Value]
     label: str
-    kind: Literal["scalar", "curve"] = "scalar"
+    kind: Literal["scalar", "curve", "seeds"] = "scalar"
     dtype: type = float
     unit: str = ""
     fmt: str = ".2f"
@@ -132,10 +141,14 @@ class Metric:
     section: str = ""
     description: str = ""
     plot: bool = False
+    priced: bool = False
 
     def __post_init__(self) -> None:
-        if self.kind not in ("scalar", "curve") or self.dtype not in (int, float):
+        if self.kind not in ("scalar", "curve", "seeds") or self.dtype not in (int, float):
             raise ValueError(f"metric {self.name!r}: bad kind {self.kind!r} or dtype {self.dtype}")
+        if self.kind == "seeds" and (self.summary or self.paired or self.plot):
+            raise ValueError(f"metric {self.name!r}: seeds are neither summarised, paired nor "
+                             "drawn")
         if self.kind == "curve" and (not self.name.endswith("_curve") or self.summary
                                      or self.paired or self.dtype is not float):
             raise ValueError(f"metric {self.name!r}: a curve is named '*_curve', holds floats "
@@ -156,6 +169,8 @@ class Metric:
         value as the empty string."""
         if value is None:
             return ""
+        if self.kind == "seeds":  # "none" for no seeds: "" is "not recorded"
+            return " ".join(f"{s}:{b}" for s, b in value) or "none"  # type: ignore[union-attr]
         if self.kind == "curve":
             return " ".join(repr(v) for v in value)  # type: ignore[union-attr]
         return str(value) if self.dtype is int else repr(float(value))  # type: ignore[arg-type]
@@ -163,6 +178,9 @@ class Metric:
     def decode(self, text: str) -> Value:
         """The value of a CSV cell written by `encode`."""
         try:
+            if self.kind == "seeds":
+                return None if text == "" else self.check(
+                    () if text == "none" else tuple(_seed(pair) for pair in text.split()))
             if self.kind == "curve":
                 return tuple(float(v) for v in text.split())
             return None if text == "" else self.dtype(text)
@@ -170,7 +188,10 @@ class Metric:
             raise ValueError(f"bad {self.name} {text!r}") from None
 
     def check(self, value: Value) -> Value:
-        """The value in canonical form (ints, floats, a tuple curve), or ValueError."""
+        """The value in canonical form (ints, floats, a tuple curve, seed pairs), or
+        ValueError."""
+        if self.kind == "seeds":
+            return _check_seeds(self.name, value, self.optional)
         if self.kind == "curve":
             curve = tuple(float(v) for v in value or ())  # type: ignore[union-attr]
             if not curve and not self.optional:
@@ -188,6 +209,26 @@ class Metric:
         return float(value)  # type: ignore[arg-type]
 
 
+def _seed(pair: str) -> tuple[str, str]:
+    slot_id, sep, blueprint = pair.partition(":")
+    if not sep:
+        raise ValueError(f"{pair!r} is not slot:blueprint")
+    return slot_id, blueprint
+
+
+def _check_seeds(name: str, value: Value, optional: bool) -> Seeds | None:
+    if value is None:
+        if not optional:
+            raise ValueError(f"{name} is missing and not optional")
+        return None
+    pairs = tuple(tuple(pair) for pair in value)  # type: ignore[union-attr]
+    for pair in pairs:
+        if len(pair) != 2 or not all(isinstance(x, str) and x and ":" not in x
+                                     and not any(c.isspace() for c in x) for x in pair):
+            raise ValueError(f"{name}: bad seed {pair!r}; a seed is (slot id, blueprint)")
+    return pairs  # type: ignore[return-value]
+
+
 def _events(kind: str) -> Callable[[Episode], int]:
     return lambda e: e.events.get(kind, 0)
 
@@ -195,11 +236,10 @@ def _events(kind: str) -> Callable[[Episode], int]:
 #: Every metric of a comparison, in table order. The outcome comes first: it is what a
 #: controller is judged by.
 METRICS: dict[str, Metric] = {m.name: m for m in (
-    Metric("outcome", lambda e: episode_outcome(e.accuracies, e.seed_params, e.host_params,
-                                                e.param_cost),
-           "outcome", unit="%", better="higher", paired=True, plot=True,
+    Metric("outcome", lambda e: report_outcome(e.reports[-1], e.param_cost),
+           "outcome", unit="%", better="higher", paired=True, plot=True, priced=True,
            description=f"mean validation accuracy of the last {OUTCOME_EPOCHS} epochs minus "
-                       "the parameter cost"),
+                       "param_cost × their mean seed parameters / host parameters"),
     Metric("final_accuracy", lambda e: e.accuracies[-1], "final acc.", unit="%",
            better="higher", summary="mean", description="validation accuracy of the last epoch"),
     Metric("total_params", lambda e: e.seed_params + e.host_params, "total params", dtype=int,
@@ -220,6 +260,9 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("seeds_fossilized", _events("fossilized"), "fossilized", dtype=int, summary=None),
     Metric("seeds_pruned", _events("pruned"), "pruned", dtype=int, summary=None),
     Metric("wall_seconds", lambda e: e.wall_seconds, "wall time", unit="s", summary=None),
+    Metric("final_seeds", lambda e: e.seeds, "seeds at the end", kind="seeds", summary=None,
+           optional=True, description="slot:blueprint of every seed present at the end (what "
+                                      "matched:NAME implants)"),
 )}
 #: The metric a comparison's verdict judges.
 OUTCOME = "outcome"
@@ -298,7 +341,8 @@ class EpisodeRecord:
                   if METRICS[name].kind == "curve" and v}
         if len(set(curves.values())) > 1:
             raise ValueError(f"the curves of one episode must be equally long, got {curves}")
-        numbers = [x for v in values.values() if v is not None
+        numbers = [x for name, v in values.items()
+                   if v is not None and METRICS[name].kind != "seeds"
                    for x in (v if isinstance(v, tuple) else (v,))]
         if not all(math.isfinite(x) for x in numbers):
             raise ValueError(f"non-finite value in the record of {self.controller!r}")

@@ -31,9 +31,13 @@ from esper_lightning.app.records import (
     group_by_controller,
 )
 from esper_lightning.app.stats import (
-    MIN_PAIRS_FOR_VERDICT,
+    ALPHA,
+    CONFIDENCE,
+    POWER,
     Estimate,
     estimate,
+    holm,
+    min_detectable_effect,
     verdict,
     wilcoxon_p,
 )
@@ -54,7 +58,7 @@ class ControllerSummary:
     controller: str
     n_episodes: int
     metrics: dict[str, Estimate | None]
-    confidence: float = 0.95
+    confidence: float = CONFIDENCE
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,11 @@ class PairedComparison:
             when an episode lacks the metric.
         outcome: the metric the test and the verdict judge.
         p_value: two-sided Wilcoxon signed-rank p-value of its differences (`stats.wilcoxon_p`).
-        verdict: ``"better"``, ``"worse"`` or ``"no detectable difference at N seeds"``.
+        p_holm: ``p_value`` Holm-adjusted over every comparison of the table (`stats.holm`).
+        mde: minimum detectable effect of the outcome at this many pairs and this spread of
+            differences (`stats.min_detectable_effect`); None below two pairs.
+        verdict: ``"better"``, ``"worse"`` or ``"no detectable difference at N seeds"``
+            (`stats.verdict`: the interval excludes zero and ``p_holm`` < `stats.ALPHA`).
         confidence: level of the intervals.
     """
 
@@ -80,8 +88,10 @@ class PairedComparison:
     differences: dict[str, Estimate | None]
     outcome: str
     p_value: float
+    p_holm: float
+    mde: float | None
     verdict: str
-    confidence: float = 0.95
+    confidence: float = CONFIDENCE
 
 
 def summarized() -> list[Metric]:
@@ -104,16 +114,9 @@ def _known(metric: Metric, values: list[Any], what: str) -> list[Any] | None:
 
 
 def summarize(
-    records: Iterable[EpisodeRecord],
-    *,
-    n_resamples: int = 10_000,
-    confidence: float = 0.95,
-    rng_seed: int = 0,
+    records: Iterable[EpisodeRecord], *, confidence: float = CONFIDENCE
 ) -> list[ControllerSummary]:
     """Per controller: episodes, and the mean (and interval) of every summarised metric.
-
-    Every interval is drawn with a fresh generator from ``rng_seed``, so a summary does not
-    depend on which other controllers or metrics are in the table.
 
     Raises:
         ValueError: no records, a duplicated episode index, or a controller whose optional
@@ -124,14 +127,13 @@ def summarize(
         for s in summarize(records):
             print(s.controller, s.metrics["outcome"].mean, s.metrics["outcome"].ci)
     """
-    bootstrap = {"n_resamples": n_resamples, "confidence": confidence, "rng_seed": rng_seed}
     summaries = []
     for name, episodes in group_by_controller(records).items():
         estimates: dict[str, Estimate | None] = {}
         for m in summarized():
             values = _known(m, [r[m.name] for r in episodes], f"controller {name!r}")
             estimates[m.name] = None if values is None else estimate(
-                values, interval=m.summary == "ci", **bootstrap)
+                values, interval=m.summary == "ci", confidence=confidence)
         summaries.append(ControllerSummary(name, len(episodes), estimates, confidence))
     return summaries
 
@@ -208,11 +210,10 @@ def paired_differences(
     pairs: str | Sequence[tuple[str, str]] | None = None,
     *,
     outcome: str = OUTCOME,
-    n_resamples: int = 10_000,
-    confidence: float = 0.95,
-    rng_seed: int = 0,
+    confidence: float = CONFIDENCE,
 ) -> list[PairedComparison]:
-    """Paired comparisons of every paired metric, matched by episode index.
+    """Paired comparisons of every paired metric, matched by episode index; the comparisons
+    returned are one family: their outcome p-values are Holm-adjusted together.
 
     Args:
         records: the episode table.
@@ -220,7 +221,7 @@ def paired_differences(
         pairs: None (each controller vs ``reference``), ``"all"`` (every pair; later-appearing
             controller minus earlier one) or explicit ``(controller, reference)`` pairs.
         outcome: the paired metric the test and the verdict judge, in its better direction.
-        n_resamples, confidence, rng_seed: of the bootstrap intervals.
+        confidence: level of the intervals.
 
     Returns:
         One `PairedComparison` per pair; empty when only the reference played. Only episode
@@ -233,27 +234,29 @@ def paired_differences(
     Example::
 
         for c in paired_differences(records, reference="static"):
-            print(c.controller, c.differences["outcome"], c.p_value, c.verdict)
+            print(c.controller, c.differences["outcome"], c.p_holm, c.verdict)
     """
     judged = METRICS[outcome]
     if not judged.paired or judged.optional or judged.better is None:
         raise ValueError(f"outcome {outcome!r} must be a paired, required metric with a "
                          "better direction")
-    bootstrap = {"n_resamples": n_resamples, "confidence": confidence, "rng_seed": rng_seed}
     groups = group_by_controller(records)
+    resolved = _resolve_pairs(list(groups), reference, pairs)
+    matched = [_matched(groups[name], groups[ref]) for name, ref in resolved]
+    diffs = [{m.name: _differences(m, pairs_) for m in paired()} for pairs_ in matched]
+    p_values = [wilcoxon_p(d[outcome]) for d in diffs]  # type: ignore[arg-type]
     comparisons = []
-    for name, ref in _resolve_pairs(list(groups), reference, pairs):
-        matched = _matched(groups[name], groups[ref])
-        diffs = {m.name: _differences(m, matched) for m in paired()}
-        estimates = {key: None if d is None else estimate(d, **bootstrap)
-                     for key, d in diffs.items()}
+    for (name, ref), pairs_, d, p, p_holm in zip(resolved, matched, diffs, p_values,
+                                                 holm(p_values), strict=True):
+        estimates = {key: None if v is None else estimate(v, confidence=confidence)
+                     for key, v in d.items()}
         ci = estimates[outcome].ci  # type: ignore[union-attr]
         comparisons.append(PairedComparison(
-            controller=name, reference=ref, n_pairs=len(matched),
-            episode_indices=tuple(m.episode_index for m, _ in matched),
-            differences=estimates, outcome=outcome,
-            p_value=wilcoxon_p(diffs[outcome]),  # type: ignore[arg-type]
-            verdict=verdict(ci, len(matched), judged.better),  # type: ignore[arg-type]
+            controller=name, reference=ref, n_pairs=len(pairs_),
+            episode_indices=tuple(m.episode_index for m, _ in pairs_),
+            differences=estimates, outcome=outcome, p_value=p, p_holm=p_holm,
+            mde=min_detectable_effect(d[outcome]),  # type: ignore[arg-type]
+            verdict=verdict(ci, p_holm, len(pairs_), judged.better),  # type: ignore[arg-type]
             confidence=confidence,
         ))
     return comparisons
@@ -281,12 +284,13 @@ def _fmt_p(p: float) -> str:
     return f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
 
 
-def _header(metric: Metric, ci: str, difference: bool = False) -> str:
-    """``label (unit) [95% CI]``; a difference is ``Δ label``, in points for a percentage."""
-    unit = "pp" if difference and metric.unit == "%" else metric.unit
-    text = f"Δ {metric.label}" if difference else metric.label
+def _header(metric: Metric, ci: str, difference: bool = False, mde: bool = False) -> str:
+    """``label (unit) [95% CI]``; a difference is ``Δ label``, in points for a percentage; its
+    minimum detectable effect ``MDE (unit)``."""
+    unit = "pp" if (difference or mde) and metric.unit == "%" else metric.unit
+    text = "MDE" if mde else f"Δ {metric.label}" if difference else metric.label
     text += f" ({unit})" if unit else ""
-    return f"{text} {ci}" if difference or metric.summary == "ci" else text
+    return f"{text} {ci}" if not mde and (difference or metric.summary == "ci") else text
 
 
 def _controller_rows(summaries: Sequence[ControllerSummary], metrics: Sequence[Metric],
@@ -308,8 +312,8 @@ def _controller_rows(summaries: Sequence[ControllerSummary], metrics: Sequence[M
 
 def _paired_rows(comparisons: Sequence[PairedComparison], metrics: Sequence[Metric],
                  with_test: bool) -> list[str]:
-    """Paired table of ``metrics`` (after the outcome: its p-value and verdict, ``with_test``);
-    a comparison that lacks them all is left out."""
+    """Paired table of ``metrics`` (after the outcome, ``with_test``: its p-values, verdict and
+    minimum detectable effect); a comparison that lacks them all is left out."""
     shown = [c for c in comparisons if any(c.differences[m.name] is not None for m in metrics)]
     if not shown:
         return []
@@ -319,15 +323,16 @@ def _paired_rows(comparisons: Sequence[PairedComparison], metrics: Sequence[Metr
         head.append(_header(m, ci, difference=True))
         align.append("---:")
         if with_test and m.name == shown[0].outcome:
-            head += ["p (Wilcoxon)", "verdict"]
-            align += ["---:", "---"]
+            head += ["p (Wilcoxon)", "p (Holm)", "verdict", _header(m, "", mde=True)]
+            align += ["---:", "---:", "---", "---:"]
     rows = [_row(head), "|" + "|".join(align) + "|"]
     for c in shown:
         cells: list[object] = [_cell(c.controller), _cell(c.reference), c.n_pairs]
         for m in metrics:
             cells.append(_fmt(c.differences[m.name], "+" + m.fmt))
             if with_test and m.name == c.outcome:
-                cells += [_fmt_p(c.p_value), c.verdict]
+                mde = "n/a" if c.mde is None else f"{c.mde:{m.fmt}}"
+                cells += [_fmt_p(c.p_value), _fmt_p(c.p_holm), c.verdict, mde]
         rows.append(_row(cells))
     return rows
 
@@ -373,9 +378,14 @@ def markdown_table(
         "",
         "## Paired differences",
         "",
-        "Controller minus reference on the same evaluation episodes (matched by episode index). "
-        f"A verdict needs an interval that excludes zero and at least {MIN_PAIRS_FOR_VERDICT} "
-        "pairs.",
+        "Controller minus reference on the same evaluation episodes (matched by episode index); "
+        "intervals are Student t intervals of the mean difference. A verdict says better or "
+        "worse only when the interval excludes zero and the Wilcoxon signed-rank p-value, "
+        f"Holm-adjusted over this table's comparisons, is below {ALPHA:g}. MDE is the minimum "
+        f"detectable effect: the mean difference a paired t test at {ALPHA:g} would detect with "
+        f"probability {POWER:g} at this many pairs, (t(1 - {ALPHA:g}/2, n-1) + t({POWER:g}, n-1)) "
+        "× sd of the differences / √n; a smaller real difference is likely to be reported as no "
+        "detectable difference.",
         "",
     ]
     lines += _paired_rows(comparisons, [m for m in main if m.paired], with_test=True) or [
@@ -402,8 +412,9 @@ def summary_json(
 ) -> dict[str, Any]:
     """The report as a plain dict (``json.dumps``-able): ``controllers`` (``<metric>_mean``,
     ``<metric>_ci``), ``comparisons`` (``<metric>_diff_mean``, ``<metric>_diff_ci``, the
-    outcome's ``p_value`` and ``verdict``) and ``min_pairs_for_verdict``; intervals are
-    ``[low, high]`` lists, a missing value is null.
+    outcome's ``p_value``, ``p_holm``, ``verdict`` and minimum detectable effect ``mde``), and
+    the ``alpha`` and ``power`` of the verdict and the MDE; intervals are ``[low, high]``
+    lists, a missing value is null.
 
     Example::
 
@@ -413,7 +424,8 @@ def summary_json(
                     **_flat(s.metrics, ""), "confidence": s.confidence} for s in summaries]
     pairs = [{"controller": c.controller, "reference": c.reference, "n_pairs": c.n_pairs,
               "episode_indices": list(c.episode_indices), **_flat(c.differences, "_diff"),
-              "p_value": c.p_value, "verdict": c.verdict, "confidence": c.confidence}
+              "p_value": c.p_value, "p_holm": c.p_holm, "verdict": c.verdict, "mde": c.mde,
+              "confidence": c.confidence}
              for c in comparisons]
     return {"controllers": controllers, "comparisons": pairs,
-            "min_pairs_for_verdict": MIN_PAIRS_FOR_VERDICT}
+            "alpha": ALPHA, "power": POWER}

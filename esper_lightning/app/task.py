@@ -23,17 +23,15 @@ def make_task(task: TaskConfig) -> Task:
     return CifarTask(train_subset=task.train_subset, val_subset=task.val_subset)
 
 
-def env_spec(task: TaskConfig, on_rollback: str = "end") -> EnvSpec:
-    """The settings every env of the task's pool shares (`EnvSpec.on_rollback` explains the
-    two rollback modes: learning ends the episode, evaluating restores and goes on)."""
+def env_spec(task: TaskConfig) -> EnvSpec:
+    """The settings every env of the task's pool shares."""
     played = make_task(task)
     return EnvSpec(
         host_preset=task.host_preset, slots=task.slots, batch_size=task.batch_size,
         host_lr=task.host_lr, precision=task.precision, episode_length=task.episode_length,
         max_seeds=task.max_seeds,
         gate_config=GateConfig(min_training_epochs=task.min_training_epochs),
-        governor=GovernorConfig(num_classes=played.num_classes), on_rollback=on_rollback,
-        task=played,
+        governor=GovernorConfig(num_classes=played.num_classes), task=played,
     )
 
 

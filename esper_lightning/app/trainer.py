@@ -1,8 +1,9 @@
 """`PPOTrainer`: learn the lifecycle controller over a pool of Fabric environments.
 
 One round = every env plays one episode of ``episode_length`` host epochs (a fresh host each,
-trained one epoch before its first decision; a governor rollback ends an episode early and the
-env starts a new one), then one PPO update. After every round the trainer logs to TensorBoard
+trained one epoch before its first decision; a governor rollback restores the env's last
+snapshot, costs its penalty and the episode goes on, as in `esper-lightning compare`), then one
+PPO update. After every round the trainer logs to TensorBoard
 (scalars, and env 0's seed timeline as an image), logs one INFO line on the ``esper_lightning``
 logger, and writes an atomic checkpoint holding everything needed to continue exactly
 (`app.checkpoint`), the TensorBoard version included, so a resumed run keeps writing to the same
@@ -87,7 +88,6 @@ class _Rollout:
     starts: Tensor  # [n] bool: the next step starts an episode
     returns: list[float]  # running return of each env's current episode
     decisions: list[int]  # decisions each env's current episode has taken
-    restarts: list[int]  # episodes each env began after a rollback this round
     generators: list[torch.Generator]  # each env's action-sampling stream this round
     ended: Tensor | None = None  # [n] bool: the last step ended or cut the episode
     raw_features: list[Tensor] = field(default_factory=list)  # for the normaliser's update
@@ -246,7 +246,7 @@ class PPOTrainer:
             learner.obs_rms.freeze()  # one normalisation for the whole rollout
         observations = self._reset_pool(round_index, rollouts)
         for t in range(self.decisions_per_episode):
-            observations = self._collect_step(rollouts, observations, round_index,
+            observations = self._collect_step(rollouts, observations,
                                               last=t == self.decisions_per_episode - 1)
         for learner, rollout in zip(self.learners, rollouts, strict=True):
             self._update(learner, rollout)
@@ -265,7 +265,7 @@ class PPOTrainer:
             rollouts.append(_Rollout(
                 buffer=RolloutBuffer(n, self.decisions_per_episode, self.policy_config),
                 hidden=learner.policy.initial_state(n), starts=torch.ones(n, dtype=torch.bool),
-                returns=[0.0] * n, decisions=[0] * n, restarts=[0] * n, generators=generators,
+                returns=[0.0] * n, decisions=[0] * n, generators=generators,
             ))
         return rollouts
 
@@ -282,8 +282,7 @@ class PPOTrainer:
         return observations
 
     def _collect_step(
-        self, rollouts: list[_Rollout], observations: list[Observation], round_index: int,
-        last: bool,
+        self, rollouts: list[_Rollout], observations: list[Observation], last: bool,
     ) -> list[Observation]:
         """One decision per env, one epoch of training per env (all groups in lockstep)."""
         actions: list[Action] = [Action()] * len(self.pool)
@@ -303,7 +302,7 @@ class PPOTrainer:
             after = [next_obs[i] for i in learner.envs]
             executed = [outcomes[i].executed for i in learner.envs]
             self._store(learner, rollout, step, executed, after, last)
-            self._finish_episodes(learner, rollout, next_obs, round_index)
+            self._finish_episodes(learner, rollout, next_obs)
         return next_obs
 
     def _act(self, learner: Learner, rollout: _Rollout, reports: list[EpochReport]) -> _Acted:
@@ -323,12 +322,13 @@ class PPOTrainer:
         for k in range(len(after)):
             rollout.decisions[k] += 1
         rollbacks = [o.rollback_reason is not None for o in after]
-        ends = step_ends(rollout.decisions, self.decisions_per_episode, rollbacks, last)
+        rollout.stats.rollbacks += sum(rollbacks)
+        ends = step_ends(rollout.decisions, self.decisions_per_episode, last)
         rewards = torch.zeros(len(after))
         for k, (before, action, obs) in enumerate(zip(step.reports, executed, after,
                                                       strict=True)):
             breakdown = compute_reward(before, action, obs.report, learner.reward_config,
-                                       terminal=bool(ends.at_horizon[k]), rollback=rollbacks[k])
+                                       terminal=bool(ends.terminated[k]), rollback=rollbacks[k])
             rewards[k] = breakdown.total
             rollout.returns[k] += breakdown.total
             rollout.stats.reward_sums.update(breakdown.as_dict())
@@ -353,28 +353,19 @@ class PPOTrainer:
         return learner.policy.act(obs, blueprints, masks, hidden, deterministic=True).value
 
     def _finish_episodes(self, learner: Learner, rollout: _Rollout,
-                         observations: list[Observation], round_index: int) -> None:
-        """Book the finished episodes; envs stopped by the governor start a new one now."""
+                         observations: list[Observation]) -> None:
+        """Book the episodes that reached their last decision (a rollout is whole episodes)."""
         stats = rollout.stats
         assert rollout.ended is not None
         for k in torch.nonzero(rollout.ended).flatten().tolist():
             i = learner.envs[k]
-            report, rollback = observations[i].report, observations[i].rollback_reason
-            engine = self.pool.envs[i].engine
-            assert engine is not None
+            report, engine = observations[i].report, self.pool.envs[i].engine
+            assert engine is not None and rollout.decisions[k] >= self.decisions_per_episode
             stats.events.update(engine.event_counts())
-            if rollout.decisions[k] >= self.decisions_per_episode or rollback is not None:
-                stats.returns.append(rollout.returns[k])  # a real end, not a round-end cut
-            if rollout.decisions[k] >= self.decisions_per_episode and rollback is None:
-                stats.final_accuracies.append(report.val_accuracy or 0.0)
-                stats.seed_params.append(float(report.seed_params))
+            stats.returns.append(rollout.returns[k])
+            stats.final_accuracies.append(report.val_accuracy or 0.0)
+            stats.seed_params.append(float(report.seed_params))
             rollout.returns[k], rollout.decisions[k] = 0.0, 0
-            if rollback is not None:
-                stats.rollbacks += 1
-                rollout.restarts[k] += 1  # group-local index k: every group restarts alike
-                rng_seed = episode_rng_seed(self.config.rng_seed, round_index,
-                                            self.env_offset + k, rollout.restarts[k])
-                observations[i] = self.pool.reset([rng_seed], which=[i])[0]
 
     # --- update -------------------------------------------------------------------------------
     def _update(self, learner: Learner, rollout: _Rollout) -> None:

@@ -46,11 +46,11 @@ from esper_lightning.core.optim import (
     SeedOptimConfig,
     add_seed_group,
     name_host_groups,
-    remove_seed_group,
-    seed_group_name,
     seed_group_names,
-    set_group_params,
+    seed_groups,
+    slot_of_group,
     strip_params,
+    sync_seed_groups,
 )
 from esper_lightning.core.report import HISTORY_WINDOW, EpochReport
 from esper_lightning.core.slots import SeedSlot, host_parameters, prune_live
@@ -168,6 +168,8 @@ class MorphogenesisEngine:
         self.last_action_success = True
         self.accuracy_history: deque[float] = deque(maxlen=HISTORY_WINDOW)
         self.loss_history: deque[float] = deque(maxlen=HISTORY_WINDOW)
+        #: Seed parameters at each recorded accuracy (the outcome charges their mean).
+        self.seed_params_history: deque[int] = deque(maxlen=HISTORY_WINDOW)
         self.train_loss: float | None = None
         self.events: list[LifecycleEvent] = []
         #: Every slot's stage and alpha after each decision (appended by `tick`).
@@ -208,6 +210,7 @@ class MorphogenesisEngine:
         """Record this epoch's measurements (accuracy in percent, contributions in points)."""
         if val_accuracy is not None:
             self.accuracy_history.append(float(val_accuracy))
+            self.seed_params_history.append(self.seed_params)
         if val_loss is not None:
             self.loss_history.append(float(val_loss))
         self.train_loss = train_loss
@@ -239,6 +242,7 @@ class MorphogenesisEngine:
             last_action=self.last_action,
             last_action_success=self.last_action_success,
             topology=self.topology,
+            seed_params_history=tuple(self.seed_params_history),
         )
 
     def execute(self, action: Action, reason: str | None = None) -> StepOutcome:
@@ -333,30 +337,22 @@ class MorphogenesisEngine:
         name_host_groups(optimizer)  # stable per-group tags in LR loggers
         strip_params(optimizer, self.seed_parameters())
         existing = set(seed_group_names(optimizer))
-        order = self._pending_group_order or []
-        wanted = [n for n in order if n not in existing]
-        wanted += [seed_group_name(sid) for sid in self.slots if seed_group_name(sid) not in order]
-        for name in wanted:
-            slot_id = name.removeprefix("seed/")
-            params = self.slots[slot_id].seed_parameters() if slot_id in self.slots else []
+        for name in self._pending_group_order or []:
+            slot_id = slot_of_group(name)
+            slot = self.slots.get(slot_id)
+            params = [] if slot is None else seed_groups(optimizer, slot_id,
+                                                         slot.seed_parameters()).get(name, [])
             if params and name not in existing:
-                add_seed_group(optimizer, slot_id, params, self.seed_optim, self.schedulers)
+                add_seed_group(optimizer, name, params, self.seed_optim, self.schedulers)
         self._pending_group_order = None
-        self._sync_optimizer()
+        self._sync_optimizer()  # the groups no checkpoint named, in slot order
 
     def _sync_optimizer(self) -> None:
-        optimizer = self.optimizer
-        if optimizer is None:
+        if self.optimizer is None:
             return
-        groups = {g.get("name"): g for g in optimizer.param_groups}
         for slot_id, slot in self.slots.items():
-            name, params = seed_group_name(slot_id), slot.seed_parameters()
-            if params and name not in groups:
-                add_seed_group(optimizer, slot_id, params, self.seed_optim, self.schedulers)
-            elif not params and name in groups:
-                remove_seed_group(optimizer, slot_id, self.schedulers)
-            elif params and [id(p) for p in groups[name]["params"]] != [id(p) for p in params]:
-                set_group_params(optimizer, slot_id, params)
+            sync_seed_groups(self.optimizer, slot_id, slot.seed_parameters(), self.seed_optim,
+                             self.schedulers)
 
     # --- bookkeeping --------------------------------------------------------------------------
     def _stages(self) -> dict[str, SeedStage]:
@@ -395,6 +391,7 @@ class MorphogenesisEngine:
             "last_action_success": self.last_action_success,
             "accuracy_history": list(self.accuracy_history),
             "loss_history": list(self.loss_history),
+            "seed_params_history": list(self.seed_params_history),
             "train_loss": self.train_loss,
             "events": [asdict(e) for e in self.events],
             "seed_group_order": order,
@@ -412,6 +409,10 @@ class MorphogenesisEngine:
         self.last_action_success = bool(state["last_action_success"])
         self.accuracy_history = deque(state["accuracy_history"], maxlen=HISTORY_WINDOW)
         self.loss_history = deque(state["loss_history"], maxlen=HISTORY_WINDOW)
+        # Checkpoints written before the history existed have none: the outcome then needs
+        # three more epochs, which only an episode (never a resumed Trainer) computes.
+        self.seed_params_history = deque(state.get("seed_params_history", []),
+                                         maxlen=HISTORY_WINDOW)
         self.train_loss = state["train_loss"]
         self.events = [LifecycleEvent(**e) for e in state["events"]]
         self.timeline = [TimelineEntry(**e) for e in state.get("timeline", [])]

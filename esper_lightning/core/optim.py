@@ -3,6 +3,15 @@
 Each seed trains in its own param group named ``seed/<slot id>``. PyTorch has no way to remove a
 param group, and LR schedulers keep per-group lists (``base_lrs``, ``lr_lambdas``, ...), so the
 helpers here add and remove groups and extend or shrink those lists with them.
+
+Seeds are decayed as the host is. A host that exempts its vectors from weight decay (a group
+with ``weight_decay = 0`` holding 1-D parameters beside a decayed group of matrices, as
+`GPTHost` and most transformer recipes do) gets a seed's vectors and scalars — norm gains,
+biases, LayerScale ``gamma``, a gate — in a second group ``seed/<slot id>/no_decay`` with the
+hyper-parameters of that host group, and its matrices in ``seed/<slot id>`` with those of the
+decayed one: decaying a LayerScale ``gamma`` that starts at 1e-3 would pull the seed back to
+the identity. A host that decays everything (one group, as `CifarCNNHost`) gets one group per
+seed. `sync_seed_groups` is the one routine that keeps a slot's groups right.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 SEED_GROUP_PREFIX = "seed/"
+NO_DECAY_SUFFIX = "/no_decay"
 #: Scheduler attributes holding one entry per param group.
 _PER_GROUP_LISTS = (
     "base_lrs", "_last_lr", "lr_lambdas", "min_lrs", "max_lrs", "base_momentums", "max_momentums",
@@ -41,8 +51,14 @@ class SeedOptimConfig:
         return {k: float(v) for k, v in values.items() if v is not None}
 
 
-def seed_group_name(slot_id: str) -> str:
-    return SEED_GROUP_PREFIX + slot_id
+def seed_group_name(slot_id: str, no_decay: bool = False) -> str:
+    """``seed/<slot_id>``, or ``seed/<slot_id>/no_decay`` for the seed's exempt parameters."""
+    return SEED_GROUP_PREFIX + slot_id + (NO_DECAY_SUFFIX if no_decay else "")
+
+
+def slot_of_group(name: str) -> str:
+    """The slot id of a seed group's name."""
+    return name.removeprefix(SEED_GROUP_PREFIX).removesuffix(NO_DECAY_SUFFIX)
 
 
 def seed_group_names(optimizer: Optimizer) -> list[str]:
@@ -56,6 +72,32 @@ def _is_seed_group(group: dict[str, Any]) -> bool:
 
 def _group_index(optimizer: Optimizer, name: str) -> int | None:
     return next((i for i, g in enumerate(optimizer.param_groups) if g.get("name") == name), None)
+
+
+def _templates(optimizer: Optimizer) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The host groups a seed's matrices and its vectors copy: (decayed matrices, exempt
+    vectors), the second None when the host exempts nothing (then group 0 serves all)."""
+    host = [g for g in optimizer.param_groups if not _is_seed_group(g)] or optimizer.param_groups
+    decayed = next((g for g in host if g.get("weight_decay", 0.0) > 0.0
+                    and any(p.dim() >= 2 for p in g["params"])), None)
+    exempt = next((g for g in host if g.get("weight_decay", 0.0) == 0.0
+                   and any(p.dim() < 2 for p in g["params"])), None)
+    if decayed is None or exempt is None:
+        return host[0], None
+    return decayed, exempt
+
+
+def seed_groups(optimizer: Optimizer, slot_id: str,
+                params: Sequence[nn.Parameter]) -> dict[str, list[nn.Parameter]]:
+    """The groups the parameters of the seed in ``slot_id`` belong in, by name (only non-empty
+    ones): all in ``seed/<slot_id>``, or matrices there and the rest in ``.../no_decay`` when
+    the host exempts its vectors from weight decay."""
+    _, exempt = _templates(optimizer)
+    if exempt is None:
+        return {seed_group_name(slot_id): list(params)} if params else {}
+    groups = {seed_group_name(slot_id): [p for p in params if p.dim() >= 2],
+              seed_group_name(slot_id, no_decay=True): [p for p in params if p.dim() < 2]}
+    return {name: group for name, group in groups.items() if group}
 
 
 def name_host_groups(optimizer: Optimizer) -> None:
@@ -93,19 +135,27 @@ def strip_params(optimizer: Optimizer, params: Iterable[nn.Parameter]) -> None:
 
 def add_seed_group(
     optimizer: Optimizer,
-    slot_id: str,
+    name: str,
     params: Sequence[nn.Parameter],
     config: SeedOptimConfig,
     schedulers: Sequence[Any] = (),
 ) -> None:
-    """Append the group ``seed/<slot_id>`` (hyper-parameters copied from group 0, then
-    overridden by ``config``) and extend the schedulers' per-group lists."""
-    name = seed_group_name(slot_id)
+    """Append the seed group ``name`` (hyper-parameters copied from the host group it mirrors,
+    `seed_groups`; then overridden by ``config``, except that an exempt group keeps no weight
+    decay) and extend the schedulers' per-group lists."""
     if _group_index(optimizer, name) is not None:
         raise RuntimeError(f"optimizer already has a param group named {name!r}")
-    host = optimizer.param_groups[0]
+    decayed, exempt = _templates(optimizer)
+    no_decay = name.endswith(NO_DECAY_SUFFIX)
+    if no_decay and exempt is None:
+        raise RuntimeError(f"{name!r}: the host exempts no parameter from weight decay")
+    host = exempt if no_decay else decayed
+    assert host is not None
     template = {k: copy.deepcopy(v) for k, v in host.items() if k != "params"}
-    template.update(config.overrides())
+    overrides = config.overrides()
+    if no_decay:
+        overrides.pop("weight_decay", None)
+    template.update(overrides)
     template["name"] = name
     # The seed starts from its own initial lr scaled by where the host's schedule is now, so
     # schedulers that compute from the initial lr (LambdaLR) and chainable ones agree.
@@ -119,11 +169,11 @@ def add_seed_group(
         _extend_scheduler(scheduler, optimizer.param_groups[-1], n_before)
 
 
-def remove_seed_group(optimizer: Optimizer, slot_id: str, schedulers: Sequence[Any] = ()) -> None:
-    """Remove the group ``seed/<slot_id>``, its optimizer state and its scheduler entries."""
-    index = _group_index(optimizer, seed_group_name(slot_id))
+def remove_seed_group(optimizer: Optimizer, name: str, schedulers: Sequence[Any] = ()) -> None:
+    """Remove the seed group ``name``, its optimizer state and its scheduler entries."""
+    index = _group_index(optimizer, name)
     if index is None:
-        raise RuntimeError(f"optimizer has no param group {seed_group_name(slot_id)!r}")
+        raise RuntimeError(f"optimizer has no param group {name!r}")
     group = optimizer.param_groups.pop(index)
     for p in group["params"]:
         optimizer.state.pop(p, None)
@@ -134,17 +184,51 @@ def remove_seed_group(optimizer: Optimizer, slot_id: str, schedulers: Sequence[A
                 del values[index]
 
 
-def set_group_params(optimizer: Optimizer, slot_id: str, params: Sequence[nn.Parameter]) -> None:
-    """Replace the params of a seed group (its gate appeared or went); drop stale state."""
-    index = _group_index(optimizer, seed_group_name(slot_id))
+def set_group_params(optimizer: Optimizer, name: str, params: Sequence[nn.Parameter]) -> None:
+    """Replace the params of the seed group ``name`` (a gate appeared or went); drop stale
+    state."""
+    index = _group_index(optimizer, name)
     if index is None:
-        raise RuntimeError(f"optimizer has no param group {seed_group_name(slot_id)!r}")
+        raise RuntimeError(f"optimizer has no param group {name!r}")
     group = optimizer.param_groups[index]
     keep = {id(p) for p in params}
     for p in group["params"]:
         if id(p) not in keep:
             optimizer.state.pop(p, None)
     group["params"] = list(params)
+
+
+def sync_seed_groups(
+    optimizer: Optimizer,
+    slot_id: str,
+    params: Sequence[nn.Parameter],
+    config: SeedOptimConfig,
+    schedulers: Sequence[Any] = (),
+) -> None:
+    """Make the groups of ``slot_id`` hold exactly ``params`` (its seed's parameters now):
+    add the missing groups, remove the ones left empty (with their state), refill changed ones.
+
+    Example:
+        >>> import torch
+        >>> opt = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
+        >>> seed = nn.Linear(2, 2)
+        >>> sync_seed_groups(opt, "r0c1", list(seed.parameters()), SeedOptimConfig())
+        >>> seed_group_names(opt)
+        ['seed/r0c1']
+        >>> sync_seed_groups(opt, "r0c1", [], SeedOptimConfig())
+        >>> seed_group_names(opt)
+        []
+    """
+    wanted = seed_groups(optimizer, slot_id, params)
+    present = {g["name"]: g for g in optimizer.param_groups
+               if _is_seed_group(g) and slot_of_group(g["name"]) == slot_id}
+    for name in present.keys() - wanted.keys():
+        remove_seed_group(optimizer, name, schedulers)
+    for name, group_params in wanted.items():
+        if name not in present:
+            add_seed_group(optimizer, name, group_params, config, schedulers)
+        elif [id(p) for p in present[name]["params"]] != [id(p) for p in group_params]:
+            set_group_params(optimizer, name, group_params)
 
 
 def _flatten(schedulers: Sequence[Any]) -> list[Any]:

@@ -4,18 +4,25 @@ One definition serves both the PPO reward's terminal term (`rl.rewards`) and the
 (`app.compare`), so a learned controller is trained on exactly the quantity it is evaluated on:
 
     outcome = mean validation accuracy of the last `OUTCOME_EPOCHS` epochs (percent)
-              − param_cost × seed parameters / host parameters          (points)
+              − param_cost × mean seed parameters of those epochs / host parameters  (points)
 
 A single epoch's accuracy on a small validation set is noisy (about 6 points from one epoch to
 the next at a plateau); the mean of the last three is far steadier while still measuring where
 the episode ended. The parameter cost prices growth: with ``param_cost = 1`` seeds as large as
 the host cost one accuracy point; 0 makes the outcome pure accuracy.
+
+Accuracy and size are averaged over the same epochs: each epoch's accuracy is paid for with the
+seeds present when it was measured. Charging the final seed count alone let an instant PRUNE at
+the last decision keep two thirds of a seed's accuracy (two of the three epochs were measured
+with it) at no cost.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+
+from esper_lightning.core.report import EpochReport
 
 #: Epochs averaged at the end of an episode.
 OUTCOME_EPOCHS = 3
@@ -38,19 +45,50 @@ def accuracy_outcome(accuracies: Sequence[float], last: int = OUTCOME_EPOCHS) ->
     return math.fsum(accuracies[-last:]) / last
 
 
-def parameter_cost(seed_params: float, host_params: float, param_cost: float) -> float:
-    """Points charged for ``seed_params`` on a host of ``host_params`` parameters."""
-    return param_cost * seed_params / max(host_params, 1)
+def parameter_cost(seed_params: Sequence[float], host_params: float, param_cost: float,
+                   last: int = OUTCOME_EPOCHS) -> float:
+    """Points charged for the mean of the last ``last`` seed parameter counts on a host of
+    ``host_params`` parameters.
+
+    Raises:
+        ValueError: fewer than ``last`` counts.
+
+    Example:
+        >>> parameter_cost([0, 600, 600, 0], host_params=1000, param_cost=1.0)
+        0.4
+    """
+    if len(seed_params) < last:
+        raise ValueError(f"the parameter cost needs the seed parameters of the last {last} "
+                         f"epochs, got {len(seed_params)}")
+    return param_cost * math.fsum(seed_params[-last:]) / last / max(host_params, 1)
 
 
 def episode_outcome(
-    accuracies: Sequence[float], seed_params: float, host_params: float, param_cost: float
+    accuracies: Sequence[float], seed_params: Sequence[float], host_params: float,
+    param_cost: float,
 ) -> float:
-    """The outcome defined above, from the episode's validation accuracies and final sizes.
+    """The outcome defined above, from the episode's validation accuracies and the seed
+    parameters present when each was measured (aligned, oldest first; only the last
+    `OUTCOME_EPOCHS` of each are read).
 
     Example:
-        >>> episode_outcome([40.0, 44.0, 45.0, 46.0], seed_params=500, host_params=1000,
-        ...                 param_cost=1.0)
+        >>> episode_outcome([40.0, 44.0, 45.0, 46.0], seed_params=[0, 500, 500, 500],
+        ...                 host_params=1000, param_cost=1.0)
         44.5
     """
-    return accuracy_outcome(accuracies) - parameter_cost(seed_params, host_params, param_cost)
+    return (accuracy_outcome(accuracies)
+            - parameter_cost(seed_params, host_params, param_cost))
+
+
+def report_outcome(report: EpochReport, param_cost: float) -> float:
+    """The outcome of an episode that ended at ``report``: its accuracy and seed-parameter
+    histories (`EpochReport.accuracy_history`, `EpochReport.seed_params_history`). What the PPO
+    terminal reward pays and what `esper-lightning compare` records.
+
+    Raises:
+        ValueError: the report has no validation accuracy, or too short a history.
+    """
+    if report.val_accuracy is None:
+        raise ValueError(f"epoch {report.epoch}: the outcome needs a validation accuracy")
+    return episode_outcome(report.accuracy_history, report.seed_params_history,
+                           report.host_params, param_cost)

@@ -33,6 +33,9 @@ class EpochReport:
             including this epoch's.
         host_params: parameters of the host without seeds.
         seed_params: parameters of all seeds present (live and fossilized).
+        seed_params_history: seed parameters present when each accuracy of
+            ``accuracy_history`` was measured, aligned with it (what the outcome's parameter
+            cost averages).
         masks: legal actions now; ``mask_context`` is what they were computed with.
         last_action: the action executed at the previous decision (None at the start).
         last_action_success: whether it was legal and its gate (if any) passed.
@@ -55,6 +58,7 @@ class EpochReport:
     last_action: Action | None = None
     last_action_success: bool = True
     topology: str = "cnn"
+    seed_params_history: tuple[int, ...] = ()
 
     def count(self, *stages: SeedStage) -> int:
         return sum(s.stage in stages for s in self.slots)

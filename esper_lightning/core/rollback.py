@@ -1,6 +1,6 @@
 """The governor's rollback, carried out in place: the one routine both adapters call.
 
-`GovernorCallback` (in a Trainer) and `MorphogenesisEnv` (``on_rollback="restore"``) decide
+`GovernorCallback` (in a Trainer) and `MorphogenesisEnv` (in PPO and `compare`) decide
 *when* to roll back with the same `Governor`; `roll_back` is *how*, in this order:
 
 1. prune every live seed: through the engine when there is one, which records the prunes as

@@ -29,17 +29,15 @@ from esper_lightning.core.rollback import roll_back
 from esper_lightning.core.snapshot import Snapshot, take_snapshot
 from esper_lightning.envs.tasks import CifarTask, Task
 
-ROLLBACK_MODES = ("end", "restore")
-
 
 @dataclass(frozen=True)
 class EnvSpec:
     """What every env of a pool shares.
 
-    ``on_rollback`` says what a governor rollback does to an episode: ``"end"`` (learning a
-    controller: the episode is over, the caller starts a new one) or ``"restore"`` (evaluating
-    one: live seeds are pruned, the last snapshot is restored in place and the episode goes on,
-    with the routine `GovernorCallback` calls in a Trainer, `core.rollback.roll_back`).
+    A governor rollback never ends an episode: live seeds are pruned, the last snapshot is
+    restored in place and the episode goes on, with the routine `GovernorCallback` calls in a
+    Trainer (`core.rollback.roll_back`). Learning and evaluating a controller see the same
+    consequences (docs/rl.md, "Episode ends").
 
     ``task`` is what the envs learn (`envs.tasks`): its data, host presets and slot ids, loss
     and number of classes; ``host_preset`` and ``slots`` must be the task's.
@@ -55,24 +53,21 @@ class EnvSpec:
     max_seeds: int | None = None
     gate_config: GateConfig = field(default_factory=GateConfig)
     governor: GovernorConfig = field(default_factory=lambda: GovernorConfig(num_classes=10))
-    on_rollback: str = "end"
     grad_stats_every: int = GRAD_STATS_EVERY
     task: Task = field(default_factory=CifarTask)
 
     def __post_init__(self) -> None:
-        if self.on_rollback not in ROLLBACK_MODES:
-            raise ValueError(f"unknown on_rollback {self.on_rollback!r}; accepted: "
-                             f"{', '.join(ROLLBACK_MODES)}")
         self.task.check_preset(self.host_preset)
 
 
 @dataclass(frozen=True)
 class Observation:
-    """The env's state after an epoch, and whether the governor ended the episode.
+    """The env's state after an epoch, and whether the governor rolled it back.
 
     Attributes:
         report: what the controller sees next.
-        rollback_reason: the governor's reason when it ended the episode, else None.
+        rollback_reason: the governor's reason when it rolled the env back during this epoch
+            (the report is of the restored state), else None.
         train_loss: mean training loss of the epoch; None before any training.
     """
 
@@ -152,7 +147,7 @@ class MorphogenesisEnv:
         self._steps = 0
         self.governor.reset()
         self.loader.reseed(episode_rng_seed)
-        self.snapshot = self._take_snapshot() if self.spec.on_rollback == "restore" else None
+        self.snapshot = self._take_snapshot()
 
     def execute(self, action: Action) -> StepOutcome:
         """Execute the controller's action, then tick every slot (end of the decision)."""
@@ -218,12 +213,11 @@ class MorphogenesisEnv:
         reason = self.governor.check_train_loss(train_loss)
         if reason is None:
             reason = self.governor.check_validation(val_loss, num_classes=self.task.num_classes)
-        if self.spec.on_rollback == "restore":
-            self._restore_or_snapshot(reason)
+        self._restore_or_snapshot(reason)
         report = engine.report(max_epochs=self.spec.episode_length)
         return Observation(report, reason, train_loss)
 
-    # --- rollback in place (on_rollback="restore") --------------------------------------------
+    # --- rollback in place ---------------------------------------------------------------------
     def _restore_or_snapshot(self, reason: str | None) -> None:
         engine = self._engine()
         if reason is not None:

@@ -221,7 +221,7 @@ class GPTHost(SlottedHost):
         decay = [p for p in params if p.dim() >= 2 and id(p) not in no_decay]
         decay_ids = {id(p) for p in decay}
         rest = [p for p in params if id(p) not in decay_ids]
-        # The decay group comes first: seed param groups copy group 0's settings.
+        # Seed groups mirror these two: matrices decayed, vectors exempt (core.optim).
         groups = [
             {"params": decay, "weight_decay": hp.weight_decay, "name": "host/decay"},
             {"params": rest, "weight_decay": 0.0, "name": "host/no_decay"},

@@ -7,13 +7,15 @@ action and ``report`` (s_{t+1}, after the action, the epoch tick and one epoch o
     r_t = γ·Φ(s_{t+1}) − Φ(s_t)            shaping; Φ(s_{t+1}) = 0 when the episode ends there
         + op cost                           0 by default
         + terminal_weight · outcome(s_T)    only when s_{t+1} is the max-epoch end
-        − rollback_penalty                  when the governor rolled back (also an episode end)
+        − rollback_penalty                  when the governor rolled back during the step (the
+                                            env restored its snapshot; the episode goes on)
 
-The outcome is `core.outcome.episode_outcome`: mean validation accuracy of the last three
-epochs minus a parameter cost, the very quantity `esper-lightning compare` judges controllers
-by. Because Φ is zero at every episode end, the shaping telescopes: an episode's discounted
-shaping sums to −Φ(s_0), the same for every policy, so returns rank policies like their outcomes
-and shaping only guides learning (potential-based shaping, Ng et al. 1999). The modes differ in Φ:
+The outcome is `core.outcome.report_outcome`: mean validation accuracy of the last three
+epochs minus a parameter cost on the mean seed parameters of those epochs, the very quantity
+`esper-lightning compare` judges controllers by. Because Φ is zero at every episode end, the
+shaping telescopes: an episode's discounted shaping sums to −Φ(s_0), the same for every policy,
+so returns rank policies like their outcomes and shaping only guides learning (potential-based
+shaping, Ng et al. 1999). The modes differ in Φ:
 
 * ``shaped`` (default): stage potentials of every slot (progress through the lifecycle) plus
   the attribution credit of every present seed (its measured counterfactual contribution,
@@ -35,7 +37,7 @@ from enum import Enum
 
 from esper_lightning.core.actions import Action, LifecycleOp, action_error
 from esper_lightning.core.lifecycle import PRESENT_STAGES, SeedStage
-from esper_lightning.core.outcome import episode_outcome
+from esper_lightning.core.outcome import report_outcome
 from esper_lightning.core.report import EpochReport
 from esper_lightning.core.slots import SlotReport
 
@@ -73,7 +75,8 @@ class RewardConfig:
         attribution_weight: scale of the attribution credit in Φ (shaped mode).
         op_costs: cost per executed op (all 0 by default: any cost the outcome does not see
             bends the ranking of policies).
-        rollback_penalty: reward −rollback_penalty on a governor rollback (all modes).
+        rollback_penalty: reward −rollback_penalty at the step of a governor rollback (all
+            modes).
     """
 
     mode: RewardMode = RewardMode.SHAPED
@@ -132,7 +135,8 @@ def compute_reward(
         report: state s_{t+1}.
         config: mode and coefficients.
         terminal: s_{t+1} is the last state of the episode (max epochs reached).
-        rollback: the governor rolled back during this step (the episode ends there too).
+        rollback: the governor rolled back during this step; ``report`` is the restored state
+            and the episode goes on (`rl.episodes`).
 
     Raises:
         ValueError: on an illegal action, mismatched slots, or a missing accuracy at the end.
@@ -142,26 +146,21 @@ def compute_reward(
         raise ValueError(f"reward of an illegal action {action.describe()}: {error}")
     if prev_report.slot_ids != report.slot_ids:
         raise ValueError(f"slot ids changed: {prev_report.slot_ids} -> {report.slot_ids}")
-    ended = terminal or rollback
-    stage = _shaping(stage_potential, prev_report, report, config, ended)
-    credit = _shaping(attribution_potential, prev_report, report, config, ended)
+    stage = _shaping(stage_potential, prev_report, report, config, terminal)
+    credit = _shaping(attribution_potential, prev_report, report, config, terminal)
     return RewardBreakdown(
         pbrs=stage,
         attribution=credit,
         intervention=-config.op_costs[action.op],
-        terminal=config.terminal_weight * outcome(report, config)
-        if terminal and not rollback else 0.0,
+        terminal=config.terminal_weight * outcome(report, config) if terminal else 0.0,
         rollback=-config.rollback_penalty if rollback else 0.0,
     )
 
 
 # --- components -------------------------------------------------------------------------------
 def outcome(report: EpochReport, config: RewardConfig) -> float:
-    """The episode's outcome at ``report`` (`core.outcome.episode_outcome`)."""
-    if report.val_accuracy is None:
-        raise ValueError(f"epoch {report.epoch}: the outcome needs a validation accuracy")
-    return episode_outcome(report.accuracy_history, report.seed_params, report.host_params,
-                           config.param_cost)
+    """The episode's outcome at ``report`` (`core.outcome.report_outcome`)."""
+    return report_outcome(report, config.param_cost)
 
 
 def potential(slot: SlotReport, config: RewardConfig) -> float:
