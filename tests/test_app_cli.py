@@ -191,6 +191,8 @@ def outputs(tmp_path: Path) -> Path:
         (["ppo", "--slots", "r9c9"], "unknown slot 'r9c9'; accepted: r0c0, r0c1, r0c2, r1c0"),
         (["ppo", "--slots=r0c1,r0c2"], "unknown slot 'r0c1,r0c2'; accepted: r0c0"),
         (["ppo", "--envs", "many"], "envs must be an int, got 'many'"),
+        (["ppo", "--preset", "smoke", "--minibatch_envs", "3"],
+         "minibatch_envs=3 does not divide envs=2; accepted: 1, 2"),
         (["ppo", "--train_subset", "all"], "train_subset must be an int or null, got 'all'"),
         (["ppo", "--task", "nlp"], "unknown task 'nlp'; accepted: cifar, lm"),
         (["ppo", "--host_preset", "big"], "unknown host_preset 'big'; accepted: baseline"),

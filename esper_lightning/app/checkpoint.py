@@ -1,9 +1,10 @@
 """Checkpoints of a PPO run and the random-number state that makes resuming exact.
 
-A run is seeded once with Lightning's `seed_everything`. The only global generators the run
-draws from are torch's (the policy's action sampling and the PPO minibatch shuffle; envs and
-loaders use their own seeded generators), so every checkpoint stores the torch CPU and CUDA
-states, and a resumed run draws exactly the numbers the uninterrupted run would have drawn.
+A run is seeded once with Lightning's `seed_everything` (the initial policy comes from torch's
+global generator). Every later draw comes from a stream keyed by the root seed and the round
+(the policy's action sampling per env, the PPO minibatch partition, the envs' episodes), and
+every checkpoint also stores the torch CPU and CUDA states, so a resumed run draws exactly the
+numbers the uninterrupted run would have drawn.
 The policy part of the checkpoint (what `PolicyController` needs) is defined in
 `esper_lightning.rl.checkpoint`; this module adds the trainer's own state around it.
 """

@@ -182,7 +182,8 @@ class PPORunConfig(TaskConfig):
         policy_hidden: width of the policy's feature MLP and LSTM.
         learning_rate: Adam step size of the policy.
         ppo_epochs: passes over each round's rollout.
-        minibatch_envs: env sequences per PPO minibatch.
+        minibatch_envs: env sequences per PPO minibatch; it divides envs (with ab: each
+            policy's envs).
         gae_lambda: GAE lambda.
         target_kl: stop a PPO update after an epoch whose KL on the whole batch exceeds this.
         heads: action space the policy learns: full (all eight heads) or compact (op, slot and
@@ -230,6 +231,7 @@ class PPORunConfig(TaskConfig):
             raise ConfigError(f"envs={self.envs} does not split evenly into {len(self.ab)} "
                               f"groups for ab={list(self.ab)}")
         self._check_processes()
+        self._check_minibatches()
 
     def _check_devices(self) -> None:
         _check_choice("strategy", self.strategy, STRATEGIES)
@@ -260,11 +262,22 @@ class PPORunConfig(TaskConfig):
         if self.ab:
             raise ConfigError(f"ab={list(self.ab)} cannot be combined with strategy "
                               f"{self.strategy}; run one ddp run per reward mode")
-        world, minibatch = self.world_size, min(self.minibatch_envs, self.envs)
-        for name, value in (("envs", self.envs), ("minibatch_envs", minibatch)):
-            if value % world:
-                raise ConfigError(f"{name}={value} does not split evenly over {world} processes "
-                                  f"(devices x num_nodes); use a multiple of {world}")
+        world = self.world_size
+        if self.envs % world:
+            raise ConfigError(f"envs={self.envs} does not split evenly over {world} processes "
+                              f"(devices x num_nodes); use a multiple of {world}")
+
+    def _check_minibatches(self) -> None:
+        """A minibatch is a whole number of each policy's env sequences, and every minibatch of
+        an epoch has as many (a smaller last one would weigh its steps more)."""
+        envs = self.envs // len(self.reward_modes)
+        if envs % self.minibatch_envs == 0:
+            return
+        whose = f"envs={envs}" if not self.ab else (
+            f"the {envs} envs of each policy (envs={self.envs}, ab={list(self.ab)})")
+        divisors = ", ".join(str(d) for d in range(1, envs + 1) if envs % d == 0)
+        raise ConfigError(f"minibatch_envs={self.minibatch_envs} does not divide {whose}; "
+                          f"accepted: {divisors}")
 
     @property
     def world_size(self) -> int:

@@ -73,7 +73,17 @@ TIMELINE_TAG = "morpho/timeline_env0"
 def action_rng_seed(root: int, round_index: int, env_index: int) -> int:
     """The seed of one env's action-sampling stream in one round (apart from its episode seeds):
     an env samples the same actions however the envs are spread over processes."""
-    sequence = np.random.SeedSequence([root, round_index, env_index], spawn_key=(1,))
+    return _round_stream(root, round_index, 1, env_index)
+
+
+def minibatch_rng_seed(root: int, round_index: int) -> int:
+    """The seed of one round's minibatch partition (`rl.ppo.minibatches`): every rank draws the
+    same partition of all the envs, whatever else it drew before."""
+    return _round_stream(root, round_index, 2)
+
+
+def _round_stream(root: int, round_index: int, stream: int, *indices: int) -> int:
+    sequence = np.random.SeedSequence([root, round_index, *indices], spawn_key=(stream,))
     return int(sequence.generate_state(1, dtype=np.uint32)[0])
 
 
@@ -144,11 +154,10 @@ class PPOTrainer:
         seed_run(config.rng_seed)  # the same on every rank: the same initial policy
         self.local_envs = config.envs // ranks.world_size
         self.env_offset = ranks.rank * self.local_envs  # global index of this rank's env 0
-        minibatch = min(config.minibatch_envs, config.envs // len(config.reward_modes))
         self.ppo_config = PPOConfig(
             learning_rate=config.learning_rate, gamma=config.gamma,
             gae_lambda=config.gae_lambda, n_epochs=config.ppo_epochs,
-            minibatch_envs=minibatch // ranks.world_size,  # this rank's share of a minibatch
+            minibatch_envs=config.minibatch_envs,  # of every rank's envs (`rl.ppo.minibatches`)
             target_kl=config.target_kl,
         )
         self.policy_config = PolicyConfig(n_slots=len(config.slots),
@@ -249,7 +258,7 @@ class PPOTrainer:
             observations = self._collect_step(rollouts, observations, round_index,
                                               last=t == self.decisions_per_episode - 1)
         for learner, rollout in zip(self.learners, rollouts, strict=True):
-            self._update(learner, rollout)
+            self._update(learner, rollout, round_index)
         return [rollout.stats for rollout in rollouts]
 
     # --- collection ---------------------------------------------------------------------------
@@ -377,13 +386,16 @@ class PPOTrainer:
                 observations[i] = self.pool.reset([rng_seed], which=[i])[0]
 
     # --- update -------------------------------------------------------------------------------
-    def _update(self, learner: Learner, rollout: _Rollout) -> None:
+    def _update(self, learner: Learner, rollout: _Rollout, round_index: int) -> None:
         tick = time.perf_counter()
         learner.obs_rms.unfreeze()
         all_reduce = self.ranks.all_reduce_hook()  # the identity on one process
         learner.obs_rms.update(torch.cat(rollout.raw_features), all_reduce)
         learner.obs_rms.freeze()
-        rollout.stats.ppo = ppo_update(learner.policy, learner.optimizer, rollout.buffer,
-                                       self.ppo_config, learner.value_normalizer,
-                                       learner.reward_normalizer, all_reduce)
+        shuffle = torch.Generator().manual_seed(minibatch_rng_seed(self.config.rng_seed,
+                                                                   round_index))
+        rollout.stats.ppo = ppo_update(
+            learner.policy, learner.optimizer, rollout.buffer, self.ppo_config,
+            learner.value_normalizer, learner.reward_normalizer, all_reduce,
+            rank=self.ranks.rank, world_size=self.ranks.world_size, generator=shuffle)
         rollout.stats.update_seconds = time.perf_counter() - tick
