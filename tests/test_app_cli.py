@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import BAD_FILE_REASONS, bad_checkpoints
 
 from esper_lightning import __version__
 from esper_lightning.app.cli import build_parser, parse_config
@@ -221,3 +222,22 @@ def test_bad_input_is_one_line_and_leaves_the_outputs(outputs, args, message):
     assert_one_line_error(result, message)
     assert result.stderr.startswith("esper-lightning")
     assert checksums(outputs) == before
+
+
+# --- a checkpoint that is no checkpoint: one complete line, whoever reads it -------------------
+@pytest.mark.parametrize(("kind", "args"), [
+    ("truncated", ["ppo", "--preset", "smoke", "--resume", "BAD", "--save", "BAD"]),
+    ("empty", ["ppo", "--preset", "smoke", "--resume", "BAD"]),
+    ("garbage", ["compare", "--preset", "smoke", "--controllers", "static", "policy:BAD"]),
+    ("other", ["compare", "--preset", "smoke", "--controllers", "static", "policy:BAD"]),
+])
+def test_a_bad_checkpoint_is_one_complete_line_and_stays_as_it_was(tmp_path, kind, args):
+    bad = bad_checkpoints(tmp_path / "files")[kind]
+    before = checksums(tmp_path)
+    output = ["--logdir", str(tmp_path / "logs")] if args[0] == "ppo" else [
+        "--out", str(tmp_path / "cmp")]
+    result = cli(*[a.replace("BAD", str(bad)) for a in args], *output, "--no-progress")
+    assert_one_line_error(result, f"'{bad}'")
+    assert BAD_FILE_REASONS[kind] in result.stderr
+    assert "expected a PPO checkpoint written by esper-lightning ppo --save\n" in result.stderr
+    assert checksums(tmp_path) == before
