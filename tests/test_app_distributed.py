@@ -149,6 +149,6 @@ def test_three_processes_started_by_the_command_line_match_one(cifar_dir, tmp_pa
              "--save", str(tmp_path / "three.pt")],
             env=env, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.count("done: 1 rounds") == 1  # rank 0 reports
+    assert done.stdout.count("done: 1 round,") == 1  # rank 0 reports
     three = read_checkpoint(tmp_path / "three.pt")
     _assert_same_policy(read_checkpoint(tmp_path / "one.pt"), three)

@@ -11,13 +11,15 @@ The policy part of the checkpoint (what `PolicyController` needs) is defined in
 
 from __future__ import annotations
 
+import logging
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.fabric.utilities.seed import seed_everything
 
-from esper_lightning.app.config import compatibility_errors
+from esper_lightning.app.config import PPORunConfig, compatibility_errors, config_differences
 from esper_lightning.app.learner import Learner
 from esper_lightning.errors import ConfigError
 from esper_lightning.rl.checkpoint import (
@@ -27,19 +29,53 @@ from esper_lightning.rl.checkpoint import (
     write_checkpoint,
 )
 
+log = logging.getLogger(__name__)
+
+
+def checkpoint_path(path: str | os.PathLike[str], config: PPORunConfig, mode: str) -> Path:
+    """Where the policy of reward mode ``mode`` is saved: ``path`` itself, or
+    ``<stem>.<mode><suffix>`` for each policy of an A/B run."""
+    path = Path(path)
+    return path if not config.ab else path.with_name(f"{path.stem}.{mode}{path.suffix}")
+
+
+def refuse_overwrite(config: PPORunConfig) -> None:
+    """Refuse (`ConfigError`) a run whose checkpoints would replace files it does not resume
+    from, unless ``overwrite`` is set: re-running a command must not destroy what the first run
+    made."""
+    if config.save is None or config.overwrite:
+        return
+    for mode in config.reward_modes:
+        target = checkpoint_path(config.save, config, mode)
+        if not target.exists():
+            continue
+        if config.resume is None:
+            raise ConfigError(f"save '{target}' already exists; pass --resume {config.save} to "
+                              f"continue that run, --overwrite to replace it, or another --save "
+                              f"path")
+        source = checkpoint_path(config.resume, config, mode)
+        if source.resolve() != target.resolve():
+            raise ConfigError(f"save '{target}' already exists and is not the checkpoint this "
+                              f"run resumes ('{source}'); pass --overwrite to replace it, or "
+                              f"another --save path")
+
 
 def seed_run(rng_seed: int) -> None:
     """Seed the global generators (Python, NumPy, torch CPU and CUDA) at the start of a run."""
     seed_everything(rng_seed, verbose=False)
 
 
-def save_trainer(learner: Learner, round_index: int, path: str | os.PathLike[str]) -> None:
-    """Write one policy's full training state atomically (`rl.checkpoint.write_checkpoint`)."""
+def save_trainer(learner: Learner, round_index: int, path: str | os.PathLike[str],
+                 run: PPORunConfig) -> None:
+    """Write one policy's full training state atomically (`rl.checkpoint.write_checkpoint`):
+    the policy's own configuration (``config``: what it was trained with) and the whole run's
+    (``run_config``: what ``--resume`` alone continues with, every A/B policy included)."""
     c = learner.config
     logger = learner.logger
     state = {
         "round": round_index,
         "config": c.to_dict(),
+        "run_config": run.to_dict(),
         **policy_entries(learner.policy, learner.obs_rms, c.slots, c.episode_length,
                          c.heads == "compact"),
         "optimizer": learner.optimizer.state_dict(),
@@ -61,6 +97,9 @@ def load_trainer(learner: Learner, path: str | os.PathLike[str]) -> int:
         raise ConfigError(
             f"checkpoint '{path}' comes from an incompatible config: {'; '.join(errors)}"
         )
+    changed = config_differences(state["config"], learner.config)
+    log.info("resuming '%s' after round %d with %s", path, state["round"],
+             f"these changes: {', '.join(changed)}" if changed else "its configuration")
     load_policy_weights(learner.policy, state, f"checkpoint '{path}'")
     learner.optimizer.load_state_dict(state["optimizer"])
     learner.obs_rms.load_state_dict(state["obs_rms"])

@@ -177,8 +177,12 @@ class PPORunConfig(TaskConfig):
         envs: parallel environments (host models) per round.
         rounds: PPO rounds; each is ``envs`` episodes of ``episode_length`` epochs + 1 update.
         logdir: TensorBoard root (Lightning layout: ``<logdir>/ppo/version_N``).
-        save: checkpoint path written atomically after every round (null: no checkpoint).
-        resume: checkpoint to continue from (the same TensorBoard run continues).
+        save: checkpoint path written atomically after every round (null: no checkpoint). A
+            run refuses a path that already holds a file unless it resumes from that file or
+            ``overwrite`` is set.
+        resume: checkpoint to continue from (the same TensorBoard run continues). On the
+            command line the run takes the checkpoint's configuration; flags given override it.
+        overwrite: let a run replace the file at ``save`` that it did not resume from.
         policy_hidden: width of the policy's feature MLP and LSTM.
         learning_rate: Adam step size of the policy.
         ppo_epochs: passes over each round's rollout.
@@ -203,6 +207,7 @@ class PPORunConfig(TaskConfig):
     logdir: str = "runs"
     save: str | None = None
     resume: str | None = None
+    overwrite: bool = False
     policy_hidden: int = 128
     learning_rate: float = 3e-4
     ppo_epochs: int = 4
@@ -465,6 +470,27 @@ def compatibility_errors(saved: Mapping[str, Any], config: PPORunConfig) -> list
         for key in COMPATIBILITY_KEYS
         if _plain(saved.get(key)) != current[key]
     ]
+
+
+#: Keys that describe one invocation, not the run: a resumed run does not take them from its
+#: checkpoint, and they are not listed among its changes.
+INVOCATION_KEYS = ("resume", "overwrite")
+
+
+def saved_values(saved: Mapping[str, Any], cls: type[TaskConfig]) -> dict[str, Any]:
+    """A saved configuration's values that ``cls`` has (keys it left out at their meaning then,
+    `ADDED_KEY_DEFAULTS`), without the `INVOCATION_KEYS`: what a resumed run starts from."""
+    known = {f.name for f in fields(cls)} - set(INVOCATION_KEYS)
+    return {k: v for k, v in {**ADDED_KEY_DEFAULTS, **saved}.items() if k in known}
+
+
+def config_differences(saved: Mapping[str, Any], config: TaskConfig) -> list[str]:
+    """``key old -> new`` for every value of ``config`` that differs from the saved
+    configuration (`INVOCATION_KEYS` aside)."""
+    before = saved_values(saved, type(config))
+    return [f"{key} {_plain(before.get(key))!r} -> {value!r}"
+            for key, value in config.to_dict().items()
+            if key in before and _plain(before[key]) != value]
 
 
 def check_hardware(config: TaskConfig, devices: tuple[str, ...]) -> None:
