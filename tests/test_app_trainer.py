@@ -218,3 +218,17 @@ def test_a_run_that_fails_before_its_first_round_ends_leaves_no_log_folder(cifar
     with pytest.raises(KeyboardInterrupt):
         trainer.train()
     assert not (tmp_path / "logs").exists()
+
+
+def test_resume_alone_continues_an_ab_run_from_its_stem(cifar_dir, tmp_path):
+    """An A/B run saves ``ckpt.<mode>.pt``: ``--resume ckpt.pt`` alone finds them and takes the
+    whole run's configuration (not one policy's share of it)."""
+    from esper_lightning.app.cli import parse_config
+
+    save = tmp_path / "ckpt.pt"
+    PPOTrainer(_config(cifar_dir, tmp_path, rounds=1, save=str(save),
+                       ab=["shaped", "sparse"])).train()
+    config = parse_config("ppo", ["--resume", str(save), "--rounds", "2"])
+    assert (config.ab, config.envs, config.episode_length) == (("shaped", "sparse"), 2, 3)
+    trainer = PPOTrainer(config)
+    assert trainer.round == 1 and [len(learner.envs) for learner in trainer.learners] == [1, 1]

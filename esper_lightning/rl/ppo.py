@@ -131,12 +131,10 @@ def ppo_update(
 ) -> dict[str, float]:
     """One PPO update on a full buffer; returns CleanRL-named metrics (see ``docs/rl.md``).
 
-    The minibatches are drawn from ``generator`` (None: the global torch RNG; seed it for
-    reproducibility). With a data-parallel ``all_reduce`` this is rank ``rank`` of
-    ``world_size``'s part of the update (module docstring): every rank calls it with the same
-    number of envs, the same ``config`` and an equally seeded ``generator``, and ends with the
-    same policy as one process holding every rank's envs.
-    """
+    Minibatches are drawn from ``generator`` (None: the global torch RNG). Data-parallel, this
+    is rank ``rank`` of ``world_size``'s part (module docstring): every rank passes as many envs,
+    the same ``config`` and an equally seeded ``generator``, and ends with the policy of one
+    process holding every rank's envs."""
     if not buffer.full:
         raise RuntimeError(f"ppo_update on a buffer with {buffer.step}/{buffer.n_steps} steps")
     rewards = buffer.rewards
@@ -160,10 +158,8 @@ def ppo_update(
     for _ in range(config.n_epochs):
         for env_ids in minibatches(buffer.n_envs, config.minibatch_envs, rank, world_size,
                                    generator):
-            stats = _minibatch_step(
-                policy, optimizer, buffer, env_ids, advantages[env_ids],
-                value_targets[env_ids], config, all_reduce,
-            )
+            stats = _minibatch_step(policy, optimizer, buffer, env_ids, advantages[env_ids],
+                                    value_targets[env_ids], config, all_reduce)
             for key, value in stats.items():
                 history.setdefault(key, []).append(value)
         epochs_run += 1
@@ -174,10 +170,8 @@ def ppo_update(
             break
 
     metrics = _mean_metrics(history, all_reduce)
-    metrics.update(divergence)
-    metrics["explained_variance"] = explained_variance(values, returns, all_reduce)
-    metrics["epochs_run"] = float(epochs_run)
-    metrics["early_stopped"] = float(stopped)
+    metrics.update(divergence, explained_variance=explained_variance(values, returns, all_reduce),
+                   epochs_run=float(epochs_run), early_stopped=float(stopped))
     return metrics
 
 
