@@ -19,7 +19,12 @@ from typing import Any
 import torch
 from lightning.fabric.utilities.seed import seed_everything
 
-from esper_lightning.app.config import PPORunConfig, compatibility_errors, config_differences
+from esper_lightning.app.config import (
+    PPORunConfig,
+    compatibility_errors,
+    config_differences,
+    policy_checkpoint,
+)
 from esper_lightning.app.learner import Learner
 from esper_lightning.errors import ConfigError
 from esper_lightning.rl.checkpoint import (
@@ -34,9 +39,8 @@ log = logging.getLogger(__name__)
 
 def checkpoint_path(path: str | os.PathLike[str], config: PPORunConfig, mode: str) -> Path:
     """Where the policy of reward mode ``mode`` is saved: ``path`` itself, or
-    ``<stem>.<mode><suffix>`` for each policy of an A/B run."""
-    path = Path(path)
-    return path if not config.ab else path.with_name(f"{path.stem}.{mode}{path.suffix}")
+    `policy_checkpoint` (``<stem>.<mode><suffix>``) for each policy of an A/B run."""
+    return policy_checkpoint(path, mode) if config.ab else Path(path)
 
 
 def refuse_overwrite(config: PPORunConfig) -> None:

@@ -46,6 +46,7 @@ from esper_lightning.app.config import (
     PPORunConfig,
     TaskConfig,
     from_mapping,
+    policy_checkpoint,
     preset_values,
     saved_values,
 )
@@ -168,11 +169,8 @@ def saved_run(resume: str, ab: Sequence[str]) -> dict[str, Any]:
     one checkpoint per reward mode (``ckpt.shaped.pt``): ``resume`` names them by ``ckpt.pt``."""
     from esper_lightning.rl.checkpoint import read_checkpoint  # imports torch: resuming only
 
-    path = Path(resume)
-    modes = ab or REWARD_MODES
-    candidates = [path, *(path.with_name(f"{path.stem}.{m}{path.suffix}") for m in modes)]
-    found = next((p for p in candidates if p.is_file()), path)
-    state = read_checkpoint(found)
+    candidates = [Path(resume), *(policy_checkpoint(resume, mode) for mode in ab or REWARD_MODES)]
+    state = read_checkpoint(next((p for p in candidates if p.is_file()), resume))
     return saved_values(state.get("run_config", state["config"]), PPORunConfig)
 
 

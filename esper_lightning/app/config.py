@@ -472,6 +472,13 @@ def compatibility_errors(saved: Mapping[str, Any], config: PPORunConfig) -> list
     ]
 
 
+def policy_checkpoint(path: str | Path, mode: str) -> Path:
+    """Where an A/B run saves the policy of reward mode ``mode`` given ``path`` (``save`` or
+    ``resume``): ``<stem>.<mode><suffix>``, e.g. ``ckpt.sparse.pt``."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.{mode}{path.suffix}")
+
+
 #: Keys that describe one invocation, not the run: a resumed run does not take them from its
 #: checkpoint, and they are not listed among its changes.
 INVOCATION_KEYS = ("resume", "overwrite")
