@@ -75,7 +75,7 @@ def _assert_same_policy(a: dict, b: dict) -> None:
 
 def test_two_ranks_of_two_envs_learn_the_policy_of_one_rank_of_four(runs):
     """Two rounds with minibatches of 2 of the 4 envs: the ranks draw one process's partition
-    (a rank-local one differed by 1.4e-3 after 2 rounds)."""
+    (a rank-local one differed by 2.1e-3 after 2 rounds)."""
     one, two = runs.saved["one"], runs.saved["two"]
     assert one["round"] == two["round"] == 2
     assert _max_difference(runs.saved["first"], one) > 100 * ATOL  # a round moves it further
