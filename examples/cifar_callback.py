@@ -5,9 +5,10 @@
     tensorboard --logdir runs/callback
 
 The baseline host trains with a `HeuristicController` deciding once per epoch, a
-`GovernorCallback` watching for divergence, TensorBoard logs under --logdir (``morpho/*`` scalars
-grouped per slot in the Custom Scalars tab, the seed timeline in the Images tab), one log line
-per lifecycle event and a summary table at the end.
+`GovernorCallback` watching for divergence, TensorBoard logs under --logdir
+(``runs/callback/version_N``: ``morpho/*`` scalars grouped per slot in the Custom Scalars tab,
+the seed timeline in the Images tab), one log line per lifecycle event and a summary table at
+the end.
 
 Everything is a LightningCLI option (``--help`` lists them all, ``--print_config`` writes a YAML
 file that ``--config`` reads back): the host (``--model.*``), the data (``--data.*``), the
@@ -38,6 +39,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from esper_lightning.callbacks import GovernorCallback, MorphogenesisCallback
 from esper_lightning.core.engine import MorphogenesisEngine
 from esper_lightning.data import CIFAR10DataModule, DataError
+from esper_lightning.errors import ConfigError
 from esper_lightning.hosts import CifarCNNHost
 from esper_lightning.viz import save_timeline
 
@@ -67,8 +69,13 @@ class GrowthCLI(LightningCLI):
         })
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
+        # Read the data first: a bad input fails before the Trainer and its logger exist (the
+        # fit reuses what was read).
+        self.datamodule.prepare_data()
+        self.datamodule.setup("fit")
         if self.config.get("trainer", {}).get("logger") is None:  # the default: TensorBoard
-            kwargs["logger"] = TensorBoardLogger(self.config["logdir"], name="callback")
+            kwargs["logger"] = TensorBoardLogger(self.config["logdir"], name="",
+                                                 default_hp_metric=False)
         return super().instantiate_trainer(**kwargs)
 
 
@@ -98,24 +105,27 @@ def summary(engine: MorphogenesisEngine, val_acc: float, seconds: float) -> str:
 
 def show_lifecycle_events() -> None:
     """Print the library's INFO lines (one per germination, fossilization or prune)."""
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("[esper] %(message)s"))
     logger = logging.getLogger("esper_lightning")
-    logger.addHandler(handler)
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[esper] %(message)s"))
+        logger.addHandler(handler)
     logger.setLevel(logging.INFO)
+    # The seed is in the run's config.yaml: an error is then the only line a bad input prints.
+    logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
 
 
 def main(argv: list[str] | None = None) -> int:
     show_lifecycle_events()
-    cli = GrowthCLI(
-        CifarCNNHost, CIFAR10DataModule, run=False, args=argv, seed_everything_default=0,
-        save_config_kwargs={"overwrite": True},
-    )
-    morpho = next(c for c in cli.trainer.callbacks if isinstance(c, MorphogenesisCallback))
-    start = time.perf_counter()
     try:
+        cli = GrowthCLI(
+            CifarCNNHost, CIFAR10DataModule, run=False, args=argv, seed_everything_default=0,
+            save_config_kwargs={"overwrite": True},
+        )
+        morpho = next(c for c in cli.trainer.callbacks if isinstance(c, MorphogenesisCallback))
+        start = time.perf_counter()
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    except DataError as err:
+    except (ConfigError, DataError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     assert morpho.engine is not None

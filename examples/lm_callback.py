@@ -1,6 +1,6 @@
-"""Grow seeds in a small byte-level GPT with a plain `lightning.Trainer`: drop-in growth for an LM.
+"""Grow seeds in a small byte-level GPT with a plain `lightning.Trainer` and `LightningCLI`.
 
-    python examples/lm_callback.py --data ../shared/data/shakespeare/shakespeare.txt
+    python examples/lm_callback.py --text ../shared/data/shakespeare/shakespeare.txt
     tensorboard --logdir runs/lm_callback
 
 The ``tiny`` `GPTHost` (2 blocks, width 64, a slot after each block) learns to predict the next
@@ -12,7 +12,17 @@ counterfactual measurement counts every token, and its contribution is next-toke
 
 TensorBoard gets ``val_loss`` (mean per token), ``val_ppl`` (its exponential), ``val_acc``
 (next-token accuracy), the ``morpho/*`` scalars (grouped per slot in the Custom Scalars tab) and
-the seed timeline (Images tab). One line is printed per lifecycle event and a summary at the end.
+the seed timeline (Images tab) under ``--logdir`` (``runs/lm_callback/version_N``). One line is
+printed per lifecycle event and a summary at the end.
+
+Everything is a LightningCLI option (``--help`` lists them all, ``--print_config`` writes a YAML
+file that ``--config`` reads back): the host (``--model.*``), the text (``--data.*``), the Trainer
+(``--trainer.*``), the growth callback (``--morpho.*``, its controller included) and the governor
+(``--governor.*``). The everyday ones have short flags: ``--text`` (a text file, or a folder
+holding one), ``--epochs``, ``--logdir`` and ``--timeline``. For example::
+
+    --data.block_size 32 --data.train_blocks 640 --model.lr 3e-4 --seed_everything 1
+    --morpho.gate_config.min_training_epochs 10           # G2's default incubation
 
 Sizes (about 1.5 minutes on a busy 2-core CPU): 20 epochs of 1,280 random 64-byte blocks (40
 steps of 32 blocks), validation on the first 256 blocks (16,384 bytes) of the held-out tail. The
@@ -23,41 +33,69 @@ before the end.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 import sys
 import time
+from typing import Any
 
-import lightning as L
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from esper_lightning.callbacks import GovernorCallback, MorphogenesisCallback
-from esper_lightning.controllers import HeuristicController
 from esper_lightning.core.engine import MorphogenesisEngine
-from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.data import ByteTokenizer, DataError, TextDataModule, find_text_file
+from esper_lightning.errors import ConfigError
 from esper_lightning.hosts import GPTHost
 from esper_lightning.viz import save_timeline
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", required=True, help="a text file (or a folder holding one)")
-    parser.add_argument("--epochs", type=int, default=20, help="epochs to train")
-    parser.add_argument("--block-size", type=int, default=64, help="bytes per block")
-    parser.add_argument("--batch-size", type=int, default=32, help="blocks per batch")
-    parser.add_argument("--train-blocks", type=int, default=1280,
-                        help="random training blocks per epoch")
-    parser.add_argument("--val-blocks", type=int, default=256, help="validation blocks")
-    parser.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
-    parser.add_argument("--incubation", type=int, default=2,
-                        help="epochs a seed trains before it may blend (G2)")
-    parser.add_argument("--seed", type=int, default=0, help="random-number seed of the run")
-    parser.add_argument("--logdir", default="runs/lm_callback", help="TensorBoard folder")
-    parser.add_argument("--timeline", default=None, help="also save the seed timeline here")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    return parser.parse_args(argv)
+class GrowthCLI(LightningCLI):
+    """LightningCLI with the governor and the growth callback as configurable sections."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument("--text", default=None,
+                            help="a text file, or a folder holding one (TinyStories-valid.txt "
+                            "or a single *.txt file)")
+        parser.add_argument("--epochs", type=int, default=20, help="epochs to train")
+        parser.add_argument("--logdir", default="runs/lm_callback",
+                            help="TensorBoard folder (unless --trainer.logger is given)")
+        parser.add_argument("--timeline", default=None,
+                            help="also save the seed timeline image here (e.g. timeline.png)")
+        parser.link_arguments("text", "data.path")
+        parser.link_arguments("epochs", "trainer.max_epochs")
+        parser.link_arguments("seed_everything", "data.rng_seed")
+        parser.add_lightning_class_args(GovernorCallback, "governor")  # listed first: it acts
+        parser.add_lightning_class_args(MorphogenesisCallback, "morpho")  # before the decision
+        parser.set_defaults({
+            "model.preset": "tiny", "model.lr": 1e-3,
+            "data.block_size": 64, "data.batch_size": 32, "data.train_blocks": 1280,
+            "data.val_blocks": 256,
+            "governor.num_classes": ByteTokenizer.vocab_size,
+            "morpho.controller": {"class_path": "esper_lightning.controllers.HeuristicController"},
+            "morpho.topology": "transformer",
+            "morpho.gate_config": {"min_training_epochs": 2},
+            "trainer.accelerator": "cpu", "trainer.devices": 1, "trainer.log_every_n_steps": 10,
+            "trainer.enable_model_summary": False, "trainer.enable_checkpointing": False,
+        })
+
+    def before_instantiate_classes(self) -> None:
+        """``--text`` may name a folder: the data module reads the file it holds."""
+        if self.config["text"] is not None:
+            self.config["data"]["path"] = str(find_text_file(self.config["text"]))
+        elif not self.config["data"]["download"]:
+            raise ConfigError("no text to learn: pass --text FILE (a text file or a folder "
+                              "holding one) or --data.download true (TinyStories)")
+
+    def instantiate_trainer(self, **kwargs: Any) -> Any:
+        # Read the data first: a bad input fails before the Trainer and its logger exist (the
+        # fit reuses what was read).
+        self.datamodule.prepare_data()
+        self.datamodule.setup("fit")
+        if self.config.get("trainer", {}).get("logger") is None:  # the default: TensorBoard
+            kwargs["logger"] = TensorBoardLogger(self.config["logdir"], name="",
+                                                 default_hp_metric=False)
+        return super().instantiate_trainer(**kwargs)
 
 
 def summary(engine: MorphogenesisEngine, val_loss: float, val_acc: float, seconds: float) -> str:
@@ -93,45 +131,31 @@ def show_lifecycle_events() -> None:
         handler.setFormatter(logging.Formatter("[esper] %(message)s"))
         logger.addHandler(handler)
     logger.setLevel(logging.INFO)
+    # The seed is in the run's config.yaml: an error is then the only line a bad input prints.
+    logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
     show_lifecycle_events()
-    L.seed_everything(args.seed, verbose=False)
     try:
-        data = TextDataModule(path=find_text_file(args.data), block_size=args.block_size,
-                              batch_size=args.batch_size, train_blocks=args.train_blocks,
-                              val_blocks=args.val_blocks, rng_seed=args.seed)
-        data.setup()  # reads and checks the text before anything is logged (the fit reuses it)
-    except DataError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    model = GPTHost("tiny", lr=args.lr)
-    growth = MorphogenesisCallback(HeuristicController(), topology="transformer",
-                                   gate_config=GateConfig(min_training_epochs=args.incubation))
-    trainer = L.Trainer(
-        max_epochs=args.epochs, accelerator="cpu", devices=1, log_every_n_steps=10,
-        callbacks=[GovernorCallback(num_classes=ByteTokenizer.vocab_size), growth],
-        logger=TensorBoardLogger(args.logdir, name="gpt"), enable_model_summary=False,
-        enable_progress_bar=not args.no_progress, enable_checkpointing=False,
-    )
-    start = time.perf_counter()
-    try:
-        trainer.fit(model, datamodule=data)
-    except DataError as err:
+        cli = GrowthCLI(GPTHost, TextDataModule, run=False, args=argv,
+                        seed_everything_default=0, save_config_kwargs={"overwrite": True})
+        morpho = next(c for c in cli.trainer.callbacks if isinstance(c, MorphogenesisCallback))
+        start = time.perf_counter()
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    except (ConfigError, DataError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     seconds = time.perf_counter() - start
-    assert growth.engine is not None
-    metrics = trainer.callback_metrics
-    print(summary(growth.engine, float(metrics["val_loss"]), 100.0 * float(metrics["val_acc"]),
+    assert morpho.engine is not None
+    metrics = cli.trainer.callback_metrics
+    print(summary(morpho.engine, float(metrics["val_loss"]), 100.0 * float(metrics["val_acc"]),
                   seconds))
-    if args.timeline:
-        save_timeline(growth.engine.timeline, args.timeline, slot_ids=growth.engine.slot_ids,
-                      title="seed timeline (GPTHost tiny)")
-        print(f"timeline: {args.timeline}")
-    print(f"TensorBoard: tensorboard --logdir {args.logdir}")
+    if cli.config["timeline"]:
+        save_timeline(morpho.engine.timeline, cli.config["timeline"],
+                      slot_ids=morpho.engine.slot_ids, title="seed timeline (GPTHost tiny)")
+        print(f"timeline: {cli.config['timeline']}")
+    print(f"TensorBoard: tensorboard --logdir {cli.config['logdir']}")
     return 0
 
 

@@ -1,6 +1,6 @@
 """Test helpers shared by several test files: tiny models, a checkpoint round trip, a trained
-smoke policy, the example loader, a local DDP rendezvous and the data tests' batch and message
-checks.
+smoke policy, files that are no checkpoint, the example loader, a local DDP rendezvous and the
+data tests' batch and message checks.
 
 Imported as ``from helpers import ...``: pytest puts ``tests/`` (not a package) on ``sys.path``,
 as for ``thread_ranks`` and ``lifecycle_mdp``.
@@ -13,6 +13,7 @@ import importlib.util
 import io
 import logging
 import multiprocessing
+import random
 import socket
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -133,6 +134,28 @@ def train_smoke_policy(root: Path) -> tuple[Path, Path]:
     })
     PPOTrainer(config).train()
     return data, save
+
+
+def bad_checkpoints(folder: Path) -> dict[str, Path]:
+    """A truncated checkpoint, an empty file, random bytes and a torch file that is no
+    checkpoint, written into ``folder``."""
+    folder.mkdir(exist_ok=True)
+    whole = folder / "whole.pt"
+    torch.save({"version": 2, "policy": {"w": torch.zeros(4096)}}, whole)
+    files = {"truncated": whole.read_bytes()[:2000], "empty": b"",
+             "garbage": random.Random(0).randbytes(3000)}
+    for name, data in files.items():
+        (folder / f"{name}.pt").write_bytes(data)
+    torch.save({"state_dict": {"w": torch.zeros(2)}}, folder / "other.pt")
+    whole.unlink()
+    return {name: folder / f"{name}.pt" for name in (*files, "other")}
+
+
+#: What each kind of bad file is called in its one line.
+BAD_FILE_REASONS = {
+    "truncated": "is truncated or damaged", "empty": "the file is empty",
+    "garbage": "is not a file written by torch.save", "other": "a torch file holding a dict",
+}
 
 
 @contextlib.contextmanager

@@ -7,10 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import BAD_FILE_REASONS, bad_checkpoints
 
 from esper_lightning import __version__
 from esper_lightning.app.cli import build_parser, parse_config
 from esper_lightning.app.config import PRESETS
+from esper_lightning.data import write_cifar10_fixture
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "cifar_ppo.py"
@@ -36,8 +38,6 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], text: str) -
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory, request):
-    from esper_lightning.data import write_cifar10_fixture
-
     root = tmp_path_factory.mktemp("cli")
     data = write_cifar10_fixture(root / "data", n_train=64, n_test=32)
     save = root / "ckpt.pt"
@@ -181,6 +181,7 @@ def outputs(tmp_path: Path) -> Path:
     (out / "cmp" / "episodes.csv").write_text("keep me\n")
     (tmp_path / "short.txt").write_text("A text shorter than one block.\n")
     (tmp_path / "preset.yaml").write_text("preset: smoke\nrounds: 3\n")
+    write_cifar10_fixture(tmp_path / "cifar", n_train=16, n_test=8)
     return out
 
 
@@ -191,6 +192,8 @@ def outputs(tmp_path: Path) -> Path:
         (["ppo", "--slots", "r9c9"], "unknown slot 'r9c9'; accepted: r0c0, r0c1, r0c2, r1c0"),
         (["ppo", "--slots=r0c1,r0c2"], "unknown slot 'r0c1,r0c2'; accepted: r0c0"),
         (["ppo", "--envs", "many"], "envs must be an int, got 'many'"),
+        (["ppo", "--preset", "smoke", "--minibatch_envs", "3"],
+         "minibatch_envs=3 does not divide envs=2; accepted: 1, 2"),
         (["ppo", "--train_subset", "all"], "train_subset must be an int or null, got 'all'"),
         (["ppo", "--task", "nlp"], "unknown task 'nlp'; accepted: cifar, lm"),
         (["ppo", "--host_preset", "big"], "unknown host_preset 'big'; accepted: baseline"),
@@ -201,6 +204,8 @@ def outputs(tmp_path: Path) -> Path:
          "a --config file cannot set preset ('smoke'); pass --preset smoke on the command line"),
         (["ppo", "--preset", "lm-smoke", "--data_dir", "TMP/short.txt"],
          "short.txt' is too short for block_size=32: its training head holds 28 of its 31 bytes"),
+        (["ppo", "--preset", "smoke", "--data_dir", "TMP/cifar", "--train_subset", "10"],
+         "the training split holds 10 images (train_subset=10), fewer than batch_size=64"),
         (["compare", "--preset", "lm-smoke", "--data_dir", "TMP/short.txt", "--block_size", "8"],
          "short.txt' is too short for block_size=8: its validation tail holds 3 of its 31 bytes"),
         (["compare", "--controllers", "[static,bogus]"], "unknown controller 'bogus'; accepted:"),
@@ -212,10 +217,56 @@ def outputs(tmp_path: Path) -> Path:
 def test_bad_input_is_one_line_and_leaves_the_outputs(outputs, args, message):
     tmp = str(outputs.parent)
     args = [a.replace("TMP", tmp) for a in args]
-    folders = {"ppo": ["--logdir", f"{outputs}/logs", "--save", f"{outputs}/ckpt.pt"],
+    # --overwrite: even a run allowed to replace the checkpoint fails before touching it.
+    folders = {"ppo": ["--logdir", f"{outputs}/logs", "--save", f"{outputs}/ckpt.pt",
+                       "--overwrite"],
                "compare": ["--out", f"{outputs}/new_cmp"]}.get(args[0], [])
     before = checksums(outputs)
     result = cli(*args, *folders, "--no-progress")
     assert_one_line_error(result, message)
     assert result.stderr.startswith("esper-lightning")
     assert checksums(outputs) == before
+
+
+# --- a checkpoint that is no checkpoint: one complete line, whoever reads it -------------------
+@pytest.mark.parametrize(("kind", "args"), [
+    ("truncated", ["ppo", "--preset", "smoke", "--resume", "BAD", "--save", "BAD"]),
+    ("empty", ["ppo", "--preset", "smoke", "--resume", "BAD"]),
+    ("garbage", ["compare", "--preset", "smoke", "--controllers", "static", "policy:BAD"]),
+    ("other", ["compare", "--preset", "smoke", "--controllers", "static", "policy:BAD"]),
+])
+def test_a_bad_checkpoint_is_one_complete_line_and_stays_as_it_was(tmp_path, kind, args):
+    bad = bad_checkpoints(tmp_path / "files")[kind]
+    before = checksums(tmp_path)
+    output = ["--logdir", str(tmp_path / "logs")] if args[0] == "ppo" else [
+        "--out", str(tmp_path / "cmp")]
+    result = cli(*[a.replace("BAD", str(bad)) for a in args], *output, "--no-progress")
+    assert_one_line_error(result, f"'{bad}'")
+    assert BAD_FILE_REASONS[kind] in result.stderr
+    assert "expected a PPO checkpoint written by esper-lightning ppo --save\n" in result.stderr
+    assert checksums(tmp_path) == before
+
+
+# --- nothing a user made is lost ---------------------------------------------------------------
+def test_running_the_quickstart_again_refuses_to_replace_its_checkpoint(checkpoint, tmp_path):
+    data, save = checkpoint
+    before = checksums(save.parent)
+    result = run("--preset", "smoke", "--data-dir", str(data), "--rounds", "1",
+                 "--episode-length", "3", "--logdir", str(save.parent / "logs"), "--save",
+                 str(save), "--no-progress")
+    assert_one_line_error(result, f"save '{save}' already exists; pass --resume {save} to "
+                                  f"continue that run, --overwrite to replace it, or another "
+                                  f"--save path")
+    assert checksums(save.parent) == before
+
+
+def test_resume_alone_continues_with_the_checkpoints_configuration(checkpoint, tmp_path):
+    data, save = checkpoint
+    config = parse_config("ppo", ["--resume", str(save), "--rounds", "3", "--logdir",
+                                  str(tmp_path)])
+    assert (config.episode_length, config.envs, config.slots) == (3, 2, ("r0c1", "r0c2"))
+    assert (config.data_dir, config.save, config.resume) == (str(data), str(save), str(save))
+    assert (config.rounds, config.logdir) == (3, str(tmp_path))  # the flags given override
+    # A preset given with it overrides the checkpoint too, and flags override the preset.
+    config = parse_config("ppo", ["--resume", str(save), "--preset", "cpu", "--rounds", "5"])
+    assert (config.envs, config.rounds, config.data_dir) == (16, 5, str(data))

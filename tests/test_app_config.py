@@ -40,6 +40,12 @@ def test_yaml_files(tmp_path):
         ({"device": "tpu"}, "unknown device 'tpu'; accepted: cpu, cuda, cuda:N"),
         ({"reward": "dense"}, "unknown reward 'dense'; accepted: shaped, simplified, sparse"),
         ({"gamma": 1.5}, r"gamma must be in \[0.0, 1.0\], got 1.5"),
+        ({"minibatch_envs": 3}, "minibatch_envs=3 does not divide envs=2; accepted: 1, 2$"),
+        ({"envs": 6, "minibatch_envs": 4}, "minibatch_envs=4 does not divide envs=6; accepted: "
+                                           "1, 2, 3, 6$"),
+        ({"envs": 4, "minibatch_envs": 4, "ab": ["shaped", "sparse"]},
+         r"minibatch_envs=4 does not divide the 2 envs of each policy \(envs=4, "
+         r"ab=\['shaped', 'sparse'\]\); accepted: 1, 2$"),
     ],
 )
 def test_bad_values_name_themselves(values, message):
@@ -58,7 +64,8 @@ def test_bad_file(tmp_path):
 
 
 def test_env_devices_cycle():
-    config = load_config(None, overrides={"envs": 3, "devices": ["cpu", "cpu"]})
+    config = load_config(None, overrides={"envs": 3, "minibatch_envs": 1,
+                                          "devices": ["cpu", "cpu"]})
     assert config.env_devices == ("cpu", "cpu", "cpu")
 
 

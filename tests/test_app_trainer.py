@@ -14,7 +14,8 @@ from esper_lightning.core.divergence import Governor
 from esper_lightning.rl.checkpoint import read_checkpoint
 
 PPO_TAGS = {
-    "charts/episodic_return", "charts/final_accuracy", "charts/env_epochs_per_sec",
+    "charts/round", "charts/learning_rate", "charts/controller_share", "charts/episodic_return",
+    "charts/final_accuracy", "charts/env_epochs_per_sec",
     "losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl",
     "losses/clipfrac", "losses/explained_variance", "morpho/seeds_germinated",
     "morpho/seeds_fossilized", "morpho/seeds_pruned", "morpho/seed_params",
@@ -22,6 +23,16 @@ PPO_TAGS = {
     "actions/fossilize", "actions/advance", "actions/set_alpha_target", "rewards/total",
     "rewards/attribution", "rewards/pbrs", "rewards/terminal",
 }
+
+
+def documented_tags() -> list[str]:
+    """The tags docs/rl.md's table of round metrics lists, as patterns (``<op>``: any name)."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "rl.md").read_text()
+    section = text.split("### Round metrics logged by `PPOTrainer`")[1].split("\n## ")[0]
+    cells = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
+    tags = [tag for cell in cells for tag in re.findall(r"`([^`]+)`", cell)]
+    return [re.sub(r"<\w+>", ".+", re.escape(tag).replace(r"\<", "<").replace(r"\>", ">"))
+            for tag in tags]
 
 
 def _config(cifar_dir: Path, tmp_path: Path, **overrides):
@@ -41,8 +52,17 @@ def test_smoke_round_logs_spec_tags_and_writes_a_checkpoint(cifar_dir, tmp_path)
     events.Reload()
     tags = set(events.Tags()["scalars"])
     assert tags >= PPO_TAGS, PPO_TAGS - tags
-    steps = [e.step for e in events.Scalars("charts/final_accuracy")]
-    assert steps == [1, 2]
+    assert "hp_metric" not in tags  # Lightning's placeholder: no single number ranks a run
+    # CleanRL's x axis: env steps (decisions) so far, 2 envs x 2 decisions a round; the round
+    # and the step size are scalars of their own.
+    for tag in tags:
+        assert [e.step for e in events.Scalars(tag)] == [4, 8], tag
+    assert [e.value for e in events.Scalars("charts/round")] == [1.0, 2.0]
+    lr = [e.value for e in events.Scalars("charts/learning_rate")]
+    assert lr == pytest.approx([trainer.config.learning_rate] * 2)
+    documented = documented_tags()
+    assert all(any(re.fullmatch(d, tag) for d in documented) for tag in tags), \
+        [t for t in tags if not any(re.fullmatch(d, t) for d in documented)]
     fractions = sum(events.Scalars(f"actions/{op}")[0].value for op in
                     ("wait", "germinate", "prune", "fossilize", "advance", "set_alpha_target"))
     assert fractions == pytest.approx(1.0)
@@ -113,12 +133,16 @@ def test_resume_continues_the_same_tensorboard_run_with_a_line_and_a_timeline_pe
     events = EventAccumulator(str(tmp_path / "logs" / "ppo" / "version_0"),
                               size_guidance={"scalars": 0, "images": 0})
     events.Reload()
-    assert [e.step for e in events.Scalars("charts/final_accuracy")] == [1, 2]
-    assert [e.step for e in events.Images(TIMELINE_TAG)] == [1, 2]
+    assert [e.step for e in events.Scalars("charts/final_accuracy")] == [4, 8]
+    assert [e.value for e in events.Scalars("charts/round")] == [1.0, 2.0]
+    assert [e.step for e in events.Images(TIMELINE_TAG)] == [4, 8]
     rounds = [r.getMessage() for r in caplog.records if r.name == "esper_lightning.app.trainer"]
     assert [m.split(":")[0] for m in rounds] == ["round 1/1", "round 2/2"]
     assert re.fullmatch(r"round 2/2: final accuracy \d+\.\d\d%, return -?\d+\.\d{3}, "
                         r"ops (\w+=\d+ ?)+, \d+\.\d s", rounds[1]), rounds[1]
+    resumed = [r.getMessage() for r in caplog.records if r.name == "esper_lightning.app.checkpoint"]
+    assert resumed == [f"resuming '{save}' after round 1 with these changes: rounds 1 -> 2, "
+                       f"save '{save}' -> None"]
 
 
 def test_ab_trains_one_policy_per_reward_mode_on_the_same_episodes(cifar_dir, tmp_path):
@@ -193,3 +217,50 @@ def test_a_rollback_costs_its_penalty_and_the_episode_goes_on(cifar_dir, tmp_pat
     assert len(stats.returns) == len(stats.final_accuracies) == 2
     assert stats.reward_sums["rollback"] == pytest.approx(-2 * 10.0)
     assert stats.reward_sums["terminal"] != 0.0  # both outcomes paid at the end
+
+
+def test_a_fresh_run_does_not_replace_a_checkpoint_it_does_not_resume(cifar_dir, tmp_path):
+    save, other = tmp_path / "ckpt.pt", tmp_path / "other.pt"
+    PPOTrainer(_config(cifar_dir, tmp_path, rounds=1, save=str(save))).train()
+    other.write_bytes(save.read_bytes())
+    before = save.read_bytes()
+    with pytest.raises(ConfigError, match=rf"^save '{save}' already exists; pass --resume "):
+        PPOTrainer(_config(cifar_dir, tmp_path, rounds=1, save=str(save)))
+    with pytest.raises(ConfigError, match=rf"^save '{save}' already exists and is not the "
+                                          rf"checkpoint this run resumes \('{other}'\)"):
+        PPOTrainer(_config(cifar_dir, tmp_path, rounds=2, save=str(save), resume=str(other)))
+    assert save.read_bytes() == before
+    PPOTrainer(_config(cifar_dir, tmp_path, rounds=2, save=str(save), resume=str(save)))
+    PPOTrainer(_config(cifar_dir, tmp_path, rounds=1, save=str(save), overwrite=True))
+    ab = {"ab": ["shaped", "sparse"], "rounds": 1, "save": str(tmp_path / "ab.pt")}
+    (tmp_path / "ab.sparse.pt").write_bytes(before)
+    with pytest.raises(ConfigError, match=r"^save '.*ab.sparse.pt' already exists; pass "
+                                          r"--resume .*ab.pt to continue"):
+        PPOTrainer(_config(cifar_dir, tmp_path, **ab))
+
+
+def test_a_run_that_fails_before_its_first_round_ends_leaves_no_log_folder(cifar_dir, tmp_path,
+                                                                           monkeypatch):
+    trainer = PPOTrainer(_config(cifar_dir, tmp_path, rounds=1))
+
+    def fail(*args, **kwargs):
+        raise KeyboardInterrupt  # the user stops the first round
+
+    monkeypatch.setattr(trainer.pool, "step", fail)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    assert not (tmp_path / "logs").exists()
+
+
+def test_resume_alone_continues_an_ab_run_from_its_stem(cifar_dir, tmp_path):
+    """An A/B run saves ``ckpt.<mode>.pt``: ``--resume ckpt.pt`` alone finds them and takes the
+    whole run's configuration (not one policy's share of it)."""
+    from esper_lightning.app.cli import parse_config
+
+    save = tmp_path / "ckpt.pt"
+    PPOTrainer(_config(cifar_dir, tmp_path, rounds=1, save=str(save),
+                       ab=["shaped", "sparse"])).train()
+    config = parse_config("ppo", ["--resume", str(save), "--rounds", "2"])
+    assert (config.ab, config.envs, config.episode_length) == (("shaped", "sparse"), 2, 3)
+    trainer = PPOTrainer(config)
+    assert trainer.round == 1 and [len(learner.envs) for learner in trainer.learners] == [1, 1]

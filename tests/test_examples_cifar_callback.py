@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
-from helpers import example_module
+from helpers import ROOT, bad_checkpoints, example_module
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 
@@ -25,10 +28,12 @@ def test_the_readme_flags_train_log_and_draw_the_timeline(example, cifar_dir, tm
     out = capsys.readouterr().out
     assert status == 0 and "validation accuracy" in out and "seeds germinated" in out
     assert timeline.read_bytes()[:4] == b"\x89PNG"
-    run = tmp_path / "runs" / "callback" / "version_0"
-    events = EventAccumulator(str(run), size_guidance={"images": 0})
+    run = tmp_path / "runs" / "version_0"  # --logdir is the run's folder, not nested deeper
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["version_0"]
+    events = EventAccumulator(str(run), size_guidance={"images": 0, "scalars": 0})
     events.Reload()
     assert "morpho/timeline" in events.Tags()["images"]
+    assert "hp_metric" not in events.Tags()["scalars"]
     assert (run / "config.yaml").read_text().count("RandomController") == 1
 
 
@@ -37,3 +42,21 @@ def test_a_missing_data_folder_is_one_line(example, tmp_path, capsys):
                            "--logdir", str(tmp_path / "runs")])
     err = capsys.readouterr().err
     assert status == 2 and err.startswith("error: ") and err.count("\n") == 1
+    assert not (tmp_path / "runs").exists()  # a failed run leaves no empty version folder
+
+
+def test_a_policy_controller_on_a_bad_checkpoint_is_one_line_in_a_fresh_process(cifar_dir,
+                                                                                 tmp_path):
+    bad = bad_checkpoints(tmp_path / "files")["truncated"]
+    before = bad.read_bytes()
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "cifar_callback.py"), "--data-dir",
+         str(cifar_dir), "--epochs", "1", "--logdir", str(tmp_path / "runs"),
+         "--morpho.controller", "esper_lightning.controllers.PolicyController",
+         "--morpho.controller.checkpoint", str(bad)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (f"error: cannot read checkpoint '{bad}': the file is truncated or "
+                           f"damaged (its zip archive does not read to the end); expected a PPO "
+                           f"checkpoint written by esper-lightning ppo --save\n")
+    assert bad.read_bytes() == before and not (tmp_path / "runs").exists()

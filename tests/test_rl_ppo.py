@@ -29,6 +29,7 @@ from esper_lightning.rl.ppo import (
     clipped_surrogate_loss,
     divergence_sums,
     masked_head_means,
+    minibatches,
 )
 
 POLICY = PolicyConfig(n_slots=2, hidden_dim=16, head_hidden_dim=16)
@@ -204,28 +205,33 @@ def _envs_of(buffer: RolloutBuffer, envs: slice) -> RolloutBuffer:
     return part
 
 
-@pytest.mark.parametrize("target_kl", [None, 0.004])
-def test_two_ranks_on_half_the_envs_each_update_like_one_process_on_all(target_kl):
+@pytest.mark.parametrize(("minibatch_envs", "target_kl"), [(4, None), (4, 0.004), (2, None),
+                                                         (1, 0.004)])
+def test_two_ranks_on_half_the_envs_each_update_like_one_process_on_all(minibatch_envs,
+                                                                        target_kl):
     """DD-PPO: every rank ends with the policy of one process on the whole batch (float32
     rounding of sums taken in another order), takes as many steps (the KL stop is one decision)
-    and logs the same metrics."""
+    and logs the same metrics. Minibatches smaller than the batch mix the ranks' envs as one
+    process would (`minibatches`); with one env per minibatch a rank often holds none."""
     policy, buffer = _setup(rng_seed=3)
-    config = PPOConfig(minibatch_envs=4, n_epochs=3, target_kl=target_kl, learning_rate=3e-3)
+    config = PPOConfig(minibatch_envs=minibatch_envs, n_epochs=3, target_kl=target_kl,
+                       learning_rate=3e-3)
     start = copy.deepcopy(policy)
     alone = ppo_update(policy, make_optimizer(policy, config), buffer, config,
-                       ValueNormalizer(), RewardNormalizer(config.gamma))
+                       ValueNormalizer(), RewardNormalizer(config.gamma),
+                       generator=torch.Generator().manual_seed(7))
 
     def rank(r: int, all_reduce):
         mine = copy.deepcopy(start)
-        local = PPOConfig(minibatch_envs=2, n_epochs=3, target_kl=target_kl, learning_rate=3e-3)
         envs = _envs_of(buffer, slice(2 * r, 2 * r + 2))
-        metrics = ppo_update(mine, make_optimizer(mine, local), envs, local, ValueNormalizer(),
-                             RewardNormalizer(config.gamma), all_reduce)
+        metrics = ppo_update(mine, make_optimizer(mine, config), envs, config, ValueNormalizer(),
+                             RewardNormalizer(config.gamma), all_reduce, rank=r, world_size=2,
+                             generator=torch.Generator().manual_seed(7))
         return mine, metrics
 
     ranks = run_ranks(2, rank)
     if target_kl is not None:
-        assert alone["early_stopped"] == 1.0 and alone["epochs_run"] == 2  # the stop is tested
+        assert alone["early_stopped"] == 1.0 and alone["epochs_run"] < 3  # the stop is tested
     for mine, metrics in ranks:
         assert metrics["epochs_run"] == alone["epochs_run"]
         for key, value in alone.items():
@@ -234,3 +240,19 @@ def test_two_ranks_on_half_the_envs_each_update_like_one_process_on_all(target_k
             torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
     for a, b in zip(*(m.parameters() for m, _ in ranks), strict=True):
         assert torch.equal(a, b)  # bitwise: every rank applied the same summed gradient
+
+
+def test_minibatches_partition_every_ranks_envs_as_one_process_does():
+    """Each global minibatch is one process's minibatch, split by rank; each rank gets every one
+    of its envs exactly once per epoch."""
+    whole = minibatches(6, 2, generator=torch.Generator().manual_seed(1))
+    parts = [minibatches(2, 2, r, 3, generator=torch.Generator().manual_seed(1))
+             for r in range(3)]
+    assert [len(m) for m in whole] == [2, 2, 2]
+    for i, batch in enumerate(whole):
+        joined = [int(k) + 2 * r for r in range(3) for k in parts[r][i]]
+        assert sorted(joined) == sorted(batch.tolist())
+    for part in parts:
+        assert sorted(int(k) for batch in part for k in batch) == [0, 1]
+    # A minibatch of 2 envs spans at most 2 of the 3 ranks: the third holds none of it.
+    assert all(min(len(parts[r][i]) for r in range(3)) == 0 for i in range(3))

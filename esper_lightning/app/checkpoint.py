@@ -1,22 +1,30 @@
 """Checkpoints of a PPO run and the random-number state that makes resuming exact.
 
-A run is seeded once with Lightning's `seed_everything`. The only global generators the run
-draws from are torch's (the policy's action sampling and the PPO minibatch shuffle; envs and
-loaders use their own seeded generators), so every checkpoint stores the torch CPU and CUDA
-states, and a resumed run draws exactly the numbers the uninterrupted run would have drawn.
+A run is seeded once with Lightning's `seed_everything` (the initial policy comes from torch's
+global generator). Every later draw comes from a stream keyed by the root seed and the round
+(the policy's action sampling per env, the PPO minibatch partition, the envs' episodes), and
+every checkpoint also stores the torch CPU and CUDA states, so a resumed run draws exactly the
+numbers the uninterrupted run would have drawn.
 The policy part of the checkpoint (what `PolicyController` needs) is defined in
 `esper_lightning.rl.checkpoint`; this module adds the trainer's own state around it.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.fabric.utilities.seed import seed_everything
 
-from esper_lightning.app.config import compatibility_errors
+from esper_lightning.app.config import (
+    PPORunConfig,
+    compatibility_errors,
+    config_differences,
+    policy_checkpoint,
+)
 from esper_lightning.app.learner import Learner
 from esper_lightning.errors import ConfigError
 from esper_lightning.rl.checkpoint import (
@@ -26,19 +34,52 @@ from esper_lightning.rl.checkpoint import (
     write_checkpoint,
 )
 
+log = logging.getLogger(__name__)
+
+
+def checkpoint_path(path: str | os.PathLike[str], config: PPORunConfig, mode: str) -> Path:
+    """Where the policy of reward mode ``mode`` is saved: ``path`` itself, or
+    `policy_checkpoint` (``<stem>.<mode><suffix>``) for each policy of an A/B run."""
+    return policy_checkpoint(path, mode) if config.ab else Path(path)
+
+
+def refuse_overwrite(config: PPORunConfig) -> None:
+    """Refuse (`ConfigError`) a run whose checkpoints would replace files it does not resume
+    from, unless ``overwrite`` is set: re-running a command must not destroy what the first run
+    made."""
+    if config.save is None or config.overwrite:
+        return
+    for mode in config.reward_modes:
+        target = checkpoint_path(config.save, config, mode)
+        if not target.exists():
+            continue
+        if config.resume is None:
+            raise ConfigError(f"save '{target}' already exists; pass --resume {config.save} to "
+                              f"continue that run, --overwrite to replace it, or another --save "
+                              f"path")
+        source = checkpoint_path(config.resume, config, mode)
+        if source.resolve() != target.resolve():
+            raise ConfigError(f"save '{target}' already exists and is not the checkpoint this "
+                              f"run resumes ('{source}'); pass --overwrite to replace it, or "
+                              f"another --save path")
+
 
 def seed_run(rng_seed: int) -> None:
     """Seed the global generators (Python, NumPy, torch CPU and CUDA) at the start of a run."""
     seed_everything(rng_seed, verbose=False)
 
 
-def save_trainer(learner: Learner, round_index: int, path: str | os.PathLike[str]) -> None:
-    """Write one policy's full training state atomically (`rl.checkpoint.write_checkpoint`)."""
+def save_trainer(learner: Learner, round_index: int, path: str | os.PathLike[str],
+                 run: PPORunConfig) -> None:
+    """Write one policy's full training state atomically (`rl.checkpoint.write_checkpoint`):
+    the policy's own configuration (``config``: what it was trained with) and the whole run's
+    (``run_config``: what ``--resume`` alone continues with, every A/B policy included)."""
     c = learner.config
     logger = learner.logger
     state = {
         "round": round_index,
         "config": c.to_dict(),
+        "run_config": run.to_dict(),
         **policy_entries(learner.policy, learner.obs_rms, c.slots, c.episode_length,
                          c.heads == "compact"),
         "optimizer": learner.optimizer.state_dict(),
@@ -60,6 +101,9 @@ def load_trainer(learner: Learner, path: str | os.PathLike[str]) -> int:
         raise ConfigError(
             f"checkpoint '{path}' comes from an incompatible config: {'; '.join(errors)}"
         )
+    changed = config_differences(state["config"], learner.config)
+    log.info("resuming '%s' after round %d with %s", path, state["round"],
+             f"these changes: {', '.join(changed)}" if changed else "its configuration")
     load_policy_weights(learner.policy, state, f"checkpoint '{path}'")
     learner.optimizer.load_state_dict(state["optimizer"])
     learner.obs_rms.load_state_dict(state["obs_rms"])

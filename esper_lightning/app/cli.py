@@ -33,17 +33,22 @@ import types
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
 from esper_lightning import __version__
 from esper_lightning.app.config import (
     PRESETS,
+    REWARD_MODES,
     CompareConfig,
     PPORunConfig,
     TaskConfig,
     from_mapping,
+    policy_checkpoint,
     preset_values,
+    saved_values,
 )
 from esper_lightning.errors import ConfigError
 
@@ -73,7 +78,8 @@ def run_ppo(config: TaskConfig) -> int:
     if history:
         accuracies = history[-1].final_accuracies
         accuracy = sum(accuracies) / max(len(accuracies), 1)
-        print(f"done: {config.rounds} rounds, last round final accuracy {accuracy:.2f}%")
+        rounds = f"{config.rounds} round{'s' if config.rounds != 1 else ''}"
+        print(f"done: {rounds}, last round final accuracy {accuracy:.2f}%")
     if config.save:
         print(f"checkpoint: {config.save}")
     print(f"TensorBoard: tensorboard --logdir {config.logdir}")
@@ -97,8 +103,10 @@ COMMANDS = {
 }
 
 
-def build_parser(command: str, preset: str | None = None) -> ArgumentParser:
-    """The parser of one command; a preset becomes its defaults."""
+def build_parser(command: str, preset: str | None = None,
+                 base: dict[str, Any] | None = None) -> ArgumentParser:
+    """The parser of one command; ``base`` (a resumed run's saved values), then a preset,
+    become its defaults."""
     cls = COMMANDS[command].config
     parser = ArgumentParser(
         prog=f"{PROG} {command}", exit_on_error=False, version=__version__,
@@ -116,6 +124,8 @@ def build_parser(command: str, preset: str | None = None) -> ArgumentParser:
     parser.add_class_arguments(cls, as_group=False)
     for name in _LIST_METAVARS.keys() & {f.name for f in fields(cls)}:
         parser._option_string_actions[f"--{name}"].metavar = _LIST_METAVARS[name]
+    if base is not None:
+        parser.set_defaults(base)
     if preset is not None:
         parser.set_defaults(preset_values(preset, cls))
     return parser
@@ -127,17 +137,41 @@ _LIST_METAVARS = {name: f"{item} [{item} ...]" for name, item in (
 
 
 def parse_config(command: str, argv: Sequence[str]) -> TaskConfig:
-    """Parse one command's arguments into its config (strict; `ConfigError` on bad values)."""
+    """Parse one command's arguments into its config (strict; `ConfigError` on bad values).
+
+    ``ppo --resume PATH`` starts from the configuration saved in the checkpoint instead of the
+    defaults (reading it imports torch); a preset, ``--config`` files and flags override it.
+    """
     cls = COMMANDS[command].config
     preset, rest = _pop_preset(argv)
-    parser = build_parser(command, preset)
-    namespace = parser.parse_args(normalize_argv(rest, cls))
-    values = {k: v for k, v in namespace.as_dict().items()
-              if k not in ("config", "__path__")}
+    argv = normalize_argv(rest, cls)
+    first = [a for a in argv if not a.startswith("--print_config")]  # printed once, below
+    values = _parse_values(command, preset, first if command == "ppo" else argv)
+    if command == "ppo" and values.get("resume"):
+        values = _parse_values(command, preset, argv, saved_run(values["resume"], values["ab"]))
+    elif first != argv:
+        _parse_values(command, preset, argv)  # prints the configuration and exits
+    return from_mapping(values, cls())
+
+
+def _parse_values(command: str, preset: str | None, argv: list[str],
+                  base: dict[str, Any] | None = None) -> dict[str, Any]:
+    namespace = build_parser(command, preset, base).parse_args(argv)
+    values = {k: v for k, v in namespace.as_dict().items() if k not in ("config", "__path__")}
     if "preset" in values:  # only a --config file can bring it here
         raise ConfigError(f"a --config file cannot set preset ({values['preset']!r}); pass "
                           f"--preset {values['preset']} on the command line")
-    return from_mapping(values, cls())
+    return values
+
+
+def saved_run(resume: str, ab: Sequence[str]) -> dict[str, Any]:
+    """The configuration a checkpoint's run was started with (`saved_values`). An A/B run saved
+    one checkpoint per reward mode (``ckpt.shaped.pt``): ``resume`` names them by ``ckpt.pt``."""
+    from esper_lightning.rl.checkpoint import read_checkpoint  # imports torch: resuming only
+
+    candidates = [Path(resume), *(policy_checkpoint(resume, mode) for mode in ab or REWARD_MODES)]
+    state = read_checkpoint(next((p for p in candidates if p.is_file()), resume))
+    return saved_values(state.get("run_config", state["config"]), PPORunConfig)
 
 
 def normalize_argv(argv: Sequence[str], cls: type[TaskConfig]) -> list[str]:
@@ -241,10 +275,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, argparse.ArgumentError) as err:
         return _fail(command, err)
     attach_log_handler()
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
     from esper_lightning.data.files import DataError  # imports torch, as the run does anyway
 
-    try:
-        return COMMANDS[command].run(config)
+    try:  # log lines go above the progress bar, never onto its line
+        with logging_redirect_tqdm(loggers=[logging.getLogger("esper_lightning")]):
+            return COMMANDS[command].run(config)
     except (ConfigError, DataError) as err:
         return _fail(command, err)
 

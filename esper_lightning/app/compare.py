@@ -37,6 +37,7 @@ from esper_lightning.app.config import (
     TaskConfig,
     check_hardware,
 )
+from esper_lightning.app.logs import label_engine
 from esper_lightning.app.records import (
     METRICS,
     OUTCOME,
@@ -183,6 +184,8 @@ def play_episodes(
     start = time.perf_counter()
     # The first epoch trains before the first decision, as in a Trainer and in PPO rollouts.
     observations = pool.reset([p.rng_seed for p in plans], which, [p.implants for p in plans])
+    for k, plan in enumerate(plans):  # event lines name their controller, episode and env
+        label_engine(pool.envs[k].engine, plan.label, episode=plan.index, env=k)
     for controller in controllers:
         controller.reset()
     returns = [0.0] * len(plans)
@@ -543,7 +546,7 @@ def _log_tensorboard(out: Path, config: CompareConfig, table: str,
                      summaries: Sequence[ControllerSummary]) -> None:
     from lightning.pytorch.loggers import TensorBoardLogger
 
-    logger = TensorBoardLogger(str(out), name="tensorboard")
+    logger = TensorBoardLogger(str(out), name="tensorboard", default_hp_metric=False)
     logger.experiment.add_text("compare/summary", table)
     outcomes = {s.controller: s.metrics[OUTCOME] for s in summaries}
     metrics = {f"outcome/{name}": value.mean for name, value in outcomes.items()

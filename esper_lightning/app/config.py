@@ -177,12 +177,17 @@ class PPORunConfig(TaskConfig):
         envs: parallel environments (host models) per round.
         rounds: PPO rounds; each is ``envs`` episodes of ``episode_length`` epochs + 1 update.
         logdir: TensorBoard root (Lightning layout: ``<logdir>/ppo/version_N``).
-        save: checkpoint path written atomically after every round (null: no checkpoint).
-        resume: checkpoint to continue from (the same TensorBoard run continues).
+        save: checkpoint path written atomically after every round (null: no checkpoint). A
+            run refuses a path that already holds a file unless it resumes from that file or
+            ``overwrite`` is set.
+        resume: checkpoint to continue from (the same TensorBoard run continues). On the
+            command line the run takes the checkpoint's configuration; flags given override it.
+        overwrite: let a run replace the file at ``save`` that it did not resume from.
         policy_hidden: width of the policy's feature MLP and LSTM.
         learning_rate: Adam step size of the policy.
         ppo_epochs: passes over each round's rollout.
-        minibatch_envs: env sequences per PPO minibatch.
+        minibatch_envs: env sequences per PPO minibatch; it divides envs (with ab: each
+            policy's envs).
         gae_lambda: GAE lambda.
         target_kl: stop a PPO update after an epoch whose KL on the whole batch exceeds this.
         heads: action space the policy learns: full (all eight heads) or compact (op, slot and
@@ -202,6 +207,7 @@ class PPORunConfig(TaskConfig):
     logdir: str = "runs"
     save: str | None = None
     resume: str | None = None
+    overwrite: bool = False
     policy_hidden: int = 128
     learning_rate: float = 3e-4
     ppo_epochs: int = 4
@@ -230,6 +236,7 @@ class PPORunConfig(TaskConfig):
             raise ConfigError(f"envs={self.envs} does not split evenly into {len(self.ab)} "
                               f"groups for ab={list(self.ab)}")
         self._check_processes()
+        self._check_minibatches()
 
     def _check_devices(self) -> None:
         _check_choice("strategy", self.strategy, STRATEGIES)
@@ -260,11 +267,22 @@ class PPORunConfig(TaskConfig):
         if self.ab:
             raise ConfigError(f"ab={list(self.ab)} cannot be combined with strategy "
                               f"{self.strategy}; run one ddp run per reward mode")
-        world, minibatch = self.world_size, min(self.minibatch_envs, self.envs)
-        for name, value in (("envs", self.envs), ("minibatch_envs", minibatch)):
-            if value % world:
-                raise ConfigError(f"{name}={value} does not split evenly over {world} processes "
-                                  f"(devices x num_nodes); use a multiple of {world}")
+        world = self.world_size
+        if self.envs % world:
+            raise ConfigError(f"envs={self.envs} does not split evenly over {world} processes "
+                              f"(devices x num_nodes); use a multiple of {world}")
+
+    def _check_minibatches(self) -> None:
+        """A minibatch is a whole number of each policy's env sequences, and every minibatch of
+        an epoch has as many (a smaller last one would weigh its steps more)."""
+        envs = self.envs // len(self.reward_modes)
+        if envs % self.minibatch_envs == 0:
+            return
+        whose = f"envs={envs}" if not self.ab else (
+            f"the {envs} envs of each policy (envs={self.envs}, ab={list(self.ab)})")
+        divisors = ", ".join(str(d) for d in range(1, envs + 1) if envs % d == 0)
+        raise ConfigError(f"minibatch_envs={self.minibatch_envs} does not divide {whose}; "
+                          f"accepted: {divisors}")
 
     @property
     def world_size(self) -> int:
@@ -455,6 +473,34 @@ def compatibility_errors(saved: Mapping[str, Any], config: PPORunConfig) -> list
         for key in COMPATIBILITY_KEYS
         if _plain(saved.get(key)) != current[key]
     ]
+
+
+def policy_checkpoint(path: str | Path, mode: str) -> Path:
+    """Where an A/B run saves the policy of reward mode ``mode`` given ``path`` (``save`` or
+    ``resume``): ``<stem>.<mode><suffix>``, e.g. ``ckpt.sparse.pt``."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.{mode}{path.suffix}")
+
+
+#: Keys that describe one invocation, not the run: a resumed run does not take them from its
+#: checkpoint, and they are not listed among its changes.
+INVOCATION_KEYS = ("resume", "overwrite")
+
+
+def saved_values(saved: Mapping[str, Any], cls: type[TaskConfig]) -> dict[str, Any]:
+    """A saved configuration's values that ``cls`` has (keys it left out at their meaning then,
+    `ADDED_KEY_DEFAULTS`), without the `INVOCATION_KEYS`: what a resumed run starts from."""
+    known = {f.name for f in fields(cls)} - set(INVOCATION_KEYS)
+    return {k: v for k, v in {**ADDED_KEY_DEFAULTS, **saved}.items() if k in known}
+
+
+def config_differences(saved: Mapping[str, Any], config: TaskConfig) -> list[str]:
+    """``key old -> new`` for every value of ``config`` that differs from the saved
+    configuration (`INVOCATION_KEYS` aside)."""
+    before = saved_values(saved, type(config))
+    return [f"{key} {_plain(before.get(key))!r} -> {value!r}"
+            for key, value in config.to_dict().items()
+            if key in before and _plain(before[key]) != value]
 
 
 def check_hardware(config: TaskConfig, devices: tuple[str, ...]) -> None:

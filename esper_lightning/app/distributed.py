@@ -16,6 +16,7 @@ from __future__ import annotations
 import lightning as L
 from lightning.fabric import Fabric
 
+from esper_lightning.app.checkpoint import refuse_overwrite
 from esper_lightning.app.config import PPORunConfig
 from esper_lightning.app.metrics import RoundStats
 from esper_lightning.app.ranks import Ranks
@@ -31,6 +32,7 @@ def launch_ppo(config: PPORunConfig) -> list[RoundStats] | None:
         >>> launch_ppo(load_config("smoke", overrides={"strategy": "ddp", "devices": ["2"],
         ...                                             "minibatch_envs": 2}))  # doctest: +SKIP
     """
+    refuse_overwrite(config)  # once, here, before any rank starts (each would refuse alike)
     fabric = L.Fabric(accelerator="cuda" if config.device == "cuda" else "cpu",
                       strategy=config.strategy, devices=config.world_size // config.num_nodes,
                       num_nodes=config.num_nodes)

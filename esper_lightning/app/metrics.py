@@ -70,11 +70,14 @@ def merge_stats(parts: list[RoundStats]) -> RoundStats:
     return merged
 
 
-def round_metrics(stats: RoundStats) -> dict[str, float]:
-    """The scalars logged after a round, CleanRL names for the PPO ones."""
+def round_metrics(stats: RoundStats, round_index: int, learning_rate: float) -> dict[str, float]:
+    """The scalars logged after round ``round_index`` (1-based), CleanRL names for the PPO
+    ones; ``learning_rate`` is the policy's step size in the update."""
     total = stats.env_seconds + stats.controller_seconds + stats.update_seconds
     steps = max(stats.steps, 1)
     metrics = {
+        "charts/round": float(round_index),
+        "charts/learning_rate": learning_rate,
         "charts/episodic_return": mean(stats.returns),
         "charts/final_accuracy": mean(stats.final_accuracies),
         "charts/env_epochs_per_sec": stats.steps / max(stats.env_seconds, 1e-9),

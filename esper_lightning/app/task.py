@@ -7,6 +7,7 @@ from typing import Any
 from esper_lightning.app.config import TaskConfig
 from esper_lightning.core.divergence import GovernorConfig
 from esper_lightning.core.lifecycle import GateConfig
+from esper_lightning.data import DataError
 from esper_lightning.envs import EnvSpec
 from esper_lightning.envs.tasks import CifarTask, Task, TextTask
 from esper_lightning.hosts import GPT_PRESETS
@@ -36,6 +37,17 @@ def env_spec(task: TaskConfig) -> EnvSpec:
 
 
 def load_splits(task: TaskConfig, progress: bool = True) -> tuple[Any, Any]:
-    """The task's training and validation data (downloaded first when asked to)."""
-    return make_task(task).load(task.data_dir, download=task.download, progress=progress,
-                                rng_seed=task.rng_seed)
+    """The task's training and validation data (downloaded first when asked to).
+
+    Raises:
+        DataError: CIFAR training images fewer than one batch (an epoch drops its last short
+            batch, so it would train on none; the language model's blocks per epoch are checked
+            with the configuration).
+    """
+    train, val = make_task(task).load(task.data_dir, download=task.download, progress=progress,
+                                      rng_seed=task.rng_seed)
+    if task.task == "cifar" and len(train[1]) < task.batch_size:
+        raise DataError(f"the training split holds {len(train[1])} images (train_subset="
+                        f"{task.train_subset}), fewer than batch_size={task.batch_size}: an "
+                        f"epoch would train on no batch; lower batch_size or use more images")
+    return train, val

@@ -3,11 +3,12 @@
 One round = every env plays one episode of ``episode_length`` host epochs (a fresh host each,
 trained one epoch before its first decision; a governor rollback restores the env's last
 snapshot, costs its penalty and the episode goes on, as in `esper-lightning compare`), then one
-PPO update. After every round the trainer logs to TensorBoard
-(scalars, and env 0's seed timeline as an image), logs one INFO line on the ``esper_lightning``
-logger, and writes an atomic checkpoint holding everything needed to continue exactly
-(`app.checkpoint`), the TensorBoard version included, so a resumed run keeps writing to the same
-``version_N`` folder.
+PPO update. After every round the trainer logs to TensorBoard (scalars, and env 0's seed
+timeline as an image, against the env steps collected so far as CleanRL does; the round is
+``charts/round``), logs one INFO line on the ``esper_lightning`` logger (the envs' engines log
+one per lifecycle event, labelled with round and env), and writes an atomic checkpoint holding
+everything needed to continue exactly (`app.checkpoint`), the TensorBoard version included, so a
+resumed run keeps writing to the same ``version_N`` folder.
 
 With ``ab`` set, one policy per reward mode learns side by side in the same pool: the envs are
 split into equal groups that play the same episode seeds in lockstep, each group acting for and
@@ -35,9 +36,16 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from esper_lightning.app.checkpoint import load_trainer, save_trainer, seed_run
+from esper_lightning.app.checkpoint import (
+    checkpoint_path,
+    load_trainer,
+    refuse_overwrite,
+    save_trainer,
+    seed_run,
+)
 from esper_lightning.app.config import PPORunConfig, check_hardware
 from esper_lightning.app.learner import Learner
+from esper_lightning.app.logs import label_engine
 from esper_lightning.app.metrics import RoundStats, mean, merge_stats, round_metrics
 from esper_lightning.app.ranks import Ranks
 from esper_lightning.app.task import env_spec, load_splits
@@ -74,7 +82,17 @@ TIMELINE_TAG = "morpho/timeline_env0"
 def action_rng_seed(root: int, round_index: int, env_index: int) -> int:
     """The seed of one env's action-sampling stream in one round (apart from its episode seeds):
     an env samples the same actions however the envs are spread over processes."""
-    sequence = np.random.SeedSequence([root, round_index, env_index], spawn_key=(1,))
+    return _round_stream(root, round_index, 1, env_index)
+
+
+def minibatch_rng_seed(root: int, round_index: int) -> int:
+    """The seed of one round's minibatch partition (`rl.ppo.minibatches`): every rank draws the
+    same partition of all the envs, whatever else it drew before."""
+    return _round_stream(root, round_index, 2)
+
+
+def _round_stream(root: int, round_index: int, stream: int, *indices: int) -> int:
+    sequence = np.random.SeedSequence([root, round_index, *indices], spawn_key=(stream,))
     return int(sequence.generate_state(1, dtype=np.uint32)[0])
 
 
@@ -139,16 +157,16 @@ class PPOTrainer:
                               f"to the launcher and to esper-lightning")
         devices = config.env_devices if ranks.world_size == 1 else (ranks.device,)
         check_hardware(config, devices)
+        refuse_overwrite(config)
         self.config = config
         self.round = 0
         seed_run(config.rng_seed)  # the same on every rank: the same initial policy
         self.local_envs = config.envs // ranks.world_size
         self.env_offset = ranks.rank * self.local_envs  # global index of this rank's env 0
-        minibatch = min(config.minibatch_envs, config.envs // len(config.reward_modes))
         self.ppo_config = PPOConfig(
             learning_rate=config.learning_rate, gamma=config.gamma,
             gae_lambda=config.gae_lambda, n_epochs=config.ppo_epochs,
-            minibatch_envs=minibatch // ranks.world_size,  # this rank's share of a minibatch
+            minibatch_envs=config.minibatch_envs,  # of every rank's envs (`rl.ppo.minibatches`)
             target_kl=config.target_kl,
         )
         self.policy_config = PolicyConfig(n_slots=len(config.slots),
@@ -161,8 +179,11 @@ class PPOTrainer:
         self.pool = EnvPool(env_spec(config), *load_splits(config, config.progress),
                             pool_devices)
         for learner in self.learners if ranks.is_zero else ():  # rank 0 logs
+            # Its folder appears with the first round's metrics: a run that fails before leaves
+            # no empty version_N behind. No hp_metric: there is no single number to rank by.
             learner.logger = TensorBoardLogger(config.logdir, name=learner.logger_name,
-                                               version=learner.log_version)
+                                               version=learner.log_version,
+                                               default_hp_metric=False)
 
     def _learner(self, mode: str, group: int) -> Learner:
         config = self.config.learner_config(mode)
@@ -181,9 +202,7 @@ class PPOTrainer:
 
     def checkpoint_path(self, path: str, learner: Learner) -> Path:
         """``path`` itself, or ``<stem>.<mode><suffix>`` for each policy of an A/B run."""
-        path = Path(path)
-        return path if not self.config.ab else path.with_name(
-            f"{path.stem}.{learner.name}{path.suffix}")
+        return checkpoint_path(path, self.config, learner.name)
 
     @property
     def decisions_per_episode(self) -> int:
@@ -195,11 +214,6 @@ class PPOTrainer:
         """Run the remaining rounds; returns the first policy's stats per round (every
         policy's are in ``learner.history``)."""
         c = self.config
-        if self.round == 0:
-            for learner in self.learners:
-                if learner.logger is not None:
-                    # hparams.yaml keeps real lists, so it can be fed back with --config.
-                    learner.logger.log_hyperparams(learner.config.to_dict())
         bar = tqdm(range(self.round, c.rounds), initial=self.round, total=c.rounds,
                    desc="rounds", disable=not (c.progress and self.ranks.is_zero),
                    dynamic_ncols=True)
@@ -220,7 +234,11 @@ class PPOTrainer:
         learner.history.append(stats)
         if learner.logger is None:  # not rank 0
             return
-        learner.logger.log_metrics(round_metrics(stats), step=self.round)
+        if self.round == 1:  # hparams.yaml keeps real lists: it can be fed back with --config
+            learner.logger.log_hyperparams(learner.config.to_dict())
+        learning_rate = float(learner.optimizer.param_groups[0]["lr"])
+        learner.logger.log_metrics(round_metrics(stats, self.round, learning_rate),
+                                   step=self.global_step(learner))
         self._log_timeline(learner)
         learner.logger.save()
         ops = " ".join(f"{name}={count}" for name, count in sorted(stats.ops.items()))
@@ -229,14 +247,21 @@ class PPOTrainer:
                  self.round, self.config.rounds, group, mean(stats.final_accuracies),
                  mean(stats.returns), ops or "none", seconds)
         if self.config.save is not None:
-            save_trainer(learner, self.round, self.checkpoint_path(self.config.save, learner))
+            save_trainer(learner, self.round, self.checkpoint_path(self.config.save, learner),
+                         self.config)
+
+    def global_step(self, learner: Learner) -> int:
+        """Env steps (decisions) ``learner`` has collected after the rounds done: the x axis of
+        its TensorBoard charts, CleanRL's ``global_step`` (the round is ``charts/round``)."""
+        return self.round * learner.config.envs * self.decisions_per_episode
 
     def _log_timeline(self, learner: Learner) -> None:
         """The learner's first env's last episode as a seed-timeline image."""
         engine = self.pool.envs[learner.envs[0]].engine
         if engine is not None and learner.logger is not None:
-            log_timeline(learner.logger.experiment, engine.timeline, self.round, TIMELINE_TAG,
-                         slot_ids=engine.slot_ids, title=f"env 0, round {self.round}")
+            log_timeline(learner.logger.experiment, engine.timeline, self.global_step(learner),
+                         TIMELINE_TAG, slot_ids=engine.slot_ids,
+                         title=f"env 0, round {self.round}")
 
     def run_round(self, round_index: int) -> list[RoundStats]:
         """Collect one episode per env (``decisions_per_episode`` steps), then update every
@@ -249,7 +274,7 @@ class PPOTrainer:
             observations = self._collect_step(rollouts, observations,
                                               last=t == self.decisions_per_episode - 1)
         for learner, rollout in zip(self.learners, rollouts, strict=True):
-            self._update(learner, rollout)
+            self._update(learner, rollout, round_index)
         return [rollout.stats for rollout in rollouts]
 
     # --- collection ---------------------------------------------------------------------------
@@ -277,6 +302,10 @@ class PPOTrainer:
         seeds = [episode_rng_seed(self.config.rng_seed, round_index, self.env_offset + i % group)
                  for i in range(len(self.pool))]
         observations = self.pool.reset(seeds)
+        for learner in self.learners:  # every event line says which round, env and policy
+            for k, i in enumerate(learner.envs):
+                label_engine(self.pool.envs[i].engine, learner.logger_name,
+                             round=round_index + 1, env=self.env_offset + k)
         for rollout in rollouts:  # the lockstep time is shared evenly between the groups
             rollout.stats.env_seconds += (time.perf_counter() - start) / len(rollouts)
         return observations
@@ -368,13 +397,16 @@ class PPOTrainer:
             rollout.returns[k], rollout.decisions[k] = 0.0, 0
 
     # --- update -------------------------------------------------------------------------------
-    def _update(self, learner: Learner, rollout: _Rollout) -> None:
+    def _update(self, learner: Learner, rollout: _Rollout, round_index: int) -> None:
         tick = time.perf_counter()
         learner.obs_rms.unfreeze()
         all_reduce = self.ranks.all_reduce_hook()  # the identity on one process
         learner.obs_rms.update(torch.cat(rollout.raw_features), all_reduce)
         learner.obs_rms.freeze()
-        rollout.stats.ppo = ppo_update(learner.policy, learner.optimizer, rollout.buffer,
-                                       self.ppo_config, learner.value_normalizer,
-                                       learner.reward_normalizer, all_reduce)
+        shuffle = torch.Generator().manual_seed(minibatch_rng_seed(self.config.rng_seed,
+                                                                   round_index))
+        rollout.stats.ppo = ppo_update(
+            learner.policy, learner.optimizer, rollout.buffer, self.ppo_config,
+            learner.value_normalizer, learner.reward_normalizer, all_reduce,
+            rank=self.ranks.rank, world_size=self.ranks.world_size, generator=shuffle)
         rollout.stats.update_seconds = time.perf_counter() - tick

@@ -172,6 +172,12 @@ class MorphogenesisEngine:
         self.seed_params_history: deque[int] = deque(maxlen=HISTORY_WINDOW)
         self.train_loss: float | None = None
         self.events: list[LifecycleEvent] = []
+        #: Who decides: the events its actions cause are labelled with it (``(random)``,
+        #: ``(heuristic: <reason>)``); the callback and the apps set it.
+        self.controller_name = "policy"
+        #: Where events are logged: an app puts a `logging.LoggerAdapter` here that says which
+        #: env and episode a line comes from (`esper_lightning.app.logs`).
+        self.log: logging.Logger | logging.LoggerAdapter[logging.Logger] = log
         #: Every slot's stage and alpha after each decision (appended by `tick`).
         self.timeline: list[TimelineEntry] = []
         self._pending_group_order: list[str] | None = None
@@ -255,7 +261,8 @@ class MorphogenesisEngine:
         else:
             slot = list(self.slots.values())[action.slot]
             before = self._stages()
-            why = f"policy: {reason}" if reason else "policy"
+            name = self.controller_name
+            why = f"{name}: {reason}" if reason else name
             with self._seed_rng(self.epoch):
                 gate = execute_on_slot(slot, action, why)
             passed = gate is None or gate.passed
@@ -373,8 +380,8 @@ class MorphogenesisEngine:
                 event = LifecycleEvent(self.epoch, slot_id, kind, state.blueprint,
                                        reason or initiator)
                 self.events.append(event)
-                log.info("epoch %d: %s %s %s (%s)", event.epoch, event.slot_id, event.kind,
-                         event.blueprint, event.reason)
+                self.log.info("epoch %d: %s %s %s (%s)", event.epoch, event.slot_id,
+                              event.kind, event.blueprint, event.reason)
 
     def state_dict(self) -> dict[str, Any]:
         """Engine bookkeeping (slot states live in the model's own state_dict)."""

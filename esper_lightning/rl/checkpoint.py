@@ -16,6 +16,8 @@ blueprint was registered therefore still acts in runs that do not allow the new 
 from __future__ import annotations
 
 import os
+import warnings
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,28 +167,64 @@ def _names(blueprints: Sequence[str | None]) -> str:
     return "[" + ", ".join(name or "none" for name in blueprints) + "]"
 
 
+#: What a refusal of a file that is no PPO checkpoint says is expected instead.
+EXPECTED = "expected a PPO checkpoint written by esper-lightning ppo --save"
+
+
 def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Load a PPO checkpoint safely (``weights_only=True``); bad files raise `ConfigError`.
+    """Load a PPO checkpoint safely (``weights_only=True``).
 
     A version-1 checkpoint comes back with the action space it implies (`VERSION_1_BLUEPRINTS`).
+
+    Raises:
+        ConfigError: one complete line naming the file, what is wrong with it (missing, a
+            folder, empty, truncated, not a torch file, holding objects, another version) and
+            what is expected.
     """
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"checkpoint '{path}' does not exist")
+    if path.is_dir():
+        raise ConfigError(f"checkpoint '{path}' is a folder; {EXPECTED}")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise ConfigError(f"checkpoint '{path}' does not exist") from None
-    except Exception as err:  # unpickling errors of any kind mean "not our checkpoint"
-        reason = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
-        raise ConfigError(f"cannot read checkpoint '{path}': {reason}") from None
+        with warnings.catch_warnings():  # torch warns about foreign pickles on stderr
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # any failure to unpickle means "not a readable checkpoint"
+        raise ConfigError(f"cannot read checkpoint '{path}': {_unreadable(path, err)}; "
+                          f"{EXPECTED}") from None
     version = state.get("version") if isinstance(state, dict) else None
+    if version is None:
+        held = "a dict without a version" if isinstance(state, dict) else (
+            f"a {type(state).__name__}")
+        raise ConfigError(f"'{path}' is not an esper-lightning PPO checkpoint (a torch file "
+                          f"holding {held}); {EXPECTED}")
     if version not in (1, CHECKPOINT_VERSION):
-        raise ConfigError(f"'{path}' is not an esper-lightning PPO checkpoint (version 1 or "
-                          f"{CHECKPOINT_VERSION})")
+        raise ConfigError(f"'{path}' is not an esper-lightning PPO checkpoint of version 1 or "
+                          f"{CHECKPOINT_VERSION}, the versions this release reads (its version "
+                          f"is {version!r})")
     if version == 1:  # every version-1 policy had the default sizes besides the hidden width
         defaults = PolicyConfig(n_slots=1)
         state = {**state, "blueprints": list(VERSION_1_BLUEPRINTS),
                  "policy_head_hidden": defaults.head_hidden_dim,
                  "blueprint_embed_dim": defaults.blueprint_embed_dim}
     return state
+
+
+def _unreadable(path: Path, err: Exception) -> str:
+    """Why ``torch.load`` failed on ``path``, in a few words (torch's own messages run over
+    several lines or stop mid-word)."""
+    with path.open("rb") as file:
+        head = file.read(4)
+    if not head:
+        return "the file is empty"
+    if head == b"PK\x03\x04":  # torch.save writes a zip archive
+        if not zipfile.is_zipfile(path):
+            return "the file is truncated or damaged (its zip archive does not read to the end)"
+        return "it holds objects other than tensors and plain values"
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror.lower()
+    return "it is not a file written by torch.save"
 
 
 def write_checkpoint(state: dict[str, Any], path: str | os.PathLike[str]) -> None:

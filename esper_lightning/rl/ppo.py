@@ -19,7 +19,8 @@ per-step sum over relevant heads averaged over steps, i.e. a sparse head (bluepr
 GERMINATE) weighs in proportion to how often it acts instead of being inflated by a per-head mean.
 
 Data-parallel (DD-PPO): ``all_reduce`` sums a tensor over the ranks; each rank updates on its own
-envs' sequences and every quantity is that of the whole batch of all ranks: normaliser moments,
+envs' sequences and every quantity is that of the whole batch of all ranks: the minibatches (one
+partition of every rank's envs, drawn alike on every rank, `minibatches`), normaliser moments,
 the advantage mean and std of each minibatch, the loss (each rank's part is its sum divided by
 the global count, so the gradients summed over the ranks are those of the whole minibatch; one
 flat all-reduce per minibatch), the KL that stops the update (so every rank takes the same
@@ -66,7 +67,8 @@ class PPOConfig:
         gae_lambda: GAE lambda.
         clip_coef: PPO ratio clip epsilon, applied per head.
         n_epochs: passes over the rollout per update.
-        minibatch_envs: env sequences per minibatch (whole sequences, recurrent).
+        minibatch_envs: env sequences per minibatch (whole sequences, recurrent), counted over
+            every rank's envs.
         target_kl: stop the update after an epoch whose joint approx KL over the whole batch
             exceeds this (None: never stop early).
         vf_coef: weight of the value loss.
@@ -122,13 +124,17 @@ def ppo_update(
     value_normalizer: ValueNormalizer,
     reward_normalizer: RewardNormalizer | None = None,
     all_reduce: AllReduce = single_process,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    generator: torch.Generator | None = None,
 ) -> dict[str, float]:
     """One PPO update on a full buffer; returns CleanRL-named metrics (see ``docs/rl.md``).
 
-    Shuffling uses the global torch RNG (seed it for reproducibility). With a data-parallel
-    ``all_reduce`` this is one rank's part of the update (module docstring): every rank calls it
-    with the same number of envs and the same ``config``, and ends with the same policy.
-    """
+    Minibatches are drawn from ``generator`` (None: the global torch RNG). Data-parallel, this
+    is rank ``rank`` of ``world_size``'s part (module docstring): every rank passes as many envs,
+    the same ``config`` and an equally seeded ``generator``, and ends with the policy of one
+    process holding every rank's envs."""
     if not buffer.full:
         raise RuntimeError(f"ppo_update on a buffer with {buffer.step}/{buffer.n_steps} steps")
     rewards = buffer.rewards
@@ -150,11 +156,10 @@ def ppo_update(
     history: dict[str, list[float]] = {}
     epochs_run, stopped, divergence = 0, False, {"approx_kl": 0.0, "clipfrac": 0.0}
     for _ in range(config.n_epochs):
-        for env_ids in minibatches(buffer.n_envs, config.minibatch_envs):
-            stats = _minibatch_step(
-                policy, optimizer, buffer, env_ids, advantages[env_ids],
-                value_targets[env_ids], config, all_reduce,
-            )
+        for env_ids in minibatches(buffer.n_envs, config.minibatch_envs, rank, world_size,
+                                   generator):
+            stats = _minibatch_step(policy, optimizer, buffer, env_ids, advantages[env_ids],
+                                    value_targets[env_ids], config, all_reduce)
             for key, value in stats.items():
                 history.setdefault(key, []).append(value)
         epochs_run += 1
@@ -165,17 +170,35 @@ def ppo_update(
             break
 
     metrics = _mean_metrics(history, all_reduce)
-    metrics.update(divergence)
-    metrics["explained_variance"] = explained_variance(values, returns, all_reduce)
-    metrics["epochs_run"] = float(epochs_run)
-    metrics["early_stopped"] = float(stopped)
+    metrics.update(divergence, explained_variance=explained_variance(values, returns, all_reduce),
+                   epochs_run=float(epochs_run), early_stopped=float(stopped))
     return metrics
 
 
-def minibatches(n_envs: int, minibatch_envs: int) -> tuple[Tensor, ...]:
-    """One epoch's minibatches: this rank's env sequences, shuffled with the global torch RNG
-    and cut into groups of ``minibatch_envs`` (the last one may be smaller)."""
-    return torch.randperm(n_envs).split(minibatch_envs)
+def minibatches(
+    n_envs: int, minibatch_envs: int, rank: int = 0, world_size: int = 1,
+    generator: torch.Generator | None = None,
+) -> list[Tensor]:
+    """One epoch's minibatches, as indices of this rank's ``n_envs`` env sequences.
+
+    Every rank's envs (env ``k`` of rank ``r`` is global env ``r * n_envs + k``) are shuffled
+    together, cut into minibatches of ``minibatch_envs`` (the last one may be smaller) and each
+    minibatch is cut down to this rank's envs. Every rank draws the same permutation (an equally
+    seeded ``generator``, or the global torch RNG), so N ranks take exactly the steps of one
+    process holding all the envs. A rank may hold none of a minibatch's envs; it still takes
+    part in the minibatch's collectives.
+
+    Example:
+        >>> g = lambda: torch.Generator().manual_seed(0)
+        >>> whole = minibatches(4, 2, generator=g())
+        >>> halves = [minibatches(2, 2, r, 2, generator=g()) for r in (0, 1)]
+        >>> all(sorted([*(a + 0).tolist(), *(b + 2).tolist()]) == sorted(w.tolist())
+        ...     for w, a, b in zip(whole, *halves))
+        True
+    """
+    order = torch.randperm(n_envs * world_size, generator=generator)
+    return [chunk[chunk // n_envs == rank] - rank * n_envs
+            for chunk in order.split(minibatch_envs)]
 
 
 def _mean_metrics(history: dict[str, list[float]], all_reduce: AllReduce) -> dict[str, float]:
@@ -258,9 +281,8 @@ def _minibatch_losses(
         mean = counts[1] / n
         var = all_reduce((advantages.double() - mean).square().sum()) / n
         advantages = ((advantages - mean) / (var.sqrt() + 1e-8)).to(ratio.dtype)
-    share = n_local / n
-    pg_loss = clipped_surrogate_loss(ratio, advantages, relevant, config.clip_coef) * share
-    v_loss = 0.5 * (new.values - value_targets).square().mean() * share
+    pg_loss = clipped_surrogate_loss(ratio, advantages, relevant, config.clip_coef, steps=n)
+    v_loss = 0.5 * (new.values - value_targets).square().sum() / n
     head_entropy = masked_head_means(new.entropy, choice, counts[2:])
     return pg_loss, v_loss, head_entropy
 
@@ -294,7 +316,8 @@ def batch_divergence(
 
 
 def clipped_surrogate_loss(
-    ratio: Tensor, advantages: Tensor, relevant: Tensor, clip_coef: float
+    ratio: Tensor, advantages: Tensor, relevant: Tensor, clip_coef: float,
+    steps: float | None = None,
 ) -> Tensor:
     """PPO's clipped surrogate per head, summed over the relevant heads of each step and
     averaged over steps.
@@ -304,11 +327,14 @@ def clipped_surrogate_loss(
         advantages: ``[b, T]`` (shared by every head of a step).
         relevant: ``[b, T, 8]`` 1.0 where the head is causally relevant to the stored op.
         clip_coef: epsilon of the clip range ``[1 - eps, 1 + eps]``.
+        steps: the number of steps to average over (None: these ``b * T``; a data-parallel
+            rank passes the whole minibatch's, so its loss is its share, 0 for no steps).
     """
     adv = advantages[..., None]  # broadcast over heads
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1 - clip_coef, 1 + clip_coef)
-    return (torch.max(unclipped, clipped) * relevant).sum(-1).mean()
+    total = (torch.max(unclipped, clipped) * relevant).sum()
+    return total / (advantages.numel() if steps is None else steps)
 
 
 def divergence_sums(logratio: Tensor, relevant: Tensor, clip_coef: float) -> Tensor:
