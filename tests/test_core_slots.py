@@ -260,5 +260,59 @@ def test_report_is_a_plain_snapshot():
 
 
 def test_slot_checks_the_activation_rank_when_inferring_width():
-    with pytest.raises(ValueError, match=r"slot 's' \(cnn\) needs activations of rank 4"):
+    with pytest.raises(ValueError, match=r"^slot 's' \(cnn\) needs activations \[B, C, H, W\], "
+                       r"got shape \(2, 8\)$"):
         SeedSlot("s")(torch.zeros(2, 8))
+
+
+@pytest.mark.parametrize(("shape", "topology", "channels"),
+                         [((2, 8, 4, 4), "cnn", 8), ((2, 5, 8), "transformer", 8),
+                          ((2, 8), "linear", 8)])
+def test_a_slot_without_a_topology_infers_it_from_the_activation_rank(shape, topology, channels):
+    slot = SeedSlot("s", topology=None)
+    h = torch.randn(shape)
+    assert torch.equal(slot(h), h)
+    assert (slot.topology, slot.channels) == (topology, channels)
+    slot.germinate(available(topology)[0])  # a blueprint of the inferred topology
+    assert slot.seed is not None
+
+
+def test_a_slot_refuses_a_rank_it_cannot_infer_a_topology_from():
+    with pytest.raises(ValueError, match=r"^slot 's' infers its topology from the rank of its "
+                       r"activations; accepted ranks: 4 \(cnn\), 3 \(transformer\), 2 "
+                       r"\(linear\), got shape \(5,\)$"):
+        SeedSlot("s", topology=None)(torch.zeros(5))
+
+
+def test_a_linear_slot_takes_tokens_one_by_one():
+    slot = SeedSlot("s", topology="linear")
+    slot(torch.zeros(2, 3, 6))
+    assert slot.channels == 6
+    drive(slot, SeedStage.BLENDING, "mlp", algorithm=AlphaAlgorithm.GATE)
+    h = torch.randn(2, 3, 6)
+    assert slot.gate(h).shape == (2, 3, 1) and slot(h).shape == h.shape
+
+
+@pytest.mark.parametrize(("setting", "through"), [(None, False), ("detached", False),
+                                                  ("through", True)])
+def test_blend_gradient_says_whether_host_layers_learn_through_a_blending_seed(setting, through):
+    # The CNN default keeps a blending seed's input detached: at alpha 1 before HOLDING the host
+    # layers before the slot get no gradient at all. "through" lets them learn through the seed.
+    slot = drive(SeedSlot("s", channels=8, blend_gradient=setting), SeedStage.BLENDING)
+    for _ in range(3):
+        slot.tick()  # the ramp is over: alpha 1, still BLENDING until ADVANCE
+    assert slot.stage == SeedStage.BLENDING and slot.alpha == 1.0
+    h = torch.randn(2, 8, 4, 4, requires_grad=True)
+    slot(h).sum().backward()
+    assert bool(h.grad.abs().sum() > 0) == through
+    restored = SeedSlot("s", channels=8)
+    restored.load_state_dict(slot.state_dict())  # saved in the manifest
+    assert restored.blend_gradient == slot.blend_gradient == (setting or "detached")
+
+
+def test_blend_gradient_defaults_follow_the_topology_and_bad_values_are_refused():
+    assert SeedSlot("t", topology="transformer").blend_gradient == "through"
+    assert SeedSlot("c", topology="cnn").blend_gradient == "detached"
+    with pytest.raises(ValueError, match=r"^unknown blend_gradient 'sideways'; accepted: "
+                       r"detached, through or None"):
+        SeedSlot("s", blend_gradient="sideways")
