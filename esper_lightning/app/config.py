@@ -103,9 +103,9 @@ class TaskConfig:
         host_lr: host learning rate (cifar: SGD, lm: AdamW; null: 0.01 / 0.001).
         max_seeds: seeds present at once per host (null: unlimited).
         min_training_epochs: epochs a seed incubates before it may blend (gate G2).
-        blend_gradient: whether host layers before a BLENDING seed learn through it: detached
-            (the seed's input is detached, so they get (1 - alpha) of their gradient) or
-            through (null: the slot topology's default, docs/design.md).
+        blend_gradient: whether host layers before a BLENDING seed learn through it: through
+            (null: the default) or detached (the seed's input is detached, so they get only
+            1 - alpha of their gradient; docs/evidence.md measures both).
         block_size: lm only: tokens per block (null: the GPT preset's block_size).
     """
 

@@ -98,8 +98,9 @@ class MorphogenesisCallback(Callback):
         topology: ``"cnn"``, ``"transformer"`` or ``"linear"`` for injected slots; None (the
             default) infers it from the rank of the activation a slot first sees:
             ``[B, C, H, W]`` cnn, ``[B, T, D]`` transformer, ``[B, D]`` linear (an MLP layer).
-        blend_gradient: ``"detached"`` or ``"through"``: whether host layers before a BLENDING
-            seed learn through it (`SeedSlot`); None keeps each slot's (its topology's default).
+        blend_gradient: ``"through"`` or ``"detached"``: whether host layers before a BLENDING
+            seed learn through it (`SeedSlot`); None keeps each slot's own (``"through"`` unless
+            the model's slots say otherwise).
         gate_mode, gate_config: quality-gate mode and `GateConfig` thresholds for every slot
             (None: each slot keeps its own; injected slots are permissive with the default
             thresholds, whose G2 incubation of 10 epochs suits long runs).

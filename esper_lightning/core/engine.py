@@ -120,9 +120,9 @@ class MorphogenesisEngine:
             linear). Until then `topology` is None and reports wait for a forward pass.
         gate_mode, gate_config: quality-gate mode and thresholds; when given they apply to
             every slot, otherwise existing slots keep theirs (injected ones: permissive defaults).
-        blend_gradient: ``"detached"`` or ``"through"``: whether a BLENDING seed's input is
+        blend_gradient: ``"through"`` or ``"detached"``: whether a BLENDING seed's input is
             detached from the host (`SeedSlot`); when given it applies to every slot, otherwise
-            each slot keeps its own (by default its topology's).
+            each slot keeps its own (``"through"`` by default).
         seed_optim: hyper-parameters of the seed param groups.
         rng_seed: a new seed's initial weights are drawn from a generator seeded with
             (``rng_seed``, epoch), so they depend on the run and the epoch only — never on what

@@ -44,7 +44,7 @@ class EnvSpec:
     ``task`` is what the envs learn (`envs.tasks`): its data, host presets and slot ids, loss
     and number of classes; ``host_preset`` and ``slots`` must be the task's.
 
-    ``blend_gradient`` (``"detached"`` or ``"through"``; None: the slots' own, their topology's
+    ``blend_gradient`` (``"through"`` or ``"detached"``; None: the slots' own, ``"through"`` by
     default) says whether host layers before a BLENDING seed learn through it (`SeedSlot`).
     """
 
