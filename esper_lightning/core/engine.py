@@ -174,8 +174,8 @@ class MorphogenesisEngine:
         self._allowed = None if blueprints is None else _blueprint_list(blueprints)
         self._max_seeds = max_seeds
         self._mask_context: MaskContext | None = None
-        if self.topology is not None:
-            self.mask_context  # noqa: B018  (checks the blueprints now, not at the first report)
+        if self.topology is not None:  # check the blueprints now, not at the first report
+            self._mask_context = self._make_mask_context()
         self.seed_optim = seed_optim or SeedOptimConfig()
         self.optimizer: Optimizer | None = None
         self.schedulers: list[Any] = []
@@ -201,9 +201,12 @@ class MorphogenesisEngine:
         """The blueprints controllers may germinate and the seed limit (known once the
         topology is: the blueprints are checked against it then)."""
         if self._mask_context is None:
-            names = _check_blueprints(self._allowed, self._known_topology())
-            self._mask_context = MaskContext(blueprints=names, max_seeds=self._max_seeds)
+            self._mask_context = self._make_mask_context()
         return self._mask_context
+
+    def _make_mask_context(self) -> MaskContext:
+        names = _check_blueprints(self._allowed, self._known_topology())
+        return MaskContext(blueprints=names, max_seeds=self._max_seeds)
 
     def _known_topology(self) -> str:
         topology = self.topology
