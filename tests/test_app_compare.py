@@ -381,3 +381,18 @@ def test_grower_controller_grows_and_fossilizes():
     for _ in range(12):
         _, observation = env.step(controller.decide(observation.report))
     assert env.engine.event_counts()["fossilized"] == 1
+
+
+def test_blend_gradient_reaches_every_env_and_is_part_of_the_task():
+    from esper_lightning.app.config import PPORunConfig, compatibility_errors
+    from esper_lightning.app.task import env_spec
+
+    assert env_spec(CompareConfig(blend_gradient="detached")).blend_gradient == "detached"
+    assert env_spec(CompareConfig()).blend_gradient is None  # the slots' own: "through"
+    saved = {k: v for k, v in PPORunConfig().to_dict().items() if k != "blend_gradient"}
+    assert compatibility_errors(saved, PPORunConfig()) == []  # saved before the key existed
+    assert compatibility_errors({**saved, "blend_gradient": "detached"}, PPORunConfig()) == [
+        "blend_gradient='detached' (now None)"]
+    with pytest.raises(ConfigError, match="unknown blend_gradient 'sideways'; accepted: "
+                       "detached, through"):
+        CompareConfig(blend_gradient="sideways")

@@ -349,7 +349,7 @@ class CompareConfig(TaskConfig):
 #: Fields that shape the policy or the task: a checkpoint only resumes with equal values.
 COMPATIBILITY_KEYS = (
     "task", "slots", "host_preset", "reward", "episode_length", "policy_hidden", "envs",
-    "min_training_epochs", "max_seeds", "param_cost", "heads",
+    "min_training_epochs", "max_seeds", "param_cost", "heads", "blend_gradient",
 )
 #: What a saved config (a checkpoint, a comparison folder) written before these keys existed
 #: meant by leaving them out.
