@@ -17,12 +17,14 @@ import torch
 from helpers import train_smoke_policy
 from torch import nn
 
+from esper_lightning import blueprints as blueprint_registry
 from esper_lightning.app import compare as compare_module
 from esper_lightning.app.compare import (
     Comparison,
     EpisodePlan,
     evaluation_rng_seed,
     parse_controller,
+    tuning_grid,
     tuning_rng_seed,
 )
 from esper_lightning.app.config import CompareConfig, preset_values
@@ -449,6 +451,29 @@ def test_evaluation_and_tuning_seeds_never_overlap_training_seeds():
 
 
 # --- bad input ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("blueprint", ["lora", "nonsense"])
+def test_a_grower_of_a_blueprint_the_task_lacks_is_refused(cifar_dir, tmp_path, blueprint):
+    # Once accepted: `grower:lora` on CIFAR waited every episode and never grew; an unknown
+    # name listed the transformer blueprints too.
+    config = fixture_config(cifar_dir, tmp_path / "out", controllers=("static",
+                                                                       f"grower:{blueprint}"))
+    cnn = ", ".join(blueprint_registry.available("cnn"))
+    with pytest.raises(ConfigError) as info:
+        Comparison(config)
+    assert str(info.value) == (f"grower: blueprint {blueprint!r} does not exist for topology "
+                               f"'cnn'; accepted: {cnn}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_tuning_grid_keeps_each_rotation_to_the_tasks_blueprints():
+    for topology in ("cnn", "transformer"):
+        rotations = {config.blueprint_rotation for config in tuning_grid(topology)}
+        names = {n for rotation in rotations for n in rotation}
+        assert names <= set(blueprint_registry.available(topology)) and len(rotations) == 2
+    assert {c.blueprint_rotation for c in tuning_grid("transformer")} == {
+        ("attention", "norm"), ("norm", "attention")}
+
+
 @pytest.mark.parametrize("text", ["bogus", "policy", "policy:", "matched", "static:x"])
 def test_unknown_controller_names(text):
     with pytest.raises(ConfigError, match=f"unknown controller '{text}'; accepted: static"):
@@ -479,6 +504,8 @@ def trained_policy(tmp_path_factory):
           "--slots", "r0c1", "r0c2"], "was trained with host_preset='baseline'"),
         (["--controllers", "static", "policy:POLICY", "--task", "lm", "--slots", "r0c0", "r0c1"],
          "was trained with task='cifar'; the comparison uses task='lm'"),
+        (["--controllers", "static", "grower:lora"],
+         "grower: blueprint 'lora' does not exist for topology 'cnn'; accepted: norm, attention"),
     ],
 )
 def test_cli_errors_are_one_line_and_leave_out_untouched(trained_policy, tmp_path, extra,
@@ -545,3 +572,18 @@ def test_grower_controller_grows_and_fossilizes():
     for _ in range(12):
         _, observation = env.step(controller.decide(observation.report))
     assert env.engine.event_counts()["fossilized"] == 1
+
+
+def test_blend_gradient_reaches_every_env_and_is_part_of_the_task():
+    from esper_lightning.app.config import PPORunConfig, compatibility_errors
+    from esper_lightning.app.task import env_spec
+
+    assert env_spec(CompareConfig(blend_gradient="detached")).blend_gradient == "detached"
+    assert env_spec(CompareConfig()).blend_gradient is None  # the slots' own: "through"
+    saved = {k: v for k, v in PPORunConfig().to_dict().items() if k != "blend_gradient"}
+    assert compatibility_errors(saved, PPORunConfig()) == []  # saved before the key existed
+    assert compatibility_errors({**saved, "blend_gradient": "detached"}, PPORunConfig()) == [
+        "blend_gradient='detached' (now None)"]
+    with pytest.raises(ConfigError, match="unknown blend_gradient 'sideways'; accepted: "
+                       "detached, through"):
+        CompareConfig(blend_gradient="sideways")

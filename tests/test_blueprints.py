@@ -1,4 +1,4 @@
-"""Tests for the blueprint registry and the built-in CNN and transformer seeds."""
+"""Tests for the blueprint registry and the built-in CNN, transformer and linear seeds."""
 
 from __future__ import annotations
 
@@ -37,9 +37,11 @@ CNN_NAMES = {
     "conv_heavy",
 }
 TRANSFORMER_NAMES = {"norm", "lora", "lora_large", "attention", "mlp_small", "mlp"}
+LINEAR_NAMES = {"norm", "mlp_bottleneck", "mlp_small", "mlp"}
 
 CNN_WIDTHS = (6, 8, 16, 32)  # 6: not divisible by 4, GroupNorm falls back to 2 groups
 TRANSFORMER_WIDTHS = (32, 48)
+LINEAR_WIDTHS = (5, 32, 48)  # 5: narrower than the bottleneck's minimum of 8
 
 
 def _bottleneck_count(c: int) -> int:
@@ -62,6 +64,10 @@ FORMULAS: dict[tuple[str, str], Callable[[int], int]] = {
     ("transformer", "attention"): lambda d: 4 * d * d + 7 * d,
     ("transformer", "mlp_small"): lambda d: 4 * d * d + 6 * d,
     ("transformer", "mlp"): lambda d: 8 * d * d + 8 * d,
+    ("linear", "norm"): lambda d: 2 * d + 1,
+    ("linear", "mlp_bottleneck"): lambda d: 2 * d * max(8, d // 4) + max(8, d // 4) + 4 * d,
+    ("linear", "mlp_small"): lambda d: 4 * d * d + 6 * d,
+    ("linear", "mlp"): lambda d: 8 * d * d + 8 * d,
 }
 
 
@@ -74,12 +80,14 @@ def _cases(widths: dict[str, tuple[int, ...]]) -> list[pytest.param]:
     ]
 
 
-LIVE_CASES = _cases({"cnn": CNN_WIDTHS, "transformer": TRANSFORMER_WIDTHS})
+LIVE_CASES = _cases({"cnn": CNN_WIDTHS, "transformer": TRANSFORMER_WIDTHS,
+                     "linear": LINEAR_WIDTHS})
+_SHAPES = {"cnn": lambda b, w: (b, w, 8, 8), "transformer": lambda b, w: (b, 8, w),
+           "linear": lambda b, w: (b, w)}
 
 
 def _random_input(topology: str, width: int, batch: int = 4) -> torch.Tensor:
-    shape = (batch, width, 8, 8) if topology == "cnn" else (batch, 8, width)
-    return torch.randn(shape)
+    return torch.randn(_SHAPES[topology](batch, width))
 
 
 def _set_layer_scale(module: nn.Module, value: float) -> int:
@@ -146,6 +154,39 @@ def test_transformer_seed_preserves_shape(name: str, tokens: int) -> None:
     assert torch.isfinite(out).all()
 
 
+@pytest.mark.parametrize("name", sorted(LINEAR_NAMES))
+@pytest.mark.parametrize("shape", [(3, 12), (3, 5, 12), (1, 12)])
+def test_linear_seed_preserves_shape_and_acts_row_by_row(name: str, shape: tuple) -> None:
+    torch.manual_seed(6)
+    seed = build(name, 12, "linear")
+    _set_layer_scale(seed, 1.0)  # make the branch visible
+    x = torch.randn(shape)
+    with torch.no_grad():
+        out = seed(x)
+        assert out.shape == x.shape and torch.isfinite(out).all()
+        perturbed = x.clone()
+        perturbed[0] += 1.0 + torch.randn(shape[1:])  # one row (sample) changes
+        moved = (seed(perturbed) - out).flatten(1).abs().amax(dim=1)
+    assert moved[0] > 0 and bool((moved[1:] == 0).all()), "a linear seed mixed rows"
+
+
+def test_shared_names_build_the_same_module_in_linear_and_transformer_slots() -> None:
+    for name in ("norm", "mlp_small", "mlp"):
+        torch.manual_seed(7)
+        linear = build(name, 16, "linear")
+        torch.manual_seed(7)
+        transformer = build(name, 16, "transformer")
+        x = torch.randn(2, 3, 16)
+        assert torch.equal(linear(x), transformer(x)), name
+
+
+def test_linear_blueprints_have_table_indices_after_the_historical_ones() -> None:
+    from esper_lightning.blueprints import blueprint_index
+
+    assert blueprint_index("mlp_bottleneck") == 13  # appended: every older index keeps its name
+    assert blueprint_index("mlp") == 11 and blueprint_index("norm") == 3
+
+
 @settings(max_examples=15, deadline=None)
 @given(
     channels=st.integers(1, 40),
@@ -163,7 +204,7 @@ def test_cnn_seed_works_for_any_width_and_size(
 
 @pytest.mark.parametrize(
     ("topology", "name", "width"),
-    _cases({"cnn": (1, 6, 8, 64, 100), "transformer": (6, 32, 384)}),
+    _cases({"cnn": (1, 6, 8, 64, 100), "transformer": (6, 32, 384), "linear": (1, 6, 64, 128)}),
 )
 def test_param_count_matches_built_module_and_formula(topology: str, name: str, width: int) -> None:
     seed = build(name, width, topology)
@@ -241,6 +282,7 @@ def test_available_lists_builtins_sorted_by_size() -> None:
     for topology, expected, width in (
         ("cnn", CNN_NAMES, 64),
         ("transformer", TRANSFORMER_NAMES, 384),
+        ("linear", LINEAR_NAMES, 128),
     ):
         names = available(topology)
         assert isinstance(names, tuple)
@@ -313,7 +355,8 @@ def test_unknown_blueprint_names_the_value_and_the_alternatives() -> None:
     ],
 )
 def test_unknown_topology_names_the_value(call: Callable[[str], object]) -> None:
-    with pytest.raises(BlueprintError, match=r"unknown topology 'rnn'; accepted: cnn, transformer"):
+    with pytest.raises(BlueprintError,
+                       match=r"unknown topology 'rnn'; accepted: cnn, transformer, linear"):
         call("rnn")
 
 
@@ -427,7 +470,7 @@ def test_cnn_seed_trains_on_a_regression_target(name: str) -> None:
 
 
 def test_package_exports_contract() -> None:
-    assert TOPOLOGIES == ("cnn", "transformer")
+    assert TOPOLOGIES == ("cnn", "transformer", "linear")
     for symbol in (
         "available",
         "build",

@@ -7,6 +7,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from esper_lightning.callbacks import GovernorCallback, MorphogenesisCallback
@@ -132,3 +133,27 @@ def test_a_fresh_fit_forgets_the_last_fits_losses_and_a_resumed_one_keeps_them(c
     governor.load_state_dict(saved)  # what a resumed fit does before on_fit_start
     governor.on_fit_start(None, None)
     assert list(governor.governor.history) == saved["governor"]["history"] != []
+
+
+@pytest.mark.parametrize("num_classes", [0, 1, -3, 2.5, True])
+def test_a_class_count_the_lobotomy_rule_cannot_use_is_refused_at_construction(num_classes):
+    # Once accepted silently (and only failing at the first validation, or never).
+    with pytest.raises(ValueError) as failure:
+        GovernorCallback(num_classes=num_classes)
+    assert str(failure.value) == (f"num_classes must be an int >= 2 (classes or vocabulary "
+                                  f"size) or None (lobotomy rule off), got {num_classes!r}")
+    assert GovernorCallback(num_classes=None).num_classes is None
+
+
+def test_a_governor_listed_after_the_growth_callback_is_refused_at_setup(cifar_dir, tmp_path):
+    governor = GovernorCallback(num_classes=10)
+    morpho = MorphogenesisCallback(StaticController(), slots=["r0c1"])
+    trainer = _trainer(tmp_path, 1, [morpho, governor])
+    with pytest.raises(MisconfigurationException) as failure:
+        trainer.fit(CifarCNNHost("baseline", slots=["r0c1"]),
+                    datamodule=CIFAR10DataModule(cifar_dir, batch_size=16))
+    assert str(failure.value) == (
+        "GovernorCallback must come before MorphogenesisCallback in the Trainer's callbacks "
+        "(found at positions 1 and 0), so a diverged epoch is rolled back before the controller "
+        "decides: list the governor first")
+    assert trainer.global_step == 0

@@ -17,9 +17,10 @@ from tensorboard.plugins.custom_scalar import layout_pb2
 from torch import nn
 
 from esper_lightning.callbacks import MorphogenesisCallback
-from esper_lightning.callbacks.morphogenesis import TIMELINE_TAG
+from esper_lightning.callbacks.morphogenesis import TIMELINE_TAG, planned_epochs
 from esper_lightning.controllers import (
     ControllerBase,
+    HeuristicConfig,
     HeuristicController,
     ScriptedController,
     StaticController,
@@ -190,7 +191,8 @@ def test_16_mixed_on_cuda_with_a_live_seed(cifar_dir, tmp_path):
 def test_bad_configuration_is_refused_at_construction():
     with pytest.raises(ValueError, match="unknown gate mode 'strictt'; accepted: permissive"):
         MorphogenesisCallback(StaticController(), gate_mode="strictt")
-    with pytest.raises(ValueError, match="unknown topology 'rnn'; accepted: cnn, transformer"):
+    with pytest.raises(ValueError,
+                       match="unknown topology 'rnn'; accepted: cnn, transformer, linear or None"):
         MorphogenesisCallback(StaticController(), topology="rnn")
     with pytest.raises(TypeError, match="controller must implement decide"):
         MorphogenesisCallback(object())
@@ -273,7 +275,7 @@ GROWTH = {0: germinate(), 1: advance(), 2: advance()}  # blending after epoch 2'
     [
         (TupleModule, "net.3", {"logits_fn": lambda m, x: m(x)[0]}, {},
          r"cannot measure TupleModule: the forward returned a tuple, not a logits tensor; "
-         r"pass logits_fn="),
+         r"it measures classifiers only \(.*\): pass logits_fn="),
         (NoForwardModule, "net.3", {"logits_fn": lambda m, x: m.net(x)}, {},
          r"cannot measure NoForwardModule: it has no forward\(\); pass logits_fn="),
         (BatchSizeModule, "features.1", {"counterfactual": "separate"},
@@ -394,10 +396,17 @@ def test_metric_keys_that_are_never_logged_draw_one_warning_per_fit(cifar_dir, t
         float(trainer.callback_metrics["val/loss"]))
 
 
+class StopAtTrainStart(L.Callback):
+    """Ends a fit right after its start-of-training checks (the tests read only those)."""
+
+    def on_train_start(self, trainer, pl_module):
+        trainer.should_stop = True
+
+
 def test_a_run_too_short_for_any_seed_to_blend_is_warned_about(cifar_dir, tmp_path):
     callback = MorphogenesisCallback(HeuristicController(), slots=["net.3"])
-    trainer = _trainer(tmp_path, 12, [callback], limit_train_batches=1, limit_val_batches=1,
-                       max_steps=1)
+    trainer = _trainer(tmp_path, 12, [callback, StopAtTrainStart()], limit_train_batches=1,
+                       limit_val_batches=1)
     messages = _fit_warnings(trainer, PlainModule(), _dm(cifar_dir))
     # At 12 epochs the default knobs scale to 1 epoch each: germination at epoch 1 at the
     # earliest, then 1 + 10 (G2's default incubation) epochs before a seed may blend.
@@ -412,9 +421,70 @@ def test_a_run_too_short_for_any_seed_to_blend_is_warned_about(cifar_dir, tmp_pa
     ]
     callback = MorphogenesisCallback(HeuristicController(), slots=["net.3"],
                                      gate_config=GateConfig(min_training_epochs=9))
-    trainer = _trainer(tmp_path, 12, [callback], limit_train_batches=1, limit_val_batches=1,
-                       max_steps=1)
+    trainer = _trainer(tmp_path, 12, [callback, StopAtTrainStart()], limit_train_batches=1,
+                       limit_val_batches=1)
     assert _fit_warnings(trainer, PlainModule(), _dm(cifar_dir)) == []
+
+
+def test_a_run_bounded_by_max_steps_has_its_length_in_epochs(cifar_dir, tmp_path):
+    # Trainer(max_steps=...) leaves max_epochs at -1: the run's length comes from the steps and
+    # the batches per epoch (5 here: 80 images in batches of 16), so the heuristic's timing is
+    # scaled to it and a run too short is warned about (once silently the 50-epoch timing).
+    seen = []
+    callback = MorphogenesisCallback(Recording(seen), slots=["net.3"])
+    trainer = _trainer(tmp_path, None, [callback], max_steps=60, limit_val_batches=1)
+    messages = _fit_warnings(trainer, PlainModule(), _dm(cifar_dir))
+    assert trainer.max_epochs == -1 and seen == [12] * 12  # 60 steps / 5 per epoch
+    assert messages == [
+        "MorphogenesisCallback: a run of 12 epochs (max_steps=60, 5 batches per epoch) is too "
+        "short for any seed to reach blending: the controller germinates at epoch 1 at the "
+        "earliest (timing knobs at this length: plateau_epochs_to_germinate=1, "
+        "min_epochs_before_germinate=1, stabilization_epochs=1, embargo_epochs_after_prune=1, "
+        "min_epochs_before_prune=1), then a seed needs 1 epoch to start training and "
+        "min_training_epochs=10 epochs of training before G2 lets it blend, 13 epochs in all; "
+        "lower the controller's timing knobs, gate_config=GateConfig(min_training_epochs=...), "
+        "or train longer"
+    ]
+    # Gradient accumulation: 3 optimizer steps per epoch of 5 batches; max_epochs ends first.
+    trainer = _trainer(tmp_path, 4, [StopAtTrainStart()], max_steps=60,
+                       accumulate_grad_batches=2)
+    trainer.fit(PlainModule(), datamodule=_dm(cifar_dir))
+    assert planned_epochs(trainer) == 4
+    trainer = _trainer(tmp_path, 100, [StopAtTrainStart()], max_steps=60,
+                       accumulate_grad_batches=2)
+    trainer.fit(PlainModule(), datamodule=_dm(cifar_dir))
+    assert planned_epochs(trainer) == 20
+
+
+def test_a_run_of_unknown_length_is_warned_about_in_one_line(cifar_dir, tmp_path):
+    callback = MorphogenesisCallback(HeuristicController(), slots=["net.3"])
+    trainer = _trainer(tmp_path, -1, [callback, StopAtTrainStart()])
+    assert _fit_warnings(trainer, PlainModule(), _dm(cifar_dir)) == [
+        "MorphogenesisCallback: the run's length in epochs is unknown (max_epochs=-1, "
+        "max_steps=-1, 5 batches per epoch), so the controller's timing knobs are used as given, "
+        "not scaled to the run; set max_epochs (or a max_steps with a sized training loader)"
+    ]
+    fixed = MorphogenesisCallback(HeuristicController(HeuristicConfig.fixed_timing()),
+                                  slots=["net.3"])
+    trainer = _trainer(tmp_path, -1, [fixed, StopAtTrainStart()])
+    assert _fit_warnings(trainer, PlainModule(), _dm(cifar_dir)) == []  # nothing to scale
+
+
+class Recording(StaticController):
+    """Waits, noting the run length each report carries."""
+
+    def __init__(self, seen: list) -> None:
+        self.seen = seen
+
+    def decide(self, report):
+        self.seen.append(report.max_epochs)
+        return super().decide(report)
+
+    def earliest_germination(self, max_epochs):
+        return HeuristicController().earliest_germination(max_epochs)
+
+    def timing(self, max_epochs):
+        return HeuristicController().timing(max_epochs)
 
 
 class UserGrower(ControllerBase):

@@ -39,6 +39,7 @@ from esper_lightning.core.engine import MorphogenesisEngine, execute_on_slot
 from esper_lightning.core.lifecycle import GateConfig, SeedStage
 from esper_lightning.core.report import HISTORY_WINDOW, EpochReport
 from esper_lightning.core.slots import SeedSlot
+from esper_lightning.errors import ConfigError
 
 CNN = MaskContext(blueprints=available("cnn"))
 WAIT = Action()
@@ -266,11 +267,30 @@ def test_rotation_is_filtered_to_the_blueprints_of_the_run():
     assert picks == ["norm", "depthwise", "norm"]
 
 
-def test_no_rotation_blueprint_allowed_waits_with_a_reason():
+def test_a_rotation_the_run_cannot_grow_is_refused_in_one_line():
+    # Once a silent no-op: the heuristic waited for ever.
     controller = quick_germinator()
     ctx = MaskContext(blueprints=("bottleneck",))
-    assert controller.decide(make_report(make_slots(1), 0, ctx=ctx)) == WAIT
-    assert "rotation" in controller.last_reason
+    with pytest.raises(ConfigError, match=r"^heuristic blueprint_rotation \(conv_light, "
+                       r"conv_heavy, attention, norm, depthwise\) names no blueprint this run "
+                       r"allows; accepted: bottleneck$"):
+        controller.decide(make_report(make_slots(1), 0, ctx=ctx))
+
+
+@pytest.mark.parametrize("topology", ["transformer", "linear"])
+def test_the_default_rotation_follows_the_topology(topology):
+    controller = quick_germinator()
+    ctx = MaskContext(blueprints=available(topology))
+    report = dataclasses.replace(make_report(make_slots(1), 0, ctx=ctx), topology=topology)
+    picked = controller.decide(report).blueprint
+    assert picked == heuristic_module.DEFAULT_ROTATIONS[topology][0]
+
+
+def test_a_rotation_naming_another_topologys_blueprint_is_refused():
+    config = HeuristicConfig(blueprint_rotation=("conv_light", "lora"))
+    with pytest.raises(ConfigError, match=r"^heuristic blueprint_rotation: blueprint 'lora' "
+                       r"does not exist for topology 'cnn'; accepted: norm, "):
+        HeuristicController(config).check_blueprints("cnn", available("cnn"))
 
 
 def test_penalised_blueprints_are_skipped_and_lowest_penalty_used_when_all_are():
@@ -281,7 +301,7 @@ def test_penalised_blueprints_are_skipped_and_lowest_penalty_used_when_all_are()
     assert controller.decide(make_report(make_slots(1), 0)).blueprint == "conv_heavy"
 
     controller = quick_germinator()
-    rotation = HeuristicConfig().blueprint_rotation
+    rotation = HeuristicConfig().rotation("cnn")
     state["penalties"] = {name: 10.0 - i for i, name in enumerate(rotation)}
     controller.load_state_dict(state)
     assert controller.decide(make_report(make_slots(1), 0)).blueprint == "depthwise"
@@ -303,19 +323,53 @@ def test_masked_rule_action_becomes_wait_with_the_reason():
     assert "PRUNE masked (prune_while_alpha_ramping)" in controller.last_reason
 
 
+@pytest.mark.parametrize("change", [-3.9, -10.0, 3.0])
+def test_a_training_seed_is_not_pruned_for_a_host_accuracy_drop(change):
+    # An incubating seed is bitwise isolated from the host: the host's accuracy says nothing
+    # about it (once, "training seed lost 3.90 pp: prune").
+    slots = make_slots(1)
+    to_stage(slots[0], SeedStage.TRAINING, acc=50.0)
+    ticks(slots[0], 8, acc=50.0 + change)
+    measure(slots[0], 50.0 + change)  # healthy gradients
+    controller = HeuristicController()
+    assert controller.decide(make_report(slots, 20)) == Action(Op.ADVANCE, slot=0)
+    assert controller.last_reason == "training: try to advance"
+
+
 @pytest.mark.parametrize(
-    ("epochs_in_stage", "change", "op"),
-    [(5, -2.5, Op.PRUNE), (4, -2.5, Op.ADVANCE), (5, -2.0, Op.ADVANCE), (12, 3.0, Op.ADVANCE)],
+    ("epochs_in_stage", "health", "exploding", "op", "reason"),
+    [
+        (5, 0.5, False, Op.PRUNE, "training seed gradient health 0.50 < 0.7: prune"),
+        (5, 0.2, True, Op.PRUNE, "training seed gradients exploded or went non-finite: prune"),
+        (4, 0.2, True, Op.ADVANCE, "training: try to advance"),  # too young to judge
+        (5, 0.7, False, Op.ADVANCE, "training: try to advance"),
+        (30, 1.0, False, Op.PRUNE, "training seed incubated 30 epochs without passing G2: prune"),
+        (29, 1.0, False, Op.ADVANCE, "training: try to advance"),
+    ],
 )
-def test_training_seed_is_pruned_after_5_epochs_losing_more_than_2_points(
-    epochs_in_stage, change, op
+def test_a_training_seed_is_judged_on_its_own_gradients_and_age(
+    epochs_in_stage, health, exploding, op, reason
 ):
     slots = make_slots(1)
     to_stage(slots[0], SeedStage.TRAINING, acc=50.0)
-    ticks(slots[0], epochs_in_stage, acc=50.0 + change)
-    action = HeuristicController().decide(make_report(slots, 20))
-    assert action == Action(op, slot=0)
+    ticks(slots[0], epochs_in_stage, acc=50.0)
+    metrics = slots[0].state.metrics
+    metrics.gradient_health, metrics.has_exploding = health, exploding
+    controller = HeuristicController()
+    action = controller.decide(make_report(slots, 40))
+    assert action == Action(op, slot=0) and controller.last_reason == reason
     assert action.alpha_speed == AlphaSpeed.INSTANT
+
+
+@pytest.mark.parametrize(("change", "op"), [(-2.5, Op.PRUNE), (-2.0, Op.ADVANCE)])
+def test_a_blending_seed_that_hurts_the_host_is_still_pruned(change, op):
+    slots = make_slots(1)
+    to_stage(slots[0], SeedStage.BLENDING, acc=50.0, tempo=3)
+    ticks(slots[0], 5, acc=50.0 + change)  # alpha 1 after 3 ticks: the prune is legal
+    controller = HeuristicController()
+    assert controller.decide(make_report(slots, 30)) == Action(op, slot=0)
+    if op == Op.PRUNE:
+        assert controller.last_reason == "blending seed: host lost 2.50 pp: prune"
 
 
 def test_blending_seed_waits_for_the_ramp_then_advances():
@@ -376,10 +430,11 @@ def test_only_the_first_live_seed_is_handled_and_no_germination_meanwhile():
 
 # --- heuristic: prunes, penalties, embargo -----------------------------------------------------
 def pruned_run(controller: HeuristicController, epochs: int = 24) -> tuple[Sim, int]:
-    """Germinate conv_light at epoch 5, lose 3 points during TRAINING, get pruned."""
+    """Germinate conv_light at epoch 5; its gradients explode at epochs 8 to 11 while it
+    incubates, so it is pruned (at 11, five epochs after it started training)."""
     sim = Sim(controller, make_slots(1))
     for epoch in range(epochs):
-        sim.step(50.0 if epoch < 8 else 47.0)
+        sim.step(50.0, healthy=not 8 <= epoch <= 11)
     prunes = [e for e, a in enumerate(sim.actions) if a.op == Op.PRUNE]
     assert len(prunes) == 1, sim.ops()
     assert sim.actions[5].blueprint == "conv_light"
@@ -388,7 +443,7 @@ def pruned_run(controller: HeuristicController, epochs: int = 24) -> tuple[Sim, 
 
 def test_prune_penalises_the_blueprint_and_the_rotation_moves_on():
     sim, p = pruned_run(HeuristicController())
-    assert p == 11  # 5 epochs in TRAINING (advanced at 6) with a 3-point loss
+    assert p == 11  # 5 epochs in TRAINING (advanced at 6), unhealthy since epoch 8
     assert [sim.penalties[p + k].get("conv_light") for k in range(1, 6)] == [
         1.0, 0.5, 0.25, 0.125, None,  # 2.0 at the prune, halved per epoch, dropped below 0.1
     ]

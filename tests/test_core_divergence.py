@@ -227,5 +227,6 @@ def test_config_rejects_bad_values_naming_them(field, value, accepted):
 def test_bad_num_classes_at_check_time():
     governor = Governor()
     feed(governor, stable(12))
-    with pytest.raises(ValueError, match="num_classes must be an int >= 2, got 1"):
+    with pytest.raises(ValueError, match=r"num_classes must be an int >= 2 \(classes or "
+                       r"vocabulary size\) or None \(lobotomy rule off\), got 1"):
         governor.check_validation(1.0, num_classes=1)

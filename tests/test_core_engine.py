@@ -96,7 +96,6 @@ def test_reattaching_does_not_run_a_slot_twice():
     [
         (["net.9"], "unknown slot 'net.9'; accepted: SeedSlot ids in Net (none) or module paths"),
         (["net.1", "net.1"], "slot 'net.1' listed twice"),
-        ("net.1", "slots must be a list of names, got the string 'net.1'"),
         (None, "no SeedSlot modules found in Net; pass slots="),
     ],
 )
@@ -105,9 +104,22 @@ def test_bad_slots(slots, message):
         MorphogenesisEngine(_net(), slots=slots)
 
 
+def test_one_slot_name_as_a_string_is_one_slot():
+    net = _net()
+    engine = MorphogenesisEngine(net, slots="net.1")
+    assert engine.slot_ids == ("net.1",)
+
+
 def test_bad_blueprints_and_max_seeds():
     with pytest.raises(ValueError, match="unknown blueprint 'lora' for cnn; accepted: norm"):
-        MorphogenesisEngine(_net(), slots=["net.1"], blueprints=["lora"])
+        MorphogenesisEngine(_net(), slots=["net.1"], blueprints=["lora"], topology="cnn")
+    # Inferred topology: checked as soon as the first activation told the slots what they are.
+    net = _net()
+    engine = MorphogenesisEngine(net, slots=["net.1"], blueprints=["lora"])
+    assert engine.topology is None
+    net(torch.zeros(1, 3, 8, 8))
+    with pytest.raises(ValueError, match="unknown blueprint 'lora' for cnn; accepted: norm"):
+        engine.report()
     with pytest.raises(ValueError, match="max_seeds must be an int >= 1 or None, got 0"):
         MorphogenesisEngine(_net(), slots=["net.1"], max_seeds=0)
     with pytest.raises(ValueError, match="cannot inject slots into a bare Sequential"):
@@ -270,7 +282,7 @@ def test_a_registered_blueprint_is_allowed_and_germinates_by_name():
 
     with scratch_registry():
         register(BlueprintSpec("my_conv", "cnn", lambda c: nn.Conv2d(c, c, 1), "1x1 conv"))
-        engine = MorphogenesisEngine(_net(), slots=["net.1"])  # the default list has it
+        engine = MorphogenesisEngine(_net(), slots=["net.1"], topology="cnn")  # listed by default
         assert "my_conv" in engine.mask_context.blueprints
         net, engine = _engine(blueprints=["my_conv"])
         masks = engine.report().masks
@@ -280,7 +292,7 @@ def test_a_registered_blueprint_is_allowed_and_germinates_by_name():
         assert engine.events[-1].blueprint == "my_conv"
         net(torch.zeros(1, 3, 8, 8))  # the seed runs inside the host
     with pytest.raises(ValueError, match="unknown blueprint 'my_conv' for cnn; accepted:"):
-        MorphogenesisEngine(_net(), slots=["net.1"], blueprints=["my_conv"])
+        MorphogenesisEngine(_net(), slots=["net.1"], blueprints=["my_conv"], topology="cnn")
 
 
 # --- host group names, the timeline, event log lines -------------------------------------------

@@ -118,12 +118,12 @@ def test_multiply_and_gate_blends():
 
 
 def test_isolation_on_while_blending_and_off_from_holding():
-    slot = drive(SeedSlot("s", channels=8), SeedStage.BLENDING)
+    slot = drive(SeedSlot("s", channels=8, blend_gradient="detached"), SeedStage.BLENDING)
     h = torch.randn(2, 8, 4, 4, requires_grad=True)
     slot(h).sum().backward()
     # Detached seed input: the host sees only the direct (1 - a) path of the ADD blend.
     torch.testing.assert_close(h.grad, torch.full_like(h, 1 - slot.alpha), rtol=0, atol=1e-6)
-    slot = drive(SeedSlot("s", channels=8), SeedStage.HOLDING)
+    slot = drive(SeedSlot("s", channels=8, blend_gradient="detached"), SeedStage.HOLDING)
     h = torch.randn(2, 8, 4, 4, requires_grad=True)
     slot(h).sum().backward()
     # At alpha 1 the direct path has weight 0: the gradient reaching h flows through the seed.
@@ -260,5 +260,78 @@ def test_report_is_a_plain_snapshot():
 
 
 def test_slot_checks_the_activation_rank_when_inferring_width():
-    with pytest.raises(ValueError, match=r"slot 's' \(cnn\) needs activations of rank 4"):
+    with pytest.raises(ValueError, match=r"^slot 's' \(cnn\) needs activations \[B, C, H, W\], "
+                       r"got shape \(2, 8\)$"):
         SeedSlot("s")(torch.zeros(2, 8))
+
+
+@pytest.mark.parametrize(("shape", "topology", "channels"),
+                         [((2, 8, 4, 4), "cnn", 8), ((2, 5, 8), "transformer", 8),
+                          ((2, 8), "linear", 8)])
+def test_a_slot_without_a_topology_infers_it_from_the_activation_rank(shape, topology, channels):
+    slot = SeedSlot("s", topology=None)
+    h = torch.randn(shape)
+    assert torch.equal(slot(h), h)
+    assert (slot.topology, slot.channels) == (topology, channels)
+    slot.germinate(available(topology)[0])  # a blueprint of the inferred topology
+    assert slot.seed is not None
+
+
+def test_a_slot_refuses_a_rank_it_cannot_infer_a_topology_from():
+    with pytest.raises(ValueError, match=r"^slot 's' infers its topology from the rank of its "
+                       r"activations; accepted ranks: 4 \(cnn\), 3 \(transformer\), 2 "
+                       r"\(linear\), got shape \(5,\)$"):
+        SeedSlot("s", topology=None)(torch.zeros(5))
+
+
+def test_a_linear_slot_takes_tokens_one_by_one():
+    slot = SeedSlot("s", topology="linear")
+    slot(torch.zeros(2, 3, 6))
+    assert slot.channels == 6
+    drive(slot, SeedStage.BLENDING, "mlp", algorithm=AlphaAlgorithm.GATE)
+    h = torch.randn(2, 3, 6)
+    assert slot.gate(h).shape == (2, 3, 1) and slot(h).shape == h.shape
+
+
+@pytest.mark.parametrize(("setting", "through"), [({}, True), ({"blend_gradient": "through"}, True),
+                                                  ({"blend_gradient": "detached"}, False)])
+def test_blend_gradient_says_whether_host_layers_learn_through_a_blending_seed(setting, through):
+    # A detached blending seed starves the host layers before the slot: at alpha 1, until the
+    # seed advances to HOLDING, they get no gradient at all (once the CNN default; the default
+    # is now "through", measured better in docs/evidence.md).
+    slot = drive(SeedSlot("s", channels=8, **setting), SeedStage.BLENDING)
+    for _ in range(3):
+        slot.tick()  # the ramp is over: alpha 1, still BLENDING until ADVANCE
+    assert slot.stage == SeedStage.BLENDING and slot.alpha == 1.0
+    h = torch.randn(2, 8, 4, 4, requires_grad=True)
+    slot(h).sum().backward()
+    assert bool(h.grad.abs().sum() > 0) == through
+    restored = SeedSlot("s", channels=8, blend_gradient="detached" if through else "through")
+    restored.load_state_dict(slot.state_dict())  # saved in the manifest
+    assert restored.blend_gradient == slot.blend_gradient
+
+
+@pytest.mark.parametrize(("topology", "legacy"), [("cnn", "detached"), ("transformer", "through")])
+def test_a_manifest_from_before_the_setting_resumes_as_it_was_trained(topology, legacy):
+    manifest = SeedSlot("s", channels=8, topology=topology).manifest()
+    del manifest["blend_gradient"]  # written before the setting existed
+    restored = SeedSlot("s", channels=8, topology=topology,
+                        blend_gradient="detached" if legacy == "through" else "through")
+    restored.load_manifest(manifest)
+    assert restored.blend_gradient == legacy
+
+
+def test_bad_blend_gradients_are_refused():
+    with pytest.raises(ValueError, match=r"^unknown blend_gradient 'sideways'; accepted: "
+                       r"detached, through$"):
+        SeedSlot("s", blend_gradient="sideways")
+    with pytest.raises(ValueError, match="unknown blend_gradient None"):
+        SeedSlot("s", blend_gradient=None)  # type: ignore[arg-type]
+
+
+def test_the_command_line_knows_the_same_blend_gradients():
+    # The configuration lists them as plain data (parsing never imports torch).
+    from esper_lightning.app.config import BLEND_GRADIENTS as CONFIG_BLEND_GRADIENTS
+    from esper_lightning.core.slots import BLEND_GRADIENTS
+
+    assert CONFIG_BLEND_GRADIENTS == BLEND_GRADIENTS

@@ -30,6 +30,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from esper_lightning import blueprints as blueprint_registry
 from esper_lightning.app import plots
 from esper_lightning.app.config import (
     ADDED_KEY_DEFAULTS,
@@ -131,9 +132,10 @@ def parse_controller(text: str, custom: Sequence[str] = ()) -> ControllerSpec:
     raise ConfigError(f"unknown controller {text!r}; accepted: {accepted}")
 
 
-def make_grower(argument: str) -> GrowerController:
+def make_grower(argument: str, topology: str) -> GrowerController:
     """``BLUEPRINT[:all][:hold]``: grow it in the first slot (``all``: in every slot), fossilize
-    once held (``hold``: never fossilize, the seed stays blended in HOLDING)."""
+    once held (``hold``: never fossilize, the seed stays blended in HOLDING). The blueprint must
+    exist for the task's slot ``topology``."""
     blueprint, *options = argument.split(":")
     unknown = [o for o in options if o not in ("all", "hold")]
     if unknown:
@@ -141,7 +143,7 @@ def make_grower(argument: str) -> GrowerController:
                           "accepted: all, hold")
     try:
         return GrowerController(blueprint, slots=None if "all" in options else (0,),
-                                fossilize="hold" not in options)
+                                fossilize="hold" not in options, topology=topology)
     except ValueError as err:
         raise ConfigError(str(err)) from None
 
@@ -254,9 +256,10 @@ class Comparison:
         self.custom = dict(custom or {})
         self.specs = {text: parse_controller(text, tuple(self.custom))
                       for text in config.controllers}
+        self.topology = make_task(config).topology
         for spec in self.specs.values():
             if spec.kind == "grower":
-                make_grower(spec.argument)  # type: ignore[arg-type]  # one-line errors early
+                make_grower(spec.argument, self.topology)  # type: ignore[arg-type]  # early
         self.policies = {s.label: check_policy(s.argument, config)  # type: ignore[arg-type]
                          for s in self.specs.values() if s.kind == "policy"}
         for spec in self.specs.values():
@@ -407,7 +410,7 @@ class Comparison:
         if spec.kind == "random":
             return RandomController(rng_seed=plan.rng_seed)
         if spec.kind == "grower":
-            return make_grower(spec.argument)  # type: ignore[arg-type]
+            return make_grower(spec.argument, self.topology)  # type: ignore[arg-type]
         if spec.kind == "policy":
             return PolicyController(self.policies[spec.label])
         return StaticController()  # static, and matched (its seeds are implanted at birth)
@@ -426,7 +429,7 @@ class Comparison:
         saved = self.out / "heuristic_tuned.json"
         if saved.is_file():
             return _heuristic_from_json(json.loads(saved.read_text())["config"])
-        grid = tuning_grid()
+        grid = tuning_grid(self.topology)
         csv_path = self.tuning_csv
         done = read_records_csv(csv_path) if csv_path.exists() else []
         finished = {(r.controller, r.episode_index) for r in done}
@@ -525,11 +528,18 @@ def _check_rows(path: Path, records: Sequence[EpisodeRecord], config: CompareCon
                               f"with other settings ({problem}); use another --out")
 
 
-def tuning_grid() -> list[HeuristicConfig]:
-    """Every combination of `TUNING_GRID`, defaults for the other knobs."""
+def tuning_grid(topology: str = "cnn") -> list[HeuristicConfig]:
+    """Every combination of `TUNING_GRID`, defaults for the other knobs; each blueprint rotation
+    keeps the blueprints of ``topology`` (all of them gone: the topology's default rotation)."""
     keys = list(TUNING_GRID)
-    return [dataclasses.replace(HeuristicConfig(), **dict(zip(keys, values, strict=True)))
+    grid = [dict(zip(keys, values, strict=True))
             for values in itertools.product(*(TUNING_GRID[k] for k in keys))]
+    for knobs in grid:
+        if knobs.get("blueprint_rotation") is not None:
+            kept = [n for n in knobs["blueprint_rotation"]
+                    if n in blueprint_registry.available(topology)]
+            knobs["blueprint_rotation"] = tuple(kept) or None
+    return [dataclasses.replace(HeuristicConfig(), **knobs) for knobs in grid]
 
 
 def _heuristic_to_json(config: HeuristicConfig) -> dict[str, Any]:

@@ -51,11 +51,14 @@ REWARD_MODES = ("shaped", "simplified", "sparse")
 #: Epochs the outcome averages (`esper_lightning.core.outcome.OUTCOME_EPOCHS`).
 OUTCOME_EPOCHS = 3
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+#: `esper_lightning.core.slots.BLEND_GRADIENTS` (plain data: parsing never imports torch).
+BLEND_GRADIENTS = ("detached", "through")
 # Choices as types, so the command-line help lists them.
 TaskName = Literal[tuple(TASK_CHOICES)]  # type: ignore[valid-type]
 HostPresetName = Literal[tuple(p for t in TASK_CHOICES.values() for p in t.presets)]  # type: ignore[valid-type]
 RewardName = Literal[REWARD_MODES]  # type: ignore[valid-type]
 PrecisionName = Literal[PRECISIONS]  # type: ignore[valid-type]
+BlendGradientName = Literal[BLEND_GRADIENTS]  # type: ignore[valid-type]
 #: How ``esper-lightning ppo`` runs: one process, or Lightning's data-parallel launchers.
 STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_fork")
 StrategyName = Literal[STRATEGIES]  # type: ignore[valid-type]
@@ -100,6 +103,9 @@ class TaskConfig:
         host_lr: host learning rate (cifar: SGD, lm: AdamW; null: 0.01 / 0.001).
         max_seeds: seeds present at once per host (null: unlimited).
         min_training_epochs: epochs a seed incubates before it may blend (gate G2).
+        blend_gradient: whether host layers before a BLENDING seed learn through it: through
+            (null: the default) or detached (the seed's input is detached, so they get only
+            1 - alpha of their gradient; docs/evidence.md measures both).
         block_size: lm only: tokens per block (null: the GPT preset's block_size).
     """
 
@@ -122,6 +128,7 @@ class TaskConfig:
     host_lr: float | None = None
     max_seeds: int | None = None
     min_training_epochs: int = 10
+    blend_gradient: BlendGradientName | None = None
     block_size: int | None = None
 
     def __post_init__(self) -> None:
@@ -139,6 +146,8 @@ class TaskConfig:
                               f"accepted: {', '.join(self.task_choices.presets)}")
         _check_choice("reward", self.reward, REWARD_MODES)
         _check_choice("precision", self.precision, PRECISIONS)
+        if self.blend_gradient is not None:
+            _check_choice("blend_gradient", self.blend_gradient, BLEND_GRADIENTS)
         self._check_devices()
         _check_slots(self.slots, self.task_choices.slot_ids(self.host_preset))
         _check_range("gamma", self.gamma, 0.0, 1.0)
@@ -361,11 +370,12 @@ class CompareConfig(TaskConfig):
 #: Fields that shape the policy or the task: a checkpoint only resumes with equal values.
 COMPATIBILITY_KEYS = (
     "task", "slots", "host_preset", "reward", "episode_length", "policy_hidden", "envs",
-    "min_training_epochs", "max_seeds", "param_cost", "heads",
+    "min_training_epochs", "max_seeds", "param_cost", "heads", "blend_gradient",
 )
 #: What a saved config (a checkpoint, a comparison folder) written before these keys existed
 #: meant by leaving them out.
-ADDED_KEY_DEFAULTS: dict[str, Any] = {"task": "cifar", "block_size": None}
+ADDED_KEY_DEFAULTS: dict[str, Any] = {"task": "cifar", "block_size": None,
+                                      "blend_gradient": None}
 #: Keys whose default depends on the task (null in a layer: the task's own).
 TASK_DEFAULTED_KEYS = ("host_preset", "slots", "host_lr")
 

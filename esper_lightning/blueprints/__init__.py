@@ -1,6 +1,6 @@
 """Seed blueprints: the small modules a host grows in its slots, per topology.
 
-Importing this package registers the built-in CNN and transformer blueprints::
+Importing this package registers the built-in CNN, transformer and linear (MLP) blueprints::
 
     from esper_lightning import blueprints
 
@@ -14,11 +14,14 @@ policy created afterwards has a blueprint head entry for it::
     blueprints.register(BlueprintSpec("my_seed", "cnn", MySeed, "x + g*f(x); 2C^2"))
 """
 
-from esper_lightning.blueprints import cnn, transformer  # noqa: F401  (registers the built-ins)
+from esper_lightning.blueprints import cnn, linear, transformer  # noqa: F401  (the built-ins)
 from esper_lightning.blueprints.registry import (
+    ACTIVATION_RANKS,
+    ACTIVATION_SHAPES,
     BUILTIN_TABLE,
     NO_BLUEPRINT,
     TOPOLOGIES,
+    TOPOLOGY_OF_RANK,
     BlueprintError,
     BlueprintSpec,
     available,
@@ -34,9 +37,12 @@ from esper_lightning.blueprints.registry import (
 )
 
 __all__ = [
+    "ACTIVATION_RANKS",
+    "ACTIVATION_SHAPES",
     "BUILTIN_TABLE",
     "NO_BLUEPRINT",
     "TOPOLOGIES",
+    "TOPOLOGY_OF_RANK",
     "BlueprintError",
     "BlueprintSpec",
     "available",

@@ -31,10 +31,13 @@ import torch
 from torch import nn
 
 __all__ = [
+    "ACTIVATION_RANKS",
+    "ACTIVATION_SHAPES",
     "BUILTIN_TABLE",
     "NO_BLUEPRINT",
     "REFERENCE_WIDTHS",
     "TOPOLOGIES",
+    "TOPOLOGY_OF_RANK",
     "BlueprintError",
     "BlueprintSpec",
     "LayerScale",
@@ -51,16 +54,28 @@ __all__ = [
     "unregister",
 ]
 
-TOPOLOGIES: tuple[str, ...] = ("cnn", "transformer")
+TOPOLOGIES: tuple[str, ...] = ("cnn", "transformer", "linear")
 
-# Widths at which `available` compares blueprint sizes: a typical CNN slot and the TinyStories
-# transformer's embedding width.
-REFERENCE_WIDTHS: dict[str, int] = {"cnn": 64, "transformer": 384}
+#: The activations a slot of each topology accepts, by rank; the slot width is dimension 1 of a
+#: CNN feature map and the last dimension otherwise. Linear seeds act on each row (and on each
+#: token of a ``[B, T, D]`` activation) alone.
+ACTIVATION_RANKS: dict[str, tuple[int, ...]] = {"cnn": (4,), "transformer": (3,), "linear": (2, 3)}
+#: The same, as written in messages.
+ACTIVATION_SHAPES: dict[str, str] = {
+    "cnn": "[B, C, H, W]", "transformer": "[B, T, D]", "linear": "[B, D] or [B, T, D]",
+}
+#: The topology a slot without one takes from the rank of its first activation.
+TOPOLOGY_OF_RANK: dict[int, str] = {4: "cnn", 3: "transformer", 2: "linear"}
+
+# Widths at which `available` compares blueprint sizes: a typical CNN slot, the TinyStories
+# transformer's embedding width and a typical MLP hidden layer.
+REFERENCE_WIDTHS: dict[str, int] = {"cnn": 64, "transformer": 384, "linear": 128}
 
 # Every seed must preserve its input shape; these are the probe inputs used at build time.
 _PROBE_SHAPES: dict[str, Callable[[int], tuple[int, ...]]] = {
     "cnn": lambda c: (2, c, 8, 8),  # [B, C, H, W]
     "transformer": lambda d: (2, 8, d),  # [B, T, D]
+    "linear": lambda d: (2, d),  # [B, D]
 }
 
 DEFAULT_LAYER_SCALE = 1e-3
@@ -83,6 +98,7 @@ BUILTIN_TABLE: tuple[str, ...] = (
     "mlp_small",
     "mlp",
     "flex_attention",
+    "mlp_bottleneck",
 )
 # Names appear in command lines (``grower:conv_light:all``) and comma-separated lists.
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
@@ -100,7 +116,7 @@ class BlueprintSpec:
         name: Blueprint name, unique within its topology (e.g. ``"conv_light"``).
         topology: One of :data:`TOPOLOGIES`.
         factory: Builds the seed for a slot of the given width (channels for CNNs, model width
-            ``D`` for transformers).
+            ``D`` for transformers and linear slots).
         description: One line describing the structure and parameter count formula.
     """
 
@@ -319,7 +335,7 @@ def param_count(name: str, channels: int, topology: str = "cnn") -> int:
 
     Args:
         name: Blueprint name.
-        channels: Slot width (``C`` for CNNs, ``D`` for transformers), at least 1.
+        channels: Slot width (``C`` for CNNs, ``D`` otherwise), at least 1.
         topology: One of :data:`TOPOLOGIES`.
 
     Returns:
@@ -401,12 +417,13 @@ def build(
 ) -> nn.Module:
     """Build the seed module for a slot and check that it preserves its input shape.
 
-    The probe input is ``(2, C, 8, 8)`` for CNNs and ``(2, 8, D)`` for transformers. It runs in
+    The probe input is ``(2, C, 8, 8)`` for CNNs, ``(2, 8, D)`` for transformers and ``(2, D)``
+    for linear slots. It runs in
     eval mode under ``no_grad``; the module's train/eval mode is restored afterwards.
 
     Args:
         name: Blueprint name.
-        channels: Slot width (``C`` for CNNs, ``D`` for transformers), at least 1.
+        channels: Slot width (``C`` for CNNs, ``D`` otherwise), at least 1.
         topology: One of :data:`TOPOLOGIES`.
         device: Device for the parameters; the default device if ``None``.
         dtype: Floating dtype for the parameters; unchanged if ``None``.

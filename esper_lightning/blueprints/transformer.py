@@ -107,15 +107,17 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     """``mlp_small`` / ``mlp``: pre-norm feed-forward, ``x + gamma * fc2(act(fc1(Norm(x))))``.
 
-    Params: ``2eD^2 + (e + 4)D`` for expansion ``e`` (norm 2D, fc1 eD^2 + eD, fc2 eD^2 + D,
-    gamma D): ``4D^2 + 6D`` for ``mlp_small`` (e = 2), ``8D^2 + 8D`` for ``mlp`` (e = 4).
+    Params: ``2Dh + h + 4D`` for hidden width ``h`` (norm 2D, fc1 Dh + h, fc2 hD + D, gamma D),
+    with ``h = eD`` for expansion ``e``: ``4D^2 + 6D`` for ``mlp_small`` (e = 2), ``8D^2 + 8D``
+    for ``mlp`` (e = 4). The linear blueprint ``mlp_bottleneck`` sets ``h`` directly.
 
     Args:
         dim: Slot width ``D``.
-        expansion: Hidden width as a multiple of ``D``.
+        expansion: Hidden width as a multiple of ``D`` (when ``hidden`` is None).
         norm_layer: Builds the pre-normalisation for ``D`` channels.
         act_layer: Hidden activation.
         init_scale: Initial LayerScale ``gamma``.
+        hidden: Hidden width ``h``; None for ``expansion * dim``.
     """
 
     def __init__(
@@ -125,12 +127,14 @@ class MLP(nn.Module):
         norm_layer: NormFactory = nn.LayerNorm,
         act_layer: ActFactory = nn.GELU,
         init_scale: float = DEFAULT_LAYER_SCALE,
+        hidden: int | None = None,
     ) -> None:
         super().__init__()
+        width = expansion * dim if hidden is None else hidden
         self.norm = norm_layer(dim)
-        self.fc1 = nn.Linear(dim, expansion * dim)
+        self.fc1 = nn.Linear(dim, width)
         self.act = act_layer()
-        self.fc2 = nn.Linear(expansion * dim, dim)
+        self.fc2 = nn.Linear(width, dim)
         self.ls = LayerScale(dim, init_scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -10,11 +10,12 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from typing_extensions import override
 
 from esper_lightning.callbacks import _distributed as dist
 from esper_lightning.callbacks.morphogenesis import MorphogenesisCallback
-from esper_lightning.core.divergence import Governor, GovernorConfig
+from esper_lightning.core.divergence import Governor, GovernorConfig, check_num_classes
 from esper_lightning.core.engine import MorphogenesisEngine
 from esper_lightning.core.rollback import roll_back
 from esper_lightning.core.snapshot import Snapshot, take_snapshot
@@ -34,8 +35,8 @@ class GovernorCallback(Callback):
     ``governor/rollbacks`` and lets training continue. Snapshots are taken every
     ``config.snapshot_every`` healthy epochs and after each fossilization.
 
-    Place it before `MorphogenesisCallback` in ``callbacks=[...]`` so a diverged epoch is rolled
-    back before the controller decides.
+    It must come before `MorphogenesisCallback` in ``callbacks=[...]``, so a diverged epoch is
+    rolled back before the controller decides (the other order is refused at setup).
 
     Under DDP every check reads values reduced over the ranks (a non-finite loss on any rank, the
     mean validation loss), so every rank rolls back at the same step to the same snapshot.
@@ -43,7 +44,8 @@ class GovernorCallback(Callback):
     Args:
         config: thresholds of the rules (`GovernorConfig` defaults when None).
         monitor: the logged validation loss to watch.
-        num_classes: enables the lobotomy rule (loss stuck near ln(num_classes)).
+        num_classes: enables the lobotomy rule (loss stuck near ln(num_classes)): the number of
+            classes (or the vocabulary size), >= 2; None leaves the rule off.
         check_every_n_steps: read the non-finite-loss flag back from the device every this many
             training steps (and at each epoch end). 1 reacts at once; on a GPU a larger value
             avoids a host sync per step (the rollback restores the weights either way).
@@ -63,6 +65,7 @@ class GovernorCallback(Callback):
     ) -> None:
         if check_every_n_steps < 1:
             raise ValueError(f"check_every_n_steps must be >= 1, got {check_every_n_steps}")
+        check_num_classes(num_classes)
         self.governor = Governor(config)
         self.check_every_n_steps = check_every_n_steps
         self._nonfinite: torch.Tensor | None = None
@@ -80,11 +83,15 @@ class GovernorCallback(Callback):
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        growth = [c for c in trainer.callbacks if isinstance(c, MorphogenesisCallback)]
-        if growth and trainer.callbacks.index(growth[0]) < trainer.callbacks.index(self):
-            rank_zero_warn(
-                "GovernorCallback comes after MorphogenesisCallback: a diverged epoch is seen by "
-                "the controller before it is rolled back; list the governor first"
+        callbacks = trainer.callbacks
+        growth = next((i for i, c in enumerate(callbacks) if isinstance(c, MorphogenesisCallback)),
+                      None)
+        mine = callbacks.index(self)
+        if growth is not None and growth < mine:
+            raise MisconfigurationException(
+                f"GovernorCallback must come before MorphogenesisCallback in the Trainer's "
+                f"callbacks (found at positions {mine} and {growth}), so a diverged epoch is "
+                f"rolled back before the controller decides: list the governor first"
             )
 
     @override

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -18,9 +19,13 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 from typing_extensions import override
 
-from esper_lightning.blueprints import TOPOLOGIES
 from esper_lightning.callbacks import _distributed as dist
-from esper_lightning.controllers.base import Controller, ExplainsDecisions, PlansGermination
+from esper_lightning.controllers.base import (
+    Controller,
+    ExplainsDecisions,
+    NamesBlueprints,
+    PlansGermination,
+)
 from esper_lightning.core.counterfactual import (
     CounterfactualAccumulator,
     LogitsError,
@@ -32,6 +37,7 @@ from esper_lightning.core.counterfactual import (
 from esper_lightning.core.engine import GRAD_STATS_EVERY, MorphogenesisEngine, StepOutcome
 from esper_lightning.core.lifecycle import PRESENT_STAGES, GateConfig, GateMode, QualityGates
 from esper_lightning.core.optim import SeedOptimConfig
+from esper_lightning.core.slots import check_blend_gradient, check_topology
 from esper_lightning.core.telemetry import morpho_metrics, slot_layout
 from esper_lightning.viz.timeline import log_timeline
 
@@ -48,6 +54,10 @@ _MISSING_KEY_EFFECT = {
     "train_loss_key": "the controller sees no training loss",
 }
 TIMELINE_TAG = "morpho/timeline"
+_LONG_RUN = 1_000_000  # epochs: tells timing knobs that follow the run length from fixed ones
+#: What the counterfactual measurement can read, said whenever a module's output is not that.
+SUPPORTED_MODELS = ("classifiers only (logits [B, C], C >= 2, for class-index targets [B], or "
+                    "per-token logits [B, T, C] for targets [B, T])")
 
 
 class MorphogenesisCallback(Callback):
@@ -73,18 +83,24 @@ class MorphogenesisCallback(Callback):
     unchanged batch. ``batch_to_xy`` says how to read a validation batch and ``logits_fn`` how
     to get logits when ``forward`` returns a tuple or dict or the module has no ``forward``.
     The measurement runs once at fit start (on the sanity-check batch, or on one validation
-    batch when sanity checking is off), so a module it cannot measure fails in the first
-    minute with one line naming the option to set.
+    batch when sanity checking is off), so a module it cannot measure (a regression model, say:
+    the callback grows classifiers only, `SUPPORTED_MODELS`) fails in the first minute with one
+    line saying what is supported and which option to set.
 
     Args:
         controller: decides the action each epoch (e.g. `HeuristicController`).
         slots: `SeedSlot` ids in the model and/or module paths after which a slot is injected
-            (``"net.3"``); None uses every `SeedSlot` in the model.
+            (``"net.3"``; one name or a list); None uses every `SeedSlot` in the model.
         blueprints: blueprint names the controller may germinate (default: all of the topology).
         max_seeds: maximum seeds present at once (None = unlimited).
         seed_lr, seed_momentum, seed_weight_decay: seed param-group settings (None: copied from
             the host's first param group).
-        topology: ``"cnn"`` or ``"transformer"`` for injected slots.
+        topology: ``"cnn"``, ``"transformer"`` or ``"linear"`` for injected slots; None (the
+            default) infers it from the rank of the activation a slot first sees:
+            ``[B, C, H, W]`` cnn, ``[B, T, D]`` transformer, ``[B, D]`` linear (an MLP layer).
+        blend_gradient: ``"through"`` or ``"detached"``: whether host layers before a BLENDING
+            seed learn through it (`SeedSlot`); None keeps each slot's own (``"through"`` unless
+            the model's slots say otherwise).
         gate_mode, gate_config: quality-gate mode and `GateConfig` thresholds for every slot
             (None: each slot keeps its own; injected slots are permissive with the default
             thresholds, whose G2 incubation of 10 epochs suits long runs).
@@ -130,9 +146,10 @@ class MorphogenesisCallback(Callback):
         seed_lr: float | None = None,
         seed_momentum: float | None = None,
         seed_weight_decay: float | None = None,
-        topology: str = "cnn",
+        topology: str | None = None,
         gate_mode: GateMode | str | None = None,
         gate_config: GateConfig | None = None,
+        blend_gradient: str | None = None,
         batch_to_xy: BatchToXY | None = None,
         logits_fn: LogitsFn | None = None,
         counterfactual: str | None = None,
@@ -149,18 +166,19 @@ class MorphogenesisCallback(Callback):
             )
         if grad_stats_every < 1:
             raise ValueError(f"grad_stats_every must be >= 1, got {grad_stats_every}")
-        if topology not in TOPOLOGIES:
-            raise ValueError(f"unknown topology {topology!r}; accepted: {', '.join(TOPOLOGIES)}")
+        check_topology(topology)
+        check_blend_gradient(blend_gradient)
         if gate_mode is not None:
             gate_mode = QualityGates(gate_mode).mode  # one-line error naming accepted modes
         self.controller = controller
         self._engine_kwargs: dict[str, Any] = {
-            "slots": None if slots is None else list(slots),
+            "slots": None if slots is None else [slots] if isinstance(slots, str) else list(slots),
             "blueprints": None if blueprints is None else list(blueprints),
             "max_seeds": max_seeds,
             "topology": topology,
             "gate_mode": gate_mode,
             "gate_config": gate_config,
+            "blend_gradient": blend_gradient,
             "seed_optim": SeedOptimConfig(seed_lr, seed_momentum, seed_weight_decay),
             "grad_stats_every": grad_stats_every,
         }
@@ -184,6 +202,7 @@ class MorphogenesisCallback(Callback):
         self._validated_epoch = -1
         self._stats_epoch = -1
         self._probed = False
+        self._planned_epochs: int | None = None
         self._checked_keys: set[str] = set()
         self._accumulator = None
         self._train_loss: Tensor | None = None  # [loss sum, batches] of the epoch
@@ -223,7 +242,6 @@ class MorphogenesisCallback(Callback):
         schedulers = [config.scheduler for config in trainer.lr_scheduler_configs]
         # Runs before Lightning restores the optimizer state, so saved seed groups line up.
         engine.attach_optimizer(trainer.optimizers[0], schedulers)
-        self._warn_if_too_short(trainer)
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -231,6 +249,10 @@ class MorphogenesisCallback(Callback):
             batch = _first_validation_batch(trainer)
             if batch is not None:
                 self._probe(trainer, pl_module, batch)
+        self._check_controller()
+        # The training batches are counted by now: a run bounded by max_steps has a length.
+        self._planned_epochs = planned_epochs(trainer)
+        self._warn_if_too_short(trainer)
         layout = slot_layout(self._require_engine().slot_ids)
         for logger in _tensorboards(trainer):
             logger.experiment.add_custom_scalars(layout)
@@ -368,7 +390,7 @@ class MorphogenesisCallback(Callback):
             train_loss,
             contributions,
         )
-        report = engine.report(max_epochs=trainer.max_epochs)
+        report = engine.report(max_epochs=self._planned_epochs)
         action = self.controller.decide(report)
         controller = self.controller
         reason = controller.last_reason if isinstance(controller, ExplainsDecisions) else None
@@ -413,11 +435,35 @@ class MorphogenesisCallback(Callback):
             rank_zero_warn(f"MorphogenesisCallback: {'; '.join(missing)}; logged keys: "
                            f"{sorted(metrics)}")
 
+    def _check_controller(self) -> None:
+        """Refuse now, in one line, blueprints the controller names that this run can never
+        germinate (`NamesBlueprints`): the run's blueprints are checked against the slots'
+        topology too. Slots that have not seen an activation yet leave it to the controller's
+        first decision."""
+        engine = self._require_engine()
+        if engine.topology is None:
+            return
+        allowed = engine.mask_context.blueprints
+        if isinstance(self.controller, NamesBlueprints):
+            self.controller.check_blueprints(engine.topology, allowed)
+
     def _warn_if_too_short(self, trainer: L.Trainer) -> None:
         """Warn when no seed can reach blending before the run ends (controllers that know
-        their earliest germination: `PlansGermination`, such as `HeuristicController`)."""
-        controller, max_epochs = self.controller, trainer.max_epochs
-        if not isinstance(controller, PlansGermination) or max_epochs is None or max_epochs < 1:
+        their earliest germination: `PlansGermination`, such as `HeuristicController`), or
+        when the run's length is unknown, so the controller's timing cannot follow it."""
+        controller, max_epochs = self.controller, self._planned_epochs
+        if not isinstance(controller, PlansGermination):
+            return
+        if max_epochs is None:
+            # Knobs that scale with the run length differ between an unknown and a long run.
+            if controller.timing(None) != controller.timing(_LONG_RUN):
+                rank_zero_warn(
+                    f"MorphogenesisCallback: the run's length in epochs is unknown "
+                    f"(max_epochs={trainer.max_epochs}, max_steps={trainer.max_steps}, "
+                    f"{_batches_text(trainer)}), so the controller's timing knobs are used as "
+                    f"given, not scaled to the run; set max_epochs (or a max_steps with a "
+                    f"sized training loader)"
+                )
             return
         earliest = controller.earliest_germination(max_epochs)
         if earliest is None:
@@ -431,8 +477,8 @@ class MorphogenesisCallback(Callback):
         timing = controller.timing(max_epochs)
         knobs = ", ".join(f"{k}={v}" for k, v in timing.items())
         rank_zero_warn(
-            f"MorphogenesisCallback: max_epochs={max_epochs} is too short for any seed to reach "
-            f"blending: the controller germinates at epoch {first} at the earliest"
+            f"MorphogenesisCallback: {_length_text(trainer, max_epochs)} is too short for any "
+            f"seed to reach blending: the controller germinates at epoch {first} at the earliest"
             f"{f' (timing knobs at this length: {knobs})' if knobs else ''}, then a seed needs 1 "
             f"epoch to start training and min_training_epochs={incubation} epochs of training "
             f"before G2 lets it blend, {needed} epochs in all; lower the controller's timing "
@@ -485,6 +531,33 @@ class MorphogenesisCallback(Callback):
         return self.engine
 
 
+def planned_epochs(trainer: L.Trainer) -> int | None:
+    """The epochs the fit will run: ``max_epochs``, or fewer when ``max_steps`` ends it first
+    (optimizer steps per epoch: the training batches over ``accumulate_grad_batches``, the
+    last partial accumulation stepping too). None when neither bounds it, or ``max_steps``
+    does with a training loader of unknown length."""
+    bounds = []
+    if trainer.max_epochs is not None and trainer.max_epochs >= 1:
+        bounds.append(trainer.max_epochs)
+    batches = trainer.num_training_batches
+    if trainer.max_steps >= 1 and math.isfinite(batches) and batches >= 1:
+        steps_per_epoch = math.ceil(batches / trainer.accumulate_grad_batches)
+        bounds.append(math.ceil(trainer.max_steps / steps_per_epoch))
+    return min(bounds, default=None)
+
+
+def _batches_text(trainer: L.Trainer) -> str:
+    batches = trainer.num_training_batches
+    return f"{batches} batches per epoch" if math.isfinite(batches) else "batches per epoch unknown"
+
+
+def _length_text(trainer: L.Trainer, epochs: int) -> str:
+    """How the run's length was set, for messages."""
+    if trainer.max_epochs == epochs:
+        return f"max_epochs={epochs}"
+    return f"a run of {epochs} epochs (max_steps={trainer.max_steps}, {_batches_text(trainer)})"
+
+
 def _pair(batch: Any) -> tuple[Tensor, Tensor]:
     if isinstance(batch, list | tuple) and len(batch) == 2:
         x, y = batch
@@ -505,8 +578,9 @@ def _probe_message(name: str, mode: str, err: Exception) -> str:
                 f"({cause}): its forward must carry a batch that grows K-fold at the first slot; "
                 f"pass counterfactual='separate'")
     if isinstance(err, LogitsError):
-        return (f"MorphogenesisCallback cannot measure {name}: {cause}; pass logits_fn=lambda "
-                f"module, x: <logits [B, classes]> (or batch_to_xy= returning class targets)")
+        return (f"MorphogenesisCallback cannot measure {name}: {cause}; it measures "
+                f"{SUPPORTED_MODELS}: pass logits_fn=lambda module, x: <logits> or batch_to_xy= "
+                f"if your module gives them in another form")
     return (f"MorphogenesisCallback cannot measure {name}: its forward failed on the validation "
             f"inputs ({type(err).__name__}: {cause}); pass batch_to_xy= (what the forward takes) "
             f"or logits_fn=lambda module, x: <logits [B, classes]>")

@@ -2,7 +2,8 @@
 
 Every controller follows the `Controller` protocol (``decide``, ``reset``, ``state_dict``,
 ``load_state_dict``) and reads the same `EpochReport`; `ControllerBase` adds the optional hooks
-the callback uses (``last_reason``, ``earliest_germination``, ``timing``) at their defaults::
+the callback uses (``last_reason``, ``earliest_germination``, ``timing``, ``check_blueprints``) at
+their defaults::
 
     from esper_lightning.controllers import HeuristicController
 
@@ -14,7 +15,9 @@ from esper_lightning.controllers.base import (
     Controller,
     ControllerBase,
     ExplainsDecisions,
+    NamesBlueprints,
     PlansGermination,
+    check_named_blueprint,
 )
 from esper_lightning.controllers.baselines import (
     GrowerController,
@@ -32,9 +35,11 @@ __all__ = [
     "GrowerController",
     "HeuristicConfig",
     "HeuristicController",
+    "NamesBlueprints",
     "PlansGermination",
     "PolicyController",
     "RandomController",
     "ScriptedController",
     "StaticController",
+    "check_named_blueprint",
 ]

@@ -5,8 +5,9 @@ re-checks the action against the live slot states before executing it; an illega
 WAIT with a recorded reason, so a controller never breaks the lifecycle, it only wastes a turn.
 
 Besides the four methods of `Controller`, a controller may offer optional hooks that the callback
-uses: `ExplainsDecisions` (``last_reason``) and `PlansGermination` (``earliest_germination``,
-``timing``). `ControllerBase` has all of them at their defaults, ready to subclass.
+uses: `ExplainsDecisions` (``last_reason``), `PlansGermination` (``earliest_germination``,
+``timing``) and `NamesBlueprints` (``check_blueprints``). `ControllerBase` has all of them at
+their defaults, ready to subclass.
 
 Controller state must be plain data (ints, floats, strings, bools, None, lists and dicts of
 them) so that a Lightning checkpoint holding it loads with ``torch.load(weights_only=True)``.
@@ -14,11 +15,13 @@ them) so that a Lightning checkpoint holding it loads with ``torch.load(weights_
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from esper_lightning.blueprints import available
 from esper_lightning.core.actions import Action
 from esper_lightning.core.report import EpochReport
+from esper_lightning.errors import ConfigError
 
 #: The action every controller falls back to; legal in every state.
 WAIT = Action()
@@ -86,6 +89,46 @@ class PlansGermination(Protocol):
         ...
 
 
+@runtime_checkable
+class NamesBlueprints(Protocol):
+    """Optional hook: a controller that germinates blueprints it names itself (a grower's
+    blueprint, the heuristic's rotation) rather than ones it reads from the masks.
+
+    The callback calls it once the slots' topology is known (at fit start), `compare` before
+    it plays anything, and such a controller calls it itself at its first decision, so a
+    blueprint that can never be germinated fails at once instead of leaving a run that never
+    grows.
+    """
+
+    def check_blueprints(self, topology: str, allowed: Sequence[str]) -> None:
+        """Raise `ConfigError` (one line, via `check_named_blueprint`) when a blueprint it
+        names does not exist for ``topology`` or is not among the run's ``allowed`` ones."""
+        ...
+
+
+def check_named_blueprint(owner: str, name: str, topology: str,
+                          allowed: Sequence[str] | None = None) -> None:
+    """Refuse a blueprint ``owner`` names that a run of ``topology`` allowing ``allowed`` (None:
+    every blueprint of the topology) can never germinate: one line naming the blueprint, the
+    topology and the accepted names.
+
+    Example:
+        >>> try:
+        ...     check_named_blueprint("grower", "lora", "cnn", allowed=("norm", "conv_light"))
+        ... except ConfigError as err:
+        ...     print(err)
+        grower: blueprint 'lora' does not exist for topology 'cnn'; accepted: norm, conv_light
+    """
+    registered = available(topology)
+    accepted = tuple(registered if allowed is None else allowed)
+    if name not in registered:
+        raise ConfigError(f"{owner}: blueprint {name!r} does not exist for topology "
+                          f"{topology!r}; accepted: {', '.join(accepted)}")
+    if name not in accepted:
+        raise ConfigError(f"{owner}: blueprint {name!r} is not allowed in this run "
+                          f"({topology}); accepted: {', '.join(accepted)}")
+
+
 class ControllerBase:
     """A controller with every optional hook at its default: subclass it and write `decide`.
 
@@ -128,6 +171,9 @@ class ControllerBase:
     def timing(self, max_epochs: int | None) -> Mapping[str, int]:
         """Knobs counted in epochs at this run length; none by default."""
         return {}
+
+    def check_blueprints(self, topology: str, allowed: Sequence[str]) -> None:
+        """Names no blueprint of its own by default: nothing to check."""
 
 
 def check_state(state: Mapping[str, Any], kind: str, keys: Iterable[str]) -> None:

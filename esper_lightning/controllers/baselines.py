@@ -14,7 +14,12 @@ from typing import Any, TypeAlias
 import numpy as np
 
 from esper_lightning.blueprints import blueprint_index
-from esper_lightning.controllers.base import WAIT, check_state, state_header
+from esper_lightning.controllers.base import (
+    WAIT,
+    check_named_blueprint,
+    check_state,
+    state_header,
+)
 from esper_lightning.core.actions import (
     CAUSAL_RELEVANCE,
     HEADS,
@@ -138,11 +143,17 @@ class GrowerController:
     grower on the CIFAR hosts, ``GrowerController("conv_heavy", slots=None, fossilize=False)``
     (every slot, never kept) a wasteful one.
 
+    A blueprint the run cannot germinate (another topology's, or one the run does not allow)
+    is refused in one line: at construction when ``topology`` is given, else by
+    `check_blueprints` (the callback calls it at fit start) or at the first decision.
+
     Args:
         blueprint: what to germinate.
         slots: slot indices to grow in (in this order); None for every slot.
         fossilize: fossilize held seeds.
         tempo: blend tempo of new seeds.
+        topology: the slots' topology, when known up front: the blueprint is checked against
+            it now (None: against the blueprint table now, the topology later).
 
     Example:
         >>> GrowerController("conv_light").state_dict()["controller"]
@@ -155,14 +166,27 @@ class GrowerController:
         slots: Sequence[int] | None = (0,),
         fossilize: bool = True,
         tempo: Tempo = Tempo.FAST,
+        topology: str | None = None,
     ) -> None:
-        blueprint_index(blueprint)  # BlueprintError (a ValueError) listing the known names
+        if topology is None:
+            blueprint_index(blueprint)  # BlueprintError (a ValueError) listing the known names
+        else:
+            check_named_blueprint("grower", blueprint, topology)
         self.blueprint = blueprint
         self.slots = None if slots is None else tuple(int(s) for s in slots)
         self.fossilize = fossilize
         self.tempo = Tempo(tempo)
+        self._checked: tuple[str, tuple[str, ...]] | None = None
+
+    def check_blueprints(self, topology: str, allowed: Sequence[str]) -> None:
+        """Refuse (one line) a blueprint this run can never germinate."""
+        check_named_blueprint("grower", self.blueprint, topology, allowed)
 
     def decide(self, report: EpochReport) -> Action:
+        context = (report.topology, report.mask_context.blueprints)
+        if self._checked != context:  # once per run: a refused blueprint never silently waits
+            self.check_blueprints(*context)
+            self._checked = context
         masks = report.masks
         slots = range(len(report.slots)) if self.slots is None else self.slots
         for op in (LifecycleOp.FOSSILIZE, LifecycleOp.ADVANCE, LifecycleOp.GERMINATE):

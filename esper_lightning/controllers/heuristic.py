@@ -5,8 +5,11 @@ live seed in slot order:
 
 * no live seed: germinate the next blueprint of a rotation in the first empty slot once the host
   is stable and its accuracy has plateaued, unless a prune happened recently (embargo);
-* GERMINATED -> ADVANCE; TRAINING -> PRUNE when it has been losing accuracy, else ADVANCE (the
-  gate decides whether it moves); BLENDING -> same prune test, ADVANCE once alpha sits at 1.0;
+* GERMINATED -> ADVANCE; TRAINING -> PRUNE when the seed's own gradients are unhealthy or it has
+  incubated too long, else ADVANCE (the gate decides whether it moves). An incubating seed is
+  bitwise isolated from the host, so the host's accuracy says nothing about it;
+* BLENDING -> PRUNE when the host has been losing accuracy since blending began (the seed now
+  shapes the host's output), ADVANCE once alpha sits at 1.0;
 * HOLDING -> decided on the measured counterfactual contribution: WAIT until measured, PRUNE a
   seed the host depends on while it made things worse ("ransomware"), FOSSILIZE a seed that
   contributes enough, PRUNE the rest.
@@ -19,11 +22,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
 from esper_lightning.blueprints import blueprint_index
-from esper_lightning.controllers.base import WAIT, check_state, state_header
+from esper_lightning.controllers.base import (
+    WAIT,
+    check_named_blueprint,
+    check_state,
+    state_header,
+)
 from esper_lightning.core.actions import (
     Action,
     AlphaTargetChoice,
@@ -32,9 +41,16 @@ from esper_lightning.core.actions import (
     canonicalize,
     slot_op_error,
 )
-from esper_lightning.core.lifecycle import FAILURE_STAGES, SeedStage, blend_complete
+from esper_lightning.core.lifecycle import (
+    FAILURE_STAGES,
+    MIN_GRADIENT_HEALTH,
+    MIN_TRAINING_EPOCHS,
+    SeedStage,
+    blend_complete,
+)
 from esper_lightning.core.report import EpochReport
 from esper_lightning.core.slots import SlotReport
+from esper_lightning.errors import ConfigError
 
 _KIND = "heuristic"
 _STATE_KEYS = (
@@ -49,6 +65,13 @@ _STATE_KEYS = (
     "penalties",
     "counted_prunes",
 )
+#: The germination order of a config that names none, per slot topology (the transformer's is
+#: what the CNN rotation left on a transformer before rotations were per topology).
+DEFAULT_ROTATIONS: dict[str, tuple[str, ...]] = {
+    "cnn": ("conv_light", "conv_heavy", "attention", "norm", "depthwise"),
+    "transformer": ("attention", "norm"),
+    "linear": ("mlp_bottleneck", "mlp_small", "norm"),
+}
 #: The knobs counted in epochs, scaled with the run length (`HeuristicConfig.reference_epochs`).
 TIMING_KNOBS = (
     "plateau_epochs_to_germinate",
@@ -81,8 +104,14 @@ class HeuristicConfig:
         stabilization_threshold: a stable epoch improves the val loss by less than this fraction,
         regression_threshold: and worsens it by less than this fraction.
         embargo_epochs_after_prune: epochs without germination after a prune.
-        min_epochs_before_prune: epochs in TRAINING or BLENDING before the prune test applies.
-        prune_improvement_threshold: prune when accuracy since the stage started is below this.
+        min_epochs_before_prune: epochs in TRAINING or BLENDING before the prune tests apply.
+        prune_improvement_threshold: prune a BLENDING seed when the host's accuracy since
+            blending began is below this (points).
+        min_training_gradient_health: prune a TRAINING seed whose measured gradient health is
+            below this (or whose gradients exploded); G2's own threshold by default.
+        max_training_epochs: prune a seed still TRAINING after this many epochs (G2 never let
+            it blend); 0: no limit. Not scaled with the run length, since G2's incubation is
+            not.
         fossilize_contribution: fossilize a HOLDING seed whose contribution is above this.
         ransomware_contribution: prune a seed contributing more than this while the host has
             lost accuracy since it germinated (the host learned to depend on a harmful seed).
@@ -91,7 +120,8 @@ class HeuristicConfig:
         blueprint_penalty_floor: and dropped once below this.
         blueprint_penalty_threshold: blueprints with at least this penalty are skipped.
         blueprint_rotation: germination order (round robin), filtered to the blueprints the
-            run allows.
+            run allows; None: the slot topology's `DEFAULT_ROTATIONS`. Every name must exist
+            for the run's topology (a one-line error at fit start otherwise).
         reference_epochs: run length the timing knobs are given for (None: not scaled).
 
     Example:
@@ -112,41 +142,54 @@ class HeuristicConfig:
     embargo_epochs_after_prune: int = 5
     min_epochs_before_prune: int = 5
     prune_improvement_threshold: float = -2.0
+    min_training_gradient_health: float = MIN_GRADIENT_HEALTH
+    max_training_epochs: int = 3 * MIN_TRAINING_EPOCHS
     fossilize_contribution: float = 0.5
     ransomware_contribution: float = 0.1
     blueprint_penalty_on_prune: float = 2.0
     blueprint_penalty_decay: float = 0.5
     blueprint_penalty_floor: float = 0.1
     blueprint_penalty_threshold: float = 3.0
-    blueprint_rotation: tuple[str, ...] = (
-        "conv_light",
-        "conv_heavy",
-        "attention",
-        "norm",
-        "depthwise",
-    )
+    blueprint_rotation: tuple[str, ...] | None = None
     reference_epochs: int | None = 50
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "blueprint_rotation", tuple(self.blueprint_rotation))
+        if self.blueprint_rotation is not None:
+            object.__setattr__(self, "blueprint_rotation", tuple(self.blueprint_rotation))
         for f in fields(self):
             value = getattr(self, f.name)
             if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int)
                                     or value < 0):
                 raise ValueError(f"HeuristicConfig.{f.name} must be an int >= 0, got {value!r}")
+        if not 0.0 <= self.min_training_gradient_health <= 1.0:
+            raise ValueError(
+                "HeuristicConfig.min_training_gradient_health must be in [0, 1], "
+                f"got {self.min_training_gradient_health!r}"
+            )
         if not 0.0 <= self.blueprint_penalty_decay <= 1.0:
             raise ValueError(
                 "HeuristicConfig.blueprint_penalty_decay must be in [0, 1], "
                 f"got {self.blueprint_penalty_decay!r}"
             )
-        if not self.blueprint_rotation:
+        if self.blueprint_rotation is not None and not self.blueprint_rotation:
             raise ValueError("HeuristicConfig.blueprint_rotation must name at least one blueprint")
-        for name in self.blueprint_rotation:
+        for name in self.blueprint_rotation or ():
             blueprint_index(name)  # BlueprintError (a ValueError) listing the known names
         ref = self.reference_epochs
         if ref is not None and (isinstance(ref, bool) or not isinstance(ref, int) or ref < 1):
             raise ValueError(f"HeuristicConfig.reference_epochs must be an int >= 1 or None, "
                              f"got {ref!r}")
+
+    def rotation(self, topology: str) -> tuple[str, ...]:
+        """The germination order on slots of ``topology``.
+
+        Example:
+            >>> HeuristicConfig().rotation("transformer")
+            ('attention', 'norm')
+        """
+        if self.blueprint_rotation is not None:
+            return self.blueprint_rotation
+        return DEFAULT_ROTATIONS.get(topology, ())
 
     @classmethod
     def fixed_timing(cls, **knobs: Any) -> HeuristicConfig:
@@ -216,8 +259,25 @@ class HeuristicController:
         self._counted_prunes: dict[str, str] = {}  # slot id -> seed id whose prune was counted
         #: Why the last decision was taken (for logs and tests); not part of the state.
         self.last_reason = "reset"
+        self._checked: tuple[str, tuple[str, ...]] | None = None
+
+    def check_blueprints(self, topology: str, allowed: Sequence[str]) -> None:
+        """Refuse (one line) a rotation naming a blueprint that does not exist for
+        ``topology``, or one of which the run allows nothing."""
+        rotation = self.config.rotation(topology)
+        for name in rotation:
+            check_named_blueprint("heuristic blueprint_rotation", name, topology)
+        if not any(name in allowed for name in rotation):
+            raise ConfigError(
+                f"heuristic blueprint_rotation ({', '.join(rotation) or 'none for ' + topology}) "
+                f"names no blueprint this run allows; accepted: {', '.join(allowed)}"
+            )
 
     def decide(self, report: EpochReport) -> Action:
+        context = (report.topology, report.mask_context.blueprints)
+        if self._checked != context:  # once per run: a rotation that cannot grow fails now
+            self.check_blueprints(*context)
+            self._checked = context
         self._active(report.max_epochs)
         epoch = int(report.epoch)
         self._note_prunes(report)  # dated to the previous decision, so before the decay
@@ -376,7 +436,8 @@ class HeuristicController:
         if not report.masks.head("slot", LifecycleOp.GERMINATE)[slot]:
             error = slot_op_error(LifecycleOp.GERMINATE, slot, report.slots, report.mask_context)
             return WAIT, f"germinate masked ({error or 'not in the masks'}): wait"
-        blueprint = self._next_blueprint(report.mask_context.blueprints)
+        blueprint = self._next_blueprint(self.config.rotation(report.topology),
+                                         report.mask_context.blueprints)
         if blueprint is None:
             return WAIT, "no blueprint of the rotation is allowed in this run"
         action = Action(
@@ -387,11 +448,10 @@ class HeuristicController:
         )
         return action, f"plateau of {self._plateau_epochs} epochs: germinate {blueprint}"
 
-    def _next_blueprint(self, allowed: tuple[str, ...]) -> str | None:
+    def _next_blueprint(self, rotation: tuple[str, ...], allowed: tuple[str, ...]) -> str | None:
         """Round robin over the rotation, skipping blueprints not allowed or penalised; when all
         allowed ones are penalised, the least penalised (the rotation does not move)."""
         cfg = self.config
-        rotation = cfg.blueprint_rotation
         n = len(rotation)
         candidates = [
             (k, rotation[(self._blueprint_index + k) % n])
@@ -410,16 +470,35 @@ class HeuristicController:
         stage = slot.stage
         if stage == SeedStage.GERMINATED:
             return Action(LifecycleOp.ADVANCE, slot=index), "germinated: advance to training"
-        if stage in (SeedStage.TRAINING, SeedStage.BLENDING) and self._failing(slot):
-            drop = slot.metrics.improvement_since_stage_start
-            return _prune(index), f"{stage.name.lower()} seed lost {-drop:.2f} pp: prune"
         if stage == SeedStage.TRAINING:
+            failing = self._incubation_failure(slot)
+            if failing is not None:
+                return _prune(index), f"training seed {failing}: prune"
             return Action(LifecycleOp.ADVANCE, slot=index), "training: try to advance"
+        if stage == SeedStage.BLENDING and self._failing(slot):
+            drop = slot.metrics.improvement_since_stage_start
+            return _prune(index), f"blending seed: host lost {-drop:.2f} pp: prune"
         if stage == SeedStage.BLENDING:
             if blend_complete(slot.alpha_view):
                 return Action(LifecycleOp.ADVANCE, slot=index), "blended in: advance to holding"
             return WAIT, "blending: alpha not yet at 1.0"
         return self._judge(index, slot)
+
+    def _incubation_failure(self, slot: SlotReport) -> str | None:
+        """Why an incubating seed should go, judged on what it can affect: its own gradients
+        and its age. (Its output is not in the host's forward, so the host's accuracy moves for
+        reasons of its own.) None: keep incubating."""
+        cfg, m = self._scaled[2], slot.metrics
+        if cfg.max_training_epochs and slot.epochs_in_stage >= cfg.max_training_epochs:
+            return f"incubated {slot.epochs_in_stage} epochs without passing G2"
+        if slot.epochs_in_stage < cfg.min_epochs_before_prune or m.gradient_health is None:
+            return None
+        if m.is_healthy is False:
+            return "gradients exploded or went non-finite"
+        if m.gradient_health < cfg.min_training_gradient_health:
+            return (f"gradient health {m.gradient_health:.2f} < "
+                    f"{cfg.min_training_gradient_health}")
+        return None
 
     def _failing(self, slot: SlotReport) -> bool:
         cfg = self._scaled[2]

@@ -201,6 +201,9 @@ def flat_logits(logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         )
     if y.is_floating_point() or y.is_complex():
         raise LogitsError(f"targets must be class indices (an integer tensor), got {y.dtype}")
+    if logits.shape[-1] < 2:
+        raise LogitsError(f"logits of shape {tuple(logits.shape[1:])} score one class; a "
+                          f"classifier's logits have a column per class")
     return logits.reshape(logits.shape[0], -1, logits.shape[-1]), y.reshape(-1)
 
 

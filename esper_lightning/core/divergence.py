@@ -112,8 +112,17 @@ class GovernorConfig:
         _require_int("history_length", self.history_length, minimum=self.min_history)
         _require_int("consecutive", self.consecutive, minimum=1)
         _require_int("snapshot_every", self.snapshot_every, minimum=1)
-        if self.num_classes is not None:
-            _require_int("num_classes", self.num_classes, minimum=2)
+        check_num_classes(self.num_classes, "GovernorConfig.num_classes")
+
+
+def check_num_classes(value: Any, name: str = "num_classes") -> int | None:
+    """``value`` if it can drive the lobotomy rule (an int >= 2, the classes or vocabulary
+    size) or is None (the rule is off); else a one-line `ValueError`."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or value < 2):
+        raise ValueError(f"{name} must be an int >= 2 (classes or vocabulary size) or None "
+                         f"(lobotomy rule off), got {value!r}")
+    return value
 
 
 def _require_number(name: str, value: Any, minimum: float, inclusive: bool) -> None:
@@ -247,10 +256,8 @@ class Governor:
 
     def _is_lobotomy(self, loss: float, num_classes: int | None) -> bool:
         classes = num_classes if num_classes is not None else self.config.num_classes
-        if classes is None:
+        if check_num_classes(classes) is None:
             return False
-        if isinstance(classes, bool) or not isinstance(classes, int) or classes < 2:
-            raise ValueError(f"num_classes must be an int >= 2, got {classes!r}")
         # ln(C): the cross-entropy of a uniform guess, what a network outputs once "lobotomized".
         guess = math.log(classes)
         mean = sum(self._history) / len(self._history)

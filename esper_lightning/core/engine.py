@@ -53,7 +53,12 @@ from esper_lightning.core.optim import (
     sync_seed_groups,
 )
 from esper_lightning.core.report import HISTORY_WINDOW, EpochReport
-from esper_lightning.core.slots import SeedSlot, host_parameters, prune_live
+from esper_lightning.core.slots import (
+    SeedSlot,
+    check_blend_gradient,
+    host_parameters,
+    prune_live,
+)
 
 log = logging.getLogger(__name__)
 
@@ -110,9 +115,14 @@ class MorphogenesisEngine:
             `SeedSlot` in the model.
         blueprints: blueprint names controllers may germinate (default: all for the topology).
         max_seeds: maximum seeds present at once (None = unlimited).
-        topology: ``"cnn"`` or ``"transformer"`` for injected slots.
+        topology: ``"cnn"``, ``"transformer"`` or ``"linear"`` for injected slots; None infers
+            it from the rank of each slot's first activation (4: cnn, 3: transformer, 2:
+            linear). Until then `topology` is None and reports wait for a forward pass.
         gate_mode, gate_config: quality-gate mode and thresholds; when given they apply to
             every slot, otherwise existing slots keep theirs (injected ones: permissive defaults).
+        blend_gradient: ``"through"`` or ``"detached"``: whether a BLENDING seed's input is
+            detached from the host (`SeedSlot`); when given it applies to every slot, otherwise
+            each slot keeps its own (``"through"`` by default).
         seed_optim: hyper-parameters of the seed param groups.
         rng_seed: a new seed's initial weights are drawn from a generator seeded with
             (``rng_seed``, epoch), so they depend on the run and the epoch only — never on what
@@ -138,9 +148,10 @@ class MorphogenesisEngine:
         *,
         blueprints: Sequence[str] | None = None,
         max_seeds: int | None = None,
-        topology: str = "cnn",
+        topology: str | None = None,
         gate_mode: GateMode | str | None = None,
         gate_config: GateConfig | None = None,
+        blend_gradient: str | None = None,
         seed_optim: SeedOptimConfig | None = None,
         rng_seed: int | None = None,
         grad_stats_every: int = GRAD_STATS_EVERY,
@@ -152,14 +163,19 @@ class MorphogenesisEngine:
         self.model = model
         self.rng_seed = rng_seed
         self.grad_stats_every = grad_stats_every
+        check_blend_gradient(blend_gradient)
         self.slots = resolve_slots(model, slots, topology)
-        if gate_mode is not None or gate_config is not None:
-            for slot in self.slots.values():
+        for slot in self.slots.values():
+            if gate_mode is not None or gate_config is not None:
                 mode = slot.gates.mode if gate_mode is None else GateMode(gate_mode)
                 slot.gates = QualityGates(mode, gate_config or slot.gates.config)
-        self.topology = _common_topology(self.slots.values())
-        names = _check_blueprints(blueprints, self.topology)
-        self.mask_context = MaskContext(blueprints=names, max_seeds=max_seeds)
+            if blend_gradient is not None:
+                slot.blend_gradient = blend_gradient
+        self._allowed = None if blueprints is None else _blueprint_list(blueprints)
+        self._max_seeds = max_seeds
+        self._mask_context: MaskContext | None = None
+        if self.topology is not None:  # check the blueprints now, not at the first report
+            self._mask_context = self._make_mask_context()
         self.seed_optim = seed_optim or SeedOptimConfig()
         self.optimizer: Optimizer | None = None
         self.schedulers: list[Any] = []
@@ -183,6 +199,30 @@ class MorphogenesisEngine:
         self._pending_group_order: list[str] | None = None
 
     # --- slots --------------------------------------------------------------------------------
+    @property
+    def topology(self) -> str | None:
+        """The slots' topology; None while a slot still infers its own (no forward pass yet)."""
+        return _common_topology(self.slots.values())
+
+    @property
+    def mask_context(self) -> MaskContext:
+        """The blueprints controllers may germinate and the seed limit (known once the
+        topology is: the blueprints are checked against it then)."""
+        if self._mask_context is None:
+            self._mask_context = self._make_mask_context()
+        return self._mask_context
+
+    def _make_mask_context(self) -> MaskContext:
+        names = _check_blueprints(self._allowed, self._known_topology())
+        return MaskContext(blueprints=names, max_seeds=self._max_seeds)
+
+    def _known_topology(self) -> str:
+        topology = self.topology
+        if topology is None:
+            raise RuntimeError("the slots infer their topology from their first activation; "
+                               "run a forward pass before asking for a report or an action")
+        return topology
+
     @property
     def slot_ids(self) -> tuple[str, ...]:
         return tuple(self.slots)
@@ -286,8 +326,9 @@ class MorphogenesisEngine:
     def implant(self, slot_id: str, blueprint: str) -> None:
         """Implant a seed fossilized from birth in an empty slot (`SeedSlot.implant`): the
         "born grown" baseline. Recorded as an ``implanted`` event, not as a germination."""
-        if blueprint not in blueprint_registry.available(self.topology):
-            accepted = ", ".join(blueprint_registry.available(self.topology))
+        topology = self._known_topology()
+        if blueprint not in blueprint_registry.available(topology):
+            accepted = ", ".join(blueprint_registry.available(topology))
             raise ValueError(f"unknown blueprint {blueprint!r}; accepted: {accepted}")
         slot = self.slots[slot_id]
         with self._seed_rng(-1 - list(self.slots).index(slot_id)):  # apart from every epoch
@@ -439,11 +480,18 @@ def _timeline_entry(epoch: int, slot: SeedSlot) -> TimelineEntry:
                          None if state is None else state.seed_id)
 
 
-def _common_topology(slots: Any) -> str:
+def _common_topology(slots: Any) -> str | None:
     topologies = {s.topology for s in slots}
-    if len(topologies) != 1:
-        raise ValueError(f"slots mix topologies {sorted(topologies)}; use one topology per model")
-    return topologies.pop()
+    known = topologies - {None}
+    if len(known) > 1:
+        raise ValueError(f"slots mix topologies {sorted(known)}; use one topology per model")
+    return None if None in topologies or not known else known.pop()
+
+
+def _blueprint_list(names: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(names, str):
+        raise ValueError(f"blueprints must be a list of names, got the string {names!r}")
+    return tuple(names)
 
 
 def _check_blueprints(names: Sequence[str] | None, topology: str) -> tuple[str, ...]:
@@ -451,8 +499,6 @@ def _check_blueprints(names: Sequence[str] | None, topology: str) -> tuple[str, 
     allowed = blueprint_registry.available(topology)
     if names is None:
         return allowed
-    if isinstance(names, str):
-        raise ValueError(f"blueprints must be a list of names, got the string {names!r}")
     unknown = [n for n in names if n not in allowed]
     if unknown or not names:
         bad = ", ".join(map(repr, unknown)) or "an empty list"

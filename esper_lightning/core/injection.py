@@ -37,8 +37,11 @@ class SlotHook:
 
 
 def resolve_slots(
-    model: nn.Module, requested: Sequence[str] | None, topology: str
+    model: nn.Module, requested: Sequence[str] | str | None, topology: str | None
 ) -> dict[str, SeedSlot]:
+    """The slots ``requested`` names (a `SeedSlot` id or a module path, one name or a list),
+    injecting a slot of ``topology`` (None: inferred from its first activation) after each
+    module path; None: every `SeedSlot` the model declares."""
     existing = find_slots(model)
     if requested is None:
         if not existing:
@@ -48,7 +51,7 @@ def resolve_slots(
             )
         return existing
     if isinstance(requested, str):
-        raise ValueError(f"slots must be a list of names, got the string {requested!r}")
+        requested = [requested]  # one name, not its characters
     modules = dict(model.named_modules())
     resolved: dict[str, SeedSlot] = {}
     for name in requested:
@@ -76,7 +79,7 @@ def _unknown_slot_message(
     )
 
 
-def _inject(model: nn.Module, path: str, target: nn.Module, topology: str) -> SeedSlot:
+def _inject(model: nn.Module, path: str, target: nn.Module, topology: str | None) -> SeedSlot:
     container = getattr(model, INJECTED_SLOTS_ATTR, None)
     if isinstance(model, nn.Sequential | nn.ModuleList | nn.ModuleDict):
         # Their forward (or use) iterates over children: an extra child would change the model.

@@ -6,9 +6,12 @@ Forward semantics at a slot with host activation ``h`` and seed output ``s = see
 * TRAINING: the incubator ``h + (s − stopgrad(s))`` on a detached input ``x = h.detach()``. The
   value equals ``h`` exactly, the seed learns from the gradient that reaches ``h``, and the host's
   gradients are bitwise those of a host without the seed;
-* BLENDING onwards: ``blend(h, s, alpha)`` (ADD, MULTIPLY or GATE). CNN seeds keep a detached input
-  while BLENDING; from HOLDING on the input is no longer detached, so host layers before a
-  fully blended seed keep learning.
+* BLENDING onwards: ``blend(h, s, alpha)`` (ADD, MULTIPLY or GATE). The seed's input is the host
+  activation itself (``blend_gradient="through"``, the default), so host layers before the slot
+  learn through the seed as it blends in. ``"detached"`` keeps it detached while BLENDING: those
+  layers then receive only ``(1 − alpha)`` of their gradient, and none at alpha 1 until the seed
+  advances to HOLDING, which costs accuracy (docs/evidence.md). From HOLDING on the input is
+  never detached.
 
 Counterfactuals pass a per-sample ``alpha_override`` (argument, or the `alpha_override` context
 manager for slots called from inside a host's forward) instead of mutating alpha. An override
@@ -52,6 +55,13 @@ MANIFEST_VERSION = 1
 VANISHING_GRAD_NORM = 1e-7
 EXPLODING_GRAD_NORM = 10.0  # 10x the usual clip norm of 1.0
 GRAD_EPS = 1e-8
+#: Whether a BLENDING seed's input is detached from the host (`SeedSlot` ``blend_gradient``).
+BLEND_GRADIENTS = ("detached", "through")
+#: ``blend_gradient`` of a slot that names none: measured better than "detached" on both tasks.
+DEFAULT_BLEND_GRADIENT = "through"
+#: What a manifest written before ``blend_gradient`` existed meant, per topology (CNN seeds
+#: were detached while BLENDING), so an old checkpoint resumes exactly.
+_LEGACY_BLEND_GRADIENT = {"cnn": "detached"}
 
 
 @dataclass(frozen=True)
@@ -85,7 +95,8 @@ class BlendConfig:
 
 
 class GatedBlend(nn.Module):
-    """Per-sample (CNN) or per-token causal (transformer) gate in [0, 1] for the GATE blend."""
+    """Gate in [0, 1] for the GATE blend: per sample (CNN: of the pooled feature map; linear: of
+    each row, or each token of ``[B, T, D]``) or per token and causal (transformer)."""
 
     def __init__(self, channels: int, topology: str) -> None:
         super().__init__()
@@ -97,6 +108,8 @@ class GatedBlend(nn.Module):
         if self.topology == "cnn":
             pooled = x.mean(dim=(2, 3))  # [B, C]
             return torch.sigmoid(self.net(pooled)).view(-1, 1, 1, 1)
+        if self.topology == "linear":
+            return torch.sigmoid(self.net(x))  # [..., 1]: each row on its own
         # Cumulative mean over tokens so position t never sees t+1 (causal); float32 counts
         # stay exact beyond bf16's 256.
         steps = torch.arange(1, x.shape[1] + 1, device=x.device, dtype=torch.float32)
@@ -151,9 +164,13 @@ class SeedSlot(nn.Module):
     Args:
         slot_id: name of the slot (``r{row}c{col}`` for built-in hosts, a module path otherwise).
         channels: width of the activation at the slot; inferred from the first forward if None.
-        topology: ``"cnn"`` (activations ``[B, C, H, W]``) or ``"transformer"`` (``[B, T, D]``).
+        topology: ``"cnn"`` (activations ``[B, C, H, W]``), ``"transformer"`` (``[B, T, D]``),
+            ``"linear"`` (``[B, D]``, or ``[B, T, D]`` token by token) or None: inferred from
+            the rank of the first activation (4: cnn, 3: transformer, 2: linear).
         gate_mode: ``"permissive"`` (default) or ``"strict"`` quality gates.
         gate_config: gate thresholds (`GateConfig` defaults by default).
+        blend_gradient: ``"through"`` (host layers before the slot learn through a BLENDING
+            seed; the default) or ``"detached"`` (its input is detached from the host).
 
     Example:
         >>> slot = SeedSlot("r0c1", channels=16)
@@ -166,18 +183,21 @@ class SeedSlot(nn.Module):
         self,
         slot_id: str,
         channels: int | None = None,
-        topology: str = "cnn",
+        topology: str | None = "cnn",
         gate_mode: GateMode | str = GateMode.PERMISSIVE,
         gate_config: GateConfig | None = None,
+        blend_gradient: str = DEFAULT_BLEND_GRADIENT,
     ) -> None:
         super().__init__()
-        if topology not in blueprints.TOPOLOGIES:
-            raise ValueError(f"unknown topology {topology!r}; accepted: {blueprints.TOPOLOGIES}")
+        check_topology(topology)
         if channels is not None and channels < 1:
             raise ValueError(f"slot {slot_id!r}: channels must be >= 1, got {channels}")
+        if channels is not None and topology is None:
+            raise ValueError(f"slot {slot_id!r}: a slot with a width needs a topology")
         self.slot_id = slot_id
         self.channels = channels
         self.topology = topology
+        self.blend_gradient = blend_gradient
         self.gates = QualityGates(gate_mode, gate_config)
         self.seed: nn.Module | None = None
         self.gate: GatedBlend | None = None
@@ -200,15 +220,19 @@ class SeedSlot(nn.Module):
     def alpha(self) -> float:
         return self.alpha_controller.alpha
 
+    @property
+    def blend_gradient(self) -> str:
+        """Whether a BLENDING seed's input lets gradient ``"through"`` to the host layers
+        before the slot or is ``"detached"`` from them."""
+        return self._blend_gradient
+
+    @blend_gradient.setter
+    def blend_gradient(self, value: str) -> None:
+        self._blend_gradient = check_blend_gradient(value, optional=False)
+
     def forward(self, h: Tensor, alpha_override: Tensor | None = None) -> Tensor:
         if self.channels is None:
-            rank = 4 if self.topology == "cnn" else 3
-            if h.dim() != rank:
-                raise ValueError(
-                    f"slot {self.slot_id!r} ({self.topology}) needs activations of rank {rank}, "
-                    f"got shape {tuple(h.shape)}"
-                )
-            self.channels = int(h.shape[1] if self.topology == "cnn" else h.shape[-1])
+            self._adopt_shape(h)
         stage = self.stage
         override = self._override if alpha_override is None else alpha_override
         if override is not None and override.dim() == 1 and override.shape[0] != h.shape[0]:
@@ -222,10 +246,25 @@ class SeedSlot(nn.Module):
         a = self._alpha_tensor(h) if override is None else _per_sample(override, h)
         return self._blend(h, s, x, a)
 
+    def _adopt_shape(self, h: Tensor) -> None:
+        """Width (and, for a slot without one, topology) from the first activation."""
+        topology = self.topology or blueprints.TOPOLOGY_OF_RANK.get(h.dim())
+        if topology is None:
+            ranks = ", ".join(f"{rank} ({name})"
+                              for rank, name in blueprints.TOPOLOGY_OF_RANK.items())
+            raise ValueError(f"slot {self.slot_id!r} infers its topology from the rank of its "
+                             f"activations; accepted ranks: {ranks}, got shape {tuple(h.shape)}")
+        if h.dim() not in blueprints.ACTIVATION_RANKS[topology]:
+            raise ValueError(f"slot {self.slot_id!r} ({topology}) needs activations "
+                             f"{blueprints.ACTIVATION_SHAPES[topology]}, got shape "
+                             f"{tuple(h.shape)}")
+        self.topology = topology
+        self.channels = int(h.shape[1] if topology == "cnn" else h.shape[-1])
+
     def _isolated(self, stage: SeedStage) -> bool:
         if stage == SeedStage.TRAINING:
             return True
-        return stage == SeedStage.BLENDING and self.topology == "cnn"
+        return stage == SeedStage.BLENDING and self.blend_gradient == "detached"
 
     def _blend(self, h: Tensor, s: Tensor, x: Tensor, a: Tensor) -> Tensor:
         assert self.blend is not None
@@ -485,6 +524,7 @@ class SeedSlot(nn.Module):
             "slot_id": self.slot_id,
             "channels": self.channels,
             "topology": self.topology,
+            "blend_gradient": self.blend_gradient,
             "gate_mode": self.gates.mode.value,
             "gate_config": self.gates.config.to_dict(),
             "seeds_germinated": self.seeds_germinated,
@@ -505,14 +545,18 @@ class SeedSlot(nn.Module):
                 f"slot {self.slot_id!r}: manifest version {manifest.get('version')!r}; "
                 f"accepted: {MANIFEST_VERSION}"
             )
-        if manifest["topology"] != self.topology:
+        saved_topology = manifest["topology"]
+        if None not in (saved_topology, self.topology) and saved_topology != self.topology:
             raise ValueError(
-                f"slot {self.slot_id!r}: manifest topology {manifest['topology']!r} "
+                f"slot {self.slot_id!r}: manifest topology {saved_topology!r} "
                 f"!= slot topology {self.topology!r}"
             )
         old_blueprint = None if self.state is None else self.state.blueprint
         self._unfreeze()
+        self.topology = saved_topology or self.topology  # an inferring slot adopts the saved one
         self.channels = manifest["channels"]
+        legacy = _LEGACY_BLEND_GRADIENT.get(self.topology or "", DEFAULT_BLEND_GRADIENT)
+        self.blend_gradient = manifest.get("blend_gradient", legacy)
         self.seeds_germinated = manifest["seeds_germinated"]
         self.gates = QualityGates(manifest["gate_mode"], GateConfig(**manifest["gate_config"]))
         self.state = None if manifest["state"] is None else SeedState.from_dict(manifest["state"])
@@ -604,6 +648,23 @@ class SeedSlot(nn.Module):
         for p in self._frozen:
             p.requires_grad_(True)
         self._frozen = []
+
+
+def check_topology(topology: str | None) -> str | None:
+    """``topology`` if it is one of `blueprints.TOPOLOGIES` or None (inferred), else a one-line
+    `ValueError`."""
+    if topology is not None and topology not in blueprints.TOPOLOGIES:
+        raise ValueError(f"unknown topology {topology!r}; accepted: "
+                         f"{', '.join(blueprints.TOPOLOGIES)} or None (inferred)")
+    return topology
+
+
+def check_blend_gradient(value: Any, optional: bool = True) -> Any:
+    """``value`` if it is one of `BLEND_GRADIENTS` (or None, where ``optional``: "keep the
+    slots' own"), else a one-line `ValueError`."""
+    if (value is None and optional) or value in BLEND_GRADIENTS:
+        return value
+    raise ValueError(f"unknown blend_gradient {value!r}; accepted: {', '.join(BLEND_GRADIENTS)}")
 
 
 def _fan_out(h: Tensor, rows: int) -> Tensor:

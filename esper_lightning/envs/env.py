@@ -41,6 +41,9 @@ class EnvSpec:
 
     ``task`` is what the envs learn (`envs.tasks`): its data, host presets and slot ids, loss
     and number of classes; ``host_preset`` and ``slots`` must be the task's.
+
+    ``blend_gradient`` (``"through"`` or ``"detached"``; None: the slots' own, ``"through"`` by
+    default) says whether host layers before a BLENDING seed learn through it (`SeedSlot`).
     """
 
     host_preset: str = "baseline"
@@ -52,6 +55,7 @@ class EnvSpec:
     blueprints: tuple[str, ...] | None = None
     max_seeds: int | None = None
     gate_config: GateConfig = field(default_factory=GateConfig)
+    blend_gradient: str | None = None
     governor: GovernorConfig = field(default_factory=lambda: GovernorConfig(num_classes=10))
     grad_stats_every: int = GRAD_STATS_EVERY
     task: Task = field(default_factory=CifarTask)
@@ -138,6 +142,7 @@ class MorphogenesisEnv:
             blueprints=self.spec.blueprints,
             max_seeds=self.spec.max_seeds,
             gate_config=self.spec.gate_config,
+            blend_gradient=self.spec.blend_gradient,
             rng_seed=episode_rng_seed,
             grad_stats_every=self.spec.grad_stats_every,
         )
