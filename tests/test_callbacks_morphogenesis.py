@@ -536,9 +536,9 @@ def test_a_user_controller_hooks_reach_the_event_log_and_the_warning(kind, cifar
     (event,) = callback.engine.events
     assert (event.epoch, event.kind, event.blueprint) == (1, "germinated", "conv_small")
     if kind is PlainGrower:  # no hooks: no reason, no warning
-        assert event.reason == "policy" and messages == []
+        assert event.reason == "PlainGrower" and messages == []
         return
-    assert event.reason == "policy: my rule fires at epoch 1"
+    assert event.reason == "UserGrower: my rule fires at epoch 1"
     assert messages == [
         "MorphogenesisCallback: max_epochs=3 is too short for any seed to reach blending: the "
         "controller germinates at epoch 1 at the earliest (timing knobs at this length: "
@@ -600,6 +600,6 @@ def test_lr_tags_stay_put_and_tensorboard_gets_a_timeline_and_a_layout(cifar_dir
     assert charts == {t: [rf"morpho/net\.3/{t}"] for t in ("alpha", "stage", "contribution")}
 
     lines = [r.getMessage() for r in caplog.records if r.name.startswith("esper_lightning")]
-    assert lines == ["epoch 1: net.3 germinated conv_light (policy)"]
+    assert lines == ["epoch 1: net.3 germinated conv_light (ScriptedController)"]
     assert [(e.epoch, e.stage) for e in callback.engine.timeline] == [
         (0, "DORMANT"), (1, "GERMINATED"), (2, "GERMINATED")]

@@ -222,6 +222,8 @@ class MorphogenesisCallback(Callback):
             rng_seed = torch.initial_seed() if self.rng_seed is None else self.rng_seed
             rng_seed = dist.broadcast_rng_seed(trainer, rng_seed)  # equal seeds on every rank
             self.engine = MorphogenesisEngine(pl_module, rng_seed=rng_seed, **self._engine_kwargs)
+            # Event lines name what decided them (`HeuristicController`), not a generic "policy".
+            self.engine.controller_name = type(self.controller).__name__
         dist.keep_slots_out_of_ddp(pl_module)
 
     @override
@@ -555,7 +557,8 @@ def _length_text(trainer: L.Trainer, epochs: int) -> str:
     """How the run's length was set, for messages."""
     if trainer.max_epochs == epochs:
         return f"max_epochs={epochs}"
-    return f"a run of {epochs} epochs (max_steps={trainer.max_steps}, {_batches_text(trainer)})"
+    length = f"{epochs} epoch{'s' if epochs != 1 else ''}"
+    return f"a run of {length} (max_steps={trainer.max_steps}, {_batches_text(trainer)})"
 
 
 def _pair(batch: Any) -> tuple[Tensor, Tensor]:

@@ -446,7 +446,8 @@ class HeuristicController:
             blueprint=blueprint,
             alpha_target=AlphaTargetChoice.FULL,
         )
-        return action, f"plateau of {self._plateau_epochs} epochs: germinate {blueprint}"
+        plateau = f"{self._plateau_epochs} epoch{'s' if self._plateau_epochs != 1 else ''}"
+        return action, f"plateau of {plateau}: germinate {blueprint}"
 
     def _next_blueprint(self, rotation: tuple[str, ...], allowed: tuple[str, ...]) -> str | None:
         """Round robin over the rotation, skipping blueprints not allowed or penalised; when all
@@ -490,7 +491,8 @@ class HeuristicController:
         reasons of its own.) None: keep incubating."""
         cfg, m = self._scaled[2], slot.metrics
         if cfg.max_training_epochs and slot.epochs_in_stage >= cfg.max_training_epochs:
-            return f"incubated {slot.epochs_in_stage} epochs without passing G2"
+            age = slot.epochs_in_stage
+            return f"incubated {age} epoch{'s' if age != 1 else ''} without passing G2"
         if slot.epochs_in_stage < cfg.min_epochs_before_prune or m.gradient_health is None:
             return None
         if m.is_healthy is False:
