@@ -191,6 +191,10 @@ class MorphogenesisEngine:
         #: Who decides: the events its actions cause are labelled with it (``(random)``,
         #: ``(heuristic: <reason>)``); the callback and the apps set it.
         self.controller_name = "policy"
+        #: Training FLOPs spent so far and the compute budget (None: none), as the adapter that
+        #: meters them sets them; reports carry both.
+        self.train_flops: float = 0.0
+        self.budget_flops: float | None = None
         #: Where events are logged: an app puts a `logging.LoggerAdapter` here that says which
         #: env and episode a line comes from (`esper_lightning.app.logs`).
         self.log: logging.Logger | logging.LoggerAdapter[logging.Logger] = log
@@ -289,6 +293,8 @@ class MorphogenesisEngine:
             last_action_success=self.last_action_success,
             topology=self.topology,
             seed_params_history=tuple(self.seed_params_history),
+            train_flops=self.train_flops,
+            budget_flops=self.budget_flops,
         )
 
     def execute(self, action: Action, reason: str | None = None) -> StepOutcome:

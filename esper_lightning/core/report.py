@@ -39,7 +39,11 @@ class EpochReport:
         masks: legal actions now; ``mask_context`` is what they were computed with.
         last_action: the action executed at the previous decision (None at the start).
         last_action_success: whether it was legal and its gate (if any) passed.
-        topology: ``"cnn"`` or ``"transformer"``.
+        topology: ``"cnn"``, ``"transformer"`` or ``"linear"``.
+        train_flops: training FLOPs spent so far in this run or episode (host and every seed,
+            forward and backward; 0 when nobody measures them).
+        budget_flops: the run's compute budget in training FLOPs (None: no budget; the run is
+            as long as its epochs).
     """
 
     epoch: int
@@ -59,6 +63,21 @@ class EpochReport:
     last_action_success: bool = True
     topology: str = "cnn"
     seed_params_history: tuple[int, ...] = ()
+    train_flops: float = 0.0
+    budget_flops: float | None = None
+
+    @property
+    def budget_fraction(self) -> float | None:
+        """Fraction of the compute budget spent (None without a budget)."""
+        return None if self.budget_flops is None else self.train_flops / self.budget_flops
+
+    @property
+    def spent_fraction(self) -> float | None:
+        """How far the run is: the budget fraction under a compute budget, else the epochs done
+        over the planned epochs (None when neither is known)."""
+        if self.budget_flops is not None:
+            return self.budget_fraction
+        return None if not self.max_epochs else (self.epoch + 1) / self.max_epochs
 
     def count(self, *stages: SeedStage) -> int:
         return sum(s.stage in stages for s in self.slots)
