@@ -107,6 +107,8 @@ class TaskConfig:
             (null: the default) or detached (the seed's input is detached, so they get only
             1 - alpha of their gradient; docs/evidence.md measures both).
         block_size: lm only: tokens per block (null: the GPT preset's block_size).
+        layer_scale_init: initial gain of every LayerScale in a new seed (null: the
+            blueprints' own, 1e-3; docs/evidence.md measures 1.0).
     """
 
     data_dir: str | None = None
@@ -130,6 +132,7 @@ class TaskConfig:
     min_training_epochs: int = 10
     blend_gradient: BlendGradientName | None = None
     block_size: int | None = None
+    layer_scale_init: float | None = None
 
     def __post_init__(self) -> None:
         _check_choice("task", self.task, tuple(TASK_CHOICES))
@@ -156,6 +159,9 @@ class TaskConfig:
         if self.host_lr <= 0:  # type: ignore[operator]  # resolved above
             raise ConfigError(f"host_lr must be > 0, got {self.host_lr}")
         _check_block_size(self)
+        if self.layer_scale_init is not None and not self.layer_scale_init >= 0:
+            raise ConfigError(f"layer_scale_init must be >= 0 or null, got "
+                              f"{self.layer_scale_init}")
 
     @property
     def task_choices(self) -> TaskChoices:
@@ -371,11 +377,12 @@ class CompareConfig(TaskConfig):
 COMPATIBILITY_KEYS = (
     "task", "slots", "host_preset", "reward", "episode_length", "policy_hidden", "envs",
     "min_training_epochs", "max_seeds", "param_cost", "heads", "blend_gradient",
+    "layer_scale_init",
 )
 #: What a saved config (a checkpoint, a comparison folder) written before these keys existed
 #: meant by leaving them out.
 ADDED_KEY_DEFAULTS: dict[str, Any] = {"task": "cifar", "block_size": None,
-                                      "blend_gradient": None}
+                                      "blend_gradient": None, "layer_scale_init": None}
 #: Keys whose default depends on the task (null in a layer: the task's own).
 TASK_DEFAULTED_KEYS = ("host_preset", "slots", "host_lr")
 
@@ -573,7 +580,7 @@ def _check_block_size(config: TaskConfig) -> None:
 _TUPLE_FIELDS = ("slots", "devices", "controllers", "ab")
 _OPTIONAL_PATHS = ("data_dir", "save", "resume", "host_preset")
 _OPTIONAL_INTS = ("train_subset", "val_subset", "max_seeds", "block_size")
-_OPTIONAL_FLOATS = ("host_lr",)
+_OPTIONAL_FLOATS = ("host_lr", "layer_scale_init")
 
 
 def _coerce(name: str, value: Any, default: Any) -> Any:

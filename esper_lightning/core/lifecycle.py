@@ -397,17 +397,29 @@ class QualityGates:
                 f"unknown gate mode {mode!r}; accepted: permissive, strict"
             ) from None
 
-    def check(self, target: SeedStage, state: SeedState, alpha: AlphaView) -> GateResult:
+    def check(self, target: SeedStage, state: SeedState, alpha: AlphaView, *,
+              min_training_epochs: int | None = None) -> GateResult:
+        """The gate guarding ``target`` for ``state``.
+
+        ``min_training_epochs`` replaces the config's incubation for this seed (G2): a
+        blueprint with a pace of its own (`blueprints.BlueprintSpec.incubation`, 0 for block
+        seeds). A seed still spends one epoch in TRAINING, between the two decisions that move
+        it in and out, and its gradient health is measured there.
+        """
         gate = GATE_FOR_TARGET.get(target)
         if gate is None:
             return GateResult(-1, False, 0.0, (), (f"no_gate_for_{target.name.lower()}",))
-        checks = {
-            Gate.G0: self._g0,
-            Gate.G1: self._g1,
-            Gate.G2: self._g2,
-            Gate.G3: self._g3,
-            Gate.G5: self._g5,
-        }[gate](state, alpha)
+        if gate == Gate.G2:
+            incubation = self.config.min_training_epochs
+            checks = self._g2(state, incubation if min_training_epochs is None
+                              else min_training_epochs)
+        else:
+            checks = {
+                Gate.G0: self._g0,
+                Gate.G1: self._g1,
+                Gate.G3: self._g3,
+                Gate.G5: self._g5,
+            }[gate](state, alpha)
         passed = tuple(name for name, ok in checks if ok)
         failed = tuple(name for name, ok in checks if not ok)
         score = self._score(gate, state, alpha)
@@ -423,9 +435,9 @@ class QualityGates:
     def _g1(self, state: SeedState, alpha: AlphaView) -> list[tuple[str, bool]]:
         return [("stage_germinated", state.stage == SeedStage.GERMINATED)]
 
-    def _g2(self, state: SeedState, alpha: AlphaView) -> list[tuple[str, bool]]:
+    def _g2(self, state: SeedState, incubation: int) -> list[tuple[str, bool]]:
         m, cfg = state.metrics, self.config
-        checks = [("min_training_epochs", m.epochs_in_stage >= self.config.min_training_epochs)]
+        checks = [("min_training_epochs", m.epochs_in_stage >= incubation)]
         if self.strict:
             checks.append(
                 ("min_improvement", m.improvement_since_stage_start >= cfg.min_training_improvement)
