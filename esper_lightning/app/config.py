@@ -333,9 +333,11 @@ class CompareConfig(TaskConfig):
         controllers: controllers to compare: static, heuristic, random,
             grower:BLUEPRINT[:all][:hold] (germinate it in the first slot, or every slot, advance
             when legal, fossilize unless hold), policy:PATH (a PPO
-            checkpoint) and matched:NAME (the host born in each episode with the seeds NAME had
+            checkpoint), matched:NAME (the host born in each episode with the seeds NAME had
             at the end of that episode, the same blueprints in the same slots, fully blended
-            from epoch 0).
+            from epoch 0), stack:K@TAU[:INIT] (lm: grow to K blocks with block seeds of INIT
+            copy, identity or random once fraction TAU of the run is spent) and born:K (lm:
+            the host born with K blocks, random-init block seeds fully blended from epoch 0).
         seeds: evaluation episodes per controller; episode i has the same host initialisation,
             data order and augmentation for every controller.
         envs: envs in the lockstep pool (episodes run in chunks of this size).

@@ -169,14 +169,7 @@ class MorphogenesisEngine:
         self.grad_stats_every = grad_stats_every
         check_blend_gradient(blend_gradient)
         self.slots = resolve_slots(model, slots, topology)
-        for slot in self.slots.values():
-            if gate_mode is not None or gate_config is not None:
-                mode = slot.gates.mode if gate_mode is None else GateMode(gate_mode)
-                slot.gates = QualityGates(mode, gate_config or slot.gates.config)
-            if blend_gradient is not None:
-                slot.blend_gradient = blend_gradient
-            if layer_scale_init is not None:
-                slot.layer_scale_init = check_layer_scale_init(layer_scale_init)
+        self._set_slot_settings(gate_mode, gate_config, blend_gradient, layer_scale_init)
         self._allowed = None if blueprints is None else _blueprint_list(blueprints)
         self._max_seeds = max_seeds
         self._mask_context: MaskContext | None = None
@@ -209,6 +202,18 @@ class MorphogenesisEngine:
         self._pending_group_order: list[str] | None = None
 
     # --- slots --------------------------------------------------------------------------------
+    def _set_slot_settings(self, gate_mode: GateMode | str | None, gate_config: GateConfig | None,
+                           blend_gradient: str | None, layer_scale_init: float | None) -> None:
+        """Give every slot the settings that were given (the others keep the slot's own)."""
+        for slot in self.slots.values():
+            if gate_mode is not None or gate_config is not None:
+                mode = slot.gates.mode if gate_mode is None else GateMode(gate_mode)
+                slot.gates = QualityGates(mode, gate_config or slot.gates.config)
+            if blend_gradient is not None:
+                slot.blend_gradient = blend_gradient
+            if layer_scale_init is not None:
+                slot.layer_scale_init = check_layer_scale_init(layer_scale_init)
+
     @property
     def topology(self) -> str | None:
         """The slots' topology; None while a slot still infers its own (no forward pass yet)."""
