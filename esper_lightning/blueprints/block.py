@@ -24,7 +24,8 @@ moments (AdamW state starts at zero, as for every seed): the seed is built a dec
 first trains, so its source's moments would be stale by then.
 
 Block seeds need no incubation (`BlueprintSpec.incubation` 0: gate G2 lets them blend after the
-one TRAINING epoch every seed spends between two decisions) and blend in one epoch
+one TRAINING epoch every seed spends between two decisions, asking only that their gradients
+did not explode) and blend in one epoch
 (`BlueprintSpec.blend_tempo` 1: alpha is 1 from the next epoch on). They are built for growth
 measured in compute: waiting ten epochs in isolation and ramping over five costs a growing run
 the compute it is trying to save.

@@ -141,7 +141,8 @@ class BlueprintSpec:
         context: What else the factory takes from the slot at germination, by keyword (see
             `CONTEXTS`); `build` refuses to germinate without it.
         incubation: Epochs the seed must spend in TRAINING before gate G2 lets it blend (None:
-            the slot's `GateConfig.min_training_epochs`).
+            the slot's `GateConfig.min_training_epochs`; 0 also waives G2's gradient-health
+            threshold, keeping its "measured, not exploding" checks).
         blend_tempo: Epochs of its alpha ramp (None: the germinating action's tempo).
     """
 

@@ -398,21 +398,23 @@ class QualityGates:
             ) from None
 
     def check(self, target: SeedStage, state: SeedState, alpha: AlphaView, *,
-              min_training_epochs: int | None = None) -> GateResult:
+              incubation: int | None = None) -> GateResult:
         """The gate guarding ``target`` for ``state``.
 
-        ``min_training_epochs`` replaces the config's incubation for this seed (G2): a
-        blueprint with a pace of its own (`blueprints.BlueprintSpec.incubation`, 0 for block
-        seeds). A seed still spends one epoch in TRAINING, between the two decisions that move
-        it in and out, and its gradient health is measured there.
+        ``incubation`` is the seed's blueprint's own (`blueprints.BlueprintSpec.incubation`;
+        None: the config's ``min_training_epochs``). A seed still spends one epoch in TRAINING,
+        between the two decisions that move it in and out, and its gradients are measured
+        there. A blueprint that needs no incubation (0: block seeds) is asked by G2 only that
+        its gradients were measured and did not explode, not for the health threshold: an
+        identity block's branches are closed at birth, so most of its gradients vanish by
+        construction until its output projections move.
         """
         gate = GATE_FOR_TARGET.get(target)
         if gate is None:
             return GateResult(-1, False, 0.0, (), (f"no_gate_for_{target.name.lower()}",))
         if gate == Gate.G2:
-            incubation = self.config.min_training_epochs
-            checks = self._g2(state, incubation if min_training_epochs is None
-                              else min_training_epochs)
+            epochs = self.config.min_training_epochs if incubation is None else incubation
+            checks = self._g2(state, epochs, health=incubation != 0)
         else:
             checks = {
                 Gate.G0: self._g0,
@@ -435,7 +437,7 @@ class QualityGates:
     def _g1(self, state: SeedState, alpha: AlphaView) -> list[tuple[str, bool]]:
         return [("stage_germinated", state.stage == SeedStage.GERMINATED)]
 
-    def _g2(self, state: SeedState, incubation: int) -> list[tuple[str, bool]]:
+    def _g2(self, state: SeedState, incubation: int, health: bool) -> list[tuple[str, bool]]:
         m, cfg = state.metrics, self.config
         checks = [("min_training_epochs", m.epochs_in_stage >= incubation)]
         if self.strict:
@@ -451,8 +453,9 @@ class QualityGates:
         measured = m.gradient_health is not None
         checks.append(("gradient_health_measured", measured))
         checks.append(("not_exploding", measured and not m.has_exploding))
-        health = m.gradient_health if m.gradient_health is not None else -math.inf
-        checks.append(("gradient_health", health >= cfg.min_gradient_health))
+        if health:
+            value = m.gradient_health if m.gradient_health is not None else -math.inf
+            checks.append(("gradient_health", value >= cfg.min_gradient_health))
         return checks
 
     def _g3(self, state: SeedState, alpha: AlphaView) -> list[tuple[str, bool]]:

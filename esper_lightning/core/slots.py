@@ -372,9 +372,8 @@ class SeedSlot(nn.Module):
         state = self._require(SeedStage.GERMINATED, SeedStage.TRAINING, SeedStage.BLENDING)
         target = default_successor(state.stage)
         assert target is not None
-        incubation = self._spec(state.blueprint).incubation
         result = self.gates.check(target, state, self._alpha_view(),
-                                  min_training_epochs=incubation)
+                                  incubation=self._spec(state.blueprint).incubation)
         state.last_gate = result
         if result.passed:
             self._enter(target, result.message)
