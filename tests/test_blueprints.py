@@ -24,8 +24,10 @@ from esper_lightning.blueprints import (
     scratch_registry,
     unregister,
 )
+from esper_lightning.blueprints.block import Block
 from esper_lightning.blueprints.cnn import PreActResidual, num_groups
 from esper_lightning.blueprints.registry import LayerScale, LayerScale2d
+from esper_lightning.blueprints.transformer import default_num_heads
 
 CNN_NAMES = {
     "norm",
@@ -37,6 +39,9 @@ CNN_NAMES = {
     "conv_heavy",
 }
 TRANSFORMER_NAMES = {"norm", "lora", "lora_large", "attention", "mlp_small", "mlp"}
+#: Block seeds: a whole transformer block built on the one their slot follows
+#: (tests/test_blueprints_block.py); not LayerScale seeds, so not in the seed-property cases.
+BLOCK_NAMES = {"block_copy", "block_identity", "block_random"}
 LINEAR_NAMES = {"norm", "mlp_bottleneck", "mlp_small", "mlp"}
 
 CNN_WIDTHS = (6, 8, 16, 32)  # 6: not divisible by 4, GroupNorm falls back to 2 groups
@@ -64,6 +69,7 @@ FORMULAS: dict[tuple[str, str], Callable[[int], int]] = {
     ("transformer", "attention"): lambda d: 4 * d * d + 7 * d,
     ("transformer", "mlp_small"): lambda d: 4 * d * d + 6 * d,
     ("transformer", "mlp"): lambda d: 8 * d * d + 8 * d,
+    **{("transformer", name): (lambda d: 12 * d * d + 13 * d) for name in BLOCK_NAMES},
     ("linear", "norm"): lambda d: 2 * d + 1,
     ("linear", "mlp_bottleneck"): lambda d: 2 * d * max(8, d // 4) + max(8, d // 4) + 4 * d,
     ("linear", "mlp_small"): lambda d: 4 * d * d + 6 * d,
@@ -71,13 +77,23 @@ FORMULAS: dict[tuple[str, str], Callable[[int], int]] = {
 }
 
 
-def _cases(widths: dict[str, tuple[int, ...]]) -> list[pytest.param]:
+def _cases(widths: dict[str, tuple[int, ...]], blocks: bool = False) -> list[pytest.param]:
+    """Every blueprint at every width; block seeds only with ``blocks``."""
     return [
         pytest.param(topology, name, width, id=f"{topology}-{name}-{width}")
         for topology in TOPOLOGIES
         for name in available(topology)
         for width in widths[topology]
+        if blocks or not get_spec(name, topology).context
     ]
+
+
+def _build(name: str, width: int, topology: str) -> nn.Module:
+    """`build`, giving a block seed a host block to follow."""
+    context = None
+    if get_spec(name, topology).context:
+        context = {"preceding": Block.like(Block(width, default_num_heads(width)))}
+    return build(name, width, topology, context=context)
 
 
 LIVE_CASES = _cases({"cnn": CNN_WIDTHS, "transformer": TRANSFORMER_WIDTHS,
@@ -204,10 +220,11 @@ def test_cnn_seed_works_for_any_width_and_size(
 
 @pytest.mark.parametrize(
     ("topology", "name", "width"),
-    _cases({"cnn": (1, 6, 8, 64, 100), "transformer": (6, 32, 384), "linear": (1, 6, 64, 128)}),
+    _cases({"cnn": (1, 6, 8, 64, 100), "transformer": (6, 32, 384), "linear": (1, 6, 64, 128)},
+           blocks=True),
 )
 def test_param_count_matches_built_module_and_formula(topology: str, name: str, width: int) -> None:
-    seed = build(name, width, topology)
+    seed = _build(name, width, topology)
     actual = sum(p.numel() for p in seed.parameters() if p.requires_grad)
     assert param_count(name, width, topology) == actual
     assert actual == FORMULAS[topology, name](width)
@@ -281,7 +298,7 @@ def test_transformer_attention_mixes_past_tokens() -> None:
 def test_available_lists_builtins_sorted_by_size() -> None:
     for topology, expected, width in (
         ("cnn", CNN_NAMES, 64),
-        ("transformer", TRANSFORMER_NAMES, 384),
+        ("transformer", TRANSFORMER_NAMES | BLOCK_NAMES, 384),
         ("linear", LINEAR_NAMES, 128),
     ):
         names = available(topology)
@@ -296,7 +313,7 @@ def test_available_lists_builtins_sorted_by_size() -> None:
 def test_no_batchnorm_and_no_running_statistics() -> None:
     for topology in TOPOLOGIES:
         for name in available(topology):
-            seed = build(name, 8, topology)
+            seed = _build(name, 8, topology)
             assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in seed.modules())
             assert not list(seed.buffers()), f"{topology}:{name} carries running statistics"
 

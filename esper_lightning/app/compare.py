@@ -64,10 +64,12 @@ from esper_lightning.controllers import (
     RandomController,
     StaticController,
 )
+from esper_lightning.controllers.stack import born_implants, stack_controller
 from esper_lightning.core.lifecycle import PRESENT_STAGES
 from esper_lightning.core.report import EpochReport
 from esper_lightning.envs import EnvPool, episode_rng_seed
 from esper_lightning.errors import ConfigError
+from esper_lightning.hosts.presets import GPT_PRESETS
 from esper_lightning.rl.checkpoint import (
     PolicyBundle,
     check_blueprints,
@@ -83,7 +85,7 @@ EVALUATION_ROUNDS = 1_000_000
 TUNING_ROUNDS = 2_000_000
 CONTROLLER_KINDS = (
     "static", "heuristic", "random", "grower:BLUEPRINT[:all][:hold]", "policy:PATH",
-    "matched:NAME",
+    "matched:NAME", "stack:K@TAU[:INIT]", "born:K",
 )
 #: The heuristic's main knobs and the values `--tune_heuristic` tries (every combination).
 TUNING_GRID: dict[str, tuple[Any, ...]] = {
@@ -125,7 +127,7 @@ def parse_controller(text: str, custom: Sequence[str] = ()) -> ControllerSpec:
     if text in custom:
         return ControllerSpec(text, "custom")
     if (kind in ("static", "heuristic", "random") and not sep) or (
-        kind in ("grower", "policy", "matched") and argument
+        kind in ("grower", "policy", "matched", "stack", "born") and argument
     ):
         return ControllerSpec(text, kind, argument or None)
     accepted = ", ".join((*CONTROLLER_KINDS, *custom))
@@ -260,6 +262,8 @@ class Comparison:
         for spec in self.specs.values():
             if spec.kind == "grower":
                 make_grower(spec.argument, self.topology)  # type: ignore[arg-type]  # early
+            if spec.kind in ("stack", "born"):
+                self._depth_growth(spec)  # early
         self.policies = {s.label: check_policy(s.argument, config)  # type: ignore[arg-type]
                          for s in self.specs.values() if s.kind == "policy"}
         for spec in self.specs.values():
@@ -380,8 +384,9 @@ class Comparison:
             for i in range(self.config.seeds):
                 if (spec.label, i) not in by_episode:
                     rng_seed = evaluation_rng_seed(self.config.rng_seed, i)
-                    plans.append(EpisodePlan(spec.label, i, rng_seed,
-                                             _implants(spec, i, by_episode)))
+                    implants = (self._depth_growth(spec) if spec.kind == "born"
+                                else _implants(spec, i, by_episode))
+                    plans.append(EpisodePlan(spec.label, i, rng_seed, implants))
         return plans
 
     def _play_missing(self, plans: list[EpisodePlan], csv_path: Path,
@@ -413,7 +418,16 @@ class Comparison:
             return make_grower(spec.argument, self.topology)  # type: ignore[arg-type]
         if spec.kind == "policy":
             return PolicyController(self.policies[spec.label])
-        return StaticController()  # static, and matched (its seeds are implanted at birth)
+        if spec.kind == "stack":
+            return self._depth_growth(spec)  # type: ignore[return-value]
+        return StaticController()  # static, matched and born (their seeds are implanted)
+
+    def _depth_growth(self, spec: ControllerSpec) -> Any:
+        """``stack:``'s controller or ``born:``'s implants, on the host's blocks and slots."""
+        preset = GPT_PRESETS.get(str(self.config.host_preset))
+        blocks = preset.n_layer if preset is not None and self.config.task == "lm" else 1
+        make = stack_controller if spec.kind == "stack" else born_implants
+        return make(spec.argument, blocks, self.config.slots, self.topology)  # type: ignore
 
     def _get_pool(self) -> EnvPool:
         if self._pool is None:

@@ -85,7 +85,8 @@ class TaskConfig:
         slots: enabled slot ids of the host, in action order (null: cifar r0c0 r0c1 r0c2; lm
             r0c0 r0c1).
         host_preset: the host network (cifar: baseline, impaired, scale; lm: tiny, small,
-            medium; null: baseline / tiny).
+            medium, grow4 (1 block and growth slots r1c0-r1c2 for block seeds), w32l1, w32l4;
+            null: baseline / tiny).
         reward: reward mode the controller's return is computed with.
         gamma: discount of the return (and of the reward's potential-based shaping).
         param_cost: outcome points charged per host-sized amount of seed parameters (the
@@ -107,6 +108,8 @@ class TaskConfig:
             (null: the default) or detached (the seed's input is detached, so they get only
             1 - alpha of their gradient; docs/evidence.md measures both).
         block_size: lm only: tokens per block (null: the GPT preset's block_size).
+        layer_scale_init: initial gain of every LayerScale in a new seed (null: the
+            blueprints' own, 1e-3; docs/evidence.md measures 1.0).
     """
 
     data_dir: str | None = None
@@ -130,6 +133,7 @@ class TaskConfig:
     min_training_epochs: int = 10
     blend_gradient: BlendGradientName | None = None
     block_size: int | None = None
+    layer_scale_init: float | None = None
 
     def __post_init__(self) -> None:
         _check_choice("task", self.task, tuple(TASK_CHOICES))
@@ -156,6 +160,9 @@ class TaskConfig:
         if self.host_lr <= 0:  # type: ignore[operator]  # resolved above
             raise ConfigError(f"host_lr must be > 0, got {self.host_lr}")
         _check_block_size(self)
+        if self.layer_scale_init is not None and not self.layer_scale_init >= 0:
+            raise ConfigError(f"layer_scale_init must be >= 0 or null, got "
+                              f"{self.layer_scale_init}")
 
     @property
     def task_choices(self) -> TaskChoices:
@@ -327,9 +334,11 @@ class CompareConfig(TaskConfig):
         controllers: controllers to compare: static, heuristic, random,
             grower:BLUEPRINT[:all][:hold] (germinate it in the first slot, or every slot, advance
             when legal, fossilize unless hold), policy:PATH (a PPO
-            checkpoint) and matched:NAME (the host born in each episode with the seeds NAME had
+            checkpoint), matched:NAME (the host born in each episode with the seeds NAME had
             at the end of that episode, the same blueprints in the same slots, fully blended
-            from epoch 0).
+            from epoch 0), stack:K@TAU[:INIT] (lm: grow to K blocks with block seeds of INIT
+            copy, identity or random once fraction TAU of the run is spent) and born:K (lm:
+            the host born with K blocks, random-init block seeds fully blended from epoch 0).
         seeds: evaluation episodes per controller; episode i has the same host initialisation,
             data order and augmentation for every controller.
         envs: envs in the lockstep pool (episodes run in chunks of this size).
@@ -371,11 +380,12 @@ class CompareConfig(TaskConfig):
 COMPATIBILITY_KEYS = (
     "task", "slots", "host_preset", "reward", "episode_length", "policy_hidden", "envs",
     "min_training_epochs", "max_seeds", "param_cost", "heads", "blend_gradient",
+    "layer_scale_init",
 )
 #: What a saved config (a checkpoint, a comparison folder) written before these keys existed
 #: meant by leaving them out.
 ADDED_KEY_DEFAULTS: dict[str, Any] = {"task": "cifar", "block_size": None,
-                                      "blend_gradient": None}
+                                      "blend_gradient": None, "layer_scale_init": None}
 #: Keys whose default depends on the task (null in a layer: the task's own).
 TASK_DEFAULTED_KEYS = ("host_preset", "slots", "host_lr")
 
@@ -573,7 +583,7 @@ def _check_block_size(config: TaskConfig) -> None:
 _TUPLE_FIELDS = ("slots", "devices", "controllers", "ab")
 _OPTIONAL_PATHS = ("data_dir", "save", "resume", "host_preset")
 _OPTIONAL_INTS = ("train_subset", "val_subset", "max_seeds", "block_size")
-_OPTIONAL_FLOATS = ("host_lr",)
+_OPTIONAL_FLOATS = ("host_lr", "layer_scale_init")
 
 
 def _coerce(name: str, value: Any, default: Any) -> Any:

@@ -32,7 +32,7 @@ def env_spec(task: TaskConfig) -> EnvSpec:
         host_lr=task.host_lr, precision=task.precision, episode_length=task.episode_length,
         max_seeds=task.max_seeds,
         gate_config=GateConfig(min_training_epochs=task.min_training_epochs),
-        blend_gradient=task.blend_gradient,
+        blend_gradient=task.blend_gradient, layer_scale_init=task.layer_scale_init,
         governor=GovernorConfig(num_classes=played.num_classes), task=played,
     )
 

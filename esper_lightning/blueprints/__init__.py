@@ -1,6 +1,7 @@
 """Seed blueprints: the small modules a host grows in its slots, per topology.
 
-Importing this package registers the built-in CNN, transformer and linear (MLP) blueprints::
+Importing this package registers the built-in CNN, transformer (block seeds included: `block`)
+and linear (MLP) blueprints::
 
     from esper_lightning import blueprints
 
@@ -14,11 +15,17 @@ policy created afterwards has a blueprint head entry for it::
     blueprints.register(BlueprintSpec("my_seed", "cnn", MySeed, "x + g*f(x); 2C^2"))
 """
 
-from esper_lightning.blueprints import cnn, linear, transformer  # noqa: F401  (the built-ins)
+from esper_lightning.blueprints import (  # noqa: F401  (the built-ins)
+    block,
+    cnn,
+    linear,
+    transformer,
+)
 from esper_lightning.blueprints.registry import (
     ACTIVATION_RANKS,
     ACTIVATION_SHAPES,
     BUILTIN_TABLE,
+    CONTEXTS,
     NO_BLUEPRINT,
     TOPOLOGIES,
     TOPOLOGY_OF_RANK,
@@ -29,6 +36,7 @@ from esper_lightning.blueprints.registry import (
     blueprint_index,
     blueprint_table,
     build,
+    context_error,
     get_spec,
     param_count,
     register,
@@ -40,6 +48,7 @@ __all__ = [
     "ACTIVATION_RANKS",
     "ACTIVATION_SHAPES",
     "BUILTIN_TABLE",
+    "CONTEXTS",
     "NO_BLUEPRINT",
     "TOPOLOGIES",
     "TOPOLOGY_OF_RANK",
@@ -50,6 +59,7 @@ __all__ = [
     "blueprint_index",
     "blueprint_table",
     "build",
+    "context_error",
     "get_spec",
     "param_count",
     "register",

@@ -13,9 +13,17 @@ head keeps its meaning for as long as the process runs (a saved policy stores th
 indices and is checked against the table when it is loaded).
 
 This module also holds :class:`LayerScale` / :class:`LayerScale2d`, the small-gain output stage
-shared by every built-in blueprint: each seed is ``x + gamma * branch(x)`` with ``gamma`` starting
+shared by the built-in blueprints: each seed is ``x + gamma * branch(x)`` with ``gamma`` starting
 at 1e-3, which keeps a freshly germinated seed within 1e-2 of the identity while every parameter
 still receives gradient (zero-initialising the last layer instead leaves the branch dead).
+``build(..., layer_scale=g)`` starts every LayerScale gain of a seed at ``g`` instead (the
+``layer_scale_init`` setting of slots, engine and ``--layer_scale_init``).
+
+A blueprint may need more than its width: a block seed copies the transformer block its slot
+follows. Its spec names that *context* (`BlueprintSpec.context`), the slot supplies it at
+germination (``build(..., context={"preceding": block})``), and a slot that cannot is refused in
+one line. A spec can also set its own lifecycle pace (`BlueprintSpec.incubation`,
+`BlueprintSpec.blend_tempo`).
 """
 
 from __future__ import annotations
@@ -23,9 +31,10 @@ from __future__ import annotations
 import itertools
 import operator
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -34,6 +43,7 @@ __all__ = [
     "ACTIVATION_RANKS",
     "ACTIVATION_SHAPES",
     "BUILTIN_TABLE",
+    "CONTEXTS",
     "NO_BLUEPRINT",
     "REFERENCE_WIDTHS",
     "TOPOLOGIES",
@@ -47,6 +57,7 @@ __all__ = [
     "blueprint_index",
     "blueprint_table",
     "build",
+    "context_error",
     "get_spec",
     "param_count",
     "register",
@@ -79,6 +90,10 @@ _PROBE_SHAPES: dict[str, Callable[[int], tuple[int, ...]]] = {
 }
 
 DEFAULT_LAYER_SCALE = 1e-3
+#: What a blueprint's factory can ask of its slot (`BlueprintSpec.context`), as said in messages.
+CONTEXTS: dict[str, str] = {
+    "preceding": "the transformer block the slot follows",
+}
 
 #: Action index of "no blueprint": the blueprint head's value for every op but GERMINATE.
 NO_BLUEPRINT = 0
@@ -99,6 +114,9 @@ BUILTIN_TABLE: tuple[str, ...] = (
     "mlp",
     "flex_attention",
     "mlp_bottleneck",
+    "block_copy",
+    "block_identity",
+    "block_random",
 )
 # Names appear in command lines (``grower:conv_light:all``) and comma-separated lists.
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
@@ -116,14 +134,25 @@ class BlueprintSpec:
         name: Blueprint name, unique within its topology (e.g. ``"conv_light"``).
         topology: One of :data:`TOPOLOGIES`.
         factory: Builds the seed for a slot of the given width (channels for CNNs, model width
-            ``D`` for transformers and linear slots).
+            ``D`` for transformers and linear slots), plus one keyword argument per name of
+            ``context``. Called without them it must still build a seed of the right size:
+            `param_count` and `available` count parameters without any slot.
         description: One line describing the structure and parameter count formula.
+        context: What else the factory takes from the slot at germination, by keyword (see
+            `CONTEXTS`); `build` refuses to germinate without it.
+        incubation: Epochs the seed must spend in TRAINING before gate G2 lets it blend (None:
+            the slot's `GateConfig.min_training_epochs`; 0 also waives G2's gradient-health
+            threshold, keeping its "measured, not exploding" checks).
+        blend_tempo: Epochs of its alpha ramp (None: the germinating action's tempo).
     """
 
     name: str
     topology: str
-    factory: Callable[[int], nn.Module]
+    factory: Callable[..., nn.Module]
     description: str
+    context: tuple[str, ...] = ()
+    incubation: int | None = None
+    blend_tempo: int | None = None
 
 
 _REGISTRY: dict[str, dict[str, BlueprintSpec]] = {topology: {} for topology in TOPOLOGIES}
@@ -208,6 +237,16 @@ def register(spec: BlueprintSpec) -> BlueprintSpec:
         )
     if not callable(spec.factory):
         raise BlueprintError(f"blueprint {spec.name!r} factory must be callable")
+    unknown = [c for c in spec.context if c not in CONTEXTS]
+    if unknown:
+        raise BlueprintError(f"blueprint {spec.name!r} asks for unknown context {unknown[0]!r}; "
+                             f"accepted: {', '.join(CONTEXTS)}")
+    for knob, low in (("incubation", 0), ("blend_tempo", 1)):
+        value = getattr(spec, knob)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < low):
+            raise BlueprintError(f"blueprint {spec.name!r}: {knob} must be an int >= {low} or "
+                                 f"None, got {value!r}")
     table = _REGISTRY[spec.topology]
     if spec.name in table:
         raise BlueprintError(
@@ -318,8 +357,8 @@ def get_spec(name: str, topology: str = "cnn") -> BlueprintSpec:
     return spec
 
 
-def _instantiate(spec: BlueprintSpec, channels: int) -> nn.Module:
-    module = spec.factory(channels)
+def _instantiate(spec: BlueprintSpec, channels: int, **context: Any) -> nn.Module:
+    module = spec.factory(channels, **context)
     if not isinstance(module, nn.Module):
         raise BlueprintError(
             f"blueprint {spec.name!r} factory returned {type(module).__name__}, "
@@ -407,6 +446,20 @@ def _probe(module: nn.Module, name: str, shape: tuple[int, ...], fallback: torch
         )
 
 
+def context_error(name: str, topology: str, context: Mapping[str, Any] | None) -> str | None:
+    """What blueprint ``name`` needs at germination and ``context`` lacks (None: nothing).
+
+    Example:
+        >>> context_error("block_copy", "transformer", {"preceding": None})
+        "blueprint 'block_copy' needs the transformer block the slot follows"
+    """
+    spec = get_spec(name, topology)
+    missing = [c for c in spec.context if (context or {}).get(c) is None]
+    if not missing:
+        return None
+    return f"blueprint {name!r} needs " + " and ".join(CONTEXTS[c] for c in missing)
+
+
 def build(
     name: str,
     channels: int,
@@ -414,6 +467,8 @@ def build(
     *,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
+    context: Mapping[str, Any] | None = None,
+    layer_scale: float | None = None,
 ) -> nn.Module:
     """Build the seed module for a slot and check that it preserves its input shape.
 
@@ -427,18 +482,36 @@ def build(
         topology: One of :data:`TOPOLOGIES`.
         device: Device for the parameters; the default device if ``None``.
         dtype: Floating dtype for the parameters; unchanged if ``None``.
+        context: What the slot offers (`CONTEXTS` names, a value or None each); the factory
+            receives the entries its spec's ``context`` names.
+        layer_scale: Initial gain of every `LayerScale` / `LayerScale2d` in the seed (None:
+            the blueprint's own, `DEFAULT_LAYER_SCALE` for the built-ins).
 
     Returns:
         The seed module, in training mode.
 
     Raises:
-        BlueprintError: On an unknown topology or name, ``channels < 1``, a factory that returns
-            no module, or a module whose output is not a tensor of the input shape.
+        BlueprintError: On an unknown topology or name, ``channels < 1``, a missing context, a
+            factory that returns no module, or a module whose output is not a tensor of the
+            input shape.
     """
     spec = get_spec(name, topology)
     channels = _check_channels(channels)
-    module = _instantiate(spec, channels)
+    missing = context_error(name, topology, context)
+    if missing is not None:
+        raise BlueprintError(missing)
+    given = context or {}
+    module = _instantiate(spec, channels, **{c: given[c] for c in spec.context})
     if device is not None or dtype is not None:
         module = module.to(device=device, dtype=dtype)
+    if layer_scale is not None:
+        _set_layer_scale(module, layer_scale)
     _probe(module, name, _PROBE_SHAPES[topology](channels), dtype or torch.get_default_dtype())
     return module
+
+
+@torch.no_grad()
+def _set_layer_scale(module: nn.Module, value: float) -> None:
+    for child in module.modules():
+        if isinstance(child, LayerScale | LayerScale2d):
+            child.gamma.fill_(value)

@@ -27,6 +27,7 @@ from esper_lightning.controllers.baselines import (
 )
 from esper_lightning.controllers.heuristic import HeuristicConfig, HeuristicController
 from esper_lightning.controllers.policy import PolicyController
+from esper_lightning.controllers.stack import StackController
 
 __all__ = [
     "Controller",
@@ -40,6 +41,7 @@ __all__ = [
     "PolicyController",
     "RandomController",
     "ScriptedController",
+    "StackController",
     "StaticController",
     "check_named_blueprint",
 ]

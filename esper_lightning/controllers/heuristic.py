@@ -123,6 +123,13 @@ class HeuristicConfig:
             run allows; None: the slot topology's `DEFAULT_ROTATIONS`. Every name must exist
             for the run's topology (a one-line error at fit start otherwise).
         reference_epochs: run length the timing knobs are given for (None: not scaled).
+        germinate_from_fraction: no germination before this fraction of the run is spent
+            (`EpochReport.spent_fraction`: of the compute budget under one, else of the
+            planned epochs); None: no limit. With block seeds (``blueprint_rotation=
+            ("block_copy",)``, no incubation) it makes "grow once a share of the compute is
+            spent" a knob of the rules.
+        germinate_until_fraction: no germination once this fraction of the run is spent (a
+            seed born later cannot pay for itself); None: no limit.
 
     Example:
         >>> HeuristicConfig(embargo_epochs_after_prune=8).embargo_epochs_after_prune
@@ -152,6 +159,8 @@ class HeuristicConfig:
     blueprint_penalty_threshold: float = 3.0
     blueprint_rotation: tuple[str, ...] | None = None
     reference_epochs: int | None = 50
+    germinate_from_fraction: float | None = None
+    germinate_until_fraction: float | None = None
 
     def __post_init__(self) -> None:
         if self.blueprint_rotation is not None:
@@ -179,6 +188,17 @@ class HeuristicConfig:
         if ref is not None and (isinstance(ref, bool) or not isinstance(ref, int) or ref < 1):
             raise ValueError(f"HeuristicConfig.reference_epochs must be an int >= 1 or None, "
                              f"got {ref!r}")
+        self._check_window()
+
+    def _check_window(self) -> None:
+        low, high = self.germinate_from_fraction, self.germinate_until_fraction
+        for name, value in (("from", low), ("until", high)):
+            if value is not None and not 0.0 <= value <= 1.0:
+                raise ValueError(f"HeuristicConfig.germinate_{name}_fraction must be in [0, 1] "
+                                 f"or None, got {value!r}")
+        if low is not None and high is not None and low > high:
+            raise ValueError(f"HeuristicConfig.germinate_from_fraction {low} is after "
+                             f"germinate_until_fraction {high}")
 
     def rotation(self, topology: str) -> tuple[str, ...]:
         """The germination order on slots of ``topology``.
@@ -302,8 +322,12 @@ class HeuristicController:
         ``max_epochs`` epochs: the stability latch and the plateau each need that many epochs
         after the first, and germination waits for ``min_epochs_before_germinate``."""
         t = self.timing(max_epochs)
-        return max(t["min_epochs_before_germinate"], t["stabilization_epochs"],
-                   t["plateau_epochs_to_germinate"])
+        earliest = max(t["min_epochs_before_germinate"], t["stabilization_epochs"],
+                       t["plateau_epochs_to_germinate"])
+        low = self.config.germinate_from_fraction
+        if low is not None and max_epochs:  # (epoch + 1) / max_epochs >= low, without a budget
+            earliest = max(earliest, math.ceil(low * max_epochs) - 1)
+        return earliest
 
     @property
     def is_stabilized(self) -> bool:
@@ -423,6 +447,9 @@ class HeuristicController:
             since = epoch - self._last_prune_epoch
             if since < cfg.embargo_epochs_after_prune:
                 return WAIT, f"embargo: {since} epoch(s) since the last prune"
+        outside = self._outside_window(report)
+        if outside is not None:
+            return WAIT, outside
         if not self._stabilized:
             return WAIT, "host not stabilised"
         if epoch < cfg.min_epochs_before_germinate:
@@ -448,6 +475,23 @@ class HeuristicController:
         )
         plateau = f"{self._plateau_epochs} epoch{'s' if self._plateau_epochs != 1 else ''}"
         return action, f"plateau of {plateau}: germinate {blueprint}"
+
+    def _outside_window(self, report: EpochReport) -> str | None:
+        """Why the run is outside the germination window (`HeuristicConfig`
+        ``germinate_from_fraction``, ``germinate_until_fraction``), or None."""
+        low, high = self.config.germinate_from_fraction, self.config.germinate_until_fraction
+        if low is None and high is None:
+            return None
+        spent = report.spent_fraction
+        if spent is None:
+            raise ConfigError("heuristic germinate_from_fraction / germinate_until_fraction "
+                              "need a compute budget or a planned number of epochs, and this "
+                              "run has neither")
+        if low is not None and spent < low:
+            return f"{spent:.3f} of the run spent < {low} before germinating"
+        if high is not None and spent >= high:
+            return f"{spent:.3f} of the run spent >= {high}: too late to germinate"
+        return None
 
     def _next_blueprint(self, rotation: tuple[str, ...], allowed: tuple[str, ...]) -> str | None:
         """Round robin over the rotation, skipping blueprints not allowed or penalised; when all

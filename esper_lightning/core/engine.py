@@ -56,6 +56,7 @@ from esper_lightning.core.report import HISTORY_WINDOW, EpochReport
 from esper_lightning.core.slots import (
     SeedSlot,
     check_blend_gradient,
+    check_layer_scale_init,
     host_parameters,
     prune_live,
 )
@@ -124,6 +125,8 @@ class MorphogenesisEngine:
             detached from the host (`SeedSlot`); when given it applies to every slot, otherwise
             each slot keeps its own (``"through"`` by default).
         seed_optim: hyper-parameters of the seed param groups.
+        layer_scale_init: initial LayerScale gain of the seeds built in every slot (None: each
+            slot keeps its own, by default the blueprints' 1e-3; `SeedSlot`).
         rng_seed: a new seed's initial weights are drawn from a generator seeded with
             (``rng_seed``, epoch), so they depend on the run and the epoch only — never on what
             else drew from the global generator (data loading, other envs). None: the global
@@ -155,6 +158,7 @@ class MorphogenesisEngine:
         seed_optim: SeedOptimConfig | None = None,
         rng_seed: int | None = None,
         grad_stats_every: int = GRAD_STATS_EVERY,
+        layer_scale_init: float | None = None,
     ) -> None:
         if max_seeds is not None and (isinstance(max_seeds, bool) or max_seeds < 1):
             raise ValueError(f"max_seeds must be an int >= 1 or None, got {max_seeds!r}")
@@ -165,12 +169,7 @@ class MorphogenesisEngine:
         self.grad_stats_every = grad_stats_every
         check_blend_gradient(blend_gradient)
         self.slots = resolve_slots(model, slots, topology)
-        for slot in self.slots.values():
-            if gate_mode is not None or gate_config is not None:
-                mode = slot.gates.mode if gate_mode is None else GateMode(gate_mode)
-                slot.gates = QualityGates(mode, gate_config or slot.gates.config)
-            if blend_gradient is not None:
-                slot.blend_gradient = blend_gradient
+        self._set_slot_settings(gate_mode, gate_config, blend_gradient, layer_scale_init)
         self._allowed = None if blueprints is None else _blueprint_list(blueprints)
         self._max_seeds = max_seeds
         self._mask_context: MaskContext | None = None
@@ -203,6 +202,18 @@ class MorphogenesisEngine:
         self._pending_group_order: list[str] | None = None
 
     # --- slots --------------------------------------------------------------------------------
+    def _set_slot_settings(self, gate_mode: GateMode | str | None, gate_config: GateConfig | None,
+                           blend_gradient: str | None, layer_scale_init: float | None) -> None:
+        """Give every slot the settings that were given (the others keep the slot's own)."""
+        for slot in self.slots.values():
+            if gate_mode is not None or gate_config is not None:
+                mode = slot.gates.mode if gate_mode is None else GateMode(gate_mode)
+                slot.gates = QualityGates(mode, gate_config or slot.gates.config)
+            if blend_gradient is not None:
+                slot.blend_gradient = blend_gradient
+            if layer_scale_init is not None:
+                slot.layer_scale_init = check_layer_scale_init(layer_scale_init)
+
     @property
     def topology(self) -> str | None:
         """The slots' topology; None while a slot still infers its own (no forward pass yet)."""
@@ -302,6 +313,8 @@ class MorphogenesisEngine:
         controller's, if it gives one) is recorded with the lifecycle event it causes."""
         views = [s.report() for s in self.slots.values()]
         error = action_error(action, views, self.mask_context)
+        if error is None and action.op == LifecycleOp.GERMINATE:  # a block seed needs a block
+            error = list(self.slots.values())[action.slot].context_error(action.blueprint)
         if error is not None:
             outcome = StepOutcome(action, _WAIT, False, error, None)
         else:

@@ -5,15 +5,19 @@ path (``"net.3"``, as in ``model.named_modules()``) after which a slot is inject
 slot is registered as a child of one `nn.ModuleDict` on the model (`INJECTED_SLOTS_ATTR`), so it
 follows ``.to()``, dtype and ``state_dict`` while the host's own parameter names stay unchanged,
 and a forward hook on the named submodule passes that submodule's output through the slot.
+A slot injected after a transformer `Block` follows that block: a ``block_*`` seed there builds
+on it (`SeedSlot.preceding`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from torch import Tensor, nn
 
+from esper_lightning.blueprints.block import Block
 from esper_lightning.core.slots import SeedSlot, find_slots
 
 #: Name of the `nn.ModuleDict` that holds injected slots on the model.
@@ -104,7 +108,13 @@ def _inject(model: nn.Module, path: str, target: nn.Module, topology: str | None
     if previous is not None:  # re-attached (e.g. a second fit): never run a slot twice
         previous.remove()
     slot._hook_handle = target.register_forward_hook(SlotHook(slot, path))
+    slot.preceding = partial(_block_or_none, target)
     return slot
+
+
+def _block_or_none(module: nn.Module) -> Block | None:
+    """What a slot after ``module`` follows, for a block seed: the module if it is a `Block`."""
+    return module if isinstance(module, Block) else None
 
 
 def restore_slots(model: nn.Module, state_dict: Mapping[str, Any]) -> tuple[str, ...]:

@@ -397,17 +397,31 @@ class QualityGates:
                 f"unknown gate mode {mode!r}; accepted: permissive, strict"
             ) from None
 
-    def check(self, target: SeedStage, state: SeedState, alpha: AlphaView) -> GateResult:
+    def check(self, target: SeedStage, state: SeedState, alpha: AlphaView, *,
+              incubation: int | None = None) -> GateResult:
+        """The gate guarding ``target`` for ``state``.
+
+        ``incubation`` is the seed's blueprint's own (`blueprints.BlueprintSpec.incubation`;
+        None: the config's ``min_training_epochs``). A seed still spends one epoch in TRAINING,
+        between the two decisions that move it in and out, and its gradients are measured
+        there. A blueprint that needs no incubation (0: block seeds) is asked by G2 only that
+        its gradients were measured and did not explode, not for the health threshold: an
+        identity block's branches are closed at birth, so most of its gradients vanish by
+        construction until its output projections move.
+        """
         gate = GATE_FOR_TARGET.get(target)
         if gate is None:
             return GateResult(-1, False, 0.0, (), (f"no_gate_for_{target.name.lower()}",))
-        checks = {
-            Gate.G0: self._g0,
-            Gate.G1: self._g1,
-            Gate.G2: self._g2,
-            Gate.G3: self._g3,
-            Gate.G5: self._g5,
-        }[gate](state, alpha)
+        if gate == Gate.G2:
+            epochs = self.config.min_training_epochs if incubation is None else incubation
+            checks = self._g2(state, epochs, health=incubation != 0)
+        else:
+            checks = {
+                Gate.G0: self._g0,
+                Gate.G1: self._g1,
+                Gate.G3: self._g3,
+                Gate.G5: self._g5,
+            }[gate](state, alpha)
         passed = tuple(name for name, ok in checks if ok)
         failed = tuple(name for name, ok in checks if not ok)
         score = self._score(gate, state, alpha)
@@ -423,9 +437,9 @@ class QualityGates:
     def _g1(self, state: SeedState, alpha: AlphaView) -> list[tuple[str, bool]]:
         return [("stage_germinated", state.stage == SeedStage.GERMINATED)]
 
-    def _g2(self, state: SeedState, alpha: AlphaView) -> list[tuple[str, bool]]:
+    def _g2(self, state: SeedState, incubation: int, health: bool) -> list[tuple[str, bool]]:
         m, cfg = state.metrics, self.config
-        checks = [("min_training_epochs", m.epochs_in_stage >= self.config.min_training_epochs)]
+        checks = [("min_training_epochs", m.epochs_in_stage >= incubation)]
         if self.strict:
             checks.append(
                 ("min_improvement", m.improvement_since_stage_start >= cfg.min_training_improvement)
@@ -439,8 +453,9 @@ class QualityGates:
         measured = m.gradient_health is not None
         checks.append(("gradient_health_measured", measured))
         checks.append(("not_exploding", measured and not m.has_exploding))
-        health = m.gradient_health if m.gradient_health is not None else -math.inf
-        checks.append(("gradient_health", health >= cfg.min_gradient_health))
+        if health:
+            value = m.gradient_health if m.gradient_health is not None else -math.inf
+            checks.append(("gradient_health", value >= cfg.min_gradient_health))
         return checks
 
     def _g3(self, state: SeedState, alpha: AlphaView) -> list[tuple[str, bool]]:

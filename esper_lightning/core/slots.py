@@ -22,7 +22,7 @@ a seed).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -171,6 +171,14 @@ class SeedSlot(nn.Module):
         gate_config: gate thresholds (`GateConfig` defaults by default).
         blend_gradient: ``"through"`` (host layers before the slot learn through a BLENDING
             seed; the default) or ``"detached"`` (its input is detached from the host).
+        layer_scale_init: initial gain of every LayerScale in a seed built here (None: the
+            blueprint's own, 1e-3 for the built-ins; ``blueprints.build``).
+
+    Attributes:
+        preceding: None, or a function that returns the module this slot follows (the block a
+            ``block_*`` seed builds on; None when there is none). Hosts and slot injection set
+            it; a blueprint that needs it (`blueprints.BlueprintSpec.context`) is refused in
+            one line where it is missing.
 
     Example:
         >>> slot = SeedSlot("r0c1", channels=16)
@@ -187,6 +195,7 @@ class SeedSlot(nn.Module):
         gate_mode: GateMode | str = GateMode.PERMISSIVE,
         gate_config: GateConfig | None = None,
         blend_gradient: str = DEFAULT_BLEND_GRADIENT,
+        layer_scale_init: float | None = None,
     ) -> None:
         super().__init__()
         check_topology(topology)
@@ -198,6 +207,8 @@ class SeedSlot(nn.Module):
         self.channels = channels
         self.topology = topology
         self.blend_gradient = blend_gradient
+        self.layer_scale_init = check_layer_scale_init(layer_scale_init)
+        self.preceding: Callable[[], nn.Module | None] | None = None
         self.gates = QualityGates(gate_mode, gate_config)
         self.seed: nn.Module | None = None
         self.gate: GatedBlend | None = None
@@ -315,6 +326,8 @@ class SeedSlot(nn.Module):
             raise ValueError(f"blend tempo must be >= 1 epoch, got {tempo}")
         if not 0.0 < alpha_target <= 1.0:
             raise ValueError(f"alpha target must be in (0, 1], got {alpha_target}")
+        # A blueprint with a pace of its own blends at it (block seeds: one epoch).
+        tempo = self._spec(blueprint).blend_tempo or tempo
         blend = BlendConfig(AlphaAlgorithm(algorithm), AlphaCurve(curve), steepness, tempo,
                             alpha_target)
         seed = self._build_seed(blueprint)
@@ -359,7 +372,8 @@ class SeedSlot(nn.Module):
         state = self._require(SeedStage.GERMINATED, SeedStage.TRAINING, SeedStage.BLENDING)
         target = default_successor(state.stage)
         assert target is not None
-        result = self.gates.check(target, state, self._alpha_view())
+        result = self.gates.check(target, state, self._alpha_view(),
+                                  incubation=self._spec(state.blueprint).incubation)
         state.last_gate = result
         if result.passed:
             self._enter(target, result.message)
@@ -608,13 +622,33 @@ class SeedSlot(nn.Module):
     def _build_seed(self, blueprint: str) -> nn.Module:
         if self.channels is None:
             raise RuntimeError(f"slot {self.slot_id!r}: width unknown")
+        error = self.context_error(blueprint)
+        if error is not None:
+            raise ValueError(f"slot {self.slot_id!r}: {error}")
         return blueprints.build(
             blueprint,
             self.channels,
             self.topology,
             device=self._anchor.device,
             dtype=self._anchor.dtype,
+            context=self._context(),
+            layer_scale=self.layer_scale_init,
         )
+
+    def context_error(self, blueprint: str) -> str | None:
+        """Why ``blueprint`` cannot grow in this slot for want of what it builds on (a block
+        seed where no block comes before), or None."""
+        error = blueprints.context_error(blueprint, self.topology or "", self._context())
+        if error is None:
+            return None
+        return (f"{error}, and this slot follows none; accepted: a slot after a transformer "
+                "Block (GPTHost r0c*, r1c*, or one injected after a Block)")
+
+    def _context(self) -> dict[str, Any]:
+        return {"preceding": None if self.preceding is None else self.preceding()}
+
+    def _spec(self, blueprint: str) -> blueprints.BlueprintSpec:
+        return blueprints.get_spec(blueprint, self.topology or "")
 
     def _build_gate(self) -> GatedBlend:
         assert self.channels is not None
@@ -657,6 +691,16 @@ def check_topology(topology: str | None) -> str | None:
         raise ValueError(f"unknown topology {topology!r}; accepted: "
                          f"{', '.join(blueprints.TOPOLOGIES)} or None (inferred)")
     return topology
+
+
+def check_layer_scale_init(value: Any) -> float | None:
+    """``value`` as a float if it is a number >= 0 or None (the blueprints' own), else a
+    one-line `ValueError`."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise ValueError(f"layer_scale_init must be a number >= 0 or None, got {value!r}")
+    return float(value)
 
 
 def check_blend_gradient(value: Any, optional: bool = True) -> Any:

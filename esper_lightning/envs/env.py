@@ -44,6 +44,7 @@ class EnvSpec:
 
     ``blend_gradient`` (``"through"`` or ``"detached"``; None: the slots' own, ``"through"`` by
     default) says whether host layers before a BLENDING seed learn through it (`SeedSlot`).
+    ``layer_scale_init`` (None: the blueprints' own) is the initial LayerScale gain of new seeds.
     """
 
     host_preset: str = "baseline"
@@ -56,6 +57,7 @@ class EnvSpec:
     max_seeds: int | None = None
     gate_config: GateConfig = field(default_factory=GateConfig)
     blend_gradient: str | None = None
+    layer_scale_init: float | None = None
     governor: GovernorConfig = field(default_factory=lambda: GovernorConfig(num_classes=10))
     grad_stats_every: int = GRAD_STATS_EVERY
     task: Task = field(default_factory=CifarTask)
@@ -145,6 +147,7 @@ class MorphogenesisEnv:
             blend_gradient=self.spec.blend_gradient,
             rng_seed=episode_rng_seed,
             grad_stats_every=self.spec.grad_stats_every,
+            layer_scale_init=self.spec.layer_scale_init,
         )
         self.engine.attach_optimizer(self.optimizer.optimizer)
         for slot_id, blueprint in implants:

@@ -51,7 +51,6 @@ from esper_lightning.data.text import (
 )
 from esper_lightning.hosts import GPT_PRESETS, PRESETS, CifarCNNHost, GPTHost, slot_ids
 from esper_lightning.hosts.base import SlottedHost
-from esper_lightning.hosts.gpt import gpt_slot_ids
 
 __all__ = ["TASKS", "CifarTask", "Task", "TextTask", "TrainLoader"]
 
@@ -227,7 +226,7 @@ class TextTask(Task):
     @classmethod
     def slot_ids(cls, preset: str) -> tuple[str, ...]:
         cls.check_preset(preset)
-        return gpt_slot_ids(GPT_PRESETS[preset].n_layer)
+        return GPT_PRESETS[preset].slot_ids  # growth slots included
 
     def make_host(self, preset: str, slots: Sequence[str], lr: float) -> SlottedHost:
         self.check_preset(preset)

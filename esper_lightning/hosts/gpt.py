@@ -1,18 +1,25 @@
 """`GPTHost`: a small byte-level GPT with a seed slot after every block, as a `LightningModule`.
 
 The network follows nanoGPT: token and learned position embeddings, pre-norm blocks
-(LayerNorm -> causal self-attention, LayerNorm -> 4x GELU MLP, both residual), a final LayerNorm
-and an output head that shares its weight with the token embedding. Slots sit on the residual
-stream ``[B, T, D]`` between blocks, so every transformer blueprint fits every slot.
+(`blueprints.block.Block`: LayerNorm -> causal self-attention, LayerNorm -> 4x GELU MLP, both
+residual), a final LayerNorm and an output head that shares its weight with the token embedding.
+Slots sit on the residual stream ``[B, T, D]`` between blocks, so every transformer blueprint
+fits every slot.
 
 Slot naming: ``r0c{i}`` is the slot right after block ``i`` (row 0 = "after a block", column =
-block index), mirroring the CNN host, whose row 0 also follows each block.
+block index), mirroring the CNN host, whose row 0 also follows each block. A host with growth
+slots (`GPTConfig.growth_slots`) has ``r1c0, r1c1, ...`` in sequence after the last block's
+slot: block seeds there stack new blocks on top (``grow4``: 1 block, growing to 4).
+
+A block seed (``block_copy`` ...) builds on the block its slot follows: the nearest block before
+the slot in the forward, a block seed in an earlier slot included. So growth chains: a
+``block_copy`` in ``r1c1`` copies the block seed in ``r1c0`` when there is one, else block 0.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -20,63 +27,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
+from esper_lightning.blueprints.block import (
+    Block,
+    init_gpt_weights,
+    init_residual_projections,
+)
 from esper_lightning.core.slots import SeedSlot
 from esper_lightning.hosts.base import SlottedHost
 from esper_lightning.hosts.presets import GPT_PRESETS as PRESETS
 from esper_lightning.hosts.presets import GPTConfig, gpt_slot_ids
 
 __all__ = ["PRESETS", "GPTConfig", "GPTHost", "gpt_slot_ids"]
-
-
-class CausalSelfAttention(nn.Module):
-    """Multi-head self-attention where position ``t`` attends to positions ``<= t`` only."""
-
-    def __init__(self, cfg: GPTConfig) -> None:
-        super().__init__()
-        self.n_head = cfg.n_head
-        self.dropout = cfg.dropout
-        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
-        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
-        self.resid_drop = nn.Dropout(cfg.dropout)
-
-    def forward(self, x: Tensor) -> Tensor:
-        dim = x.shape[-1]
-        q, k, v = self.c_attn(x).split(dim, dim=-1)  # 3 x [B, T, D]
-        # [B, T, D] -> [B, H, T, D / H]
-        q, k, v = (t.unflatten(-1, (self.n_head, -1)).transpose(1, 2) for t in (q, k, v))
-        p = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-        y = y.transpose(1, 2).flatten(2)  # [B, T, D]
-        return self.resid_drop(self.c_proj(y))
-
-
-class MLP(nn.Module):
-    """Position-wise feed-forward: Linear(D, 4D) -> GELU -> Linear(4D, D)."""
-
-    def __init__(self, cfg: GPTConfig) -> None:
-        super().__init__()
-        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
-        self.act = nn.GELU()
-        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
-        self.drop = nn.Dropout(cfg.dropout)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.drop(self.c_proj(self.act(self.c_fc(x))))  # [B, T, D]
-
-
-class Block(nn.Module):
-    """Pre-norm transformer block: ``x + attn(LN x)`` then ``x + mlp(LN x)``."""
-
-    def __init__(self, cfg: GPTConfig) -> None:
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
-        self.attn = CausalSelfAttention(cfg)
-        self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
-        self.mlp = MLP(cfg)
-
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))  # [B, T, D]
 
 
 def _resolve_config(preset: str | GPTConfig) -> tuple[str, GPTConfig]:
@@ -97,9 +58,10 @@ class GPTHost(SlottedHost):
     token-weighted over the whole validation epoch.
 
     Args:
-        preset: A name in :data:`PRESETS` (``"tiny"``, ``"small"``, ``"medium"``) or a
-            :class:`GPTConfig`.
-        slots: Which slot ids (``r0c{i}``: after block i) to create; all by default.
+        preset: A name in :data:`PRESETS` (``"tiny"``, ``"small"``, ``"medium"``; ``"grow4"``,
+            ``"w32l1"``, ``"w32l4"``) or a :class:`GPTConfig`.
+        slots: Which slot ids (``r0c{i}``: after block i; ``r1c{k}``: growth slot k) to
+            create; all by default.
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay, applied to the weight matrices of the blocks only
             (not to biases, norms or embeddings).
@@ -126,30 +88,25 @@ class GPTHost(SlottedHost):
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.pos_emb = nn.Embedding(cfg.block_size, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
-        self._build_slots(gpt_slot_ids(cfg.n_layer), slots, name,
+        self.blocks = nn.ModuleList(
+            Block(cfg.n_embd, cfg.n_head, cfg.dropout, cfg.bias, depth=cfg.max_depth)
+            for _ in range(cfg.n_layer)
+        )
+        self._build_slots(cfg.slot_ids, slots, name,
                           lambda sid: SeedSlot(sid, channels=cfg.n_embd, topology="transformer"))
+        for slot_id, slot in self.slots.items():
+            slot.preceding = partial(self.block_before, slot_id)
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         self.head.weight = self.tok_emb.weight  # weight tying
-        self.apply(self._init_weights)
-        # Residual projections scaled so the stream's variance does not grow with depth.
-        for pname, p in self.named_parameters():
-            if pname.endswith("c_proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+        self.apply(init_gpt_weights)
+        # Residual projections scaled so the stream's variance does not grow with depth (the
+        # depth the host can grow to: a grown host is initialised like one born that deep).
+        init_residual_projections(self, cfg.max_depth)
         self._val_sums: Tensor | None = None
         # Token accuracy over flattened tokens: exact per-token means over the whole split.
         self.val_accuracy = MulticlassAccuracy(cfg.vocab_size, average="micro")
         self.test_accuracy = MulticlassAccuracy(cfg.vocab_size, average="micro")
-
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def forward(self, idx: Tensor) -> Tensor:
         # idx: long [B, T] -> logits [B, T, vocab_size]
@@ -165,7 +122,24 @@ class GPTHost(SlottedHost):
         x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # [B, T, D]
         for i, block in enumerate(self.blocks):
             x = self._slot(f"r0c{i}", block(x))
+        for k in range(self.config.growth_slots):
+            x = self._slot(f"r1c{k}", x)
         return self.head(self.ln_f(x))  # [B, T, V]
+
+    def block_before(self, slot_id: str) -> Block | None:
+        """The block slot ``slot_id`` follows: the nearest block before it in the forward, a
+        block seed in an earlier slot included (what a block seed there builds on)."""
+        order: list[Block | str] = []
+        for i, block in enumerate(self.blocks):
+            order += [block, f"r0c{i}"]
+        order += [f"r1c{k}" for k in range(self.config.growth_slots)]
+        for item in reversed(order[:order.index(slot_id)]):
+            if isinstance(item, Block):
+                return item
+            seed = self.slots[item].seed if item in self.slots else None
+            if isinstance(seed, Block):
+                return seed
+        return None
 
     # --- steps --------------------------------------------------------------------------------
     def _token_loss(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:

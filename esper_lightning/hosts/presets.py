@@ -45,11 +45,15 @@ class GPTConfig:
     Attributes:
         vocab_size: Number of token ids (256: one per byte).
         block_size: Longest sequence the position embedding covers.
-        n_layer: Number of transformer blocks (and of slots).
+        n_layer: Number of transformer blocks (each followed by a slot ``r0c{i}``).
         n_head: Attention heads per block; must divide ``n_embd``.
         n_embd: Width ``D`` of the residual stream (the slot width).
         dropout: Dropout on embeddings, attention weights and residual branches.
         bias: Biases in the Linear and LayerNorm layers, as in GPT-2.
+        growth_slots: Slots ``r1c0 .. r1c{growth_slots-1}`` in sequence after the last
+            block's slot, where block seeds (``block_copy``, ...) make the host deeper: a
+            host with ``n_layer`` blocks grows to ``n_layer + growth_slots``. Its residual
+            projections are initialised for that depth, as a host born that deep would be.
     """
 
     vocab_size: int = 256
@@ -59,12 +63,16 @@ class GPTConfig:
     n_embd: int = 64
     dropout: float = 0.0
     bias: bool = True
+    growth_slots: int = 0
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"GPTConfig.{name} must be an int >= 1, got {value!r}")
+        value = self.growth_slots
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"GPTConfig.growth_slots must be an int >= 0, got {value!r}")
         if self.n_embd % self.n_head != 0:
             raise ValueError(
                 f"GPTConfig.n_head={self.n_head} must divide n_embd={self.n_embd}"
@@ -75,7 +83,12 @@ class GPTConfig:
     @property
     def slot_ids(self) -> tuple[str, ...]:
         """Every slot id of this host, in action order (`gpt_slot_ids`)."""
-        return gpt_slot_ids(self.n_layer)
+        return gpt_slot_ids(self.n_layer, self.growth_slots)
+
+    @property
+    def max_depth(self) -> int:
+        """Blocks of the host once every growth slot holds a block seed."""
+        return self.n_layer + self.growth_slots
 
 
 GPT_PRESETS: dict[str, GPTConfig] = {
@@ -84,9 +97,20 @@ GPT_PRESETS: dict[str, GPTConfig] = {
     "small": GPTConfig(block_size=256, n_layer=4, n_head=4, n_embd=256),  # 3,290,624 params
     # TinyStories-sized (6 x 384); wants a GPU.
     "medium": GPTConfig(block_size=512, n_layer=6, n_head=6, n_embd=384),  # 10,942,464 params
+    # Growth that saves compute (docs/evidence.md): one block that can grow to four by block
+    # seeds in r1c0, r1c1, r1c2, and the static hosts it is measured against, same width.
+    "grow4": GPTConfig(block_size=32, n_layer=1, n_head=4, n_embd=32, growth_slots=3),  # 21,984
+    "w32l1": GPTConfig(block_size=32, n_layer=1, n_head=4, n_embd=32),  # 21,984 params
+    "w32l4": GPTConfig(block_size=32, n_layer=4, n_head=4, n_embd=32),  # 60,096 params
 }
 
 
-def gpt_slot_ids(n_layer: int) -> tuple[str, ...]:
-    """Slot ids in action order: ``r0c{i}`` after block ``i``."""
-    return tuple(f"r0c{i}" for i in range(n_layer))
+def gpt_slot_ids(n_layer: int, growth_slots: int = 0) -> tuple[str, ...]:
+    """Slot ids in action order: ``r0c{i}`` after block ``i``, then the growth slots
+    ``r1c{k}`` (row 1: after the last block, in sequence).
+
+    Example:
+        >>> gpt_slot_ids(1, growth_slots=3)
+        ('r0c0', 'r1c0', 'r1c1', 'r1c2')
+    """
+    return tuple(f"r0c{i}" for i in range(n_layer)) + tuple(f"r1c{k}" for k in range(growth_slots))
