@@ -92,7 +92,8 @@ def _build(name: str, width: int, topology: str) -> nn.Module:
     """`build`, giving a block seed a host block to follow."""
     context = None
     if get_spec(name, topology).context:
-        context = {"preceding": Block.like(Block(width, default_num_heads(width)))}
+        context = {"preceding": Block.like(Block(width, default_num_heads(width))),
+                   "growth_depth": 1}
     return build(name, width, topology, context=context)
 
 

@@ -12,45 +12,67 @@ import torch.nn.functional as F
 from torch import nn
 
 from esper_lightning.blueprints import BlueprintError, build, get_spec
-from esper_lightning.blueprints.block import BLOCK_INITS, Block, block_blueprint
+from esper_lightning.blueprints.block import (
+    BLOCK_INITS,
+    Block,
+    BlockStack,
+    block_blueprint,
+    block_seed,
+    last_block,
+)
 from esper_lightning.blueprints.registry import LayerScale2d
 from esper_lightning.core.actions import Action, LifecycleOp
 from esper_lightning.core.engine import MorphogenesisEngine
-from esper_lightning.core.lifecycle import GateConfig, SeedStage
+from esper_lightning.core.lifecycle import (
+    AlphaView,
+    GateConfig,
+    QualityGates,
+    SeedStage,
+    SeedState,
+)
 from esper_lightning.core.slots import SeedSlot
 from esper_lightning.hosts import GPT_PRESETS, GPTConfig, GPTHost
 
-GROWTH = ("r1c0", "r1c1", "r1c2")
+#: grow4x1's growth slots, one block each; grow4's one growth slot of three blocks.
+CHAIN = ("r1c0", "r1c1", "r1c2")
+ONE = ("r1c0",)
 
 
 def _tokens(shape: tuple[int, ...], rng_seed: int) -> torch.Tensor:
     return torch.randint(0, 256, shape, generator=torch.Generator().manual_seed(rng_seed))
 
 
-def _grow4(rng_seed: int = 0, slots: tuple[str, ...] | None = GROWTH) -> GPTHost:
+def _host(preset: str = "grow4", rng_seed: int = 0,
+          slots: tuple[str, ...] | None = None) -> GPTHost:
     torch.manual_seed(rng_seed)
-    return GPTHost("grow4", slots=slots).eval()
+    return GPTHost(preset, slots=slots or GPT_PRESETS[preset].growth_slot_ids).eval()
 
 
 def _blend_in(slot: SeedSlot, blueprint: str) -> None:
-    """Germinate and move the seed to HOLDING at alpha 1 (health as after a real epoch)."""
-    slot.germinate(blueprint)
-    assert slot.advance().passed  # G1
-    slot.tick()
-    slot.state.metrics.gradient_health, slot.state.metrics.has_exploding = 1.0, False
-    assert slot.advance().passed  # G2: no incubation for a block seed
-    slot.tick()  # one-epoch blend: alpha 1 now
+    """Germinate (straight to BLENDING) and move the seed to HOLDING at alpha 1."""
+    assert slot.germinate(blueprint).passed and slot.stage == SeedStage.BLENDING
+    while slot.alpha < 1.0:
+        slot.tick()
     assert slot.advance().passed and slot.stage == SeedStage.HOLDING
 
 
-def _native_like(grown: GPTHost) -> GPTHost:
-    """A native 4-block host holding the grown host's weights: block 0, then its seeds."""
-    native = GPTHost("w32l4", slots=[]).eval()
-    blocks = [grown.blocks[0], *(grown.slots[s].seed for s in GROWTH)]
+def _grown_blocks(host: GPTHost) -> list[Block]:
+    """The host's blocks in forward order, its block seeds' included."""
+    blocks = list(host.blocks)
+    for slot_id in host.config.growth_slot_ids:
+        seed = host.slots[slot_id].seed
+        blocks += list(seed) if isinstance(seed, BlockStack) else [seed]
+    return blocks
+
+
+def _native_like(grown: GPTHost, preset: str) -> GPTHost:
+    """A native host of ``preset``'s depth holding the grown host's weights: its blocks, then
+    its seeds' blocks."""
+    native = GPTHost(preset, slots=[]).eval()
     with torch.no_grad():
         for name in ("tok_emb", "pos_emb", "ln_f"):
             getattr(native, name).load_state_dict(getattr(grown, name).state_dict())
-        for target, source in zip(native.blocks, blocks, strict=True):
+        for target, source in zip(native.blocks, _grown_blocks(grown), strict=True):
             target.load_state_dict(source.state_dict())
     return native
 
@@ -60,25 +82,46 @@ def _same_weights(a: nn.Module, b: nn.Module) -> bool:
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
+def _perturb(module: nn.Module, scale: float = 0.05) -> None:
+    """A train-like change, so a seed differs from the block it was built from."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(scale * torch.randn_like(p))
+
+
 # --- presets and slots ----------------------------------------------------------------------
-def test_grow4_presets_and_slot_ids():
-    grow4, w32l1, w32l4 = GPT_PRESETS["grow4"], GPT_PRESETS["w32l1"], GPT_PRESETS["w32l4"]
-    assert grow4.slot_ids == ("r0c0", "r1c0", "r1c1", "r1c2") and grow4.max_depth == 4
-    assert w32l1.slot_ids == ("r0c0",) and w32l4.slot_ids == ("r0c0", "r0c1", "r0c2", "r0c3")
-    shape = {(c.n_embd, c.n_head, c.block_size) for c in (grow4, w32l1, w32l4)}
-    assert shape == {(32, 4, 32)}
-    counts = {name: sum(p.numel() for p in GPTHost(name).parameters())
-              for name in ("grow4", "w32l1", "w32l4")}
-    assert counts == {"grow4": 21_984, "w32l1": 21_984, "w32l4": 60_096}  # as commented
-    with pytest.raises(ValueError, match="growth_slots must be an int >= 0, got -1"):
-        GPTConfig(growth_slots=-1)
+def test_growth_presets_slot_ids_and_parameter_counts():
+    presets = {name: GPT_PRESETS[name] for name in ("grow4", "grow4x1", "grow2", "w32l1",
+                                                    "w32l2", "w32l4")}
+    assert {(c.n_embd, c.n_head, c.block_size) for c in presets.values()} == {(32, 4, 32)}
+    assert {n: (c.slot_ids, c.growth_depth, c.max_depth) for n, c in presets.items()} == {
+        "grow4": (("r0c0", "r1c0"), 3, 4),
+        "grow4x1": (("r0c0", *CHAIN), 1, 4),
+        "grow2": (("r0c0", "r1c0"), 1, 2),
+        "w32l1": (("r0c0",), 1, 1),
+        "w32l2": (("r0c0", "r0c1"), 1, 2),
+        "w32l4": (("r0c0", "r0c1", "r0c2", "r0c3"), 1, 4),
+    }
+    counts = {}
+    for name in presets:  # as commented in hosts/presets.py: as built / grown to full depth
+        host = GPTHost(name)
+        before = sum(p.numel() for p in host.parameters())
+        for slot_id in host.config.growth_slot_ids:
+            host.slots[slot_id].germinate("block_random")
+        counts[name] = (before, sum(p.numel() for p in host.parameters()))
+    assert counts == {"grow4": (21_984, 60_096), "grow4x1": (21_984, 60_096),
+                      "grow2": (21_984, 34_688), "w32l1": (21_984, 21_984),
+                      "w32l2": (34_688, 34_688), "w32l4": (60_096, 60_096)}
+    assert GPTHost("grow4").slots["r0c0"].growth_depth == 1  # only growth slots stack more
+    for field, bad in (("growth_slots", -1), ("growth_depth", 0)):
+        with pytest.raises(ValueError, match=f"{field} must be an int >= "):
+            GPTConfig(**{field: bad})
 
 
 def test_empty_growth_slots_are_the_identity_and_the_init_is_for_the_full_depth():
+    grown = _host("grow4")
     torch.manual_seed(0)
-    grown = GPTHost("grow4", slots=GROWTH)
-    torch.manual_seed(0)
-    plain = GPTHost(GPTConfig(block_size=32, n_layer=1, n_head=4, n_embd=32), slots=[])
+    plain = GPTHost(GPTConfig(block_size=32, n_layer=1, n_head=4, n_embd=32), slots=[]).eval()
     idx = _tokens((2, 16), rng_seed=1)
     # Same draws, but the residual projections are scaled for 4 blocks, not 1.
     ratio = grown.blocks[0].mlp.c_proj.weight / plain.blocks[0].mlp.c_proj.weight
@@ -89,12 +132,23 @@ def test_empty_growth_slots_are_the_identity_and_the_init_is_for_the_full_depth(
 
 
 # --- the three inits --------------------------------------------------------------------------
-def test_copy_block_equals_its_source_block_at_birth_and_growth_chains():
-    host = _grow4()
+def test_a_copy_seed_is_growth_depth_copies_of_the_block_it_follows():
+    host = _host("grow4")
+    host.slots["r1c0"].germinate("block_copy")
+    seed = host.slots["r1c0"].seed
+    assert isinstance(seed, BlockStack) and len(seed) == 3
+    assert all(_same_weights(block, host.blocks[0]) for block in seed)
+    pointers = [{p.data_ptr() for p in m.parameters()} for m in (host.blocks[0], *seed)]
+    assert sum(map(len, pointers)) == len(set().union(*pointers))  # new tensors, none shared
+    assert last_block(seed) is seed[2] and last_block(host.blocks[0]) is host.blocks[0]
+    assert last_block(nn.Linear(2, 2)) is None and last_block(None) is None
+
+
+def test_growth_chains_on_the_last_block_before_the_slot():
+    host = _host("grow4x1")
     host.slots["r1c0"].germinate("block_copy")
     first = host.slots["r1c0"].seed
-    assert isinstance(first, Block) and first is not host.blocks[0]
-    assert _same_weights(first, host.blocks[0])
+    assert isinstance(first, Block) and _same_weights(first, host.blocks[0])
     with torch.no_grad():  # the first seed trained away from block 0
         first.attn.c_attn.weight.add_(0.5)
     # A block seed in r1c1 builds on the seed in r1c0, not on block 0.
@@ -102,53 +156,64 @@ def test_copy_block_equals_its_source_block_at_birth_and_growth_chains():
     second = host.slots["r1c1"].seed
     assert _same_weights(second, first) and not _same_weights(second, host.blocks[0])
     # A slot whose earlier growth slots are empty builds on the last block before it.
-    other = _grow4()
+    other = _host("grow4x1")
     other.slots["r1c2"].germinate("block_copy")
     assert _same_weights(other.slots["r1c2"].seed, other.blocks[0])
+    # After a seed of several blocks, the next one builds on its last block.
+    config = GPTConfig(block_size=16, n_layer=1, n_head=4, n_embd=32, growth_slots=2,
+                       growth_depth=2)
+    torch.manual_seed(1)
+    stacked = GPTHost(config)
+    stacked.slots["r1c0"].germinate("block_random")
+    stacked.slots["r1c1"].germinate("block_copy")
+    below, above = stacked.slots["r1c0"].seed, stacked.slots["r1c1"].seed
+    assert all(_same_weights(block, below[1]) for block in above)
+    assert not _same_weights(above[0], below[0])
 
 
-def test_copied_block_parameters_are_new_tensors():
-    host = _grow4()
-    host.slots["r1c0"].germinate("block_copy")
-    seed_ptrs = {p.data_ptr() for p in host.slots["r1c0"].seed.parameters()}
-    assert not seed_ptrs & {p.data_ptr() for p in host.blocks[0].parameters()}
-
-
-def test_identity_block_leaves_the_host_output_bitwise_unchanged_at_birth():
-    host = _grow4(rng_seed=3)
+@pytest.mark.parametrize("preset", ["grow4", "grow4x1", "grow2"])
+def test_identity_seeds_leave_the_host_output_bitwise_unchanged_at_birth(preset: str):
+    host = _host(preset, rng_seed=3)
     idx = _tokens((3, 20), rng_seed=4)
     with torch.no_grad():
         before = host(idx)
-    for slot_id in GROWTH:  # stacked, each at alpha 1 (blended in) and then fossilized
-        _blend_in(host.slots[slot_id], "block_identity")
+    for slot_id in host.config.growth_slot_ids:
+        slot = host.slots[slot_id]
+        slot.germinate("block_identity")
+        assert slot.stage == SeedStage.BLENDING and slot.alpha == 1.0  # at once
         with torch.no_grad():
             assert torch.equal(host(idx), before), slot_id
-    seed = host.slots["r1c0"].seed
-    x = torch.randn(2, 5, 32)
-    with torch.no_grad():
-        assert torch.equal(seed(x), x)  # the block itself is the identity
-    for proj in (seed.attn.c_proj, seed.mlp.c_proj):
-        assert not proj.weight.any() and not proj.bias.any()
-    c_attn = seed.attn.c_attn.weight  # the rest is the copy (the pilot's identity init)
-    assert torch.equal(c_attn, host.blocks[0].attn.c_attn.weight)
+        slot.tick()
+        assert slot.advance().passed
+        with torch.no_grad():
+            assert torch.equal(host(idx), before), slot_id
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(5))
+    for block in _grown_blocks(host)[1:]:  # each block itself is the identity
+        with torch.no_grad():
+            assert torch.equal(block(x), x)
+        for proj in (block.attn.c_proj, block.mlp.c_proj):
+            assert not proj.weight.any() and not proj.bias.any()
+        # The rest is the copy (the pilot's identity init).
+        assert torch.equal(block.attn.c_attn.weight, host.blocks[0].attn.c_attn.weight)
 
 
-def test_identity_block_learns_through_its_zero_projections():
-    host = _grow4(rng_seed=5).train()
+def test_identity_blocks_learn_through_their_zero_projections():
+    host = _host("grow4", rng_seed=5).train()
     _blend_in(host.slots["r1c0"], "block_identity")
     idx, targets = _tokens((2, 12), rng_seed=1), _tokens((2, 12), rng_seed=2)
     F.cross_entropy(host(idx).flatten(0, 1), targets.flatten()).backward()
-    seed = host.slots["r1c0"].seed
-    assert seed.attn.c_proj.weight.grad.abs().sum() > 0
-    assert seed.mlp.c_proj.weight.grad.abs().sum() > 0
+    for block in host.slots["r1c0"].seed:
+        assert block.attn.c_proj.weight.grad.abs().sum() > 0
+        assert block.mlp.c_proj.weight.grad.abs().sum() > 0
 
 
-def test_random_block_has_the_hosts_shape_and_init():
-    host = _grow4(rng_seed=7)
+def test_random_blocks_have_the_hosts_shape_and_init_and_differ():
+    host = _host("grow4", rng_seed=7)
     host.slots["r1c0"].germinate("block_random")
     seed = host.slots["r1c0"].seed
-    assert (seed.n_head, seed.depth, seed.bias) == (4, 4, True)
-    assert not _same_weights(seed, host.blocks[0])
+    assert [(b.n_head, b.depth, b.bias) for b in seed] == [(4, 4, True)] * 3
+    blocks = [host.blocks[0], *seed]
+    assert not any(_same_weights(a, b) for i, a in enumerate(blocks) for b in blocks[i + 1:])
     torch.manual_seed(11)
     big = Block.like(Block(256, n_head=4, depth=4))  # wide: the sample std is sharp
     assert big.attn.c_attn.bias.abs().sum() == 0 and torch.equal(big.ln_1.weight,
@@ -157,35 +222,50 @@ def test_random_block_has_the_hosts_shape_and_init():
     assert big.mlp.c_proj.weight.std().item() == pytest.approx(0.02 / math.sqrt(8), rel=0.02)
 
 
+def test_block_seed_growth_depth_is_checked():
+    with pytest.raises(ValueError, match="growth_depth must be an int >= 1, got 0"):
+        block_seed(32, init="copy", preceding=Block(32, 4), growth_depth=0)
+    with pytest.raises(ValueError, match=r"slot 's': growth_depth must be an int >= 1, got 2\.0"):
+        SeedSlot("s", 32, "transformer", growth_depth=2.0)
+    built = build("block_random", 32, "transformer",
+                  context={"preceding": Block(32, 4), "growth_depth": 2})
+    assert isinstance(built, BlockStack) and len(built) == 2
+    with pytest.raises(BlueprintError, match="needs the number of blocks the slot grows"):
+        build("block_random", 32, "transformer", context={"preceding": Block(32, 4)})
+
+
 # --- growth equals depth ----------------------------------------------------------------------
 @pytest.mark.parametrize("init", sorted(BLOCK_INITS))
-def test_three_blended_block_seeds_compute_a_native_four_block_host(init: str):
-    host = _grow4(rng_seed=1)
-    for slot_id in GROWTH:
+@pytest.mark.parametrize(("preset", "native"),
+                         [("grow4", "w32l4"), ("grow4x1", "w32l4"), ("grow2", "w32l2")])
+def test_blended_block_seeds_compute_the_native_deeper_host(preset: str, native: str, init: str):
+    host = _host(preset, rng_seed=1)
+    for slot_id in host.config.growth_slot_ids:
         _blend_in(host.slots[slot_id], block_blueprint(init))
-    with torch.no_grad():  # train-like perturbation: the seeds differ from their sources
-        for slot_id in GROWTH:
-            for p in host.slots[slot_id].seed.parameters():
-                p.add_(0.05 * torch.randn_like(p))
-    native = _native_like(host)
+        _perturb(host.slots[slot_id].seed)
+    deep = _native_like(host, native)
+    assert len(_grown_blocks(host)) == deep.config.n_layer
     idx = _tokens((3, 32), rng_seed=2)
     with torch.no_grad():
-        torch.testing.assert_close(host(idx), native(idx), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(host(idx), deep(idx), rtol=1e-5, atol=1e-5)
 
 
-def test_born_grown_host_is_a_native_four_block_host_at_birth():
-    host = _grow4(rng_seed=2)
+@pytest.mark.parametrize(("preset", "native"),
+                         [("grow4", "w32l4"), ("grow4x1", "w32l4"), ("grow2", "w32l2")])
+def test_born_grown_host_is_the_native_deeper_host_at_birth(preset: str, native: str):
+    host = _host(preset, rng_seed=2)
     engine = MorphogenesisEngine(host)
-    for slot_id in GROWTH:
+    growth = host.config.growth_slot_ids
+    for slot_id in growth:
         engine.implant(slot_id, "block_random")
-    assert [host.slots[s].stage for s in GROWTH] == [SeedStage.FOSSILIZED] * 3
-    assert all(host.slots[s].alpha == 1.0 for s in GROWTH)
-    native = _native_like(host)
+    assert {(host.slots[s].stage, host.slots[s].alpha) for s in growth} == {
+        (SeedStage.FOSSILIZED, 1.0)}
+    deep = _native_like(host, native)
     idx = _tokens((2, 32), rng_seed=3)
     with torch.no_grad():
-        torch.testing.assert_close(host(idx), native(idx), rtol=1e-5, atol=1e-5)
-    # The same init scale as a native 4-block host's blocks.
-    assert {host.slots[s].seed.depth for s in GROWTH} == {native.blocks[0].depth} == {4}
+        torch.testing.assert_close(host(idx), deep(idx), rtol=1e-5, atol=1e-5)
+    # The same init scale as the native host's blocks.
+    assert {b.depth for b in _grown_blocks(host)} == {deep.blocks[0].depth}
 
 
 # --- context -----------------------------------------------------------------------------------
@@ -223,46 +303,106 @@ def test_a_slot_injected_after_a_block_follows_it():
     assert _same_weights(engine.slots["blocks.0"].seed, model.blocks[0])
 
 
-def test_state_dict_round_trip_rebuilds_chained_block_seeds():
-    host = _grow4(rng_seed=4)
-    for slot_id in GROWTH:
+@pytest.mark.parametrize("preset", ["grow4", "grow4x1"])
+def test_state_dict_round_trip_rebuilds_block_seeds(preset: str):
+    host = _host(preset, rng_seed=4)
+    for slot_id in host.config.growth_slot_ids:
         _blend_in(host.slots[slot_id], "block_copy")
-        with torch.no_grad():
-            for p in host.slots[slot_id].seed.parameters():
-                p.add_(0.01 * torch.randn_like(p))
-    restored = _grow4(rng_seed=9)
-    restored.load_state_dict(copy.deepcopy(host.state_dict()))
+        _perturb(host.slots[slot_id].seed, scale=0.01)
+    state = copy.deepcopy(host.state_dict())
+    restored = _host(preset, rng_seed=9)
+    restored.load_state_dict(state)
     idx = _tokens((2, 16), rng_seed=5)
     with torch.no_grad():
         assert torch.equal(restored(idx), host(idx))
-    assert all(isinstance(restored.slots[s].seed, Block) for s in GROWTH)
+    for slot_id in host.config.growth_slot_ids:
+        seed, again = host.slots[slot_id].seed, restored.slots[slot_id].seed
+        assert type(again) is type(seed) and _same_weights(again, seed)
+        assert restored.slots[slot_id].stage == SeedStage.HOLDING
+    # A seed of 3 blocks never loads into a slot that grows 1.
+    if preset == "grow4":
+        other = _host("grow4x1", rng_seed=9)
+        with pytest.raises(ValueError, match="manifest growth_depth 3 != slot growth_depth 1"):
+            other.load_state_dict(state, strict=False)
 
 
 # --- lifecycle pace and optimizer ---------------------------------------------------------------
-def test_block_seed_stage_sequence_without_incubation_and_a_one_epoch_blend():
-    host = GPTHost("grow4", slots=GROWTH)
+def _germinate_in_engine(blueprint: str, preset: str = "grow4"):
+    host = _host(preset)
     engine = MorphogenesisEngine(host, gate_config=GateConfig(min_training_epochs=10))
     host(_tokens((2, 8), rng_seed=0))
-    slot = engine.slots["r1c0"]
+    outcome = engine.execute(Action(LifecycleOp.GERMINATE, 0, blueprint=blueprint))
+    assert outcome.success, outcome.reason
+    return engine, engine.slots["r1c0"]
+
+
+@pytest.mark.parametrize("init", sorted(BLOCK_INITS))
+def test_a_seed_without_incubation_germinates_through_g0_g1_g2_to_blending(init: str):
+    engine, slot = _germinate_in_engine(block_blueprint(init))
+    assert slot.stage == SeedStage.BLENDING  # in the decision that germinated it
+    history = [(SeedStage(e.source).name, SeedStage(e.target).name, e.reason, e.epoch)
+               for e in slot.state.history]
+    assert history == [("DORMANT", "GERMINATED", "G0 passed", 0),
+                       ("GERMINATED", "TRAINING", "G1 passed", 0),
+                       ("TRAINING", "BLENDING", "G2 passed", 0)]
+    gate = slot.state.last_gate
+    assert (gate.gate, gate.passed, gate.checks_passed) == (2, True, ("no_incubation",))
+    report = slot.report()
+    assert (report.previous_stage, report.epochs_total) == (SeedStage.TRAINING, 0)
+    # One germination in the engine's events; the masks let the next slot germinate at once.
+    assert [(e.slot_id, e.kind) for e in engine.events] == [("r1c0", "germinated")]
+    tempo = {"identity": 0, "copy": 2, "random": 2}[init]
+    assert slot.blend.tempo == tempo
+    assert get_spec(block_blueprint(init), "transformer").incubation == 0
+
+
+def test_a_seed_without_incubation_blends_at_its_tempo_from_the_next_step():
+    x = torch.randn(2, 6, 32, generator=torch.Generator().manual_seed(0))
+    _, slot = _germinate_in_engine("block_identity")
+    assert slot.alpha == 1.0 and slot.report().alpha_mode == 0  # HOLD: done before any step
+    _, slot = _germinate_in_engine("block_copy")
+    alphas = [slot.alpha]
+    for _ in range(2):
+        slot.tick()  # the engine ticks right after the decision, before the next epoch trains
+        with torch.no_grad():  # the next training step blends at the ticked alpha
+            h, s = x, slot.seed(x)
+            torch.testing.assert_close(slot(x), h + slot.alpha * (s - h))
+        alphas.append(slot.alpha)
+    assert alphas == pytest.approx([0.0, 0.5, 1.0]) and alphas[-1] == 1.0
+
+
+def test_block_seed_stage_sequence_in_the_engine():
+    engine, slot = _germinate_in_engine("block_copy", preset="grow4x1")
     stages, alphas = [], []
-    ops = [LifecycleOp.GERMINATE, LifecycleOp.ADVANCE, LifecycleOp.ADVANCE,
-           LifecycleOp.ADVANCE, LifecycleOp.FOSSILIZE]
+    ops = [LifecycleOp.WAIT, LifecycleOp.ADVANCE, LifecycleOp.FOSSILIZE]
+    engine.tick()  # alpha 1/2: the blend takes one epoch
     for op in ops:
-        if slot.stage == SeedStage.TRAINING:  # what an epoch of training measures
-            slot.state.metrics.gradient_health, slot.state.metrics.has_exploding = 1.0, False
         if slot.stage == SeedStage.HOLDING:
+            slot.state.metrics.gradient_health, slot.state.metrics.has_exploding = 1.0, False
             slot.record_contribution(0.0)
-        blueprint = "block_copy" if op == LifecycleOp.GERMINATE else None
-        outcome = engine.execute(Action(op, slot=0, blueprint=blueprint))
+        outcome = engine.execute(Action(op, slot=0) if op != LifecycleOp.WAIT else Action())
         assert outcome.success, (op, outcome.reason)
         engine.tick()
         stages.append(slot.stage.name)
         alphas.append(slot.alpha)
-    assert stages == ["GERMINATED", "TRAINING", "BLENDING", "HOLDING", "FOSSILIZED"]
-    assert alphas == [0.0, 0.0, 1.0, 1.0, 1.0]  # full alpha one epoch after blending began
-    assert slot.blend.tempo == 1 and get_spec("block_copy", "transformer").incubation == 0
-    # Any other blueprint still incubates the configured 10 epochs.
-    other = engine.slots["r1c1"]
+    assert stages == ["BLENDING", "HOLDING", "FOSSILIZED"]
+    assert alphas == [1.0, 1.0, 1.0]
+    kinds = [e.kind for e in engine.events]
+    assert kinds == ["germinated", "fossilized"]
+
+
+def test_seeds_that_incubate_are_unchanged_and_their_g2_fails_closed():
+    host = _host("grow4x1")
+    slot = host.slots["r1c1"]
+    slot.gates = QualityGates(config=GateConfig(min_training_epochs=0))
+    slot.germinate("mlp")
+    assert slot.stage == SeedStage.GERMINATED and slot.blend.tempo == 5
+    assert slot.advance().passed and slot.stage == SeedStage.TRAINING
+    # Never ran, nothing measured: with no epochs to wait, G2 still refuses it.
+    assert slot.advance().checks_failed == ("gradient_health_measured", "not_exploding",
+                                            "gradient_health")
+    other = host.slots["r1c2"]
+    other.gates = QualityGates(config=GateConfig(min_training_epochs=10))
     other.germinate("mlp")
     other.advance()
     other.tick()
@@ -271,7 +411,7 @@ def test_block_seed_stage_sequence_without_incubation_and_a_one_epoch_blend():
 
 
 def test_block_seed_parameters_split_decay_like_the_host():
-    host = GPTHost("grow4", slots=GROWTH)
+    host = GPTHost("grow4", slots=ONE)
     engine = MorphogenesisEngine(host)
     engine.attach_optimizer(host.configure_optimizers())
     host(_tokens((1, 4), rng_seed=0))
@@ -303,18 +443,22 @@ def test_layer_scale_init_sets_every_gain_of_a_new_seed():
         SeedSlot("s", 8, layer_scale_init=-1.0)
 
 
-def test_g2_without_incubation_asks_only_for_measured_unexploded_gradients():
-    from esper_lightning.core.lifecycle import AlphaView, QualityGates, SeedState
-
+def test_g2_without_incubation_has_nothing_to_measure_at_birth_and_judges_what_ran():
     gates = QualityGates(config=GateConfig(min_training_epochs=3))
     state = SeedState("s", "block_identity", stage=SeedStage.TRAINING)
     alpha = AlphaView(0.0, 0.0, True)
+    for strict in (False, True):  # at birth, in both modes: the seed never ran
+        mode_gates = QualityGates("strict" if strict else "permissive", gates.config)
+        result = mode_gates.check(SeedStage.BLENDING, state, alpha, incubation=0)
+        assert result.passed and result.checks_passed == ("no_incubation",)
+    # A seed that incubates is judged on what it has, never passed unmeasured.
+    assert gates.check(SeedStage.BLENDING, state, alpha).checks_failed == (
+        "min_training_epochs", "gradient_health_measured", "not_exploding", "gradient_health")
+    state.tick()  # it ran an epoch in TRAINING (a seed of an older checkpoint): judge it
     assert gates.check(SeedStage.BLENDING, state, alpha, incubation=0).checks_failed == (
         "gradient_health_measured", "not_exploding")
     state.metrics.gradient_health, state.metrics.has_exploding = 0.67, False  # 8 of 12 vanish
     assert gates.check(SeedStage.BLENDING, state, alpha, incubation=0).passed
-    assert gates.check(SeedStage.BLENDING, state, alpha).checks_failed == (
-        "min_training_epochs", "gradient_health")
     state.metrics.has_exploding = True
     assert gates.check(SeedStage.BLENDING, state, alpha, incubation=0).checks_failed == (
         "not_exploding",)

@@ -18,22 +18,22 @@ from esper_lightning.controllers import HeuristicConfig, HeuristicController, St
 from esper_lightning.controllers.stack import born_implants, parse_stack, stack_controller
 from esper_lightning.core.actions import Action, LifecycleOp
 from esper_lightning.core.engine import MorphogenesisEngine
-from esper_lightning.core.lifecycle import LIVE_STAGES, SeedStage
+from esper_lightning.core.lifecycle import ACTIVE_STAGES, LIVE_STAGES, SeedStage
 from esper_lightning.errors import ConfigError
-from esper_lightning.hosts import GPTHost
+from esper_lightning.hosts import GPT_PRESETS, GPTHost
 
-GROWTH = ("r1c0", "r1c1", "r1c2")
+CHAIN = ("r1c0", "r1c1", "r1c2")  # grow4x1's growth slots, one block each
 Op = LifecycleOp
 
 
 class Episode:
-    """A grow4 host under a real engine: each epoch one training step (gradient health), the
+    """A growing host under a real engine: each epoch one training step (gradient health), the
     counterfactual contributions of blended seeds, then report, decide, execute, tick."""
 
     def __init__(self, controller, budget: float | None = 100.0, max_epochs: int | None = None,
-                 slots: tuple[str, ...] = GROWTH) -> None:
+                 preset: str = "grow4", slots: tuple[str, ...] | None = None) -> None:
         torch.manual_seed(0)
-        self.host = GPTHost("grow4", slots=slots)
+        self.host = GPTHost(preset, slots=slots or GPT_PRESETS[preset].growth_slot_ids)
         self.engine = MorphogenesisEngine(self.host, rng_seed=0)
         self.optimizer = self.host.configure_optimizers()
         self.engine.attach_optimizer(self.optimizer)
@@ -41,6 +41,8 @@ class Episode:
         self.controller, self.max_epochs = controller, max_epochs
         self.gen = torch.Generator().manual_seed(1)
         self.decisions: list[tuple[float | None, Op, str | None]] = []
+        #: After each decision: the blocks the next epoch trains at alpha 1.
+        self.depths: list[int] = []
 
     def epoch(self, spent: float) -> None:
         x = torch.randint(0, 256, (4, 16), generator=self.gen)
@@ -59,72 +61,95 @@ class Episode:
         self.engine.tick()
         slot = report.slot_ids[action.slot] if action.op != Op.WAIT else None
         self.decisions.append((report.spent_fraction, action.op, slot))
+        self.depths.append(self.depth_at_alpha_1())
+
+    def depth_at_alpha_1(self) -> int:
+        config = self.host.config
+        grown = [s for s in self.engine.slots.values()
+                 if s.stage in ACTIVE_STAGES and s.alpha == 1.0 and s.slot_id.startswith("r1c")]
+        return config.n_layer + config.growth_depth * len(grown)
 
 
-EXPECTED_GROWTH = [
-    (Op.GERMINATE, "r1c0"), (Op.ADVANCE, "r1c0"), (Op.ADVANCE, "r1c0"),  # to BLENDING
-    (Op.GERMINATE, "r1c1"), (Op.ADVANCE, "r1c1"), (Op.ADVANCE, "r1c1"),
-    (Op.GERMINATE, "r1c2"), (Op.ADVANCE, "r1c2"), (Op.ADVANCE, "r1c2"),  # 4 blocks at alpha 1
-    (Op.ADVANCE, "r1c0"), (Op.ADVANCE, "r1c1"), (Op.ADVANCE, "r1c2"),  # to HOLDING
-    (Op.FOSSILIZE, "r1c0"), (Op.FOSSILIZE, "r1c1"), (Op.FOSSILIZE, "r1c2"),
-]
-
-
-@pytest.mark.parametrize("init", ["copy", "identity", "random"])
-def test_stack_waits_until_tau_then_grows_three_blocks_as_fast_as_the_lifecycle_allows(init):
-    episode = Episode(StackController(depth=4, tau=0.5, init=init))
-    for k in range(1, 27):  # 5 % of the budget per epoch: the 10th report is at tau
+@pytest.mark.parametrize(("init", "lag"), [("identity", 0), ("copy", 1), ("random", 1)])
+def test_stack_on_grow4_reaches_four_blocks_within_one_decision_of_tau(init, lag):
+    episode = Episode(StackController(depth=4, tau=0.5, init=init, growth_depth=3))
+    for k in range(1, 17):  # 5 % of the budget per epoch: the 10th report is at tau
         episode.epoch(spent=5.0 * k)
-    before = [(f, op) for f, op, _ in episode.decisions if f < 0.5]
-    assert len(before) == 9 and all(op == Op.WAIT for _, op in before)
-    after = [(op, slot) for f, op, slot in episode.decisions if f >= 0.5]
-    assert after[:15] == EXPECTED_GROWTH and after[15] == (Op.WAIT, None)
-    slots = episode.engine.slots
-    assert [(slots[s].stage, slots[s].state.blueprint) for s in GROWTH] == (
-        [(SeedStage.FOSSILIZED, f"block_{init}")] * 3)
+    fractions = [f for f, _, _ in episode.decisions]
+    at_tau = fractions.index(0.5)
+    assert at_tau == 9 and all(op == Op.WAIT for _, op, _ in episode.decisions[:at_tau])
+    after = [(op, slot) for _, op, slot in episode.decisions[at_tau:]]
+    # Germinate (straight to BLENDING), wait out the blend, to HOLDING, fossilize, then rest.
+    expected = ([(Op.GERMINATE, "r1c0")] + [(Op.WAIT, None)] * lag
+                + [(Op.ADVANCE, "r1c0"), (Op.FOSSILIZE, "r1c0")])
+    assert after[:len(expected)] == expected
+    assert set(after[len(expected):]) == {(Op.WAIT, None)}
+    assert episode.depths[:at_tau] == [1] * at_tau
+    assert episode.depths[at_tau:at_tau + lag] == [1] * lag  # alpha 1/2: not yet 4 blocks
+    assert set(episode.depths[at_tau + lag:]) == {4}
+    slot = episode.engine.slots["r1c0"]
+    assert (slot.stage, slot.state.blueprint, len(slot.seed)) == (
+        SeedStage.FOSSILIZED, f"block_{init}", 3)
+
+
+@pytest.mark.parametrize("init", ["identity", "copy"])
+def test_stack_on_grow4x1_germinates_one_block_per_decision(init):
+    episode = Episode(StackController(depth=4, tau=0.0, init=init), preset="grow4x1")
+    for k in range(1, 12):
+        episode.epoch(spent=float(k))
+    grow = [(Op.GERMINATE, s) for s in CHAIN]
+    keep = [(Op.ADVANCE, s) for s in CHAIN] + [(Op.FOSSILIZE, s) for s in CHAIN]
+    assert [(op, slot) for _, op, slot in episode.decisions] == grow + keep + [(Op.WAIT, None)] * 2
+    # Full depth at alpha 1 from the third decision (identity) or the fourth (copy).
+    assert episode.depths.index(4) == {"identity": 2, "copy": 3}[init]
 
 
 def test_stack_without_a_budget_reads_the_epochs_and_refuses_an_unknown_run_length():
-    episode = Episode(StackController(depth=2, tau=0.25), budget=None, max_epochs=8)
+    episode = Episode(StackController(depth=2, tau=0.25, init="identity"), budget=None,
+                      max_epochs=8, preset="grow2")
     for _ in range(4):
         episode.epoch(spent=0.0)
     assert [op for _, op, _ in episode.decisions] == [Op.WAIT, Op.GERMINATE, Op.ADVANCE,
-                                                      Op.ADVANCE]
-    assert episode.decisions[1][0] == 0.25  # the second epoch's report: 2 / 8
-    assert episode.decisions[1][2] == "r1c2"  # one seed: the last slot
-    blind = Episode(StackController(depth=2, tau=0.25), budget=None, max_epochs=None)
+                                                      Op.FOSSILIZE]
+    assert episode.decisions[1][:3:2] == (0.25, "r1c0")  # the second epoch's report: 2 / 8
+    blind = Episode(StackController(depth=2, tau=0.25), budget=None, max_epochs=None,
+                    preset="grow2")
     with pytest.raises(ConfigError, match="needs a compute budget or a planned number of epochs"):
         blind.epoch(spent=0.0)
 
 
 def test_stack_grows_in_the_slots_it_is_given_and_refuses_too_few():
-    episode = Episode(StackController(depth=3, tau=0.0, slots=("r1c1", "r1c0")))
+    episode = Episode(StackController(depth=3, tau=0.0, slots=("r1c1", "r1c0")),
+                      preset="grow4x1")
     for k in range(1, 4):
         episode.epoch(spent=float(k))
-    assert [slot for _, _, slot in episode.decisions] == ["r1c1", "r1c1", "r1c1"]
+    assert [(op, slot) for _, op, slot in episode.decisions] == [
+        (Op.GERMINATE, "r1c1"), (Op.GERMINATE, "r1c0"), (Op.ADVANCE, "r1c1")]
     with pytest.raises(ConfigError, match="2 block seed"):
         StackController(depth=3, tau=0.5, slots=("r1c0",))
-    few = Episode(StackController(depth=4, tau=0.0), slots=("r1c0", "r1c1"))
+    few = Episode(StackController(depth=4, tau=0.0), preset="grow4x1", slots=("r1c0", "r1c1"))
     with pytest.raises(ConfigError, match="3 block seed"):
         few.epoch(spent=1.0)
 
 
 def test_stack_reacts_to_a_governor_prune_and_regrows():
-    episode = Episode(StackController(depth=2, tau=0.0))
-    for k in range(1, 4):
-        episode.epoch(spent=float(k))
-    assert episode.engine.slots["r1c2"].stage == SeedStage.BLENDING
+    episode = Episode(StackController(depth=4, tau=0.0, growth_depth=3))
+    episode.epoch(spent=1.0)
+    assert episode.engine.slots["r1c0"].stage == SeedStage.BLENDING
     episode.engine.prune_live("rollback")
-    for k in range(4, 14):
+    for k in range(2, 12):
         episode.epoch(spent=float(k))
-    ops = [op for _, op, _ in episode.decisions[3:]]
-    assert Op.GERMINATE in ops and ops[0] == Op.WAIT  # the embargo first, then again
-    assert episode.engine.slots["r1c2"].stage in LIVE_STAGES | {SeedStage.FOSSILIZED}
+    ops = [op for _, op, _ in episode.decisions[1:]]
+    # The embargo first (5 decisions EMBARGOED, 1 RESETTING, then empty), then again.
+    assert ops[:7] == [Op.WAIT] * 7 and ops[7] == Op.GERMINATE
+    assert episode.engine.slots["r1c0"].stage in LIVE_STAGES | {SeedStage.FOSSILIZED}
 
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [({"depth": 1, "tau": 0.5}, "depth 1 must exceed the host's 1 block"),
+     ({"depth": 3, "tau": 0.5, "growth_depth": 3}, r"depth 3 is not 1 block\(s\) plus whole "
+                                                    r"seeds of 3 block\(s\)"),
      ({"depth": 4, "tau": 1.0}, r"tau must be in \[0, 1\), got 1.0"),
      ({"depth": 4, "tau": 0.5, "init": "zero"}, "unknown init 'zero'; accepted: copy, "
                                                  "identity, random")],
@@ -164,16 +189,30 @@ def test_bad_stack_spec_is_one_line(text):
 
 
 def test_stack_and_born_specs_are_checked_against_the_host():
-    assert stack_controller("4@0.5:identity", 1, GROWTH, "transformer").n_seeds == 3
-    with pytest.raises(ConfigError, match=r"grows 3 block seed.*has 2 slot"):
-        stack_controller("4@0.5", 1, GROWTH[:2], "transformer")
+    grow4, grow4x1 = GPT_PRESETS["grow4"], GPT_PRESETS["grow4x1"]
+    one = stack_controller("4@0.5:identity", grow4, ("r0c0", "r1c0"), "transformer")
+    assert (one.n_seeds, one.slots, one.growth_depth) == (1, ("r1c0",), 3)
+    assert stack_controller("4@0.5", grow4x1, CHAIN, "transformer").slots == CHAIN
+    with pytest.raises(ConfigError, match=r"^stack:3@0.5: K=3 is not the host's grown depth; "
+                                          r"accepted: stack:4 \(1 block\(s\) \+ 1 growth "
+                                          r"slot\(s\) of 3 block\(s\)\)$"):
+        stack_controller("3@0.5", grow4, ("r1c0",), "transformer")
+    with pytest.raises(ConfigError, match=r"grows in the growth slots r1c0 r1c1 r1c2; the run "
+                                          r"lacks r1c2 \(--slots r1c0 r1c1\)"):
+        stack_controller("4@0.5", grow4x1, CHAIN[:2], "transformer")
     with pytest.raises(ConfigError, match="'block_copy' does not exist for topology 'cnn'"):
-        stack_controller("4@0.5", 1, ("r0c0", "r0c1", "r0c2"), "cnn")
-    assert born_implants("3", 1, GROWTH) == (("r1c1", "block_random"), ("r1c2", "block_random"))
+        stack_controller("4@0.5", None, ("r0c0", "r0c1", "r0c2"), "cnn")
+    with pytest.raises(ConfigError, match="needs a host with growth slots"):
+        stack_controller("2@0.5", GPT_PRESETS["tiny"], ("r0c0", "r0c1"), "transformer")
+    assert born_implants("4", grow4, ("r1c0",)) == (("r1c0", "block_random"),)
+    assert born_implants("4", grow4x1, CHAIN) == tuple((s, "block_random") for s in CHAIN)
+    assert born_implants("2", GPT_PRESETS["grow2"], ("r0c0", "r1c0")) == (
+        ("r1c0", "block_random"),)
     with pytest.raises(ConfigError, match="accepted: born:K"):
-        born_implants("four", 1, GROWTH)
-    with pytest.raises(ConfigError, match="between 1 and 3 block seeds"):
-        born_implants("5", 1, GROWTH)
+        born_implants("four", grow4, ("r1c0",))
+    with pytest.raises(ConfigError, match="born:3: K=3 is not the host's grown depth; "
+                                          "accepted: born:4"):
+        born_implants("3", grow4x1, CHAIN)
 
 
 def test_docstring_examples_run():
@@ -185,18 +224,17 @@ def test_lm_comparison_of_stack_born_and_static_on_grow4(text_file, tmp_path):
     values = preset_values("lm-smoke", CompareConfig)
     config = CompareConfig(**{
         **values, "data_dir": str(text_file), "out": str(tmp_path / "out"),
-        "host_preset": "grow4", "slots": GROWTH, "episode_length": 20, "train_subset": 32,
+        "host_preset": "grow4", "slots": ("r1c0",), "episode_length": 20, "train_subset": 32,
         "controllers": ("static", "born:4", "stack:4@0.15:identity"), "seeds": 1, "envs": 3,
         "progress": False})
     records = {r.controller: r for r in Comparison(config).run()}
-    random_blocks = tuple((s, "block_random") for s in GROWTH)
-    assert records["born:4"]["final_seeds"] == random_blocks
+    assert records["born:4"]["final_seeds"] == (("r1c0", "block_random"),)
     assert records["born:4"]["seeds_germinated"] == 0
-    assert records["stack:4@0.15:identity"]["final_seeds"] == tuple(
-        (s, "block_identity") for s in GROWTH)
-    assert records["stack:4@0.15:identity"]["seeds_fossilized"] == 3
+    stacked = records["stack:4@0.15:identity"]
+    assert stacked["final_seeds"] == (("r1c0", "block_identity"),)
+    assert (stacked["seeds_germinated"], stacked["seeds_fossilized"]) == (1, 1)
     assert records["static"]["seed_params"] == 0
-    assert records["born:4"]["seed_params"] == records["stack:4@0.15:identity"]["seed_params"]
+    assert records["born:4"]["seed_params"] == stacked["seed_params"] == 3 * (12 * 32**2 + 13 * 32)
 
 
 # --- the heuristic's germination window --------------------------------------------------------
@@ -212,7 +250,8 @@ def test_heuristic_germinates_block_seeds_only_inside_its_window():
         episode.epoch(spent=5.0 * k)
     ops = [(f, op) for f, op, _ in episode.decisions]
     assert all(op == Op.WAIT for f, op in ops if f < 0.3)
-    assert ops[5] == (0.3, Op.GERMINATE) and ops[6][1] == Op.ADVANCE
+    # Straight to BLENDING; alpha 1/2 for one epoch, then to HOLDING.
+    assert ops[5] == (0.3, Op.GERMINATE) and [op for _, op in ops[6:8]] == [Op.WAIT, Op.ADVANCE]
     late = Episode(_quick(germinate_until_fraction=0.35))
     for k in range(7, 10):
         late.epoch(spent=5.0 * k)
@@ -238,7 +277,7 @@ def test_heuristic_without_a_window_is_unchanged_and_a_window_needs_a_run_length
 
 
 def test_a_block_seed_in_a_slot_without_a_block_costs_a_turn_not_the_run():
-    episode = Episode(StackController(depth=2, tau=0.0))
+    episode = Episode(StackController(depth=2, tau=0.0), preset="grow2")
     report = episode.engine.report()
     action = Action(Op.GERMINATE, slot=0, blueprint="block_copy")
     assert report.masks.allows(action)  # the masks cannot see a slot's context...

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from esper_lightning.blueprints import available
-from esper_lightning.blueprints.block import Block, init_residual_projections
+from esper_lightning.blueprints import available, get_spec
+from esper_lightning.blueprints.block import init_residual_projections, last_block
 from esper_lightning.blueprints.registry import LayerScale
 from esper_lightning.core.alpha import AlphaAlgorithm
 from esper_lightning.core.lifecycle import SeedStage
@@ -23,6 +23,8 @@ from esper_lightning.data.text import TextDataModule
 from esper_lightning.hosts import GPT_PRESETS, GPTConfig, GPTHost
 
 TRANSFORMER_BLUEPRINTS = available("transformer")
+#: Blueprints whose seeds incubate in TRAINING (block seeds germinate straight to BLENDING).
+INCUBATING = tuple(b for b in TRANSFORMER_BLUEPRINTS if get_spec(b, "transformer").incubation != 0)
 ALGORITHMS = (AlphaAlgorithm.ADD, AlphaAlgorithm.MULTIPLY, AlphaAlgorithm.GATE)
 
 
@@ -40,18 +42,20 @@ def _to_training(slot: SeedSlot, blueprint: str, algorithm: AlphaAlgorithm) -> N
 
 
 def _to_blending(slot: SeedSlot, blueprint: str, algorithm: AlphaAlgorithm) -> None:
-    """Germinate, incubate and start the blend, one tick in: alpha strictly in (0, 1)."""
-    _to_training(slot, blueprint, algorithm)
-    for _ in range(10):
-        slot.tick()
-    metrics = slot.state.metrics
-    metrics.gradient_health, metrics.has_exploding = 1.0, False
-    assert slot.advance().passed
+    """Germinate, incubate and start the blend, one tick in: alpha in (0, 1], 1 only for a
+    blueprint that blends at once (tempo 0 or 1)."""
+    if get_spec(blueprint, "transformer").incubation == 0:  # BLENDING at germination
+        slot.germinate(blueprint, algorithm=algorithm, tempo=3)
+    else:
+        _to_training(slot, blueprint, algorithm)
+        for _ in range(10):
+            slot.tick()
+        metrics = slot.state.metrics
+        metrics.gradient_health, metrics.has_exploding = 1.0, False
+        assert slot.advance().passed
     slot.tick()
-    # Block seeds blend in one epoch: alpha is 1 after the first tick.
-    one_epoch = slot.blend.tempo == 1
     assert slot.stage == SeedStage.BLENDING and 0.0 < slot.alpha <= 1.0
-    assert (slot.alpha == 1.0) == one_epoch
+    assert (slot.alpha == 1.0) == (slot.blend.tempo <= 1)
 
 
 def _make_visible(slot: SeedSlot) -> None:
@@ -62,7 +66,7 @@ def _make_visible(slot: SeedSlot) -> None:
                 module.gamma.fill_(1.0)
         if hasattr(slot.seed, "gate"):  # the `norm` seed's scalar gate
             slot.seed.gate.fill_(1.0)
-        if isinstance(slot.seed, Block):  # block_identity's output projections are zero
+        if last_block(slot.seed) is not None:  # block_identity's output projections are zero
             init_residual_projections(slot.seed, depth=1)
 
 
@@ -102,7 +106,7 @@ def test_causal_with_blending_seeds(blueprint: str, algorithm: AlphaAlgorithm):
     _assert_causal(host, idx)
 
 
-@pytest.mark.parametrize("blueprint", TRANSFORMER_BLUEPRINTS)
+@pytest.mark.parametrize("blueprint", INCUBATING)
 def test_incubating_seed_leaves_host_gradients_bitwise_identical(blueprint: str):
     torch.manual_seed(0)
     plain = GPTHost("tiny")
@@ -121,10 +125,8 @@ def test_incubating_seed_leaves_host_gradients_bitwise_identical(blueprint: str)
     assert grown_host.keys() == plain_host.keys()
     for name, p in plain_host.items():
         assert p.grad is not None and torch.equal(p.grad, grown_host[name].grad), name
-    seeds = [(n, p) for s in grown.slots.values() for n, p in s.seed.named_parameters()]
-    # block_identity's branches are closed by zero output projections: only those learn first.
-    live = [p for n, p in seeds if blueprint != "block_identity" or "c_proj" in n]
-    assert live and all(p.grad is not None and p.grad.abs().sum() > 0 for p in live)
+    seeds = [p for s in grown.slots.values() for p in s.seed.parameters()]
+    assert seeds and all(p.grad is not None and p.grad.abs().sum() > 0 for p in seeds)
 
 
 def test_shapes_tying_and_slots():
@@ -161,7 +163,7 @@ def test_residual_projection_init_is_scaled():
     ("kwargs", "message"),
     [
         ({"preset": "huge"}, "unknown GPT preset 'huge'; accepted: tiny, small, medium, grow4, "
-                             "w32l1, w32l4"),
+                             "grow4x1, grow2, w32l1, w32l2, w32l4"),
         ({"slots": ["r0c2"]}, "unknown slot id(s) 'r0c2' for preset 'tiny'; accepted: r0c0, r0c1"),
     ],
 )

@@ -425,9 +425,9 @@ class Comparison:
     def _depth_growth(self, spec: ControllerSpec) -> Any:
         """``stack:``'s controller or ``born:``'s implants, on the host's blocks and slots."""
         preset = GPT_PRESETS.get(str(self.config.host_preset))
-        blocks = preset.n_layer if preset is not None and self.config.task == "lm" else 1
+        host = preset if self.config.task == "lm" else None
         make = stack_controller if spec.kind == "stack" else born_implants
-        return make(spec.argument, blocks, self.config.slots, self.topology)  # type: ignore
+        return make(spec.argument, host, self.config.slots, self.topology)  # type: ignore
 
     def _get_pool(self) -> EnvPool:
         if self._pool is None:

@@ -85,8 +85,9 @@ class TaskConfig:
         slots: enabled slot ids of the host, in action order (null: cifar r0c0 r0c1 r0c2; lm
             r0c0 r0c1).
         host_preset: the host network (cifar: baseline, impaired, scale; lm: tiny, small,
-            medium, grow4 (1 block and growth slots r1c0-r1c2 for block seeds), w32l1, w32l4;
-            null: baseline / tiny).
+            medium, grow4 (1 block and one growth slot r1c0 whose block seed is 3 blocks),
+            grow4x1 (growth slots r1c0-r1c2 of one block each), grow2 (1 block growing to 2),
+            w32l1, w32l2, w32l4; null: baseline / tiny).
         reward: reward mode the controller's return is computed with.
         gamma: discount of the return (and of the reward's potential-based shaping).
         param_cost: outcome points charged per host-sized amount of seed parameters (the

@@ -20,9 +20,10 @@ still receives gradient (zero-initialising the last layer instead leaves the bra
 ``layer_scale_init`` setting of slots, engine and ``--layer_scale_init``).
 
 A blueprint may need more than its width: a block seed copies the transformer block its slot
-follows. Its spec names that *context* (`BlueprintSpec.context`), the slot supplies it at
-germination (``build(..., context={"preceding": block})``), and a slot that cannot is refused in
-one line. A spec can also set its own lifecycle pace (`BlueprintSpec.incubation`,
+follows, as many times as the slot grows blocks. Its spec names that *context*
+(`BlueprintSpec.context`), the slot supplies it at germination
+(``build(..., context={"preceding": block, "growth_depth": 3})``), and a slot that cannot is
+refused in one line. A spec can also set its own lifecycle pace (`BlueprintSpec.incubation`,
 `BlueprintSpec.blend_tempo`).
 """
 
@@ -93,6 +94,7 @@ DEFAULT_LAYER_SCALE = 1e-3
 #: What a blueprint's factory can ask of its slot (`BlueprintSpec.context`), as said in messages.
 CONTEXTS: dict[str, str] = {
     "preceding": "the transformer block the slot follows",
+    "growth_depth": "the number of blocks the slot grows",
 }
 
 #: Action index of "no blueprint": the blueprint head's value for every op but GERMINATE.
@@ -141,9 +143,12 @@ class BlueprintSpec:
         context: What else the factory takes from the slot at germination, by keyword (see
             `CONTEXTS`); `build` refuses to germinate without it.
         incubation: Epochs the seed must spend in TRAINING before gate G2 lets it blend (None:
-            the slot's `GateConfig.min_training_epochs`; 0 also waives G2's gradient-health
-            threshold, keeping its "measured, not exploding" checks).
-        blend_tempo: Epochs of its alpha ramp (None: the germinating action's tempo).
+            the slot's `GateConfig.min_training_epochs`). 0: the seed never incubates; its
+            germination passes G0, G1 and G2 at once and it enters BLENDING in the same
+            decision (`SeedSlot.germinate`), G2 having nothing to measure on a seed that never
+            ran.
+        blend_tempo: Alpha ticks (one per decision) of its blend, overriding the germinating
+            action's tempo (None: the action's). 0: alpha is 1 from the moment it blends.
     """
 
     name: str
@@ -241,7 +246,7 @@ def register(spec: BlueprintSpec) -> BlueprintSpec:
     if unknown:
         raise BlueprintError(f"blueprint {spec.name!r} asks for unknown context {unknown[0]!r}; "
                              f"accepted: {', '.join(CONTEXTS)}")
-    for knob, low in (("incubation", 0), ("blend_tempo", 1)):
+    for knob, low in (("incubation", 0), ("blend_tempo", 0)):
         value = getattr(spec, knob)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                   or value < low):

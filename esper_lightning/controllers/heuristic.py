@@ -7,7 +7,8 @@ live seed in slot order:
   is stable and its accuracy has plateaued, unless a prune happened recently (embargo);
 * GERMINATED -> ADVANCE; TRAINING -> PRUNE when the seed's own gradients are unhealthy or it has
   incubated too long, else ADVANCE (the gate decides whether it moves). An incubating seed is
-  bitwise isolated from the host, so the host's accuracy says nothing about it;
+  bitwise isolated from the host, so the host's accuracy says nothing about it. A seed whose
+  blueprint needs no incubation (block seeds) is BLENDING from its germination on;
 * BLENDING -> PRUNE when the host has been losing accuracy since blending began (the seed now
   shapes the host's output), ADVANCE once alpha sits at 1.0;
 * HOLDING -> decided on the measured counterfactual contribution: WAIT until measured, PRUNE a

@@ -435,6 +435,8 @@ class MorphogenesisEngine:
                 SeedStage.FOSSILIZED: "fossilized",
                 SeedStage.PRUNED: "pruned",
             }.get(stage)
+            if before[slot_id] == SeedStage.DORMANT:  # a seed without incubation is BLENDING
+                kind = "germinated"
             if kind is not None:
                 reason = state.prune_reason if kind == "pruned" else initiator
                 event = LifecycleEvent(self.epoch, slot_id, kind, state.blueprint,

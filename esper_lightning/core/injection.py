@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from esper_lightning.blueprints.block import Block
+from esper_lightning.blueprints.block import Block, last_block
 from esper_lightning.core.slots import SeedSlot, find_slots
 
 #: Name of the `nn.ModuleDict` that holds injected slots on the model.
@@ -113,8 +113,9 @@ def _inject(model: nn.Module, path: str, target: nn.Module, topology: str | None
 
 
 def _block_or_none(module: nn.Module) -> Block | None:
-    """What a slot after ``module`` follows, for a block seed: the module if it is a `Block`."""
-    return module if isinstance(module, Block) else None
+    """What a slot after ``module`` follows, for a block seed: the module if it is a `Block`,
+    the last block of a `BlockStack`."""
+    return last_block(module)
 
 
 def restore_slots(model: nn.Module, state_dict: Mapping[str, Any]) -> tuple[str, ...]:

@@ -4,7 +4,9 @@ This module is the single place for the lifecycle constants. It holds plain data
 `SeedSlot` (in `slots.py`) applies them to a live module.
 
 A seed moves ``DORMANT -> GERMINATED -> TRAINING -> BLENDING -> HOLDING -> FOSSILIZED`` when it
-earns its place, or to ``PRUNED -> EMBARGOED -> RESETTING -> DORMANT`` when it is removed. Every
+earns its place, or to ``PRUNED -> EMBARGOED -> RESETTING -> DORMANT`` when it is removed. A seed
+whose blueprint needs no incubation makes its first three moves in the decision that germinates
+it, each through its gate and recorded. Every
 epoch advances each slot's counters exactly once (`SeedState.tick`), so the embargo lasts exactly
 `EMBARGO_TICKS` decisions followed by `RESETTING_TICKS` decisions.
 """
@@ -402,19 +404,22 @@ class QualityGates:
         """The gate guarding ``target`` for ``state``.
 
         ``incubation`` is the seed's blueprint's own (`blueprints.BlueprintSpec.incubation`;
-        None: the config's ``min_training_epochs``). A seed still spends one epoch in TRAINING,
-        between the two decisions that move it in and out, and its gradients are measured
-        there. A blueprint that needs no incubation (0: block seeds) is asked by G2 only that
-        its gradients were measured and did not explode, not for the health threshold: an
-        identity block's branches are closed at birth, so most of its gradients vanish by
-        construction until its output projections move.
+        None: the config's ``min_training_epochs``). A blueprint that needs no incubation (0:
+        block seeds) is asked G2 at germination (`SeedSlot.germinate`), before the seed ever
+        ran: there is nothing to measure then, and G2 records that with its one check,
+        ``no_incubation``. Should such a seed have run in TRAINING (a checkpoint written before
+        seeds without incubation germinated straight to BLENDING), G2 judges what it can: its
+        gradients measured and not exploding, without the health threshold (an identity
+        block's branches are closed at birth, so most of its gradients vanish by
+        construction). Every other seed is asked for measured gradients as always: unmeasured
+        never passes.
         """
         gate = GATE_FOR_TARGET.get(target)
         if gate is None:
             return GateResult(-1, False, 0.0, (), (f"no_gate_for_{target.name.lower()}",))
         if gate == Gate.G2:
             epochs = self.config.min_training_epochs if incubation is None else incubation
-            checks = self._g2(state, epochs, health=incubation != 0)
+            checks = self._g2(state, epochs, never_incubates=incubation == 0)
         else:
             checks = {
                 Gate.G0: self._g0,
@@ -437,8 +442,11 @@ class QualityGates:
     def _g1(self, state: SeedState, alpha: AlphaView) -> list[tuple[str, bool]]:
         return [("stage_germinated", state.stage == SeedStage.GERMINATED)]
 
-    def _g2(self, state: SeedState, incubation: int, health: bool) -> list[tuple[str, bool]]:
+    def _g2(self, state: SeedState, incubation: int,
+            never_incubates: bool) -> list[tuple[str, bool]]:
         m, cfg = state.metrics, self.config
+        if never_incubates and m.epochs_total == 0:
+            return [("no_incubation", True)]  # a seed that never ran: no gradient to judge
         checks = [("min_training_epochs", m.epochs_in_stage >= incubation)]
         if self.strict:
             checks.append(
@@ -453,7 +461,7 @@ class QualityGates:
         measured = m.gradient_health is not None
         checks.append(("gradient_health_measured", measured))
         checks.append(("not_exploding", measured and not m.has_exploding))
-        if health:
+        if not never_incubates:
             value = m.gradient_health if m.gradient_health is not None else -math.inf
             checks.append(("gradient_health", value >= cfg.min_gradient_health))
         return checks

@@ -173,6 +173,9 @@ class SeedSlot(nn.Module):
             seed; the default) or ``"detached"`` (its input is detached from the host).
         layer_scale_init: initial gain of every LayerScale in a seed built here (None: the
             blueprint's own, 1e-3 for the built-ins; ``blueprints.build``).
+        growth_depth: blocks a block seed grown here stacks (the ``growth_depth`` context of
+            the ``block_*`` blueprints): 1 but in a host's growth slots
+            (`GPTConfig.growth_depth`). Saved in the manifest and checked on load.
 
     Attributes:
         preceding: None, or a function that returns the module this slot follows (the block a
@@ -196,9 +199,13 @@ class SeedSlot(nn.Module):
         gate_config: GateConfig | None = None,
         blend_gradient: str = DEFAULT_BLEND_GRADIENT,
         layer_scale_init: float | None = None,
+        growth_depth: int = 1,
     ) -> None:
         super().__init__()
         check_topology(topology)
+        if isinstance(growth_depth, bool) or not isinstance(growth_depth, int) or growth_depth < 1:
+            raise ValueError(f"slot {slot_id!r}: growth_depth must be an int >= 1, got "
+                             f"{growth_depth!r}")
         if channels is not None and channels < 1:
             raise ValueError(f"slot {slot_id!r}: channels must be >= 1, got {channels}")
         if channels is not None and topology is None:
@@ -208,6 +215,7 @@ class SeedSlot(nn.Module):
         self.topology = topology
         self.blend_gradient = blend_gradient
         self.layer_scale_init = check_layer_scale_init(layer_scale_init)
+        self.growth_depth = growth_depth
         self.preceding: Callable[[], nn.Module | None] | None = None
         self.gates = QualityGates(gate_mode, gate_config)
         self.seed: nn.Module | None = None
@@ -317,7 +325,15 @@ class SeedSlot(nn.Module):
         tempo: int = DEFAULT_BLEND_TEMPO,
         alpha_target: float = 1.0,
     ) -> GateResult:
-        """Build a seed from ``blueprint`` in this empty slot (stage GERMINATED)."""
+        """Build a seed from ``blueprint`` in this empty slot (stage GERMINATED).
+
+        A blueprint that needs no incubation (`blueprints.BlueprintSpec.incubation` 0, the
+        block seeds) passes G0, G1 and G2 here and is BLENDING on return, every transition and
+        gate result in its history; its blend tempo, when it sets one, replaces ``tempo``.
+
+        Returns:
+            The last gate asked: G0, or G2 for a blueprint that needs no incubation.
+        """
         if self.state is not None:
             raise IllegalTransitionError(f"slot {self.slot_id!r}: germinate into {self.stage.name}")
         if self.channels is None:
@@ -326,8 +342,10 @@ class SeedSlot(nn.Module):
             raise ValueError(f"blend tempo must be >= 1 epoch, got {tempo}")
         if not 0.0 < alpha_target <= 1.0:
             raise ValueError(f"alpha target must be in (0, 1], got {alpha_target}")
-        # A blueprint with a pace of its own blends at it (block seeds: one epoch).
-        tempo = self._spec(blueprint).blend_tempo or tempo
+        spec = self._spec(blueprint)
+        # A blueprint with a pace of its own blends at it (block seeds: at once or in one epoch).
+        if spec.blend_tempo is not None:
+            tempo = spec.blend_tempo
         blend = BlendConfig(AlphaAlgorithm(algorithm), AlphaCurve(curve), steepness, tempo,
                             alpha_target)
         seed = self._build_seed(blueprint)
@@ -336,12 +354,20 @@ class SeedSlot(nn.Module):
         state.last_gate = result
         if not result.passed:
             raise ValueError(f"slot {self.slot_id!r}: {result.message}")
-        state.transition(SeedStage.GERMINATED, "germinate")
+        state.transition(SeedStage.GERMINATED, result.message)
         state.metrics.seed_params = sum(p.numel() for p in seed.parameters())
         self.seed, self.state, self.blend = seed, state, blend
         self.gate = self._build_gate() if blend.algorithm == AlphaAlgorithm.GATE else None
         self.alpha_controller = AlphaController()
         self.seeds_germinated += 1
+        if spec.incubation == 0:
+            # Nothing to incubate: G1 and G2 are asked now, in order and recorded like any
+            # others, and the seed enters BLENDING in the decision that germinated it.
+            for _ in (SeedStage.TRAINING, SeedStage.BLENDING):
+                result = self.advance()
+                if not result.passed:  # G1 and G2 of a seed that never ran cannot fail
+                    raise RuntimeError(f"slot {self.slot_id!r}: {blueprint} needs no "
+                                       f"incubation but {result.message} at germination")
         return result
 
     def implant(self, blueprint: str, seed_id: str | None = None) -> None:
@@ -539,6 +565,7 @@ class SeedSlot(nn.Module):
             "channels": self.channels,
             "topology": self.topology,
             "blend_gradient": self.blend_gradient,
+            "growth_depth": self.growth_depth,
             "gate_mode": self.gates.mode.value,
             "gate_config": self.gates.config.to_dict(),
             "seeds_germinated": self.seeds_germinated,
@@ -565,6 +592,10 @@ class SeedSlot(nn.Module):
                 f"slot {self.slot_id!r}: manifest topology {saved_topology!r} "
                 f"!= slot topology {self.topology!r}"
             )
+        growth_depth = manifest.get("growth_depth", 1)  # manifests before block stacks: 1
+        if growth_depth != self.growth_depth:
+            raise ValueError(f"slot {self.slot_id!r}: manifest growth_depth {growth_depth} != "
+                             f"slot growth_depth {self.growth_depth} (a host of another shape)")
         old_blueprint = None if self.state is None else self.state.blueprint
         self._unfreeze()
         self.topology = saved_topology or self.topology  # an inferring slot adopts the saved one
@@ -645,7 +676,8 @@ class SeedSlot(nn.Module):
                 "Block (GPTHost r0c*, r1c*, or one injected after a Block)")
 
     def _context(self) -> dict[str, Any]:
-        return {"preceding": None if self.preceding is None else self.preceding()}
+        return {"preceding": None if self.preceding is None else self.preceding(),
+                "growth_depth": self.growth_depth}
 
     def _spec(self, blueprint: str) -> blueprints.BlueprintSpec:
         return blueprints.get_spec(blueprint, self.topology or "")

@@ -9,11 +9,14 @@ fits every slot.
 Slot naming: ``r0c{i}`` is the slot right after block ``i`` (row 0 = "after a block", column =
 block index), mirroring the CNN host, whose row 0 also follows each block. A host with growth
 slots (`GPTConfig.growth_slots`) has ``r1c0, r1c1, ...`` in sequence after the last block's
-slot: block seeds there stack new blocks on top (``grow4``: 1 block, growing to 4).
+slot: block seeds there stack `GPTConfig.growth_depth` new blocks each on top (``grow4``: 1
+block and one growth slot ``r1c0`` whose seed is 3 blocks, so it grows to 4 in one step;
+``grow4x1``: the same growth in three slots of one block; ``grow2``: 1 block growing to 2).
 
 A block seed (``block_copy`` ...) builds on the block its slot follows: the nearest block before
-the slot in the forward, a block seed in an earlier slot included. So growth chains: a
-``block_copy`` in ``r1c1`` copies the block seed in ``r1c0`` when there is one, else block 0.
+the slot in the forward, the last block of a block seed in an earlier slot included. So growth
+chains: on ``grow4x1`` a ``block_copy`` in ``r1c1`` copies the block seed in ``r1c0`` when there
+is one, else block 0.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from esper_lightning.blueprints.block import (
     Block,
     init_gpt_weights,
     init_residual_projections,
+    last_block,
 )
 from esper_lightning.core.slots import SeedSlot
 from esper_lightning.hosts.base import SlottedHost
@@ -59,7 +63,8 @@ class GPTHost(SlottedHost):
 
     Args:
         preset: A name in :data:`PRESETS` (``"tiny"``, ``"small"``, ``"medium"``; ``"grow4"``,
-            ``"w32l1"``, ``"w32l4"``) or a :class:`GPTConfig`.
+            ``"grow4x1"``, ``"grow2"``, ``"w32l1"``, ``"w32l2"``, ``"w32l4"``) or a
+            :class:`GPTConfig`.
         slots: Which slot ids (``r0c{i}``: after block i; ``r1c{k}``: growth slot k) to
             create; all by default.
         lr: AdamW learning rate.
@@ -92,8 +97,9 @@ class GPTHost(SlottedHost):
             Block(cfg.n_embd, cfg.n_head, cfg.dropout, cfg.bias, depth=cfg.max_depth)
             for _ in range(cfg.n_layer)
         )
-        self._build_slots(cfg.slot_ids, slots, name,
-                          lambda sid: SeedSlot(sid, channels=cfg.n_embd, topology="transformer"))
+        self._build_slots(cfg.slot_ids, slots, name, lambda sid: SeedSlot(
+            sid, channels=cfg.n_embd, topology="transformer",
+            growth_depth=cfg.growth_depth if sid.startswith("r1c") else 1))
         for slot_id, slot in self.slots.items():
             slot.preceding = partial(self.block_before, slot_id)
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
@@ -136,9 +142,9 @@ class GPTHost(SlottedHost):
         for item in reversed(order[:order.index(slot_id)]):
             if isinstance(item, Block):
                 return item
-            seed = self.slots[item].seed if item in self.slots else None
-            if isinstance(seed, Block):
-                return seed
+            block = last_block(self.slots[item].seed) if item in self.slots else None
+            if block is not None:
+                return block
         return None
 
     # --- steps --------------------------------------------------------------------------------

@@ -51,9 +51,11 @@ class GPTConfig:
         dropout: Dropout on embeddings, attention weights and residual branches.
         bias: Biases in the Linear and LayerNorm layers, as in GPT-2.
         growth_slots: Slots ``r1c0 .. r1c{growth_slots-1}`` in sequence after the last
-            block's slot, where block seeds (``block_copy``, ...) make the host deeper: a
-            host with ``n_layer`` blocks grows to ``n_layer + growth_slots``. Its residual
-            projections are initialised for that depth, as a host born that deep would be.
+            block's slot, where block seeds (``block_copy``, ...) make the host deeper.
+        growth_depth: Blocks one block seed in a growth slot stacks (a seed of several blocks
+            is an ``nn.Sequential`` of them): a host with ``n_layer`` blocks grows to
+            `max_depth` ``= n_layer + growth_slots * growth_depth``. Its residual projections
+            are initialised for that depth, as a host born that deep would be.
     """
 
     vocab_size: int = 256
@@ -64,9 +66,10 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     growth_slots: int = 0
+    growth_depth: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "growth_depth"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"GPTConfig.{name} must be an int >= 1, got {value!r}")
@@ -86,9 +89,14 @@ class GPTConfig:
         return gpt_slot_ids(self.n_layer, self.growth_slots)
 
     @property
+    def growth_slot_ids(self) -> tuple[str, ...]:
+        """The growth slots ``r1c*``, in action order (empty: a host that does not grow)."""
+        return gpt_slot_ids(0, self.growth_slots)
+
+    @property
     def max_depth(self) -> int:
         """Blocks of the host once every growth slot holds a block seed."""
-        return self.n_layer + self.growth_slots
+        return self.n_layer + self.growth_slots * self.growth_depth
 
 
 GPT_PRESETS: dict[str, GPTConfig] = {
@@ -97,10 +105,18 @@ GPT_PRESETS: dict[str, GPTConfig] = {
     "small": GPTConfig(block_size=256, n_layer=4, n_head=4, n_embd=256),  # 3,290,624 params
     # TinyStories-sized (6 x 384); wants a GPU.
     "medium": GPTConfig(block_size=512, n_layer=6, n_head=6, n_embd=384),  # 10,942,464 params
-    # Growth that saves compute (docs/evidence.md): one block that can grow to four by block
-    # seeds in r1c0, r1c1, r1c2, and the static hosts it is measured against, same width.
-    "grow4": GPTConfig(block_size=32, n_layer=1, n_head=4, n_embd=32, growth_slots=3),  # 21,984
+    # Growth that saves compute (docs/evidence.md): one block that grows to four in one step
+    # (one growth slot r1c0 whose block seed is 3 blocks), the same growth block by block
+    # (r1c0 r1c1 r1c2, one block each), one block that grows to two, and the static hosts they
+    # are measured against, same width. Params: host as built / grown to full depth.
+    "grow4": GPTConfig(block_size=32, n_layer=1, n_head=4, n_embd=32, growth_slots=1,
+                       growth_depth=3),  # 21,984 / 60,096
+    "grow4x1": GPTConfig(block_size=32, n_layer=1, n_head=4, n_embd=32,
+                         growth_slots=3),  # 21,984 / 60,096
+    "grow2": GPTConfig(block_size=32, n_layer=1, n_head=4, n_embd=32,
+                       growth_slots=1),  # 21,984 / 34,688
     "w32l1": GPTConfig(block_size=32, n_layer=1, n_head=4, n_embd=32),  # 21,984 params
+    "w32l2": GPTConfig(block_size=32, n_layer=2, n_head=4, n_embd=32),  # 34,688 params
     "w32l4": GPTConfig(block_size=32, n_layer=4, n_head=4, n_embd=32),  # 60,096 params
 }
 
