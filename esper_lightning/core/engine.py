@@ -192,9 +192,12 @@ class MorphogenesisEngine:
         #: ``(heuristic: <reason>)``); the callback and the apps set it.
         self.controller_name = "policy"
         #: Training FLOPs spent so far and the compute budget (None: none), as the adapter that
-        #: meters them sets them; reports carry both.
+        #: meters them sets them (`core.flops`); reports carry both. Validation and the
+        #: counterfactual's extra configurations are counted apart: they never spend a budget.
         self.train_flops: float = 0.0
         self.budget_flops: float | None = None
+        self.validation_flops: float = 0.0
+        self.counterfactual_flops: float = 0.0
         #: Where events are logged: an app puts a `logging.LoggerAdapter` here that says which
         #: env and episode a line comes from (`esper_lightning.app.logs`).
         self.log: logging.Logger | logging.LoggerAdapter[logging.Logger] = log
@@ -450,6 +453,8 @@ class MorphogenesisEngine:
             "events": [asdict(e) for e in self.events],
             "seed_group_order": order,
             "timeline": [asdict(e) for e in self.timeline],
+            "flops": {"train": self.train_flops, "validation": self.validation_flops,
+                      "counterfactual": self.counterfactual_flops},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -470,6 +475,11 @@ class MorphogenesisEngine:
         self.train_loss = state["train_loss"]
         self.events = [LifecycleEvent(**e) for e in state["events"]]
         self.timeline = [TimelineEntry(**e) for e in state.get("timeline", [])]
+        # A run resumed mid-way goes on from the FLOPs it had spent (none in older checkpoints).
+        flops = state.get("flops", {})
+        self.train_flops = float(flops.get("train", 0.0))
+        self.validation_flops = float(flops.get("validation", 0.0))
+        self.counterfactual_flops = float(flops.get("counterfactual", 0.0))
         self._pending_group_order = list(state["seed_group_order"])
 
 

@@ -84,6 +84,10 @@ GPT_PRESETS: dict[str, GPTConfig] = {
     "small": GPTConfig(block_size=256, n_layer=4, n_head=4, n_embd=256),  # 3,290,624 params
     # TinyStories-sized (6 x 384); wants a GPU.
     "medium": GPTConfig(block_size=512, n_layer=6, n_head=6, n_embd=384),  # 10,942,464 params
+    # The growth-at-equal-compute task (preset lm-grow): width 32, 4 heads, 32-byte blocks; one
+    # block (S1, 0.138 GFLOP per batch of 32) and the four-block host born big (S4, 0.403).
+    "w32l1": GPTConfig(block_size=32, n_layer=1, n_head=4, n_embd=32),  # 21,984 params
+    "w32l4": GPTConfig(block_size=32, n_layer=4, n_head=4, n_embd=32),  # 60,096 params
 }
 
 
