@@ -191,13 +191,10 @@ class MorphogenesisEngine:
         #: Who decides: the events its actions cause are labelled with it (``(random)``,
         #: ``(heuristic: <reason>)``); the callback and the apps set it.
         self.controller_name = "policy"
-        #: Training FLOPs spent so far and the compute budget (None: none), as the adapter that
-        #: meters them sets them (`core.flops`); reports carry both. Validation and the
-        #: counterfactual's extra configurations are counted apart: they never spend a budget.
-        self.train_flops: float = 0.0
-        self.budget_flops: float | None = None
-        self.validation_flops: float = 0.0
-        self.counterfactual_flops: float = 0.0
+        #: FLOPs spent as the adapter metering them (`core.flops`) adds them up, and the budget
+        #: (None: none); validation and counterfactual apart: they never spend a budget.
+        self.train_flops, self.budget_flops = 0.0, None  # type: float, float | None
+        self.validation_flops = self.counterfactual_flops = 0.0
         #: Where events are logged: an app puts a `logging.LoggerAdapter` here that says which
         #: env and episode a line comes from (`esper_lightning.app.logs`).
         self.log: logging.Logger | logging.LoggerAdapter[logging.Logger] = log
