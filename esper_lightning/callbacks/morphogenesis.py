@@ -312,7 +312,7 @@ class MorphogenesisCallback(Callback):
                 flops = self.meter.counterfactual(pl_module, x, slots, plan[0], plan[1],
                                                   self.logits_fn)
             else:
-                flops = getattr(self.meter, kind)(pl_module, x, self.logits_fn, slots)
+                flops = getattr(self.meter, kind)(pl_module, x, self.logits_fn)
         except Exception as err:
             cause = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise MisconfigurationException(

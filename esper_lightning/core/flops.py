@@ -73,12 +73,13 @@ def slot_signature(slot: SeedSlot) -> tuple[Any, ...]:
             None if blend is None else int(blend.algorithm), slot.gate is not None)
 
 
-def signature(module: nn.Module, slots: Mapping[str, SeedSlot] | None, x: Tensor,
-              kind: str, extra: Hashable = None) -> tuple[Any, ...]:
-    """The architecture signature of one measurement (see the module docstring)."""
+def signature(module: nn.Module, x: Tensor, kind: str, extra: Hashable = None) -> tuple[Any, ...]:
+    """The architecture signature of one measurement (see the module docstring): every
+    parameter's shape and ``requires_grad``, every `SeedSlot`'s `slot_signature`, the mode and
+    the batch's shape and dtype."""
     params = tuple((tuple(p.shape), p.requires_grad) for p in module.parameters())
-    slot_part = tuple(slot_signature(s) for s in (slots or {}).values())
-    return (kind, module.training, params, slot_part, tuple(x.shape), x.dtype, extra)
+    slots = tuple(slot_signature(m) for m in module.modules() if isinstance(m, SeedSlot))
+    return (kind, module.training, params, slots, tuple(x.shape), x.dtype, extra)
 
 
 class FlopMeter:
@@ -96,18 +97,16 @@ class FlopMeter:
         self._cache: dict[tuple[Any, ...], int] = {}
         self.measurements = 0
 
-    def training_step(self, module: nn.Module, x: Tensor, forward: Forward | None = None,
-                      slots: Mapping[str, SeedSlot] | None = None) -> int:
+    def training_step(self, module: nn.Module, x: Tensor, forward: Forward | None = None) -> int:
         """Forward and backward FLOPs of one training step on a batch shaped like ``x``."""
-        key = signature(module, slots, x, "train")
+        key = signature(module, x, "train")
         if key not in self._cache:
             self._cache[key] = self._measure(module, x, forward or _call, backward=True)
         return self._cache[key]
 
-    def forward(self, module: nn.Module, x: Tensor, forward: Forward | None = None,
-                slots: Mapping[str, SeedSlot] | None = None) -> int:
+    def forward(self, module: nn.Module, x: Tensor, forward: Forward | None = None) -> int:
         """FLOPs of one forward without gradients (a validation batch)."""
-        key = signature(module, slots, x, "forward")
+        key = signature(module, x, "forward")
         if key not in self._cache:
             self._cache[key] = self._measure(module, x, forward or _call, backward=False)
         return self._cache[key]
@@ -116,7 +115,7 @@ class FlopMeter:
                        plan: CounterfactualPlan, mode: str, forward: Forward | None = None) -> int:
         """FLOPs of evaluating every configuration of ``plan`` on a batch like ``x`` the
         ``mode`` way (`core.counterfactual.evaluate`)."""
-        key = signature(module, slots, x, "counterfactual", (plan.configs, mode))
+        key = signature(module, x, "counterfactual", (plan.configs, mode))
         if key not in self._cache:
             fn = forward or _call
 

@@ -599,15 +599,19 @@ class TextTensorLoader:
                 "batch; lower batch_size or block_size, or use more text"
             )
         while True:
-            offset = int(torch.randint(0, t, (1,), generator=self.generator,
-                                       device=self.device))
-            n_blocks = (n_tokens - 1 - offset) // t  # block i: tokens [o+iT, o+iT+T], target too
-            order = torch.randperm(n_blocks, generator=self.generator, device=self.device)
-            starts = offset + t * order  # [n_blocks]
-            for i in range(n_blocks // self.batch_size):
+            starts = self.pass_starts()  # [n_blocks]
+            for i in range(len(starts) // self.batch_size):
                 batch = starts[i * self.batch_size:(i + 1) * self.batch_size]
                 chunk = self.tokens[batch[:, None] + self._window].long()  # [B, T + 1]
                 yield chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
+
+    def pass_starts(self) -> torch.Tensor:
+        """The block starts of one pass of `stream`, in training order: ``o + T·perm``."""
+        n_tokens, t = len(self.tokens), self.block_size
+        offset = int(torch.randint(0, t, (1,), generator=self.generator, device=self.device))
+        n_blocks = (n_tokens - 1 - offset) // t  # block i: tokens [o+iT, o+iT+T], target too
+        order = torch.randperm(n_blocks, generator=self.generator, device=self.device)
+        return offset + t * order
 
     def reseed(self, rng_seed: int) -> None:
         """Restart the random stream from ``rng_seed``; the next ``iter()`` is a fresh epoch."""

@@ -262,7 +262,7 @@ class MorphogenesisEnv:
         engine = self._engine()
         with self._on_stream():
             x, y = next(self._batches)
-            cost = self.meter.training_step(self.host, x, slots=engine.slots)
+            cost = self.meter.training_step(self.host, x)
             self._schedule_lr(cost)
             self.optimizer.zero_grad(set_to_none=True)
             loss = self.task.loss(self.model(x), y)
@@ -304,7 +304,7 @@ class MorphogenesisEnv:
                 accumulator.update(self.model, x, y, engine.slots)
         self._accumulator = accumulator
         for x, _ in self.val_batches:  # metered apart: validation never spends the budget
-            main = self.meter.forward(self.host, x, slots=engine.slots)
+            main = self.meter.forward(self.host, x)
             every = self.meter.counterfactual(self.host, x, engine.slots, plan,
                                               str(accumulator.mode))
             engine.validation_flops += main
