@@ -78,7 +78,7 @@ def budget_flops(task: TaskConfig) -> float | None:
                  else f"budget_steps={task.budget_steps}")
         raise ConfigError(f"{given} gives each of the episode's {epochs} epochs less than one "
                           f"training batch of the static host ({step:,} FLOPs); accepted: at "
-                          f"least {step * epochs:g} FLOPs (budget_steps >= {epochs})")
+                          f"least {step * epochs} FLOPs (budget_steps >= {epochs})")
     return float(budget)
 
 

@@ -219,7 +219,7 @@ class MorphogenesisEnv:
         if budget / epochs < step:
             raise ValueError(f"budget_flops={budget:g} gives each of the {epochs} epochs "
                              f"{budget / epochs:g} FLOPs, less than one training batch of the "
-                             f"host ({step:g}); accepted: at least {step * epochs:g}")
+                             f"host ({step}); accepted: at least {step * epochs}")
 
     def execute(self, action: Action) -> StepOutcome:
         """Execute the controller's action, then tick every slot (end of the decision)."""
