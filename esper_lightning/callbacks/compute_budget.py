@@ -13,7 +13,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from esper_lightning.callbacks.morphogenesis import BatchToXY, LogitsFn, MorphogenesisCallback
-from esper_lightning.core.flops import FlopMeter
+from esper_lightning.core.flops import FlopMeter, structure
 from esper_lightning.schedule import LRSchedule, apply_multiplier, batch_fraction, set_base_lrs
 
 
@@ -81,6 +81,7 @@ class ComputeBudget(Callback):
         self.spent = 0.0
         self._step_cost = 0
         self._growth: MorphogenesisCallback | None = None
+        self._arch: tuple[int, Any] | None = None  # (epoch, `core.flops.structure`)
 
     @property
     def budget_fraction(self) -> float:
@@ -134,8 +135,10 @@ class ComputeBudget(Callback):
         if self._growth is not None:  # the same count the growth callback adds up
             return self._growth.step_flops(trainer, pl_module, batch)
         x = (self.batch_to_xy or _inputs)(batch)[0]
+        if self._arch is None or self._arch[0] != trainer.current_epoch:  # once per epoch
+            self._arch = (trainer.current_epoch, structure(pl_module))
         try:
-            flops = self.meter.training_step(pl_module, x, self.logits_fn)
+            flops = self.meter.training_step(pl_module, x, self.logits_fn, self._arch[1])
         except Exception as err:
             cause = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise MisconfigurationException(

@@ -35,7 +35,7 @@ from esper_lightning.core.counterfactual import (
     probe_plan,
 )
 from esper_lightning.core.engine import GRAD_STATS_EVERY, MorphogenesisEngine, StepOutcome
-from esper_lightning.core.flops import FlopMeter
+from esper_lightning.core.flops import FlopMeter, structure
 from esper_lightning.core.lifecycle import PRESENT_STAGES, GateConfig, GateMode, QualityGates
 from esper_lightning.core.optim import SeedOptimConfig
 from esper_lightning.core.slots import check_blend_gradient, check_topology
@@ -202,6 +202,7 @@ class MorphogenesisCallback(Callback):
         self.loss_key, self.train_loss_key = loss_key, train_loss_key
         self.meter_flops = meter_flops
         self.meter = FlopMeter()
+        self._arch: tuple[Any, Any] | None = None  # ((epoch, training, revision), structure)
         self.engine: MorphogenesisEngine | None = None
         self.last_outcome: StepOutcome | None = None
         self._accumulator: CounterfactualAccumulator | None = None
@@ -306,13 +307,19 @@ class MorphogenesisCallback(Callback):
         """One meter reading (`core.flops.FlopMeter`) times the ranks, or one line saying the
         module cannot be metered and how to go on without."""
         x, _ = self.batch_to_xy(batch)
-        slots = self._require_engine().slots
+        engine = self._require_engine()
+        # The architecture changes between epochs (decisions) or when a slot does (a rollback):
+        # read once per epoch, mode and engine revision, not per batch.
+        key = (trainer.current_epoch, pl_module.training, engine.revision)
+        if self._arch is None or self._arch[0] != key:
+            self._arch = (key, structure(pl_module))
+        arch = self._arch[1]
         try:
             if kind == "counterfactual":
-                flops = self.meter.counterfactual(pl_module, x, slots, plan[0], plan[1],
-                                                  self.logits_fn)
+                flops = self.meter.counterfactual(pl_module, x, engine.slots, plan[0], plan[1],
+                                                  self.logits_fn, arch)
             else:
-                flops = getattr(self.meter, kind)(pl_module, x, self.logits_fn)
+                flops = getattr(self.meter, kind)(pl_module, x, self.logits_fn, arch)
         except Exception as err:
             cause = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise MisconfigurationException(

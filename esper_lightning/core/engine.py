@@ -401,7 +401,12 @@ class MorphogenesisEngine:
         self._pending_group_order = None
         self._sync_optimizer()  # the groups no checkpoint named, in slot order
 
+    #: Bumped by every operation that may change a slot (what a step computes): a caller that
+    #: caches the architecture (`core.flops.structure`) reads it again when this moves.
+    revision = 0
+
     def _sync_optimizer(self) -> None:
+        self.revision += 1
         if self.optimizer is None:
             return
         for slot_id, slot in self.slots.items():

@@ -10,8 +10,8 @@ cannot change training: no real weight, buffer (BatchNorm statistics) or gradien
 written, no kernel runs and no random number is drawn; and it costs one meta forward/backward
 per *architecture signature* (`signature`: every parameter's shape and ``requires_grad``, each
 slot's stage, blend algorithm and input detachment, the train/eval mode and the batch's shape),
-cached for the rest of the run. A deep copy would cost a copy of every weight, and a copy of a
-LightningModule drags its Trainer along.
+cached for the rest of the run; a step then costs one dictionary lookup. A deep copy would cost
+a copy of every weight, and a copy of a LightningModule drags its Trainer along.
 
 Attention is counted under the math SDPA backend (`SDPBackend.MATH`): the counter has no
 formula for the CPU's fused attention kernel and would count it as 0, while the math backend
@@ -73,13 +73,22 @@ def slot_signature(slot: SeedSlot) -> tuple[Any, ...]:
             None if blend is None else int(blend.algorithm), slot.gate is not None)
 
 
-def signature(module: nn.Module, x: Tensor, kind: str, extra: Hashable = None) -> tuple[Any, ...]:
-    """The architecture signature of one measurement (see the module docstring): every
-    parameter's shape and ``requires_grad``, every `SeedSlot`'s `slot_signature`, the mode and
-    the batch's shape and dtype."""
+def structure(module: nn.Module) -> tuple[Any, ...]:
+    """What of a module's architecture shapes a step's graph: every parameter's shape and
+    ``requires_grad``, every `SeedSlot`'s `slot_signature` and the train/eval mode. Reading it
+    costs tens of microseconds, so a caller that knows the architecture cannot have changed
+    (an env within an epoch) reads it once and passes it on."""
     params = tuple((tuple(p.shape), p.requires_grad) for p in module.parameters())
     slots = tuple(slot_signature(m) for m in module.modules() if isinstance(m, SeedSlot))
-    return (kind, module.training, params, slots, tuple(x.shape), x.dtype, extra)
+    return (module.training, params, slots)
+
+
+def signature(module: nn.Module, x: Tensor, kind: str, extra: Hashable = None,
+              arch: tuple[Any, ...] | None = None) -> tuple[Any, ...]:
+    """The architecture signature of one measurement (see the module docstring): the module's
+    `structure` (``arch`` when the caller read it already), the batch's shape and dtype, what
+    is measured (``kind``) and how (``extra``)."""
+    return (kind, structure(module) if arch is None else arch, tuple(x.shape), x.dtype, extra)
 
 
 class FlopMeter:
@@ -97,25 +106,32 @@ class FlopMeter:
         self._cache: dict[tuple[Any, ...], int] = {}
         self.measurements = 0
 
-    def training_step(self, module: nn.Module, x: Tensor, forward: Forward | None = None) -> int:
-        """Forward and backward FLOPs of one training step on a batch shaped like ``x``."""
-        key = signature(module, x, "train")
+    def training_step(self, module: nn.Module, x: Tensor, forward: Forward | None = None,
+                      arch: tuple[Any, ...] | None = None) -> int:
+        """Forward and backward FLOPs of one training step on a batch shaped like ``x``
+        (``arch``: the module's `structure`, when the caller read it already)."""
+        key = signature(module, x, "train", arch=arch)
         if key not in self._cache:
             self._cache[key] = self._measure(module, x, forward or _call, backward=True)
         return self._cache[key]
 
-    def forward(self, module: nn.Module, x: Tensor, forward: Forward | None = None) -> int:
+    def forward(self, module: nn.Module, x: Tensor, forward: Forward | None = None,
+                arch: tuple[Any, ...] | None = None) -> int:
         """FLOPs of one forward without gradients (a validation batch)."""
-        key = signature(module, x, "forward")
+        key = signature(module, x, "forward", arch=arch)
         if key not in self._cache:
             self._cache[key] = self._measure(module, x, forward or _call, backward=False)
         return self._cache[key]
 
     def counterfactual(self, module: nn.Module, x: Tensor, slots: Mapping[str, SeedSlot],
-                       plan: CounterfactualPlan, mode: str, forward: Forward | None = None) -> int:
+                       plan: CounterfactualPlan, mode: str, forward: Forward | None = None,
+                       arch: tuple[Any, ...] | None = None) -> int:
         """FLOPs of evaluating every configuration of ``plan`` on a batch like ``x`` the
-        ``mode`` way (`core.counterfactual.evaluate`)."""
-        key = signature(module, x, "counterfactual", (plan.configs, mode))
+        ``mode`` way (`core.counterfactual.evaluate`); a plan of the main configuration alone
+        is one `forward`."""
+        if plan.size == 1:
+            return self.forward(module, x, forward, arch)
+        key = signature(module, x, "counterfactual", (plan.configs, mode), arch)
         if key not in self._cache:
             fn = forward or _call
 
@@ -155,4 +171,4 @@ def _meta_state(module: nn.Module) -> tuple[dict[str, Tensor], list[Tensor]]:
     return state, leaves
 
 
-__all__ = ["FlopMeter", "signature", "slot_signature"]
+__all__ = ["FlopMeter", "signature", "slot_signature", "structure"]

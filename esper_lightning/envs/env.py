@@ -36,7 +36,7 @@ from esper_lightning.core.actions import Action
 from esper_lightning.core.counterfactual import CounterfactualAccumulator, make_plan
 from esper_lightning.core.divergence import Governor, GovernorConfig
 from esper_lightning.core.engine import GRAD_STATS_EVERY, MorphogenesisEngine, StepOutcome
-from esper_lightning.core.flops import FlopMeter
+from esper_lightning.core.flops import FlopMeter, structure
 from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.core.report import EpochReport
 from esper_lightning.core.rollback import roll_back
@@ -155,6 +155,7 @@ class MorphogenesisEnv:
         self.episode_rng_seed = 0
         self._batches: Any = None
         self._stream: Any = None  # the episode's batches under a budget
+        self._arch: Any = None  # the host's `core.flops.structure` this epoch
         self._loss_sum: Tensor | None = None
         self._accumulator: CounterfactualAccumulator | None = None
         self.snapshot: Snapshot | None = None
@@ -247,6 +248,7 @@ class MorphogenesisEnv:
         self._first_of_epoch = True
         self._epoch_batches = 0
         self.model.train()
+        self._arch = structure(self.host)  # the architecture is fixed until the next decision
         return None if budgeted else len(self.loader)
 
     def epoch_open(self) -> bool:
@@ -262,7 +264,7 @@ class MorphogenesisEnv:
         engine = self._engine()
         with self._on_stream():
             x, y = next(self._batches)
-            cost = self.meter.training_step(self.host, x)
+            cost = self.meter.training_step(self.host, x, arch=self._arch)
             self._schedule_lr(cost)
             self.optimizer.zero_grad(set_to_none=True)
             loss = self.task.loss(self.model(x), y)
@@ -303,10 +305,11 @@ class MorphogenesisEnv:
             for x, y in self.val_batches:
                 accumulator.update(self.model, x, y, engine.slots)
         self._accumulator = accumulator
+        arch = structure(self.host)
         for x, _ in self.val_batches:  # metered apart: validation never spends the budget
-            main = self.meter.forward(self.host, x)
+            main = self.meter.forward(self.host, x, arch=arch)
             every = self.meter.counterfactual(self.host, x, engine.slots, plan,
-                                              str(accumulator.mode))
+                                              str(accumulator.mode), arch=arch)
             engine.validation_flops += main
             engine.counterfactual_flops += every - main
 
