@@ -30,6 +30,7 @@ _CORE = (
 _LAZY = {
     **dict.fromkeys(_CORE, "esper_lightning.core"),
     "MorphogenesisCallback": "esper_lightning.callbacks",
+    "ComputeBudget": "esper_lightning.callbacks",
     "GovernorCallback": "esper_lightning.callbacks",
     "HeuristicController": "esper_lightning.controllers",
     "HeuristicConfig": "esper_lightning.controllers",
@@ -62,6 +63,7 @@ __all__ = [
     "AlphaCurve",
     "AlphaMode",
     "CifarCNNHost",
+    "ComputeBudget",
     "EpochReport",
     "GateConfig",
     "GateMode",

@@ -230,7 +230,7 @@ class ScriptedHostPool:
         self.episode_length, self.slots = episode_length, slots
         self.envs = [_ScriptedEnv(slots, episode_length) for _ in range(n)]
 
-    def reset(self, rng_seeds, which, implants):
+    def reset(self, rng_seeds, which, implants, host_lrs=None):
         return [self.envs[i].reset(seed, seeds)
                 for i, seed, seeds in zip(which, rng_seeds, implants, strict=True)]
 

@@ -2,6 +2,7 @@
 schema versions."""
 
 import dataclasses
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -50,9 +51,11 @@ def test_metrics_read_their_values_from_a_played_episode():
     reports = tuple(SimpleNamespace(
         epoch=t, val_accuracy=a, val_loss=v, train_loss=tr, host_params=1000,
         accuracy_history=tuple(e[0] for e in epochs[:t + 1]), seed_params_history=seeds[:t + 1],
+        train_flops=1e6 * (t + 1),
     ) for t, (a, v, tr) in enumerate(epochs))
     episode = Episode(reports, 3.5, seed_params=300, host_params=1000,  # type: ignore[arg-type]
-                      events={"germinated": 2, "pruned": 1}, param_cost=1.0, wall_seconds=9.0)
+                      events={"germinated": 2, "pruned": 1}, param_cost=1.0, wall_seconds=9.0,
+                      data_passes=0.25)
     r = EpisodeRecord.of_episode("heuristic", 3, 77, "baseline", episode)
     # The cost is charged on the mean seed parameters of the same 3 epochs: 500 / 1000 points.
     assert r["outcome"] == pytest.approx((50.0 + 56.0 + 58.0) / 3 - 0.5)
@@ -62,6 +65,9 @@ def test_metrics_read_their_values_from_a_played_episode():
     assert r["loss_curve"] == (2.0, 1.8, 1.6, 1.5)
     assert (r["seeds_germinated"], r["seeds_fossilized"], r["seeds_pruned"]) == (2, 0, 1)
     assert (r["episode_return"], r["wall_seconds"]) == (3.5, 9.0)
+    assert r["final_bits"] == pytest.approx(1.5 / math.log(2.0))  # nats -> bits
+    assert r["train_flops_curve"] == (1e6, 2e6, 3e6, 4e6) and r["train_flops"] == 4e6
+    assert r["data_passes"] == 0.25
     one_missing = tuple(SimpleNamespace(**{**vars(x), "val_loss": None if x.epoch == 2 else
                                             x.val_loss}) for x in reports)
     no_loss = dataclasses.replace(episode, reports=one_missing)

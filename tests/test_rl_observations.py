@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import numpy as np
@@ -182,3 +183,13 @@ def test_batch_observations_stacks_features_indices_and_masks():
     assert batch.blueprint_idx.tolist() == [[-1, -1], [-1, 4]]
     assert batch.masks.op.shape == (2, 6) and batch.masks.slot_by_op.shape == (2, 6, 2)
     assert batch.masks.op[0, LifecycleOp.GERMINATE] and not batch.masks.op[1, LifecycleOp.GERMINATE]
+
+
+def test_under_a_budget_the_episode_fraction_is_the_budget_spent():
+    report = make_report(_slots(), epoch=4, max_epochs=HORIZON, accuracies=[42.0])
+    assert build_observation(report)[ob.EPOCH] == pytest.approx(4 / HORIZON)
+    budgeted = dataclasses.replace(report, train_flops=3e9, budget_flops=1e10)
+    obs = build_observation(budgeted)
+    assert obs[ob.EPOCH] == pytest.approx(0.3) and obs.shape == (obs_dim(2),)
+    spent = dataclasses.replace(budgeted, train_flops=1.02e10)  # past it by part of a batch
+    assert build_observation(spent)[ob.EPOCH] == 1.0

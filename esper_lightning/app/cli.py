@@ -40,6 +40,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser
 
 from esper_lightning import __version__
 from esper_lightning.app.config import (
+    EXCLUSIVE_KEYS,
     PRESETS,
     REWARD_MODES,
     CompareConfig,
@@ -133,7 +134,8 @@ def build_parser(command: str, preset: str | None = None,
 
 #: The usage line of each list flag: what `normalize_argv` accepts (brackets work too).
 _LIST_METAVARS = {name: f"{item} [{item} ...]" for name, item in (
-    ("slots", "SLOT"), ("devices", "DEVICE"), ("controllers", "CONTROLLER"), ("ab", "MODE"))}
+    ("slots", "SLOT"), ("devices", "DEVICE"), ("controllers", "CONTROLLER"), ("ab", "MODE"),
+    ("arm_lr", "NAME=LR"), ("tune_lr", "LR"))}
 
 
 def parse_config(command: str, argv: Sequence[str]) -> TaskConfig:
@@ -147,11 +149,28 @@ def parse_config(command: str, argv: Sequence[str]) -> TaskConfig:
     argv = normalize_argv(rest, cls)
     first = [a for a in argv if not a.startswith("--print_config")]  # printed once, below
     values = _parse_values(command, preset, first if command == "ppo" else argv)
+    base = None
     if command == "ppo" and values.get("resume"):
-        values = _parse_values(command, preset, argv, saved_run(values["resume"], values["ab"]))
+        base = saved_run(values["resume"], values["ab"])
+        values = _parse_values(command, preset, argv, base)
     elif first != argv:
         _parse_values(command, preset, argv)  # prints the configuration and exits
-    return from_mapping(values, cls())
+    layers = {**(base or {}), **(preset_values(preset, cls) if preset else {})}
+    return from_mapping(settle_exclusive(values, layers), cls())
+
+
+def settle_exclusive(values: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """``values`` where a key of `EXCLUSIVE_KEYS` that the flags or a ``--config`` file set
+    (it differs from the preset's or checkpoint's value) clears the others of its group that
+    only came with the preset or checkpoint: ``--preset lm-grow --budget_steps 40`` replaces
+    the preset's ``budget_flops``."""
+    settled = dict(values)
+    for group in EXCLUSIVE_KEYS:
+        given = [k for k in group if values.get(k) is not None and values.get(k) != defaults.get(k)]
+        if given:
+            settled.update({k: None for k in group
+                            if k not in given and values.get(k) == defaults.get(k)})
+    return settled
 
 
 def _parse_values(command: str, preset: str | None, argv: list[str],

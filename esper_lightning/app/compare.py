@@ -11,7 +11,15 @@ an episode of those settings; anything else is refused before a byte is written.
 
 Random-number seeds of the three kinds of episodes never overlap: PPO training uses rounds
 ``0, 1, 2, ...`` of `episode_rng_seed`; evaluation episode ``i`` uses round
-``EVALUATION_ROUNDS + i`` and heuristic-tuning episode ``i`` round ``TUNING_ROUNDS + i``.
+``EVALUATION_ROUNDS + i`` and tuning episode ``i`` (of the heuristic's knobs, of a learning
+rate) round ``TUNING_ROUNDS + i``.
+
+**At equal compute** (a budget: ``budget_flops`` or ``budget_steps``) every episode spends the
+same training FLOPs, and the verdict judges the validation loss at the budget (``final_bits``,
+bits per byte on the language model, lower is better) instead of the accuracy outcome; the
+report adds the speed-up at equal loss (`app.speedup`: the FLOPs each controller needs to reach
+``speedup_reference``'s final loss) and ``loss_vs_flops.png``. Every arm can train at its own
+learning rate (``arm_lr``), or at the best of ``tune_lr`` on tuning episodes.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from esper_lightning import blueprints as blueprint_registry
-from esper_lightning.app import plots
+from esper_lightning.app import plots, speedup
 from esper_lightning.app.config import (
     ADDED_KEY_DEFAULTS,
     CompareConfig,
@@ -97,7 +105,10 @@ TUNING_GRID: dict[str, tuple[Any, ...]] = {
     ),
 }
 #: Settings that must not change between a comparison and its rerun in the same folder.
-_RESUME_KEYS = (*(f.name for f in dataclasses.fields(TaskConfig)), "tune_heuristic", "tuning_seeds")
+_RESUME_KEYS = (*(f.name for f in dataclasses.fields(TaskConfig)), "tune_heuristic", "tuning_seeds",
+                "arm_lr", "tune_lr")
+#: The metric a comparison under a compute budget judges: the validation loss at the budget.
+BUDGET_OUTCOME = "final_bits"
 
 
 def evaluation_rng_seed(root: int, index: int) -> int:
@@ -167,12 +178,14 @@ def check_policy(path: str, task: TaskConfig) -> PolicyBundle:
 
 @dataclass(frozen=True)
 class EpisodePlan:
-    """One episode to play: who plays it, which one it is, and seeds implanted at birth."""
+    """One episode to play: who plays it, which one it is, seeds implanted at birth and its
+    host learning rate (None: the config's ``host_lr``)."""
 
     label: str
     index: int
     rng_seed: int
     implants: tuple[tuple[str, str], ...] = ()
+    host_lr: float | None = None
 
 
 # --- playing episodes in lockstep -------------------------------------------------------------
@@ -187,7 +200,8 @@ def play_episodes(
     reward_config = RewardConfig(mode=task.reward, gamma=task.gamma, param_cost=task.param_cost)
     start = time.perf_counter()
     # The first epoch trains before the first decision, as in a Trainer and in PPO rollouts.
-    observations = pool.reset([p.rng_seed for p in plans], which, [p.implants for p in plans])
+    observations = pool.reset([p.rng_seed for p in plans], which, [p.implants for p in plans],
+                              [p.host_lr for p in plans])
     for k, plan in enumerate(plans):  # event lines name their controller, episode and env
         label_engine(pool.envs[k].engine, plan.label, episode=plan.index, env=k)
     for controller in controllers:
@@ -208,20 +222,20 @@ def play_episodes(
             returns[k] += reward.total
             histories[k].append(after.report)
     seconds = (time.perf_counter() - start) / len(plans)
-    return [_record(pool, k, plan, task, returns[k], histories[k], seconds)
-            for k, plan in enumerate(plans)]
+    return [_record(pool, k, plan, task, returns[k], histories[k], seconds,
+                    observations[k].data_passes) for k, plan in enumerate(plans)]
 
 
 def _record(
     pool: EnvPool, k: int, plan: EpisodePlan, task: TaskConfig, episode_return: float,
-    reports: list[EpochReport], seconds: float,
+    reports: list[EpochReport], seconds: float, data_passes: float,
 ) -> EpisodeRecord:
     engine = pool.envs[k].engine
     assert engine is not None
     seeds = tuple((sid, slot.state.blueprint) for sid, slot in engine.slots.items()
                   if slot.state is not None and slot.stage in PRESENT_STAGES)
     episode = Episode(tuple(reports), episode_return, engine.seed_params, engine.host_params,
-                      engine.event_counts(), task.param_cost, seconds, seeds)
+                      engine.event_counts(), task.param_cost, seconds, seeds, data_passes)
     return EpisodeRecord.of_episode(plan.label, plan.index, plan.rng_seed,
                                     str(task.host_preset), episode)
 
@@ -274,6 +288,10 @@ class Comparison:
         self.fingerprints = {label: fingerprint(spec) for label, spec in self.specs.items()}
         self._check_out_folder()
         self.heuristic = HeuristicConfig()
+        #: The metric the verdict judges: the loss at the budget under one, else the outcome.
+        self.judged = BUDGET_OUTCOME if config.budgeted else OUTCOME
+        #: Each controller's host learning rate (absent: host_lr); `tune_lrs` adds its choices.
+        self.arm_lrs = config.arm_lrs()
         self._pool = pool
 
     # --- files ------------------------------------------------------------------------------
@@ -368,6 +386,8 @@ class Comparison:
         done = read_records_csv(self.episodes_csv) if self.episodes_csv.exists() else []
         if self.config.tune_heuristic:
             self.heuristic = self.tune()
+        if self.config.tune_lr:
+            self.arm_lrs = {**self.tune_lrs(), **self.arm_lrs}
         growers = [s for s in self.specs.values() if s.kind != "matched"]
         done += self._play_missing(self._plans(growers, done), self.episodes_csv)
         matched = [s for s in self.specs.values() if s.kind == "matched"]
@@ -386,7 +406,8 @@ class Comparison:
                     rng_seed = evaluation_rng_seed(self.config.rng_seed, i)
                     implants = (self._depth_growth(spec) if spec.kind == "born"
                                 else _implants(spec, i, by_episode))
-                    plans.append(EpisodePlan(spec.label, i, rng_seed, implants))
+                    plans.append(EpisodePlan(spec.label, i, rng_seed, implants,
+                                             self.arm_lrs.get(spec.label)))
         return plans
 
     def _play_missing(self, plans: list[EpisodePlan], csv_path: Path,
@@ -447,36 +468,84 @@ class Comparison:
         csv_path = self.tuning_csv
         done = read_records_csv(csv_path) if csv_path.exists() else []
         finished = {(r.controller, r.episode_index) for r in done}
-        plans = [EpisodePlan(f"tune-{k}", i, tuning_rng_seed(self.config.rng_seed, i))
+        lr = self.arm_lrs.get("heuristic")  # the heuristic's own rate when it has one
+        plans = [EpisodePlan(f"tune-{k}", i, tuning_rng_seed(self.config.rng_seed, i),
+                             host_lr=lr)
                  for k in range(len(grid)) for i in range(self.config.tuning_seeds)
                  if (f"tune-{k}", i) not in finished]
         configs = {f"tune-{k}": config for k, config in enumerate(grid)}
         done += self._play_missing(plans, csv_path, lambda p: HeuristicController(configs[p.label]))
-        means = {label: sum(r[OUTCOME] for r in done if r.controller == label)
-                 / self.config.tuning_seeds for label in configs}
-        sign = 1.0 if METRICS[OUTCOME].better == "higher" else -1.0
-        best = max(configs, key=lambda label: (sign * means[label], -int(label.split("-")[1])))
+        best, means = self._best(done, list(configs))
         chosen = configs[best]
         saved.write_text(json.dumps({"chosen": best, "mean_outcomes": means,
                                      "config": _heuristic_to_json(chosen)}, indent=2) + "\n")
-        log.info("tuned heuristic: %s (mean outcome %.2f on %d tuning episodes)", best,
+        log.info("tuned heuristic: %s (mean %s %.4g on %d tuning episodes)", best, self.judged,
                  means[best], self.config.tuning_seeds)
         return chosen
+
+    def _best(self, done: Sequence[EpisodeRecord], labels: list[str]
+              ) -> tuple[str, dict[str, float]]:
+        """The label with the best mean judged metric over its tuning episodes (ties: the
+        earlier label), and every label's mean."""
+        means = {label: math.fsum(r[self.judged] for r in done if r.controller == label)
+                 / self.config.tuning_seeds for label in labels}
+        sign = 1.0 if METRICS[self.judged].better == "higher" else -1.0
+        best = max(labels, key=lambda label: (sign * means[label], -labels.index(label)))
+        return best, means
+
+    # --- tuning each arm's learning rate ----------------------------------------------------
+    def tune_lrs(self) -> dict[str, float]:
+        """Each controller without an ``arm_lr`` (and not ``matched:NAME``, whose seeds come
+        from NAME's evaluation episodes) plays every rate of ``tune_lr`` on the tuning
+        episodes (``<label>@lr=<rate>`` in ``tuning.csv``) and keeps the one with the best
+        mean judged metric (ties: the earlier rate). Saved to ``lr_tuned.json``; a rerun reads
+        it back."""
+        saved = self.out / "lr_tuned.json"
+        if saved.is_file():
+            return {k: float(v["chosen"]) for k, v in json.loads(saved.read_text()).items()}
+        tuned = [s for s in self.specs.values()
+                 if s.kind != "matched" and s.label not in self.arm_lrs]
+        rates = {f"{s.label}@lr={lr:g}": (s.label, lr) for s in tuned
+                 for lr in self.config.tune_lr}
+        done = read_records_csv(self.tuning_csv) if self.tuning_csv.exists() else []
+        finished = {(r.controller, r.episode_index) for r in done}
+        plans = [EpisodePlan(label, i, tuning_rng_seed(self.config.rng_seed, i), host_lr=lr)
+                 for label, (_, lr) in rates.items() for i in range(self.config.tuning_seeds)
+                 if (label, i) not in finished]
+        done += self._play_missing(plans, self.tuning_csv,
+                                   lambda p: self._make_controller(
+                                       dataclasses.replace(p, label=rates[p.label][0])))
+        chosen: dict[str, Any] = {}
+        for spec in tuned:
+            labels = [label for label, (name, _) in rates.items() if name == spec.label]
+            best, means = self._best(done, labels)
+            chosen[spec.label] = {"chosen": rates[best][1], f"mean_{self.judged}": means}
+            log.info("tuned lr of %s: %g (mean %s %.4g)", spec.label, rates[best][1],
+                     self.judged, means[best])
+        saved.write_text(json.dumps(chosen, indent=2) + "\n")
+        return {label: float(v["chosen"]) for label, v in chosen.items()}
 
     # --- report -----------------------------------------------------------------------------
     def report(self, records: Sequence[EpisodeRecord]) -> str:
         """Write ``summary.md``, ``summary.json``, the plots and TensorBoard; return the table."""
         pairs = "all" if self.config.all_pairs else None
         summaries = summarize(records)
-        comparisons = paired_differences(records, self.config.reference, pairs)
+        comparisons = paired_differences(records, self.config.reference, pairs,
+                                         outcome=self.judged)
+        reference = self.config.speedup_reference or self.config.reference
+        speedups = speedup.speedups(records, reference)
         table = markdown_table(summaries, comparisons)
+        table += "\n".join([*speedup.markdown(speedups, reference), ""])
         (self.out / "summary.md").write_text(table + "\n")
         summary = summary_json(summaries, comparisons)
         summary["heuristic"] = _heuristic_to_json(self.heuristic)
+        summary["judged"] = self.judged
+        summary["arm_lr"] = self.arm_lrs
+        summary["speedup"] = speedup.as_json(speedups, reference)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         plots.save_figures(records, summaries, comparisons, self.out,
                            param_cost=self.config.param_cost)
-        _log_tensorboard(self.out, self.config, table, summaries)
+        _log_tensorboard(self.out, self.config, table, summaries, self.judged)
         return table
 
 
@@ -567,13 +636,13 @@ def _heuristic_from_json(values: dict[str, Any]) -> HeuristicConfig:
 
 
 def _log_tensorboard(out: Path, config: CompareConfig, table: str,
-                     summaries: Sequence[ControllerSummary]) -> None:
+                     summaries: Sequence[ControllerSummary], judged: str = OUTCOME) -> None:
     from lightning.pytorch.loggers import TensorBoardLogger
 
     logger = TensorBoardLogger(str(out), name="tensorboard", default_hp_metric=False)
     logger.experiment.add_text("compare/summary", table)
-    outcomes = {s.controller: s.metrics[OUTCOME] for s in summaries}
-    metrics = {f"outcome/{name}": value.mean for name, value in outcomes.items()
+    outcomes = {s.controller: s.metrics[judged] for s in summaries}
+    metrics = {f"{judged}/{name}": value.mean for name, value in outcomes.items()
                if value is not None and math.isfinite(value.mean)}
     logger.log_hyperparams(config.to_dict(), metrics)
     logger.finalize("success")

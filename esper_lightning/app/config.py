@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -22,6 +23,7 @@ import yaml
 
 from esper_lightning.errors import ConfigError
 from esper_lightning.hosts.presets import GPT_PRESETS, PRESETS
+from esper_lightning.schedule import LR_SCHEDULES, schedule_error
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ HostPresetName = Literal[tuple(p for t in TASK_CHOICES.values() for p in t.prese
 RewardName = Literal[REWARD_MODES]  # type: ignore[valid-type]
 PrecisionName = Literal[PRECISIONS]  # type: ignore[valid-type]
 BlendGradientName = Literal[BLEND_GRADIENTS]  # type: ignore[valid-type]
+LRScheduleName = Literal[LR_SCHEDULES]  # type: ignore[valid-type]
 #: How ``esper-lightning ppo`` runs: one process, or Lightning's data-parallel launchers.
 STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_fork")
 StrategyName = Literal[STRATEGIES]  # type: ignore[valid-type]
@@ -111,6 +114,22 @@ class TaskConfig:
         block_size: lm only: tokens per block (null: the GPT preset's block_size).
         layer_scale_init: initial gain of every LayerScale in a new seed (null: the
             blueprints' own, 1e-3; docs/evidence.md measures 1.0).
+        budget_flops: compute budget of each episode in training FLOPs (host and every seed,
+            forward and backward, measured): the episode's episode_length epochs each spend an
+            equal slice of it, so a bigger host trains fewer batches per epoch (null: no
+            budget; an epoch is a pass over the training data or train_subset). A layer that
+            sets budget_flops clears budget_steps, and the other way round.
+        budget_steps: the budget in training steps of the static host (host_preset with no
+            seed, one batch of batch_size; the lm task: of block_size tokens), converted to
+            FLOPs when the envs are built.
+        lr_schedule: host and seed learning-rate schedule over the fraction of the episode
+            spent (of the budget, or of the planned batches without one): constant, wsd
+            (warmup, stable, linear decay) or cosine; each arm's decay ends exactly at its
+            budget.
+        warmup_fraction: share of the episode warming up linearly from 0 (wsd, cosine).
+        decay_fraction: share at the end decaying to min_lr_ratio (null: 0.2 for wsd, all
+            after the warmup for cosine).
+        min_lr_ratio: the last learning rate as a share of the base one (wsd, cosine).
     """
 
     data_dir: str | None = None
@@ -135,6 +154,12 @@ class TaskConfig:
     blend_gradient: BlendGradientName | None = None
     block_size: int | None = None
     layer_scale_init: float | None = None
+    budget_flops: float | None = None
+    budget_steps: int | None = None
+    lr_schedule: LRScheduleName = "constant"
+    warmup_fraction: float = 0.0
+    decay_fraction: float | None = None
+    min_lr_ratio: float = 0.0
 
     def __post_init__(self) -> None:
         _check_choice("task", self.task, tuple(TASK_CHOICES))
@@ -164,6 +189,16 @@ class TaskConfig:
         if self.layer_scale_init is not None and not self.layer_scale_init >= 0:
             raise ConfigError(f"layer_scale_init must be >= 0 or null, got "
                               f"{self.layer_scale_init}")
+        _check_budget(self)
+        problem = schedule_error(self.lr_schedule, self.warmup_fraction, self.decay_fraction,
+                                 self.min_lr_ratio)
+        if problem is not None:
+            raise ConfigError(problem)
+
+    @property
+    def budgeted(self) -> bool:
+        """Whether episodes run under a compute budget."""
+        return self.budget_flops is not None or self.budget_steps is not None
 
     @property
     def task_choices(self) -> TaskChoices:
@@ -350,7 +385,15 @@ class CompareConfig(TaskConfig):
         all_pairs: also compare every pair of controllers.
         tune_heuristic: first tune the heuristic's main knobs on tuning episodes (disjoint from
             the evaluation episodes) and compare with the chosen configuration.
-        tuning_seeds: tuning episodes per heuristic configuration.
+        tuning_seeds: tuning episodes per heuristic configuration (and per learning rate of
+            tune_lr).
+        arm_lr: a host learning rate per controller, NAME=LR (static=8e-3); the others train
+            at host_lr (or their tune_lr choice).
+        tune_lr: learning rates to try for every controller without an arm_lr (matched:NAME
+            excepted): each plays tuning_seeds tuning episodes (disjoint from the evaluation
+            episodes) per rate and keeps the best by the judged metric.
+        speedup_reference: the controller whose final validation loss the speed-up table
+            measures every controller's FLOPs to (null: reference).
         progress: show a progress bar.
     """
 
@@ -362,6 +405,9 @@ class CompareConfig(TaskConfig):
     all_pairs: bool = False
     tune_heuristic: bool = False
     tuning_seeds: int = 3
+    arm_lr: tuple[str, ...] = ()
+    tune_lr: tuple[float, ...] = ()
+    speedup_reference: str | None = None
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -372,21 +418,54 @@ class CompareConfig(TaskConfig):
             raise ConfigError("controllers must name at least one controller")
         if len(set(self.controllers)) != len(self.controllers):
             raise ConfigError(f"controllers lists one twice: {', '.join(self.controllers)}")
-        if self.reference not in self.controllers:
-            raise ConfigError(f"reference {self.reference!r} is not among the controllers; "
-                              f"accepted: {', '.join(self.controllers)}")
+        for name in ("reference", "speedup_reference"):
+            value = getattr(self, name)
+            if value is not None and value not in self.controllers:
+                raise ConfigError(f"{name} {value!r} is not among the controllers; "
+                                  f"accepted: {', '.join(self.controllers)}")
+        self.arm_lrs()  # checked now
+        for lr in self.tune_lr:
+            if not (math.isfinite(lr) and lr > 0):
+                raise ConfigError(f"tune_lr must list learning rates > 0, got {lr!r}")
+        if len(set(self.tune_lr)) != len(self.tune_lr):
+            raise ConfigError(f"tune_lr lists a rate twice: {list(self.tune_lr)}")
+
+    def arm_lrs(self) -> dict[str, float]:
+        """``arm_lr`` as a mapping of controller to learning rate (checked)."""
+        rates: dict[str, float] = {}
+        for item in self.arm_lr:
+            name, sep, text = item.rpartition("=")
+            try:
+                lr = float(text)
+            except ValueError:
+                lr = math.nan
+            if not sep or not (math.isfinite(lr) and lr > 0):
+                raise ConfigError(f"bad arm_lr {item!r}; accepted: NAME=LR with LR > 0, e.g. "
+                                  f"{self.controllers[0]}=1e-3")
+            if name not in self.controllers or name in rates:
+                what = "names a controller twice" if name in rates else "is not a controller"
+                raise ConfigError(f"arm_lr {item!r} {what}; accepted names: "
+                                  f"{', '.join(self.controllers)}")
+            rates[name] = lr
+        return rates
 
 
 #: Fields that shape the policy or the task: a checkpoint only resumes with equal values.
 COMPATIBILITY_KEYS = (
     "task", "slots", "host_preset", "reward", "episode_length", "policy_hidden", "envs",
     "min_training_epochs", "max_seeds", "param_cost", "heads", "blend_gradient",
-    "layer_scale_init",
+    "layer_scale_init", "budget_flops", "budget_steps", "lr_schedule", "warmup_fraction",
+    "decay_fraction", "min_lr_ratio",
 )
 #: What a saved config (a checkpoint, a comparison folder) written before these keys existed
 #: meant by leaving them out.
-ADDED_KEY_DEFAULTS: dict[str, Any] = {"task": "cifar", "block_size": None,
-                                      "blend_gradient": None, "layer_scale_init": None}
+ADDED_KEY_DEFAULTS: dict[str, Any] = {
+    "task": "cifar", "block_size": None, "blend_gradient": None, "layer_scale_init": None,
+    "budget_flops": None, "budget_steps": None, "lr_schedule": "constant", "warmup_fraction": 0.0,
+    "decay_fraction": None, "min_lr_ratio": 0.0, "arm_lr": [], "tune_lr": [],
+}
+#: Options of which a layer sets at most one: setting one clears the others.
+EXCLUSIVE_KEYS = (("budget_flops", "budget_steps"),)
 #: Keys whose default depends on the task (null in a layer: the task's own).
 TASK_DEFAULTED_KEYS = ("host_preset", "slots", "host_lr")
 
@@ -427,6 +506,20 @@ PRESETS: dict[str, dict[str, Any]] = {
         "val_subset": 256, "batch_size": 32, "block_size": 64, "slots": ("r0c0", "r0c1"),
         "min_training_epochs": 2, "policy_hidden": 64, "ppo_epochs": 4, "minibatch_envs": 2,
     },
+    # Growth at equal compute (sized by a pilot on Shakespeare, docs/evidence.md): a one-block
+    # GPT of width 32 (4 heads, 32-byte blocks, batch 32) whose growth slot r1c0 deepens it to
+    # four blocks in one decision (host grow4; static = S1, born:4 = S4), against a budget of 6,000 training
+    # steps of the four-block host w32l4 (6,000 x 402,653,184 FLOPs, about 17,500 steps of the
+    # one-block host), spent in 20 equal slices; WSD schedule (3 % warmup, linear decay to 0
+    # over the last 20 %); 8e-3 is the one-block host's tuned learning rate (--arm_lr sets
+    # another per arm). Validation: the first 1,024 blocks (32 KB) of the held-out tail.
+    "lm-grow": {
+        "task": "lm", "host_preset": "grow4", "slots": ("r1c0",), "block_size": 32,
+        "batch_size": 32, "val_subset": 1024, "episode_length": 20, "host_lr": 8e-3,
+        "budget_flops": 6000 * 402_653_184.0, "lr_schedule": "wsd", "warmup_fraction": 0.03,
+        "decay_fraction": 0.2, "min_training_epochs": 2, "envs": 4, "rounds": 20,
+        "policy_hidden": 64, "ppo_epochs": 4, "minibatch_envs": 2,
+    },
 }
 
 
@@ -447,7 +540,7 @@ def from_mapping(values: Mapping[str, Any], base: ConfigT) -> ConfigT:
             f"{', '.join(known)}"
         )
     coerced = {name: _coerce(name, value, known[name].default) for name, value in values.items()}
-    coerced = {**_follow_task(coerced, base), **coerced}
+    coerced = {**_follow_task(coerced, base), **_exclusive(coerced), **coerced}
     try:
         return dataclasses.replace(base, **coerced)
     except TypeError as err:
@@ -565,6 +658,33 @@ def _follow_task(values: Mapping[str, Any], base: TaskConfig) -> dict[str, Any]:
             if name not in values and getattr(base, name) == old[name]}
 
 
+def _exclusive(values: Mapping[str, Any]) -> dict[str, Any]:
+    """A layer that sets one of `EXCLUSIVE_KEYS` clears the others it does not set (a preset's
+    budget_flops gives way to a flag's budget_steps)."""
+    cleared: dict[str, Any] = {}
+    for group in EXCLUSIVE_KEYS:
+        if any(values.get(key) is not None for key in group):
+            cleared.update({key: None for key in group if key not in values})
+    return cleared
+
+
+def _check_budget(config: TaskConfig) -> None:
+    """A budget is a positive number of FLOPs or static-host steps, one of the two, and no
+    option that sizes an epoch in data contradicts it."""
+    flops, steps = config.budget_flops, config.budget_steps
+    if flops is not None and steps is not None:
+        raise ConfigError(f"budget_flops={flops!r} and budget_steps={steps!r} are both set; "
+                          "accepted: one of them")
+    if flops is not None and not (math.isfinite(flops) and flops > 0):
+        raise ConfigError(f"budget_flops must be a number > 0 (FLOPs) or null, got {flops!r}")
+    if steps is not None and steps < 1:
+        raise ConfigError(f"budget_steps must be an int >= 1 or null, got {steps!r}")
+    if config.budgeted and config.task == "lm" and config.train_subset is not None:
+        raise ConfigError(f"train_subset={config.train_subset} sets the training blocks of an "
+                          "epoch, which a budget sets (budget / episode_length FLOPs per epoch); "
+                          "accepted: train_subset null with a budget")
+
+
 def _check_block_size(config: TaskConfig) -> None:
     if config.task != "lm":
         if config.block_size is not None:
@@ -581,13 +701,18 @@ def _check_block_size(config: TaskConfig) -> None:
 
 
 # --- checking ---------------------------------------------------------------------------------
-_TUPLE_FIELDS = ("slots", "devices", "controllers", "ab")
-_OPTIONAL_PATHS = ("data_dir", "save", "resume", "host_preset")
-_OPTIONAL_INTS = ("train_subset", "val_subset", "max_seeds", "block_size")
-_OPTIONAL_FLOATS = ("host_lr", "layer_scale_init")
-
+_TUPLE_FIELDS = ("slots", "devices", "controllers", "ab", "arm_lr")
+_FLOAT_TUPLES = ("tune_lr",)
+_OPTIONAL_PATHS = ("data_dir", "save", "resume", "host_preset", "speedup_reference")
+_OPTIONAL_INTS = ("train_subset", "val_subset", "max_seeds", "block_size", "budget_steps")
+_OPTIONAL_FLOATS = ("host_lr", "layer_scale_init", "budget_flops", "decay_fraction")
 
 def _coerce(name: str, value: Any, default: Any) -> Any:
+    if name in _FLOAT_TUPLES:
+        if isinstance(value, str) or not isinstance(value, list | tuple) or not all(
+                isinstance(v, int | float) and not isinstance(v, bool) for v in value):
+            raise ConfigError(f"{name} must be a list of numbers, got {value!r}")
+        return tuple(float(v) for v in value)
     if name in _TUPLE_FIELDS:
         if value is None and default is None:
             return None

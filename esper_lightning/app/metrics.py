@@ -23,7 +23,7 @@ class RoundStats:
 
     Attributes:
         returns: return of every episode of the round (a rollback does not end one).
-        final_accuracies, seed_params: of every episode, at its end.
+        final_accuracies, seed_params, train_flops: of every episode, at its end.
         ops: executed ops by name; events: lifecycle events by kind over finished episodes.
         reward_sums: every reward component summed over all steps.
         rollbacks: governor rollbacks; steps: env steps (= env epochs) collected.
@@ -37,6 +37,7 @@ class RoundStats:
     events: Counter[str] = field(default_factory=Counter)
     reward_sums: Counter[str] = field(default_factory=Counter)
     seed_params: list[float] = field(default_factory=list)
+    train_flops: list[float] = field(default_factory=list)
     rollbacks: int = 0
     steps: int = 0
     env_seconds: float = 0.0
@@ -83,7 +84,8 @@ def round_metrics(stats: RoundStats, round_index: int, learning_rate: float) -> 
         "charts/env_epochs_per_sec": stats.steps / max(stats.env_seconds, 1e-9),
         "charts/controller_share": (stats.controller_seconds + stats.update_seconds)
         / max(total, 1e-9),
-        **morpho_metrics(mean(stats.seed_params), stats.events),
+        **morpho_metrics(mean(stats.seed_params), stats.events,
+                         train_flops=mean(stats.train_flops)),
         ROLLBACKS_TAG: float(stats.rollbacks),
     }
     for op in LifecycleOp:

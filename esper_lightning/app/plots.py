@@ -12,9 +12,12 @@
   marker, and labels that would print over each other are moved apart.
 - `curves_figure` (``<name>s.png``): the mean curve per epoch per controller with its band;
   every controller has its own line style and marker and is shifted sideways by a hair, so
-  identical curves stay visible; epochs are whole numbers.
+  identical curves stay visible; epochs are whole numbers. With ``x=`` another curve gives the
+  horizontal axis: ``loss_vs_flops.png`` draws the validation loss against the mean cumulative
+  training FLOPs at each epoch, the comparison at equal compute.
 
-`save_figures` writes every metric with ``plot=True`` (a paired one also as a forest plot).
+`save_figures` writes every metric with ``plot=True`` (a paired one also as a forest plot), and
+the loss against FLOPs when the episodes recorded both.
 
 Figures are built on `matplotlib.figure.Figure` with an Agg canvas attached directly, never
 through ``pyplot``: nothing here selects or changes matplotlib's global backend, so a user's
@@ -43,7 +46,7 @@ from matplotlib.ticker import MaxNLocator, StrMethodFormatter
 
 from esper_lightning.app.records import METRICS, EpisodeRecord, Metric, group_by_controller
 from esper_lightning.app.report import ControllerSummary, PairedComparison
-from esper_lightning.app.stats import CONFIDENCE, estimate
+from esper_lightning.app.stats import CONFIDENCE, Estimate, estimate
 
 #: The size a scalar metric is drawn against.
 SIZE = "total_params"
@@ -75,6 +78,15 @@ def _axis_label(metric: Metric, param_cost: float | None, difference: bool = Fal
     return "\n".join(textwrap.wrap(label, width))
 
 
+def _error_bar(value: Estimate) -> list[list[float]] | None:
+    """Matplotlib's ``[[below], [above]]`` of an interval, None without one; a constant
+    sample's interval ``(x, x)`` can sit a rounding error off its float mean, so never below
+    0."""
+    if value.ci is None:
+        return None
+    return [[max(0.0, value.mean - value.ci[0])], [max(0.0, value.ci[1] - value.mean)]]
+
+
 # --- paired differences -----------------------------------------------------------------------
 def differences_figure(comparisons: Sequence[PairedComparison], name: str = "outcome", *,
                        param_cost: float | None = None) -> Figure:
@@ -104,7 +116,7 @@ def differences_figure(comparisons: Sequence[PairedComparison], name: str = "out
         colour = VERDICT_COLOURS.get(c.verdict, NO_VERDICT_COLOUR) if judged else "tab:blue"
         if judged and c.mde is not None:
             ax.fill_betweenx([y - 0.3, y + 0.3], -c.mde, c.mde, color="0.85", linewidth=0)
-        xerr = None if d.ci is None else [[d.mean - d.ci[0]], [d.ci[1] - d.mean]]
+        xerr = _error_bar(d)
         ax.errorbar([d.mean], [y], xerr=xerr, fmt="o", color=colour, capsize=4, markersize=6,
                     markerfacecolor=colour if xerr else "none")  # hollow: no interval
         if judged:
@@ -151,8 +163,8 @@ def vs_params_figure(summaries: Sequence[ControllerSummary], name: str = "outcom
     for k, s in enumerate(shown):
         x, y = s.metrics[SIZE], s.metrics[name]
         assert x is not None and y is not None
-        xerr = None if x.ci is None else [[x.mean - x.ci[0]], [x.ci[1] - x.mean]]
-        yerr = None if y.ci is None else [[y.mean - y.ci[0]], [y.ci[1] - y.mean]]
+        xerr = _error_bar(x)
+        yerr = _error_bar(y)
         ax.errorbar([x.mean], [y.mean], xerr=xerr, yerr=yerr, fmt=MARKERS[k % len(MARKERS)],
                     capsize=4, label=s.controller, markerfacecolor="none", markersize=8)
         points.append((x.mean, y.mean))
@@ -212,6 +224,7 @@ def curves_figure(
     records: Iterable[EpisodeRecord],
     name: str = "accuracy_curve",
     *,
+    x: str | None = None,
     confidence: float = CONFIDENCE,
 ) -> Figure:
     """The mean per epoch of curve metric ``name`` per controller, with a shaded band.
@@ -219,7 +232,9 @@ def curves_figure(
 
     The band at each epoch is the interval of the mean over that controller's episodes
     (`stats.estimate`, as in the report's tables); a controller with a single episode has no
-    band. Epochs are numbered from 1; each curve is shifted by `dodge`.
+    band. Epochs are numbered from 1; each curve is shifted by `dodge`. With ``x`` (another
+    curve metric, e.g. ``train_flops_curve``) a controller's points sit at the mean of that
+    curve over its episodes instead of at the epochs.
 
     Raises:
         ValueError: no record has the curve, or one controller's curves differ in length.
@@ -227,16 +242,19 @@ def curves_figure(
     Example::
 
         fig = curves_figure(records, "accuracy_curve")
+        fig = curves_figure(records, "loss_curve", x="train_flops_curve")
     """
     metric = METRICS[name]
     groups = {c: eps for c, eps in group_by_controller(records).items()
-              if any(r[name] for r in eps)}
+              if any(r[name] for r in eps) and (x is None or any(r[x] for r in eps))}
     if not groups:
         raise ValueError(f"curves_figure needs at least one episode with {name}")
     fig, ax = _new_axes()
     for k, (controller, episodes) in enumerate(groups.items()):
         curves = _curves(controller, name, episodes)  # [E, T]
         epochs = np.arange(1, curves.shape[1] + 1) + dodge(k, len(groups), curves.shape[1])
+        if x is not None:
+            epochs = _curves(controller, x, episodes).mean(axis=0)  # [T]
         (line,) = ax.plot(epochs, curves.mean(axis=0), label=f"{controller} (n={len(episodes)})",
                           linestyle=LINESTYLES[k % len(LINESTYLES)],
                           marker=MARKERS[k % len(MARKERS)], markersize=4,
@@ -245,10 +263,14 @@ def curves_figure(
         if all(band is not None for band in bands):
             low, high = np.array(bands).T  # [T] each
             ax.fill_between(epochs, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("epoch")
+    if x is None:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("epoch")
+    else:
+        ax.set_xlabel(f"{METRICS[x].axis_label()} (mean over episodes)")
     ax.set_ylabel(metric.axis_label())
-    ax.set_title(f"{metric.label.capitalize()} (mean over episodes, "
+    against = "" if x is None else f" against {METRICS[x].label}"
+    ax.set_title(f"{metric.label.capitalize()}{against} (mean over episodes, "
                  f"{confidence:.0%} t band)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
@@ -282,6 +304,9 @@ def save_figures(records: Sequence[EpisodeRecord], summaries: Sequence[Controlle
         if any(s.metrics.get(m.name) for s in summaries):
             figures.append((1, vs_params_figure(summaries, m.name, param_cost=param_cost),
                             f"{m.name}_vs_params.png"))
+    if any(r["loss_curve"] and any(r["train_flops_curve"]) for r in records):
+        figures.append((2, curves_figure(records, "loss_curve", x="train_flops_curve"),
+                        "loss_vs_flops.png"))
     figures.sort(key=lambda item: item[0])  # stable: differences, then sizes, then curves
     return [save_figure(fig, Path(out) / file) for _, fig, file in figures]
 

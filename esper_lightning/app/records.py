@@ -60,6 +60,7 @@ class Episode:
         param_cost: the task's price of seed parameters in outcome points (`core.outcome`).
         wall_seconds: wall-clock time of the episode.
         seeds: ``(slot id, blueprint)`` of every seed present at the end, in slot order.
+        data_passes: training data seen over the training data's size (None: not counted).
     """
 
     reports: tuple[EpochReport, ...]
@@ -70,6 +71,7 @@ class Episode:
     param_cost: float
     wall_seconds: float
     seeds: Seeds = ()
+    data_passes: float | None = None
 
     @property
     def accuracies(self) -> tuple[float, ...]:
@@ -84,6 +86,17 @@ class Episode:
         """Validation loss per epoch; empty when the env measured none."""
         losses = [r.val_loss for r in self.reports]
         return () if None in losses else tuple(losses)  # type: ignore[arg-type]
+
+
+def final_bits(losses: Sequence[float]) -> float | None:
+    """The last validation loss (nats per token) in bits per token, None for an empty curve:
+    bits per byte for the byte-level language model.
+
+    Example::
+
+        final_bits([2.0, math.log(4)])  # 2.0
+    """
+    return losses[-1] / math.log(2.0) if losses else None
 
 
 def loss_outcome(losses: Sequence[float], last: int = OUTCOME_EPOCHS) -> float | None:
@@ -248,14 +261,30 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
            description="parameters of the seeds present at the end"),
     Metric("episode_return", lambda e: e.episode_return, "return", better="higher",
            optional=True, description="the RL return, where the controller's reward is known"),
+    Metric("train_flops", lambda e: e.reports[-1].train_flops, "train FLOPs", fmt=".3g",
+           summary="mean", optional=True, section="Compute",
+           description="training FLOPs of the episode (host and every seed, forward and "
+                       "backward)"),
+    Metric("data_passes", lambda e: e.data_passes, "data passes", fmt=".3f", summary="mean",
+           optional=True, section="Compute",
+           description="training tokens (images) seen over the training data's size"),
     Metric("val_loss", lambda e: loss_outcome(e.losses), "val loss", fmt=".4f", better="lower",
            paired=True, optional=True, section="Validation loss",
            description=f"mean validation loss of the last {OUTCOME_EPOCHS} epochs, per token "
                        "for a language model"),
+    Metric("final_bits", lambda e: final_bits(e.losses), "final loss", unit="bits",
+           fmt=".4f", better="lower", paired=True, optional=True, plot=True,
+           section="Validation loss",
+           description="validation cross-entropy of the last epoch (at the budget under one) "
+                       "in bits per token, bits per byte for the byte-level language model; "
+                       "what a comparison under a compute budget judges"),
     Metric("accuracy_curve", lambda e: e.accuracies, "validation accuracy", kind="curve",
            unit="%", better="higher", summary=None, plot=True),
     Metric("loss_curve", lambda e: e.losses, "validation loss", kind="curve", better="lower",
            summary=None, optional=True),
+    Metric("train_flops_curve", lambda e: tuple(r.train_flops for r in e.reports),
+           "training FLOPs", kind="curve", summary=None, optional=True,
+           description="cumulative training FLOPs at the end of each epoch"),
     Metric("seeds_germinated", _events("germinated"), "germinated", dtype=int, summary=None),
     Metric("seeds_fossilized", _events("fossilized"), "fossilized", dtype=int, summary=None),
     Metric("seeds_pruned", _events("pruned"), "pruned", dtype=int, summary=None),

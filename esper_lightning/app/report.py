@@ -237,13 +237,16 @@ def paired_differences(
             print(c.controller, c.differences["outcome"], c.p_holm, c.verdict)
     """
     judged = METRICS[outcome]
-    if not judged.paired or judged.optional or judged.better is None:
-        raise ValueError(f"outcome {outcome!r} must be a paired, required metric with a "
-                         "better direction")
+    if not judged.paired or judged.better is None:
+        raise ValueError(f"outcome {outcome!r} must be a paired metric with a better direction")
     groups = group_by_controller(records)
     resolved = _resolve_pairs(list(groups), reference, pairs)
     matched = [_matched(groups[name], groups[ref]) for name, ref in resolved]
     diffs = [{m.name: _differences(m, pairs_) for m in paired()} for pairs_ in matched]
+    for (name, ref), d in zip(resolved, diffs, strict=True):
+        if d[outcome] is None:  # an optional judged metric must be known in every episode
+            raise ValueError(f"{outcome} is missing in the episodes of {name!r} or {ref!r}; "
+                             "it cannot judge them")
     p_values = [wilcoxon_p(d[outcome]) for d in diffs]  # type: ignore[arg-type]
     comparisons = []
     for (name, ref), pairs_, d, p, p_holm in zip(resolved, matched, diffs, p_values,
@@ -344,10 +347,12 @@ def _sentence(metric: Metric) -> str:
 
 
 def _section(title: str, summaries: Sequence[ControllerSummary],
-             comparisons: Sequence[PairedComparison]) -> list[str]:
-    """A metric section of its own: per controller, then paired; nothing when no controller
-    has its metrics."""
-    metrics = [m for m in summarized() if m.section == title]
+             comparisons: Sequence[PairedComparison], judged: str) -> list[str]:
+    """A metric section of its own: per controller, then paired, of the metrics some
+    controller has (nothing when none has any). The judged metric is in the main tables
+    instead."""
+    metrics = [m for m in summarized() if m.section == title and m.name != judged
+               and any(s.metrics[m.name] is not None for s in summaries)]
     table = _controller_rows(summaries, metrics, with_episodes=False)
     if not table:
         return []
@@ -360,8 +365,9 @@ def markdown_table(
     summaries: Sequence[ControllerSummary], comparisons: Sequence[PairedComparison]
 ) -> str:
     """A Markdown report: a per-controller table, then a table of paired differences with the
-    outcome's p-value and verdict, then a section per metric ``section`` (e.g. the validation
-    losses, when the episodes recorded them).
+    judged metric's p-value and verdict (the comparisons' ``outcome``, first in both tables),
+    then a section per metric ``section`` (e.g. the validation losses, when the episodes
+    recorded them).
 
     Values use their metric's format (differences signed), a difference of percentages is in
     percentage points, p-values have three decimals (scientific below 0.001); a value a
@@ -371,7 +377,10 @@ def markdown_table(
 
         Path("compare/report.md").write_text(markdown_table(summaries, comparisons))
     """
-    main = [m for m in summarized() if not m.section]
+    judged = comparisons[0].outcome if comparisons else OUTCOME
+    # The judged metric leads the main tables, whatever its section.
+    main = sorted((m for m in summarized() if not m.section or m.name == judged),
+                  key=lambda m: m.name != judged)
     lines = ["## Controllers", ""]
     lines += _controller_rows(summaries, main, with_episodes=True) or ["No episodes."]
     lines += [
@@ -391,7 +400,7 @@ def markdown_table(
     lines += _paired_rows(comparisons, [m for m in main if m.paired], with_test=True) or [
         "No paired comparison."]
     for title in dict.fromkeys(m.section for m in summarized() if m.section):
-        lines += _section(title, summaries, comparisons)
+        lines += _section(title, summaries, comparisons, judged)
     return "\n".join(lines) + "\n"
 
 

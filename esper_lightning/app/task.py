@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from esper_lightning.app.config import TaskConfig
 from esper_lightning.core.divergence import GovernorConfig
+from esper_lightning.core.flops import FlopMeter
 from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.data import DataError
 from esper_lightning.envs import EnvSpec
 from esper_lightning.envs.tasks import CifarTask, Task, TextTask
+from esper_lightning.errors import ConfigError
 from esper_lightning.hosts import GPT_PRESETS
+from esper_lightning.schedule import LRSchedule
 
 
 def make_task(task: TaskConfig) -> Task:
@@ -25,8 +30,15 @@ def make_task(task: TaskConfig) -> Task:
 
 
 def env_spec(task: TaskConfig) -> EnvSpec:
-    """The settings every env of the task's pool shares."""
+    """The settings every env of the task's pool shares (the budget in FLOPs: `budget_flops`).
+
+    Raises:
+        ConfigError: a budget whose slice per epoch is smaller than one training batch of the
+            static host.
+    """
     played = make_task(task)
+    schedule = LRSchedule(task.lr_schedule, task.warmup_fraction, task.decay_fraction,
+                          task.min_lr_ratio)
     return EnvSpec(
         host_preset=task.host_preset, slots=task.slots, batch_size=task.batch_size,
         host_lr=task.host_lr, precision=task.precision, episode_length=task.episode_length,
@@ -34,7 +46,40 @@ def env_spec(task: TaskConfig) -> EnvSpec:
         gate_config=GateConfig(min_training_epochs=task.min_training_epochs),
         blend_gradient=task.blend_gradient, layer_scale_init=task.layer_scale_init,
         governor=GovernorConfig(num_classes=played.num_classes), task=played,
+        budget_flops=budget_flops(task), lr_schedule=schedule,
     )
+
+
+def static_step_flops(task: TaskConfig) -> int:
+    """Training FLOPs of one batch of the static host: ``host_preset`` with no seed, at
+    ``batch_size`` (measured on meta tensors; the host is drawn from a forked generator, so
+    nothing else's random numbers change)."""
+    played = make_task(task)
+    with torch.random.fork_rng(devices=[]):
+        host = played.make_host(str(task.host_preset), task.slots or (), float(task.host_lr or 0))
+    return FlopMeter().training_step(host, played.example_batch(task.batch_size))
+
+
+def budget_flops(task: TaskConfig) -> float | None:
+    """The episode budget in FLOPs: ``budget_flops``, or ``budget_steps`` static-host steps
+    (`static_step_flops`); None without a budget.
+
+    Raises:
+        ConfigError: a budget that gives an epoch less than one batch of the static host (one
+            line with the smallest budget accepted).
+    """
+    if not task.budgeted:
+        return None
+    step = static_step_flops(task)
+    budget = task.budget_flops if task.budget_flops is not None else step * task.budget_steps
+    epochs = task.episode_length
+    if budget / epochs < step:
+        given = (f"budget_flops={budget:g}" if task.budget_flops is not None
+                 else f"budget_steps={task.budget_steps}")
+        raise ConfigError(f"{given} gives each of the episode's {epochs} epochs less than one "
+                          f"training batch of the static host ({step:,} FLOPs); accepted: at "
+                          f"least {step * epochs} FLOPs (budget_steps >= {epochs})")
+    return float(budget)
 
 
 def load_splits(task: TaskConfig, progress: bool = True) -> tuple[Any, Any]:

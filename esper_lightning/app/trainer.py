@@ -394,6 +394,7 @@ class PPOTrainer:
             stats.returns.append(rollout.returns[k])
             stats.final_accuracies.append(report.val_accuracy or 0.0)
             stats.seed_params.append(float(report.seed_params))
+            stats.train_flops.append(report.train_flops)
             rollout.returns[k], rollout.decisions[k] = 0.0, 0
 
     # --- update -------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from esper_lightning.core.counterfactual import (
     probe_plan,
 )
 from esper_lightning.core.engine import GRAD_STATS_EVERY, MorphogenesisEngine, StepOutcome
+from esper_lightning.core.flops import FlopMeter, structure
 from esper_lightning.core.lifecycle import PRESENT_STAGES, GateConfig, GateMode, QualityGates
 from esper_lightning.core.optim import SeedOptimConfig
 from esper_lightning.core.slots import check_blend_gradient, check_topology
@@ -69,6 +70,10 @@ class MorphogenesisCallback(Callback):
     for an action, executes it (illegal actions become WAIT with a reason) and ticks every
     slot. Seeds join the optimizer as param groups named ``seed/<slot>`` (the host's unnamed
     groups are named ``host`` so LR-monitor tags stay put); LR schedulers schedule them too.
+    Every training step's FLOPs (host and every live seed, forward and backward) are metered
+    once per architecture on meta tensors (`core.flops`, no effect on training), logged as
+    ``morpho/train_flops`` and reported to the controller (`EpochReport.train_flops`); with a
+    `ComputeBudget` callback in the same Trainer the report carries its budget too.
     Lifecycle events are logged at INFO on the ``esper_lightning`` logger; at the end of the
     fit a seed-timeline image goes to every TensorBoard logger (``morpho/timeline``).
 
@@ -126,6 +131,12 @@ class MorphogenesisCallback(Callback):
         rng_seed: a new seed's initial weights come from a generator seeded with (``rng_seed``,
             epoch), as in the RL envs, so a policy meets the seeds it was trained with. None:
             ``torch.initial_seed()`` at setup (the value `seed_everything` set).
+        meter_flops: meter the FLOPs of every training step (the forward of ``logits_fn`` on
+            the inputs ``batch_to_xy`` reads from the training batch, and its backward: a
+            ``training_step`` that computes more is counted as that forward) and validation
+            batch, summed over DDP ranks. The measurement runs the module on meta tensors; a
+            module that cannot run there (``.item()``, data-dependent control flow) fails at
+            the first batch with one line saying so: pass False to train without a count.
 
     Example:
         >>> from esper_lightning.controllers import HeuristicController
@@ -158,6 +169,7 @@ class MorphogenesisCallback(Callback):
         train_loss_key: str | None = None,
         grad_stats_every: int = GRAD_STATS_EVERY,
         rng_seed: int | None = None,
+        meter_flops: bool = True,
     ) -> None:
         if not isinstance(controller, Controller):
             raise TypeError(
@@ -188,6 +200,9 @@ class MorphogenesisCallback(Callback):
         self.counterfactual = None if counterfactual is None else check_mode(counterfactual)
         self.accuracy_key = accuracy_key
         self.loss_key, self.train_loss_key = loss_key, train_loss_key
+        self.meter_flops = meter_flops
+        self.meter = FlopMeter()
+        self._arch: tuple[Any, Any] | None = None  # ((epoch, training, revision), structure)
         self.engine: MorphogenesisEngine | None = None
         self.last_outcome: StepOutcome | None = None
         self._accumulator: CounterfactualAccumulator | None = None
@@ -279,6 +294,39 @@ class MorphogenesisCallback(Callback):
         if isinstance(loss, Tensor):  # summed on the device: no host sync per batch
             step = torch.stack([loss.detach().float(), loss.new_ones((), dtype=torch.float)])
             self._train_loss = step if self._train_loss is None else self._train_loss + step
+        if self.meter_flops:
+            self._require_engine().train_flops += self.step_flops(trainer, pl_module, batch)
+
+    def step_flops(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any) -> int:
+        """Training FLOPs of one step on ``batch`` over every rank (cached per architecture;
+        `ComputeBudget` reads it too)."""
+        return self._metered(trainer, pl_module, batch, "training_step")
+
+    def _metered(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                 kind: str, plan: Any = None) -> int:
+        """One meter reading (`core.flops.FlopMeter`) times the ranks, or one line saying the
+        module cannot be metered and how to go on without."""
+        x, _ = self.batch_to_xy(batch)
+        engine = self._require_engine()
+        # The architecture changes between epochs (decisions) or when a slot does (a rollback):
+        # read once per epoch, mode and engine revision, not per batch.
+        key = (trainer.current_epoch, pl_module.training, engine.revision)
+        if self._arch is None or self._arch[0] != key:
+            self._arch = (key, structure(pl_module))
+        arch = self._arch[1]
+        try:
+            if kind == "counterfactual":
+                flops = self.meter.counterfactual(pl_module, x, engine.slots, plan[0], plan[1],
+                                                  self.logits_fn, arch)
+            else:
+                flops = getattr(self.meter, kind)(pl_module, x, self.logits_fn, arch)
+        except Exception as err:
+            cause = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise MisconfigurationException(
+                f"MorphogenesisCallback cannot meter the FLOPs of {type(pl_module).__name__} on "
+                f"meta tensors ({type(err).__name__}: {cause}); pass meter_flops=False to train "
+                f"without a FLOP count") from err
+        return flops * trainer.world_size
 
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -329,12 +377,18 @@ class MorphogenesisCallback(Callback):
             if not self._probed and trainer.state.fn == TrainerFn.FITTING:
                 self._probe(trainer, pl_module, batch)
             return
+        engine = self._require_engine()
+        if self.meter_flops:  # validation_step's own forward; never spends a budget
+            engine.validation_flops += self._metered(trainer, pl_module, batch, "forward")
         if self._accumulator is None:
             return
         x, y = self.batch_to_xy(batch)
         with trainer.precision_plugin.forward_context():  # same autocast as validation_step
-            self._accumulator.update(self._forward(pl_module), x, y,
-                                     self._require_engine().slots)
+            self._accumulator.update(self._forward(pl_module), x, y, engine.slots)
+        if self.meter_flops:
+            plan = (self._accumulator.plan, self._accumulator.mode)
+            engine.counterfactual_flops += self._metered(trainer, pl_module, batch,
+                                                         "counterfactual", plan)
 
     def _forward(self, pl_module: L.LightningModule) -> Callable[[Tensor], Tensor]:
         if self.logits_fn is None:
@@ -503,8 +557,10 @@ class MorphogenesisCallback(Callback):
 
     def _log(self, trainer: L.Trainer, contributions: dict[str, float]) -> None:
         engine = self._require_engine()
+        flops = engine.train_flops if self.meter_flops else None
         metrics = morpho_metrics(engine.seed_params, engine.event_counts(), engine.slots,
-                                 contributions)
+                                 contributions, train_flops=flops,
+                                 budget_flops=engine.budget_flops)
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
 

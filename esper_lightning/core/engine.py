@@ -190,10 +190,10 @@ class MorphogenesisEngine:
         #: Who decides: the events its actions cause are labelled with it (``(random)``,
         #: ``(heuristic: <reason>)``); the callback and the apps set it.
         self.controller_name = "policy"
-        #: Training FLOPs spent so far and the compute budget (None: none), as the adapter that
-        #: meters them sets them; reports carry both.
-        self.train_flops: float = 0.0
-        self.budget_flops: float | None = None
+        #: FLOPs spent as the adapter metering them (`core.flops`) adds them up, and the budget
+        #: (None: none); validation and counterfactual apart: they never spend a budget.
+        self.train_flops, self.budget_flops = 0.0, None  # type: float, float | None
+        self.validation_flops = self.counterfactual_flops = 0.0
         #: Where events are logged: an app puts a `logging.LoggerAdapter` here that says which
         #: env and episode a line comes from (`esper_lightning.app.logs`).
         self.log: logging.Logger | logging.LoggerAdapter[logging.Logger] = log
@@ -414,7 +414,12 @@ class MorphogenesisEngine:
         self._pending_group_order = None
         self._sync_optimizer()  # the groups no checkpoint named, in slot order
 
+    #: Bumped by every operation that may change a slot (what a step computes): a caller that
+    #: caches the architecture (`core.flops.structure`) reads it again when this moves.
+    revision = 0
+
     def _sync_optimizer(self) -> None:
+        self.revision += 1
         if self.optimizer is None:
             return
         for slot_id, slot in self.slots.items():
@@ -465,6 +470,8 @@ class MorphogenesisEngine:
             "events": [asdict(e) for e in self.events],
             "seed_group_order": order,
             "timeline": [asdict(e) for e in self.timeline],
+            "flops": {"train": self.train_flops, "validation": self.validation_flops,
+                      "counterfactual": self.counterfactual_flops},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -485,6 +492,11 @@ class MorphogenesisEngine:
         self.train_loss = state["train_loss"]
         self.events = [LifecycleEvent(**e) for e in state["events"]]
         self.timeline = [TimelineEntry(**e) for e in state.get("timeline", [])]
+        # A run resumed mid-way goes on from the FLOPs it had spent (none in older checkpoints).
+        flops = state.get("flops", {})
+        self.train_flops = float(flops.get("train", 0.0))
+        self.validation_flops = float(flops.get("validation", 0.0))
+        self.counterfactual_flops = float(flops.get("counterfactual", 0.0))
         self._pending_group_order = list(state["seed_group_order"])
 
 

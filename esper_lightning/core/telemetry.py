@@ -25,6 +25,9 @@ def morpho_metrics(
     events: Mapping[str, int],
     slots: Mapping[str, SeedSlot] | None = None,
     contributions: Mapping[str, float] | None = None,
+    *,
+    train_flops: float | None = None,
+    budget_flops: float | None = None,
 ) -> dict[str, float]:
     """Metrics of a growing model.
 
@@ -33,6 +36,9 @@ def morpho_metrics(
         events: lifecycle event counts by kind (``germinated``, ``fossilized``, ``pruned``).
         slots: when given, per-slot ``morpho/<slot>/alpha`` and ``morpho/<slot>/stage``.
         contributions: per-slot ``morpho/<slot>/contribution`` (accuracy points) when measured.
+        train_flops: when given, ``morpho/train_flops``: training FLOPs spent so far.
+        budget_flops: when given with ``train_flops``, ``morpho/budget_fraction``: the share of
+            the compute budget spent.
 
     Example:
         >>> morpho_metrics(120, {"germinated": 2, "pruned": 1})["morpho/seeds_pruned"]
@@ -46,6 +52,10 @@ def morpho_metrics(
         metrics[f"morpho/{slot_id}/stage"] = float(slot.stage)
     for slot_id, contribution in (contributions or {}).items():
         metrics[f"morpho/{slot_id}/contribution"] = contribution
+    if train_flops is not None:
+        metrics["morpho/train_flops"] = float(train_flops)
+        if budget_flops is not None:
+            metrics["morpho/budget_fraction"] = float(train_flops) / budget_flops
     return metrics
 
 

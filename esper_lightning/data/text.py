@@ -574,6 +574,45 @@ class TextTensorLoader:
             chunk = self.tokens[starts[i, :, None] + self._window].long()  # [B, T + 1]
             yield chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
 
+    def stream(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """An endless stream of ``(x, y)`` batches that never repeats a token within a pass.
+
+        A pass draws a random offset ``o`` in ``[0, T)``, cuts the tokens into the
+        non-overlapping blocks starting at ``o, o + T, o + 2T, ...`` (each with its next-token
+        target), shuffles them and yields them ``batch_size`` at a time; the last blocks that do
+        not fill a batch are left out. Then the next pass starts, with a new offset and order:
+        a run that needs more than the corpus sees it again, cut elsewhere. Everything is drawn
+        from the loader's generator (`reseed` restarts it).
+
+        Example:
+            >>> loader = TextTensorLoader(torch.arange(200, dtype=torch.uint8), 16, 4)
+            >>> batches = loader.stream()
+            >>> starts = torch.cat([next(batches)[0][:, 0] for _ in range(2)])  # one pass
+            >>> len(set(starts.tolist())), bool(((starts - starts[0]) % 16 == 0).all())
+            (8, True)
+        """
+        n_tokens, t = len(self.tokens), self.block_size
+        if (n_tokens - t) // t < self.batch_size:  # the fewest blocks a pass can have
+            raise ValueError(
+                f"{n_tokens} tokens hold {(n_tokens - t) // t} non-overlapping blocks of {t} at "
+                f"some offsets, fewer than batch_size={self.batch_size}: a pass could fill no "
+                "batch; lower batch_size or block_size, or use more text"
+            )
+        while True:
+            starts = self.pass_starts()  # [n_blocks]
+            for i in range(len(starts) // self.batch_size):
+                batch = starts[i * self.batch_size:(i + 1) * self.batch_size]
+                chunk = self.tokens[batch[:, None] + self._window].long()  # [B, T + 1]
+                yield chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
+
+    def pass_starts(self) -> torch.Tensor:
+        """The block starts of one pass of `stream`, in training order: ``o + T·perm``."""
+        n_tokens, t = len(self.tokens), self.block_size
+        offset = int(torch.randint(0, t, (1,), generator=self.generator, device=self.device))
+        n_blocks = (n_tokens - 1 - offset) // t  # block i: tokens [o+iT, o+iT+T], target too
+        order = torch.randperm(n_blocks, generator=self.generator, device=self.device)
+        return offset + t * order
+
     def reseed(self, rng_seed: int) -> None:
         """Restart the random stream from ``rng_seed``; the next ``iter()`` is a fresh epoch."""
         self.rng_seed = rng_seed

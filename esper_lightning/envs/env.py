@@ -2,10 +2,23 @@
 images, or byte-level text: `envs.tasks`) under its own Lightning Fabric.
 
 One RL step is one host epoch. The env never drives itself: the `EnvPool` calls, in lockstep over
-all envs, `execute` (the controller's action, then the epoch tick), `train_batch` once per batch
-index, `validate` and `observe`. Inside those calls every kernel of this env runs on its own CUDA
-stream (None on CPU), and nothing is copied to the host until `observe`, which synchronises that
-stream once and reads all of the epoch's numbers in one transfer.
+all envs, `execute` (the controller's action, then the epoch tick), `train_batch` while
+`epoch_open`, `validate` and `observe`. Inside those calls every kernel of this env runs on its
+own CUDA stream (None on CPU), and nothing is copied to the host until `observe`, which
+synchronises that stream once and reads all of the epoch's numbers in one transfer.
+
+Every training step is metered (`core.flops.FlopMeter`, once per architecture, on meta tensors:
+training numerics are untouched): ``engine.train_flops`` is the episode's training FLOPs, host
+and every live seed; validation and the counterfactual's extra configurations are counted
+apart (``engine.validation_flops``, ``engine.counterfactual_flops``).
+
+**Under a compute budget** (`EnvSpec.budget_flops`) an episode of ``episode_length`` epochs
+spends the budget in equal slices: epoch ``k`` (1-based; the first trains before the first
+decision) trains while the episode's training FLOPs are below ``k × budget / episode_length``.
+So a bigger host takes fewer batches per epoch, every epoch ends within one batch past its
+mark, and the episode ends within one batch past the budget. An epoch is then a slice of
+compute, not a pass over the data: batches come from the task's endless `Task.train_stream`
+(text: non-overlapping blocks without replacement from a random offset per pass).
 """
 
 from __future__ import annotations
@@ -23,11 +36,18 @@ from esper_lightning.core.actions import Action
 from esper_lightning.core.counterfactual import CounterfactualAccumulator, make_plan
 from esper_lightning.core.divergence import Governor, GovernorConfig
 from esper_lightning.core.engine import GRAD_STATS_EVERY, MorphogenesisEngine, StepOutcome
+from esper_lightning.core.flops import FlopMeter, structure
 from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.core.report import EpochReport
 from esper_lightning.core.rollback import roll_back
 from esper_lightning.core.snapshot import Snapshot, take_snapshot
 from esper_lightning.envs.tasks import CifarTask, Task
+from esper_lightning.schedule import (
+    LRSchedule,
+    apply_multiplier,
+    batch_fraction,
+    set_base_lrs,
+)
 
 
 @dataclass(frozen=True)
@@ -45,6 +65,11 @@ class EnvSpec:
     ``blend_gradient`` (``"through"`` or ``"detached"``; None: the slots' own, ``"through"`` by
     default) says whether host layers before a BLENDING seed learn through it (`SeedSlot`).
     ``layer_scale_init`` (None: the blueprints' own) is the initial LayerScale gain of new seeds.
+
+    ``budget_flops`` is each episode's compute budget in training FLOPs (None: epochs of data;
+    the module docstring says how a budget is spent), ``lr_schedule`` the learning-rate schedule
+    over the fraction of the episode spent (`core.schedule`; the budget fraction, or the share
+    of the planned batches without a budget).
     """
 
     host_preset: str = "baseline"
@@ -61,9 +86,21 @@ class EnvSpec:
     governor: GovernorConfig = field(default_factory=lambda: GovernorConfig(num_classes=10))
     grad_stats_every: int = GRAD_STATS_EVERY
     task: Task = field(default_factory=CifarTask)
+    budget_flops: float | None = None
+    lr_schedule: LRSchedule = field(default_factory=LRSchedule)
 
     def __post_init__(self) -> None:
         self.task.check_preset(self.host_preset)
+        if self.budget_flops is not None and not self.budget_flops > 0:
+            raise ValueError(f"budget_flops must be > 0 or None, got {self.budget_flops!r}")
+
+    def slice_target(self, epoch: int) -> float:
+        """The training FLOPs by which the 1-based ``epoch`` of a budgeted episode ends: the
+        budget itself, exactly, for the last one."""
+        assert self.budget_flops is not None
+        if epoch >= self.episode_length:
+            return self.budget_flops
+        return self.budget_flops * epoch / self.episode_length
 
 
 @dataclass(frozen=True)
@@ -74,12 +111,15 @@ class Observation:
         report: what the controller sees next.
         rollback_reason: the governor's reason when it rolled the env back during this epoch
             (the report is of the restored state), else None.
-        train_loss: mean training loss of the epoch; None before any training.
+        train_loss: mean training loss of the epoch; None when it trained no batch.
+        data_passes: training data seen this episode over the training data's size (tokens
+            or images): below 1, nothing was trained on twice within a budgeted episode.
     """
 
     report: EpochReport
     rollback_reason: str | None
     train_loss: float | None
+    data_passes: float = 0.0
 
 
 class MorphogenesisEnv:
@@ -109,33 +149,45 @@ class MorphogenesisEnv:
         self.task = spec.task
         self.loader = self.task.train_loader(train, spec.batch_size, self.device)
         self.val_batches = self.task.validation_batches(val, self.device)
+        self.corpus_size = self.task.corpus_size(train)
+        #: One meter for every episode of this env: its cache outlives the hosts.
+        self.meter = FlopMeter()
         self.engine: MorphogenesisEngine | None = None
         self.governor = Governor(spec.governor)
         self.episode_rng_seed = 0
         self._batches: Any = None
+        self._stream: Any = None  # the episode's batches under a budget
+        self._arch: Any = None  # the host's `core.flops.structure` this epoch
         self._loss_sum: Tensor | None = None
         self._accumulator: CounterfactualAccumulator | None = None
         self.snapshot: Snapshot | None = None
         self._snapshot_fossils = 0
         self._steps = 0  # optimizer steps this episode
         self._first_of_epoch = True
+        self._epoch = 0  # epochs started this episode
+        self._epoch_batches = 0
+        self._samples_seen = 0
 
     # --- episode ------------------------------------------------------------------------------
-    def reset(self, episode_rng_seed: int, implants: Sequence[tuple[str, str]] = ()) -> None:
+    def reset(self, episode_rng_seed: int, implants: Sequence[tuple[str, str]] = (),
+              host_lr: float | None = None) -> None:
         """Start an episode: a fresh host (initialised from ``episode_rng_seed``), its own
         optimizer (the host's `configure_optimizers`) and a fresh governor.
 
         ``implants`` are ``(slot id, blueprint)`` pairs of seeds fossilized from birth (the
         "born grown" baseline, `MorphogenesisEngine.implant`), drawn from the same rng seed.
+        ``host_lr`` is this episode's learning rate (None: the spec's): every arm of a
+        comparison can train at its own tuned rate.
         """
         self.episode_rng_seed = episode_rng_seed
         precision = self.fabric.strategy.precision
         if getattr(precision, "scaler", None) is not None:
             # A fresh loss scale per episode: an episode depends on its rng seed, not on history.
             precision.scaler = torch.amp.GradScaler(self.device.type)
+        lr = self.spec.host_lr if host_lr is None else host_lr
         with _forked_rng(episode_rng_seed):
-            host = self.task.make_host(self.spec.host_preset, self.spec.slots,
-                                       self.spec.host_lr)
+            host = self.task.make_host(self.spec.host_preset, self.spec.slots, lr)
+        self._check_budget(host)
         optimizer = single_optimizer(host)
         self.model, self.optimizer = self.fabric.setup(host, optimizer)
         self.host = host
@@ -152,10 +204,26 @@ class MorphogenesisEnv:
         self.engine.attach_optimizer(self.optimizer.optimizer)
         for slot_id, blueprint in implants:
             self.engine.implant(slot_id, blueprint)
-        self._steps = 0
+        self.engine.budget_flops = self.spec.budget_flops
+        set_base_lrs(self.optimizer.optimizer.param_groups)  # what the schedule scales
+        self._steps = self._epoch = self._samples_seen = 0
         self.governor.reset()
         self.loader.reseed(episode_rng_seed)
+        self._stream = (None if self.spec.budget_flops is None
+                        else self.task.train_stream(self.loader))
         self.snapshot = self._take_snapshot()
+
+    def _check_budget(self, host: Any) -> None:
+        """Refuse a budget whose slice per epoch is smaller than one training batch of the
+        host as born (every epoch must be able to train)."""
+        budget, epochs = self.spec.budget_flops, self.spec.episode_length
+        if budget is None:
+            return
+        step = self.meter.training_step(host, self.task.example_batch(self.spec.batch_size))
+        if budget / epochs < step:
+            raise ValueError(f"budget_flops={budget:g} gives each of the {epochs} epochs "
+                             f"{budget / epochs:g} FLOPs, less than one training batch of the "
+                             f"host ({step}); accepted: at least {step * epochs}")
 
     def execute(self, action: Action) -> StepOutcome:
         """Execute the controller's action, then tick every slot (end of the decision)."""
@@ -168,22 +236,39 @@ class MorphogenesisEnv:
         return outcome
 
     # --- lockstep epoch -----------------------------------------------------------------------
-    def start_epoch(self) -> int:
-        """Begin a training epoch; returns its number of batches."""
+    def start_epoch(self) -> int | None:
+        """Begin a training epoch; returns its number of batches (None under a budget: the
+        epoch trains until its slice is spent, `epoch_open`)."""
+        budgeted = self.spec.budget_flops is not None
+        self._epoch += 1
+        if budgeted and self._epoch > self.spec.episode_length:
+            raise RuntimeError(f"env {self.index}: the episode's {self.spec.episode_length} "
+                               "epochs have spent its budget; reset() first")
         self._join_default_stream()
         with self._on_stream():  # the epoch's permutation and augmentation are drawn here
-            self._batches = iter(self.loader)
+            self._batches = self._stream if budgeted else iter(self.loader)
             self._loss_sum = torch.zeros((), device=self.device)
         self._first_of_epoch = True
+        self._epoch_batches = 0
         self.model.train()
-        return len(self.loader)
+        self._arch = structure(self.host)  # the architecture is fixed until the next decision
+        return None if budgeted else len(self.loader)
+
+    def epoch_open(self) -> bool:
+        """Whether this epoch trains another batch: one pass over the loader, or, under a
+        budget, while the episode's training FLOPs are below this epoch's mark."""
+        if self.spec.budget_flops is None:
+            return self._epoch_batches < len(self.loader)
+        return self._engine().train_flops < self.spec.slice_target(self._epoch)
 
     def train_batch(self) -> None:
-        """One optimizer step on the next batch. Nothing is read back to the host, except the
-        gradient health at the engine's cadence (the same as in a Trainer)."""
+        """One optimizer step on the next batch, metered. Nothing is read back to the host,
+        except the gradient health at the engine's cadence (the same as in a Trainer)."""
         engine = self._engine()
         with self._on_stream():
             x, y = next(self._batches)
+            cost = self.meter.training_step(self.host, x, arch=self._arch)
+            self._schedule_lr(cost)
             self.optimizer.zero_grad(set_to_none=True)
             loss = self.task.loss(self.model(x), y)
             self.fabric.backward(loss)
@@ -194,17 +279,42 @@ class MorphogenesisEnv:
             self._steps += 1
             self._first_of_epoch = False
             self._loss_sum = self._loss_sum + loss.detach().float()
+        engine.train_flops += cost
+        self._samples_seen += self.task.batch_units(x)
+        self._epoch_batches += 1
+
+    def _schedule_lr(self, cost: int) -> None:
+        """Every group's lr for this batch: its base times the schedule's multiplier at the
+        middle of the batch (of the budget, or of the planned batches without one)."""
+        schedule = self.spec.lr_schedule
+        if schedule.kind == "constant":
+            return
+        budget = self.spec.budget_flops
+        if budget is None:
+            planned = self.spec.episode_length * len(self.loader)
+            fraction = batch_fraction(self._steps, 1, planned)
+        else:
+            fraction = batch_fraction(self._engine().train_flops, cost, budget)
+        apply_multiplier(self.optimizer.optimizer.param_groups, schedule.multiplier(fraction))
 
     def validate(self) -> None:
         """Counterfactual validation: accuracy with and without each blending seed."""
         engine = self._engine()
         self._join_default_stream()
         self.model.eval()
+        plan = make_plan(engine.slots)
         with self._on_stream(), torch.no_grad():
-            accumulator = CounterfactualAccumulator(make_plan(engine.slots))
+            accumulator = CounterfactualAccumulator(plan)
             for x, y in self.val_batches:
                 accumulator.update(self.model, x, y, engine.slots)
         self._accumulator = accumulator
+        arch = structure(self.host)
+        for x, _ in self.val_batches:  # metered apart: validation never spends the budget
+            main = self.meter.forward(self.host, x, arch=arch)
+            every = self.meter.counterfactual(self.host, x, engine.slots, plan,
+                                              str(accumulator.mode), arch=arch)
+            engine.validation_flops += main
+            engine.counterfactual_flops += every - main
 
     def observe(self) -> Observation:
         """Synchronise this env's stream once, read the epoch's numbers, consult the governor
@@ -215,15 +325,21 @@ class MorphogenesisEnv:
         if self.stream is not None:
             self.stream.synchronize()
         accuracies, val_loss, extra = accumulator.read(self._loss_sum)  # one transfer
-        train_loss = float(extra[0]) / len(self.loader)
+        batches = self._epoch_batches
+        train_loss = float(extra[0]) / batches if batches else None
         contributions = accumulator.contributions(accuracies)
         engine.record_epoch(accuracies["main"], val_loss, train_loss, contributions)
-        reason = self.governor.check_train_loss(train_loss)
+        reason = None if train_loss is None else self.governor.check_train_loss(train_loss)
         if reason is None:
             reason = self.governor.check_validation(val_loss, num_classes=self.task.num_classes)
         self._restore_or_snapshot(reason)
         report = engine.report(max_epochs=self.spec.episode_length)
-        return Observation(report, reason, train_loss)
+        return Observation(report, reason, train_loss, self.data_passes)
+
+    @property
+    def data_passes(self) -> float:
+        """Training data seen this episode over its size (tokens or images)."""
+        return self._samples_seen / self.corpus_size
 
     # --- rollback in place ---------------------------------------------------------------------
     def _restore_or_snapshot(self, reason: str | None) -> None:

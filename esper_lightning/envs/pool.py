@@ -2,7 +2,9 @@
 
 The inverted loop: for each batch index, every env takes its optimizer step (each inside its own
 CUDA stream, so the GPU overlaps them), instead of one env finishing its epoch before the next
-starts. Streams are synchronised once per env per epoch, in `observe`.
+starts. Streams are synchronised once per env per epoch, in `observe`. Under a compute budget
+an epoch is a slice of FLOPs (`MorphogenesisEnv`): an env whose slice is spent waits while the
+others finish theirs (a host that grew takes fewer, dearer batches).
 """
 
 from __future__ import annotations
@@ -59,14 +61,18 @@ class EnvPool:
         episode_rng_seeds: Sequence[int],
         which: Sequence[int] | None = None,
         implants: Sequence[Sequence[tuple[str, str]]] | None = None,
+        host_lrs: Sequence[float | None] | None = None,
     ) -> list[Observation]:
         """Fresh hosts for the envs in ``which`` (all by default), each trained for its first
         epoch before the first observation — the first decision comes after one epoch, as in a
-        Trainer. ``implants[k]``: born-grown seeds of the k-th env (`MorphogenesisEnv.reset`)."""
+        Trainer. ``implants[k]``: born-grown seeds of the k-th env; ``host_lrs[k]``: its
+        learning rate, None for the spec's (`MorphogenesisEnv.reset`)."""
         indices = list(range(len(self.envs)) if which is None else which)
         implants = [()] * len(indices) if implants is None else implants
-        for i, rng_seed, grown in zip(indices, episode_rng_seeds, implants, strict=True):
-            self.envs[i].reset(rng_seed, grown)
+        host_lrs = [None] * len(indices) if host_lrs is None else host_lrs
+        for i, rng_seed, grown, lr in zip(indices, episode_rng_seeds, implants, host_lrs,
+                                          strict=True):
+            self.envs[i].reset(rng_seed, grown, lr)
         envs = [self.envs[i] for i in indices]
         self.train_epoch(envs)
         for env in envs:
@@ -86,13 +92,15 @@ class EnvPool:
         return outcomes, [env.observe() for env in envs]
 
     def train_epoch(self, envs: Sequence[MorphogenesisEnv] | None = None) -> None:
-        """One training epoch of ``envs`` (all by default): for each batch index, each env."""
-        envs = self.envs if envs is None else envs
-        counts = [env.start_epoch() for env in envs]
-        for batch in range(max(counts)):
-            for env, count in zip(envs, counts, strict=True):
-                if batch < count:
-                    env.train_batch()
+        """One training epoch of ``envs`` (all by default): for each batch index, each env
+        whose epoch is still open (`MorphogenesisEnv.epoch_open`)."""
+        training = list(self.envs if envs is None else envs)
+        for env in training:
+            env.start_epoch()
+        while training:
+            training = [env for env in training if env.epoch_open()]
+            for env in training:
+                env.train_batch()
 
 
 __all__ = ["EnvPool", "EnvSpec", "MorphogenesisEnv", "episode_rng_seed"]

@@ -5,8 +5,11 @@ comparison tool need, so none of them names a dataset or a host class:
 
 * the data: `Task.load` reads the training and validation splits (downloading when asked);
 * the host: `presets`, `slot_ids` and `make_host` (a `SlottedHost` with its own optimizer);
-* the batches: `train_loader` (device-resident, reseeded per episode) and `validation_batches`
-  (cut once per env, on its device);
+* the batches: `train_loader` (device-resident, reseeded per episode), `train_stream` (the
+  batches of an episode under a compute budget, which has no epochs of data: an endless
+  stream that repeats nothing within a pass over the data) and `validation_batches` (cut once
+  per env, on its device); `corpus_size` and `batch_units` count what a run has seen
+  (tokens or images) and `example_batch` is an input of a batch's shape (for FLOP counts);
 * the score: `loss` of a training batch, and `num_classes` (classes, or the vocabulary) for the
   governor's lobotomy rule;
 * the seeds: `topology`, hence the blueprints a controller may germinate (`blueprints`).
@@ -118,6 +121,24 @@ class Task(ABC):
     def loss(self, logits: Tensor, y: Tensor) -> Tensor:
         """Mean training loss of a batch."""
 
+    @abstractmethod
+    def corpus_size(self, train: Any) -> int:
+        """Units of the training data (tokens, images) that `batch_units` counts."""
+
+    @abstractmethod
+    def batch_units(self, x: Tensor) -> int:
+        """Units of training data in the input batch ``x``."""
+
+    @abstractmethod
+    def example_batch(self, batch_size: int) -> Tensor:
+        """A meta tensor shaped like the inputs of a training batch."""
+
+    def train_stream(self, loader: TrainLoader) -> Iterator[Batch]:
+        """Endless training batches for an episode measured in FLOPs, not epochs: the
+        loader's epochs back to back (each a fresh permutation without replacement)."""
+        while True:
+            yield from loader
+
     @classmethod
     def blueprints(cls) -> tuple[str, ...]:
         """Blueprints a controller may germinate in this task's slots, smallest first."""
@@ -182,6 +203,15 @@ class CifarTask(Task):
 
     def loss(self, logits: Tensor, y: Tensor) -> Tensor:
         return F.cross_entropy(logits, y)  # [B, 10] logits, [B] labels
+
+    def corpus_size(self, train: Batch) -> int:
+        return len(train[1])  # images
+
+    def batch_units(self, x: Tensor) -> int:
+        return int(x.shape[0])
+
+    def example_batch(self, batch_size: int) -> Tensor:
+        return torch.empty(batch_size, 3, 32, 32, device="meta")
 
 
 @dataclass(frozen=True)
@@ -260,6 +290,22 @@ class TextTask(Task):
 
     def loss(self, logits: Tensor, y: Tensor) -> Tensor:
         return F.cross_entropy(logits.flatten(0, 1), y.flatten())  # every token of [B, T]
+
+    def corpus_size(self, train: Tensor) -> int:
+        return len(train)  # tokens
+
+    def batch_units(self, x: Tensor) -> int:
+        return int(x.numel())
+
+    def example_batch(self, batch_size: int) -> Tensor:
+        return torch.empty(batch_size, self.block_size, dtype=torch.long, device="meta")
+
+    def train_stream(self, loader: TrainLoader) -> Iterator[Batch]:
+        """Non-overlapping blocks without replacement, from a random offset per pass
+        (`TextTensorLoader.stream`): within a pass no token is trained on twice."""
+        if not isinstance(loader, TextTensorLoader):
+            raise TypeError(f"the lm task streams a TextTensorLoader, got {type(loader).__name__}")
+        return loader.stream()
 
 
 #: Registered tasks by name.

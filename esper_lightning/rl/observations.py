@@ -144,9 +144,19 @@ def _require(blueprint: str | None, slot: SlotReport) -> str:
     return blueprint
 
 
+def episode_fraction(report: EpochReport, horizon: int) -> float:
+    """Feature 0, the fraction of the episode spent: the budget fraction under a compute budget
+    (`EpochReport.budget_fraction`, capped at 1), else the epochs before this one over the
+    horizon, as policies have always read it (docs/rl.md)."""
+    budget = report.budget_fraction
+    if budget is not None:
+        return min(budget, 1.0)
+    return min(report.epoch, horizon) / horizon
+
+
 def _base_features(out: np.ndarray, report: EpochReport, horizon: int) -> None:
     n_slots = len(report.slots)
-    out[EPOCH] = min(report.epoch, horizon) / horizon
+    out[EPOCH] = episode_fraction(report, horizon)
     out[VAL_LOSS] = _scaled_loss(report.val_loss)
     out[VAL_ACC] = UNKNOWN if report.val_accuracy is None else report.val_accuracy / 100.0
     losses = [_scaled_loss(x) for x in report.loss_history[-HISTORY:]]

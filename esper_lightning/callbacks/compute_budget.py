@@ -1,0 +1,169 @@
+"""`ComputeBudget`: end a fit when its training FLOPs reach a budget, with a learning-rate
+schedule over the fraction of the budget spent."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from torch import Tensor
+from typing_extensions import override
+
+from esper_lightning.callbacks.morphogenesis import BatchToXY, LogitsFn, MorphogenesisCallback
+from esper_lightning.core.flops import FlopMeter, structure
+from esper_lightning.schedule import LRSchedule, apply_multiplier, batch_fraction, set_base_lrs
+
+
+class ComputeBudget(Callback):
+    r"""Stop training when its FLOPs reach ``budget_flops``; schedule the learning rate over the
+    fraction of the budget spent.
+
+    Every training step is metered (`core.flops.FlopMeter`: forward and backward of the module
+    and every seed in it, once per architecture, on meta tensors, so training is untouched),
+    summed over DDP ranks. The step that brings the total to the budget is the last one: the
+    Trainer stops after it (``trainer.should_stop``, as `EarlyStopping` does; the epoch's
+    validation still runs, so the last validation is at the budget), so a fit ends within one
+    batch past its budget.
+
+    The schedule (``lr_schedule``: ``"constant"``, ``"wsd"`` or ``"cosine"``, `schedule`) sets
+    every param group's ``lr`` to its base (``initial_lr``, recorded at fit start) times the
+    multiplier at the middle of the batch's FLOPs, before each step; a seed group that a
+    `MorphogenesisCallback` adds mid-run starts at its own base times the current multiplier. So
+    any arm, however it grows, decays to the floor exactly at its budget. A non-constant schedule
+    replaces an LR scheduler: one configured by the module is refused at fit start.
+
+    With a `MorphogenesisCallback` in the same Trainer (any order), the budget reaches its
+    controller's reports (`EpochReport.budget_fraction`), and the steps are metered its way
+    (its ``batch_to_xy`` and ``logits_fn``); without one, ``batch_to_xy`` and ``logits_fn`` here
+    say how to read the inputs and compute logits (defaults: ``(x, y)`` batches, ``module(x)``).
+
+    Logged with the module's ``log`` (step-wise, every ``log_every_n_steps``):
+    ``compute/train_flops``, ``compute/budget_fraction``, ``compute/lr_multiplier``. The FLOPs
+    spent are part of the callback's state: a fit resumed from a checkpoint goes on from them.
+
+    Args:
+        budget_flops: the budget in training FLOPs (> 0).
+        lr_schedule: ``"constant"`` (the learning rate is left alone), ``"wsd"`` or ``"cosine"``.
+        warmup_fraction, decay_fraction, min_lr_ratio: the schedule's shape (`LRSchedule`).
+        batch_to_xy: ``batch -> (inputs, targets)`` of a training batch (without a
+            `MorphogenesisCallback`).
+        logits_fn: ``(module, x) -> logits`` (without a `MorphogenesisCallback`).
+
+    Example:
+        >>> budget = ComputeBudget(2e12, lr_schedule="wsd", warmup_fraction=0.03,
+        ...                        decay_fraction=0.2)
+        >>> trainer = L.Trainer(max_epochs=-1, callbacks=[budget])  # the budget ends the fit
+        >>> trainer.fit(GPTHost("tiny"), datamodule=dm)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        budget_flops: float,
+        lr_schedule: str = "constant",
+        warmup_fraction: float = 0.0,
+        decay_fraction: float | None = None,
+        min_lr_ratio: float = 0.0,
+        batch_to_xy: BatchToXY | None = None,
+        logits_fn: LogitsFn | None = None,
+    ) -> None:
+        if isinstance(budget_flops, bool) or not isinstance(budget_flops, int | float) or not (
+                math.isfinite(budget_flops) and budget_flops > 0):
+            raise ValueError(f"budget_flops must be a number > 0, got {budget_flops!r}")
+        self.budget_flops = float(budget_flops)
+        self.schedule = LRSchedule(lr_schedule, warmup_fraction, decay_fraction, min_lr_ratio)
+        self.batch_to_xy = batch_to_xy
+        self.logits_fn = logits_fn
+        self.meter = FlopMeter()
+        #: Training FLOPs spent so far in this run (saved with the callback's state).
+        self.spent = 0.0
+        self._step_cost = 0
+        self._growth: MorphogenesisCallback | None = None
+        self._arch: tuple[int, Any] | None = None  # (epoch, `core.flops.structure`)
+
+    @property
+    def budget_fraction(self) -> float:
+        """The share of the budget spent."""
+        return self.spent / self.budget_flops
+
+    @override
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        growth = [c for c in trainer.callbacks if isinstance(c, MorphogenesisCallback)]
+        self._growth = growth[0] if growth else None
+        if self._growth is not None and not self._growth.meter_flops:
+            raise MisconfigurationException("ComputeBudget needs the FLOPs the "
+                                            "MorphogenesisCallback meters; drop its "
+                                            "meter_flops=False")
+        if self.schedule.kind != "constant" and trainer.lr_scheduler_configs:
+            raise MisconfigurationException(
+                f"ComputeBudget(lr_schedule={self.schedule.kind!r}) schedules the learning rate "
+                f"itself; {type(pl_module).__name__}.configure_optimizers also returns an LR "
+                "scheduler: drop it, or use lr_schedule='constant'")
+        for optimizer in trainer.optimizers:
+            set_base_lrs(optimizer.param_groups)
+
+    @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._growth is not None and self._growth.engine is not None:
+            self._growth.engine.budget_flops = self.budget_flops  # the controller sees it
+
+    @override
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                             batch: Any, batch_idx: int) -> None:
+        self._step_cost = self._cost(trainer, pl_module, batch)
+        if self.schedule.kind == "constant":
+            return
+        fraction = batch_fraction(self.spent, self._step_cost, self.budget_flops)
+        multiplier = self.schedule.multiplier(fraction)
+        for optimizer in trainer.optimizers:
+            apply_multiplier(optimizer.param_groups, multiplier)
+        pl_module.log("compute/lr_multiplier", multiplier, on_step=True, on_epoch=False)
+
+    @override
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.spent += self._step_cost
+        pl_module.log("compute/train_flops", self.spent, on_step=True, on_epoch=False)
+        pl_module.log("compute/budget_fraction", self.budget_fraction, on_step=True,
+                      on_epoch=False)
+        if self.spent >= self.budget_flops:
+            trainer.should_stop = True
+
+    def _cost(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any) -> int:
+        if self._growth is not None:  # the same count the growth callback adds up
+            return self._growth.step_flops(trainer, pl_module, batch)
+        x = (self.batch_to_xy or _inputs)(batch)[0]
+        if self._arch is None or self._arch[0] != trainer.current_epoch:  # once per epoch
+            self._arch = (trainer.current_epoch, structure(pl_module))
+        try:
+            flops = self.meter.training_step(pl_module, x, self.logits_fn, self._arch[1])
+        except Exception as err:
+            cause = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise MisconfigurationException(
+                f"ComputeBudget cannot meter the FLOPs of {type(pl_module).__name__} on meta "
+                f"tensors ({type(err).__name__}: {cause}); pass logits_fn= with a forward that "
+                "runs on any device") from err
+        return flops * trainer.world_size
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"spent": self.spent, "budget_flops": self.budget_flops}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.spent = float(state_dict["spent"])
+
+
+def _inputs(batch: Any) -> tuple[Tensor, Any]:
+    """``(x, rest)`` of an ``(x, y)`` batch (or of a batch that is the inputs alone)."""
+    if isinstance(batch, Tensor):
+        return batch, None
+    if isinstance(batch, list | tuple) and batch and isinstance(batch[0], Tensor):
+        return batch[0], batch[1:]
+    raise TypeError(f"cannot read the inputs of a training batch of type "
+                    f"{type(batch).__name__}; pass batch_to_xy= to ComputeBudget")
+
+
+__all__ = ["ComputeBudget"]

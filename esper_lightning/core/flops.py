@@ -1,0 +1,174 @@
+"""FLOPs of training and validation, measured by PyTorch's own counter, once per architecture.
+
+`FlopMeter` counts what a step costs with `torch.utils.flop_counter.FlopCounterMode` (matrix
+products, convolutions, attention; elementwise work is not counted, as in every FLOP budget of
+the literature), never with a hand-written formula, so a new host or blueprint needs no code
+here. The measurement runs **on meta tensors**: the module's parameters and buffers are swapped
+for meta copies of the same shapes (`torch.func.functional_call`), the input becomes a meta
+tensor, and a forward and its backward run without touching a byte of real data. So metering
+cannot change training: no real weight, buffer (BatchNorm statistics) or gradient is read or
+written, no kernel runs and no random number is drawn; and it costs one meta forward/backward
+per *architecture signature* (`signature`: every parameter's shape and ``requires_grad``, each
+slot's stage, blend algorithm and input detachment, the train/eval mode and the batch's shape),
+cached for the rest of the run; a step then costs one dictionary lookup. A deep copy would cost
+a copy of every weight, and a copy of a LightningModule drags its Trainer along.
+
+Attention is counted under the math SDPA backend (`SDPBackend.MATH`): the counter has no
+formula for the CPU's fused attention kernel and would count it as 0, while the math backend
+spells attention as the two batched matrix products it is (``Q Kᵀ`` and ``A V``, 4·B·T²·D per
+layer forward; causal attention is counted over the full T×T square, the usual convention).
+The backend only applies to the meta pass: training keeps whatever kernel it uses.
+
+A training step's backward is counted as the gradient of the summed output with respect to
+every parameter that requires one (what ``loss.backward()`` computes: the loss's own
+elementwise gradient holds no matrix product), so the count does not depend on the loss.
+
+Example:
+    >>> from torch import nn
+    >>> meter = FlopMeter()
+    >>> layer = nn.Linear(64, 32)
+    >>> meter.training_step(layer, torch.zeros(8, 64))  # forward 2·8·64·32, the weight grad as much
+    65536
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from esper_lightning.core.counterfactual import CounterfactualPlan, evaluate
+from esper_lightning.core.slots import SeedSlot
+
+Forward = Callable[[nn.Module, Tensor], Tensor]
+
+
+def _call(module: nn.Module, x: Tensor) -> Tensor:
+    return module(x)  # type: ignore[no-any-return]
+
+
+class _Apply(nn.Module):
+    """``forward(module, x)`` as a module, so `functional_call` can swap the module's tensors
+    while any callable (a ``logits_fn``) runs it."""
+
+    def __init__(self, module: nn.Module, forward: Forward) -> None:
+        super().__init__()
+        self.inner = module
+        self.fn = forward
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fn(self.inner, x)
+
+
+def slot_signature(slot: SeedSlot) -> tuple[Any, ...]:
+    """What of a slot shapes the graph of a step: its stage, whether its seed's input is
+    detached, its blend algorithm and whether a gate runs (alpha's value never does)."""
+    blend = slot.blend
+    return (slot.slot_id, int(slot.stage), slot._isolated(slot.stage),
+            None if blend is None else int(blend.algorithm), slot.gate is not None)
+
+
+def structure(module: nn.Module) -> tuple[Any, ...]:
+    """What of a module's architecture shapes a step's graph: every parameter's shape and
+    ``requires_grad``, every `SeedSlot`'s `slot_signature` and the train/eval mode. Reading it
+    costs tens of microseconds, so a caller that knows the architecture cannot have changed
+    (an env within an epoch) reads it once and passes it on."""
+    params = tuple((tuple(p.shape), p.requires_grad) for p in module.parameters())
+    slots = tuple(slot_signature(m) for m in module.modules() if isinstance(m, SeedSlot))
+    return (module.training, params, slots)
+
+
+def signature(module: nn.Module, x: Tensor, kind: str, extra: Hashable = None,
+              arch: tuple[Any, ...] | None = None) -> tuple[Any, ...]:
+    """The architecture signature of one measurement (see the module docstring): the module's
+    `structure` (``arch`` when the caller read it already), the batch's shape and dtype, what
+    is measured (``kind``) and how (``extra``)."""
+    return (kind, structure(module) if arch is None else arch, tuple(x.shape), x.dtype, extra)
+
+
+class FlopMeter:
+    """Measures the FLOPs of a module's training step, forward or counterfactual validation on
+    meta tensors, once per `signature`, and caches them (module docstring).
+
+    ``forward(module, x)`` is how logits are computed (default ``module(x)``); a module that
+    cannot run on meta tensors (data-dependent Python control flow, ``.item()``) raises here.
+
+    Attributes:
+        measurements: meta passes run so far (each new signature costs one).
+    """
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[Any, ...], int] = {}
+        self.measurements = 0
+
+    def training_step(self, module: nn.Module, x: Tensor, forward: Forward | None = None,
+                      arch: tuple[Any, ...] | None = None) -> int:
+        """Forward and backward FLOPs of one training step on a batch shaped like ``x``
+        (``arch``: the module's `structure`, when the caller read it already)."""
+        key = signature(module, x, "train", arch=arch)
+        if key not in self._cache:
+            self._cache[key] = self._measure(module, x, forward or _call, backward=True)
+        return self._cache[key]
+
+    def forward(self, module: nn.Module, x: Tensor, forward: Forward | None = None,
+                arch: tuple[Any, ...] | None = None) -> int:
+        """FLOPs of one forward without gradients (a validation batch)."""
+        key = signature(module, x, "forward", arch=arch)
+        if key not in self._cache:
+            self._cache[key] = self._measure(module, x, forward or _call, backward=False)
+        return self._cache[key]
+
+    def counterfactual(self, module: nn.Module, x: Tensor, slots: Mapping[str, SeedSlot],
+                       plan: CounterfactualPlan, mode: str, forward: Forward | None = None,
+                       arch: tuple[Any, ...] | None = None) -> int:
+        """FLOPs of evaluating every configuration of ``plan`` on a batch like ``x`` the
+        ``mode`` way (`core.counterfactual.evaluate`); a plan of the main configuration alone
+        is one `forward`."""
+        if plan.size == 1:
+            return self.forward(module, x, forward, arch)
+        key = signature(module, x, "counterfactual", (plan.configs, mode), arch)
+        if key not in self._cache:
+            fn = forward or _call
+
+            def run(m: nn.Module, xm: Tensor) -> Tensor:
+                return evaluate(lambda inputs: fn(m, inputs), xm, slots, plan, mode)
+
+            self._cache[key] = self._measure(module, x, run, backward=False)
+        return self._cache[key]
+
+    def _measure(self, module: nn.Module, x: Tensor, forward: Forward, backward: bool) -> int:
+        self.measurements += 1
+        wrapper = _Apply(module, forward)
+        state, leaves = _meta_state(wrapper)
+        xm = torch.empty_like(x, device="meta")
+        counter = FlopCounterMode(display=False)
+        grad = torch.enable_grad() if backward else torch.no_grad()
+        with grad, counter, sdpa_kernel(SDPBackend.MATH):
+            out = functional_call(wrapper, state, (xm,), tie_weights=True)
+            trainable = [t for t in leaves if t.requires_grad]
+            if backward and trainable and out.requires_grad:
+                torch.autograd.grad(out.float().sum(), trainable, allow_unused=True)
+        return int(counter.get_total_flops())
+
+
+def _meta_state(module: nn.Module) -> tuple[dict[str, Tensor], list[Tensor]]:
+    """Meta copies of every parameter and buffer by name (a tied weight stays one tensor),
+    and the parameter copies."""
+    copies: dict[int, Tensor] = {}
+    state: dict[str, Tensor] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        if id(p) not in copies:
+            copies[id(p)] = torch.empty_like(p, device="meta").requires_grad_(p.requires_grad)
+        state[name] = copies[id(p)]
+    leaves = list(copies.values())
+    for name, b in module.named_buffers(remove_duplicate=False):
+        state[name] = torch.empty_like(b, device="meta")
+    return state, leaves
+
+
+__all__ = ["FlopMeter", "signature", "slot_signature", "structure"]

@@ -1,0 +1,119 @@
+"""Compute budgets and schedules in the configuration and on the command line: what is
+accepted, what contradicts a budget, one-line refusals (exit status 2), and the budget in
+FLOPs the envs get."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from esper_lightning.app.cli import parse_config
+from esper_lightning.app.config import (
+    CompareConfig,
+    ConfigError,
+    PPORunConfig,
+    compatibility_errors,
+    load_config,
+)
+from esper_lightning.app.task import budget_flops, env_spec, static_step_flops
+
+ROOT = Path(__file__).resolve().parents[1]
+LM = {"task": "lm", "host_preset": "w32l1", "slots": ["r0c0"], "block_size": 16,
+      "batch_size": 8, "episode_length": 4}
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"budget_flops": -1.0}, "budget_flops must be a number > 0 (FLOPs) or null, got -1.0"),
+    ({"budget_flops": float("nan")}, "budget_flops must be a number > 0 (FLOPs) or null"),
+    ({"budget_flops": "lots"}, "budget_flops must be a float, got 'lots'"),
+    ({"budget_steps": 0}, "budget_steps must be an int >= 1 or null, got 0"),
+    ({"budget_flops": 1e9, "budget_steps": 5}, None),
+    ({**LM, "budget_steps": 40, "train_subset": 64}, "train_subset=64 sets the training blocks "
+     "of an epoch, which a budget sets"),
+    ({"lr_schedule": "step"}, "unknown lr_schedule 'step'"),
+    ({"lr_schedule": "wsd", "warmup_fraction": 0.5, "decay_fraction": 0.6},
+     "warmup_fraction=0.5 + decay_fraction=0.6 exceed the whole run"),
+    ({"min_lr_ratio": 0.1}, "min_lr_ratio=0.1 has no effect with lr_schedule 'constant'"),
+])
+def test_bad_budgets_and_schedules_are_one_line(values, message):
+    if message is None:  # both in the same layer: refused (a layer cannot mean both)
+        with pytest.raises(ConfigError, match="are both set; accepted: one of them"):
+            CompareConfig(**values)
+        return
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(None, overrides=values, cls=CompareConfig)
+
+
+def test_a_later_layer_replaces_the_budget_of_an_earlier_one():
+    preset = load_config("lm-grow", cls=CompareConfig)
+    assert preset.budget_flops == 6000 * 402_653_184 and preset.budget_steps is None
+    steps = preset.replace(budget_steps=40)
+    assert (steps.budget_flops, steps.budget_steps) == (None, 40)
+    assert steps.replace(budget_flops=1e12).budget_steps is None
+    on_the_command_line = parse_config("compare", ["--preset", "lm-grow", "--budget_steps", "40"])
+    assert (on_the_command_line.budget_flops, on_the_command_line.budget_steps) == (None, 40)
+
+
+def test_a_budget_and_schedule_shape_the_task_a_checkpoint_resumes():
+    saved = PPORunConfig().to_dict()
+    for key in ("budget_flops", "budget_steps", "lr_schedule"):
+        del saved[key]  # a checkpoint written before budgets existed
+    assert compatibility_errors(saved, PPORunConfig()) == []
+    budgeted = PPORunConfig(budget_steps=100)
+    assert compatibility_errors(saved, budgeted) == ["budget_steps=None (now 100)"]
+
+
+def test_budget_steps_are_steps_of_the_static_host():
+    config = CompareConfig(**LM, budget_steps=40)
+    step = static_step_flops(config)
+    assert budget_flops(config) == 40 * step
+    spec = env_spec(config.replace(lr_schedule="wsd", warmup_fraction=0.05))
+    assert spec.budget_flops == 40 * step and spec.lr_schedule.multiplier(1.0) == 0.0
+    assert budget_flops(CompareConfig(**LM)) is None
+    assert budget_flops(CompareConfig(**LM, budget_flops=1e12)) == 1e12
+
+
+def test_a_budget_below_one_batch_per_epoch_is_refused_with_the_smallest_accepted():
+    config = CompareConfig(**LM, budget_steps=3)  # 4 epochs
+    step = static_step_flops(config)
+    message = (f"budget_steps=3 gives each of the episode's 4 epochs less than one training "
+               f"batch of the static host ({step:,} FLOPs); accepted: at least {4 * step} FLOPs "
+               f"(budget_steps >= 4)")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        budget_flops(config)
+    assert budget_flops(config.replace(budget_flops=4.0 * step)) == 4 * step  # the least
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "esper_lightning.app.cli", *args],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--budget_flops", "abc"], "budget_flops must be a float or null, got 'abc'"),
+    (["--budget_flops", "-5"], "budget_flops must be a number > 0 (FLOPs) or null, got -5.0"),
+    (["--lr_schedule", "wsd", "--decay_fraction", "0"],
+     "decay_fraction must be in (0, 1] or null, got 0.0"),
+    (["--tune_lr", "fast"], "tune_lr must be a float, got 'fast'"),
+    (["--arm_lr", "static"], "bad arm_lr 'static'; accepted: NAME=LR with LR > 0"),
+])
+def test_cli_refuses_bad_budgets_in_one_line_with_status_2(args, message, tmp_path):
+    out = tmp_path / "out"
+    result = cli("compare", "--controllers", "static", "--out", str(out), *args)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert not out.exists()
+
+
+def test_cli_refuses_a_budget_smaller_than_an_epoch_before_writing(text_file, tmp_path):
+    out = tmp_path / "out"
+    result = cli("compare", "--controllers", "static", "--task", "lm", "--host_preset", "w32l1",
+                 "--slots", "r0c0", "--batch_size", "8", "--block_size", "16",
+                 "--episode_length", "4", "--budget_steps", "2", "--data_dir", str(text_file),
+                 "--out", str(out), "--no-progress")
+    assert result.returncode == 2, result.stderr
+    assert "budget_steps=2 gives each of the episode's 4 epochs less than one" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()

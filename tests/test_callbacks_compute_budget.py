@@ -1,0 +1,167 @@
+"""`ComputeBudget` and the FLOPs `MorphogenesisCallback` meters, in a real lightning.Trainer on a
+tiny CIFAR-format fixture (80 training images: 5 batches of 16 per epoch)."""
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+from helpers import UserModule
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from esper_lightning.callbacks import ComputeBudget, MorphogenesisCallback
+from esper_lightning.controllers import ControllerBase, ScriptedController
+from esper_lightning.core.actions import Action, LifecycleOp
+from esper_lightning.core.flops import FlopMeter
+from esper_lightning.core.lifecycle import GateConfig, SeedStage
+from esper_lightning.data import CIFAR10DataModule
+from esper_lightning.schedule import LRSchedule, batch_fraction
+
+
+class MemoryLogger(Logger):
+    """Keeps every logged metric: ``metrics[name]`` is the list of its values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.metrics: dict[str, list[float]] = {}
+
+    @property
+    def name(self) -> str:
+        return "memory"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        for key, value in metrics.items():
+            self.metrics.setdefault(key, []).append(float(value))
+
+
+class LearningRates(Callback):
+    """The host group's learning rate at every optimizer step."""
+
+    def __init__(self) -> None:
+        self.lrs: list[float] = []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        self.lrs.append(optimizer.param_groups[0]["lr"])
+
+
+class Budgeted(ControllerBase):
+    """Waits, and keeps the budget fraction of every report it sees."""
+
+    def __init__(self) -> None:
+        self.fractions: list[float | None] = []
+
+    def decide(self, report):
+        self.fractions.append(report.budget_fraction)
+        return Action()
+
+
+def step_flops() -> int:
+    return FlopMeter().training_step(UserModule(), torch.zeros(16, 3, 32, 32))
+
+
+def fit(tmp_path: Path, cifar_dir: Path, callbacks: list, epochs: int = 10,
+        module: L.LightningModule | None = None, ckpt_path: str | None = None,
+        **options: Any) -> L.LightningModule:
+    torch.manual_seed(0)
+    module = module or UserModule()
+    values = {"max_epochs": epochs, "default_root_dir": tmp_path, "logger": False,
+              "enable_checkpointing": False, "enable_progress_bar": False,
+              "enable_model_summary": False, "deterministic": True, **options}
+    L.Trainer(callbacks=callbacks, **values).fit(
+        module, datamodule=CIFAR10DataModule(cifar_dir, batch_size=16, rng_seed=3),
+        ckpt_path=ckpt_path)
+    return module
+
+
+def test_the_fit_stops_at_the_budget(cifar_dir, tmp_path):
+    step = step_flops()
+    budget = ComputeBudget(7.5 * step)
+    fit(tmp_path, cifar_dir, [budget])
+    assert budget.spent == 8 * step  # the eighth step crossed 7.5 and was the last
+    assert budget.spent - step < budget.budget_flops <= budget.spent
+
+
+def test_wsd_decays_every_step_to_its_floor_at_the_budget(cifar_dir, tmp_path):
+    step = step_flops()
+    schedule = LRSchedule("wsd", warmup_fraction=0.1, decay_fraction=0.5, min_lr_ratio=0.0)
+    rates = LearningRates()
+    fit(tmp_path, cifar_dir, [ComputeBudget(20 * step, "wsd", 0.1, 0.5), rates])
+    base = 0.05  # UserModule's SGD
+    expected = [base * schedule.multiplier(batch_fraction(k * step, step, 20 * step))
+                for k in range(20)]
+    assert rates.lrs == pytest.approx(expected)
+    # The last step: the middle of its 1/20 lies 0.025 before the end of a decay of 0.5.
+    assert rates.lrs[-1] == pytest.approx(base * 0.025 / 0.5)
+
+
+def test_a_schedule_refuses_the_modules_own_lr_scheduler(cifar_dir, tmp_path):
+    with pytest.raises(MisconfigurationException, match="also returns an LR scheduler"):
+        fit(tmp_path, cifar_dir, [ComputeBudget(1e12, "cosine")], module=UserModule(step_lr=True))
+
+
+def test_the_growth_callback_meters_reports_and_logs_the_budget(cifar_dir, tmp_path):
+    step = step_flops()
+    controller = Budgeted()
+    growth = MorphogenesisCallback(controller, slots=["net.3"])
+    budget = ComputeBudget(12 * step)
+    logger = MemoryLogger()
+    fit(tmp_path, cifar_dir, [budget, growth], logger=logger, log_every_n_steps=1)
+    engine = growth.engine
+    assert engine.train_flops == budget.spent == 12 * step
+    assert engine.budget_flops == 12 * step and engine.validation_flops > 0
+    assert controller.fractions == pytest.approx([5 / 12, 10 / 12, 1.0])  # at each epoch's end
+    assert logger.metrics["morpho/train_flops"] == [5 * step, 10 * step, 12 * step]
+    assert logger.metrics["morpho/budget_fraction"] == pytest.approx([5 / 12, 10 / 12, 1.0])
+    assert logger.metrics["compute/budget_fraction"][-1] == pytest.approx(1.0)
+
+
+def test_a_resumed_fit_goes_on_from_the_flops_it_had_spent(cifar_dir, tmp_path):
+    step = step_flops()
+    checkpoints = tmp_path / "ckpt"
+    first = ComputeBudget(12 * step)
+    growth = MorphogenesisCallback(Budgeted(), slots=["net.3"])
+    saver = ModelCheckpoint(dirpath=checkpoints, save_last=True)
+    fit(tmp_path, cifar_dir, [first, growth, saver], epochs=1, enable_checkpointing=True)
+    assert first.spent == 5 * step
+    resumed = ComputeBudget(12 * step)
+    again = MorphogenesisCallback(Budgeted(), slots=["net.3"])
+    fit(tmp_path, cifar_dir, [resumed, again], enable_checkpointing=True,
+        ckpt_path=str(checkpoints / "last.ckpt"))
+    assert resumed.spent == again.engine.train_flops == 12 * step  # neither lost nor doubled
+
+
+def fit_args(cifar_dir: Path, tmp_path: Path, **options: Any) -> dict[str, torch.Tensor]:
+    """The weights after a fit that grows a seed: it incubates, then blends."""
+    script = ScriptedController({0: Action(LifecycleOp.GERMINATE, 0, blueprint="conv_light"),
+                                 1: Action(LifecycleOp.ADVANCE, 0),
+                                 2: Action(LifecycleOp.ADVANCE, 0)})
+    growth = MorphogenesisCallback(script, slots=["net.3"],
+                                   gate_config=GateConfig(min_training_epochs=1), **options)
+    module = fit(tmp_path, cifar_dir, [growth], epochs=4)
+    assert growth.engine.slots["net.3"].stage == SeedStage.BLENDING
+    return {k: v.clone() for k, v in module.state_dict().items() if isinstance(v, torch.Tensor)}
+
+
+def test_metering_leaves_a_fit_bitwise_unchanged(cifar_dir, tmp_path):
+    metered = fit_args(cifar_dir, tmp_path / "a")
+    bare = fit_args(cifar_dir, tmp_path / "b", meter_flops=False)
+    assert metered.keys() == bare.keys()
+    assert all(torch.equal(metered[k], bare[k]) for k in metered)
+
+
+def test_bad_budgets_are_one_line():
+    for bad in (0, -1.0, float("nan"), "1e9", True):
+        with pytest.raises(ValueError, match=f"budget_flops must be a number > 0, got {bad!r}"):
+            ComputeBudget(bad)
+    with pytest.raises(ValueError, match="decay_fraction must be in"):
+        ComputeBudget(1e9, "wsd", decay_fraction=2.0)

@@ -1,0 +1,156 @@
+"""Envs under a compute budget: equal slices per epoch that add up to the budget, a schedule
+over the budget spent, data that never repeats within a pass, and metering that changes
+nothing."""
+
+import pytest
+import torch
+
+from esper_lightning.core.actions import Action, LifecycleOp
+from esper_lightning.core.flops import FlopMeter
+from esper_lightning.core.lifecycle import GateConfig
+from esper_lightning.data.text import TextTensorLoader
+from esper_lightning.envs import EnvPool, EnvSpec
+from esper_lightning.envs.tasks import TextTask
+from esper_lightning.schedule import LRSchedule, batch_fraction
+
+TASK = TextTask(block_size=16, val_blocks=8)
+BATCH = 8
+
+
+def spec(**changes) -> EnvSpec:
+    values = {"task": TASK, "host_preset": "w32l1", "slots": ("r0c0",), "batch_size": BATCH,
+              "host_lr": 1e-3, "episode_length": 4,
+              "gate_config": GateConfig(min_training_epochs=1), **changes}
+    return EnvSpec(**values)
+
+
+@pytest.fixture
+def data(text_file):
+    return TASK.load(text_file)
+
+
+def static_step() -> int:
+    torch.manual_seed(0)
+    host = TASK.make_host("w32l1", ("r0c0",), 1e-3)
+    return FlopMeter().training_step(host, TASK.example_batch(BATCH))
+
+
+def play(pool: EnvPool, actions: list[Action], rng_seed: int = 3, **reset) -> list[float]:
+    """One episode; the training FLOPs at the end of every epoch."""
+    observations = pool.reset([rng_seed] * len(pool), **reset)
+    spent = [observations[0].report.train_flops]
+    for action in actions:
+        observations = pool.step([action] * len(pool))[1]
+        spent.append(observations[0].report.train_flops)
+    return spent
+
+
+def test_the_slices_add_up_to_the_budget_within_one_batch(data):
+    step = static_step()
+    budget = 10.5 * step * 4  # ten and a half batches per epoch
+    pool = EnvPool(spec(budget_flops=budget), *data, ["cpu"])
+    spent = play(pool, [Action()] * 3)
+    for k, flops in enumerate(spent, start=1):  # epoch k trains until k/4 of the budget
+        assert k * budget / 4 <= flops < k * budget / 4 + step
+    report = pool.envs[0].observe().report
+    assert 1.0 <= report.budget_fraction < 1.0 + step / budget
+    assert report.spent_fraction == report.budget_fraction
+    assert pool.envs[0]._steps == 42  # 10.5 batches per slice: 11, 10, 11, 10
+    with pytest.raises(RuntimeError, match="spent its budget"):
+        pool.envs[0].start_epoch()
+
+
+def test_a_bigger_host_takes_fewer_batches_for_the_same_compute(data):
+    step = static_step()
+    pool = EnvPool(spec(budget_flops=40.0 * step), *data, ["cpu", "cpu"])
+    grown = [("r0c0", "mlp")]
+    pool.reset([3, 3], implants=[(), grown])
+    for _ in range(3):
+        pool.step([Action(), Action()])
+    plain, big = (env.engine for env in pool.envs)
+    assert big.seed_params > 0
+    assert pool.envs[1]._steps < pool.envs[0]._steps
+    for engine in (plain, big):
+        assert 40 * step <= engine.train_flops < 40 * step + 2 * step
+
+
+def test_the_schedule_follows_the_budget_for_host_and_seed_groups(data):
+    step = static_step()
+    budget = 20.0 * step
+    schedule = LRSchedule("wsd", warmup_fraction=0.1, decay_fraction=0.5, min_lr_ratio=0.1)
+    pool = EnvPool(spec(budget_flops=budget, lr_schedule=schedule), *data, ["cpu"])
+    play(pool, [Action(LifecycleOp.GERMINATE, 0, blueprint="lora"), Action(), Action()])
+    env = pool.envs[0]
+    groups = env.optimizer.optimizer.param_groups
+    seed = [g for g in groups if g["name"].startswith("seed/")]
+    assert seed, "the seed trained in its own group"
+    # The last batch trained at the multiplier of its own middle: every group alike.
+    last_cost = env.meter.training_step(env.host, TASK.example_batch(BATCH))
+    middle = batch_fraction(env.engine.train_flops - last_cost, last_cost, budget)
+    multiplier = schedule.multiplier(middle)
+    assert 0.1 < multiplier < 0.2  # late in the decay, near its floor
+    for group in groups:
+        assert group["lr"] == pytest.approx(group["initial_lr"] * multiplier)
+
+
+def test_a_pass_never_repeats_a_token_and_a_longer_run_starts_another(data):
+    train, _ = data
+    loader = TextTensorLoader(train, block_size=16, batch_size=BATCH, rng_seed=5)
+    passes = [loader.pass_starts() for _ in range(2)]
+    for starts in passes:
+        # One grid, every block distinct and whole (its target too): no token twice in a pass.
+        offset = int(starts.min())
+        assert 0 <= offset < 16 and bool(((starts - offset) % 16 == 0).all())
+        assert len(set(starts.tolist())) == len(starts) == (len(train) - 1 - offset) // 16
+        assert int(starts.max()) + 16 < len(train)
+    assert not torch.equal(passes[0], passes[1])  # the next pass: another order (and cut)
+    loader.reseed(5)  # the stream draws its passes the same way, batch by batch
+    x, y = next(loader.stream())
+    first = passes[0][:BATCH]
+    assert torch.equal(x, torch.stack([train[s:s + 16].long() for s in first.tolist()]))
+    assert torch.equal(x[:, 1:], y[:, :-1])
+
+
+def test_data_passes_count_what_an_episode_saw(data):
+    train, _ = data
+    step = static_step()
+    pool = EnvPool(spec(budget_flops=4.0 * step * 4), *data, ["cpu"])
+    play(pool, [Action()] * 3)
+    seen = pool.envs[0]._steps * BATCH * 16
+    assert pool.envs[0].observe().data_passes == seen / len(train) < 1
+    # A budget worth more than the corpus goes on into another pass, cut elsewhere.
+    long = EnvPool(spec(budget_flops=2.5 * len(train) / (BATCH * 16) * step), *data, ["cpu"])
+    play(long, [Action()] * 3)
+    assert long.envs[0].observe().data_passes > 2
+
+
+def test_a_budget_below_one_batch_per_epoch_is_refused(data):
+    step = static_step()
+    pool = EnvPool(spec(budget_flops=3.0 * step), *data, ["cpu"])  # 4 epochs
+    with pytest.raises(ValueError, match=r"gives each of the 4 epochs .* less than one "
+                                         r"training batch of the host"):
+        pool.reset([0])
+
+
+def _numbers(observations):
+    return [(o.report.val_accuracy, o.report.val_loss, o.train_loss) for o in observations]
+
+
+def test_metering_changes_no_number_of_an_episode(data, monkeypatch):
+    script = [Action(LifecycleOp.GERMINATE, 0, blueprint="lora"), Action(LifecycleOp.ADVANCE, 0),
+              Action()]
+    pool = EnvPool(spec(), *data, ["cpu"])
+    metered = _numbers(pool.reset([9]) + [o for a in script for o in pool.step([a])[1]])
+    assert pool.envs[0].meter.measurements > 0 and pool.envs[0].engine.train_flops > 0
+    monkeypatch.setattr(FlopMeter, "_measure", lambda self, *args, **kwargs: 0)
+    pool = EnvPool(spec(), *data, ["cpu"])
+    bare = _numbers(pool.reset([9]) + [o for a in script for o in pool.step([a])[1]])
+    assert metered == bare
+
+
+def test_validation_and_counterfactual_flops_are_counted_apart(data):
+    pool = EnvPool(spec(), *data, ["cpu"])
+    observations = pool.reset([1])
+    engine = pool.envs[0].engine
+    assert engine.validation_flops > 0 and engine.counterfactual_flops == 0  # nothing blends
+    assert observations[0].report.train_flops == engine.train_flops > engine.validation_flops
