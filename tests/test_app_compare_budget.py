@@ -29,6 +29,7 @@ from esper_lightning.core.engine import MorphogenesisEngine
 from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.core.slots import SeedSlot
 from esper_lightning.envs import Observation
+from esper_lightning.errors import ConfigError
 
 #: The columns this change added: a table from before has none of them.
 NEW_COLUMNS = ("final_bits", "train_flops", "data_passes", "train_flops_curve")
@@ -211,6 +212,30 @@ def test_tuning_picks_each_arms_best_rate_on_tuning_episodes(cifar_dir, tmp_path
     assert len(read_records_csv(tmp_path / "out" / "tuning.csv")) == len(tuning)
 
 
+def test_an_arms_rate_belongs_to_the_arm_a_folder_takes_new_arms(cifar_dir, tmp_path):
+    values = dict(data_dir=str(cifar_dir), out=str(tmp_path / "out"), episode_length=4,
+                  slots=("r0c1",), seeds=2, envs=2, progress=False)
+    first = CompareConfig(controllers=("static",), arm_lr=("static=3e-3",), **values)
+    played = Comparison(first, pool=LearningRatePool(2)).run()
+    # A new controller with its own rate joins the folder; static's episodes are reused.
+    both = CompareConfig(controllers=("static", "random"),
+                         arm_lr=("static=3e-3", "random=1e-3"), **values)
+    records = Comparison(both, pool=LearningRatePool(2)).run()
+    static = [r for r in records if r.controller == "static"]
+    assert [r.to_row() for r in static] == [r.to_row() for r in played]
+    saved = json.loads((tmp_path / "out" / "controllers.json").read_text())
+    assert saved == {"static": {"kind": "static", "lr": 3e-3},
+                     "random": {"kind": "random", "lr": 1e-3}}
+    # Another rate for an arm that played here is another arm: refused in one line.
+    other = CompareConfig(controllers=("static",), arm_lr=("static=1e-2",), **values)
+    with pytest.raises(ConfigError, match=r"static is not the controller that played its 2 "
+                                          r"episodes .*arm_lr 0.003 then, 0.01 now"):
+        Comparison(other, pool=LearningRatePool(2))
+    unrated = CompareConfig(controllers=("static",), **values)
+    with pytest.raises(ConfigError, match=r"arm_lr 0\.003 then, None now"):
+        Comparison(unrated, pool=LearningRatePool(2))
+
+
 def test_plans_carry_no_rate_without_arm_lr_or_tuning(cifar_dir, tmp_path):
     config = CompareConfig(data_dir=str(cifar_dir), out=str(tmp_path / "out"),
                            controllers=("static",), seeds=2, progress=False)
@@ -218,3 +243,14 @@ def test_plans_carry_no_rate_without_arm_lr_or_tuning(cifar_dir, tmp_path):
     assert [p.host_lr for p in plans] == [None, None]
     assert EpisodePlan("static", 0, 1).host_lr is None
 
+
+
+def test_the_untuned_heuristic_deepens_a_host_through_its_growth_slot():
+    growing = CompareConfig(task="lm", host_preset="grow4", slots=("r1c0",))
+    heuristic = compare_module.default_heuristic(growing)
+    assert heuristic.blueprint_rotation == ("block_identity",)
+    assert heuristic.germinate_until_fraction == 0.8
+    for config in (CompareConfig(task="lm", host_preset="grow4", slots=("r0c0",)),
+                   CompareConfig(task="lm", host_preset="w32l1", slots=("r0c0",)),
+                   CompareConfig()):
+        assert compare_module.default_heuristic(config) == compare_module.HeuristicConfig()

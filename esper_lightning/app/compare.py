@@ -106,7 +106,7 @@ TUNING_GRID: dict[str, tuple[Any, ...]] = {
 }
 #: Settings that must not change between a comparison and its rerun in the same folder.
 _RESUME_KEYS = (*(f.name for f in dataclasses.fields(TaskConfig)), "tune_heuristic", "tuning_seeds",
-                "arm_lr", "tune_lr")
+                "tune_lr")
 #: The metric a comparison under a compute budget judges: the validation loss at the budget.
 BUDGET_OUTCOME = "final_bits"
 
@@ -285,13 +285,14 @@ class Comparison:
                 raise ConfigError(f"{spec.label}: {spec.argument!r} is not among the "
                                   f"controllers; accepted: {', '.join(self.specs)}")
         check_hardware(config, config.devices_for(config.envs))
-        self.fingerprints = {label: fingerprint(spec) for label, spec in self.specs.items()}
-        self._check_out_folder()
-        self.heuristic = HeuristicConfig()
-        #: The metric the verdict judges: the loss at the budget under one, else the outcome.
-        self.judged = BUDGET_OUTCOME if config.budgeted else OUTCOME
         #: Each controller's host learning rate (absent: host_lr); `tune_lrs` adds its choices.
         self.arm_lrs = config.arm_lrs()
+        self.fingerprints = {label: fingerprint(spec, self.arm_lrs.get(label))
+                             for label, spec in self.specs.items()}
+        self._check_out_folder()
+        self.heuristic = default_heuristic(config)
+        #: The metric the verdict judges: the loss at the budget under one, else the outcome.
+        self.judged = BUDGET_OUTCOME if config.budgeted else OUTCOME
         self._pool = pool
 
     # --- files ------------------------------------------------------------------------------
@@ -355,16 +356,19 @@ class Comparison:
                                   f"'{self.out}' were recorded without the seeds they grew "
                                   "(an older table); use another --out")
         for label, now in self.fingerprints.items():
-            if label not in played or (now["kind"] != "policy" and label not in saved):
-                continue
+            if label not in played or (now == {"kind": now["kind"]} and label not in saved):
+                continue  # a plain controller of a table from before fingerprints
             then = saved.get(label)
             if then is None:
-                raise ConfigError(f"out '{self.out}' holds episodes of {label} but not which "
-                                  "policy file played them; use another --out")
-            if (then.get("kind"), then.get("sha256")) != (now["kind"], now.get("sha256")):
+                what = "which policy file" if now["kind"] == "policy" else "at which learning rate"
+                raise ConfigError(f"out '{self.out}' holds episodes of {label} but not {what} "
+                                  "played them; use another --out")
+            if then != now:
                 n = sum(r.controller == label for r in done)
                 what = (f"file sha256 {str(then.get('sha256'))[:12]}... then, "
-                        f"{now['sha256'][:12]}... now" if now["kind"] == "policy"
+                        f"{now['sha256'][:12]}... now" if then.get("sha256") != now.get("sha256")
+                        else f"arm_lr {then.get('lr')} then, {now.get('lr')} now"
+                        if then.get("lr") != now.get("lr")
                         else f"kind {then.get('kind')!r} then, {now['kind']!r} now")
                 raise ConfigError(f"{label} is not the controller that played its {n} episodes "
                                   f"in out '{self.out}' ({what}); use another --out")
@@ -565,15 +569,16 @@ def _implants(spec: ControllerSpec, index: int,
     return seeds
 
 
-def fingerprint(spec: ControllerSpec) -> dict[str, str]:
-    """What identifies a controller beyond its label: its kind and, for a policy, the path
-    and SHA-256 of its file (a custom controller's code cannot be identified: its label is
-    all there is)."""
-    if spec.kind != "policy":
-        return {"kind": spec.kind}
-    path = Path(spec.argument).expanduser().resolve()  # type: ignore[arg-type]
-    return {"kind": "policy", "path": str(path),
-            "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+def fingerprint(spec: ControllerSpec, lr: float | None = None) -> dict[str, Any]:
+    """What identifies a controller beyond its label: its kind, its ``arm_lr`` when it has one,
+    and for a policy the path and SHA-256 of its file (a custom controller's code cannot be
+    identified: its label is all there is). The learning rate belongs to the arm, not to the
+    comparison, so a folder takes a new controller with its own rate beside the old ones."""
+    found: dict[str, Any] = {"kind": spec.kind}
+    if spec.kind == "policy":
+        path = Path(spec.argument).expanduser().resolve()  # type: ignore[arg-type]
+        found |= {"path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    return found if lr is None else found | {"lr": lr}
 
 
 def _normalised(key: str, value: Any) -> Any:
@@ -609,6 +614,23 @@ def _check_rows(path: Path, records: Sequence[EpisodeRecord], config: CompareCon
         if problem is not None:
             raise ConfigError(f"{path}: episode {r.episode_index} of {r.controller} was played "
                               f"with other settings ({problem}); use another --out")
+
+
+#: The untuned heuristic on a host whose enabled slots include growth slots: it deepens the host
+#: with the function-preserving block seed (the sizing pilot in docs/evidence.md: identity beat
+#: copy at every growth time) and not after 0.8 of the budget (a block born later had too little
+#: compute left to pay for itself there); when it grows is its own plateau rule.
+GROWTH_HEURISTIC: dict[str, Any] = {"blueprint_rotation": ("block_identity",),
+                                    "germinate_until_fraction": 0.8}
+
+
+def default_heuristic(config: CompareConfig) -> HeuristicConfig:
+    """The heuristic's configuration before any tuning: `GROWTH_HEURISTIC` on a language-model
+    host with an enabled growth slot, else the defaults."""
+    preset = GPT_PRESETS.get(str(config.host_preset)) if config.task == "lm" else None
+    if preset is not None and set(preset.growth_slot_ids) & set(config.slots or ()):
+        return HeuristicConfig(**GROWTH_HEURISTIC)
+    return HeuristicConfig()
 
 
 def tuning_grid(topology: str = "cnn") -> list[HeuristicConfig]:

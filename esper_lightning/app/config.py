@@ -508,10 +508,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     # Growth at equal compute (sized by a pilot on Shakespeare, docs/evidence.md): a one-block
     # GPT of width 32 (4 heads, 32-byte blocks, batch 32) whose growth slot r1c0 deepens it to
-    # four blocks in one decision (host grow4; static = S1, born:4 = S4), against a budget of 6,000 training
-    # steps of the four-block host w32l4 (6,000 x 402,653,184 FLOPs, about 17,500 steps of the
-    # one-block host), spent in 20 equal slices; WSD schedule (3 % warmup, linear decay to 0
-    # over the last 20 %); 8e-3 is the one-block host's tuned learning rate (--arm_lr sets
+    # four blocks in one decision (host grow4; static = S1, born:4 = S4), against a budget of
+    # 6,000 training steps of the four-block host (6,000 x 402,653,184 FLOPs, about 17,500
+    # steps of the one-block host), spent in 20 equal slices; WSD schedule (3 % warmup, linear
+    # decay to 0 over the last 20 %); 8e-3 is the one-block host's tuned learning rate (--arm_lr sets
     # another per arm). Validation: the first 1,024 blocks (32 KB) of the held-out tail.
     "lm-grow": {
         "task": "lm", "host_preset": "grow4", "slots": ("r1c0",), "block_size": 32,
