@@ -512,7 +512,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # 6,000 training steps of the four-block host (6,000 x 402,653,184 FLOPs, about 17,500
     # steps of the one-block host), spent in 20 equal slices; WSD schedule (3 % warmup, linear
     # decay to 0 over the last 20 %); 8e-3 is the one-block host's tuned learning rate
-    # (--arm_lr sets another per arm). Validation: the first 1,024 blocks (32 KB) of the held-out tail.
+    # (--arm_lr sets another per arm). Validation: the first 1,024 blocks (32 KB) of the
+    # held-out tail.
     "lm-grow": {
         "task": "lm", "host_preset": "grow4", "slots": ("r1c0",), "block_size": 32,
         "batch_size": 32, "val_subset": 1024, "episode_length": 20, "host_lr": 8e-3,
