@@ -244,7 +244,7 @@ def train_arm(arm: Arm, shape: Shape, lr: float, rng_seed: int, budget: float,
               copy_moments: bool = False) -> dict[str, Any]:
     """Train one arm for one episode until its FLOP budget is spent; return its JSON record."""
     train, val = data
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     host = build_host(shape, arm.n_layer, rng_seed, lr)
     opt = host.configure_optimizers()
     gen = torch.Generator().manual_seed(rng_seed)
@@ -262,7 +262,9 @@ def train_arm(arm: Arm, shape: Shape, lr: float, rng_seed: int, budget: float,
     if marks:  # rounding left the last mark a hair beyond the last step
         run.curve.append([run.spent, evaluate(host, val)])
     return _record(arm, shape, lr, rng_seed, budget, run, len(train),
-                   wall_s=time.perf_counter() - start, schedule=schedule,
+                   wall_s=time.perf_counter() - start,
+                   cpu_s=time.process_time() - cpu_start,  # wall/cpu > 1: a shared machine
+                   schedule=schedule,
                    copy_moments=copy_moments)
 
 
@@ -375,7 +377,8 @@ def best_lrs(records: list[dict]) -> dict[str, float]:
 
 def lr_table(records: list[dict]) -> list[str]:
     lines = ["| arm | lr | episodes | mean final loss (nats/byte) | per episode | "
-             "s/episode | steps (depth: n) | corpus passes |", "|---|---|---|---|---|---|---|---|"]
+             "wall (cpu) s/episode | steps (depth: n) | corpus passes |",
+             "|---|---|---|---|---|---|---|---|"]
     groups: dict[tuple[str, float], list[dict]] = {}
     for r in records:
         groups.setdefault((r["arm"], r["lr"]), []).append(r)
@@ -383,8 +386,9 @@ def lr_table(records: list[dict]) -> list[str]:
         rs.sort(key=lambda r: r["rng_seed"])
         losses = ", ".join(f"{r['rng_seed']}: {r['final_loss']:.4f}" for r in rs)
         wall = np.mean([r["wall_s"] for r in rs])
+        cpu = np.mean([r.get("cpu_s", math.nan) for r in rs])  # older records lack it
         lines.append(f"| {arm} | {lr:g} | {len(rs)} | {np.mean([r['final_loss'] for r in rs]):.4f}"
-                     f" | {losses} | {wall:.0f} | {rs[0]['steps']} | "
+                     f" | {losses} | {wall:.0f} ({cpu:.0f}) | {rs[0]['steps']} | "
                      f"{rs[0]['corpus_passes']:.2f} |")
     return lines
 
