@@ -17,7 +17,7 @@ from esper_lightning.app.config import (
     compatibility_errors,
     load_config,
 )
-from esper_lightning.app.task import budget_flops, env_spec, static_step_flops
+from esper_lightning.app.task import budget_flops, env_spec, make_task, static_step_flops
 
 ROOT = Path(__file__).resolve().parents[1]
 LM = {"task": "lm", "host_preset": "w32l1", "slots": ["r0c0"], "block_size": 16,
@@ -117,3 +117,11 @@ def test_cli_refuses_a_budget_smaller_than_an_epoch_before_writing(text_file, tm
     assert result.returncode == 2, result.stderr
     assert "budget_steps=2 gives each of the episode's 4 epochs less than one" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_make_task_refuses_a_task_it_does_not_know():
+    class Stray:  # a config whose task name passed a check that make_task does not share
+        task = "audio"
+
+    with pytest.raises(ValueError, match="make_task has no Task for 'audio'"):
+        make_task(Stray())  # type: ignore[arg-type]

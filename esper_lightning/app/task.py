@@ -26,7 +26,11 @@ def make_task(task: TaskConfig) -> Task:
         block_size = task.block_size or GPT_PRESETS[str(task.host_preset)].block_size
         return TextTask(block_size=block_size, train_blocks=task.train_subset,
                         val_blocks=task.val_subset)
-    return CifarTask(train_subset=task.train_subset, val_subset=task.val_subset)
+    if task.task == "cifar":
+        return CifarTask(train_subset=task.train_subset, val_subset=task.val_subset)
+    # TaskConfig checks the name against TASK_CHOICES: a name that gets here is a task added
+    # there and not here, a programming error.
+    raise ValueError(f"make_task has no Task for {task.task!r}")
 
 
 def env_spec(task: TaskConfig) -> EnvSpec:

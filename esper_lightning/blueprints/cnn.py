@@ -4,8 +4,11 @@ Every blueprint preserves its input shape for any ``C >= 1`` and any ``H, W``, n
 GroupNorm (never BatchNorm: seeds are trained on detached host activations and blended in and out,
 so running statistics would drift), and is *live at birth*:
 
-* residual form ``x + gamma * branch(x)`` with a per-channel :class:`LayerScale2d` ``gamma = 1e-3``,
-  so a new seed is within 1e-2 of the identity;
+* close to the identity at birth: the residual seeds are ``x + gamma * branch(x)`` with a
+  per-channel :class:`LayerScale2d` ``gamma = 1e-3``; ``norm`` moves ``x`` towards ``GN(x)`` by
+  ``tanh(s)`` with a small ``s``, and ``attention`` multiplies ``x`` by a gain
+  ``1 + g * (2 sigmoid(z) - 1)`` with a small ``g`` — so a new seed is within 1e-2 of the
+  identity;
 * the branch ends in a convolution, not a ReLU, so the residual stays signed;
 * nothing is zero-initialised, so every parameter gets gradient on the first backward pass.
 
