@@ -22,7 +22,8 @@ from typing import Any, Literal, TypeVar
 import yaml
 
 from esper_lightning.errors import ConfigError
-from esper_lightning.hosts.presets import GPT_PRESETS, PRESETS
+from esper_lightning.hosts.presets import GPT_PRESETS
+from esper_lightning.hosts.presets import PRESETS as CNN_PRESETS  # PRESETS here: the runs'
 from esper_lightning.schedule import LR_SCHEDULES, schedule_error
 
 
@@ -45,7 +46,7 @@ class TaskChoices:
 
 #: The tasks a configuration may name (``--task``).
 TASK_CHOICES: dict[str, TaskChoices] = {
-    "cifar": TaskChoices(PRESETS, "baseline", ("r0c0", "r0c1", "r0c2"), 0.01),
+    "cifar": TaskChoices(CNN_PRESETS, "baseline", ("r0c0", "r0c1", "r0c2"), 0.01),
     "lm": TaskChoices(GPT_PRESETS, "tiny", ("r0c0", "r0c1"), 1e-3),
 }
 #: The reward modes of `esper_lightning.rl.rewards.RewardMode`, by value.

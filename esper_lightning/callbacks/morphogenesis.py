@@ -171,17 +171,8 @@ class MorphogenesisCallback(Callback):
         rng_seed: int | None = None,
         meter_flops: bool = True,
     ) -> None:
-        if not isinstance(controller, Controller):
-            raise TypeError(
-                f"controller must implement decide/reset/state_dict/load_state_dict, got "
-                f"{type(controller).__name__}"
-            )
-        if grad_stats_every < 1:
-            raise ValueError(f"grad_stats_every must be >= 1, got {grad_stats_every}")
-        check_topology(topology)
-        check_blend_gradient(blend_gradient)
-        if gate_mode is not None:
-            gate_mode = QualityGates(gate_mode).mode  # one-line error naming accepted modes
+        gate_mode = _checked_arguments(controller, grad_stats_every, topology, blend_gradient,
+                                       gate_mode)
         self.controller = controller
         self._engine_kwargs: dict[str, Any] = {
             "slots": None if slots is None else [slots] if isinstance(slots, str) else list(slots),
@@ -643,6 +634,23 @@ def _probe_message(name: str, mode: str, err: Exception) -> str:
     return (f"MorphogenesisCallback cannot measure {name}: its forward failed on the validation "
             f"inputs ({type(err).__name__}: {cause}); pass batch_to_xy= (what the forward takes) "
             f"or logits_fn=lambda module, x: <logits [B, classes]>")
+
+
+def _checked_arguments(controller: Controller, grad_stats_every: int, topology: str | None,
+                       blend_gradient: str | None,
+                       gate_mode: GateMode | str | None) -> GateMode | None:
+    """Configuration errors, raised when the callback is made; returns the gate mode parsed."""
+    if not isinstance(controller, Controller):
+        raise TypeError(
+            f"controller must implement decide/reset/state_dict/load_state_dict, got "
+            f"{type(controller).__name__}"
+        )
+    if grad_stats_every < 1:
+        raise ValueError(f"grad_stats_every must be >= 1, got {grad_stats_every}")
+    check_topology(topology)
+    check_blend_gradient(blend_gradient)
+    # One-line error naming the accepted modes.
+    return None if gate_mode is None else QualityGates(gate_mode).mode
 
 
 @contextmanager
