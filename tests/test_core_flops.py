@@ -5,12 +5,13 @@ import pytest
 import torch
 from torch import nn
 
+from esper_lightning.blueprints.block import Block
 from esper_lightning.core.counterfactual import make_plan
 from esper_lightning.core.engine import MorphogenesisEngine
 from esper_lightning.core.flops import FlopMeter
 from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.core.slots import SeedSlot
-from esper_lightning.hosts.gpt import Block, GPTHost
+from esper_lightning.hosts.gpt import GPTHost
 from esper_lightning.hosts.presets import GPTConfig
 
 B, T, D, V = 4, 16, 32, 256
@@ -46,7 +47,7 @@ def test_gpt_host_counts_attention_like_the_hand_count(layers):
 
 
 def test_one_transformer_block_with_its_attention():
-    block = Block(GPTConfig(block_size=T, n_layer=1, n_head=4, n_embd=D))
+    block = Block(D, n_head=4)
     forward = 2 * B * T * 12 * D * D + 4 * B * T * T * D  # attention: Q Kᵀ and A V
     assert FlopMeter().training_step(block, torch.zeros(B, T, D)) == 3 * forward
 
