@@ -455,7 +455,7 @@ def context_error(name: str, topology: str, context: Mapping[str, Any] | None) -
     """What blueprint ``name`` needs at germination and ``context`` lacks (None: nothing).
 
     Example:
-        >>> context_error("block_copy", "transformer", {"preceding": None})
+        >>> context_error("block_copy", "transformer", {"preceding": None, "growth_depth": 3})
         "blueprint 'block_copy' needs the transformer block the slot follows"
     """
     spec = get_spec(name, topology)
