@@ -38,7 +38,11 @@ from esper_lightning.core.engine import GRAD_STATS_EVERY, MorphogenesisEngine, S
 from esper_lightning.core.flops import FlopMeter, structure
 from esper_lightning.core.lifecycle import PRESENT_STAGES, GateConfig, GateMode, QualityGates
 from esper_lightning.core.optim import SeedOptimConfig
-from esper_lightning.core.slots import check_blend_gradient, check_topology
+from esper_lightning.core.slots import (
+    check_blend_gradient,
+    check_growth_depth,
+    check_topology,
+)
 from esper_lightning.core.telemetry import morpho_metrics, slot_layout
 from esper_lightning.viz.timeline import log_timeline
 
@@ -106,6 +110,11 @@ class MorphogenesisCallback(Callback):
         blend_gradient: ``"through"`` or ``"detached"``: whether host layers before a BLENDING
             seed learn through it (`SeedSlot`); None keeps each slot's own (``"through"`` unless
             the model's slots say otherwise).
+        growth_depth: blocks a block seed (``block_copy``, ``block_identity``,
+            ``block_random``) stacks in a slot injected after a transformer ``Block``: 3 after
+            the only block of a one-block model grows it to four blocks in one germination.
+            None: 1. Slots the model declares keep their own (a different value for one is
+            refused).
         gate_mode, gate_config: quality-gate mode and `GateConfig` thresholds for every slot
             (None: each slot keeps its own; injected slots are permissive with the default
             thresholds, whose G2 incubation of 10 epochs suits long runs).
@@ -161,6 +170,7 @@ class MorphogenesisCallback(Callback):
         gate_mode: GateMode | str | None = None,
         gate_config: GateConfig | None = None,
         blend_gradient: str | None = None,
+        growth_depth: int | None = None,
         batch_to_xy: BatchToXY | None = None,
         logits_fn: LogitsFn | None = None,
         counterfactual: str | None = None,
@@ -180,6 +190,8 @@ class MorphogenesisCallback(Callback):
             raise ValueError(f"grad_stats_every must be >= 1, got {grad_stats_every}")
         check_topology(topology)
         check_blend_gradient(blend_gradient)
+        if growth_depth is not None:
+            check_growth_depth(growth_depth)
         if gate_mode is not None:
             gate_mode = QualityGates(gate_mode).mode  # one-line error naming accepted modes
         self.controller = controller
@@ -191,6 +203,7 @@ class MorphogenesisCallback(Callback):
             "gate_mode": gate_mode,
             "gate_config": gate_config,
             "blend_gradient": blend_gradient,
+            "growth_depth": growth_depth,
             "seed_optim": SeedOptimConfig(seed_lr, seed_momentum, seed_weight_decay),
             "grad_stats_every": grad_stats_every,
         }
