@@ -181,19 +181,8 @@ class MorphogenesisCallback(Callback):
         rng_seed: int | None = None,
         meter_flops: bool = True,
     ) -> None:
-        if not isinstance(controller, Controller):
-            raise TypeError(
-                f"controller must implement decide/reset/state_dict/load_state_dict, got "
-                f"{type(controller).__name__}"
-            )
-        if grad_stats_every < 1:
-            raise ValueError(f"grad_stats_every must be >= 1, got {grad_stats_every}")
-        check_topology(topology)
-        check_blend_gradient(blend_gradient)
-        if growth_depth is not None:
-            check_growth_depth(growth_depth)
-        if gate_mode is not None:
-            gate_mode = QualityGates(gate_mode).mode  # one-line error naming accepted modes
+        gate_mode = _check_options(controller, grad_stats_every, topology, blend_gradient,
+                                   growth_depth, gate_mode)
         self.controller = controller
         self._engine_kwargs: dict[str, Any] = {
             "slots": None if slots is None else [slots] if isinstance(slots, str) else list(slots),
@@ -600,6 +589,25 @@ class MorphogenesisCallback(Callback):
         if self.engine is None:
             raise RuntimeError("MorphogenesisCallback used before setup(); add it to a Trainer")
         return self.engine
+
+
+def _check_options(controller: Any, grad_stats_every: int, topology: str | None,
+                   blend_gradient: str | None, growth_depth: int | None,
+                   gate_mode: GateMode | str | None) -> GateMode | None:
+    """Refuse a bad option at construction, in one line; the gate mode as a `GateMode`."""
+    if not isinstance(controller, Controller):
+        raise TypeError(
+            f"controller must implement decide/reset/state_dict/load_state_dict, got "
+            f"{type(controller).__name__}"
+        )
+    if grad_stats_every < 1:
+        raise ValueError(f"grad_stats_every must be >= 1, got {grad_stats_every}")
+    check_topology(topology)
+    check_blend_gradient(blend_gradient)
+    if growth_depth is not None:
+        check_growth_depth(growth_depth)
+    # One-line error naming the accepted modes.
+    return None if gate_mode is None else QualityGates(gate_mode).mode
 
 
 def planned_epochs(trainer: L.Trainer) -> int | None:
