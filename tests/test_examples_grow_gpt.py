@@ -8,6 +8,7 @@ import torch
 from helpers import example_module
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from esper_lightning import load_grown
 from esper_lightning.blueprints.block import Block, BlockStack
 from esper_lightning.callbacks import ComputeBudget, MorphogenesisCallback
 from esper_lightning.callbacks.compute_budget import FLOPS_PER_STEP
@@ -44,7 +45,7 @@ def test_grows_one_block_to_four_at_tau_and_stops_at_the_budget(example, text_fi
         "--text", str(text_file), "--gflops", str(GFLOPS), "--data.block_size", str(BLOCK),
         "--data.batch_size", str(BATCH), "--data.train_blocks", "32", "--data.val_blocks", "8",
         "--morpho.controller.tau", str(TAU), "--logdir", str(tmp_path / "runs"),
-        "--trainer.enable_progress_bar", "false",
+        "--trainer.enable_progress_bar", "false", "--trainer.enable_checkpointing", "true",
     ])
     model, callbacks = cli.model, cli.trainer.callbacks
     morpho = next(c for c in callbacks if isinstance(c, MorphogenesisCallback))
@@ -56,6 +57,12 @@ def test_grows_one_block_to_four_at_tau_and_stops_at_the_budget(example, text_fi
     assert morpho.engine.host_params == _params(example.TinyGPT(n_layer=1, block_size=BLOCK))
     assert _params(model) == _params(example.TinyGPT(n_layer=4, block_size=BLOCK))
     assert morpho.engine.seed_params == 3 * _params(Block(32, 4))
+    # The checkpoint rebuilds it: the injected slot with its stack of 3 blocks, strictly.
+    checkpoint = cli.trainer.checkpoint_callback.best_model_path  # the last: no monitor
+    again = load_grown(example.TinyGPT, checkpoint).eval()
+    tokens = torch.randint(0, 256, (2, BLOCK), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(again(tokens), model.eval()(tokens))
     lines = example.summary(model, morpho, budget, val_loss=2.0, seconds=1.0).splitlines()
     assert "blocks            1 -> 4" in lines
     assert f"training compute  {budget.spent / 1e9:.1f} of 2.0 GFLOP" in lines
