@@ -41,6 +41,7 @@ random blocks, validation on the first 256 blocks of the held-out tail after eac
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from typing import Any
@@ -162,10 +163,17 @@ class GrowCLI(LightningCLI):
         })
 
     def before_instantiate_classes(self) -> None:
-        """``--text`` may name a folder: the data module reads the file it holds."""
+        """``--text`` may name a folder: the data module reads the file it holds. The short
+        flags are checked here, in one line each, before the links turn them into other
+        classes' arguments (whose own messages would not name them)."""
         if self.config["text"] is None:
             raise ConfigError("no text to learn: pass --text FILE (a text file or a folder "
                               "holding one)")
+        if not self.config["gflops"] > 0:
+            raise ConfigError(f"--gflops must be a number > 0, got {self.config['gflops']}")
+        depth = self.config["morpho"]["growth_depth"]
+        if depth is not None and depth < 1:
+            raise ConfigError(f"--morpho.growth_depth must be an int >= 1, got {depth}")
         self.config["data"]["path"] = str(find_text_file(self.config["text"]))
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
@@ -201,14 +209,19 @@ def summary(model: TinyGPT, morpho: MorphogenesisCallback, budget: ComputeBudget
 def fit(argv: list[str] | None = None) -> tuple[GrowCLI, float]:
     """Parse ``argv``, fit, and return the CLI (its model, data and Trainer) and the seconds the
     fit took."""
-    cli = GrowCLI(TinyGPT, TextDataModule, run=False, args=argv, seed_everything_default=0,
-                  save_config_kwargs={"overwrite": True})
+    try:
+        cli = GrowCLI(TinyGPT, TextDataModule, run=False, args=argv, seed_everything_default=0,
+                      save_config_kwargs={"overwrite": True})
+    except ValueError as err:  # a class refused its arguments (n_head=5 for width 32), one line
+        raise ConfigError(str(err)) from err
     start = time.perf_counter()
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     return cli, time.perf_counter() - start
 
 
 def main(argv: list[str] | None = None) -> int:
+    # The seed is in the run's config.yaml: an error is then the only line a bad input prints.
+    logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
     try:
         cli, seconds = fit(argv)
     except (ConfigError, DataError) as err:

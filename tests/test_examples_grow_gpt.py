@@ -94,7 +94,7 @@ def test_grows_one_block_to_four_at_tau_and_stops_at_the_budget(example, text_fi
     assert steps == [round(f / FLOPS_PER_STEP) for f in train_flops]
 
 
-def test_missing_text_is_one_line(example, tmp_path, capsys):
+def test_bad_input_is_one_line(example, text_file, tmp_path, capsys):
     status = example.main(["--text", str(tmp_path / "nothing.txt"),
                            "--logdir", str(tmp_path / "runs")])
     err = capsys.readouterr().err
@@ -103,3 +103,11 @@ def test_missing_text_is_one_line(example, tmp_path, capsys):
     assert example.main(["--logdir", str(tmp_path / "runs")]) == 2
     assert capsys.readouterr().err == ("error: no text to learn: pass --text FILE (a text file "
                                        "or a folder holding one)\n")
+    for flag, value, message in (
+            ("--gflops", "0", "--gflops must be a number > 0, got 0.0"),
+            ("--morpho.growth_depth", "0", "--morpho.growth_depth must be an int >= 1, got 0"),
+            ("--model.n_head", "5", "n_head=5 must divide the width 32")):
+        assert example.main(["--text", str(text_file), flag, value,
+                             "--logdir", str(tmp_path / "runs")]) == 2
+        assert capsys.readouterr().err == f"error: {message}\n"
+    assert not (tmp_path / "runs").exists()
