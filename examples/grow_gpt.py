@@ -5,7 +5,7 @@
 
 `TinyGPT` below is a user's own byte-level GPT `LightningModule`: its embeddings, head, steps and
 AdamW optimizer are its own; only its layers are the library's transformer `Block`, which block
-seeds build on. It starts with one block. Three callbacks do the rest:
+seeds build on. It starts with one block. Two callbacks do the rest:
 
 * `MorphogenesisCallback` injects a slot after ``blocks.0`` whose block seeds stack three blocks
   (``growth_depth=3``), and a `StackController` germinates ``block_identity`` there at the first
@@ -14,15 +14,15 @@ seeds build on. It starts with one block. Three callbacks do the rest:
   unchanged at birth and the new blocks train at alpha 1 from the next step;
 * `ComputeBudget` meters every training step's FLOPs (forward and backward, host and seed),
   schedules the learning rate over the share of the budget spent (warmup-stable-decay: every
-  run reaches its floor exactly at its budget) and ends the fit there;
-* the validation loss goes to TensorBoard against the training FLOPs spent
-  (``compute/val_loss_vs_gflop``, step = GFLOP), next to ``morpho/*`` and the seed timeline.
+  run reaches its floor at its budget), ends the fit there, and logs the validation loss
+  against the training FLOPs spent (``compute/val_loss_vs_gflop``, step = GFLOP), next to the
+  callback's ``morpho/*`` scalars and seed timeline.
 
 The born-big baseline is the same script with four blocks from the start and a controller that
 never grows (``--model.n_layer 4 --morpho.controller
 esper_lightning.controllers.StaticController``); run both into one ``--logdir`` and TensorBoard
-shows their losses on one compute axis. Measured comparisons at equal compute are in
-docs/evidence.md.
+shows their losses on one compute axis. Whether growing wins at equal compute over many runs
+is what the equal-compute measurements in docs/evidence.md answer.
 
 Everything is a LightningCLI option (``--help``): the model (``--model.*``), the text
 (``--data.*``), the Trainer (``--trainer.*``), the growth callback and its controller
