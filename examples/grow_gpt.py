@@ -107,7 +107,7 @@ class TinyGPT(L.LightningModule):
         return loss
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        loss, accuracy = self._loss(batch)  # equal batches: the epoch means are per token
+        loss, accuracy = self._loss(batch)  # Lightning weights each batch by its blocks
         self.log("val_loss", loss, prog_bar=True)
         self.log("val_acc", accuracy)
 
