@@ -23,6 +23,7 @@ from esper_lightning.blueprints.block import (
 from esper_lightning.blueprints.registry import LayerScale2d
 from esper_lightning.core.actions import Action, LifecycleOp
 from esper_lightning.core.engine import MorphogenesisEngine
+from esper_lightning.core.injection import restore_slots
 from esper_lightning.core.lifecycle import (
     AlphaView,
     GateConfig,
@@ -301,6 +302,63 @@ def test_a_slot_injected_after_a_block_follows_it():
     model.blocks(torch.zeros(1, 4, 16))
     assert engine.execute(Action(LifecycleOp.GERMINATE, 0, blueprint="block_copy")).success
     assert _same_weights(engine.slots["blocks.0"].seed, model.blocks[0])
+
+
+def _one_block_model(rng_seed: int) -> nn.Module:
+    """A user's one-block model without slots: embedding-free, a `Block` at ``blocks.0``."""
+    torch.manual_seed(rng_seed)
+    model = nn.Module()
+    model.blocks = nn.Sequential(Block.like(Block(16, 2)))
+    return model
+
+
+def test_a_slot_injected_with_a_growth_depth_grows_that_many_blocks_in_one_germination():
+    model = _one_block_model(rng_seed=0)
+    engine = MorphogenesisEngine(model, slots=["blocks.0"], topology="transformer",
+                                 growth_depth=3)
+    x = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        before = model.blocks(x)
+    slot = engine.slots["blocks.0"]
+    assert slot.growth_depth == 3 and slot.manifest()["growth_depth"] == 3
+    assert engine.execute(Action(LifecycleOp.GERMINATE, 0, blueprint="block_identity")).success
+    assert isinstance(slot.seed, BlockStack) and len(slot.seed) == 3
+    assert all(_same_weights(b.ln_1, model.blocks[0].ln_1) for b in slot.seed)
+    with torch.no_grad():  # identity blocks: unchanged at birth, whatever alpha is
+        assert torch.equal(model.blocks(x), before)
+    # Without growth_depth an injected slot grows one block, as before.
+    plain = MorphogenesisEngine(_one_block_model(rng_seed=0), slots=["blocks.0"],
+                                topology="transformer")
+    assert plain.slots["blocks.0"].growth_depth == 1
+
+
+def test_restore_slots_rebuilds_an_injected_block_stack():
+    model = _one_block_model(rng_seed=2)
+    engine = MorphogenesisEngine(model, slots=["blocks.0"], topology="transformer",
+                                 growth_depth=2)
+    model.blocks(torch.zeros(1, 4, 16))  # the slot learns its width
+    _blend_in(engine.slots["blocks.0"], "block_copy")
+    _perturb(engine.slots["blocks.0"].seed, scale=0.01)
+    state = copy.deepcopy(model.state_dict())
+    fresh = _one_block_model(rng_seed=3)
+    assert restore_slots(fresh, state) == ("blocks.0",)
+    fresh.load_state_dict(state)  # strict: the stack of 2 blocks is rebuilt in its slot
+    x = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert torch.equal(fresh.blocks(x), model.blocks(x))
+    assert len(fresh.esper_slots["blocks__0"].seed) == 2
+
+
+def test_growth_depth_for_a_declared_slot_must_be_its_own():
+    host = _host("grow4")
+    assert MorphogenesisEngine(host, slots=["r1c0"], growth_depth=3).slots["r1c0"].growth_depth == 3
+    with pytest.raises(ValueError) as err:
+        MorphogenesisEngine(_host("grow4"), slots=["r1c0"], growth_depth=2)
+    assert str(err.value) == ("slot 'r1c0' is declared by the model with growth_depth 3; "
+                              "growth_depth=2 applies to slots injected after a module path: "
+                              "leave it None for declared slots")
+    with pytest.raises(ValueError, match=r"^growth_depth must be an int >= 1, got 0$"):
+        MorphogenesisEngine(_one_block_model(0), slots=["blocks.0"], growth_depth=0)
 
 
 @pytest.mark.parametrize("preset", ["grow4", "grow4x1"])

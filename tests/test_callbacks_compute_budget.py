@@ -13,6 +13,7 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from esper_lightning.callbacks import ComputeBudget, MorphogenesisCallback
+from esper_lightning.callbacks.compute_budget import FLOPS_PER_STEP
 from esper_lightning.controllers import ControllerBase, ScriptedController
 from esper_lightning.core.actions import Action, LifecycleOp
 from esper_lightning.core.flops import FlopMeter
@@ -22,11 +23,13 @@ from esper_lightning.schedule import LRSchedule, batch_fraction
 
 
 class MemoryLogger(Logger):
-    """Keeps every logged metric: ``metrics[name]`` is the list of its values."""
+    """Keeps every logged metric: ``metrics[name]`` is the list of its values, ``steps[name]``
+    the steps they were logged at."""
 
     def __init__(self) -> None:
         super().__init__()
         self.metrics: dict[str, list[float]] = {}
+        self.steps: dict[str, list[int | None]] = {}
 
     @property
     def name(self) -> str:
@@ -42,6 +45,7 @@ class MemoryLogger(Logger):
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         for key, value in metrics.items():
             self.metrics.setdefault(key, []).append(float(value))
+            self.steps.setdefault(key, []).append(step)
 
 
 class LearningRates(Callback):
@@ -123,6 +127,34 @@ def test_the_growth_callback_meters_reports_and_logs_the_budget(cifar_dir, tmp_p
     assert logger.metrics["morpho/train_flops"] == [5 * step, 10 * step, 12 * step]
     assert logger.metrics["morpho/budget_fraction"] == pytest.approx([5 / 12, 10 / 12, 1.0])
     assert logger.metrics["compute/budget_fraction"][-1] == pytest.approx(1.0)
+
+
+def test_the_validation_loss_is_charted_against_the_gflops_spent(cifar_dir, tmp_path):
+    step = step_flops()
+    budget = ComputeBudget(12 * step)
+    logger = MemoryLogger()
+    fit(tmp_path, cifar_dir, [budget], logger=logger)
+    # One point per validation (5, 10, 12 steps spent), the loss Lightning logged, at the FLOPs
+    # spent in GFLOP: TensorBoard's x-axis for this tag.
+    assert logger.metrics["compute/val_loss_vs_gflop"] == logger.metrics["val_loss"]
+    assert len(logger.metrics["val_loss"]) == 3
+    assert logger.steps["compute/val_loss_vs_gflop"] == [round(k * step / FLOPS_PER_STEP)
+                                                         for k in (5, 10, 12)]
+    quiet = MemoryLogger()
+    fit(tmp_path / "b", cifar_dir, [ComputeBudget(6 * step, loss_key=None)], logger=quiet)
+    assert "val_loss" in quiet.metrics
+    assert not any(key.startswith("compute/val_loss") for key in quiet.metrics)
+
+
+def test_a_loss_key_never_logged_warns_once(cifar_dir, tmp_path):
+    logger = MemoryLogger()
+    with pytest.warns(UserWarning, match=r"loss_key='val/loss' is never logged, so no "
+                      r"loss-vs-FLOPs chart is written; logged keys: \[.*'val_loss'\]$"
+                      ) as record:
+        fit(tmp_path, cifar_dir, [ComputeBudget(12 * step_flops(), loss_key="val/loss")],
+            logger=logger)
+    assert sum("never logged" in str(w.message) for w in record) == 1
+    assert not any(key.startswith("compute/val") for key in logger.metrics)
 
 
 def test_a_resumed_fit_goes_on_from_the_flops_it_had_spent(cifar_dir, tmp_path):

@@ -196,6 +196,8 @@ def test_bad_configuration_is_refused_at_construction():
         MorphogenesisCallback(StaticController(), topology="rnn")
     with pytest.raises(TypeError, match="controller must implement decide"):
         MorphogenesisCallback(object())
+    with pytest.raises(ValueError, match=r"^growth_depth must be an int >= 1, got 0$"):
+        MorphogenesisCallback(StaticController(), growth_depth=0)
 
 
 # --- one callback, several fits ----------------------------------------------------------------

@@ -8,6 +8,8 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 from typing_extensions import override
@@ -15,6 +17,10 @@ from typing_extensions import override
 from esper_lightning.callbacks.morphogenesis import BatchToXY, LogitsFn, MorphogenesisCallback
 from esper_lightning.core.flops import FlopMeter, structure
 from esper_lightning.schedule import LRSchedule, apply_multiplier, batch_fraction, set_base_lrs
+
+#: FLOPs per step of the loss-vs-FLOPs charts: a TensorBoard step is an integer, so the training
+#: FLOPs spent are given in GFLOP (rounded).
+FLOPS_PER_STEP = 1e9
 
 
 class ComputeBudget(Callback):
@@ -41,8 +47,13 @@ class ComputeBudget(Callback):
     say how to read the inputs and compute logits (defaults: ``(x, y)`` batches, ``module(x)``).
 
     Logged with the module's ``log`` (step-wise, every ``log_every_n_steps``):
-    ``compute/train_flops``, ``compute/budget_fraction``, ``compute/lr_multiplier``. The FLOPs
-    spent are part of the callback's state: a fit resumed from a checkpoint goes on from them.
+    ``compute/train_flops``, ``compute/budget_fraction``, ``compute/lr_multiplier``. After each
+    validation of the fit, the logged validation loss (``loss_key``) goes to every logger again
+    as ``compute/<loss_key>_vs_gflop`` with the training FLOPs spent, in GFLOP, as its step
+    (`FLOPS_PER_STEP`): TensorBoard's chart of that tag is the loss against training compute, so
+    runs that spend their FLOPs differently (a host that grows, one born big) compare on one
+    axis. The FLOPs spent are part of the callback's state: a fit resumed from a checkpoint goes
+    on from them.
 
     Args:
         budget_flops: the budget in training FLOPs (> 0).
@@ -51,6 +62,8 @@ class ComputeBudget(Callback):
         batch_to_xy: ``batch -> (inputs, targets)`` of a training batch (without a
             `MorphogenesisCallback`).
         logits_fn: ``(module, x) -> logits`` (without a `MorphogenesisCallback`).
+        loss_key: the logged validation loss to chart against the FLOPs spent (None: no chart).
+            A key the module never logs draws one warning per fit naming the logged keys.
 
     Example:
         >>> budget = ComputeBudget(2e12, lr_schedule="wsd", warmup_fraction=0.03,
@@ -68,6 +81,7 @@ class ComputeBudget(Callback):
         min_lr_ratio: float = 0.0,
         batch_to_xy: BatchToXY | None = None,
         logits_fn: LogitsFn | None = None,
+        loss_key: str | None = "val_loss",
     ) -> None:
         if isinstance(budget_flops, bool) or not isinstance(budget_flops, int | float) or not (
                 math.isfinite(budget_flops) and budget_flops > 0):
@@ -76,6 +90,8 @@ class ComputeBudget(Callback):
         self.schedule = LRSchedule(lr_schedule, warmup_fraction, decay_fraction, min_lr_ratio)
         self.batch_to_xy = batch_to_xy
         self.logits_fn = logits_fn
+        self.loss_key = loss_key
+        self._warned = False
         self.meter = FlopMeter()
         #: Training FLOPs spent so far in this run (saved with the callback's state).
         self.spent = 0.0
@@ -103,6 +119,7 @@ class ComputeBudget(Callback):
                 "scheduler: drop it, or use lr_schedule='constant'")
         for optimizer in trainer.optimizers:
             set_base_lrs(optimizer.param_groups)
+        self._warned = False
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -130,6 +147,22 @@ class ComputeBudget(Callback):
                       on_epoch=False)
         if self.spent >= self.budget_flops:
             trainer.should_stop = True
+
+    @override
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING or not self.loss_key:
+            return
+        loss = trainer.callback_metrics.get(self.loss_key)
+        if loss is None:
+            if not self._warned:
+                self._warned = True
+                rank_zero_warn(f"ComputeBudget: loss_key={self.loss_key!r} is never logged, so "
+                               f"no loss-vs-FLOPs chart is written; logged keys: "
+                               f"{sorted(trainer.callback_metrics)}")
+            return
+        step = round(self.spent / FLOPS_PER_STEP)
+        for logger in trainer.loggers:
+            logger.log_metrics({f"compute/{self.loss_key}_vs_gflop": float(loss)}, step=step)
 
     def _cost(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any) -> int:
         if self._growth is not None:  # the same count the growth callback adds up
@@ -166,4 +199,4 @@ def _inputs(batch: Any) -> tuple[Tensor, Any]:
                     f"{type(batch).__name__}; pass batch_to_xy= to ComputeBudget")
 
 
-__all__ = ["ComputeBudget"]
+__all__ = ["FLOPS_PER_STEP", "ComputeBudget"]

@@ -38,7 +38,11 @@ from esper_lightning.core.engine import GRAD_STATS_EVERY, MorphogenesisEngine, S
 from esper_lightning.core.flops import FlopMeter, structure
 from esper_lightning.core.lifecycle import PRESENT_STAGES, GateConfig, GateMode, QualityGates
 from esper_lightning.core.optim import SeedOptimConfig
-from esper_lightning.core.slots import check_blend_gradient, check_topology
+from esper_lightning.core.slots import (
+    check_blend_gradient,
+    check_growth_depth,
+    check_topology,
+)
 from esper_lightning.core.telemetry import morpho_metrics, slot_layout
 from esper_lightning.viz.timeline import log_timeline
 
@@ -106,6 +110,11 @@ class MorphogenesisCallback(Callback):
         blend_gradient: ``"through"`` or ``"detached"``: whether host layers before a BLENDING
             seed learn through it (`SeedSlot`); None keeps each slot's own (``"through"`` unless
             the model's slots say otherwise).
+        growth_depth: blocks a block seed (``block_copy``, ``block_identity``,
+            ``block_random``) stacks in a slot injected after a transformer ``Block``: 3 after
+            the only block of a one-block model grows it to four blocks in one germination.
+            None: 1. Slots the model declares keep their own (a different value for one is
+            refused).
         gate_mode, gate_config: quality-gate mode and `GateConfig` thresholds for every slot
             (None: each slot keeps its own; injected slots are permissive with the default
             thresholds, whose G2 incubation of 10 epochs suits long runs).
@@ -161,6 +170,7 @@ class MorphogenesisCallback(Callback):
         gate_mode: GateMode | str | None = None,
         gate_config: GateConfig | None = None,
         blend_gradient: str | None = None,
+        growth_depth: int | None = None,
         batch_to_xy: BatchToXY | None = None,
         logits_fn: LogitsFn | None = None,
         counterfactual: str | None = None,
@@ -171,8 +181,8 @@ class MorphogenesisCallback(Callback):
         rng_seed: int | None = None,
         meter_flops: bool = True,
     ) -> None:
-        gate_mode = _checked_arguments(controller, grad_stats_every, topology, blend_gradient,
-                                       gate_mode)
+        gate_mode = _check_options(controller, grad_stats_every, topology, blend_gradient,
+                                   growth_depth, gate_mode)
         self.controller = controller
         self._engine_kwargs: dict[str, Any] = {
             "slots": None if slots is None else [slots] if isinstance(slots, str) else list(slots),
@@ -182,6 +192,7 @@ class MorphogenesisCallback(Callback):
             "gate_mode": gate_mode,
             "gate_config": gate_config,
             "blend_gradient": blend_gradient,
+            "growth_depth": growth_depth,
             "seed_optim": SeedOptimConfig(seed_lr, seed_momentum, seed_weight_decay),
             "grad_stats_every": grad_stats_every,
         }
@@ -580,6 +591,25 @@ class MorphogenesisCallback(Callback):
         return self.engine
 
 
+def _check_options(controller: Any, grad_stats_every: int, topology: str | None,
+                   blend_gradient: str | None, growth_depth: int | None,
+                   gate_mode: GateMode | str | None) -> GateMode | None:
+    """Refuse a bad option at construction, in one line; the gate mode as a `GateMode`."""
+    if not isinstance(controller, Controller):
+        raise TypeError(
+            f"controller must implement decide/reset/state_dict/load_state_dict, got "
+            f"{type(controller).__name__}"
+        )
+    if grad_stats_every < 1:
+        raise ValueError(f"grad_stats_every must be >= 1, got {grad_stats_every}")
+    check_topology(topology)
+    check_blend_gradient(blend_gradient)
+    if growth_depth is not None:
+        check_growth_depth(growth_depth)
+    # One-line error naming the accepted modes.
+    return None if gate_mode is None else QualityGates(gate_mode).mode
+
+
 def planned_epochs(trainer: L.Trainer) -> int | None:
     """The epochs the fit will run: ``max_epochs``, or fewer when ``max_steps`` ends it first
     (optimizer steps per epoch: the training batches over ``accumulate_grad_batches``, the
@@ -634,23 +664,6 @@ def _probe_message(name: str, mode: str, err: Exception) -> str:
     return (f"MorphogenesisCallback cannot measure {name}: its forward failed on the validation "
             f"inputs ({type(err).__name__}: {cause}); pass batch_to_xy= (what the forward takes) "
             f"or logits_fn=lambda module, x: <logits [B, classes]>")
-
-
-def _checked_arguments(controller: Controller, grad_stats_every: int, topology: str | None,
-                       blend_gradient: str | None,
-                       gate_mode: GateMode | str | None) -> GateMode | None:
-    """Configuration errors, raised when the callback is made; returns the gate mode parsed."""
-    if not isinstance(controller, Controller):
-        raise TypeError(
-            f"controller must implement decide/reset/state_dict/load_state_dict, got "
-            f"{type(controller).__name__}"
-        )
-    if grad_stats_every < 1:
-        raise ValueError(f"grad_stats_every must be >= 1, got {grad_stats_every}")
-    check_topology(topology)
-    check_blend_gradient(blend_gradient)
-    # One-line error naming the accepted modes.
-    return None if gate_mode is None else QualityGates(gate_mode).mode
 
 
 @contextmanager

@@ -125,6 +125,8 @@ class MorphogenesisEngine:
             detached from the host (`SeedSlot`); when given it applies to every slot, otherwise
             each slot keeps its own (``"through"`` by default).
         seed_optim: hyper-parameters of the seed param groups.
+        growth_depth: blocks a block seed stacks in each slot injected by path (None: 1);
+            declared slots keep their own (`injection.resolve_slots`).
         layer_scale_init: initial LayerScale gain of the seeds built in every slot (None: each
             slot keeps its own, by default the blueprints' 1e-3; `SeedSlot`).
         rng_seed: a new seed's initial weights are drawn from a generator seeded with
@@ -159,6 +161,7 @@ class MorphogenesisEngine:
         rng_seed: int | None = None,
         grad_stats_every: int = GRAD_STATS_EVERY,
         layer_scale_init: float | None = None,
+        growth_depth: int | None = None,
     ) -> None:
         if max_seeds is not None and (isinstance(max_seeds, bool) or max_seeds < 1):
             raise ValueError(f"max_seeds must be an int >= 1 or None, got {max_seeds!r}")
@@ -168,7 +171,7 @@ class MorphogenesisEngine:
         self.rng_seed = rng_seed
         self.grad_stats_every = grad_stats_every
         check_blend_gradient(blend_gradient)
-        self.slots = resolve_slots(model, slots, topology)
+        self.slots = resolve_slots(model, slots, topology, growth_depth)
         self._set_slot_settings(gate_mode, gate_config, blend_gradient, layer_scale_init)
         self._allowed = None if blueprints is None else _blueprint_list(blueprints)
         self._max_seeds = max_seeds

@@ -6,7 +6,8 @@ slot is registered as a child of one `nn.ModuleDict` on the model (`INJECTED_SLO
 follows ``.to()``, dtype and ``state_dict`` while the host's own parameter names stay unchanged,
 and a forward hook on the named submodule passes that submodule's output through the slot.
 A slot injected after a transformer `Block` follows that block: a ``block_*`` seed there builds
-on it (`SeedSlot.preceding`).
+on it (`SeedSlot.preceding`), stacking the slot's ``growth_depth`` blocks (``growth_depth=3``
+after the only block of a one-block model grows it to four in one germination).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from esper_lightning.blueprints.block import Block, last_block
-from esper_lightning.core.slots import SeedSlot, find_slots
+from esper_lightning.core.slots import SeedSlot, check_growth_depth, find_slots
 
 #: Name of the `nn.ModuleDict` that holds injected slots on the model.
 INJECTED_SLOTS_ATTR = "esper_slots"
@@ -41,11 +42,18 @@ class SlotHook:
 
 
 def resolve_slots(
-    model: nn.Module, requested: Sequence[str] | str | None, topology: str | None
+    model: nn.Module, requested: Sequence[str] | str | None, topology: str | None,
+    growth_depth: int | None = None,
 ) -> dict[str, SeedSlot]:
     """The slots ``requested`` names (a `SeedSlot` id or a module path, one name or a list),
     injecting a slot of ``topology`` (None: inferred from its first activation) after each
-    module path; None: every `SeedSlot` the model declares."""
+    module path; None: every `SeedSlot` the model declares.
+
+    ``growth_depth`` is the blocks a block seed stacks in an injected slot (None: 1). A slot
+    the model declares keeps its own, so a different one given for it is refused in one line.
+    """
+    if growth_depth is not None:
+        check_growth_depth(growth_depth)
     existing = find_slots(model)
     if requested is None:
         if not existing:
@@ -63,9 +71,9 @@ def resolve_slots(
             raise ValueError(f"slot {name!r} listed twice")
         target = modules.get(name)
         if name and target is not None and not isinstance(target, SeedSlot):
-            resolved[name] = _inject(model, name, target, topology)
+            resolved[name] = _inject(model, name, target, topology, growth_depth or 1)
         elif name in existing:
-            resolved[name] = existing[name]
+            resolved[name] = _declared(existing[name], growth_depth)
         else:
             raise ValueError(_unknown_slot_message(model, name, existing, modules))
     return resolved
@@ -83,7 +91,17 @@ def _unknown_slot_message(
     )
 
 
-def _inject(model: nn.Module, path: str, target: nn.Module, topology: str | None) -> SeedSlot:
+def _declared(slot: SeedSlot, growth_depth: int | None) -> SeedSlot:
+    """``slot``, a slot the model declares, once its own growth depth is the one given."""
+    if growth_depth is not None and growth_depth != slot.growth_depth:
+        raise ValueError(f"slot {slot.slot_id!r} is declared by the model with growth_depth "
+                         f"{slot.growth_depth}; growth_depth={growth_depth} applies to slots "
+                         "injected after a module path: leave it None for declared slots")
+    return slot
+
+
+def _inject(model: nn.Module, path: str, target: nn.Module, topology: str | None,
+            growth_depth: int = 1) -> SeedSlot:
     container = getattr(model, INJECTED_SLOTS_ATTR, None)
     if isinstance(model, nn.Sequential | nn.ModuleList | nn.ModuleDict):
         # Their forward (or use) iterates over children: an extra child would change the model.
@@ -96,7 +114,7 @@ def _inject(model: nn.Module, path: str, target: nn.Module, topology: str | None
         model.add_module(INJECTED_SLOTS_ATTR, container)
     key = path.replace(".", "__")
     if key not in container:
-        slot = SeedSlot(path, topology=topology)
+        slot = SeedSlot(path, topology=topology, growth_depth=growth_depth)
         reference = next(iter(target.parameters()), None)
         if reference is None:
             reference = next(iter(model.parameters()), None)
@@ -122,9 +140,10 @@ def restore_slots(model: nn.Module, state_dict: Mapping[str, Any]) -> tuple[str,
     """Inject into ``model`` the slots that were injected when ``state_dict`` was saved.
 
     Each ``esper_slots.<key>._extra_state`` entry is an injected slot's manifest, which names
-    its module path (``slot_id``) and topology. After this, ``model.load_state_dict(state_dict)``
-    loads strictly and rebuilds every seed (stage, alpha, blend) with its weights. Slots already
-    present are kept (their hook is re-attached), so calling it twice is harmless.
+    its module path (``slot_id``), topology and growth depth. After this,
+    ``model.load_state_dict(state_dict)`` loads strictly and rebuilds every seed (stage, alpha,
+    blend) with its weights. Slots already present are kept (their hook is re-attached), so
+    calling it twice is harmless.
 
     Args:
         model: a freshly built model (e.g. a LightningModule) of the class that was trained.
@@ -142,15 +161,16 @@ def restore_slots(model: nn.Module, state_dict: Mapping[str, Any]) -> tuple[str,
         ...         restore_slots(self, checkpoint["state_dict"])
     """
     saved = _saved_slots(state_dict)
-    for topology in dict.fromkeys(saved.values()):
-        resolve_slots(model, [p for p, t in saved.items() if t == topology], topology)
+    for shape in dict.fromkeys(saved.values()):
+        resolve_slots(model, [p for p, s in saved.items() if s == shape], *shape)
     return tuple(saved)
 
 
-def _saved_slots(state_dict: Mapping[str, Any]) -> dict[str, str]:
-    """Injected slots in a state dict: module path -> topology, read from their manifests."""
+def _saved_slots(state_dict: Mapping[str, Any]) -> dict[str, tuple[str, int]]:
+    """Injected slots in a state dict: module path -> (topology, growth depth), read from
+    their manifests."""
     prefix = INJECTED_SLOTS_ATTR + "."
-    saved: dict[str, str] = {}
+    saved: dict[str, tuple[str, int]] = {}
     for key, manifest in state_dict.items():
         if not (key.startswith(prefix) and key.endswith(_EXTRA_STATE)):
             continue
@@ -162,5 +182,6 @@ def _saved_slots(state_dict: Mapping[str, Any]) -> dict[str, str]:
         path = manifest["slot_id"]
         if not isinstance(path, str) or path.replace(".", "__") != name:
             raise ValueError(f"state dict entry {key!r} holds the manifest of slot {path!r}")
-        saved[path] = manifest["topology"]
+        # Manifests from before block stacks have no growth depth: 1.
+        saved[path] = (manifest["topology"], manifest.get("growth_depth", 1))
     return saved

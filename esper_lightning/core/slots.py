@@ -203,9 +203,10 @@ class SeedSlot(nn.Module):
     ) -> None:
         super().__init__()
         check_topology(topology)
-        if isinstance(growth_depth, bool) or not isinstance(growth_depth, int) or growth_depth < 1:
-            raise ValueError(f"slot {slot_id!r}: growth_depth must be an int >= 1, got "
-                             f"{growth_depth!r}")
+        try:
+            growth_depth = check_growth_depth(growth_depth)
+        except ValueError as err:
+            raise ValueError(f"slot {slot_id!r}: {err}") from None
         if channels is not None and channels < 1:
             raise ValueError(f"slot {slot_id!r}: channels must be >= 1, got {channels}")
         if channels is not None and topology is None:
@@ -723,6 +724,14 @@ def check_topology(topology: str | None) -> str | None:
         raise ValueError(f"unknown topology {topology!r}; accepted: "
                          f"{', '.join(blueprints.TOPOLOGIES)} or None (inferred)")
     return topology
+
+
+def check_growth_depth(value: Any) -> int:
+    """``value`` if it is an int >= 1 (blocks a block seed stacks), else a one-line
+    `ValueError`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"growth_depth must be an int >= 1, got {value!r}")
+    return value
 
 
 def check_layer_scale_init(value: Any) -> float | None:

@@ -1,0 +1,113 @@
+"""examples/grow_gpt.py (a user's own GPT grown 1 -> 4 blocks at half a compute budget, WSD, loss
+against FLOPs in TensorBoard) on a tiny text fixture, in process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import example_module
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from esper_lightning import load_grown
+from esper_lightning.blueprints.block import Block, BlockStack
+from esper_lightning.callbacks import ComputeBudget, MorphogenesisCallback
+from esper_lightning.callbacks.compute_budget import FLOPS_PER_STEP
+from esper_lightning.core.flops import FlopMeter
+from esper_lightning.core.lifecycle import SeedStage
+from esper_lightning.schedule import batch_fraction
+
+BLOCK, BATCH, TAU, GFLOPS, DECAY = 16, 8, 0.5, 2.0, 0.2
+
+
+@pytest.fixture
+def example():
+    with example_module("grow_gpt") as module:
+        yield module
+
+
+def _params(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())  # tied weights counted once
+
+
+def _step_flops(example, n_layer: int) -> int:
+    model = example.TinyGPT(n_layer=n_layer, block_size=BLOCK)
+    return FlopMeter().training_step(model, torch.zeros(BATCH, BLOCK, dtype=torch.long))
+
+
+def _scalars(run) -> dict[str, list]:
+    events = EventAccumulator(str(run), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: events.Scalars(tag) for tag in events.Tags()["scalars"]}
+
+
+def test_grows_one_block_to_four_at_tau_and_stops_at_the_budget(example, text_file, tmp_path):
+    cli, _ = example.fit([
+        "--text", str(text_file), "--gflops", str(GFLOPS), "--data.block_size", str(BLOCK),
+        "--data.batch_size", str(BATCH), "--data.train_blocks", "32", "--data.val_blocks", "8",
+        "--morpho.controller.tau", str(TAU), "--logdir", str(tmp_path / "runs"),
+        "--trainer.enable_progress_bar", "false", "--trainer.enable_checkpointing", "true",
+    ])
+    model, callbacks = cli.model, cli.trainer.callbacks
+    morpho = next(c for c in callbacks if isinstance(c, MorphogenesisCallback))
+    budget = next(c for c in callbacks if isinstance(c, ComputeBudget))
+    # The host keeps its 1 block; the slot after it holds 3 more, kept: a 4-block model.
+    slot = morpho.engine.slots["blocks.0"]
+    assert len(model.blocks) == 1 and slot.stage == SeedStage.FOSSILIZED
+    assert isinstance(slot.seed, BlockStack) and len(slot.seed) == 3
+    assert morpho.engine.host_params == _params(example.TinyGPT(n_layer=1, block_size=BLOCK))
+    assert _params(model) == _params(example.TinyGPT(n_layer=4, block_size=BLOCK))
+    assert morpho.engine.seed_params == 3 * _params(Block(32, 4))
+    # The checkpoint rebuilds it: the injected slot with its stack of 3 blocks, strictly.
+    checkpoint = cli.trainer.checkpoint_callback.best_model_path  # the last: no monitor
+    again = load_grown(example.TinyGPT, checkpoint).eval()
+    tokens = torch.randint(0, 256, (2, BLOCK), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(again(tokens), model.eval()(tokens))
+    lines = example.summary(model, morpho, budget, val_loss=2.0, seconds=1.0).splitlines()
+    assert "blocks            1 -> 4" in lines
+    assert f"training compute  {budget.spent / 1e9:.1f} of 2.0 GFLOP" in lines
+    # The fit stopped at the budget: the last step (of the grown model) crossed it.
+    grown_step = _step_flops(example, 4)
+    assert budget.budget_flops == GFLOPS * 1e9
+    assert budget.spent - grown_step < budget.budget_flops <= budget.spent
+    # WSD: the last step trained at the middle of its own slice of the decay, down to the floor.
+    multiplier = budget.schedule.multiplier(
+        batch_fraction(budget.spent - grown_step, grown_step, budget.budget_flops))
+    assert 0.0 <= multiplier <= 0.5 * grown_step / budget.budget_flops / DECAY + 1e-12
+    for group in cli.trainer.optimizers[0].param_groups:  # host and seed groups alike
+        assert group["lr"] == pytest.approx(group["initial_lr"] * multiplier)
+
+    scalars = _scalars(tmp_path / "runs" / "version_0")
+    # Growth at the first decision past tau: the fraction logged with each decision.
+    fractions = [s.value for s in scalars["morpho/budget_fraction"]]
+    germinated = [s.value for s in scalars["morpho/seeds_germinated"]]
+    grew = germinated.index(1.0)
+    assert fractions[grew] >= TAU > fractions[grew - 1]
+    assert [s.value for s in scalars["morpho/seed_params"]][grew - 1:grew + 1] == [
+        0.0, morpho.engine.seed_params]
+    # The loss-vs-FLOPs chart: every validation's loss, at the GFLOPs spent by then.
+    chart = scalars["compute/val_loss_vs_gflop"]
+    assert [s.value for s in chart] == [s.value for s in scalars["val_loss"]]
+    steps = [s.step for s in chart]
+    assert steps == sorted(steps) and steps[-1] == round(budget.spent / FLOPS_PER_STEP) == 2
+    train_flops = [s.value for s in scalars["morpho/train_flops"]]  # at each decision
+    assert steps == [round(f / FLOPS_PER_STEP) for f in train_flops]
+
+
+def test_bad_input_is_one_line(example, text_file, tmp_path, capsys):
+    status = example.main(["--text", str(tmp_path / "nothing.txt"),
+                           "--logdir", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert status == 2 and err.startswith("error: ") and err.count("\n") == 1
+    assert not (tmp_path / "runs").exists()
+    assert example.main(["--logdir", str(tmp_path / "runs")]) == 2
+    assert capsys.readouterr().err == ("error: no text to learn: pass --text FILE (a text file "
+                                       "or a folder holding one)\n")
+    for flag, value, message in (
+            ("--gflops", "0", "--gflops must be a number > 0, got 0.0"),
+            ("--morpho.growth_depth", "0", "--morpho.growth_depth must be an int >= 1, got 0"),
+            ("--model.n_head", "5", "n_head=5 must divide the width 32")):
+        assert example.main(["--text", str(text_file), flag, value,
+                             "--logdir", str(tmp_path / "runs")]) == 2
+        assert capsys.readouterr().err == f"error: {message}\n"
+    assert not (tmp_path / "runs").exists()
