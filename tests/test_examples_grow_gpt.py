@@ -111,3 +111,16 @@ def test_bad_input_is_one_line(example, text_file, tmp_path, capsys):
                              "--logdir", str(tmp_path / "runs")]) == 2
         assert capsys.readouterr().err == f"error: {message}\n"
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_block_seed_blends_at_germination_so_a_late_growth_is_not_too_short(
+        example, text_file, tmp_path, recwarn):
+    # 20 epochs, growth past half of them: an incubating seed would need 9 + 2 + 10 epochs
+    # (germinate, advance, G2's default incubation), a block seed blends when it is germinated.
+    example.fit([
+        "--text", str(text_file), "--gflops", "1000", "--trainer.max_epochs", "20",
+        "--data.block_size", str(BLOCK), "--data.batch_size", str(BATCH),
+        "--data.train_blocks", "8", "--data.val_blocks", "8", "--logdir", str(tmp_path / "runs"),
+        "--trainer.enable_progress_bar", "false",
+    ])
+    assert not [w for w in recwarn if "too short" in str(w.message)]

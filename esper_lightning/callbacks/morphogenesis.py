@@ -527,9 +527,12 @@ class MorphogenesisCallback(Callback):
         if earliest is None:
             return
         first = int(earliest)
-        incubation = min(s.gates.config.min_training_epochs
-                         for s in self._require_engine().slots.values())
-        needed = first + 2 + incubation  # germinate, advance, incubate, then the G2 decision
+        engine = self._require_engine()
+        incubation = min(s.incubation_epochs(b) for s in engine.slots.values()
+                         for b in engine.mask_context.blueprints)
+        # Germinate, advance, incubate, then the G2 decision; a seed without incubation (block
+        # seeds) is BLENDING from the decision that germinates it.
+        needed = first + 1 if incubation == 0 else first + 2 + incubation
         if max_epochs >= needed:
             return
         timing = controller.timing(max_epochs)

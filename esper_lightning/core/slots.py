@@ -680,6 +680,12 @@ class SeedSlot(nn.Module):
         return {"preceding": None if self.preceding is None else self.preceding(),
                 "growth_depth": self.growth_depth}
 
+    def incubation_epochs(self, blueprint: str) -> int:
+        """Epochs a seed of ``blueprint`` trains here before G2 lets it blend: the blueprint's
+        own incubation (0 for block seeds), else the gates' ``min_training_epochs``."""
+        own = self._spec(blueprint).incubation
+        return self.gates.config.min_training_epochs if own is None else own
+
     def _spec(self, blueprint: str) -> blueprints.BlueprintSpec:
         return blueprints.get_spec(blueprint, self.topology or "")
 
