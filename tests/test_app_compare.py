@@ -474,6 +474,17 @@ def test_the_tuning_grid_keeps_each_rotation_to_the_tasks_blueprints():
         ("attention", "norm"), ("norm", "attention")}
 
 
+def test_the_tuning_grid_keeps_a_growth_heuristics_block_seeds():
+    base = compare_module.default_heuristic(
+        CompareConfig(task="lm", host_preset="grow4", slots=("r1c0",)))
+    grid = tuning_grid("transformer", base)
+    assert len(grid) == 4  # plateau length x fossilization bar; the rotation is the base's
+    assert {c.blueprint_rotation for c in grid} == {("block_identity",)}
+    assert {c.germinate_until_fraction for c in grid} == {0.8}
+    assert {(c.plateau_epochs_to_germinate, c.fossilize_contribution) for c in grid} == {
+        (1, 0.0), (1, 0.5), (3, 0.0), (3, 0.5)}
+
+
 @pytest.mark.parametrize("text", ["bogus", "policy", "policy:", "matched", "static:x"])
 def test_unknown_controller_names(text):
     with pytest.raises(ConfigError, match=f"unknown controller '{text}'; accepted: static"):

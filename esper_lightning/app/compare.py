@@ -463,12 +463,13 @@ class Comparison:
 
     # --- tuning the heuristic ---------------------------------------------------------------
     def tune(self) -> HeuristicConfig:
-        """Play every `TUNING_GRID` configuration on the tuning episodes; keep the best mean
-        outcome (ties: the earlier configuration). Saved to ``heuristic_tuned.json``."""
+        """Play every `tuning_grid` configuration on the tuning episodes; keep the best mean
+        of the judged metric (the outcome, or the loss at the budget; ties: the earlier
+        configuration). Saved to ``heuristic_tuned.json``."""
         saved = self.out / "heuristic_tuned.json"
         if saved.is_file():
             return _heuristic_from_json(json.loads(saved.read_text())["config"])
-        grid = tuning_grid(self.topology)
+        grid = tuning_grid(self.topology, default_heuristic(self.config))
         csv_path = self.tuning_csv
         done = read_records_csv(csv_path) if csv_path.exists() else []
         finished = {(r.controller, r.episode_index) for r in done}
@@ -481,7 +482,7 @@ class Comparison:
         done += self._play_missing(plans, csv_path, lambda p: HeuristicController(configs[p.label]))
         best, means = self._best(done, list(configs))
         chosen = configs[best]
-        saved.write_text(json.dumps({"chosen": best, "mean_outcomes": means,
+        saved.write_text(json.dumps({"chosen": best, "judged": self.judged, "means": means,
                                      "config": _heuristic_to_json(chosen)}, indent=2) + "\n")
         log.info("tuned heuristic: %s (mean %s %.4g on %d tuning episodes)", best, self.judged,
                  means[best], self.config.tuning_seeds)
@@ -633,10 +634,15 @@ def default_heuristic(config: CompareConfig) -> HeuristicConfig:
     return HeuristicConfig()
 
 
-def tuning_grid(topology: str = "cnn") -> list[HeuristicConfig]:
-    """Every combination of `TUNING_GRID`, defaults for the other knobs; each blueprint rotation
-    keeps the blueprints of ``topology`` (all of them gone: the topology's default rotation)."""
-    keys = list(TUNING_GRID)
+def tuning_grid(topology: str = "cnn", base: HeuristicConfig | None = None
+                ) -> list[HeuristicConfig]:
+    """Every combination of `TUNING_GRID` on top of ``base`` (None: the defaults); each blueprint
+    rotation keeps the blueprints of ``topology`` (all of them gone: the topology's default
+    rotation). A ``base`` with a rotation of its own (`GROWTH_HEURISTIC`) keeps it: the grid's
+    rotations would swap its block seeds for seeds that do not deepen the host."""
+    base = HeuristicConfig() if base is None else base
+    keys = [k for k in TUNING_GRID
+            if not (k == "blueprint_rotation" and base.blueprint_rotation is not None)]
     grid = [dict(zip(keys, values, strict=True))
             for values in itertools.product(*(TUNING_GRID[k] for k in keys))]
     for knobs in grid:
@@ -644,7 +650,7 @@ def tuning_grid(topology: str = "cnn") -> list[HeuristicConfig]:
             kept = [n for n in knobs["blueprint_rotation"]
                     if n in blueprint_registry.available(topology)]
             knobs["blueprint_rotation"] = tuple(kept) or None
-    return [dataclasses.replace(HeuristicConfig(), **knobs) for knobs in grid]
+    return [dataclasses.replace(base, **knobs) for knobs in grid]
 
 
 def _heuristic_to_json(config: HeuristicConfig) -> dict[str, Any]:
