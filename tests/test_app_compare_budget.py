@@ -4,6 +4,7 @@ and tuned learning rates, and tables written before FLOPs were counted."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 
@@ -210,6 +211,14 @@ def test_tuning_picks_each_arms_best_rate_on_tuning_episodes(cifar_dir, tmp_path
     again.run()  # a rerun reads the choice back instead of tuning again
     assert again.arm_lrs == comparison.arm_lrs
     assert len(read_records_csv(tmp_path / "out" / "tuning.csv")) == len(tuning)
+    # A controller added to the folder later is tuned too, the others' choices kept.
+    more = dataclasses.replace(config, controllers=("static", "random", "heuristic"))
+    added = Comparison(more, pool=LearningRatePool(2))
+    added.run()
+    assert added.arm_lrs == {"static": 3e-3, "random": 1e-2, "heuristic": 3e-3}
+    assert list(json.loads((tmp_path / "out" / "lr_tuned.json").read_text())) == [
+        "static", "heuristic"]
+    assert len(read_records_csv(tmp_path / "out" / "tuning.csv")) == 2 * len(tuning)
 
 
 def test_an_arms_rate_belongs_to_the_arm_a_folder_takes_new_arms(cifar_dir, tmp_path):

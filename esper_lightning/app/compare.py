@@ -504,12 +504,11 @@ class Comparison:
         from NAME's evaluation episodes) plays every rate of ``tune_lr`` on the tuning
         episodes (``<label>@lr=<rate>`` in ``tuning.csv``) and keeps the one with the best
         mean judged metric (ties: the earlier rate). Saved to ``lr_tuned.json``; a rerun reads
-        it back."""
+        it back and tunes only the controllers it lacks (added to the folder since)."""
         saved = self.out / "lr_tuned.json"
-        if saved.is_file():
-            return {k: float(v["chosen"]) for k, v in json.loads(saved.read_text()).items()}
+        chosen: dict[str, Any] = json.loads(saved.read_text()) if saved.is_file() else {}
         tuned = [s for s in self.specs.values()
-                 if s.kind != "matched" and s.label not in self.arm_lrs]
+                 if s.kind != "matched" and s.label not in self.arm_lrs and s.label not in chosen]
         rates = {f"{s.label}@lr={lr:g}": (s.label, lr) for s in tuned
                  for lr in self.config.tune_lr}
         done = read_records_csv(self.tuning_csv) if self.tuning_csv.exists() else []
@@ -520,15 +519,15 @@ class Comparison:
         done += self._play_missing(plans, self.tuning_csv,
                                    lambda p: self._make_controller(
                                        dataclasses.replace(p, label=rates[p.label][0])))
-        chosen: dict[str, Any] = {}
         for spec in tuned:
             labels = [label for label, (name, _) in rates.items() if name == spec.label]
             best, means = self._best(done, labels)
             chosen[spec.label] = {"chosen": rates[best][1], f"mean_{self.judged}": means}
             log.info("tuned lr of %s: %g (mean %s %.4g)", spec.label, rates[best][1],
                      self.judged, means[best])
-        saved.write_text(json.dumps(chosen, indent=2) + "\n")
-        return {label: float(v["chosen"]) for label, v in chosen.items()}
+        if tuned:
+            saved.write_text(json.dumps(chosen, indent=2) + "\n")
+        return {label: float(v["chosen"]) for label, v in chosen.items() if label in self.specs}
 
     # --- report -----------------------------------------------------------------------------
     def report(self, records: Sequence[EpisodeRecord]) -> str:
