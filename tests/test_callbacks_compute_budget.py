@@ -197,3 +197,13 @@ def test_bad_budgets_are_one_line():
             ComputeBudget(bad)
     with pytest.raises(ValueError, match="decay_fraction must be in"):
         ComputeBudget(1e9, "wsd", decay_fraction=2.0)
+
+
+def test_a_checkpoint_of_another_budget_is_refused_in_one_line():
+    budget = ComputeBudget(1e9)
+    budget.load_state_dict({"spent": 4e8, "budget_flops": 1e9})
+    assert budget.spent == 4e8
+    with pytest.raises(MisconfigurationException, match=r"^ComputeBudget: the checkpoint was "
+                       r"written under budget_flops=2e\+09, this fit has 1e\+09; resume with "
+                       r"the same budget$"):
+        ComputeBudget(1e9).load_state_dict({"spent": 4e8, "budget_flops": 2e9})

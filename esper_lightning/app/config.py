@@ -518,7 +518,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "lm-grow": {
         "task": "lm", "host_preset": "grow4", "slots": ("r1c0",), "block_size": 32,
         "batch_size": 32, "val_subset": 1024, "episode_length": 20, "host_lr": 8e-3,
-        "budget_flops": 6000 * 402_653_184.0, "lr_schedule": "wsd", "warmup_fraction": 0.03,
+        "budget_flops": 6000 * 402_653_184.0,  # FlopMeter: w32l4, batch 32, 32 tokens
+        "lr_schedule": "wsd", "warmup_fraction": 0.03,
         "decay_fraction": 0.2, "min_training_epochs": 2, "envs": 4, "rounds": 20,
         "policy_hidden": 64, "ppo_epochs": 4, "minibatch_envs": 2,
     },

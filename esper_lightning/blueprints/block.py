@@ -23,7 +23,8 @@ manifest says which init grew there. Each block of the seed is, by init:
   alpha 1), which is why it blends over an epoch rather than at once;
 * ``block_identity``: the same copy with the attention and MLP output projections at zero, so
   each block returns its input exactly and the host's function is unchanged at birth, whatever
-  alpha does; every projection still gets gradient through the zero ones;
+  alpha does; on the first step only the zeroed output projections get gradient (everything
+  before them in the branch is multiplied by zero), and the rest follows once they move;
 * ``block_random``: a fresh block initialised as the host initialises its own.
 
 Every init takes its shape (heads, bias, dropout, the depth the residual projections are scaled

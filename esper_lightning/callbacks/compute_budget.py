@@ -186,6 +186,17 @@ class ComputeBudget(Callback):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume the FLOPs spent; a checkpoint written under another budget is refused (its
+        learning-rate schedule would jump to another point of the decay mid-run).
+
+        Raises:
+            MisconfigurationException: If the checkpoint's budget is not this callback's.
+        """
+        saved = state_dict.get("budget_flops", self.budget_flops)
+        if float(saved) != self.budget_flops:
+            raise MisconfigurationException(
+                f"ComputeBudget: the checkpoint was written under budget_flops={saved:g}, this "
+                f"fit has {self.budget_flops:g}; resume with the same budget")
         self.spent = float(state_dict["spent"])
 
 

@@ -326,8 +326,9 @@ class MorphogenesisCallback(Callback):
             cause = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise MisconfigurationException(
                 f"MorphogenesisCallback cannot meter the FLOPs of {type(pl_module).__name__} on "
-                f"meta tensors ({type(err).__name__}: {cause}); pass meter_flops=False to train "
-                f"without a FLOP count") from err
+                f"meta tensors ({type(err).__name__}: {cause}); pass logits_fn= if its forward "
+                f"needs more than the batch's inputs, or meter_flops=False to train without a "
+                f"FLOP count (and without a ComputeBudget)") from err
         return flops * trainer.world_size
 
     @override

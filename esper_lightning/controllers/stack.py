@@ -141,6 +141,7 @@ class StackController(ControllerBase):
     def n_seeds(self) -> int:
         """Block seeds it grows."""
         return (self.depth - self.host_blocks) // self.growth_depth
+
     def decide(self, report: EpochReport) -> Action:
         context = (report.topology, report.mask_context.blueprints)
         if self._checked != context:  # once per run: a refused blueprint never silently waits

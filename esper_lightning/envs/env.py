@@ -68,8 +68,8 @@ class EnvSpec:
 
     ``budget_flops`` is each episode's compute budget in training FLOPs (None: epochs of data;
     the module docstring says how a budget is spent), ``lr_schedule`` the learning-rate schedule
-    over the fraction of the episode spent (`core.schedule`; the budget fraction, or the share
-    of the planned batches without a budget).
+    over the fraction of the episode spent (`esper_lightning.schedule`; the budget fraction, or
+    the share of the planned batches without a budget).
     """
 
     host_preset: str = "baseline"

@@ -99,7 +99,7 @@ class GPTHost(SlottedHost):
         )
         self._build_slots(cfg.slot_ids, slots, name, lambda sid: SeedSlot(
             sid, channels=cfg.n_embd, topology="transformer",
-            growth_depth=cfg.growth_depth if sid.startswith("r1c") else 1))
+            growth_depth=cfg.growth_depth if sid in cfg.growth_slot_ids else 1))
         for slot_id, slot in self.slots.items():
             slot.preceding = partial(self.block_before, slot_id)
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
