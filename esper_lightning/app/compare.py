@@ -20,8 +20,8 @@ same for every controller; ``episodes.csv`` records it as ``budget_flops``), and
 judges the validation loss at the budget (``final_bits``, bits per byte on the language model,
 lower is better) instead of the accuracy outcome; the report adds the speed-up at equal loss
 (`app.speedup`: the FLOPs each controller needs to reach ``speedup_reference``'s final loss) and
-``loss_vs_flops.png``. Every arm can train at its own
-learning rate (``arm_lr``), or at the best of ``tune_lr`` on tuning episodes.
+``loss_vs_flops.png``. Every arm can train at its own learning rate (``arm_lr``), or at the best
+of ``tune_lr`` on tuning episodes.
 """
 
 from __future__ import annotations
