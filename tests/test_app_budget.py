@@ -36,6 +36,20 @@ LM = {"task": "lm", "host_preset": "w32l1", "slots": ["r0c0"], "block_size": 16,
     ({"lr_schedule": "wsd", "warmup_fraction": 0.5, "decay_fraction": 0.6},
      "warmup_fraction=0.5 + decay_fraction=0.6 exceed the whole run"),
     ({"min_lr_ratio": 0.1}, "min_lr_ratio=0.1 has no effect with lr_schedule 'constant'"),
+    ({"budget_flops": 1e12, "budget_scales": []}, "budget_scales is empty; accepted: distinct "
+     "numbers > 0, multiples of the base budget, e.g. 0.5 1 2, or null for one budget"),
+    ({"budget_flops": 1e12, "budget_scales": [1, 0]}, "budget_scales=[1.0, 0.0] holds 0.0; "
+     "accepted: distinct numbers > 0"),
+    ({"budget_flops": 1e12, "budget_scales": [2, -1]}, "budget_scales=[2.0, -1.0] holds -1.0"),
+    ({"budget_flops": 1e12, "budget_scales": [1, float("inf")]}, "holds inf; accepted"),
+    ({"budget_flops": 1e12, "budget_scales": [1, 1.0]}, "budget_scales=[1.0, 1.0] holds a "
+     "scale twice; accepted: distinct numbers > 0"),
+    ({"budget_flops": 1e12, "budget_scales": ["big"]}, "budget_scales must be a list of "
+     "numbers, got ['big']"),
+    ({"budget_flops": 1e12, "budget_scales": 2}, "budget_scales must be a list of numbers, "
+     "got 2"),
+    ({"budget_scales": [0.5, 2]}, "budget_scales=[0.5, 2.0] scale a budget, and none is set; "
+     "accepted: budget_flops or budget_steps with them, or budget_scales null"),
 ])
 def test_bad_budgets_and_schedules_are_one_line(values, message):
     if message is None:  # both in the same layer: refused (a layer cannot mean both)
@@ -63,6 +77,33 @@ def test_a_budget_and_schedule_shape_the_task_a_checkpoint_resumes():
     assert compatibility_errors(saved, PPORunConfig()) == []
     budgeted = PPORunConfig(budget_steps=100)
     assert compatibility_errors(saved, budgeted) == ["budget_steps=None (now 100)"]
+
+
+def test_budget_scales_are_a_sorted_set_the_envs_get_and_a_checkpoint_resumes():
+    config = load_config(None, overrides={"budget_steps": 40, "budget_scales": [2, 0.5, 1]},
+                         cls=PPORunConfig)
+    assert config.budget_scales == (0.5, 1.0, 2.0) and config.to_dict()["budget_scales"] == [
+        0.5, 1.0, 2.0]
+    assert load_config(None, overrides={"budget_scales": None}, cls=CompareConfig
+                       ).budget_scales is None
+    before = PPORunConfig(budget_steps=40).to_dict()
+    del before["budget_scales"]  # a checkpoint written before budget scales existed
+    assert compatibility_errors(before, PPORunConfig(budget_steps=40)) == []
+    assert compatibility_errors(before, config) == ["budget_scales=None (now [0.5, 1.0, 2.0])"]
+    spec = env_spec(CompareConfig(**LM, budget_steps=40, budget_scales=(1.0, 0.5)))
+    assert spec.budget_scales == (0.5, 1.0)
+    assert spec.budget_flops == 40 * static_step_flops(CompareConfig(**LM))
+
+
+def test_the_smallest_scale_must_still_give_every_epoch_a_batch():
+    config = CompareConfig(**LM, budget_steps=6, budget_scales=(0.5, 2.0))  # 4 epochs
+    step = static_step_flops(config)
+    message = (f"budget_steps=6 at its smallest scale 0.5 gives each of the episode's 4 epochs "
+               f"less than one training batch of the static host ({step:,} FLOPs); accepted: at "
+               f"least {8 * step} FLOPs (budget_steps >= 8)")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        budget_flops(config)
+    assert budget_flops(config.replace(budget_steps=8)) == 8 * step  # the least
 
 
 def test_budget_steps_are_steps_of_the_static_host():
@@ -98,6 +139,14 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
      "decay_fraction must be in (0, 1] or null, got 0.0"),
     (["--tune_lr", "fast"], "tune_lr must be a float, got 'fast'"),
     (["--arm_lr", "static"], "bad arm_lr 'static'; accepted: NAME=LR with LR > 0"),
+    (["--budget_flops", "1e12", "--budget_scales", "0.5", "x"],
+     "budget_scales must be a list of floats or null, got 'x'"),
+    (["--budget_flops", "1e12", "--budget_scales", "0", "1"],
+     "budget_scales=[0.0, 1.0] holds 0.0; accepted: distinct numbers > 0, multiples of the "
+     "base budget, e.g. 0.5 1 2"),
+    (["--budget_flops", "1e12", "--budget_scales"], "budget_scales is empty; accepted:"),
+    (["--budget_scales", "0.5", "2"], "budget_scales=[0.5, 2.0] scale a budget, and none is "
+     "set; accepted: budget_flops or budget_steps with them"),
 ])
 def test_cli_refuses_bad_budgets_in_one_line_with_status_2(args, message, tmp_path):
     out = tmp_path / "out"

@@ -29,7 +29,7 @@ from esper_lightning.app.task import static_step_flops
 from esper_lightning.core.engine import MorphogenesisEngine
 from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.core.slots import SeedSlot
-from esper_lightning.envs import Observation
+from esper_lightning.envs import Observation, draw_budget_scale
 from esper_lightning.errors import ConfigError
 
 #: The columns this change added: a table from before has none of them.
@@ -129,6 +129,33 @@ def test_budgeted_lm_comparison_judges_the_loss_at_the_budget(text_file, tmp_pat
     assert "## Speed-up at equal loss" in text and "## Compute" in text
     assert (out / "loss_vs_flops.png").stat().st_size > 0
     assert (out / "final_bits_differences.png").stat().st_size > 0
+
+
+def test_budgets_that_vary_by_episode_pair_controllers_and_are_recorded(text_file, tmp_path):
+    scales = (0.5, 1.0, 2.0)
+    config = CompareConfig(
+        task="lm", host_preset="w32l1", slots=("r0c0",), block_size=16, batch_size=8,
+        episode_length=3, val_subset=4, data_dir=str(text_file), controllers=("static", "random"),
+        seeds=4, envs=2, budget_steps=6, budget_scales=(2.0, 0.5, 1.0), rng_seed=1,
+        out=str(tmp_path / "out"), progress=False)
+    records = Comparison(config).run()
+    step = static_step_flops(config)
+    budgets = {}
+    for r in records:  # the budget is the episode's: its rng seed's draw, for every controller
+        budget = 6 * step * draw_budget_scale(scales, r.episode_rng_seed)
+        assert r["budget_flops"] == budgets.setdefault(r.episode_index, budget)
+        if r.controller == "static":
+            assert budget <= r["train_flops"] < budget + step  # within one step
+    assert len(budgets) == 4 and len(set(budgets.values())) > 1  # the budgets did vary
+    out = tmp_path / "out"
+    assert json.loads((out / "compare_config.json").read_text())["budget_scales"] == [
+        0.5, 1.0, 2.0]  # kept sorted
+    with (out / "episodes.csv").open() as f:
+        assert "budget_flops" in next(csv.reader(f))
+    with pytest.raises(ConfigError, match=r"budget_scales=\[0\.5, 1\.0, 2\.0\] \(now \[1\.0, "
+                                          r"2\.0\]\); use another --out"):
+        Comparison(config.replace(budget_scales=(1.0, 2.0)))
+    Comparison(config.replace(budget_scales=(1.0, 0.5, 2.0)))  # the same set: resumes
 
 
 def test_each_arm_trains_at_its_own_learning_rate(text_file, tmp_path, monkeypatch):

@@ -53,7 +53,8 @@ from esper_lightning.rl import (
     read_checkpoint,
     write_checkpoint,
 )
-from esper_lightning.rl.checkpoint import VERSION_1_BLUEPRINTS
+from esper_lightning.rl.checkpoint import CHECKPOINT_VERSION, VERSION_1_BLUEPRINTS
+from esper_lightning.rl.observations import BASE_DIM, OBSERVATION_VERSION
 
 NAME = "user_ib"
 ALLOWED = ("norm", NAME)
@@ -306,22 +307,47 @@ def test_a_policy_from_before_a_registration_acts_in_runs_it_knows_and_refuses_o
             load_policy_weights(grown, read_checkpoint(path), "checkpoint")
 
 
-def test_version_1_checkpoints_load_with_the_built_in_table(tmp_path):
+def test_version_1_checkpoints_read_with_the_built_in_table(tmp_path):
     torch.manual_seed(0)
     # The trainer wrote version 1: only the hidden width was ever set, on the first built-ins.
     policy = FactoredRecurrentActorCritic(PolicyConfig(n_slots=1, hidden_dim=16,
                                                        blueprints=VERSION_1_BLUEPRINTS))
     state = policy_entries(policy, RunningMeanStd(shape=(obs_dim(1),)), ("r0c0",), horizon=1)
-    for key in ("blueprints", "head_sizes", "policy_head_hidden", "blueprint_embed_dim"):
+    for key in ("blueprints", "head_sizes", "policy_head_hidden", "blueprint_embed_dim",
+                "observation_version"):
         del state[key]  # what version 1 did not write
     torch.save({"version": 1, **state}, tmp_path / "v1.pt")
-    bundle = load_policy_file(tmp_path / "v1.pt")
-    assert bundle.blueprints == VERSION_1_BLUEPRINTS and len(bundle.blueprints) == 13
-    for key, value in policy.state_dict().items():
-        assert torch.equal(bundle.policy.state_dict()[key], value), key
-    torch.save({"version": 3, **state}, tmp_path / "v3.pt")
+    read = read_checkpoint(tmp_path / "v1.pt")
+    assert tuple(read["blueprints"]) == VERSION_1_BLUEPRINTS and len(read["blueprints"]) == 13
+    assert (read["policy_head_hidden"], read["blueprint_embed_dim"]) == (
+        policy.config.head_hidden_dim, policy.config.blueprint_embed_dim)
+    # Its policy read the observation before the budget scale: refused, not mis-read.
+    with pytest.raises(ConfigError, match="reads observation version 1"):
+        load_policy_file(tmp_path / "v1.pt")
+    torch.save({"version": CHECKPOINT_VERSION + 1, **state}, tmp_path / "v4.pt")
     with pytest.raises(ConfigError, match="not an esper-lightning PPO checkpoint"):
-        read_checkpoint(tmp_path / "v3.pt")
+        read_checkpoint(tmp_path / "v4.pt")
+
+
+def test_a_policy_of_another_observation_version_is_refused_in_one_line(tmp_path):
+    torch.manual_seed(0)
+    policy = FactoredRecurrentActorCritic(PolicyConfig(n_slots=1, hidden_dim=16,
+                                                       head_hidden_dim=16))
+    state = policy_entries(policy, RunningMeanStd(shape=(obs_dim(1),)), ("r0c0",), horizon=1)
+    assert state["observation_version"] == OBSERVATION_VERSION == 2
+    del state["observation_version"]  # what version 2 wrote: 23 base features
+    torch.save({"version": 2, **state}, tmp_path / "v2.pt")
+    message = (rf"policy '{tmp_path / 'v2.pt'}' reads observation version 1; this release "
+               rf"builds version 2 \({BASE_DIM} \+ 30 features per slot, docs/rl.md section 1\)")
+    with pytest.raises(ConfigError, match=message) as refused:
+        load_policy_file(tmp_path / "v2.pt")
+    assert "\n" not in str(refused.value) and BASE_DIM == 24
+    # Resuming its training: the same line, not a tensor size mismatch.
+    with pytest.raises(ConfigError, match="checkpoint reads observation version 1"):
+        load_policy_weights(policy, read_checkpoint(tmp_path / "v2.pt"), "checkpoint")
+    write_checkpoint({**state, "observation_version": 2}, tmp_path / "v3.pt")
+    assert read_checkpoint(tmp_path / "v3.pt")["version"] == CHECKPOINT_VERSION == 3
+    load_policy_weights(policy, read_checkpoint(tmp_path / "v3.pt"), "checkpoint")  # accepted
 
 
 def test_a_checkpoint_with_other_head_sizes_is_a_one_line_error(tmp_path):

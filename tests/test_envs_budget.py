@@ -1,7 +1,11 @@
 """Envs under a compute budget: equal slices per epoch that add up to the budget, a schedule
-over the budget spent, data that never repeats within a pass, and metering that changes
-nothing."""
+over the budget spent, data that never repeats within a pass, budgets drawn per episode from its
+rng seed, and metering that changes nothing."""
 
+import math
+from collections import Counter
+
+import numpy as np
 import pytest
 import torch
 
@@ -9,8 +13,10 @@ from esper_lightning.core.actions import Action, LifecycleOp
 from esper_lightning.core.flops import FlopMeter
 from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.data.text import TextTensorLoader
-from esper_lightning.envs import EnvPool, EnvSpec
+from esper_lightning.envs import EnvPool, EnvSpec, draw_budget_scale
 from esper_lightning.envs.tasks import TextTask
+from esper_lightning.rl import build_observation
+from esper_lightning.rl import observations as ob
 from esper_lightning.schedule import LRSchedule, batch_fraction
 
 TASK = TextTask(block_size=16, val_blocks=8)
@@ -130,6 +136,55 @@ def test_a_budget_below_one_batch_per_epoch_is_refused(data):
     with pytest.raises(ValueError, match=r"gives each of the 4 epochs .* less than one "
                                          r"training batch of the host"):
         pool.reset([0])
+
+
+# --- budgets that vary by episode ---------------------------------------------------------------
+SCALES = (0.5, 1.0, 2.0)
+
+
+def test_the_budget_scale_is_a_pure_function_of_the_episodes_rng_seed():
+    torch.manual_seed(0)
+    np.random.seed(0)
+    before = torch.get_rng_state(), np.random.get_state()[1].copy()
+    draws = [draw_budget_scale(SCALES, rng_seed) for rng_seed in range(3000)]
+    assert draws == [draw_budget_scale(SCALES, rng_seed) for rng_seed in range(3000)]
+    # No global generator is drawn from (nor reseeded): other draws are untouched.
+    assert torch.equal(torch.get_rng_state(), before[0])
+    assert np.array_equal(np.random.get_state()[1], before[1])
+    counts = Counter(draws)
+    assert set(counts) == set(SCALES)
+    for scale in SCALES:  # uniform: 1000 each, a binomial sd of about 26
+        assert abs(counts[scale] - 1000) < 100, counts
+    assert EnvSpec(task=TASK, host_preset="w32l1", slots=("r0c0",)).budget_scale(5) == 1.0
+
+
+def test_an_episode_spends_its_drawn_budget_and_observes_its_scale(data):
+    step = static_step()
+    base = 8.0 * step * 4  # eight batches per epoch at scale 1
+    rng_seeds = {}
+    for rng_seed in range(100):  # one episode at each end of the scales
+        rng_seeds.setdefault(draw_budget_scale((0.5, 2.0), rng_seed), rng_seed)
+    pool = EnvPool(spec(budget_flops=base, budget_scales=(0.5, 2.0)), *data, ["cpu", "cpu"])
+    observations = pool.reset([rng_seeds[0.5], rng_seeds[2.0]])
+    for _ in range(3):
+        observations = pool.step([Action(), Action()])[1]
+    for scale, observation in zip((0.5, 2.0), observations, strict=True):
+        report = observation.report
+        assert report.budget_scale == scale and report.budget_flops == base * scale
+        assert base * scale <= report.train_flops < base * scale + step  # within one step
+        assert 1.0 <= report.budget_fraction < 1.0 + step / (base * scale)
+        features = build_observation(report)
+        assert features[ob.BUDGET_SCALE] == pytest.approx(math.log2(scale))
+        assert features[ob.EPOCH] == 1.0
+    assert pool.envs[1]._steps == 4 * pool.envs[0]._steps == 4 * 16
+
+
+def test_budget_scales_need_a_budget_and_positive_scales():
+    for bad in ({"budget_scales": (1.0,)}, {"budget_flops": 1e9, "budget_scales": (0.0, 1.0)},
+                {"budget_flops": 1e9, "budget_scales": ()}):
+        with pytest.raises(ValueError, match="budget_scales must be numbers > 0 that scale a "
+                                             "budget_flops"):
+            spec(**bad)
 
 
 def _numbers(observations):

@@ -49,9 +49,9 @@ def _blending(slot: SeedSlot) -> SeedSlot:
     return slot
 
 
-def test_obs_dim_is_23_plus_30_per_slot():
-    assert obs_dim(1) == 53
-    assert obs_dim(3) == 113
+def test_obs_dim_is_24_plus_30_per_slot():
+    assert obs_dim(1) == 54
+    assert obs_dim(3) == 114
     with pytest.raises(ValueError):
         obs_dim(0)
 
@@ -193,3 +193,13 @@ def test_under_a_budget_the_episode_fraction_is_the_budget_spent():
     assert obs[ob.EPOCH] == pytest.approx(0.3) and obs.shape == (obs_dim(2),)
     spent = dataclasses.replace(budgeted, train_flops=1.02e10)  # past it by part of a batch
     assert build_observation(spent)[ob.EPOCH] == 1.0
+
+
+def test_feature_1_is_log2_of_the_episodes_budget_scale():
+    report = make_report(_slots(), epoch=4, max_epochs=HORIZON, accuracies=[42.0])
+    assert build_observation(report)[ob.BUDGET_SCALE] == 0.0  # one budget, or none
+    budgeted = dataclasses.replace(report, train_flops=3e9, budget_flops=1e10)
+    for scale in (0.25, 0.5, 1.0, 2.0, 3.0):
+        obs = build_observation(dataclasses.replace(budgeted, budget_scale=scale))
+        assert obs[ob.BUDGET_SCALE] == pytest.approx(math.log2(scale))
+        assert obs[ob.EPOCH] == pytest.approx(0.3)  # the fraction spent is of its own budget

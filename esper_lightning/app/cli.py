@@ -135,7 +135,7 @@ def build_parser(command: str, preset: str | None = None,
 #: The usage line of each list flag: what `normalize_argv` accepts (brackets work too).
 _LIST_METAVARS = {name: f"{item} [{item} ...]" for name, item in (
     ("slots", "SLOT"), ("devices", "DEVICE"), ("controllers", "CONTROLLER"), ("ab", "MODE"),
-    ("arm_lr", "NAME=LR"), ("tune_lr", "LR"))}
+    ("arm_lr", "NAME=LR"), ("tune_lr", "LR"), ("budget_scales", "SCALE"))}
 
 
 def parse_config(command: str, argv: Sequence[str]) -> TaskConfig:
@@ -322,11 +322,15 @@ def _one_line(err: Exception, command: str) -> str:
     if not bad:
         return message
     key, expected, value = bad.groups()
+    value = re.split(r" - | Given value", value)[0]  # a union's: the item that failed first
     choices = re.search(r"Literal\[([^\]]*)\]", expected)
     if choices:
         return f"unknown {key} {value!r}; accepted: {choices.group(1).replace(chr(39), '')}"
-    expected = expected.partition("Given value type")[0]  # the type of the value given
-    kinds = dict.fromkeys(_TYPE_NAMES.get(t, t) for t in re.findall(r"<class '(\w+)'>", expected))
+    subtypes = re.search(r"Subtypes: \[(.*?)\] Errors", expected)  # a union names its types
+    expected = subtypes.group(1) if subtypes else expected.partition("Given value type")[0]
+    kinds = dict.fromkeys(f"a list of {item}s" if item else _TYPE_NAMES.get(name, name)
+                          for name, item in re.findall(r"<class '(\w+)'>|tuple\[(\w+), \.\.\.]",
+                                                       expected))
     return f"{key} must be {' or '.join(kinds)}, got {value!r}"
 
 

@@ -15,11 +15,13 @@ Random-number seeds of the three kinds of episodes never overlap: PPO training u
 rate) round ``TUNING_ROUNDS + i``.
 
 **At equal compute** (a budget: ``budget_flops`` or ``budget_steps``) every episode spends the
-same training FLOPs, and the verdict judges the validation loss at the budget (``final_bits``,
-bits per byte on the language model, lower is better) instead of the accuracy outcome; the
-report adds the speed-up at equal loss (`app.speedup`: the FLOPs each controller needs to reach
-``speedup_reference``'s final loss) and ``loss_vs_flops.png``. Every arm can train at its own
-learning rate (``arm_lr``), or at the best of ``tune_lr`` on tuning episodes.
+same training FLOPs (with ``budget_scales``, episode ``i`` draws its budget from its rng seed, the
+same for every controller; ``episodes.csv`` records it as ``budget_flops``), and the verdict
+judges the validation loss at the budget (``final_bits``, bits per byte on the language model,
+lower is better) instead of the accuracy outcome; the report adds the speed-up at equal loss
+(`app.speedup`: the FLOPs each controller needs to reach ``speedup_reference``'s final loss) and
+``loss_vs_flops.png``. Every arm can train at its own learning rate (``arm_lr``), or at the best
+of ``tune_lr`` on tuning episodes.
 """
 
 from __future__ import annotations

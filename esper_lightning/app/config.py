@@ -123,6 +123,12 @@ class TaskConfig:
         budget_steps: the budget in training steps of the static host (host_preset with no
             seed, one batch of batch_size; the lm task: of block_size tokens), converted to
             FLOPs when the envs are built.
+        budget_scales: budgets that vary by episode: each episode draws its budget as one of
+            these multiples of the base budget (budget_flops or budget_steps), uniformly, from
+            its own rng seed, so episode i has the same budget for every controller of a
+            comparison and a PPO run replays its rollouts; the policy observes log2 of the
+            scale. Each scale once, any order (kept sorted). Null: every episode gets the base
+            budget.
         lr_schedule: host and seed learning-rate schedule over the fraction of the episode
             spent (of the budget, or of the planned batches without one): constant, wsd
             (warmup, stable, linear decay) or cosine; each arm's decay ends exactly at its
@@ -157,6 +163,7 @@ class TaskConfig:
     layer_scale_init: float | None = None
     budget_flops: float | None = None
     budget_steps: int | None = None
+    budget_scales: tuple[float, ...] | None = None
     lr_schedule: LRScheduleName = "constant"
     warmup_fraction: float = 0.0
     decay_fraction: float | None = None
@@ -191,6 +198,7 @@ class TaskConfig:
             raise ConfigError(f"layer_scale_init must be >= 0 or null, got "
                               f"{self.layer_scale_init}")
         _check_budget(self)
+        _check_budget_scales(self)
         problem = schedule_error(self.lr_schedule, self.warmup_fraction, self.decay_fraction,
                                  self.min_lr_ratio)
         if problem is not None:
@@ -455,15 +463,16 @@ class CompareConfig(TaskConfig):
 COMPATIBILITY_KEYS = (
     "task", "slots", "host_preset", "reward", "episode_length", "policy_hidden", "envs",
     "min_training_epochs", "max_seeds", "param_cost", "heads", "blend_gradient",
-    "layer_scale_init", "budget_flops", "budget_steps", "lr_schedule", "warmup_fraction",
-    "decay_fraction", "min_lr_ratio",
+    "layer_scale_init", "budget_flops", "budget_steps", "budget_scales", "lr_schedule",
+    "warmup_fraction", "decay_fraction", "min_lr_ratio",
 )
 #: What a saved config (a checkpoint, a comparison folder) written before these keys existed
 #: meant by leaving them out.
 ADDED_KEY_DEFAULTS: dict[str, Any] = {
     "task": "cifar", "block_size": None, "blend_gradient": None, "layer_scale_init": None,
-    "budget_flops": None, "budget_steps": None, "lr_schedule": "constant", "warmup_fraction": 0.0,
-    "decay_fraction": None, "min_lr_ratio": 0.0, "arm_lr": [], "tune_lr": [],
+    "budget_flops": None, "budget_steps": None, "budget_scales": None, "lr_schedule": "constant",
+    "warmup_fraction": 0.0, "decay_fraction": None, "min_lr_ratio": 0.0, "arm_lr": [],
+    "tune_lr": [],
 }
 #: Options of which a layer sets at most one: setting one clears the others.
 EXCLUSIVE_KEYS = (("budget_flops", "budget_steps"),)
@@ -688,6 +697,26 @@ def _check_budget(config: TaskConfig) -> None:
                           "accepted: train_subset null with a budget")
 
 
+def _check_budget_scales(config: TaskConfig) -> None:
+    """Budget scales are distinct numbers > 0 that multiply a budget; kept sorted, so the same
+    set given in another order is the same configuration (and draws the same budgets)."""
+    scales = config.budget_scales
+    if scales is None:
+        return
+    accepted = "accepted: distinct numbers > 0, multiples of the base budget, e.g. 0.5 1 2"
+    if not scales:
+        raise ConfigError(f"budget_scales is empty; {accepted}, or null for one budget")
+    bad = [s for s in scales if not (math.isfinite(s) and s > 0)]
+    if bad or len(set(scales)) != len(scales):
+        what = f"{bad[0]!r}" if bad else "a scale twice"
+        raise ConfigError(f"budget_scales={list(scales)} holds {what}; {accepted}")
+    if not config.budgeted:
+        raise ConfigError(f"budget_scales={list(scales)} scale a budget, and none is set; "
+                          "accepted: budget_flops or budget_steps with them, or budget_scales "
+                          "null")
+    object.__setattr__(config, "budget_scales", tuple(sorted(scales)))
+
+
 def _check_block_size(config: TaskConfig) -> None:
     if config.task != "lm":
         if config.block_size is not None:
@@ -705,13 +734,15 @@ def _check_block_size(config: TaskConfig) -> None:
 
 # --- checking ---------------------------------------------------------------------------------
 _TUPLE_FIELDS = ("slots", "devices", "controllers", "ab", "arm_lr")
-_FLOAT_TUPLES = ("tune_lr",)
+_FLOAT_TUPLES = ("tune_lr", "budget_scales")
 _OPTIONAL_PATHS = ("data_dir", "save", "resume", "host_preset", "speedup_reference")
 _OPTIONAL_INTS = ("train_subset", "val_subset", "max_seeds", "block_size", "budget_steps")
 _OPTIONAL_FLOATS = ("host_lr", "layer_scale_init", "budget_flops", "decay_fraction")
 
 def _coerce(name: str, value: Any, default: Any) -> Any:
     if name in _FLOAT_TUPLES:
+        if value is None and default is None:
+            return None
         if isinstance(value, str) or not isinstance(value, list | tuple) or not all(
                 isinstance(v, int | float) and not isinstance(v, bool) for v in value):
             raise ConfigError(f"{name} must be a list of numbers, got {value!r}")

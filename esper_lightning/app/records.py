@@ -265,6 +265,10 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
            summary="mean", optional=True, section="Compute",
            description="training FLOPs of the episode (host and every seed, forward and "
                        "backward)"),
+    Metric("budget_flops", lambda e: e.reports[-1].budget_flops, "budget", fmt=".3g",
+           summary=None, optional=True,
+           description="the episode's compute budget in training FLOPs (its drawn multiple of "
+                       "the base budget when budgets vary by episode; empty without a budget)"),
     Metric("data_passes", lambda e: e.data_passes, "data passes", fmt=".3f", summary="mean",
            optional=True, section="Compute",
            description="training tokens (images) seen over the training data's size"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -50,7 +51,7 @@ def env_spec(task: TaskConfig) -> EnvSpec:
         gate_config=GateConfig(min_training_epochs=task.min_training_epochs),
         blend_gradient=task.blend_gradient, layer_scale_init=task.layer_scale_init,
         governor=GovernorConfig(num_classes=played.num_classes), task=played,
-        budget_flops=budget_flops(task), lr_schedule=schedule,
+        budget_flops=budget_flops(task), lr_schedule=schedule, budget_scales=task.budget_scales,
     )
 
 
@@ -66,23 +67,27 @@ def static_step_flops(task: TaskConfig) -> int:
 
 def budget_flops(task: TaskConfig) -> float | None:
     """The episode budget in FLOPs: ``budget_flops``, or ``budget_steps`` static-host steps
-    (`static_step_flops`); None without a budget.
+    (`static_step_flops`); None without a budget. With ``budget_scales`` it is the base budget
+    that each episode's scale multiplies.
 
     Raises:
-        ConfigError: a budget that gives an epoch less than one batch of the static host (one
-            line with the smallest budget accepted).
+        ConfigError: a budget that gives an epoch less than one batch of the static host, at
+            the smallest scale (one line with the smallest budget accepted).
     """
     if not task.budgeted:
         return None
     step = static_step_flops(task)
     budget = task.budget_flops if task.budget_flops is not None else step * task.budget_steps
-    epochs = task.episode_length
-    if budget / epochs < step:
+    epochs, scale = task.episode_length, min(task.budget_scales or (1.0,))
+    if budget * scale / epochs < step:
         given = (f"budget_flops={budget:g}" if task.budget_flops is not None
                  else f"budget_steps={task.budget_steps}")
+        if task.budget_scales is not None:
+            given += f" at its smallest scale {scale:g}"
         raise ConfigError(f"{given} gives each of the episode's {epochs} epochs less than one "
                           f"training batch of the static host ({step:,} FLOPs); accepted: at "
-                          f"least {step * epochs} FLOPs (budget_steps >= {epochs})")
+                          f"least {math.ceil(step * epochs / scale)} FLOPs (budget_steps >= "
+                          f"{math.ceil(epochs / scale)})")
     return float(budget)
 
 

@@ -196,6 +196,8 @@ class MorphogenesisEngine:
         #: FLOPs spent as the adapter metering them (`core.flops`) adds them up, and the budget
         #: (None: none); validation and counterfactual apart: they never spend a budget.
         self.train_flops, self.budget_flops = 0.0, None  # type: float, float | None
+        #: The budget over the run's base budget when budgets vary by episode, else 1.
+        self.budget_scale = 1.0
         self.validation_flops = self.counterfactual_flops = 0.0
         #: Where events are logged: an app puts a `logging.LoggerAdapter` here that says which
         #: env and episode a line comes from (`esper_lightning.app.logs`).
@@ -309,6 +311,7 @@ class MorphogenesisEngine:
             seed_params_history=tuple(self.seed_params_history),
             train_flops=self.train_flops,
             budget_flops=self.budget_flops,
+            budget_scale=self.budget_scale,
         )
 
     def execute(self, action: Action, reason: str | None = None) -> StepOutcome:

@@ -44,6 +44,8 @@ class EpochReport:
             forward and backward; 0 when nobody measures them).
         budget_flops: the run's compute budget in training FLOPs (None: no budget; the run is
             as long as its epochs).
+        budget_scale: the episode's budget over the run's base budget when budgets vary by
+            episode (`esper_lightning.envs.EnvSpec.budget_scales`), else 1.
     """
 
     epoch: int
@@ -65,6 +67,7 @@ class EpochReport:
     seed_params_history: tuple[int, ...] = ()
     train_flops: float = 0.0
     budget_flops: float | None = None
+    budget_scale: float = 1.0
 
     @property
     def budget_fraction(self) -> float | None:

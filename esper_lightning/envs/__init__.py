@@ -1,7 +1,7 @@
 """RL environments: one Lightning Fabric host per env, driven in lockstep by a pool, on one of
 the registered tasks (CIFAR-10 images or byte-level text)."""
 
-from esper_lightning.envs.env import EnvSpec, MorphogenesisEnv, Observation
+from esper_lightning.envs.env import EnvSpec, MorphogenesisEnv, Observation, draw_budget_scale
 from esper_lightning.envs.pool import EnvPool, episode_rng_seed
 from esper_lightning.envs.tasks import TASKS, CifarTask, Task, TextTask
 
@@ -14,5 +14,6 @@ __all__ = [
     "Observation",
     "Task",
     "TextTask",
+    "draw_budget_scale",
     "episode_rng_seed",
 ]

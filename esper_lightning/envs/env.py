@@ -19,6 +19,11 @@ So a bigger host takes fewer batches per epoch, every epoch ends within one batc
 mark, and the episode ends within one batch past the budget. An epoch is then a slice of
 compute, not a pass over the data: batches come from the task's endless `Task.train_stream`
 (text: non-overlapping blocks without replacement from a random offset per pass).
+
+**Budgets that vary by episode** (`EnvSpec.budget_scales`): each episode's budget is one of those
+multiples of ``budget_flops``, drawn uniformly by `draw_budget_scale` from the episode's rng seed
+alone, so every controller that plays an episode, and every replay of a rollout, gets the same
+budget. The report carries the scale (`EpochReport.budget_scale`) for the policy to observe.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from lightning.fabric import Fabric
 from torch import Tensor
@@ -69,7 +75,9 @@ class EnvSpec:
     ``budget_flops`` is each episode's compute budget in training FLOPs (None: epochs of data;
     the module docstring says how a budget is spent), ``lr_schedule`` the learning-rate schedule
     over the fraction of the episode spent (`esper_lightning.schedule`; the budget fraction, or
-    the share of the planned batches without a budget).
+    the share of the planned batches without a budget). ``budget_scales`` (None: every episode gets
+    ``budget_flops``) are the multiples of ``budget_flops`` an episode draws its budget from
+    (`budget_scale`).
     """
 
     host_preset: str = "baseline"
@@ -88,19 +96,42 @@ class EnvSpec:
     task: Task = field(default_factory=CifarTask)
     budget_flops: float | None = None
     lr_schedule: LRSchedule = field(default_factory=LRSchedule)
+    budget_scales: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         self.task.check_preset(self.host_preset)
         if self.budget_flops is not None and not self.budget_flops > 0:
             raise ValueError(f"budget_flops must be > 0 or None, got {self.budget_flops!r}")
+        scales = self.budget_scales
+        if scales is not None and (self.budget_flops is None or not scales
+                                   or not all(s > 0 for s in scales)):
+            raise ValueError(f"budget_scales must be numbers > 0 that scale a budget_flops, got "
+                             f"{scales!r} with budget_flops={self.budget_flops!r}")
 
-    def slice_target(self, epoch: int) -> float:
-        """The training FLOPs by which the 1-based ``epoch`` of a budgeted episode ends: the
-        budget itself, exactly, for the last one."""
-        assert self.budget_flops is not None
-        if epoch >= self.episode_length:
-            return self.budget_flops
-        return self.budget_flops * epoch / self.episode_length
+    def budget_scale(self, episode_rng_seed: int) -> float:
+        """The multiple of ``budget_flops`` that is the budget of the episode of this rng seed:
+        `draw_budget_scale` of ``budget_scales``, 1 without them."""
+        if self.budget_scales is None:
+            return 1.0
+        return draw_budget_scale(self.budget_scales, episode_rng_seed)
+
+
+#: Keys the generator of an episode's budget among everything drawn from its rng seed (torch
+#: generators seeded with it draw the host's and seeds' weights and the data order).
+BUDGET_STREAM = 0xB0D6E7
+
+
+def draw_budget_scale(scales: Sequence[float], episode_rng_seed: int) -> float:
+    """One of ``scales``, uniformly, as a pure function of the episode's rng seed: from a
+    generator of its own (a NumPy stream keyed by the rng seed and `BUDGET_STREAM`), never a
+    global one, so the episode has this budget for every controller and in every replay.
+
+    Example:
+        >>> draw_budget_scale((0.5, 1.0, 2.0), 7) == draw_budget_scale((0.5, 1.0, 2.0), 7)
+        True
+    """
+    rng = np.random.default_rng([episode_rng_seed, BUDGET_STREAM])
+    return float(scales[int(rng.integers(len(scales)))])
 
 
 @dataclass(frozen=True)
@@ -155,6 +186,8 @@ class MorphogenesisEnv:
         self.engine: MorphogenesisEngine | None = None
         self.governor = Governor(spec.governor)
         self.episode_rng_seed = 0
+        #: This episode's budget in training FLOPs (None: none) and its multiple of the spec's.
+        self.budget_flops, self.budget_scale = spec.budget_flops, 1.0
         self._batches: Any = None
         self._stream: Any = None  # the episode's batches under a budget
         self._arch: Any = None  # the host's `core.flops.structure` this epoch
@@ -177,9 +210,13 @@ class MorphogenesisEnv:
         ``implants`` are ``(slot id, blueprint)`` pairs of seeds fossilized from birth (the
         "born grown" baseline, `MorphogenesisEngine.implant`), drawn from the same rng seed.
         ``host_lr`` is this episode's learning rate (None: the spec's): every arm of a
-        comparison can train at its own tuned rate.
+        comparison can train at its own tuned rate. The episode's budget is drawn from its rng
+        seed (`EnvSpec.budget_scale`).
         """
         self.episode_rng_seed = episode_rng_seed
+        self.budget_scale = self.spec.budget_scale(episode_rng_seed)
+        base = self.spec.budget_flops
+        self.budget_flops = None if base is None else base * self.budget_scale
         precision = self.fabric.strategy.precision
         if getattr(precision, "scaler", None) is not None:
             # A fresh loss scale per episode: an episode depends on its rng seed, not on history.
@@ -204,19 +241,19 @@ class MorphogenesisEnv:
         self.engine.attach_optimizer(self.optimizer.optimizer)
         for slot_id, blueprint in implants:
             self.engine.implant(slot_id, blueprint)
-        self.engine.budget_flops = self.spec.budget_flops
+        self.engine.budget_flops, self.engine.budget_scale = self.budget_flops, self.budget_scale
         set_base_lrs(self.optimizer.optimizer.param_groups)  # what the schedule scales
         self._steps = self._epoch = self._samples_seen = 0
         self.governor.reset()
         self.loader.reseed(episode_rng_seed)
-        self._stream = (None if self.spec.budget_flops is None
+        self._stream = (None if self.budget_flops is None
                         else self.task.train_stream(self.loader))
         self.snapshot = self._take_snapshot()
 
     def _check_budget(self, host: Any) -> None:
         """Refuse a budget whose slice per epoch is smaller than one training batch of the
         host as born (every epoch must be able to train)."""
-        budget, epochs = self.spec.budget_flops, self.spec.episode_length
+        budget, epochs = self.budget_flops, self.spec.episode_length
         if budget is None:
             return
         step = self.meter.training_step(host, self.task.example_batch(self.spec.batch_size))
@@ -239,7 +276,7 @@ class MorphogenesisEnv:
     def start_epoch(self) -> int | None:
         """Begin a training epoch; returns its number of batches (None under a budget: the
         epoch trains until its slice is spent, `epoch_open`)."""
-        budgeted = self.spec.budget_flops is not None
+        budgeted = self.budget_flops is not None
         self._epoch += 1
         if budgeted and self._epoch > self.spec.episode_length:
             raise RuntimeError(f"env {self.index}: the episode's {self.spec.episode_length} "
@@ -257,9 +294,17 @@ class MorphogenesisEnv:
     def epoch_open(self) -> bool:
         """Whether this epoch trains another batch: one pass over the loader, or, under a
         budget, while the episode's training FLOPs are below this epoch's mark."""
-        if self.spec.budget_flops is None:
+        if self.budget_flops is None:
             return self._epoch_batches < len(self.loader)
-        return self._engine().train_flops < self.spec.slice_target(self._epoch)
+        return self._engine().train_flops < self.slice_target(self._epoch)
+
+    def slice_target(self, epoch: int) -> float:
+        """The training FLOPs by which the 1-based ``epoch`` of this budgeted episode ends: the
+        episode's budget itself, exactly, for the last one."""
+        assert self.budget_flops is not None
+        if epoch >= self.spec.episode_length:
+            return self.budget_flops
+        return self.budget_flops * epoch / self.spec.episode_length
 
     def train_batch(self) -> None:
         """One optimizer step on the next batch, metered. Nothing is read back to the host,
@@ -289,7 +334,7 @@ class MorphogenesisEnv:
         schedule = self.spec.lr_schedule
         if schedule.kind == "constant":
             return
-        budget = self.spec.budget_flops
+        budget = self.budget_flops
         if budget is None:
             planned = self.spec.episode_length * len(self.loader)
             fraction = batch_fraction(self._steps, 1, planned)

@@ -8,6 +8,7 @@ from esper_lightning.rl.buffer import RolloutBuffer, compute_gae
 from esper_lightning.rl.checkpoint import (
     PolicyBundle,
     check_blueprints,
+    check_observation,
     load_policy,
     load_policy_file,
     load_policy_weights,
@@ -26,6 +27,7 @@ from esper_lightning.rl.episodes import StepEnds, step_ends
 from esper_lightning.rl.normalizers import RewardNormalizer, RunningMeanStd, ValueNormalizer
 from esper_lightning.rl.observations import (
     BASE_DIM,
+    OBSERVATION_VERSION,
     SLOT_DIM,
     ObservationBatch,
     batch_observations,
@@ -50,6 +52,7 @@ from esper_lightning.rl.rewards import (
 
 __all__ = [
     "BASE_DIM",
+    "OBSERVATION_VERSION",
     "RELEVANCE",
     "SLOT_DIM",
     "ActOutput",
@@ -73,6 +76,7 @@ __all__ = [
     "blueprint_indices",
     "build_observation",
     "check_blueprints",
+    "check_observation",
     "compute_gae",
     "compute_reward",
     "encode_reports",

@@ -4,8 +4,11 @@ A checkpoint is a plain dict saved with `torch.save` and read with ``weights_onl
 training application adds its own entries (optimizer, normalisers of rewards and values, RNG
 states, round, full config); this module owns the entries needed to *act*: the policy weights,
 its sizes and action space (head sizes, and the blueprint name of each blueprint-head index), the
-observation normaliser, the slot ids it was trained for and the horizon its observations were
-scaled with.
+observation normaliser, the layout of the observations it reads (`OBSERVATION_VERSION`), the slot
+ids it was trained for and the horizon its observations were scaled with.
+
+A policy acts, or resumes training, only on the observation layout it was trained on: one of
+another version is refused in one line (its first layer has another width).
 
 A policy acts in a run only if that run's action space fits it: the blueprint indices it shares
 with this process's blueprint table must name the same blueprints (checked on loading), and every
@@ -28,12 +31,13 @@ import torch
 from esper_lightning.blueprints import BUILTIN_TABLE, blueprint_table
 from esper_lightning.errors import ConfigError
 from esper_lightning.rl.normalizers import RunningMeanStd
-from esper_lightning.rl.observations import obs_dim
+from esper_lightning.rl.observations import BASE_DIM, OBSERVATION_VERSION, SLOT_DIM, obs_dim
 from esper_lightning.rl.policy import FactoredRecurrentActorCritic, PolicyConfig
 
 #: Version 2 added the action space (``head_sizes``, ``blueprints``) and the sizes besides the
-#: hidden width (``policy_head_hidden``, ``blueprint_embed_dim``).
-CHECKPOINT_VERSION = 2
+#: hidden width (``policy_head_hidden``, ``blueprint_embed_dim``); version 3 the observation
+#: layout (``observation_version``; versions 1 and 2 read observation version 1).
+CHECKPOINT_VERSION = 3
 #: Version 1 stored no action space: its blueprint head was always the 13 entries of the
 #: built-in table of the time, so reading it back is exact.
 VERSION_1_BLUEPRINTS: tuple[str | None, ...] = (None, *BUILTIN_TABLE[:12])
@@ -81,6 +85,7 @@ def policy_entries(
         "head_sizes": dict(policy.config.head_sizes),
         "blueprints": list(policy.config.blueprints),
         "obs_rms": obs_rms.state_dict(),
+        "observation_version": OBSERVATION_VERSION,
         "slot_ids": list(slot_ids),
         "horizon": int(horizon),
         "compact": bool(compact),
@@ -91,9 +96,11 @@ def load_policy(state: dict[str, Any], source: str = "the policy") -> PolicyBund
     """Rebuild the policy and its observation normaliser from a read checkpoint.
 
     Raises:
-        ConfigError: when the checkpoint's action space does not fit this process (head sizes
-            of another version, or a blueprint index that names another blueprint here).
+        ConfigError: when the checkpoint's policy reads another observation layout, or its
+            action space does not fit this process (head sizes of another version, or a
+            blueprint index that names another blueprint here).
     """
+    check_observation(state, source)
     slot_ids = tuple(state["slot_ids"])
     config = PolicyConfig(
         n_slots=len(slot_ids),
@@ -125,13 +132,31 @@ def load_policy_weights(
     process's blueprint table).
 
     Raises:
-        ConfigError: when the checkpoint's blueprint head is not the policy's.
+        ConfigError: when the checkpoint's policy reads another observation layout, or its
+            blueprint head is not the policy's.
     """
+    check_observation(state, source)
     saved = tuple(state["blueprints"])
     if saved != policy.config.blueprints:
         raise ConfigError(f"{source} has the blueprint head {_names(saved)}; this run builds "
                           f"{_names(policy.config.blueprints)}")
     policy.load_state_dict(state["policy"])
+
+
+def check_observation(state: dict[str, Any], source: str) -> None:
+    """Refuse a checkpoint whose policy was trained on another observation layout
+    (`OBSERVATION_VERSION`; a checkpoint of version 1 or 2 read observation version 1).
+
+    Raises:
+        ConfigError: naming the version the policy reads and the one this release builds.
+    """
+    saved = state.get("observation_version", 1)
+    if saved != OBSERVATION_VERSION:
+        raise ConfigError(
+            f"{source} reads observation version {saved!r}; this release builds version "
+            f"{OBSERVATION_VERSION} ({BASE_DIM} + {SLOT_DIM} features per slot, docs/rl.md "
+            f"section 1), which it was not trained on: train the policy again with this release"
+        )
 
 
 def check_blueprints(bundle: PolicyBundle, allowed: Sequence[str]) -> None:
@@ -199,8 +224,8 @@ def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"a {type(state).__name__}")
         raise ConfigError(f"'{path}' is not an esper-lightning PPO checkpoint (a torch file "
                           f"holding {held}); {EXPECTED}")
-    if version not in (1, CHECKPOINT_VERSION):
-        raise ConfigError(f"'{path}' is not an esper-lightning PPO checkpoint of version 1 or "
+    if version not in range(1, CHECKPOINT_VERSION + 1):
+        raise ConfigError(f"'{path}' is not an esper-lightning PPO checkpoint of version 1 to "
                           f"{CHECKPOINT_VERSION}, the versions this release reads (its version "
                           f"is {version!r})")
     if version == 1:  # every version-1 policy had the default sizes besides the hidden width

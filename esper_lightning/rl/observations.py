@@ -1,6 +1,6 @@
 """Observation features built from an `EpochReport`.
 
-One observation is a float vector of ``obs_dim(S) = 23 + 30·S`` features (S = enabled slots) plus
+One observation is a float vector of ``obs_dim(S) = 24 + 30·S`` features (S = enabled slots) plus
 an int64 vector of S blueprint indices (−1 = empty slot) that the policy embeds. The layout is
 documented feature by feature in ``docs/rl.md``; the constants below name the offsets.
 
@@ -10,6 +10,7 @@ by the episode horizon and capped at 1. Empty slots are all zeros (no sentinels)
 
 The layout follows the research code's third observation version, without its per-slot
 ``interaction_sum`` feature (nothing measures pairwise seed synergy here): 30 features per slot.
+`OBSERVATION_VERSION` names the layout; a policy checkpoint records the one it was trained on.
 """
 
 from __future__ import annotations
@@ -39,12 +40,16 @@ TEMPO_SCALE = 12.0
 FRESHNESS_DECAY = 0.995  # per epoch since the contribution was last measured
 EMPTY_BLUEPRINT = -1
 
+#: The layout of the features: version 2 added feature 1, the episode's budget scale (version
+#: 1, every policy trained before it, had 23 base features). A policy reads only its own.
+OBSERVATION_VERSION = 2
+
 # Base block offsets.
-EPOCH, VAL_LOSS, VAL_ACC = 0, 1, 2
-LOSS_HISTORY, ACC_HISTORY = 3, 8
-N_TRAINING, N_BLENDING, N_HOLDING = 13, 14, 15
-LAST_SUCCESS, LAST_OP = 16, 17
-BASE_DIM = LAST_OP + len(LifecycleOp)  # 23
+EPOCH, BUDGET_SCALE, VAL_LOSS, VAL_ACC = 0, 1, 2, 3
+LOSS_HISTORY, ACC_HISTORY = 4, 9
+N_TRAINING, N_BLENDING, N_HOLDING = 14, 15, 16
+LAST_SUCCESS, LAST_OP = 17, 18
+BASE_DIM = LAST_OP + len(LifecycleOp)  # 24
 
 # Per-slot block offsets.
 S_ACTIVE, S_STAGE = 0, 1
@@ -157,6 +162,9 @@ def episode_fraction(report: EpochReport, horizon: int) -> float:
 def _base_features(out: np.ndarray, report: EpochReport, horizon: int) -> None:
     n_slots = len(report.slots)
     out[EPOCH] = episode_fraction(report, horizon)
+    # Size-free: how much bigger or smaller this episode's budget is than the run's base, so a
+    # policy can time its decisions by the budget; 0 with one budget (or none).
+    out[BUDGET_SCALE] = math.log2(report.budget_scale)
     out[VAL_LOSS] = _scaled_loss(report.val_loss)
     out[VAL_ACC] = UNKNOWN if report.val_accuracy is None else report.val_accuracy / 100.0
     losses = [_scaled_loss(x) for x in report.loss_history[-HISTORY:]]
