@@ -54,21 +54,10 @@ class UserNet(nn.Module):
         return self.net(x)
 
 
-class UserModule(L.LightningModule):
-    """A user's LightningModule that imports nothing from esper_lightning: slots are injected by
-    module path (``net.3``, ...).
-
-    Args:
-        width: Channels of the first convolution (a hyper-parameter, saved for
-            ``load_from_checkpoint``).
-        step_lr: Halve the learning rate every 2 epochs (``StepLR``), so the tests can watch the
-            seed param groups follow a scheduler; plain SGD otherwise.
-    """
-
-    def __init__(self, width: int = 8, step_lr: bool = False) -> None:
-        super().__init__()
-        self.save_hyperparameters()
-        self.net = user_cnn(width)
+class ClassifierSteps(L.LightningModule):
+    """What a user's classifier does in every step: cross-entropy on ``self.net``'s logits, with
+    ``train_loss``, ``val_loss`` and ``val_acc`` logged; a subclass builds ``net`` and its
+    optimizer (nothing here comes from esper_lightning)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -84,6 +73,23 @@ class UserModule(L.LightningModule):
         logits = self(x)
         self.log("val_loss", F.cross_entropy(logits, y))
         self.log("val_acc", (logits.argmax(1) == y).float().mean())
+
+
+class UserModule(ClassifierSteps):
+    """A user's LightningModule that imports nothing from esper_lightning: slots are injected by
+    module path (``net.3``, ...).
+
+    Args:
+        width: Channels of the first convolution (a hyper-parameter, saved for
+            ``load_from_checkpoint``).
+        step_lr: Halve the learning rate every 2 epochs (``StepLR``), so the tests can watch the
+            seed param groups follow a scheduler; plain SGD otherwise.
+    """
+
+    def __init__(self, width: int = 8, step_lr: bool = False) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = user_cnn(width)
 
     def configure_optimizers(self):
         optimizer = torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)

@@ -11,7 +11,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-import torch.nn.functional as F
+from helpers import ClassifierSteps
 from lifecycle_mdp import make_report
 from torch import nn
 
@@ -136,24 +136,11 @@ def test_the_user_seed_is_live_at_birth(user_seed):
 
 
 # --- controllers: a grower through the callback, the heuristic's rotation ------------------------
-class TinyModule(L.LightningModule):
+class TinyModule(ClassifierSteps):
     def __init__(self) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(),
                                  nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return F.cross_entropy(self(x), y)
-
-    def validation_step(self, batch, batch_idx):
-        x, y = batch
-        logits = self(x)
-        self.log("val_loss", F.cross_entropy(logits, y))
-        self.log("val_acc", (logits.argmax(1) == y).float().mean())
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.05)

@@ -10,6 +10,7 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import ClassifierSteps
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import nn
@@ -25,7 +26,7 @@ from esper_lightning.errors import ConfigError
 SLOT = "net.2"  # after the first ReLU: activations [B, 32]
 
 
-class MLPModule(L.LightningModule):
+class MLPModule(ClassifierSteps):
     """A user's MLP classifier on 16 features; it imports nothing from esper_lightning."""
 
     def __init__(self, width: int = 32) -> None:
@@ -33,21 +34,6 @@ class MLPModule(L.LightningModule):
         self.save_hyperparameters()
         self.net = nn.Sequential(nn.Linear(16, width), nn.ReLU(), nn.Linear(width, width),
                                  nn.ReLU(), nn.Linear(width, 4))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        loss = F.cross_entropy(self(x), y)
-        self.log("train_loss", loss)
-        return loss
-
-    def validation_step(self, batch, batch_idx):
-        x, y = batch
-        logits = self(x)
-        self.log("val_loss", F.cross_entropy(logits, y))
-        self.log("val_acc", (logits.argmax(1) == y).float().mean())
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
