@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from matplotlib.collections import PolyCollection
 from matplotlib.container import ErrorbarContainer
+from matplotlib.text import Text
 
 from esper_lightning.app.plots import (
     curves_figure,
@@ -76,10 +77,24 @@ def test_labels_of_points_at_one_spot_do_not_overprint():
     (ax,) = fig.axes
     renderer = fig.canvas.get_renderer()
     fig.draw_without_rendering()
-    boxes = [t.get_window_extent(renderer) for t in ax.texts]
+    boxes = [Text.get_window_extent(t, renderer) for t in ax.texts]  # the text, not its leader
     assert [t.get_text() for t in ax.texts] == [*CONTROLLERS, *(f"{c}-twin" for c in CONTROLLERS)]
     for i, box in enumerate(boxes):
         assert not any(box.overlaps(other) for other in boxes[i + 1:])
+
+
+def test_eight_labels_at_one_spot_step_down_evenly_and_the_figure_saves(tmp_path):
+    # Eight arms of one size (a growth comparison): each label that moves down one line must
+    # move by the text's height, not by its leader line's, which grew without bound once.
+    base = _records()
+    records = [EpisodeRecord(f"arm-{k}", r.episode_index, r.episode_rng_seed, r.host, r.values)
+               for k in range(8) for r in base if r.controller == "static"]
+    fig = vs_params_figure(summarize(records), "outcome")
+    offsets = [t.xyann[1] for t in fig.axes[0].texts]
+    steps = np.diff(offsets)
+    assert len(offsets) == 8 and np.all(steps < 0)
+    assert np.ptp(steps[1:]) < 1e-6 * abs(steps[1])  # one line height each, after the first
+    assert save_figure(fig, tmp_path / "arms.png").stat().st_size > 0
 
 
 def test_paired_differences_are_a_forest_plot_with_zero_line_and_verdicts():

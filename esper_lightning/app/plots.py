@@ -42,6 +42,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.text import Text
 from matplotlib.ticker import MaxNLocator, StrMethodFormatter
 
 from esper_lightning.app.records import METRICS, EpisodeRecord, Metric, group_by_controller
@@ -193,7 +194,9 @@ def _label_points(ax: Axes, points: Sequence[tuple[float, float]], labels: Seque
         for attempt in range(tries):
             text = ax.annotate(label, xy, xytext=(8, offset), textcoords="offset points",
                                fontsize="small", arrowprops=leader)
-            box = text.get_window_extent(renderer)
+            # The text's own box: an annotation's extent includes its leader line, which
+            # reaches back to the point and would grow the step with every move.
+            box = Text.get_window_extent(text, renderer)
             if attempt == tries - 1 or not any(box.overlaps(other) for other in placed):
                 break
             text.remove()
