@@ -2,6 +2,7 @@
 regret to the oracle growth time (`app.regret`), on constructed episode records."""
 
 import csv
+import json
 
 import numpy as np
 import pytest
@@ -215,3 +216,26 @@ def test_a_table_without_budget_column_reports_without_per_budget_section(tmp_pa
     report = markdown_table(summarize(old), paired_differences(old, "static", outcome=JUDGED))
     report += "\n".join(regret.markdown(oracles, rows, JUDGED))
     assert "Per budget" not in report and "FLOPs" not in report
+
+
+# --- in the comparison's report -----------------------------------------------------------------
+def test_the_comparison_report_has_the_per_budget_tables_and_the_regret(text_file, tmp_path,
+                                                                       monkeypatch):
+    from esper_lightning.app import compare
+    from esper_lightning.app.config import CompareConfig
+
+    # The figures and TensorBoard take most of a minute and are not what this test is about.
+    monkeypatch.setattr(compare.plots, "save_figures", lambda *args, **kwargs: None)
+    monkeypatch.setattr(compare, "_log_tensorboard", lambda *args, **kwargs: None)
+
+    config = CompareConfig(
+        task="lm", host_preset="grow4", slots=("r1c0",), controllers=("static", *ARMS,
+                                                                      "heuristic"),
+        budget_steps=6, budget_scales=(1.0, 4.0), data_dir=str(text_file),
+        out=str(tmp_path / "out"), progress=False)
+    (tmp_path / "out").mkdir()  # `Comparison.run` makes it before it plays
+    text = compare.Comparison(config).report(table())
+    assert "## Per budget" in text and "## Regret to stack:4@τ*:identity" in text
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert [t["budget_flops"] for t in summary["per_budget"]] == [SMALL, LARGE]
+    assert [b["chosen"] for b in summary["regret"][0]["budgets"]] == [ARMS[0], ARMS[2]]
