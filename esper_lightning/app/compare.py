@@ -20,8 +20,10 @@ same for every controller; ``episodes.csv`` records it as ``budget_flops``), and
 judges the validation loss at the budget (``final_bits``, bits per byte on the language model,
 lower is better) instead of the accuracy outcome; the report adds the speed-up at equal loss
 (`app.speedup`: the FLOPs each controller needs to reach ``speedup_reference``'s final loss) and
-``loss_vs_flops.png``. Every arm can train at its own learning rate (``arm_lr``), or at the best
-of ``tune_lr`` on tuning episodes.
+``loss_vs_flops.png``. With more than one budget the report also gives the judged metric's tables
+per budget (`app.report.per_budget`), and with ``stack:`` arms that differ only in TAU each
+controller's regret to the oracle TAU chosen per budget (`app.regret`). Every arm can train at
+its own learning rate (``arm_lr``), or at the best of ``tune_lr`` on tuning episodes.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from esper_lightning import blueprints as blueprint_registry
-from esper_lightning.app import plots, speedup
+from esper_lightning.app import plots, regret, speedup
 from esper_lightning.app.config import (
     ADDED_KEY_DEFAULTS,
     CompareConfig,
@@ -59,8 +61,11 @@ from esper_lightning.app.records import (
 )
 from esper_lightning.app.report import (
     ControllerSummary,
+    budget_json,
+    budget_markdown,
     markdown_table,
     paired_differences,
+    per_budget,
     summarize,
     summary_json,
 )
@@ -540,10 +545,16 @@ class Comparison:
                                          outcome=self.judged)
         reference = self.config.speedup_reference or self.config.reference
         speedups = speedup.speedups(records, reference)
+        budgets = per_budget(records, self.config.reference, pairs, outcome=self.judged)
+        oracles, regrets = regret.regrets(records, self.judged)
         table = markdown_table(summaries, comparisons)
-        table += "\n".join([*speedup.markdown(speedups, reference), ""])
+        table += "\n".join([*budget_markdown(budgets),
+                            *regret.markdown(oracles, regrets, self.judged),
+                            *speedup.markdown(speedups, reference), ""])
         (self.out / "summary.md").write_text(table + "\n")
         summary = summary_json(summaries, comparisons)
+        summary["per_budget"] = budget_json(budgets)
+        summary["regret"] = regret.as_json(oracles, regrets)
         summary["heuristic"] = _heuristic_to_json(self.heuristic)
         summary["judged"] = self.judged
         summary["arm_lr"] = self.arm_lrs

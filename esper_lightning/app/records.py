@@ -437,6 +437,44 @@ def group_by_controller(records: Iterable[EpisodeRecord]) -> dict[str, list[Epis
     return {name: [eps[i] for i in sorted(eps)] for name, eps in groups.items()}
 
 
+#: The column that says an episode's compute budget (`group_by_budget`).
+BUDGET = "budget_flops"
+
+
+def group_by_budget(records: Iterable[EpisodeRecord]) -> dict[float | None, list[EpisodeRecord]]:
+    """Records per episode budget (``budget_flops``), smallest budget first: the one place that
+    groups episodes by budget. Episodes without a budget (a table written before budgets were
+    recorded, or a comparison without one) are one group under None.
+
+    The budget belongs to the episode, not to the controller (it is drawn from the episode's rng
+    seed), so every controller's record of one episode index is in the same group.
+
+    Raises:
+        ValueError: no records, some records with a budget and some without, or one episode
+            index recorded with two budgets.
+
+    Example::
+
+        for budget, episodes in group_by_budget(records).items():
+            print(budget, len(episodes))
+    """
+    records = list(records)
+    if not records:
+        raise ValueError("no episode records to compare")
+    known = sum(r[BUDGET] is not None for r in records)
+    if known not in (0, len(records)):
+        raise ValueError(f"{BUDGET} is known in {known} of {len(records)} records; it must be "
+                         "known in every record or in none")
+    budgets: dict[int, float | None] = {}
+    for r in records:
+        if budgets.setdefault(r.episode_index, r[BUDGET]) != r[BUDGET]:
+            raise ValueError(f"episode {r.episode_index} has two budgets: "
+                             f"{budgets[r.episode_index]!r} and {r[BUDGET]!r} ({r.controller!r})")
+    groups: dict[float | None, list[EpisodeRecord]] = {}
+    for budget in sorted(set(budgets.values()), key=lambda b: -1.0 if b is None else b):
+        groups[budget] = [r for r in records if r[BUDGET] == budget]
+    return groups
+
 # --- the CSV table ----------------------------------------------------------------------------
 def _layout(path: Path, header: Sequence[str] | None) -> int | None:
     """The version of an earlier layout (`LAYOUTS`), None for one with a ``schema`` column.

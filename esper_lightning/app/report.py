@@ -12,10 +12,17 @@ Example::
     summaries = summarize(records)
     comparisons = paired_differences(records, reference="static")
     print(markdown_table(summaries, comparisons))
+
+When the evaluation episodes have more than one budget (``--budget_scales``), `per_budget` gives
+the judged metric's tables again on each budget's episodes (`records.group_by_budget` groups
+them): every controller's mean with its interval and its paired difference to the reference.
+Their comparisons, over every budget, are one family of the Holm correction, so a verdict in
+a budget's table means the same as one in the main table.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -28,6 +35,7 @@ from esper_lightning.app.records import (
     OUTCOME,
     EpisodeRecord,
     Metric,
+    group_by_budget,
     group_by_controller,
 )
 from esper_lightning.app.stats import (
@@ -265,6 +273,59 @@ def paired_differences(
     return comparisons
 
 
+@dataclass(frozen=True)
+class BudgetTable:
+    """The judged metric on the evaluation episodes of one budget.
+
+    Attributes:
+        budget: the episodes' budget in training FLOPs.
+        outcome: the judged metric.
+        summaries: per controller, over this budget's episodes (`summarize`).
+        comparisons: paired with the reference on them (`paired_differences`), Holm-adjusted
+            with every other budget's comparisons.
+    """
+
+    budget: float
+    outcome: str
+    summaries: list[ControllerSummary]
+    comparisons: list[PairedComparison]
+
+
+def per_budget(
+    records: Iterable[EpisodeRecord],
+    reference: str = "static",
+    pairs: str | Sequence[tuple[str, str]] | None = None,
+    *,
+    outcome: str = OUTCOME,
+    confidence: float = CONFIDENCE,
+) -> list[BudgetTable]:
+    """`summarize` and `paired_differences` (arguments as there) per episode budget, smallest
+    budget first; empty when the episodes have one budget or none. The comparisons of every
+    budget are one Holm family: their ``p_holm`` and verdicts are adjusted together.
+
+    Example::
+
+        for table in per_budget(records, "static", outcome="final_bits"):
+            print(table.budget, [c.verdict for c in table.comparisons])
+    """
+    groups = group_by_budget(records)
+    if len(groups) < 2:
+        return []
+    tables = [BudgetTable(budget, outcome,  # type: ignore[arg-type]
+                          summarize(episodes, confidence=confidence),
+                          paired_differences(episodes, reference, pairs, outcome=outcome,
+                                             confidence=confidence))
+              for budget, episodes in groups.items()]
+    adjusted = iter(holm([c.p_value for t in tables for c in t.comparisons]))
+    better = METRICS[outcome].better
+    for table in tables:
+        for k, c in enumerate(table.comparisons):
+            p = next(adjusted)
+            ci = c.differences[outcome].ci  # type: ignore[union-attr]
+            table.comparisons[k] = dataclasses.replace(
+                c, p_holm=p, verdict=verdict(ci, p, c.n_pairs, better))  # type: ignore[arg-type]
+    return tables
+
 # --- Markdown ---------------------------------------------------------------------------------
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
@@ -404,6 +465,22 @@ def markdown_table(
     return "\n".join(lines) + "\n"
 
 
+def budget_markdown(tables: Sequence[BudgetTable]) -> list[str]:
+    """A Markdown section of `per_budget`'s tables (nothing when there are none): per budget,
+    the judged metric per controller and its paired differences with their test."""
+    if not tables:
+        return []
+    judged = METRICS[tables[0].outcome]
+    lines = ["", "## Per budget", "",
+             f"{_sentence(judged)} The tables above again, on the evaluation episodes of each "
+             "budget; p-values are Holm-adjusted over the comparisons of every budget's table."]
+    for table in tables:
+        lines += ["", f"### Budget {table.budget:.3g} FLOPs", ""]
+        lines += _controller_rows(table.summaries, [judged], with_episodes=True)
+        lines += ["", *(_paired_rows(table.comparisons, [judged], with_test=True)
+                        or ["No paired comparison."])]
+    return lines
+
 # --- JSON -------------------------------------------------------------------------------------
 def _flat(estimates: dict[str, Estimate | None], suffix: str) -> dict[str, Any]:
     """``<name><suffix>_mean`` and (for an interval) ``<name><suffix>_ci`` of each metric."""
@@ -438,3 +515,10 @@ def summary_json(
              for c in comparisons]
     return {"controllers": controllers, "comparisons": pairs,
             "alpha": ALPHA, "power": POWER}
+
+
+def budget_json(tables: Sequence[BudgetTable]) -> list[dict[str, Any]]:
+    """`per_budget`'s tables as plain data (``summary.json``'s ``per_budget``): per budget,
+    ``budget_flops`` and its ``controllers`` and ``comparisons`` as in `summary_json`."""
+    return [{"budget_flops": t.budget, **summary_json(t.summaries, t.comparisons)}
+            for t in tables]

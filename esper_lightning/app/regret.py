@@ -1,0 +1,252 @@
+"""Regret to the oracle growth time: what each controller loses, episode by episode, to the
+``stack:K@TAU[:INIT]`` arm whose TAU was grid-searched per budget on the evaluation episodes.
+
+A comparison that plays two or more ``stack:`` arms differing only in TAU (the same ``K`` and
+``INIT``; `tau_families`) holds a grid search over the growth time. Its oracle (`choose_oracle`)
+takes, for each episode budget (`records.group_by_budget`; episodes without one are a single
+group), the arm with the best mean judged metric over that budget's evaluation episodes (ties:
+the smaller TAU). The regret of a controller in episode ``i`` is its judged metric minus the
+oracle arm's in the same episode (paired: same host initialisation, data order and budget),
+signed so that a positive regret is worse than the oracle (for ``final_bits``, lower is better,
+it is the controller's bits minus the oracle's). `regrets` reports the mean regret of every
+controller with its t interval (`stats.estimate`), over all episodes and per budget; the oracle
+arm's own regret on a budget it is chosen for is 0.
+
+The oracle chose with hindsight, on the very episodes its regret is measured on: it is the best
+a scripted growth time of this grid could have done, which no controller can be expected to
+match, and it is reported as a yardstick, never as a competitor in the verdict table.
+
+Example::
+
+    oracles, rows = regrets(records, judged="final_bits")
+    print("\\n".join(markdown(oracles, rows)))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from esper_lightning.app.records import (
+    METRICS,
+    EpisodeRecord,
+    group_by_budget,
+    group_by_controller,
+)
+from esper_lightning.app.stats import CONFIDENCE, Estimate, estimate
+from esper_lightning.controllers.stack import parse_stack
+from esper_lightning.errors import ConfigError
+
+#: The controller kind whose arms form a grid over TAU.
+STACK = "stack:"
+
+
+@dataclass(frozen=True)
+class Oracle:
+    """The oracle of one family of ``stack:`` arms that differ only in TAU.
+
+    Attributes:
+        name: ``stack:K@τ*:INIT``.
+        arms: the family's controller labels, TAU ascending.
+        chosen: by budget (None: episodes without one), the arm with the best mean judged
+            metric over that budget's evaluation episodes.
+        means: by budget, each arm's mean judged metric over the episodes every arm played.
+    """
+
+    name: str
+    arms: tuple[str, ...]
+    chosen: dict[float | None, str]
+    means: dict[float | None, dict[str, float]]
+
+
+@dataclass(frozen=True)
+class Regret:
+    """One controller's regret to one oracle.
+
+    Attributes:
+        controller, oracle: the controller and the oracle's name.
+        overall: mean regret and its interval over every episode paired with the oracle.
+        n_episodes: those episodes.
+        per_budget: by budget, ``(episodes, mean regret and interval)`` on that budget's.
+        confidence: level of the intervals.
+    """
+
+    controller: str
+    oracle: str
+    overall: Estimate
+    n_episodes: int
+    per_budget: dict[float | None, tuple[int, Estimate]]
+    confidence: float = CONFIDENCE
+
+
+def tau_families(controllers: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """The ``stack:`` labels grouped by ``(K, INIT)``, keyed by ``stack:K@τ*:INIT``, TAU
+    ascending; only groups with two or more distinct TAU (a grid) are kept. A label that is not
+    of the ``stack:K@TAU[:INIT]`` form belongs to no family.
+
+    Example::
+
+        tau_families(["static", "stack:4@0.25", "stack:4@0.5:copy"])
+        # {"stack:4@τ*:copy": ("stack:4@0.25", "stack:4@0.5:copy")}
+    """
+    groups: dict[tuple[int, str], list[tuple[float, str]]] = {}
+    for label in dict.fromkeys(controllers):
+        if not label.startswith(STACK):
+            continue
+        try:
+            depth, tau, init = parse_stack(label[len(STACK):])
+        except ConfigError:
+            continue  # a custom controller's name, not a stack arm
+        groups.setdefault((depth, init), []).append((tau, label))
+    return {f"{STACK}{depth}@τ*:{init}": tuple(label for _, label in sorted(arms))
+            for (depth, init), arms in groups.items() if len({tau for tau, _ in arms}) > 1}
+
+
+def _sign(judged: str) -> float:
+    """+1 when lower is better, -1 when higher is: a positive regret is always worse."""
+    better = METRICS[judged].better
+    if better is None:
+        raise ValueError(f"{judged!r} has no better direction; no oracle can be chosen by it")
+    return 1.0 if better == "lower" else -1.0
+
+
+def choose_oracle(name: str, arms: Sequence[str], records: Iterable[EpisodeRecord],
+                  judged: str) -> Oracle:
+    """Per budget, the arm of ``arms`` with the best mean ``judged`` over the evaluation
+    episodes of that budget every arm played (ties: the earlier arm).
+
+    Raises:
+        ValueError: the arms share no episode of a budget, or one lacks the judged metric.
+    """
+    sign = _sign(judged)
+    chosen: dict[float | None, str] = {}
+    means: dict[float | None, dict[str, float]] = {}
+    for budget, episodes in group_by_budget(records).items():
+        by_arm = {arm: {r.episode_index: r[judged] for r in episodes if r.controller == arm}
+                  for arm in arms}
+        common = set.intersection(*(set(values) for values in by_arm.values()))
+        if not common:
+            raise ValueError(f"the arms of {name} share no episode of budget {budget!r}")
+        if any(v[i] is None for v in by_arm.values() for i in common):
+            raise ValueError(f"{judged} is missing in an episode of the arms of {name}")
+        means[budget] = {arm: float(np.mean([v[i] for i in sorted(common)]))
+                         for arm, v in by_arm.items()}
+        chosen[budget] = min(arms, key=lambda arm: (sign * means[budget][arm], arms.index(arm)))
+    return Oracle(name, tuple(arms), chosen, means)
+
+
+def _regret(controller: list[EpisodeRecord], oracle: Oracle,
+            by_key: dict[tuple[str, int], EpisodeRecord],
+            groups: dict[float | None, list[EpisodeRecord]], judged: str,
+            confidence: float) -> Regret:
+    """One controller's regret: each of its episodes against the oracle arm of its budget."""
+    budgets = {r.episode_index: b for b, episodes in groups.items() for r in episodes}
+    values: dict[float | None, list[float]] = {}
+    for r in controller:
+        budget = budgets[r.episode_index]
+        theirs = by_key.get((oracle.chosen[budget], r.episode_index))
+        if theirs is None:
+            continue
+        if (r.episode_rng_seed, r.host) != (theirs.episode_rng_seed, theirs.host):
+            raise ValueError(f"episode {r.episode_index} differs between {r.controller!r} and "
+                             f"{theirs.controller!r} (rng seed or host)")
+        if r[judged] is None:
+            raise ValueError(f"{judged} is missing in episode {r.episode_index} of "
+                             f"{r.controller!r}")
+        values.setdefault(budget, []).append(_sign(judged) * (r[judged] - theirs[judged]))
+    name = controller[0].controller
+    if not values:
+        raise ValueError(f"controller {name!r} shares no episode with the oracle {oracle.name}")
+    every = [v for budget_values in values.values() for v in budget_values]
+    per_budget = {b: (len(values[b]), estimate(values[b], confidence=confidence))
+                  for b in groups if b in values}
+    return Regret(name, oracle.name, estimate(every, confidence=confidence), len(every),
+                  per_budget, confidence)
+
+
+def regrets(records: Iterable[EpisodeRecord], judged: str, *,
+            confidence: float = CONFIDENCE) -> tuple[list[Oracle], list[Regret]]:
+    """Every TAU family's oracle and every controller's regret to it (controllers in order of
+    first appearance, per oracle); both empty when no family has two TAU.
+
+    Raises:
+        ValueError: see `choose_oracle` and `records.group_by_budget`; a controller that shares
+            no episode with an oracle arm, or lacks the judged metric.
+
+    Example::
+
+        oracles, rows = regrets(records, "final_bits")
+        rows[0].overall.mean  # bits per byte lost to the oracle, averaged over episodes
+    """
+    records = list(records)
+    groups = group_by_budget(records)
+    controllers = group_by_controller(records)
+    by_key = {(r.controller, r.episode_index): r for r in records}
+    oracles = [choose_oracle(name, arms, records, judged)
+               for name, arms in tau_families(controllers).items()]
+    rows = [_regret(episodes, oracle, by_key, groups, judged, confidence)
+            for oracle in oracles for episodes in controllers.values()]
+    return oracles, rows
+
+
+def _fmt(value: Estimate, fmt: str) -> str:
+    text = f"{value.mean:+{fmt}}"
+    return text if value.ci is None else f"{text} [{value.ci[0]:+{fmt}}, {value.ci[1]:+{fmt}}]"
+
+
+def markdown(oracles: Sequence[Oracle], rows: Sequence[Regret], judged: str) -> list[str]:
+    """A Markdown section per oracle (nothing when there is none): the arm it chose per budget,
+    then each controller's mean regret, over all episodes and, with two or more budgets, per
+    budget."""
+    metric = METRICS[judged]
+    lines: list[str] = []
+    for oracle in oracles:
+        budgets = list(oracle.chosen)
+        level = f"{rows[0].confidence:.0%}" if rows else ""
+        unit = f" ({metric.unit})" if metric.unit else ""
+        head = [f"regret{unit} [{level} CI]"]
+        if len(budgets) > 1:
+            head += [f"at {b:.3g} FLOPs" for b in budgets]  # type: ignore[str-format]
+        choice = "; ".join(arm if b is None else f"{arm} at {b:.3g} FLOPs"
+                           for b, arm in oracle.chosen.items())
+        lines += ["", f"## Regret to {oracle.name}", "",
+                  f"The oracle plays, at each budget, the arm of {', '.join(oracle.arms)} with "
+                  f"the best mean {metric.label} over that budget's evaluation episodes: "
+                  f"{choice}. It chose with hindsight on these episodes, so it is a yardstick, "
+                  f"not a competitor. Regret: {metric.label} minus the oracle arm's in the same "
+                  "episode, signed so that positive is worse; mean and t interval over episodes.",
+                  "", "| controller | episodes | " + " | ".join(head) + " |",
+                  "|---|---:|" + "---:|" * len(head)]
+        for row in (r for r in rows if r.oracle == oracle.name):
+            cells = [row.controller, str(row.n_episodes), _fmt(row.overall, metric.fmt)]
+            if len(budgets) > 1:
+                cells += [_fmt(row.per_budget[b][1], metric.fmt) if b in row.per_budget
+                          else "n/a" for b in budgets]
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _estimate_json(value: Estimate) -> dict[str, Any]:
+    return {"regret_mean": value.mean, "regret_ci": None if value.ci is None else list(value.ci)}
+
+
+def as_json(oracles: Sequence[Oracle], rows: Sequence[Regret]) -> list[dict[str, Any]]:
+    """The oracles and regrets as plain data (``summary.json``'s ``regret``): per oracle, its
+    ``arms``, per budget the ``chosen`` arm and every arm's ``means``, and per controller the
+    regret over all episodes and ``per_budget``."""
+    return [{"oracle": o.name, "arms": list(o.arms),
+             "budgets": [{"budget_flops": b, "chosen": arm, "means": o.means[b]}
+                         for b, arm in o.chosen.items()],
+             "controllers": [{"controller": r.controller, "n_episodes": r.n_episodes,
+                              **_estimate_json(r.overall), "confidence": r.confidence,
+                              "per_budget": [{"budget_flops": b, "n_episodes": n,
+                                              **_estimate_json(e)}
+                                             for b, (n, e) in r.per_budget.items()]}
+                             for r in rows if r.oracle == o.name]}
+            for o in oracles]
+
+
+__all__ = ["Oracle", "Regret", "as_json", "choose_oracle", "markdown", "regrets", "tau_families"]
