@@ -106,6 +106,34 @@ class NamesBlueprints(Protocol):
         ...
 
 
+class BlueprintCheck:
+    """Calls a `NamesBlueprints` controller's ``check_blueprints`` from its ``decide``, once per
+    run context (topology, allowed blueprints): a blueprint the run refuses fails at the first
+    decision instead of leaving a run that silently never grows.
+
+    Example:
+        >>> class Named(ControllerBase):
+        ...     checks = 0
+        ...     def check_blueprints(self, topology, allowed):
+        ...         self.checks += 1
+        >>> from types import SimpleNamespace
+        >>> report = SimpleNamespace(topology="cnn",
+        ...                          mask_context=SimpleNamespace(blueprints=("norm",)))
+        >>> named, check = Named(), BlueprintCheck()
+        >>> check(named, report); check(named, report); named.checks
+        1
+    """
+
+    def __init__(self) -> None:
+        self.context: tuple[str, tuple[str, ...]] | None = None
+
+    def __call__(self, controller: NamesBlueprints, report: EpochReport) -> None:
+        context = (report.topology, tuple(report.mask_context.blueprints))
+        if context != self.context:
+            controller.check_blueprints(*context)
+            self.context = context
+
+
 def check_named_blueprint(owner: str, name: str, topology: str,
                           allowed: Sequence[str] | None = None) -> None:
     """Refuse a blueprint ``owner`` names that a run of ``topology`` allowing ``allowed`` (None:

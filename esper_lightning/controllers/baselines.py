@@ -16,6 +16,7 @@ import numpy as np
 from esper_lightning.blueprints import blueprint_index
 from esper_lightning.controllers.base import (
     WAIT,
+    BlueprintCheck,
     check_named_blueprint,
     check_state,
     state_header,
@@ -176,17 +177,14 @@ class GrowerController:
         self.slots = None if slots is None else tuple(int(s) for s in slots)
         self.fossilize = fossilize
         self.tempo = Tempo(tempo)
-        self._checked: tuple[str, tuple[str, ...]] | None = None
+        self._blueprint_check = BlueprintCheck()
 
     def check_blueprints(self, topology: str, allowed: Sequence[str]) -> None:
         """Refuse (one line) a blueprint this run can never germinate."""
         check_named_blueprint("grower", self.blueprint, topology, allowed)
 
     def decide(self, report: EpochReport) -> Action:
-        context = (report.topology, report.mask_context.blueprints)
-        if self._checked != context:  # once per run: a refused blueprint never silently waits
-            self.check_blueprints(*context)
-            self._checked = context
+        self._blueprint_check(self, report)
         masks = report.masks
         slots = range(len(report.slots)) if self.slots is None else self.slots
         for op in (LifecycleOp.FOSSILIZE, LifecycleOp.ADVANCE, LifecycleOp.GERMINATE):

@@ -30,6 +30,7 @@ from typing import Any
 from esper_lightning.blueprints import blueprint_index
 from esper_lightning.controllers.base import (
     WAIT,
+    BlueprintCheck,
     check_named_blueprint,
     check_state,
     state_header,
@@ -280,7 +281,7 @@ class HeuristicController:
         self._counted_prunes: dict[str, str] = {}  # slot id -> seed id whose prune was counted
         #: Why the last decision was taken (for logs and tests); not part of the state.
         self.last_reason = "reset"
-        self._checked: tuple[str, tuple[str, ...]] | None = None
+        self._blueprint_check = BlueprintCheck()
 
     def check_blueprints(self, topology: str, allowed: Sequence[str]) -> None:
         """Refuse (one line) a rotation naming a blueprint that does not exist for
@@ -295,10 +296,7 @@ class HeuristicController:
             )
 
     def decide(self, report: EpochReport) -> Action:
-        context = (report.topology, report.mask_context.blueprints)
-        if self._checked != context:  # once per run: a rotation that cannot grow fails now
-            self.check_blueprints(*context)
-            self._checked = context
+        self._blueprint_check(self, report)
         self._active(report.max_epochs)
         epoch = int(report.epoch)
         self._note_prunes(report)  # dated to the previous decision, so before the decay

@@ -41,6 +41,7 @@ from typing import Any, Protocol
 from esper_lightning.blueprints.block import BLOCK_INITS, block_blueprint
 from esper_lightning.controllers.base import (
     WAIT,
+    BlueprintCheck,
     ControllerBase,
     check_named_blueprint,
     check_state,
@@ -132,7 +133,7 @@ class StackController(ControllerBase):
         self.growth_depth = growth_depth
         self.blueprint = block_blueprint(init)
         self.slots = None if slots is None else tuple(slots)
-        self._checked: tuple[str, tuple[str, ...]] | None = None
+        self._blueprint_check = BlueprintCheck()
         if self.slots is not None and len(self.slots) != self.n_seeds:
             raise ConfigError(f"stack: {self.n_seeds} block seed(s) need as many slots, got "
                               f"{list(self.slots)}")
@@ -143,10 +144,7 @@ class StackController(ControllerBase):
         return (self.depth - self.host_blocks) // self.growth_depth
 
     def decide(self, report: EpochReport) -> Action:
-        context = (report.topology, report.mask_context.blueprints)
-        if self._checked != context:  # once per run: a refused blueprint never silently waits
-            self.check_blueprints(*context)
-            self._checked = context
+        self._blueprint_check(self, report)
         fraction = report.spent_fraction
         if fraction is None:
             raise ConfigError(f"stack: growth at tau={self.tau} needs a compute budget or a "
