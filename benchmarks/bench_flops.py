@@ -49,13 +49,13 @@ METHODS = ("training_step", "forward", "counterfactual")
 
 
 @contextmanager
-def stubbed_meter() -> Any:
-    """Every `FlopMeter` reading returns 0 without looking at the module, and the env reads no
-    architecture."""
+def patched_meter(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Any:
+    """Every `FlopMeter` reading and the env's architecture read replaced by ``wrap`` of
+    itself, restored on exit."""
     saved = {name: getattr(FlopMeter, name) for name in METHODS}
-    for name in METHODS:
-        setattr(FlopMeter, name, lambda self, *args, **kwargs: 0)
-    env_module.structure = lambda module: None
+    for name, method in saved.items():
+        setattr(FlopMeter, name, wrap(method))
+    env_module.structure = wrap(structure)
     try:
         yield
     finally:
@@ -64,7 +64,12 @@ def stubbed_meter() -> Any:
         env_module.structure = structure
 
 
-@contextmanager
+def stubbed_meter() -> Any:
+    """Every `FlopMeter` reading returns 0 without looking at the module, and the env reads no
+    architecture."""
+    return patched_meter(lambda fn: lambda *args, **kwargs: 0 if fn is not structure else None)
+
+
 def clocked_meter(clock: list[float]) -> Any:
     """Every meter reading and architecture read, timed: their seconds add up in ``clock[0]``
     (the metering's whole cost inside the episode, side by side with the rest of it)."""
@@ -77,16 +82,7 @@ def clocked_meter(clock: list[float]) -> Any:
                 clock[0] += time.perf_counter() - start
         return call
 
-    saved = {name: getattr(FlopMeter, name) for name in METHODS}
-    for name, method in saved.items():
-        setattr(FlopMeter, name, timed_call(method))
-    env_module.structure = timed_call(structure)
-    try:
-        yield
-    finally:
-        for name, method in saved.items():
-            setattr(FlopMeter, name, method)
-        env_module.structure = structure
+    return patched_meter(timed_call)
 
 
 def make_pool(text: str, args: argparse.Namespace) -> EnvPool:
