@@ -58,7 +58,8 @@ from esper_lightning.hosts.gpt import GPTConfig, GPTHost
 
 DATA = Path("/work/shared/data/shakespeare/shakespeare.txt")
 #: Depth of the small host and of the host it grows into; the budget's unit is a step of the
-#: grown host ("S4 steps").
+#: grown host ("S4 steps"). ``--grown-depth`` sets BIG for a run (2: the lm-grow-cpu pilot,
+#: whose budgets are then in S2 steps).
 SMALL, BIG = 1, 4
 ARM = re.compile(
     r"^(?:s(?P<static>[1-9]\d*)|stack-(?P<init>copy|identity)-(?P<tau>0?\.\d+))"
@@ -479,6 +480,8 @@ def _add_shape_args(p: argparse.ArgumentParser, many: bool) -> None:
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--grown-depth", type=int, default=BIG,
+                        help="blocks of the grown host and of the budget's unit step (default 4)")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("time", help="FLOPs and seconds per step at candidate sizes")
     _add_shape_args(p, many=True)
@@ -558,7 +561,9 @@ def run_summarize(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    global BIG  # one depth per invocation, read by every arm and table of the run
     args = make_parser().parse_args(argv)
+    BIG = args.grown_depth
     torch.set_num_threads(1)
     {"time": run_time, "train": run_train, "summarize": run_summarize}[args.command](args)
 

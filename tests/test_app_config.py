@@ -117,7 +117,7 @@ def test_configs_saved_before_the_task_existed_are_cifar():
 def test_what_the_configuration_checks_agrees_with_what_runs():
     # The configuration keeps plain copies of these facts so that it imports no torch; the
     # modules that play the tasks, compute rewards and outcomes are the ones that must agree.
-    from esper_lightning.core.outcome import OUTCOME_EPOCHS
+    from esper_lightning.core.outcome import OUTCOME_EPOCHS, OUTCOMES
     from esper_lightning.envs.tasks import TASKS
     from esper_lightning.rl.rewards import RewardMode
 
@@ -131,3 +131,4 @@ def test_what_the_configuration_checks_agrees_with_what_runs():
             assert choices.slot_ids(preset) == task.slot_ids(preset)
     assert tuple(mode.value for mode in RewardMode) == config_module.REWARD_MODES
     assert config_module.OUTCOME_EPOCHS == OUTCOME_EPOCHS
+    assert config_module.OUTCOMES == OUTCOMES

@@ -115,7 +115,8 @@ def test_one_budget_gives_no_per_budget_tables():
 # --- the oracle and the regret ----------------------------------------------------------------
 def test_tau_families_group_stack_arms_that_differ_only_in_tau():
     labels = ["static", "stack:4@0.5", "stack:4@0.25:copy", "stack:4@0.5:identity",
-              "stack:2@0.5", "stack:2@0.5:copy", "stack:nonsense", "heuristic"]
+              "stack:2@0.5", "stack:2@0.5:copy", "stack:nonsense", "heuristic",
+              "stack:4@random"]  # random timing is a baseline, not a grid point
     assert regret.tau_families(labels) == {"stack:4@τ*:copy": ("stack:4@0.25:copy",
                                                                 "stack:4@0.5")}
     assert regret.tau_families(["static", ARMS[0]]) == {}

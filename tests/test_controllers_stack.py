@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import doctest
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -175,14 +176,30 @@ def test_stack_state_is_a_header_and_earliest_germination_follows_tau():
 @pytest.mark.parametrize(
     ("text", "parsed"),
     [("4@0.5", (4, 0.5, "copy")), ("4@0.25:identity", (4, 0.25, "identity")),
-     ("3@.8:random", (3, 0.8, "random"))],
+     ("3@.8:random", (3, 0.8, "random")), ("2@random:identity", (2, None, "identity"))],
 )
 def test_parse_stack(text, parsed):
     assert parse_stack(text) == parsed
     assert parse_controller(f"stack:{text}").kind == "stack"
 
 
-@pytest.mark.parametrize("text", ["4", "4@", "@0.5", "4@0.5:", "4@1..2", "x@0.5:copy"])
+def test_random_timing_draws_tau_from_the_episode_and_only_from_it():
+    grow2 = GPT_PRESETS["grow2"]
+    taus = [stack_controller("2@random:identity", grow2, ("r1c0",), "transformer",
+                             rng_seed=k).tau for k in range(400)]
+    again = [stack_controller("2@random:identity", grow2, ("r1c0",), "transformer",
+                              rng_seed=k).tau for k in range(400)]
+    assert taus == again  # episode k grows at the same time in every comparison
+    assert all(0.0 <= t < 1.0 for t in taus) and len(set(taus)) == 400
+    # uniform on [0, 1): each quarter gets about 100 of the 400 (binomial sd 8.7)
+    counts = np.histogram(taus, bins=4, range=(0.0, 1.0))[0]
+    assert all(60 <= c <= 140 for c in counts), counts
+    with pytest.raises(ValueError, match="draws its tau from the episode's rng_seed"):
+        stack_controller("2@random", grow2, ("r1c0",), "transformer")
+
+
+@pytest.mark.parametrize("text", ["4", "4@", "@0.5", "4@0.5:", "4@1..2", "x@0.5:copy",
+                                  "4@randomly"])
 def test_bad_stack_spec_is_one_line(text):
     with pytest.raises(ConfigError, match=r"accepted: stack:K@TAU\[:INIT\]|is not a number"):
         parse_stack(text)

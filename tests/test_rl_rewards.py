@@ -1,6 +1,7 @@
 """Reward formulas on hand-built states (real `SeedSlot`s driven through legal transitions), the
 telescoping of the shaping, and returns that rank real controllers like their outcomes."""
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -100,6 +101,20 @@ def test_outcome_is_the_comparisons_outcome():
     _to_holding(slots[0], "depthwise")  # 30 seed parameters; host 1000
     report = make_report(slots, accuracies=(10.0, 40.0, 44.0, 45.0, 46.0))
     assert outcome(report, RewardConfig(param_cost=2.0)) == pytest.approx(45.0 - 2.0 * 30 / 1000)
+
+
+def test_the_bits_outcome_pays_a_point_per_centibit_of_the_final_loss():
+    slots = _slots()
+    _to_holding(slots[0], "depthwise")  # 30 seed parameters; host 1000
+    report = dataclasses.replace(make_report(slots, accuracies=(40.0, 44.0, 45.0)),
+                                 val_loss=math.log(2.0) * 1.25)  # 1.25 bits per token
+    bits = RewardConfig(param_cost=2.0, outcome="bits")
+    assert outcome(report, bits) == pytest.approx(-125.0 - 2.0 * 30 / 1000)
+    # the accuracies play no part, the last loss all of it
+    worse = dataclasses.replace(report, val_loss=math.log(2.0) * 1.26)
+    assert outcome(report, bits) - outcome(worse, bits) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="needs a validation loss"):
+        outcome(dataclasses.replace(report, val_loss=None), bits)
 
 
 # --- the step reward ---------------------------------------------------------------------------
@@ -231,6 +246,8 @@ def test_config_validation():
         RewardConfig(op_costs={LifecycleOp.WAIT: 0.0})
     with pytest.raises(ValueError, match="param_cost"):
         RewardConfig(param_cost=-1.0)
+    with pytest.raises(ValueError, match="unknown outcome 'loss'; accepted: accuracy, bits"):
+        RewardConfig(outcome="loss")
 
 
 # --- returns rank real controllers like their outcomes ----------------------------------------

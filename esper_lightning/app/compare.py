@@ -204,7 +204,8 @@ def play_episodes(
 ) -> list[EpisodeRecord]:
     """Play one episode per plan on envs ``0..len(plans)-1`` of ``pool`` in lockstep."""
     which = list(range(len(plans)))
-    reward_config = RewardConfig(mode=task.reward, gamma=task.gamma, param_cost=task.param_cost)
+    reward_config = RewardConfig(mode=task.reward, gamma=task.gamma, param_cost=task.param_cost,
+                                 outcome=task.outcome)
     start = time.perf_counter()
     # The first epoch trains before the first decision, as in a Trainer and in PPO rollouts.
     observations = pool.reset([p.rng_seed for p in plans], which, [p.implants for p in plans],
@@ -284,7 +285,7 @@ class Comparison:
             if spec.kind == "grower":
                 make_grower(spec.argument, self.topology)  # type: ignore[arg-type]  # early
             if spec.kind in ("stack", "born"):
-                self._depth_growth(spec)  # early
+                self._depth_growth(spec, rng_seed=0)  # early
         self.policies = {s.label: check_policy(s.argument, config)  # type: ignore[arg-type]
                          for s in self.specs.values() if s.kind == "policy"}
         for spec in self.specs.values():
@@ -451,15 +452,18 @@ class Comparison:
         if spec.kind == "policy":
             return PolicyController(self.policies[spec.label])
         if spec.kind == "stack":
-            return self._depth_growth(spec)  # type: ignore[return-value]
+            return self._depth_growth(spec, plan.rng_seed)  # type: ignore[return-value]
         return StaticController()  # static, matched and born (their seeds are implanted)
 
-    def _depth_growth(self, spec: ControllerSpec) -> Any:
-        """``stack:``'s controller or ``born:``'s implants, on the host's blocks and slots."""
+    def _depth_growth(self, spec: ControllerSpec, rng_seed: int | None = None) -> Any:
+        """``stack:``'s controller (the episode's ``rng_seed`` draws ``stack:K@random``'s tau)
+        or ``born:``'s implants, on the host's blocks and slots."""
         preset = GPT_PRESETS.get(str(self.config.host_preset))
         host = preset if self.config.task == "lm" else None
-        make = stack_controller if spec.kind == "stack" else born_implants
-        return make(spec.argument, host, self.config.slots, self.topology)  # type: ignore
+        if spec.kind == "stack":
+            return stack_controller(spec.argument, host, self.config.slots, self.topology,
+                                    rng_seed)
+        return born_implants(spec.argument, host, self.config.slots, self.topology)
 
     def _get_pool(self) -> EnvPool:
         if self._pool is None:

@@ -53,6 +53,8 @@ TASK_CHOICES: dict[str, TaskChoices] = {
 REWARD_MODES = ("shaped", "simplified", "sparse")
 #: Epochs the outcome averages (`esper_lightning.core.outcome.OUTCOME_EPOCHS`).
 OUTCOME_EPOCHS = 3
+#: What the outcome measures (`esper_lightning.core.outcome.OUTCOMES`).
+OUTCOMES = ("accuracy", "bits")
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 #: `esper_lightning.core.slots.BLEND_GRADIENTS` (plain data: parsing never imports torch).
 BLEND_GRADIENTS = ("detached", "through")
@@ -60,6 +62,7 @@ BLEND_GRADIENTS = ("detached", "through")
 TaskName = Literal[tuple(TASK_CHOICES)]  # type: ignore[valid-type]
 HostPresetName = Literal[tuple(p for t in TASK_CHOICES.values() for p in t.presets)]  # type: ignore[valid-type]
 RewardName = Literal[REWARD_MODES]  # type: ignore[valid-type]
+OutcomeName = Literal[OUTCOMES]  # type: ignore[valid-type]
 PrecisionName = Literal[PRECISIONS]  # type: ignore[valid-type]
 BlendGradientName = Literal[BLEND_GRADIENTS]  # type: ignore[valid-type]
 LRScheduleName = Literal[LR_SCHEDULES]  # type: ignore[valid-type]
@@ -96,6 +99,9 @@ class TaskConfig:
         gamma: discount of the return (and of the reward's potential-based shaping).
         param_cost: outcome points charged per host-sized amount of seed parameters (the
             outcome is the mean validation accuracy of the last 3 epochs minus this cost).
+        outcome: what the PPO terminal reward pays: accuracy (that outcome) or bits (−100 ×
+            the final validation loss in bits per token, minus the same cost: what compare
+            judges a budgeted language-model run by, final_bits).
         device: device of every env when ``devices`` is empty (cpu, cuda, cuda:N).
         devices: one device per env, cycled when shorter than the pool (ppo with a ddp
             strategy: the number of processes per node, e.g. 2).
@@ -148,6 +154,7 @@ class TaskConfig:
     reward: RewardName = "shaped"
     gamma: float = 0.995
     param_cost: float = 1.0
+    outcome: OutcomeName = "accuracy"
     device: str = "cpu"
     devices: tuple[str, ...] = ()
     precision: PrecisionName = "32-true"
@@ -183,6 +190,7 @@ class TaskConfig:
             raise ConfigError(f"unknown host_preset {self.host_preset!r} for task {self.task!r}; "
                               f"accepted: {', '.join(self.task_choices.presets)}")
         _check_choice("reward", self.reward, REWARD_MODES)
+        _check_choice("outcome", self.outcome, OUTCOMES)
         _check_choice("precision", self.precision, PRECISIONS)
         if self.blend_gradient is not None:
             _check_choice("blend_gradient", self.blend_gradient, BLEND_GRADIENTS)
@@ -462,7 +470,7 @@ class CompareConfig(TaskConfig):
 #: Fields that shape the policy or the task: a checkpoint only resumes with equal values.
 COMPATIBILITY_KEYS = (
     "task", "slots", "host_preset", "reward", "episode_length", "policy_hidden", "envs",
-    "min_training_epochs", "max_seeds", "param_cost", "heads", "blend_gradient",
+    "min_training_epochs", "max_seeds", "param_cost", "outcome", "heads", "blend_gradient",
     "layer_scale_init", "budget_flops", "budget_steps", "budget_scales", "lr_schedule",
     "warmup_fraction", "decay_fraction", "min_lr_ratio",
 )
@@ -472,7 +480,7 @@ ADDED_KEY_DEFAULTS: dict[str, Any] = {
     "task": "cifar", "block_size": None, "blend_gradient": None, "layer_scale_init": None,
     "budget_flops": None, "budget_steps": None, "budget_scales": None, "lr_schedule": "constant",
     "warmup_fraction": 0.0, "decay_fraction": None, "min_lr_ratio": 0.0, "arm_lr": [],
-    "tune_lr": [],
+    "tune_lr": [], "outcome": "accuracy",
 }
 #: Options of which a layer sets at most one: setting one clears the others.
 EXCLUSIVE_KEYS = (("budget_flops", "budget_steps"),)
@@ -531,6 +539,23 @@ PRESETS: dict[str, dict[str, Any]] = {
         "lr_schedule": "wsd", "warmup_fraction": 0.03,
         "decay_fraction": 0.2, "min_training_epochs": 2, "envs": 4, "rounds": 20,
         "policy_hidden": 64, "ppo_epochs": 4, "minibatch_envs": 2,
+    },
+    # Learning *when* to grow, on 2 CPU cores (sized by a pilot, docs/evidence.md): the one-block
+    # GPT of lm-grow growing to two blocks (host grow2), against budgets that vary by episode,
+    # 0.5, 1 or 2 x 2,000 steps of the two-block host (2,000 x 226,492,416 FLOPs). In the pilot
+    # the best growth time moves with the budget (at 0.5: late or never; at 2: early), so a
+    # fixed schedule cannot be right at every budget and a policy that reads the budget can.
+    # Ten slices per episode (a decision every tenth of the budget); the terminal reward pays
+    # the final validation loss (outcome bits), with no parameter price: the budget already
+    # charges the grown block its FLOPs. 16 episodes per update, about 35 s each on one thread.
+    "lm-grow-cpu": {
+        "task": "lm", "host_preset": "grow2", "slots": ("r1c0",), "block_size": 32,
+        "batch_size": 32, "val_subset": 256, "episode_length": 10, "host_lr": 4e-3,
+        "budget_flops": 2000 * 226_492_416.0,  # FlopMeter: w32l2, batch 32, 32 tokens
+        "budget_scales": (0.5, 1.0, 2.0), "lr_schedule": "wsd", "warmup_fraction": 0.03,
+        "decay_fraction": 0.2, "min_training_epochs": 1, "param_cost": 0.0, "outcome": "bits",
+        "envs": 16, "rounds": 12, "policy_hidden": 64, "heads": "compact",
+        "learning_rate": 1e-3, "target_kl": 0.02, "ppo_epochs": 4, "minibatch_envs": 4,
     },
 }
 

@@ -100,6 +100,8 @@ def tau_families(controllers: Iterable[str]) -> dict[str, tuple[str, ...]]:
             depth, tau, init = parse_stack(label[len(STACK):])
         except ConfigError:
             continue  # a custom controller's name, not a stack arm
+        if tau is None:
+            continue  # random timing is a baseline, not a point of the tau grid
         groups.setdefault((depth, init), []).append((tau, label))
     return {f"{STACK}{depth}@τ*:{init}": tuple(label for _, label in sorted(arms))
             for (depth, init), arms in groups.items() if len({tau for tau, _ in arms}) > 1}

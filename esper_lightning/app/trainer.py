@@ -196,7 +196,7 @@ class PPOTrainer:
             reward_normalizer=RewardNormalizer(config.gamma),
             value_normalizer=ValueNormalizer(),
             reward_config=RewardConfig(mode=RewardMode(mode), gamma=config.gamma,
-                                       param_cost=config.param_cost),
+                                       param_cost=config.param_cost, outcome=config.outcome),
             logger_name="ppo" if not self.config.ab else f"ppo-{mode}",
         )
 

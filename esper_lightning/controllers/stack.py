@@ -38,6 +38,8 @@ import re
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+import numpy as np
+
 from esper_lightning.blueprints.block import BLOCK_INITS, block_blueprint
 from esper_lightning.controllers.base import (
     WAIT,
@@ -53,8 +55,10 @@ from esper_lightning.core.report import EpochReport
 from esper_lightning.errors import ConfigError
 
 _KIND = "stack"
+#: Mixed into an episode's rng seed for ``stack:K@random``'s draw of tau.
+_RANDOM_TAU_SALT = 0x7A0
 #: ``K@TAU[:INIT]`` (the argument of ``stack:``).
-_STACK = re.compile(r"(?P<depth>\d+)@(?P<tau>[0-9.]+)(?::(?P<init>[a-z]+))?")
+_STACK = re.compile(r"(?P<depth>\d+)@(?P<tau>[0-9.]+|random)(?::(?P<init>[a-z]+))?")
 #: What it does first, for the first of its slots in order where the masks allow it: finish an
 #: incubation (a seed of a checkpoint from before block seeds skipped it), germinate the next
 #: seed (a blending seed does not stop it), then move blended seeds on and keep them.
@@ -198,12 +202,15 @@ class StackController(ControllerBase):
         check_state(state, _KIND, ())
 
 
-def parse_stack(argument: str) -> tuple[int, float, str]:
-    """``K@TAU[:INIT]`` -> (depth, tau, init); INIT defaults to ``copy``.
+def parse_stack(argument: str) -> tuple[int, float | None, str]:
+    """``K@TAU[:INIT]`` -> (depth, tau, init); INIT defaults to ``copy``; TAU ``random`` gives
+    None (random timing: `stack_controller` draws tau per episode).
 
     Example:
         >>> parse_stack("4@0.5:identity")
         (4, 0.5, 'identity')
+        >>> parse_stack("2@random")
+        (2, None, 'copy')
 
     Raises:
         ConfigError: One line naming the bad argument and the accepted form.
@@ -211,7 +218,10 @@ def parse_stack(argument: str) -> tuple[int, float, str]:
     match = _STACK.fullmatch(argument)
     if match is None:
         raise ConfigError(f"bad stack spec 'stack:{argument}'; accepted: stack:K@TAU[:INIT] "
-                          f"with INIT one of {', '.join(BLOCK_INITS)} (e.g. stack:4@0.5:copy)")
+                          f"with TAU a fraction or random, INIT one of {', '.join(BLOCK_INITS)} "
+                          "(e.g. stack:4@0.5:copy)")
+    if match["tau"] == "random":
+        return int(match["depth"]), None, match["init"] or "copy"
     try:
         tau = float(match["tau"])
     except ValueError:
@@ -221,11 +231,13 @@ def parse_stack(argument: str) -> tuple[int, float, str]:
 
 
 def stack_controller(argument: str, host: GrowingHost | None, slot_ids: Sequence[str],
-                     topology: str) -> StackController:
+                     topology: str, rng_seed: int | None = None) -> StackController:
     """The controller of ``stack:K@TAU[:INIT]`` on ``host`` (None: a host that cannot grow)
     playing ``slot_ids`` of ``topology``: it grows in every growth slot of the host, so ``K``
     must be the host's grown depth. Refused in one line otherwise, or when the run's slots
-    lack a growth slot.
+    lack a growth slot. ``stack:K@random`` is random timing, the baseline a learned timing
+    must beat first: tau drawn uniformly from [0, 1) with the episode's ``rng_seed``
+    (`random_tau`), so episode i grows at the same random time in every comparison.
 
     Example:
         >>> from esper_lightning.hosts.presets import GPT_PRESETS
@@ -234,11 +246,27 @@ def stack_controller(argument: str, host: GrowingHost | None, slot_ids: Sequence
         ('r1c0',)
     """
     depth, tau, init = parse_stack(argument)
+    if tau is None:
+        if rng_seed is None:
+            raise ValueError(f"stack:{argument} draws its tau from the episode's rng_seed; "
+                             "none was given")
+        tau = random_tau(rng_seed)
     check_named_blueprint(f"stack:{argument}", block_blueprint(init), topology)
     slots = _growth_slots(f"stack:{argument}", depth, host, slot_ids)
     assert host is not None  # _growth_slots refused it
     return StackController(depth, tau, init, host_blocks=host.n_layer, slots=slots,
                            growth_depth=host.growth_depth)
+
+
+def random_tau(rng_seed: int) -> float:
+    """The growth time of ``stack:K@random`` in the episode of ``rng_seed``: uniform in [0, 1)
+    from a generator of its own (a salt keeps it apart from the episode's other draws).
+
+    Example:
+        >>> random_tau(3) == random_tau(3) and 0.0 <= random_tau(3) < 1.0
+        True
+    """
+    return float(np.random.default_rng((rng_seed, _RANDOM_TAU_SALT)).random())
 
 
 def born_implants(argument: str, host: GrowingHost | None, slot_ids: Sequence[str],

@@ -26,6 +26,12 @@ from esper_lightning.core.report import EpochReport
 
 #: Epochs averaged at the end of an episode.
 OUTCOME_EPOCHS = 3
+#: What an episode's outcome measures: ``accuracy`` (the default, above) or ``bits``, for
+#: budgeted language-model runs judged by their final validation loss (`bits_outcome`).
+OUTCOMES = ("accuracy", "bits")
+#: Outcome points per bit: one point per centibit of final loss, the size of an accuracy point
+#: in the terminal reward (a schedule worth 0.01 bits per byte earns 1 point).
+POINTS_PER_BIT = 100.0
 
 
 def accuracy_outcome(accuracies: Sequence[float], last: int = OUTCOME_EPOCHS) -> float:
@@ -80,14 +86,38 @@ def episode_outcome(
             - parameter_cost(seed_params, host_params, param_cost))
 
 
-def report_outcome(report: EpochReport, param_cost: float) -> float:
-    """The outcome of an episode that ended at ``report``: its accuracy and seed-parameter
-    histories (`EpochReport.accuracy_history`, `EpochReport.seed_params_history`). What the PPO
-    terminal reward pays and what `esper-lightning compare` records.
+def bits_outcome(final_loss: float, seed_params: Sequence[float], host_params: float,
+                 param_cost: float) -> float:
+    """The ``bits`` outcome: ``−POINTS_PER_BIT ×`` the final validation loss in bits per token,
+    minus the same parameter cost. Under a compute budget every schedule ends fully decayed at
+    its budget, so the last epoch's loss is the run's result (what `esper-lightning compare`
+    judges budgeted runs by, ``final_bits``), not a mean over a plateau.
+
+    Example:
+        >>> round(bits_outcome(math.log(4), [0, 0, 0], host_params=1000, param_cost=1.0), 6)
+        -200.0
+    """
+    return (-POINTS_PER_BIT * final_loss / math.log(2.0)
+            - parameter_cost(seed_params, host_params, param_cost))
+
+
+def report_outcome(report: EpochReport, param_cost: float, kind: str = "accuracy") -> float:
+    """The outcome of an episode that ended at ``report``, of kind ``kind`` (`OUTCOMES`): its
+    accuracy (or final loss) and seed-parameter histories (`EpochReport.accuracy_history`,
+    `EpochReport.seed_params_history`). What the PPO terminal reward pays; `esper-lightning
+    compare` records the accuracy kind as ``outcome`` and the loss as ``final_bits``.
 
     Raises:
-        ValueError: the report has no validation accuracy, or too short a history.
+        ValueError: an unknown kind; the report has no validation accuracy (or loss), or too
+            short a history.
     """
+    if kind == "bits":
+        if report.val_loss is None:
+            raise ValueError(f"epoch {report.epoch}: the bits outcome needs a validation loss")
+        return bits_outcome(report.val_loss, report.seed_params_history, report.host_params,
+                            param_cost)
+    if kind != "accuracy":
+        raise ValueError(f"unknown outcome kind {kind!r}; accepted: {', '.join(OUTCOMES)}")
     if report.val_accuracy is None:
         raise ValueError(f"epoch {report.epoch}: the outcome needs a validation accuracy")
     return episode_outcome(report.accuracy_history, report.seed_params_history,

@@ -12,10 +12,11 @@ action and ``report`` (s_{t+1}, after the action, the epoch tick and one epoch o
 
 The outcome is `core.outcome.report_outcome`: mean validation accuracy of the last three
 epochs minus a parameter cost on the mean seed parameters of those epochs, the very quantity
-`esper-lightning compare` judges controllers by. Because Φ is zero at every episode end, the
-shaping telescopes: an episode's discounted shaping sums to −Φ(s_0), the same for every policy,
-so returns rank policies like their outcomes and shaping only guides learning (potential-based
-shaping, Ng et al. 1999). The modes differ in Φ:
+`esper-lightning compare` judges controllers by (``outcome="bits"``: −100 × the final
+validation loss in bits, compare's ``final_bits``, for budgeted language-model runs). Because Φ
+is zero at every episode end, the shaping telescopes: an episode's discounted shaping sums to
+−Φ(s_0), the same for every policy, so returns rank policies like their outcomes and shaping
+only guides learning (potential-based shaping, Ng et al. 1999). The modes differ in Φ:
 
 * ``shaped`` (default): stage potentials of every slot (progress through the lifecycle) plus
   the attribution credit of every present seed (its measured counterfactual contribution,
@@ -37,7 +38,7 @@ from enum import Enum
 
 from esper_lightning.core.actions import Action, LifecycleOp, action_error
 from esper_lightning.core.lifecycle import PRESENT_STAGES, SeedStage
-from esper_lightning.core.outcome import report_outcome
+from esper_lightning.core.outcome import OUTCOMES, report_outcome
 from esper_lightning.core.report import EpochReport
 from esper_lightning.core.slots import SlotReport
 
@@ -77,6 +78,8 @@ class RewardConfig:
             bends the ranking of policies).
         rollback_penalty: reward −rollback_penalty at the step of a governor rollback (all
             modes).
+        outcome: what the terminal term measures (`core.outcome.OUTCOMES`): ``accuracy``, or
+            ``bits`` (−100 × the final validation loss in bits, for budgeted runs).
     """
 
     mode: RewardMode = RewardMode.SHAPED
@@ -89,6 +92,7 @@ class RewardConfig:
     attribution_weight: float = 0.3
     op_costs: dict[LifecycleOp, float] = field(default_factory=_no_op_costs)
     rollback_penalty: float = 10.0
+    outcome: str = "accuracy"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", RewardMode(self.mode))
@@ -96,6 +100,8 @@ class RewardConfig:
             raise ValueError("op_costs needs a cost for every LifecycleOp")
         if self.param_cost < 0 or self.rollback_penalty < 0:
             raise ValueError("param_cost and rollback_penalty must be >= 0")
+        if self.outcome not in OUTCOMES:
+            raise ValueError(f"unknown outcome {self.outcome!r}; accepted: {', '.join(OUTCOMES)}")
 
 
 @dataclass(frozen=True)
@@ -160,7 +166,7 @@ def compute_reward(
 # --- components -------------------------------------------------------------------------------
 def outcome(report: EpochReport, config: RewardConfig) -> float:
     """The episode's outcome at ``report`` (`core.outcome.report_outcome`)."""
-    return report_outcome(report, config.param_cost)
+    return report_outcome(report, config.param_cost, config.outcome)
 
 
 def potential(slot: SlotReport, config: RewardConfig) -> float:
