@@ -4,8 +4,10 @@ the command line's errors."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import json
+import logging
 import re
 import subprocess
 import sys
@@ -512,7 +514,9 @@ def trained_policy(tmp_path_factory):
         (["--controllers", "static", "policy:POLICY", "--slots", "r0c0"],
          "was trained with slots=['r0c1', 'r0c2']"),
         (["--controllers", "static", "policy:POLICY", "--host_preset", "impaired",
-          "--slots", "r0c1", "r0c2"], "was trained with host_preset='baseline'"),
+          "--slots", "r0c1", "r0c2"], "was trained with host_preset='baseline'; the comparison "
+                                      "uses host_preset='impaired'; --transfer_policies lets it "
+                                      "play another host of the same task"),
         (["--controllers", "static", "policy:POLICY", "--task", "lm", "--slots", "r0c0", "r0c1"],
          "was trained with task='cifar'; the comparison uses task='lm'"),
         (["--controllers", "static", "grower:lora"],
@@ -573,6 +577,20 @@ def test_policy_controllers_play_in_the_comparison(trained_policy, tmp_path):
                            progress=False, controllers=("static", f"policy:{policy}"))
     records = Comparison(config).run()
     assert {r.controller for r in records} == {"static", f"policy:{policy}"}
+
+
+def test_a_policy_transfers_to_another_host_only_when_asked(trained_policy, tmp_path, caplog):
+    data, policy = trained_policy  # trained on the baseline host
+    config = CompareConfig(data_dir=str(data), out=str(tmp_path / "out"), episode_length=3,
+                           slots=("r0c1", "r0c2"), batch_size=16, seeds=1, envs=1,
+                           progress=False, controllers=(f"policy:{policy}",),
+                           reference=f"policy:{policy}", host_preset="impaired")
+    with pytest.raises(ConfigError, match=r"host_preset='baseline'.*--transfer_policies"):
+        Comparison(config)
+    with caplog.at_level(logging.INFO, logger="esper_lightning"):
+        records = Comparison(dataclasses.replace(config, transfer_policies=True)).run()
+    assert [r.host for r in records] == ["impaired"]
+    assert "plays host_preset='impaired': transfer" in caplog.text
 
 
 def test_grower_controller_grows_and_fossilizes():

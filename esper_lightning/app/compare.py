@@ -168,16 +168,23 @@ def make_grower(argument: str, topology: str) -> GrowerController:
         raise ConfigError(str(err)) from None
 
 
-def check_policy(path: str, task: TaskConfig) -> PolicyBundle:
-    """Load a policy checkpoint, refusing one trained for another task, slots or host, or one
-    without a blueprint-head entry for a blueprint of the task's topology."""
+def check_policy(path: str, task: TaskConfig, transfer: bool = False) -> PolicyBundle:
+    """Load a policy checkpoint, refusing one trained for another task, slots or host (another
+    host is accepted with ``transfer``), or one without a blueprint-head entry for a blueprint
+    of the task's topology."""
     state = read_checkpoint(path)
     saved = {**ADDED_KEY_DEFAULTS, **state.get("config", {})}
     wanted = {"task": task.task, "slots": list(task.slots or ()), "host_preset": task.host_preset}
     for key, value in wanted.items():
         if saved.get(key) != value:
+            if key == "host_preset" and transfer:
+                log.info("policy '%s' (trained on host_preset=%r) plays host_preset=%r: "
+                         "transfer", path, saved.get(key), value)
+                continue
+            hint = ("; --transfer_policies lets it play another host of the same task"
+                    if key == "host_preset" else "")
             raise ConfigError(f"policy '{path}' was trained with {key}={saved.get(key)!r}; the "
-                              f"comparison uses {key}={value!r}")
+                              f"comparison uses {key}={value!r}{hint}")
     bundle = load_policy(state, source=f"policy '{path}'")
     check_blueprints(bundle, make_task(task).blueprints())
     return bundle
@@ -286,7 +293,8 @@ class Comparison:
                 make_grower(spec.argument, self.topology)  # type: ignore[arg-type]  # early
             if spec.kind in ("stack", "born"):
                 self._depth_growth(spec, rng_seed=0)  # early
-        self.policies = {s.label: check_policy(s.argument, config)  # type: ignore[arg-type]
+        self.policies = {s.label: check_policy(s.argument, config,  # type: ignore[arg-type]
+                                               config.transfer_policies)
                          for s in self.specs.values() if s.kind == "policy"}
         for spec in self.specs.values():
             if spec.kind == "matched" and spec.argument not in self.specs:

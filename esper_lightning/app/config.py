@@ -400,6 +400,10 @@ class CompareConfig(TaskConfig):
             are refused).
         reference: the controller every other one is compared with.
         all_pairs: also compare every pair of controllers.
+        transfer_policies: let a policy:PATH play a host preset other than the one it was
+            trained on (same task and slots; its observation is relative to the run: fractions
+            of the budget, normalised statistics), e.g. a policy trained on lm-grow-cpu's
+            grow2 evaluated on lm-grow's grow4.
         tune_heuristic: first tune the heuristic's main knobs on tuning episodes (disjoint from
             the evaluation episodes) and compare with the chosen configuration.
         tuning_seeds: tuning episodes per heuristic configuration (and per learning rate of
@@ -420,6 +424,7 @@ class CompareConfig(TaskConfig):
     out: str = "compare"
     reference: str = "static"
     all_pairs: bool = False
+    transfer_policies: bool = False
     tune_heuristic: bool = False
     tuning_seeds: int = 3
     arm_lr: tuple[str, ...] = ()
