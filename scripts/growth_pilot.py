@@ -444,7 +444,7 @@ def load_records(paths: list[Path]) -> dict[str, list[dict]]:
         for line in path.read_text().splitlines():
             if line.strip():
                 r = json.loads(line)
-                key = f"shape {r['shape']}, budget {r['budget_s4_steps']:.0f} S4 steps"
+                key = f"shape {r['shape']}, budget {r['budget_s4_steps']:.0f} S{BIG} steps"
                 groups.setdefault(key, []).append(r)
     return groups
 
@@ -489,7 +489,7 @@ def make_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train arms to a FLOP budget, append JSON lines")
     _add_shape_args(p, many=False)
     p.add_argument("--budget", type=float, required=True,
-                   help="budget C in S4 steps (training steps of the 4-block host)")
+                   help="budget C in grown-host steps (S4 steps: of the 4-block host by default)")
     p.add_argument("--arms", type=parse_arm, nargs="+", required=True,
                    help="s1, s4, stack-copy-TAU, stack-identity-TAU, each optionally @FRACTION")
     p.add_argument("--lrs", type=float, nargs="+", required=True, help="peak learning rates")
