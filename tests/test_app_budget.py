@@ -70,6 +70,18 @@ def test_a_later_layer_replaces_the_budget_of_an_earlier_one():
     assert (on_the_command_line.budget_flops, on_the_command_line.budget_steps) == (None, 40)
 
 
+def test_the_growth_presets_budgets_are_steps_of_their_grown_host():
+    """The presets write their budgets in FLOPs of the grown host's step (the unit their
+    pilots sized them in): if the FLOP count of a step changes, so must they."""
+    for preset, grown, steps in (("lm-grow", "w32l4", 6000), ("lm-grow-cpu", "w32l2", 2000)):
+        config = load_config(preset, cls=CompareConfig)
+        grown_step = static_step_flops(config.replace(host_preset=grown, slots=("r0c0",)))
+        assert config.budget_flops == steps * grown_step, preset
+    timing = load_config("lm-grow-cpu", cls=CompareConfig)
+    assert timing.budget_scales == (0.5, 1.0, 2.0) and timing.outcome == "bits"
+    assert budget_flops(timing) == 2000 * 226_492_416  # the smallest scale still fits
+
+
 def test_a_budget_and_schedule_shape_the_task_a_checkpoint_resumes():
     saved = PPORunConfig().to_dict()
     for key in ("budget_flops", "budget_steps", "lr_schedule"):
