@@ -2,6 +2,7 @@
 over the budget spent, data that never repeats within a pass, budgets drawn per episode from its
 rng seed, and metering that changes nothing."""
 
+import itertools
 import math
 from collections import Counter
 
@@ -13,7 +14,7 @@ from esper_lightning.core.actions import Action, LifecycleOp
 from esper_lightning.core.flops import FlopMeter
 from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.data.text import TextTensorLoader
-from esper_lightning.envs import EnvPool, EnvSpec, draw_budget_scale
+from esper_lightning.envs import EnvPool, EnvSpec, draw_budget_scale, smallest_budget_flops
 from esper_lightning.envs.tasks import TextTask
 from esper_lightning.rl import build_observation
 from esper_lightning.rl import observations as ob
@@ -136,6 +137,10 @@ def test_a_budget_below_one_batch_per_epoch_is_refused(data):
     with pytest.raises(ValueError, match=r"gives each of the 4 epochs .* less than one "
                                          r"training batch of the host"):
         pool.reset([0])
+    # The boundary: one batch per epoch exactly is a budget every epoch can train on.
+    assert smallest_budget_flops(step, 4) == 4 * step
+    spent = play(EnvPool(spec(budget_flops=4.0 * step), *data, ["cpu"]), [Action()] * 3)
+    assert spent[0] > 0 and all(b > a for a, b in itertools.pairwise(spent))
 
 
 # --- budgets that vary by episode ---------------------------------------------------------------

@@ -12,7 +12,7 @@ from esper_lightning.core.divergence import GovernorConfig
 from esper_lightning.core.flops import FlopMeter
 from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.data import DataError
-from esper_lightning.envs import EnvSpec
+from esper_lightning.envs import EnvSpec, smallest_budget_flops
 from esper_lightning.envs.tasks import CifarTask, Task, TextTask
 from esper_lightning.errors import ConfigError
 from esper_lightning.hosts import GPT_PRESETS
@@ -79,14 +79,15 @@ def budget_flops(task: TaskConfig) -> float | None:
     step = static_step_flops(task)
     budget = task.budget_flops if task.budget_flops is not None else step * task.budget_steps
     epochs, scale = task.episode_length, min(task.budget_scales or (1.0,))
-    if budget * scale / epochs < step:
+    least = smallest_budget_flops(step, epochs)
+    if budget * scale < least:
         given = (f"budget_flops={budget:g}" if task.budget_flops is not None
                  else f"budget_steps={task.budget_steps}")
         if task.budget_scales is not None:
             given += f" at its smallest scale {scale:g}"
         raise ConfigError(f"{given} gives each of the episode's {epochs} epochs less than one "
                           f"training batch of the static host ({step:,} FLOPs); accepted: at "
-                          f"least {math.ceil(step * epochs / scale)} FLOPs (budget_steps >= "
+                          f"least {math.ceil(least / scale)} FLOPs (budget_steps >= "
                           f"{math.ceil(epochs / scale)})")
     return float(budget)
 

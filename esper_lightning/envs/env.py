@@ -121,6 +121,18 @@ class EnvSpec:
 BUDGET_STREAM = 0xB0D6E7
 
 
+def smallest_budget_flops(step_flops: int, episode_length: int) -> int:
+    """The smallest episode budget that gives each of ``episode_length`` equal slices at least one
+    training batch of ``step_flops``: the one rule both the env (at reset) and the configuration
+    check (`esper_lightning.app.task.budget_flops`, at the smallest budget scale) apply.
+
+    Example:
+        >>> smallest_budget_flops(1_000, 10)
+        10000
+    """
+    return step_flops * episode_length
+
+
 def draw_budget_scale(scales: Sequence[float], episode_rng_seed: int) -> float:
     """One of ``scales``, uniformly, as a pure function of the episode's rng seed: from a
     generator of its own (a NumPy stream keyed by the rng seed and `BUDGET_STREAM`), never a
@@ -257,10 +269,11 @@ class MorphogenesisEnv:
         if budget is None:
             return
         step = self.meter.training_step(host, self.task.example_batch(self.spec.batch_size))
-        if budget / epochs < step:
+        least = smallest_budget_flops(step, epochs)
+        if budget < least:
             raise ValueError(f"budget_flops={budget:g} gives each of the {epochs} epochs "
                              f"{budget / epochs:g} FLOPs, less than one training batch of the "
-                             f"host ({step}); accepted: at least {step * epochs}")
+                             f"host ({step}); accepted: at least {least}")
 
     def execute(self, action: Action) -> StepOutcome:
         """Execute the controller's action, then tick every slot (end of the decision)."""
