@@ -11,11 +11,13 @@ from esper_lightning.app.plots import (
     curves_figure,
     differences_figure,
     dodge,
+    regret_figure,
     save_figure,
     save_figures,
     vs_params_figure,
 )
 from esper_lightning.app.records import METRICS, EpisodeRecord, Metric
+from esper_lightning.app.regret import regrets
 from esper_lightning.app.report import paired_differences, summarize
 from esper_lightning.app.stats import mean_ci
 from esper_lightning.core.outcome import accuracy_outcome
@@ -236,3 +238,48 @@ def test_every_plotted_metric_is_saved_and_a_new_one_is_drawn(tmp_path, monkeypa
     assert [t.get_text() for t in scalar.texts] == ["heuristic", "ppo"]  # static has none
     (curves,) = curves_figure(records, "train_loss_curve").axes
     assert curves.get_title().startswith("Training loss (mean over episodes")
+
+
+def _budgeted_records():
+    """Two budgets of 4 episodes: growing early (tau 0.2) wins the small one, late (0.8) the
+    large one; static loses 0.1 bits to the better arm everywhere."""
+    rng = np.random.default_rng(3)
+    offsets = {1e12: {"static": 0.1, "stack:2@0.2": 0.0, "stack:2@0.8": 0.05},
+               4e12: {"static": 0.1, "stack:2@0.2": 0.05, "stack:2@0.8": 0.0}}
+    records = []
+    for i in range(8):
+        budget = 1e12 if i < 4 else 4e12
+        base = rng.normal(2.0, 0.2)
+        for name, offset in offsets[budget].items():
+            records.append(EpisodeRecord(name, i, 100 + i, "gpt", {
+                "outcome": 50.0, "final_accuracy": 50.0, "seed_params": 0, "total_params": 1,
+                "accuracy_curve": (50.0,), "seeds_germinated": 0, "seeds_fossilized": 0,
+                "seeds_pruned": 0, "wall_seconds": 1.0, "budget_flops": budget,
+                "final_bits": base + offset + rng.normal(0.0, 0.001)}))
+    return records
+
+
+def test_regret_is_a_forest_plot_of_every_controller_overall_and_per_budget(tmp_path):
+    _, rows = regrets(_budgeted_records(), "final_bits")
+    fig = regret_figure(rows, "final_bits")
+    (ax,) = fig.axes
+    bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    assert len(bars) == 3 * (1 + 2)  # every controller: all budgets, then each budget
+    points = [(bar.lines[0].get_xdata()[0], bar.lines[0].get_ydata()[0]) for bar in bars]
+    for row, start in zip(rows, range(0, 9, 3), strict=True):
+        (x, y), *budgets = points[start:start + 3]
+        assert x == pytest.approx(row.overall.mean)
+        assert [bx for bx, _ in budgets] == pytest.approx(
+            [row.per_budget[b][1].mean for b in (1e12, 4e12)])
+        assert all(by < y for _, by in budgets)  # the budgets sit under their controller
+    by_name = dict(zip((r.controller for r in rows), range(0, 9, 3), strict=True))
+    # Each tau arm is the oracle (regret 0) on the budget it wins; static loses 0.1 on both.
+    assert points[by_name["stack:2@0.2"] + 1][0] == 0.0
+    assert points[by_name["stack:2@0.8"] + 2][0] == 0.0
+    assert points[by_name["static"]][0] == pytest.approx(0.1, abs=0.01)
+    assert [t.get_text() for t in ax.get_yticklabels()] == [r.controller for r in rows]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "all budgets", "budget 1e+12 FLOPs", "budget 4e+12 FLOPs"]
+    assert save_figure(fig, tmp_path / "regret.png").stat().st_size > 0
+    with pytest.raises(ValueError, match="at least one controller"):
+        regret_figure([], "final_bits")

@@ -240,3 +240,4 @@ def test_the_comparison_report_has_the_per_budget_tables_and_the_regret(text_fil
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert [t["budget_flops"] for t in summary["per_budget"]] == [SMALL, LARGE]
     assert [b["chosen"] for b in summary["regret"][0]["budgets"]] == [ARMS[0], ARMS[2]]
+    assert (tmp_path / "out" / "regret.png").read_bytes().startswith(b"\x89PNG")

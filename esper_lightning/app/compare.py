@@ -574,6 +574,8 @@ class Comparison:
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         plots.save_figures(records, summaries, comparisons, self.out,
                            param_cost=self.config.param_cost)
+        if regrets:
+            plots.save_figure(plots.regret_figure(regrets, self.judged), self.out / "regret.png")
         _log_tensorboard(self.out, self.config, table, summaries, self.judged)
         return table
 

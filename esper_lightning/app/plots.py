@@ -16,6 +16,10 @@
   horizontal axis: ``loss_vs_flops.png`` draws the validation loss against the mean cumulative
   training FLOPs at each epoch, the comparison at equal compute.
 
+- `regret_figure` (``regret.png``, written by `esper_lightning.app.compare` when a grid of
+  growth times was played): each controller's regret to the per-budget best growth time, over
+  all episodes and per budget.
+
 `save_figures` writes every metric with ``plot=True`` (a paired one also as a forest plot), and
 the loss against FLOPs when the episodes recorded both.
 
@@ -46,6 +50,7 @@ from matplotlib.text import Text
 from matplotlib.ticker import MaxNLocator, StrMethodFormatter
 
 from esper_lightning.app.records import METRICS, EpisodeRecord, Metric, group_by_controller
+from esper_lightning.app.regret import Regret
 from esper_lightning.app.report import ControllerSummary, PairedComparison
 from esper_lightning.app.stats import CONFIDENCE, Estimate, estimate
 
@@ -137,6 +142,59 @@ def differences_figure(comparisons: Sequence[PairedComparison], name: str = "out
     ax.set_title(f"Paired differences in {metric.label} "
                  f"(means, {shown[0].confidence:.0%} t intervals{band})", fontsize="medium")
     ax.grid(axis="x", alpha=0.3)
+    return fig
+
+
+# --- regret to the growth-time oracle ---------------------------------------------------------
+def regret_figure(rows: Sequence[Regret], judged: str) -> Figure:
+    """A forest plot of the regret to the per-budget best growth time (`regret.regrets`): one
+    row per controller (``controller vs oracle`` when there are several oracles), its mean
+    regret over all episodes in black and, below it, one dodged marker per budget in that
+    budget's colour, each with its interval. A TAU arm sits at 0 on the budgets the oracle chose
+    it for, so the figure shows at a glance which growth time wins at which budget, and what
+    the other controllers lose to it.
+
+    Raises:
+        ValueError: no rows.
+
+    Example::
+
+        oracles, rows = regrets(records, "final_bits")
+        save_figure(regret_figure(rows, "final_bits"), "compare/regret.png")
+    """
+    if not rows:
+        raise ValueError("regret_figure needs at least one controller's regret")
+    metric = METRICS[judged]
+    several = len({r.oracle for r in rows}) > 1
+    budgets = list(dict.fromkeys(b for r in rows for b in r.per_budget))
+    per_row = 1 + (len(budgets) if len(budgets) > 1 else 0)
+    fig, ax = _new_axes(height=1.6 + 0.22 * per_row * len(rows), width=9.0)
+    colours = [f"C{i}" for i in range(len(budgets))]
+    centres = np.arange(len(rows))[::-1] * (per_row + 1) * 0.25  # the first controller on top
+    for y, row in zip(centres, rows, strict=True):
+        ax.errorbar([row.overall.mean], [y], xerr=_error_bar(row.overall), fmt="o",
+                    color="black", capsize=3, markersize=6,
+                    label="all budgets" if y == centres[0] else None)
+        if len(budgets) < 2:
+            continue
+        for k, (budget, colour) in enumerate(zip(budgets, colours, strict=True)):
+            if budget not in row.per_budget:
+                continue
+            value = row.per_budget[budget][1]
+            ax.errorbar([value.mean], [y - 0.25 * (k + 1)], xerr=_error_bar(value), fmt="s",
+                        color=colour, capsize=2, markersize=4,
+                        label=f"budget {budget:.3g} FLOPs" if y == centres[0] else None)
+    ax.axvline(0.0, color="black", linewidth=1.0)
+    ax.set_yticks(centres - 0.125 * (per_row - 1),
+                  [f"{r.controller} vs {r.oracle}" if several else r.controller for r in rows])
+    unit = f" ({metric.unit})" if metric.unit else ""
+    ax.set_xlabel(f"regret{unit}: {metric.label} lost to the oracle's growth time in the same "
+                  "episode (positive is worse)")
+    oracle = "" if several else f" {rows[0].oracle}"
+    ax.set_title(f"Regret to the per-budget best growth time{oracle} (means, "
+                 f"{rows[0].confidence:.0%} t intervals)", fontsize="medium")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize="small", loc="best")
     return fig
 
 
