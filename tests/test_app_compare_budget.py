@@ -131,6 +131,32 @@ def test_budgeted_lm_comparison_judges_the_loss_at_the_budget(text_file, tmp_pat
     assert (out / "final_bits_differences.png").stat().st_size > 0
 
 
+def test_a_folder_from_before_budgets_were_recorded_takes_a_new_arm(text_file, tmp_path):
+    config = CompareConfig(
+        task="lm", host_preset="w32l1", slots=("r0c0",), block_size=16, batch_size=8,
+        episode_length=3, val_subset=4, min_training_epochs=1, data_dir=str(text_file),
+        controllers=("static",), seeds=2, envs=2, budget_steps=6, out=str(tmp_path / "out"),
+        progress=False)
+    Comparison(config).run()
+    table = tmp_path / "out" / "episodes.csv"
+    with table.open() as f:
+        rows = list(csv.DictReader(f))
+    columns = [c for c in rows[0] if c != "budget_flops"]  # as the version before wrote it
+    with table.open("w", newline="") as f:
+        writer = csv.DictWriter(f, columns, extrasaction="ignore", lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    # The new arm's rows know their budget, the old ones do not: the run reports the table as
+    # it keeps it (its own columns), which is what a rerun reports too.
+    grown = config.replace(controllers=("static", "grower:lora"))
+    records = Comparison(grown).run()
+    assert len(records) == 4 and all(r["budget_flops"] is None for r in records)
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "| grower:lora | static | 2 |" in summary
+    Comparison(grown).run()  # plays nothing
+    assert (tmp_path / "out" / "summary.md").read_text() == summary
+
+
 def test_budgets_that_vary_by_episode_pair_controllers_and_are_recorded(text_file, tmp_path):
     scales = (0.5, 1.0, 2.0)
     config = CompareConfig(

@@ -412,7 +412,10 @@ class Comparison:
         done += self._play_missing(self._plans(growers, done), self.episodes_csv)
         matched = [s for s in self.specs.values() if s.kind == "matched"]
         done += self._play_missing(self._plans(matched, done), self.episodes_csv)
-        records = [r for r in done if r.controller in self.specs]
+        # Report the table as kept, not as played: a folder of an earlier layout keeps its own
+        # columns (a new metric of the rows just played is left out), and a rerun must report
+        # exactly what this run does.
+        records = [r for r in read_records_csv(self.episodes_csv) if r.controller in self.specs]
         self.report(records)
         return records
 
