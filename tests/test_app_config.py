@@ -40,6 +40,8 @@ def test_yaml_files(tmp_path):
         ({"device": "tpu"}, "unknown device 'tpu'; accepted: cpu, cuda, cuda:N"),
         ({"reward": "dense"}, "unknown reward 'dense'; accepted: shaped, simplified, sparse"),
         ({"gamma": 1.5}, r"gamma must be in \[0.0, 1.0\], got 1.5"),
+        ({"blueprints": []}, "blueprints is empty; accepted: blueprint names of the task's slots"),
+        ({"blueprints": ["norm", "norm"]}, "blueprints lists a blueprint twice: norm, norm"),
         ({"minibatch_envs": 3}, "minibatch_envs=3 does not divide envs=2; accepted: 1, 2$"),
         ({"envs": 6, "minibatch_envs": 4}, "minibatch_envs=4 does not divide envs=6; accepted: "
                                            "1, 2, 3, 6$"),

@@ -10,6 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from esper_lightning.app.config import ConfigError, load_config
 from esper_lightning.app.trainer import TIMELINE_TAG, PPOTrainer
+from esper_lightning.controllers import PolicyController
 from esper_lightning.core.divergence import Governor
 from esper_lightning.rl.checkpoint import read_checkpoint
 
@@ -71,6 +72,21 @@ def test_smoke_round_logs_spec_tags_and_writes_a_checkpoint(cifar_dir, tmp_path)
     state = read_checkpoint(save)  # weights_only=True
     assert state["round"] == 2 and state["config"]["episode_length"] == 3
     assert not (tmp_path / "ckpt.pt.tmp").exists()
+
+
+def test_a_run_with_a_subset_of_blueprints_germinates_only_those_and_saves_them(cifar_dir,
+                                                                               tmp_path):
+    save = tmp_path / "ckpt.pt"
+    trainer = PPOTrainer(_config(cifar_dir, tmp_path, save=str(save), blueprints=["norm"]))
+    trainer.train()
+    for env in trainer.pool.envs:
+        assert env.engine.mask_context.blueprints == ("norm",)
+        assert {entry.blueprint for entry in env.engine.timeline} <= {None, "norm"}
+    assert read_checkpoint(save)["allowed_blueprints"] == ["norm"]
+    assert PolicyController(save).bundle.allowed_blueprints == ("norm",)
+    with pytest.raises(ConfigError, match="unknown blueprint 'block_identity' for the slots of "
+                       "task 'cifar'; accepted: norm, "):
+        PPOTrainer(_config(cifar_dir, tmp_path, blueprints=["block_identity"]))
 
 
 def _policy(trainer: PPOTrainer) -> dict[str, torch.Tensor]:

@@ -5,11 +5,19 @@ import lightning as L
 import pytest
 import torch
 from helpers import torch_round_trip, train_smoke_policy
+from lifecycle_mdp import make_report
 
+from esper_lightning.blueprints import blueprint_index
 from esper_lightning.callbacks import MorphogenesisCallback
 from esper_lightning.controllers import PolicyController
+from esper_lightning.core.actions import LifecycleOp, MaskContext
+from esper_lightning.core.slots import SeedSlot
 from esper_lightning.data import CIFAR10DataModule
 from esper_lightning.hosts import CifarCNNHost
+from esper_lightning.rl.checkpoint import policy_entries, write_checkpoint
+from esper_lightning.rl.normalizers import RunningMeanStd
+from esper_lightning.rl.observations import obs_dim
+from esper_lightning.rl.policy import FactoredRecurrentActorCritic, PolicyConfig
 
 
 @pytest.fixture(scope="module")
@@ -70,3 +78,43 @@ def test_slot_mismatch_is_a_clear_error(checkpoint, tmp_path):
         trainer.fit(CifarCNNHost("baseline", slots=["r0c0"]),
                     datamodule=CIFAR10DataModule(data, batch_size=16))
     assert callback.engine is not None
+
+
+# --- a policy trained with a subset of the blueprints ------------------------------------------
+def _biased_bundle(allowed_blueprints, tmp_path):
+    """A saved policy whose heads prefer GERMINATE and, of the blueprints, ``lora`` by far, then
+    ``lora_large``: whatever else it germinates was forced by the masks."""
+    torch.manual_seed(0)
+    policy = FactoredRecurrentActorCritic(PolicyConfig(n_slots=1, hidden_dim=16,
+                                                       head_hidden_dim=16))
+    with torch.no_grad():
+        policy.heads["op"][-1].bias[LifecycleOp.GERMINATE] = 50.0
+        policy.heads["blueprint"][-1].bias[blueprint_index("lora")] = 50.0
+        policy.heads["blueprint"][-1].bias[blueprint_index("lora_large")] = 25.0
+    path = tmp_path / "biased.pt"
+    write_checkpoint(policy_entries(policy, RunningMeanStd(shape=(obs_dim(1),)), ("r0c0",), 1,
+                                    allowed_blueprints=allowed_blueprints), path)
+    return path
+
+
+def _cnn_report(blueprints=("norm", "lora", "lora_large")):
+    return make_report([SeedSlot("r0c0", channels=4)], max_epochs=1,
+                       context=MaskContext(blueprints))
+
+
+@pytest.mark.parametrize(("trained", "germinated"), [
+    (None, "lora"), (("norm",), "norm"), (("norm", "lora_large"), "lora_large"),
+])
+def test_a_policy_germinates_only_the_blueprints_it_was_trained_with(trained, germinated,
+                                                                     tmp_path):
+    controller = PolicyController(_biased_bundle(trained, tmp_path))
+    assert controller.bundle.allowed_blueprints == trained
+    action = controller.decide(_cnn_report())
+    assert (action.op, action.blueprint) == (LifecycleOp.GERMINATE, germinated)
+
+
+def test_a_run_that_allows_none_of_its_blueprints_gets_no_germination(tmp_path):
+    controller = PolicyController(_biased_bundle(("block_identity",), tmp_path))
+    report = _cnn_report()
+    assert report.masks.op[LifecycleOp.GERMINATE]  # the run itself would allow one
+    assert controller.decide(report).op == LifecycleOp.WAIT

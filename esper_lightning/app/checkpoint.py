@@ -81,7 +81,7 @@ def save_trainer(learner: Learner, round_index: int, path: str | os.PathLike[str
         "config": c.to_dict(),
         "run_config": run.to_dict(),
         **policy_entries(learner.policy, learner.obs_rms, c.slots, c.episode_length,
-                         c.heads == "compact"),
+                         c.heads == "compact", c.blueprints),
         "optimizer": learner.optimizer.state_dict(),
         "reward_normalizer": learner.reward_normalizer.state_dict(),
         "value_normalizer": learner.value_normalizer.state_dict(),

@@ -114,6 +114,10 @@ class TaskConfig:
             validation blocks (null: all).
         host_lr: host learning rate (cifar: SGD, lm: AdamW; null: 0.01 / 0.001).
         max_seeds: seeds present at once per host (null: unlimited).
+        blueprints: the blueprints a controller may germinate, a subset of those of the task's
+            slots (null: all of them), e.g. block_identity alone for a policy that learns only
+            when to grow. A policy trained with a subset plays only that subset wherever it is
+            evaluated (`PolicyController`).
         min_training_epochs: epochs a seed incubates before it may blend (gate G2).
         blend_gradient: whether host layers before a BLENDING seed learn through it: through
             (null: the default) or detached (the seed's input is detached, so they get only
@@ -164,6 +168,7 @@ class TaskConfig:
     val_subset: int | None = None
     host_lr: float | None = None
     max_seeds: int | None = None
+    blueprints: tuple[str, ...] | None = None
     min_training_epochs: int = 10
     blend_gradient: BlendGradientName | None = None
     block_size: int | None = None
@@ -196,6 +201,7 @@ class TaskConfig:
             _check_choice("blend_gradient", self.blend_gradient, BLEND_GRADIENTS)
         self._check_devices()
         _check_slots(self.slots, self.task_choices.slot_ids(self.host_preset))
+        _check_blueprint_names(self.blueprints)
         _check_range("gamma", self.gamma, 0.0, 1.0)
         if self.param_cost < 0:
             raise ConfigError(f"param_cost must be >= 0, got {self.param_cost}")
@@ -477,7 +483,7 @@ COMPATIBILITY_KEYS = (
     "task", "slots", "host_preset", "reward", "episode_length", "policy_hidden", "envs",
     "min_training_epochs", "max_seeds", "param_cost", "outcome", "heads", "blend_gradient",
     "layer_scale_init", "budget_flops", "budget_steps", "budget_scales", "lr_schedule",
-    "warmup_fraction", "decay_fraction", "min_lr_ratio",
+    "warmup_fraction", "decay_fraction", "min_lr_ratio", "blueprints",
 )
 #: What a saved config (a checkpoint, a comparison folder) written before these keys existed
 #: meant by leaving them out.
@@ -485,7 +491,7 @@ ADDED_KEY_DEFAULTS: dict[str, Any] = {
     "task": "cifar", "block_size": None, "blend_gradient": None, "layer_scale_init": None,
     "budget_flops": None, "budget_steps": None, "budget_scales": None, "lr_schedule": "constant",
     "warmup_fraction": 0.0, "decay_fraction": None, "min_lr_ratio": 0.0, "arm_lr": [],
-    "tune_lr": [], "outcome": "accuracy",
+    "tune_lr": [], "outcome": "accuracy", "blueprints": None,
 }
 #: Options of which a layer sets at most one: setting one clears the others.
 EXCLUSIVE_KEYS = (("budget_flops", "budget_steps"),)
@@ -833,6 +839,18 @@ def _check_slots(slots: tuple[str, ...] | None, accepted: tuple[str, ...]) -> No
         _check_choice("slot", slot, accepted)
     if len(set(slots)) != len(slots):
         raise ConfigError(f"slots lists a slot twice: {', '.join(slots)}")
+
+
+def _check_blueprint_names(blueprints: tuple[str, ...] | None) -> None:
+    """Names, each once (which names the task's slots accept is checked when the envs are
+    built: the blueprint registry lives with torch, `app.task.allowed_blueprints`)."""
+    if blueprints is None:
+        return
+    if not blueprints:
+        raise ConfigError("blueprints is empty; accepted: blueprint names of the task's slots, "
+                          "or null for all of them")
+    if len(set(blueprints)) != len(blueprints):
+        raise ConfigError(f"blueprints lists a blueprint twice: {', '.join(blueprints)}")
 
 
 def _check_device(device: str) -> None:

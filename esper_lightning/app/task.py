@@ -52,7 +52,26 @@ def env_spec(task: TaskConfig) -> EnvSpec:
         blend_gradient=task.blend_gradient, layer_scale_init=task.layer_scale_init,
         governor=GovernorConfig(num_classes=played.num_classes), task=played,
         budget_flops=budget_flops(task), lr_schedule=schedule, budget_scales=task.budget_scales,
+        blueprints=allowed_blueprints(task),
     )
+
+
+def allowed_blueprints(task: TaskConfig) -> tuple[str, ...] | None:
+    """The blueprints a controller may germinate: ``task.blueprints`` (null: every blueprint
+    of the task's slots, None).
+
+    Raises:
+        ConfigError: a name that is no blueprint of the task's slots (one line with those that
+            are).
+    """
+    if task.blueprints is None:
+        return None
+    accepted = make_task(task).blueprints()
+    for name in task.blueprints:
+        if name not in accepted:
+            raise ConfigError(f"unknown blueprint {name!r} for the slots of task {task.task!r}; "
+                              f"accepted: {', '.join(accepted)}")
+    return task.blueprints
 
 
 def static_step_flops(task: TaskConfig) -> int:

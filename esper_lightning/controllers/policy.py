@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from esper_lightning.controllers.base import check_state, state_header
-from esper_lightning.core.actions import Action
+from esper_lightning.core.actions import Action, compute_masks
 from esper_lightning.core.report import EpochReport
 from esper_lightning.rl.checkpoint import PolicyBundle, check_blueprints, load_policy_file
 from esper_lightning.rl.distributions import fit_blueprint_head
@@ -24,7 +25,10 @@ class PolicyController:
 
     The policy acts in any run whose blueprints all have an entry in its blueprint head, also
     after more blueprints were registered; at the first decision a run that allows a blueprint
-    the policy has never seen is refused with a `ConfigError` naming both.
+    the policy has never seen is refused with a `ConfigError` naming both. A policy trained
+    with a subset of the blueprints (``blueprints`` of its run) germinates only those: the masks
+    it acts on allow the blueprints of the run that it was trained with
+    (`PolicyBundle.playable`), and no germination where the run allows none of them.
 
     Args:
         checkpoint: path of a PPO checkpoint (loaded with ``weights_only=True``), or a
@@ -58,6 +62,7 @@ class PolicyController:
         if allowed != self._checked:
             check_blueprints(self.bundle, allowed)
             self._checked = allowed
+        report = self._playable(report)
         _, obs, blueprints, masks = encode_reports([report], self.obs_rms, self.horizon,
                                                    self.compact)
         masks = fit_blueprint_head(masks, len(self.bundle.blueprints))
@@ -66,6 +71,16 @@ class PolicyController:
                               episode_starts=starts)
         self.hidden, self._episode_start = out.hidden, False
         return Action.from_indices(out.actions[0].tolist())
+
+    def _playable(self, report: EpochReport) -> EpochReport:
+        """The report with its masks recomputed for the blueprints the policy plays (the
+        core's own mask rules, so a GERMINATE with none left is masked as everywhere)."""
+        context = report.mask_context
+        playable = self.bundle.playable(context.blueprints)
+        if playable == context.blueprints:
+            return report
+        context = replace(context, blueprints=playable)
+        return replace(report, masks=compute_masks(report.slots, context), mask_context=context)
 
     def reset(self) -> None:
         self.hidden = self.policy.initial_state(1)

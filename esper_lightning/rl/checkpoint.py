@@ -14,6 +14,10 @@ A policy acts in a run only if that run's action space fits it: the blueprint in
 with this process's blueprint table must name the same blueprints (checked on loading), and every
 blueprint the run allows must have a head entry (`check_blueprints`). A policy trained before a
 blueprint was registered therefore still acts in runs that do not allow the new blueprint.
+
+A policy trained with a subset of the blueprints (the run's ``blueprints``) germinates only
+those wherever it acts (``allowed_blueprints``, `PolicyBundle.playable`): the head entries of
+the others never learned anything, so letting it choose them would play untrained logits.
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ class PolicyBundle:
         horizon: episode length its observations were scaled with.
         compact: trained on the compact action space (op, slot, blueprint).
         source: what the policy is called in error messages (``policy 'runs/ckpt.pt'``).
+        allowed_blueprints: the blueprints its training run allowed, when that was a subset
+            (None: whatever each run allows).
     """
 
     policy: FactoredRecurrentActorCritic
@@ -62,11 +68,18 @@ class PolicyBundle:
     horizon: int
     compact: bool = False
     source: str = "the policy"
+    allowed_blueprints: tuple[str, ...] | None = None
 
     @property
     def blueprints(self) -> tuple[str | None, ...]:
         """The blueprint name of each index of the policy's blueprint head."""
         return self.policy.config.blueprints
+
+    def playable(self, allowed: Sequence[str]) -> tuple[str, ...]:
+        """The blueprints it germinates in a run that allows ``allowed``: those it was
+        trained with, in the run's order."""
+        trained = self.allowed_blueprints
+        return tuple(allowed) if trained is None else tuple(n for n in allowed if n in trained)
 
 
 def policy_entries(
@@ -75,8 +88,10 @@ def policy_entries(
     slot_ids: tuple[str, ...],
     horizon: int,
     compact: bool = False,
+    allowed_blueprints: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """The checkpoint entries `load_policy` reads back."""
+    """The checkpoint entries `load_policy` reads back (``allowed_blueprints``: the training
+    run's subset of blueprints, None for all)."""
     return {
         "policy": policy.state_dict(),
         "policy_hidden": policy.config.hidden_dim,
@@ -89,6 +104,7 @@ def policy_entries(
         "slot_ids": list(slot_ids),
         "horizon": int(horizon),
         "compact": bool(compact),
+        "allowed_blueprints": None if allowed_blueprints is None else list(allowed_blueprints),
     }
 
 
@@ -116,8 +132,9 @@ def load_policy(state: dict[str, Any], source: str = "the policy") -> PolicyBund
     obs_rms = RunningMeanStd(shape=(obs_dim(len(slot_ids)),))
     obs_rms.load_state_dict(state["obs_rms"])
     obs_rms.freeze()
+    allowed = state.get("allowed_blueprints")  # absent before subsets: all
     return PolicyBundle(policy, obs_rms, slot_ids, int(state["horizon"]), bool(state["compact"]),
-                        source)
+                        source, None if allowed is None else tuple(allowed))
 
 
 def load_policy_file(path: str | os.PathLike[str]) -> PolicyBundle:
@@ -160,12 +177,13 @@ def check_observation(state: dict[str, Any], source: str) -> None:
 
 
 def check_blueprints(bundle: PolicyBundle, allowed: Sequence[str]) -> None:
-    """Refuse a run that allows a blueprint the policy has no head entry for.
+    """Refuse a run that allows a blueprint the policy has no head entry for (of those it
+    plays, `PolicyBundle.playable`).
 
     Raises:
         ConfigError: naming the blueprints the policy knows and those the run adds.
     """
-    unknown = [name for name in allowed if name not in bundle.blueprints]
+    unknown = [name for name in bundle.playable(allowed) if name not in bundle.blueprints]
     if unknown:
         raise ConfigError(
             f"{bundle.source} knows the blueprints {_names(bundle.blueprints)}; this run also "
