@@ -24,6 +24,7 @@ from esper_lightning.app import compare as compare_module
 from esper_lightning.app.compare import (
     Comparison,
     EpisodePlan,
+    check_policy,
     evaluation_rng_seed,
     parse_controller,
     tuning_grid,
@@ -39,6 +40,7 @@ from esper_lightning.core.lifecycle import ACTIVE_STAGES, GateConfig
 from esper_lightning.core.slots import SeedSlot
 from esper_lightning.envs import Observation
 from esper_lightning.errors import ConfigError
+from esper_lightning.rl.checkpoint import read_checkpoint, write_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -577,6 +579,24 @@ def test_policy_controllers_play_in_the_comparison(trained_policy, tmp_path):
                            progress=False, controllers=("static", f"policy:{policy}"))
     records = Comparison(config).run()
     assert {r.controller for r in records} == {"static", f"policy:{policy}"}
+
+
+def test_a_policy_trained_with_a_subset_plays_only_where_the_comparison_allows_one(
+    trained_policy, tmp_path,
+):
+    data, trained = trained_policy
+    state = read_checkpoint(trained)
+    path = tmp_path / "subset.pt"
+    write_checkpoint({**state, "allowed_blueprints": ["norm"]}, path)
+    config = CompareConfig(data_dir=str(data), slots=("r0c1", "r0c2"),
+                           controllers=(f"policy:{path}",), reference=f"policy:{path}")
+    assert check_policy(str(path), config).allowed_blueprints == ("norm",)
+    with pytest.raises(ConfigError, match=rf"policy '{re.escape(str(path))}' was trained to "
+                       r"germinate only norm; the comparison allows none of them \(attention\)"):
+        check_policy(str(path), dataclasses.replace(config, blueprints=("attention",)))
+    with pytest.raises(ConfigError, match="unknown blueprint 'bogus' for the slots of task "
+                       "'cifar'; accepted: norm, "):
+        check_policy(str(path), dataclasses.replace(config, blueprints=("bogus",)))
 
 
 def test_a_policy_transfers_to_another_host_only_when_asked(trained_policy, tmp_path, caplog):

@@ -116,6 +116,18 @@ def test_configs_saved_before_the_task_existed_are_cifar():
         "host_preset='baseline' (now 'tiny')"]
 
 
+def test_a_blueprint_subset_is_a_sorted_list_and_part_of_what_a_checkpoint_resumes():
+    config = load_config("smoke", overrides={"blueprints": ["norm", "attention"]})
+    assert config.blueprints == ("attention", "norm")  # any order: the same subset
+    with pytest.raises(ConfigError, match="blueprints must be a list of strings, got 'norm'"):
+        load_config("smoke", overrides={"blueprints": "norm"})
+    saved = PPORunConfig().to_dict()
+    del saved["blueprints"]  # a checkpoint from before subsets: all blueprints
+    assert compatibility_errors(saved, PPORunConfig()) == []
+    assert compatibility_errors(saved, PPORunConfig(blueprints=("norm",))) == [
+        "blueprints=None (now ['norm'])"]
+
+
 def test_what_the_configuration_checks_agrees_with_what_runs():
     # The configuration keeps plain copies of these facts so that it imports no torch; the
     # modules that play the tasks, compute rewards and outcomes are the ones that must agree.

@@ -294,6 +294,24 @@ def test_a_policy_from_before_a_registration_acts_in_runs_it_knows_and_refuses_o
             load_policy_weights(grown, read_checkpoint(path), "checkpoint")
 
 
+def test_a_policy_trained_with_a_subset_acts_in_runs_that_allow_blueprints_it_never_saw(
+    tmp_path,
+):
+    torch.manual_seed(0)
+    old = FactoredRecurrentActorCritic(PolicyConfig(n_slots=1, hidden_dim=16, head_hidden_dim=16))
+    path = tmp_path / "subset.pt"
+    write_checkpoint(policy_entries(old, RunningMeanStd(shape=(obs_dim(1),)), ("r0c0",), 1,
+                                    allowed_blueprints=("norm",)), path)
+    assert load_policy_file(_save(old, RunningMeanStd(shape=(obs_dim(1),)),
+                                  tmp_path / "all.pt")).allowed_blueprints is None
+    with scratch_registry():
+        register(BlueprintSpec(NAME, "cnn", InvertedBottleneck, "user seed"))
+        controller = PolicyController(path)
+        assert NAME not in controller.bundle.blueprints
+        action = controller.decide(_reports(1)[0])  # the run allows NAME: it plays norm only
+        assert action.blueprint in (None, "norm")
+
+
 def test_version_1_checkpoints_read_with_the_built_in_table(tmp_path):
     torch.manual_seed(0)
     # The trainer wrote version 1: only the hidden width was ever set, on the first built-ins.

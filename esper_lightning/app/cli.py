@@ -135,7 +135,8 @@ def build_parser(command: str, preset: str | None = None,
 #: The usage line of each list flag: what `normalize_argv` accepts (brackets work too).
 _LIST_METAVARS = {name: f"{item} [{item} ...]" for name, item in (
     ("slots", "SLOT"), ("devices", "DEVICE"), ("controllers", "CONTROLLER"), ("ab", "MODE"),
-    ("arm_lr", "NAME=LR"), ("tune_lr", "LR"), ("budget_scales", "SCALE"))}
+    ("arm_lr", "NAME=LR"), ("tune_lr", "LR"), ("budget_scales", "SCALE"),
+    ("blueprints", "BLUEPRINT"))}
 
 
 def parse_config(command: str, argv: Sequence[str]) -> TaskConfig:

@@ -69,7 +69,7 @@ from esper_lightning.app.report import (
     summarize,
     summary_json,
 )
-from esper_lightning.app.task import env_spec, load_splits, make_task
+from esper_lightning.app.task import allowed_blueprints, env_spec, load_splits, make_task
 from esper_lightning.controllers import (
     Controller,
     GrowerController,
@@ -170,8 +170,9 @@ def make_grower(argument: str, topology: str) -> GrowerController:
 
 def check_policy(path: str, task: TaskConfig, transfer: bool = False) -> PolicyBundle:
     """Load a policy checkpoint, refusing one trained for another task, slots or host (another
-    host is accepted with ``transfer``), or one without a blueprint-head entry for a blueprint
-    of the task's topology."""
+    host is accepted with ``transfer``), one without a blueprint-head entry for a blueprint
+    the comparison allows, or one trained with a subset of blueprints of which the comparison
+    allows none (it could only ever wait: an arm that is static under the policy's name)."""
     state = read_checkpoint(path)
     saved = {**ADDED_KEY_DEFAULTS, **state.get("config", {})}
     wanted = {"task": task.task, "slots": list(task.slots or ()), "host_preset": task.host_preset}
@@ -186,7 +187,12 @@ def check_policy(path: str, task: TaskConfig, transfer: bool = False) -> PolicyB
             raise ConfigError(f"policy '{path}' was trained with {key}={saved.get(key)!r}; the "
                               f"comparison uses {key}={value!r}{hint}")
     bundle = load_policy(state, source=f"policy '{path}'")
-    check_blueprints(bundle, make_task(task).blueprints())
+    allowed = allowed_blueprints(task) or make_task(task).blueprints()
+    check_blueprints(bundle, allowed)
+    if not bundle.playable(allowed):
+        raise ConfigError(f"policy '{path}' was trained to germinate only "
+                          f"{', '.join(bundle.allowed_blueprints or ())}; the comparison allows "
+                          f"none of them ({', '.join(allowed)})")
     return bundle
 
 

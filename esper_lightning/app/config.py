@@ -201,7 +201,7 @@ class TaskConfig:
             _check_choice("blend_gradient", self.blend_gradient, BLEND_GRADIENTS)
         self._check_devices()
         _check_slots(self.slots, self.task_choices.slot_ids(self.host_preset))
-        _check_blueprint_names(self.blueprints)
+        _check_blueprint_names(self)
         _check_range("gamma", self.gamma, 0.0, 1.0)
         if self.param_cost < 0:
             raise ConfigError(f"param_cost must be >= 0, got {self.param_cost}")
@@ -769,7 +769,7 @@ def _check_block_size(config: TaskConfig) -> None:
 
 
 # --- checking ---------------------------------------------------------------------------------
-_TUPLE_FIELDS = ("slots", "devices", "controllers", "ab", "arm_lr")
+_TUPLE_FIELDS = ("slots", "devices", "controllers", "ab", "arm_lr", "blueprints")
 _FLOAT_TUPLES = ("tune_lr", "budget_scales")
 _OPTIONAL_PATHS = ("data_dir", "save", "resume", "host_preset", "speedup_reference")
 _OPTIONAL_INTS = ("train_subset", "val_subset", "max_seeds", "block_size", "budget_steps")
@@ -841,9 +841,11 @@ def _check_slots(slots: tuple[str, ...] | None, accepted: tuple[str, ...]) -> No
         raise ConfigError(f"slots lists a slot twice: {', '.join(slots)}")
 
 
-def _check_blueprint_names(blueprints: tuple[str, ...] | None) -> None:
-    """Names, each once (which names the task's slots accept is checked when the envs are
-    built: the blueprint registry lives with torch, `app.task.allowed_blueprints`)."""
+def _check_blueprint_names(config: TaskConfig) -> None:
+    """Names, each once, kept sorted: the same subset in another order is the same
+    configuration (which names the task's slots accept is checked when the envs are built:
+    the blueprint registry lives with torch, `app.task.allowed_blueprints`)."""
+    blueprints = config.blueprints
     if blueprints is None:
         return
     if not blueprints:
@@ -851,6 +853,7 @@ def _check_blueprint_names(blueprints: tuple[str, ...] | None) -> None:
                           "or null for all of them")
     if len(set(blueprints)) != len(blueprints):
         raise ConfigError(f"blueprints lists a blueprint twice: {', '.join(blueprints)}")
+    object.__setattr__(config, "blueprints", tuple(sorted(blueprints)))
 
 
 def _check_device(device: str) -> None:
