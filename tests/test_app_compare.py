@@ -543,7 +543,8 @@ def test_cli_errors_are_one_line_and_leave_out_untouched(trained_policy, tmp_pat
     assert (out / "episodes.csv").read_text() == "keep me\n"
 
 
-@pytest.mark.parametrize("case", ["no settings", "retrained policy", "cut table"])
+@pytest.mark.parametrize("case", ["no settings", "retrained policy", "moved policy",
+                                  "cut table"])
 def test_cli_refuses_to_mix_results_in_one_line(trained_policy, tmp_path, case):
     data, trained = trained_policy
     policy, out = tmp_path / "ckpt.pt", tmp_path / "out"
@@ -558,6 +559,11 @@ def test_cli_refuses_to_mix_results_in_one_line(trained_policy, tmp_path, case):
     elif case == "retrained policy":
         retrain(policy)
         message = f"policy:{policy} is not the controller that played its 1 episodes"
+    elif case == "moved policy":  # the same file content, played from elsewhere then
+        played = json.loads((out / "controllers.json").read_text())
+        played[f"policy:{policy}"]["path"] = "/elsewhere/ckpt.pt"
+        (out / "controllers.json").write_text(json.dumps(played))
+        message = f"(file /elsewhere/ckpt.pt then, {policy.resolve()} now)"
     else:  # a copy cut short in the middle of its last row
         table = (out / "episodes.csv").read_bytes()
         (out / "episodes.csv").write_bytes(table[:len(table) - 40])

@@ -391,6 +391,8 @@ class Comparison:
                         f"{now['sha256'][:12]}... now" if then.get("sha256") != now.get("sha256")
                         else f"arm_lr {then.get('lr')} then, {now.get('lr')} now"
                         if then.get("lr") != now.get("lr")
+                        else f"file {then.get('path')} then, {now.get('path')} now"
+                        if then.get("path") != now.get("path")
                         else f"kind {then.get('kind')!r} then, {now['kind']!r} now")
                 raise ConfigError(f"{label} is not the controller that played its {n} episodes "
                                   f"in out '{self.out}' ({what}); use another --out")
