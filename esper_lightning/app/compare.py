@@ -387,15 +387,9 @@ class Comparison:
                                   "played them; use another --out")
             if then != now:
                 n = sum(r.controller == label for r in done)
-                what = (f"file sha256 {str(then.get('sha256'))[:12]}... then, "
-                        f"{now['sha256'][:12]}... now" if then.get("sha256") != now.get("sha256")
-                        else f"arm_lr {then.get('lr')} then, {now.get('lr')} now"
-                        if then.get("lr") != now.get("lr")
-                        else f"file {then.get('path')} then, {now.get('path')} now"
-                        if then.get("path") != now.get("path")
-                        else f"kind {then.get('kind')!r} then, {now['kind']!r} now")
                 raise ConfigError(f"{label} is not the controller that played its {n} episodes "
-                                  f"in out '{self.out}' ({what}); use another --out")
+                                  f"in out '{self.out}' ({_fingerprint_change(then, now)}); use "
+                                  "another --out")
 
     def _write_config(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
@@ -589,6 +583,18 @@ class Comparison:
             plots.save_figure(plots.regret_figure(regrets, self.judged), self.out / "regret.png")
         _log_tensorboard(self.out, self.config, table, summaries, self.judged)
         return table
+
+
+def _fingerprint_change(then: dict[str, Any], now: dict[str, Any]) -> str:
+    """What tells a controller's fingerprint when it played from the one it has now: its policy
+    file's content first, then its learning rate, its policy file's path, its kind."""
+    if then.get("sha256") != now.get("sha256"):
+        return (f"file sha256 {str(then.get('sha256'))[:12]}... then, "
+                f"{str(now.get('sha256'))[:12]}... now")
+    for key, name in (("lr", "arm_lr"), ("path", "file")):
+        if then.get(key) != now.get(key):
+            return f"{name} {then.get(key)} then, {now.get(key)} now"
+    return f"kind {then.get('kind')!r} then, {now['kind']!r} now"
 
 
 def _implants(spec: ControllerSpec, index: int,
