@@ -21,9 +21,9 @@ __version__ = "0.1.0"
 #: Names of `esper_lightning.core` offered here.
 _CORE = (
     "Action", "ActionMasks", "AlphaAlgorithm", "AlphaController", "AlphaCurve", "AlphaMode",
-    "EpochReport", "GateConfig", "GateMode", "GateResult", "LifecycleOp", "MaskContext",
-    "SeedSlot", "SeedStage", "SlotReport", "compute_masks", "export", "find_slots",
-    "restore_slots",
+    "ComputeLedger", "DepthGrowth", "EpochReport", "GateConfig", "GateMode", "GateResult",
+    "LifecycleOp", "MaskContext", "SeedSlot", "SeedStage", "SlotReport", "compute_masks",
+    "export", "find_slots", "materialize", "restore_slots",
 )
 #: Every public name, resolved lazily from its module (PEP 562): ``import esper_lightning`` alone
 #: imports neither torch nor Lightning, so the command line answers ``--help`` at once.
@@ -37,6 +37,7 @@ _LAZY = {
     "PolicyController": "esper_lightning.controllers",
     "RandomController": "esper_lightning.controllers",
     "StaticController": "esper_lightning.controllers",
+    "StackController": "esper_lightning.controllers",
     "CifarCNNHost": "esper_lightning.hosts",
     "load_grown": "esper_lightning.grown",
 }
@@ -64,6 +65,8 @@ __all__ = [
     "AlphaMode",
     "CifarCNNHost",
     "ComputeBudget",
+    "ComputeLedger",
+    "DepthGrowth",
     "EpochReport",
     "GateConfig",
     "GateMode",
@@ -79,10 +82,12 @@ __all__ = [
     "SeedSlot",
     "SeedStage",
     "SlotReport",
+    "StackController",
     "StaticController",
     "compute_masks",
     "export",
     "find_slots",
     "load_grown",
+    "materialize",
     "restore_slots",
 ]

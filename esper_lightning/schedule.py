@@ -97,6 +97,54 @@ class LRSchedule:
         return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * shape
 
 
+@dataclass(frozen=True)
+class BudgetSchedule:
+    """An `LRSchedule` over a budget whose warmup is a fixed amount of compute, not a share.
+
+    Runs of different budgets then train at the same rate at every step until the smaller one
+    starts its decay (`decays_before`), so the warmup and stable phase of every budget is one
+    shared run and each budget's cooldown can branch from it: a branched cooldown is the
+    separate run of its budget, step for step (Hägele et al. 2024's WSD cooldowns; the
+    frontier's fixed-size arms, `esper_lightning.app.frontier`).
+
+    Args:
+        shape: The decay's shape (kind, ``decay_fraction``, ``min_lr_ratio``); its
+            ``warmup_fraction`` must be 0: the warmup is ``warmup_flops``.
+        warmup_flops: Compute over which the rate warms up linearly from 0 (> 0).
+
+    Example:
+        >>> s = BudgetSchedule(LRSchedule("wsd", decay_fraction=0.2), warmup_flops=10.0)
+        >>> [round(s.multiplier(spent, budget=100.0), 3) for spent in (5.0, 50.0, 90.0, 100.0)]
+        [0.5, 1.0, 0.5, 0.0]
+        >>> s.multiplier(5.0, budget=1000.0)  # the same warmup at any budget
+        0.5
+    """
+
+    shape: LRSchedule
+    warmup_flops: float
+
+    def __post_init__(self) -> None:
+        if self.shape.warmup_fraction != 0.0:
+            raise ValueError(f"a BudgetSchedule warms up over warmup_flops; its shape's "
+                             f"warmup_fraction must be 0, got {self.shape.warmup_fraction!r}")
+        if not self.warmup_flops > 0:
+            raise ValueError(f"warmup_flops must be > 0, got {self.warmup_flops!r}")
+
+    def multiplier(self, spent: float, budget: float) -> float:
+        """The rate's multiplier after ``spent`` FLOPs of a run of ``budget`` FLOPs (the
+        middle of a batch: `batch_fraction`'s convention, in FLOPs)."""
+        if spent < self.warmup_flops:
+            return spent / self.warmup_flops
+        return self.shape.multiplier(spent / budget)
+
+    def check_budget(self, budget: float) -> None:
+        """Refuse a budget whose decay would start inside the warmup (one line)."""
+        if self.warmup_flops > (1.0 - self.shape.decay_span) * budget:
+            raise ValueError(f"budget {budget:g} FLOPs starts its decay before its warmup of "
+                             f"{self.warmup_flops:g} FLOPs ends; accepted: a budget of at least "
+                             f"{self.warmup_flops / (1.0 - self.shape.decay_span):g}")
+
+
 def schedule_error(kind: str, warmup: float, decay: float | None, floor: float) -> str | None:
     """The one-line problem with these schedule settings, None when they are good (the config
     and `LRSchedule` share it)."""
@@ -141,5 +189,5 @@ def apply_multiplier(param_groups: Iterable[dict[str, Any]], multiplier: float) 
         group["lr"] = group["initial_lr"] * multiplier
 
 
-__all__ = ["LR_SCHEDULES", "LRSchedule", "apply_multiplier", "batch_fraction",
+__all__ = ["LR_SCHEDULES", "BudgetSchedule", "LRSchedule", "apply_multiplier", "batch_fraction",
            "schedule_error", "set_base_lrs"]

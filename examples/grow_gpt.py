@@ -3,45 +3,47 @@
     python examples/grow_gpt.py --text ../shared/data/shakespeare/shakespeare.txt
     tensorboard --logdir runs/grow_gpt
 
-`TinyGPT` below is a user's own byte-level GPT `LightningModule`: its embeddings, head, steps and
-AdamW optimizer are its own; only its layers are the library's transformer `Block`, which block
-seeds build on. It starts with one block. Two callbacks do the rest:
+`TinyGPT` below is a byte-level GPT `LightningModule` written as a user writes one: its own
+transformer `Block` class (pre-norm, causal self-attention, GELU MLP), embeddings, head, steps
+and AdamW with nanoGPT's weight-decay groups. Nothing in it knows about growth. It starts with
+one block. Two callbacks do the rest:
 
-* `MorphogenesisCallback` injects a slot after ``blocks.0`` whose block seeds stack three blocks
-  (``growth_depth=3``), and a `StackController` germinates ``block_identity`` there at the first
-  epoch's end past half the budget (``tau=0.5``): one decision grows the model to four blocks,
-  each a copy of block 0 with its output projections at zero, so the model's function is
-  unchanged at birth and the new blocks train at alpha 1 from the next step;
+* `MorphogenesisCallback` with ``growth=DepthGrowth("blocks", blocks=3)`` puts a growth slot
+  after the last of ``self.blocks``, and a `StackController` germinates the ``identity`` growth
+  operator there at the first epoch's end past half the budget (``tau=0.5``): one decision
+  grows the model to four blocks, each a copy of block 0 (of the user's own class) with its
+  residual output projections at zero, so the model's function is unchanged at birth and the
+  new blocks train at alpha 1 from the next step. They join the AdamW groups of the blocks they
+  were copied from;
 * `ComputeBudget` meters every training step's FLOPs (forward and backward, host and seed),
   schedules the learning rate over the share of the budget spent (warmup-stable-decay: every
   run reaches its floor at its budget), ends the fit there, and logs the validation loss
-  against the training FLOPs spent (``compute/val_loss_vs_gflop``, step = GFLOP), next to the
-  callback's ``morpho/*`` scalars and seed timeline.
+  against the training FLOPs spent (``compute/val_loss_vs_flops``), next to the callback's
+  ``morpho/*`` scalars and seed timeline.
 
 The born-big baseline is the same script with four blocks from the start and a controller that
 never grows (``--model.n_layer 4 --morpho.controller
 esper_lightning.controllers.StaticController``); run both into one ``--logdir`` and TensorBoard
 shows their losses on one compute axis. Whether growing wins at equal compute over many runs
-is what the equal-compute measurements in docs/evidence.md answer.
+is what the frontier measurements in docs/evidence.md answer.
 
 Everything is a LightningCLI option (``--help``): the model (``--model.*``), the text
 (``--data.*``), the Trainer (``--trainer.*``), the growth callback and its controller
 (``--morpho.*``, e.g. ``--morpho.controller.tau 0.3``) and the budget (``--budget.*``). Short
 flags: ``--text`` (a text file or a folder holding one), ``--gflops`` (the budget in GFLOP),
-``--logdir``, ``--timeline``. How deep the model grows is one number,
-``--morpho.growth_depth`` (blocks the slot's seed stacks): a `StackController`'s ``depth``,
-``growth_depth`` and ``host_blocks`` follow it and ``--model.n_layer``.
+``--logdir``, ``--timeline``. How deep the model grows is one number, ``--grow`` (blocks the
+growth event adds: ``DepthGrowth(blocks=...)``).
 
-Sizes (about a minute on one CPU core): width 32, 4 heads, 32-byte blocks (the shapes of the
-``grow4`` GPT preset that ``compare --preset lm-grow`` measures); epochs of 40 steps of 32
-random blocks, validation on the first 256 blocks of the held-out tail after each; a budget of
-480 GFLOP, which the one-block model spends at 0.138 GFLOP a step and the four-block one at
-0.403, so the model grows after about 1,740 steps (epoch 43) and trains about 600 more.
+Sizes (about a minute on one CPU core): width 32, 4 heads, 32-byte blocks; epochs of 40 steps of
+32 random blocks, validation on 256 blocks of the validation split after each; a budget of 480
+GFLOP, which the one-block model spends at 0.138 GFLOP a step and the four-block one at 0.403,
+so the model grows after about 1,740 steps (epoch 43) and trains about 600 more.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import time
 from typing import Any
@@ -53,8 +55,8 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch import Tensor, nn
 
-from esper_lightning.blueprints.block import Block, init_gpt_weights, init_residual_projections
 from esper_lightning.callbacks import ComputeBudget, MorphogenesisCallback
+from esper_lightning.core.depth import DepthGrowth
 from esper_lightning.data import ByteTokenizer, DataError, TextDataModule, find_text_file
 from esper_lightning.errors import ConfigError
 from esper_lightning.viz import save_timeline
@@ -62,8 +64,49 @@ from esper_lightning.viz import save_timeline
 GFLOP = 1e9
 
 
+class CausalSelfAttention(nn.Module):
+    """Multi-head self-attention where position ``t`` sees positions ``<= t`` only."""
+
+    def __init__(self, width: int, n_head: int) -> None:
+        super().__init__()
+        if width % n_head:
+            raise ValueError(f"n_head={n_head} must divide the width {width}")
+        self.n_head = n_head
+        self.c_attn = nn.Linear(width, 3 * width)
+        self.c_proj = nn.Linear(width, width)
+
+    def forward(self, x: Tensor) -> Tensor:
+        q, k, v = self.c_attn(x).split(x.shape[-1], dim=-1)  # [B, T, D] each
+        q, k, v = (t.unflatten(-1, (self.n_head, -1)).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, T, D / H]
+        return self.c_proj(y.transpose(1, 2).flatten(2))  # [B, T, D]
+
+
+class MLP(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(width, 4 * width)
+        self.c_proj = nn.Linear(4 * width, width)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.c_proj(F.gelu(self.c_fc(x)))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: ``x + attn(LN x)``, then ``x + mlp(LN x)`` on ``[B, T, D]``."""
+
+    def __init__(self, width: int, n_head: int) -> None:
+        super().__init__()
+        self.ln_1, self.attn = nn.LayerNorm(width), CausalSelfAttention(width, n_head)
+        self.ln_2, self.mlp = nn.LayerNorm(width), MLP(width)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
 class TinyGPT(L.LightningModule):
-    """A byte-level GPT of ``n_layer`` transformer `Block`\\ s with tied embeddings.
+    """A byte-level GPT of ``n_layer`` of its own `Block`\\ s, with tied embeddings.
 
     Args:
         n_layer: Blocks at birth (1: the callback grows the rest).
@@ -71,7 +114,7 @@ class TinyGPT(L.LightningModule):
         n_head: Attention heads (must divide ``width``).
         block_size: Longest sequence (the data's block size).
         lr: AdamW learning rate (`ComputeBudget` scales it over the budget).
-        weight_decay: AdamW weight decay.
+        weight_decay: AdamW weight decay on the matrices.
     """
 
     def __init__(self, n_layer: int = 1, width: int = 32, n_head: int = 4, block_size: int = 32,
@@ -81,12 +124,22 @@ class TinyGPT(L.LightningModule):
         vocab = ByteTokenizer.vocab_size
         self.tok_emb = nn.Embedding(vocab, width)
         self.pos_emb = nn.Embedding(block_size, width)
-        self.blocks = nn.ModuleList(Block(width, n_head, depth=n_layer) for _ in range(n_layer))
+        self.blocks = nn.ModuleList(Block(width, n_head) for _ in range(n_layer))
         self.ln_f = nn.LayerNorm(width)
         self.head = nn.Linear(width, vocab, bias=False)
         self.head.weight = self.tok_emb.weight
-        self.apply(init_gpt_weights)
-        init_residual_projections(self, n_layer)
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """GPT-2's init (the ``random`` growth operator re-initialises new blocks with it)."""
+        if isinstance(module, nn.Linear | nn.Embedding):
+            nn.init.normal_(module.weight, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+        if isinstance(module, Block):  # residual projections scaled for the depth
+            std = 0.02 / math.sqrt(2 * self.hparams.n_layer)
+            for projection in (module.attn.c_proj, module.mlp.c_proj):
+                nn.init.normal_(projection.weight, std=std)
 
     def forward(self, idx: Tensor) -> Tensor:
         positions = torch.arange(idx.shape[1], device=idx.device)
@@ -113,13 +166,17 @@ class TinyGPT(L.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         hp = self.hparams
-        return torch.optim.AdamW(self.parameters(), lr=hp.lr, weight_decay=hp.weight_decay,
-                                 betas=(0.9, 0.95))
+        params = list(self.parameters())
+        return torch.optim.AdamW([
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": hp.weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ], lr=hp.lr, betas=(0.9, 0.95))
 
 
-def _grown_depth(n_layer: int, growth_depth: int | None) -> int:
-    """Blocks after one block seed grows in the slot."""
-    return n_layer + (growth_depth or 1)
+def _growth(blocks: int) -> DepthGrowth | None:
+    """A growth slot on top of ``self.blocks`` adding ``blocks`` blocks in one event (None for a
+    bad ``--grow``, which `GrowCLI.before_instantiate_classes` refuses in one line)."""
+    return DepthGrowth("blocks", blocks=blocks) if blocks >= 1 else None
 
 
 class GrowCLI(LightningCLI):
@@ -134,27 +191,22 @@ class GrowCLI(LightningCLI):
                             help="TensorBoard folder (unless --trainer.logger is given)")
         parser.add_argument("--timeline", default=None,
                             help="also save the seed timeline image here (e.g. timeline.png)")
+        parser.add_argument("--grow", type=int, default=3,
+                            help="blocks the growth event adds on top of the model's blocks")
         parser.add_lightning_class_args(MorphogenesisCallback, "morpho")
         parser.add_lightning_class_args(ComputeBudget, "budget")
         parser.link_arguments("text", "data.path")
         parser.link_arguments("gflops", "budget.budget_flops", compute_fn=lambda g: g * GFLOP)
         parser.link_arguments("seed_everything", "data.rng_seed")
         parser.link_arguments("data.block_size", "model.block_size")
-        # One number says how deep the model grows: a stacking controller's target follows the
-        # model's blocks and the blocks the slot stacks (other controllers have no such knobs).
-        parser.link_arguments(("model.n_layer", "morpho.growth_depth"),
-                              "morpho.controller.init_args.depth", compute_fn=_grown_depth)
-        parser.link_arguments("morpho.growth_depth", "morpho.controller.init_args.growth_depth")
-        parser.link_arguments("model.n_layer", "morpho.controller.init_args.host_blocks")
+        parser.link_arguments("grow", "morpho.growth", compute_fn=_growth)
         parser.set_defaults({
             "data.block_size": 32, "data.batch_size": 32, "data.train_blocks": 1280,
             "data.val_blocks": 256,
             "morpho.controller": {
                 "class_path": "esper_lightning.controllers.StackController",
-                "init_args": {"tau": 0.5, "init": "identity"},
+                "init_args": {"tau": 0.5, "operator": "identity"},
             },
-            "morpho.slots": ["blocks.0"], "morpho.growth_depth": 3,
-            "morpho.topology": "transformer",
             "budget.lr_schedule": "wsd", "budget.warmup_fraction": 0.03,
             "budget.decay_fraction": 0.2,
             "trainer.max_epochs": -1,  # the budget ends the fit
@@ -171,9 +223,8 @@ class GrowCLI(LightningCLI):
                               "holding one)")
         if not self.config["gflops"] > 0:
             raise ConfigError(f"--gflops must be a number > 0, got {self.config['gflops']}")
-        depth = self.config["morpho"]["growth_depth"]
-        if depth is not None and depth < 1:
-            raise ConfigError(f"--morpho.growth_depth must be an int >= 1, got {depth}")
+        if not self.config["grow"] >= 1:
+            raise ConfigError(f"--grow must be an int >= 1, got {self.config['grow']}")
         self.config["data"]["path"] = str(find_text_file(self.config["text"]))
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
@@ -190,7 +241,7 @@ def summary(model: TinyGPT, morpho: MorphogenesisCallback, budget: ComputeBudget
             val_loss: float, seconds: float) -> str:
     engine = morpho.engine
     assert engine is not None
-    blocks = sum(isinstance(m, Block) for m in model.modules())  # the seeds' blocks included
+    blocks = sum(isinstance(m, Block) for m in model.modules())  # the grown blocks included
     rows = [
         ("validation loss", f"{val_loss:.4f} per byte"),
         ("blocks", f"{len(model.blocks)} -> {blocks}"),
@@ -237,8 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         save_timeline(morpho.engine.timeline, cli.config["timeline"],
                       slot_ids=morpho.engine.slot_ids, title="seed timeline (TinyGPT)")
         print(f"timeline: {cli.config['timeline']}")
-    print(f"TensorBoard: tensorboard --logdir {cli.config['logdir']}  (compute/val_loss_vs_gflop: "
-          "validation loss against training GFLOP)")
+    print(f"TensorBoard: tensorboard --logdir {cli.config['logdir']}  (compute/val_loss_vs_flops: "
+          "validation loss against training FLOPs)")
     return 0
 
 

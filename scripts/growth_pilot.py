@@ -53,7 +53,7 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from esper_lightning.data.text import load_text_tokens, split_tokens, validation_blocks
+from esper_lightning.data.text import load_text_tokens, split_text, validation_blocks
 from esper_lightning.hosts.gpt import GPTConfig, GPTHost
 
 DATA = Path("/work/shared/data/shakespeare/shakespeare.txt")
@@ -183,9 +183,9 @@ def flops_per_step(shape: Shape, n_layer: int) -> int:
 
 
 def load_corpus(path: Path, val_tokens: int, block_size: int) -> tuple[Tensor, tuple]:
-    """Training head (uint8 bytes) and validation blocks from the first ``val_tokens`` of the
-    held-out tail."""
-    train, held_out = split_tokens(load_text_tokens(path), val_fraction=0.1)
+    """Training head (uint8 bytes) and ``val_tokens // block_size`` validation blocks spread
+    over the validation split (`split_text`)."""
+    train, held_out, _ = split_text(load_text_tokens(path))  # the test split stays unread
     val = validation_blocks(held_out, block_size, max_blocks=max(1, val_tokens // block_size))
     return train, val
 

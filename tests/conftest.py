@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from esper_lightning.blueprints import blueprint_table, scratch_registry
+from esper_lightning.blueprints.growth import scratch_operators
 from esper_lightning.data import write_cifar10_fixture
 
 
@@ -28,7 +29,7 @@ def _blueprint_table_untouched() -> Iterator[None]:
     sizes every policy created later): register inside `scratch_registry`. The registry is put
     back either way, so the other tests run as in any order."""
     before = blueprint_table()
-    with scratch_registry():
+    with scratch_registry(), scratch_operators():
         yield
         after = blueprint_table()
     assert after == before, f"the test left blueprints {after[len(before):]} in the table"
@@ -48,7 +49,8 @@ _WORDS = ("the", "king", "queen", "speaks", "to", "his", "her", "lord", "and", "
 @pytest.fixture
 def text_file(tmp_path: Path) -> Path:
     """A small learnable text in ``tmp_path/text/plays.txt``: 600 seeded pseudo-sentences of
-    4 to 9 words (about 19 KB, so a 10% validation tail holds 58 blocks of 32 tokens)."""
+    4 to 9 words (about 19 KB, so each half of its 10% held-out tail, validation and test, holds
+    29 blocks of 32 tokens)."""
     rng = random.Random(0)
     lines = [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 9))).capitalize() + "."
              for _ in range(600)]

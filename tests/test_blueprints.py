@@ -26,6 +26,7 @@ from esper_lightning.blueprints import (
 )
 from esper_lightning.blueprints.block import Block
 from esper_lightning.blueprints.cnn import PreActResidual, num_groups
+from esper_lightning.blueprints.growth import GrowthSite
 from esper_lightning.blueprints.registry import LayerScale, LayerScale2d
 from esper_lightning.blueprints.transformer import default_num_heads
 
@@ -89,11 +90,11 @@ def _cases(widths: dict[str, tuple[int, ...]], blocks: bool = False) -> list[pyt
 
 
 def _build(name: str, width: int, topology: str) -> nn.Module:
-    """`build`, giving a block seed a host block to follow."""
+    """`build`, giving a growth seed a growth site with one host block before it."""
     context = None
     if get_spec(name, topology).context:
-        context = {"preceding": Block.like(Block(width, default_num_heads(width))),
-                   "growth_depth": 1}
+        block = Block.like(Block(width, default_num_heads(width)))
+        context = {"growth": GrowthSite(1, lambda: [block], width=width)}
     return build(name, width, topology, context=context)
 
 

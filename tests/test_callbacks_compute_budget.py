@@ -121,6 +121,9 @@ def test_the_growth_callback_meters_reports_and_logs_the_budget(cifar_dir, tmp_p
     logger = MemoryLogger()
     fit(tmp_path, cifar_dir, [budget, growth], logger=logger, log_every_n_steps=1)
     engine = growth.engine
+    # One owner of compute: the budget's ledger, which the growth callback only reads.
+    assert growth.ledger is budget.ledger is engine.compute
+    assert "compute" not in growth.state_dict() and "ledger" in budget.state_dict()
     assert engine.train_flops == budget.spent == 12 * step
     assert engine.budget_flops == 12 * step and engine.validation_flops > 0
     assert controller.fractions == pytest.approx([5 / 12, 10 / 12, 1.0])  # at each epoch's end
@@ -136,9 +139,9 @@ def test_the_validation_loss_is_charted_against_the_gflops_spent(cifar_dir, tmp_
     fit(tmp_path, cifar_dir, [budget], logger=logger)
     # One point per validation (5, 10, 12 steps spent), the loss Lightning logged, at the FLOPs
     # spent in GFLOP: TensorBoard's x-axis for this tag.
-    assert logger.metrics["compute/val_loss_vs_gflop"] == logger.metrics["val_loss"]
+    assert logger.metrics["compute/val_loss_vs_flops"] == logger.metrics["val_loss"]
     assert len(logger.metrics["val_loss"]) == 3
-    assert logger.steps["compute/val_loss_vs_gflop"] == [round(k * step / FLOPS_PER_STEP)
+    assert logger.steps["compute/val_loss_vs_flops"] == [int(k * step // FLOPS_PER_STEP)
                                                          for k in (5, 10, 12)]
     quiet = MemoryLogger()
     fit(tmp_path / "b", cifar_dir, [ComputeBudget(6 * step, loss_key=None)], logger=quiet)

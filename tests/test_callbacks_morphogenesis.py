@@ -17,7 +17,7 @@ from tensorboard.plugins.custom_scalar import layout_pb2
 from torch import nn
 
 from esper_lightning.callbacks import MorphogenesisCallback
-from esper_lightning.callbacks.morphogenesis import TIMELINE_TAG, planned_epochs
+from esper_lightning.callbacks.morphogenesis import EVENTS_TAG, TIMELINE_TAG, planned_epochs
 from esper_lightning.controllers import (
     ControllerBase,
     HeuristicConfig,
@@ -28,6 +28,7 @@ from esper_lightning.controllers import (
 from esper_lightning.core.actions import Action, AlphaSpeed, LifecycleOp, Tempo
 from esper_lightning.core.lifecycle import GateConfig, SeedStage
 from esper_lightning.core.optim import seed_group_names
+from esper_lightning.core.telemetry import STAGE_LEGEND
 from esper_lightning.data import CIFAR10DataModule
 from esper_lightning.hosts import CifarCNNHost
 
@@ -196,8 +197,8 @@ def test_bad_configuration_is_refused_at_construction():
         MorphogenesisCallback(StaticController(), topology="rnn")
     with pytest.raises(TypeError, match="controller must implement decide"):
         MorphogenesisCallback(object())
-    with pytest.raises(ValueError, match=r"^growth_depth must be an int >= 1, got 0$"):
-        MorphogenesisCallback(StaticController(), growth_depth=0)
+    with pytest.raises(TypeError, match=r"^growth must be a DepthGrowth, got int$"):
+        MorphogenesisCallback(StaticController(), growth=3)
 
 
 # --- one callback, several fits ----------------------------------------------------------------
@@ -592,16 +593,151 @@ def test_lr_tags_stay_put_and_tensorboard_gets_a_timeline_and_a_layout(cifar_dir
     events = EventAccumulator(str(tmp_path / "tb" / "version_0"),
                               size_guidance={"images": 0, "tensors": 0})
     events.Reload()
+    (change,) = events.Tensors(f"{EVENTS_TAG}/text_summary")  # the stage by name, as text
+    assert change.tensor_proto.string_val[0].decode() == (
+        "epoch 1: net.3 dormant -> germinated (conv_light)")
     images = events.Images(TIMELINE_TAG)
     assert len(images) == 1 and images[0].step == trainer.global_step
     assert images[0].width > 400 and images[0].height > 100
     (layout_event,) = events.Tensors("custom_scalars__config__")
     layout = layout_pb2.Layout.FromString(layout_event.tensor_proto.string_val[0])
     assert [c.title for c in layout.category] == ["morpho net.3"]
-    charts = {c.title: list(c.multiline.tag) for c in layout.category[0].chart}
+    charts = {c.title.split(" (")[0]: list(c.multiline.tag) for c in layout.category[0].chart}
     assert charts == {t: [rf"morpho/net\.3/{t}"] for t in ("alpha", "stage", "contribution")}
+    assert f"stage ({STAGE_LEGEND})" in [c.title for c in layout.category[0].chart]
+    assert "4 blending" in STAGE_LEGEND and "7 fossilized" in STAGE_LEGEND
 
     lines = [r.getMessage() for r in caplog.records if r.name.startswith("esper_lightning")]
     assert lines == ["epoch 1: net.3 germinated conv_light (ScriptedController)"]
     assert [(e.epoch, e.stage) for e in callback.engine.timeline] == [
         (0, "DORMANT"), (1, "GERMINATED"), (2, "GERMINATED")]
+
+
+# --- depth growth of models the project did not write, in a Trainer ---------------------------
+def _text_dm(text_file: Path) -> L.LightningDataModule:
+    from esper_lightning.data import TextDataModule
+
+    return TextDataModule(text_file, block_size=16, batch_size=8, train_blocks=64, val_blocks=16,
+                          rng_seed=1)
+
+
+def _step_flops(kind: str, n_layer: int = 1) -> int:
+    from user_models import user_model
+
+    from esper_lightning.core.flops import FlopMeter
+
+    return FlopMeter().training_step(user_model(kind, n_layer),
+                                     torch.zeros(8, 16, dtype=torch.long))
+
+
+def _grow_fit(tmp_path: Path, text_file: Path, *, epochs: int = -1, ckpt_path: str | None = None,
+              module: L.LightningModule | None = None, governor: bool = False,
+              kind: str = "nanogpt"):
+    from user_models import STACKS, user_model
+
+    from esper_lightning.callbacks import ComputeBudget, GovernorCallback
+    from esper_lightning.controllers import StackController
+    from esper_lightning.core.depth import DepthGrowth
+
+    torch.manual_seed(0)
+    model = module or user_model(kind)
+    morpho = MorphogenesisCallback(StackController(tau=(0.25, 0.5), operator="copy"),
+                                   growth=DepthGrowth(STACKS[kind], blocks=(1, 2)),
+                                   rng_seed=5)
+    budget = ComputeBudget(150 * _step_flops(kind), "wsd", warmup_fraction=0.05)
+    saver = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    callbacks = [GovernorCallback()] if governor else []
+    trainer = _trainer(tmp_path, epochs, [*callbacks, morpho, budget, saver],
+                       enable_checkpointing=True)
+    trainer.fit(model, datamodule=_text_dm(text_file), ckpt_path=ckpt_path)
+    return model, morpho, budget
+
+
+def test_a_users_model_grows_one_to_two_to_four_under_a_budget_and_resumes_exactly(
+        text_file, tmp_path):
+    model, morpho, budget = _grow_fit(tmp_path / "whole", text_file)
+    events = [(e.slot_id, e.kind, e.blueprint) for e in morpho.engine.events]
+    assert events == [("blocks.0+1", "germinated", "block_copy"),
+                      ("blocks.0+2", "germinated", "block_copy"),
+                      ("blocks.0+1", "fossilized", "block_copy"),
+                      ("blocks.0+2", "fossilized", "block_copy")]
+    assert morpho.engine.seed_params == 3 * sum(p.numel() for p in model.blocks[0].parameters())
+    assert budget.ledger.exhausted and morpho.ledger is budget.ledger
+    # Stopped after two epochs (past the first growth), then resumed from the checkpoint.
+    stopped = tmp_path / "stopped"
+    _grow_fit(stopped, text_file, epochs=2)
+    again, resumed, resumed_budget = _grow_fit(stopped, text_file,
+                                               ckpt_path=str(stopped / "ckpt" / "last.ckpt"))
+    assert resumed_budget.spent == budget.spent
+    assert [(e.epoch, e.slot_id, e.kind) for e in resumed.engine.events] == [
+        (e.epoch, e.slot_id, e.kind) for e in morpho.engine.events]
+    whole, part = model.state_dict(), again.state_dict()
+    assert whole.keys() == part.keys()
+    assert all(torch.equal(whole[k], part[k]) for k in whole if torch.is_tensor(whole[k]))
+
+
+def test_the_governor_rolls_a_grown_block_back(text_file, tmp_path):
+    from user_models import NanoGPT
+
+    class Diverging(NanoGPT):
+        """Its loss turns NaN once, on the first step that trains a grown block."""
+
+        diverged = False
+
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            if self.diverged or not any(s.seed is not None for s in self.esper_slots.values()):
+                return loss
+            self.diverged = True
+            return loss * float("nan")
+
+    torch.manual_seed(0)
+    model, morpho, _ = _grow_fit(tmp_path, text_file, module=Diverging(), governor=True)
+    pruned = [(e.slot_id, e.reason) for e in morpho.engine.events if e.kind == "pruned"]
+    assert model.diverged and pruned
+    assert all(reason == "governor_nan" for _, reason in pruned)
+    assert all(torch.isfinite(p).all() for p in model.parameters())  # the snapshot's weights
+    # No optimizer group is left for a pruned seed.
+    for name in seed_group_names(morpho.engine.optimizer):
+        assert morpho.engine.slots[name.split("/")[1]].seed is not None, name
+
+
+@pytest.mark.parametrize(("kind", "slot"), [("nanogpt", "blocks.0"),
+                                            ("gpt2", "model.transformer.h.0")])
+def test_a_stacking_controller_without_a_growth_slot_is_refused_at_fit_start(
+        kind, slot, text_file, tmp_path):
+    from user_models import user_model
+
+    from esper_lightning.controllers import StackController
+    from esper_lightning.errors import ConfigError
+
+    morpho = MorphogenesisCallback(StackController(tau=0.5, operator="identity"), slots=[slot])
+    trainer = _trainer(tmp_path, 1, [morpho])
+    with pytest.raises(ConfigError) as err:
+        trainer.fit(user_model(kind), datamodule=_text_dm(text_file))
+    assert str(err.value).startswith("stack: no slot of this run is a growth slot, so nothing "
+                                     "can grow deeper; accepted: MorphogenesisCallback(growth=")
+    assert "\n" not in str(err.value) and trainer.global_step == 0
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_a_hugging_face_model_grows_under_a_budget_and_saves_at_its_new_depth(
+        kind, text_file, tmp_path):
+    from transformers import AutoModelForCausalLM
+    from user_models import stack_of
+
+    from esper_lightning.core.depth import materialize
+
+    lm, morpho, budget = _grow_fit(tmp_path, text_file, kind=kind)
+    assert [e.kind for e in morpho.engine.events] == ["germinated"] * 2 + ["fossilized"] * 2
+    assert budget.ledger.exhausted
+    idx = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    lm.eval()
+    with torch.no_grad():
+        grown = lm(idx)
+    materialize(lm)
+    assert len(stack_of(lm, kind)) == 4 and lm.model.config.num_hidden_layers == 4
+    lm.model.save_pretrained(tmp_path / "grown")
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "grown").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(again(idx).logits, grown)

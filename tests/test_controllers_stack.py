@@ -38,7 +38,7 @@ class Episode:
         self.engine = MorphogenesisEngine(self.host, rng_seed=0)
         self.optimizer = self.host.configure_optimizers()
         self.engine.attach_optimizer(self.optimizer)
-        self.engine.budget_flops = budget
+        self.engine.compute.reset(budget)
         self.controller, self.max_epochs = controller, max_epochs
         self.gen = torch.Generator().manual_seed(1)
         self.decisions: list[tuple[float | None, Op, str | None]] = []
@@ -54,7 +54,7 @@ class Episode:
         blended = {sid: 0.1 for sid, s in self.engine.slots.items()
                    if s.stage in (SeedStage.BLENDING, SeedStage.HOLDING)}
         self.engine.record_epoch(30.0, 2.0, 2.1, blended)
-        self.engine.train_flops = spent
+        self.engine.compute.train_flops = spent
         report = self.engine.report(self.max_epochs)
         action = self.controller.decide(report)
         outcome = self.engine.execute(action)
@@ -73,7 +73,7 @@ class Episode:
 
 @pytest.mark.parametrize(("init", "lag"), [("identity", 0), ("copy", 1), ("random", 1)])
 def test_stack_on_grow4_reaches_four_blocks_within_one_decision_of_tau(init, lag):
-    episode = Episode(StackController(depth=4, tau=0.5, init=init, growth_depth=3))
+    episode = Episode(StackController(tau=0.5, operator=init))
     for k in range(1, 17):  # 5 % of the budget per epoch: the 10th report is at tau
         episode.epoch(spent=5.0 * k)
     fractions = [f for f, _, _ in episode.decisions]
@@ -95,7 +95,7 @@ def test_stack_on_grow4_reaches_four_blocks_within_one_decision_of_tau(init, lag
 
 @pytest.mark.parametrize("init", ["identity", "copy"])
 def test_stack_on_grow4x1_germinates_one_block_per_decision(init):
-    episode = Episode(StackController(depth=4, tau=0.0, init=init), preset="grow4x1")
+    episode = Episode(StackController(tau=0.0, operator=init), preset="grow4x1")
     for k in range(1, 12):
         episode.epoch(spent=float(k))
     grow = [(Op.GERMINATE, s) for s in CHAIN]
@@ -106,35 +106,54 @@ def test_stack_on_grow4x1_germinates_one_block_per_decision(init):
 
 
 def test_stack_without_a_budget_reads_the_epochs_and_refuses_an_unknown_run_length():
-    episode = Episode(StackController(depth=2, tau=0.25, init="identity"), budget=None,
+    episode = Episode(StackController(tau=0.25, operator="identity"), budget=None,
                       max_epochs=8, preset="grow2")
     for _ in range(4):
         episode.epoch(spent=0.0)
     assert [op for _, op, _ in episode.decisions] == [Op.WAIT, Op.GERMINATE, Op.ADVANCE,
                                                       Op.FOSSILIZE]
     assert episode.decisions[1][:3:2] == (0.25, "r1c0")  # the second epoch's report: 2 / 8
-    blind = Episode(StackController(depth=2, tau=0.25), budget=None, max_epochs=None,
+    blind = Episode(StackController(tau=0.25), budget=None, max_epochs=None,
                     preset="grow2")
     with pytest.raises(ConfigError, match="needs a compute budget or a planned number of epochs"):
         blind.epoch(spent=0.0)
 
 
-def test_stack_grows_in_the_slots_it_is_given_and_refuses_too_few():
-    episode = Episode(StackController(depth=3, tau=0.0, slots=("r1c1", "r1c0")),
-                      preset="grow4x1")
+def test_stack_grows_in_the_slots_it_is_given_and_refuses_others():
+    episode = Episode(StackController(tau=0.0, slots=("r1c1", "r1c0")), preset="grow4x1")
     for k in range(1, 4):
         episode.epoch(spent=float(k))
     assert [(op, slot) for _, op, slot in episode.decisions] == [
         (Op.GERMINATE, "r1c1"), (Op.GERMINATE, "r1c0"), (Op.ADVANCE, "r1c1")]
-    with pytest.raises(ConfigError, match="2 block seed"):
-        StackController(depth=3, tau=0.5, slots=("r1c0",))
-    few = Episode(StackController(depth=4, tau=0.0), preset="grow4x1", slots=("r1c0", "r1c1"))
-    with pytest.raises(ConfigError, match="3 block seed"):
-        few.epoch(spent=1.0)
+    with pytest.raises(ConfigError, match="3 taus for 1 slots; give one tau, or one per slot"):
+        StackController(tau=(0.1, 0.2, 0.3), slots=("r1c0",))
+    other = Episode(StackController(tau=0.0, slots=("r1c0", "r1c2")), preset="grow4x1",
+                    slots=("r1c0", "r1c1"))
+    with pytest.raises(ConfigError, match=r"'r1c2' is not a growth slot of this run; accepted: "
+                                          r"r1c0, r1c1"):
+        other.epoch(spent=1.0)
+    plain = Episode(StackController(tau=0.0), preset="grow4", slots=("r0c0",))
+    with pytest.raises(ConfigError, match=r"^stack: no slot of this run is a growth slot, so "
+                                          r"nothing can grow deeper; accepted: Morphogenesis"):
+        plain.epoch(spent=1.0)
+
+
+def test_each_growth_slot_may_wait_for_its_own_tau():
+    episode = Episode(StackController(tau=(0.0, 0.3, 0.6), operator="identity"),
+                      preset="grow4x1")
+    for k in range(1, 11):  # a tenth of the budget per epoch
+        episode.epoch(spent=10.0 * k)
+    germinated = [(f, slot) for f, op, slot in episode.decisions if op == Op.GERMINATE]
+    assert germinated == [(0.1, "r1c0"), (0.3, "r1c1"), (0.6, "r1c2")]
+    assert episode.depths[:8] == [2, 2, 3, 3, 3, 4, 4, 4]
+    with pytest.raises(ConfigError, match="must not decrease"):
+        StackController(tau=(0.5, 0.2))
+    with pytest.raises(ConfigError, match=r"2 taus for the run's 3 growth slots"):
+        Episode(StackController(tau=(0.1, 0.2)), preset="grow4x1").epoch(spent=50.0)
 
 
 def test_stack_reacts_to_a_governor_prune_and_regrows():
-    episode = Episode(StackController(depth=4, tau=0.0, growth_depth=3))
+    episode = Episode(StackController(tau=0.0))
     episode.epoch(spent=1.0)
     assert episode.engine.slots["r1c0"].stage == SeedStage.BLENDING
     episode.engine.prune_live("rollback")
@@ -148,12 +167,10 @@ def test_stack_reacts_to_a_governor_prune_and_regrows():
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"depth": 1, "tau": 0.5}, "depth 1 must exceed the host's 1 block"),
-     ({"depth": 3, "tau": 0.5, "growth_depth": 3}, r"depth 3 is not 1 block\(s\) plus whole "
-                                                    r"seeds of 3 block\(s\)"),
-     ({"depth": 4, "tau": 1.0}, r"tau must be in \[0, 1\), got 1.0"),
-     ({"depth": 4, "tau": 0.5, "init": "zero"}, "unknown init 'zero'; accepted: copy, "
-                                                 "identity, random")],
+    [({"tau": 1.0}, r"tau must be in \[0, 1\) \(or a list of such\), got 1.0"),
+     ({"tau": ()}, r"tau must be in \[0, 1\)"),
+     ({"tau": 0.5, "operator": "zero"}, "unknown growth operator 'zero'; accepted: copy, "
+                                         "identity, random")],
 )
 def test_bad_stack_settings_are_one_line_errors(kwargs, match):
     with pytest.raises(ConfigError, match=match):
@@ -161,22 +178,23 @@ def test_bad_stack_settings_are_one_line_errors(kwargs, match):
 
 
 def test_stack_state_is_a_header_and_earliest_germination_follows_tau():
-    controller = StackController(depth=4, tau=0.5)
+    controller = StackController(tau=0.5)
     state = torch_round_trip(controller.state_dict())
     assert state == {"controller": "stack", "version": 1}
-    StackController(depth=4, tau=0.8).load_state_dict(state)
+    StackController(tau=0.8).load_state_dict(state)
     with pytest.raises(ValueError, match="expected 'stack'"):
         controller.load_state_dict({"controller": "static", "version": 1})
     assert controller.earliest_germination(20) == 9  # (9 + 1) / 20 = 0.5
-    assert StackController(depth=4, tau=0.0).earliest_germination(20) == 0
+    assert StackController(tau=0.0).earliest_germination(20) == 0
     assert controller.earliest_germination(None) is None
 
 
 # --- compare specs -----------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("text", "parsed"),
-    [("4@0.5", (4, 0.5, "copy")), ("4@0.25:identity", (4, 0.25, "identity")),
-     ("3@.8:random", (3, 0.8, "random")), ("2@random:identity", (2, None, "identity"))],
+    [("4@0.5", (4, (0.5,), "copy")), ("4@0.25:identity", (4, (0.25,), "identity")),
+     ("3@.8:random", (3, (0.8,), "random")), ("2@random:identity", (2, None, "identity")),
+     ("4@0.2,0.5:copy", (4, (0.2, 0.5), "copy"))],
 )
 def test_parse_stack(text, parsed):
     assert parse_stack(text) == parsed
@@ -199,16 +217,16 @@ def test_random_timing_draws_tau_from_the_episode_and_only_from_it():
 
 
 @pytest.mark.parametrize("text", ["4", "4@", "@0.5", "4@0.5:", "4@1..2", "x@0.5:copy",
-                                  "4@randomly"])
+                                  "4@randomly", "4@0.5:zero"])
 def test_bad_stack_spec_is_one_line(text):
-    with pytest.raises(ConfigError, match=r"accepted: stack:K@TAU\[:INIT\]|is not a number"):
+    with pytest.raises(ConfigError, match=r"accepted: stack:K@TAU\[:OPERATOR\]|is not a number"):
         parse_stack(text)
 
 
 def test_stack_and_born_specs_are_checked_against_the_host():
     grow4, grow4x1 = GPT_PRESETS["grow4"], GPT_PRESETS["grow4x1"]
     one = stack_controller("4@0.5:identity", grow4, ("r0c0", "r1c0"), "transformer")
-    assert (one.n_seeds, one.slots, one.growth_depth) == (1, ("r1c0",), 3)
+    assert (one.slots, one.operator, one.taus) == (("r1c0",), "identity", (0.5,))
     assert stack_controller("4@0.5", grow4x1, CHAIN, "transformer").slots == CHAIN
     with pytest.raises(ConfigError, match=r"^stack:3@0.5: K=3 is not the host's grown depth; "
                                           r"accepted: stack:4 \(1 block\(s\) \+ 1 growth "
@@ -293,11 +311,10 @@ def test_heuristic_without_a_window_is_unchanged_and_a_window_needs_a_run_length
     assert windowed.earliest_germination(40) == 19
 
 
-def test_a_block_seed_in_a_slot_without_a_block_costs_a_turn_not_the_run():
-    episode = Episode(StackController(depth=2, tau=0.0), preset="grow2")
+def test_a_growth_seed_in_a_plain_slot_costs_a_turn_not_the_run():
+    episode = Episode(StackController(tau=0.0), preset="grow2", slots=("r0c0", "r1c0"))
     report = episode.engine.report()
-    action = Action(Op.GERMINATE, slot=0, blueprint="block_copy")
-    assert report.masks.allows(action)  # the masks cannot see a slot's context...
-    episode.host.slots["r1c0"].preceding = None
+    action = Action(Op.GERMINATE, slot=0, blueprint="block_copy")  # r0c0 follows block 0
+    assert report.masks.allows(action)  # the masks are per head, not per slot and blueprint...
     outcome = episode.engine.execute(action)  # ...the engine refuses it as a WAIT
-    assert not outcome.success and "follows none" in outcome.reason
+    assert not outcome.success and "needs a growth slot" in outcome.reason

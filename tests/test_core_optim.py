@@ -105,7 +105,8 @@ def test_prune_and_rollback_drop_both_groups_and_their_state():
     engine.schedulers = [scheduler]
     _train(host, optimizer)
     assert all(p in optimizer.state for p in seed)
-    roll_back(snapshot, host, Governor(), "governor_nan", engine=engine, optimizer=optimizer)
+    roll_back(snapshot, host, Governor(), "governor_nan", prune=engine.prune_live,
+              optimizer=optimizer)
     assert seed_group_names(optimizer) == []
     assert not any(p in optimizer.state for p in seed)
     assert len(scheduler.base_lrs) == len(optimizer.param_groups) == 2

@@ -62,7 +62,7 @@ def test_roll_back_prunes_restores_drops_gradients_and_counts():
     assert scaler.state_dict()["scale"] != saved[2]["scale"]
     governor = Governor()
 
-    assert roll_back(snapshot, host, governor, "governor_nan", engine=engine,
+    assert roll_back(snapshot, host, governor, "governor_nan", prune=engine.prune_live,
                      optimizer=optimizer, scaler=scaler) == ["r0c0"]
     assert host.slot.stage == SeedStage.PRUNED and host.slot.state.prune_reason == "governor_nan"
     assert engine.events[-1].kind == "pruned" and engine.events[-1].reason == "governor_nan"
@@ -97,12 +97,16 @@ def _poisoned_env(cifar_dir) -> MorphogenesisEnv:
     # a 32-true run has none; reset gives the env a fresh one, as under 16-mixed).
     env.fabric.strategy.precision.scaler = torch.amp.GradScaler("cpu")
     env.reset(7, implants=[("r0c2", "norm")])
+    for _ in range(env.start_epoch()):  # the first epoch, then a decision after each epoch
+        env.train_batch()
+    env.validate()
+    env.observe()
     for action in (GERMINATE, Action(LifecycleOp.ADVANCE, 0)):
-        env.execute(action)
+        outcome = env.execute(action)
         for _ in range(env.start_epoch()):
             env.train_batch()
         env.validate()
-        assert env.observe().rollback_reason is None
+        assert env.finish_step(outcome).observation.rollback_reason is None
     scaler = env.fabric.strategy.precision.scaler
     scaler.load_state_dict({**scaler.state_dict(), "scale": 1024.0})
     with torch.no_grad():
@@ -137,7 +141,8 @@ def test_the_callback_and_the_env_roll_back_to_the_same_state(cifar_dir):
     host, optimizer, scaler_copy, engine, governor, snapshot = copy.deepcopy(
         (env.host, env.optimizer.optimizer, scaler, env.engine, env.governor, env.snapshot))
     callback = GovernorCallback()
-    callback.governor, callback.snapshot, callback._engine = governor, snapshot, engine
+    callback.governor, callback.snapshot = governor, snapshot
+    callback._growth = SimpleNamespace(prune_live=engine.prune_live)  # the lifecycle's owner
     trainer = SimpleNamespace(optimizers=[optimizer], current_epoch=engine.epoch,
                               precision_plugin=SimpleNamespace(scaler=scaler_copy))
     callback._rollback(trainer, host, "governor_nan")

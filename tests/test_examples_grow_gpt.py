@@ -1,5 +1,5 @@
-"""examples/grow_gpt.py (a user's own GPT grown 1 -> 4 blocks at half a compute budget, WSD, loss
-against FLOPs in TensorBoard) on a tiny text fixture, in process."""
+"""examples/grow_gpt.py (a user's own GPT, its own block class, grown 1 -> 4 blocks at half a
+compute budget, WSD, loss against FLOPs in TensorBoard) on a tiny text fixture, in process."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from helpers import example_module
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from esper_lightning import load_grown
-from esper_lightning.blueprints.block import Block, BlockStack
+from esper_lightning.blueprints.growth import GrownBlocks
 from esper_lightning.callbacks import ComputeBudget, MorphogenesisCallback
 from esper_lightning.callbacks.compute_budget import FLOPS_PER_STEP
 from esper_lightning.core.flops import FlopMeter
@@ -50,14 +50,16 @@ def test_grows_one_block_to_four_at_tau_and_stops_at_the_budget(example, text_fi
     model, callbacks = cli.model, cli.trainer.callbacks
     morpho = next(c for c in callbacks if isinstance(c, MorphogenesisCallback))
     budget = next(c for c in callbacks if isinstance(c, ComputeBudget))
-    # The host keeps its 1 block; the slot after it holds 3 more, kept: a 4-block model.
-    slot = morpho.engine.slots["blocks.0"]
+    # The host keeps its 1 block; the growth slot after it holds 3 more of the user's own
+    # class, kept: a 4-block model.
+    slot = morpho.engine.slots["blocks.0+1"]
     assert len(model.blocks) == 1 and slot.stage == SeedStage.FOSSILIZED
-    assert isinstance(slot.seed, BlockStack) and len(slot.seed) == 3
+    assert isinstance(slot.seed, GrownBlocks) and len(slot.seed) == 3
+    assert all(type(block) is example.Block for block in slot.seed)
     assert morpho.engine.host_params == _params(example.TinyGPT(n_layer=1, block_size=BLOCK))
     assert _params(model) == _params(example.TinyGPT(n_layer=4, block_size=BLOCK))
-    assert morpho.engine.seed_params == 3 * _params(Block(32, 4))
-    # The checkpoint rebuilds it: the injected slot with its stack of 3 blocks, strictly.
+    assert morpho.engine.seed_params == 3 * _params(example.Block(32, 4))
+    # The checkpoint rebuilds it: the growth slot with its 3 blocks, strictly.
     checkpoint = cli.trainer.checkpoint_callback.best_model_path  # the last: no monitor
     again = load_grown(example.TinyGPT, checkpoint).eval()
     tokens = torch.randint(0, 256, (2, BLOCK), generator=torch.Generator().manual_seed(0))
@@ -86,12 +88,14 @@ def test_grows_one_block_to_four_at_tau_and_stops_at_the_budget(example, text_fi
     assert [s.value for s in scalars["morpho/seed_params"]][grew - 1:grew + 1] == [
         0.0, morpho.engine.seed_params]
     # The loss-vs-FLOPs chart: every validation's loss, at the GFLOPs spent by then.
-    chart = scalars["compute/val_loss_vs_gflop"]
+    chart = scalars["compute/val_loss_vs_flops"]
     assert [s.value for s in chart] == [s.value for s in scalars["val_loss"]]
     steps = [s.step for s in chart]
-    assert steps == sorted(steps) and steps[-1] == round(budget.spent / FLOPS_PER_STEP) == 2
+    # The FLOPs spent, unrounded, as the step: a run of 2 GFLOP has distinct points.
+    assert steps == sorted(steps) == list(dict.fromkeys(steps))
+    assert steps[-1] == int(budget.spent // FLOPS_PER_STEP) and FLOPS_PER_STEP == 1
     train_flops = [s.value for s in scalars["morpho/train_flops"]]  # at each decision
-    assert steps == [round(f / FLOPS_PER_STEP) for f in train_flops]
+    assert steps == [int(f // FLOPS_PER_STEP) for f in train_flops]
 
 
 def test_bad_input_is_one_line(example, text_file, tmp_path, capsys):
@@ -105,7 +109,7 @@ def test_bad_input_is_one_line(example, text_file, tmp_path, capsys):
                                        "or a folder holding one)\n")
     for flag, value, message in (
             ("--gflops", "0", "--gflops must be a number > 0, got 0.0"),
-            ("--morpho.growth_depth", "0", "--morpho.growth_depth must be an int >= 1, got 0"),
+            ("--grow", "0", "--grow must be an int >= 1, got 0"),
             ("--model.n_head", "5", "n_head=5 must divide the width 32")):
         assert example.main(["--text", str(text_file), flag, value,
                              "--logdir", str(tmp_path / "runs")]) == 2

@@ -23,7 +23,7 @@ from esper_lightning.core.injection import restore_slots
 from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.hosts import CifarCNNHost
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+EXPORT_PAGE = Path(__file__).resolve().parent.parent / "docs" / "how-to" / "export.md"
 
 FAST_GATES = GateConfig(min_training_epochs=1)
 
@@ -127,16 +127,13 @@ def test_cifar_host_grows_a_fossil_loads_and_ships(tmp_path):
     torch.testing.assert_close(shipped(x), host(x), rtol=0, atol=1e-5)
 
 
-def readme_shipping_snippets() -> list[str]:
-    """The python blocks of the README's "Shipping the grown model" section, as written."""
-    text = README.read_text()
-    section = text[text.index("### Shipping the grown model"):]
-    section = section[:section.index("\n## ")]
-    return re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
+def export_page_snippets() -> list[str]:
+    """The python blocks of docs/how-to/export.md, as written."""
+    return re.findall(r"```python\n(.*?)```", EXPORT_PAGE.read_text(), flags=re.DOTALL)
 
 
-#: Runs the README's loading snippet once per batch saved in argv[1]; saves the logits to argv[2].
-README_LOADING = """
+#: Runs the export page's loading snippet per batch saved in argv[1]; saves the logits to argv[2].
+LOADING_SNIPPET = """
 import torch
 outputs = []
 for batch in torch.load(sys.argv[1]):
@@ -146,8 +143,8 @@ torch.save(outputs, sys.argv[2])
 """
 
 
-def test_readme_shipping_recipe_runs_any_batch_without_the_package(tmp_path, monkeypatch):
-    save, load = readme_shipping_snippets()
+def test_the_export_pages_recipe_runs_any_batch_without_the_package(tmp_path, monkeypatch):
+    save, load = export_page_snippets()
     script = {0: germinate(0, "conv_small"), 1: advance(0), 2: advance(0),
               5: advance(0), 6: Action(LifecycleOp.FOSSILIZE, 0)}
     module = UserModule()
@@ -162,7 +159,7 @@ def test_readme_shipping_recipe_runs_any_batch_without_the_package(tmp_path, mon
 
     batches = [torch.randn(b, 3, 8, 8, generator=generator) for b in (1, 3, 17)]
     torch.save(batches, tmp_path / "batches.pt")
-    run_without_package(README_LOADING.format(snippet=textwrap.indent(load, "    ")),
+    run_without_package(LOADING_SNIPPET.format(snippet=textwrap.indent(load, "    ")),
                         tmp_path / "batches.pt", tmp_path / "logits.pt")
     module.eval()
     for x, logits in zip(batches, torch.load(tmp_path / "logits.pt"), strict=True):

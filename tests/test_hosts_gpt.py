@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from esper_lightning.blueprints import available, get_spec
-from esper_lightning.blueprints.block import init_residual_projections, last_block
+from esper_lightning.blueprints.block import init_residual_projections
+from esper_lightning.blueprints.growth import GrownBlocks, operator_of
 from esper_lightning.blueprints.registry import LayerScale
 from esper_lightning.core.alpha import AlphaAlgorithm
 from esper_lightning.core.lifecycle import SeedStage
@@ -66,7 +67,7 @@ def _make_visible(slot: SeedSlot) -> None:
                 module.gamma.fill_(1.0)
         if hasattr(slot.seed, "gate"):  # the `norm` seed's scalar gate
             slot.seed.gate.fill_(1.0)
-        if last_block(slot.seed) is not None:  # block_identity's output projections are zero
+        if isinstance(slot.seed, GrownBlocks):  # block_identity's output projections are zero
             init_residual_projections(slot.seed, depth=1)
 
 
@@ -94,13 +95,16 @@ def test_causal_without_seed():
 @pytest.mark.parametrize("blueprint", TRANSFORMER_BLUEPRINTS)
 def test_causal_with_blending_seeds(blueprint: str, algorithm: AlphaAlgorithm):
     torch.manual_seed(0)
-    host = GPTHost("tiny").eval()
+    # Growth seeds grow in growth slots: the tiny host's shape with two of them.
+    growing = GPTConfig(block_size=128, n_layer=2, n_head=4, n_embd=64, growth_slots=2)
+    host = GPTHost(growing if operator_of(blueprint) else "tiny").eval()
     idx = _tokens((2, 10), rng_seed=1)
     with torch.no_grad():
         plain = host(idx)
     for slot in host.slots.values():
-        _to_blending(slot, blueprint, algorithm)
-        _make_visible(slot)
+        if slot.context_error(blueprint) is None:
+            _to_blending(slot, blueprint, algorithm)
+            _make_visible(slot)
     with torch.no_grad():
         assert not torch.allclose(host(idx), plain)  # the seeds really take part
     _assert_causal(host, idx)

@@ -1,7 +1,8 @@
 """Seed blueprints: the small modules a host grows in its slots, per topology.
 
-Importing this package registers the built-in CNN, transformer (block seeds included: `block`)
-and linear (MLP) blueprints::
+Importing this package registers the built-in CNN, transformer and linear (MLP) blueprints,
+and the growth operators' blueprints ``block_copy``, ``block_identity``, ``block_random``
+(`growth`: depth growth on any stack of same-shape blocks)::
 
     from esper_lightning import blueprints
 
@@ -16,8 +17,8 @@ policy created afterwards has a blueprint head entry for it::
 """
 
 from esper_lightning.blueprints import (  # noqa: F401  (the built-ins)
-    block,
     cnn,
+    growth,
     linear,
     transformer,
 )

@@ -19,12 +19,12 @@ still receives gradient (zero-initialising the last layer instead leaves the bra
 ``build(..., layer_scale=g)`` starts every LayerScale gain of a seed at ``g`` instead (the
 ``layer_scale_init`` setting of slots, engine and ``--layer_scale_init``).
 
-A blueprint may need more than its width: a block seed copies the transformer block its slot
-follows, as many times as the slot grows blocks. Its spec names that *context*
-(`BlueprintSpec.context`), the slot supplies it at germination
-(``build(..., context={"preceding": block, "growth_depth": 3})``), and a slot that cannot is
-refused in one line. A spec can also set its own lifecycle pace (`BlueprintSpec.incubation`,
-`BlueprintSpec.blend_tempo`).
+A blueprint may need more than its width: a depth-growth seed (`blueprints.growth`) is made
+from the blocks before its slot. Its spec names that *context* (`BlueprintSpec.context`), the
+slot supplies it at germination (``build(..., context={"growth": site})``), and a slot that
+cannot is refused in one line. A spec can also set its own lifecycle pace
+(`BlueprintSpec.incubation`, `BlueprintSpec.blend_tempo`), and skip the shape probe when its
+slot checks the shapes itself (`BlueprintSpec.probe`: a growth slot, on its first activation).
 """
 
 from __future__ import annotations
@@ -93,8 +93,7 @@ _PROBE_SHAPES: dict[str, Callable[[int], tuple[int, ...]]] = {
 DEFAULT_LAYER_SCALE = 1e-3
 #: What a blueprint's factory can ask of its slot (`BlueprintSpec.context`), as said in messages.
 CONTEXTS: dict[str, str] = {
-    "preceding": "the transformer block the slot follows",
-    "growth_depth": "the number of blocks the slot grows",
+    "growth": "a growth slot (after a block of a stack of same-shape blocks)",
 }
 
 #: Action index of "no blueprint": the blueprint head's value for every op but GERMINATE.
@@ -149,6 +148,9 @@ class BlueprintSpec:
             ran.
         blend_tempo: Alpha ticks (one per decision) of its blend, overriding the germinating
             action's tempo (None: the action's). 0: alpha is 1 from the moment it blends.
+        probe: Whether `build` runs the shape probe on a synthetic input. A seed whose blocks
+            need their call's other arguments (a growth seed's rotary embeddings, say) skips
+            it: its slot checks the shapes on its first real activation instead.
     """
 
     name: str
@@ -158,6 +160,7 @@ class BlueprintSpec:
     context: tuple[str, ...] = ()
     incubation: int | None = None
     blend_tempo: int | None = None
+    probe: bool = True
 
 
 _REGISTRY: dict[str, dict[str, BlueprintSpec]] = {topology: {} for topology in TOPOLOGIES}
@@ -455,8 +458,8 @@ def context_error(name: str, topology: str, context: Mapping[str, Any] | None) -
     """What blueprint ``name`` needs at germination and ``context`` lacks (None: nothing).
 
     Example:
-        >>> context_error("block_copy", "transformer", {"preceding": None, "growth_depth": 3})
-        "blueprint 'block_copy' needs the transformer block the slot follows"
+        >>> context_error("block_copy", "transformer", {"growth": None})[:42]
+        "blueprint 'block_copy' needs a growth slot"
     """
     spec = get_spec(name, topology)
     missing = [c for c in spec.context if (context or {}).get(c) is None]
@@ -511,7 +514,9 @@ def build(
         module = module.to(device=device, dtype=dtype)
     if layer_scale is not None:
         _set_layer_scale(module, layer_scale)
-    _probe(module, name, _PROBE_SHAPES[topology](channels), dtype or torch.get_default_dtype())
+    if spec.probe:
+        _probe(module, name, _PROBE_SHAPES[topology](channels),
+               dtype or torch.get_default_dtype())
     return module
 
 

@@ -4,6 +4,7 @@ schedule over the fraction of the budget spent."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -14,46 +15,48 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 from typing_extensions import override
 
-from esper_lightning.callbacks.morphogenesis import BatchToXY, LogitsFn, MorphogenesisCallback
-from esper_lightning.core.flops import FlopMeter, structure
-from esper_lightning.schedule import LRSchedule, apply_multiplier, batch_fraction, set_base_lrs
+from esper_lightning.callbacks._metering import MetersSteps, step_cost
+from esper_lightning.core.compute import ComputeLedger
+from esper_lightning.schedule import LRSchedule, apply_multiplier, set_base_lrs
 
-#: FLOPs per step of the loss-vs-FLOPs charts: a TensorBoard step is an integer, so the training
-#: FLOPs spent are given in GFLOP (rounded).
-FLOPS_PER_STEP = 1e9
+#: FLOPs per step of the loss-vs-FLOPs chart: one. A TensorBoard step is a 64-bit integer, so
+#: the training FLOPs spent, unrounded, are its step (up to 9.2e18 FLOPs).
+FLOPS_PER_STEP = 1
 
 
 class ComputeBudget(Callback):
     r"""Stop training when its FLOPs reach ``budget_flops``; schedule the learning rate over the
     fraction of the budget spent.
 
-    Every training step is metered (`core.flops.FlopMeter`: forward and backward of the module
-    and every seed in it, once per architecture, on meta tensors, so training is untouched),
-    summed over DDP ranks. The step that brings the total to the budget is the last one: the
-    Trainer stops after it (``trainer.should_stop``, as `EarlyStopping` does; the epoch's
-    validation still runs, so the last validation is at the budget), so a fit ends within one
-    batch past its budget.
+    It owns the fit's compute (`core.compute.ComputeLedger`, `ledger`): every training step is
+    metered (forward and backward of the module and every seed in it, once per architecture, on
+    meta tensors, so training is untouched), summed over DDP ranks, and charged to the ledger.
+    The step that brings the total to the budget is the last one: the Trainer stops after it
+    (``trainer.should_stop``, as `EarlyStopping` does; the epoch's validation still runs, so the
+    last validation is at the budget), so a fit ends within one batch past its budget.
 
     The schedule (``lr_schedule``: ``"constant"``, ``"wsd"`` or ``"cosine"``, `schedule`) sets
     every param group's ``lr`` to its base (``initial_lr``, recorded at fit start) times the
     multiplier at the middle of the batch's FLOPs, before each step; a seed group that a
     `MorphogenesisCallback` adds mid-run starts at its own base times the current multiplier. So
-    any arm, however it grows, decays to the floor exactly at its budget. A non-constant schedule
+    any arm, however it grows, ends its decay at its budget: its last step trains at the
+    multiplier of that step's middle, within one step of the floor. A non-constant schedule
     replaces an LR scheduler: one configured by the module is refused at fit start.
 
-    With a `MorphogenesisCallback` in the same Trainer (any order), the budget reaches its
-    controller's reports (`EpochReport.budget_fraction`), and the steps are metered its way
-    (its ``batch_to_xy`` and ``logits_fn``); without one, ``batch_to_xy`` and ``logits_fn`` here
-    say how to read the inputs and compute logits (defaults: ``(x, y)`` batches, ``module(x)``).
+    With a `MorphogenesisCallback` in the same Trainer (any order) its engine reports this
+    ledger (the controller sees the budget: `EpochReport.budget_fraction`), and steps are
+    metered its way (its ``batch_to_xy`` and ``logits_fn``); without one, ``batch_to_xy`` and
+    ``logits_fn`` here say how to read the inputs and compute logits (defaults: ``(x, y)``
+    batches, ``module(x)``).
 
     Logged with the module's ``log`` (step-wise, every ``log_every_n_steps``):
     ``compute/train_flops``, ``compute/budget_fraction``, ``compute/lr_multiplier``. After each
     validation of the fit, the logged validation loss (``loss_key``) goes to every logger again
-    as ``compute/<loss_key>_vs_gflop`` with the training FLOPs spent, in GFLOP, as its step
+    as ``compute/<loss_key>_vs_flops`` with the training FLOPs spent, unrounded, as its step
     (`FLOPS_PER_STEP`): TensorBoard's chart of that tag is the loss against training compute, so
     runs that spend their FLOPs differently (a host that grows, one born big) compare on one
-    axis. The FLOPs spent are part of the callback's state: a fit resumed from a checkpoint goes
-    on from them.
+    axis. The ledger is part of the callback's state: a fit resumed from a checkpoint goes on
+    from the FLOPs it had spent.
 
     Args:
         budget_flops: the budget in training FLOPs (> 0).
@@ -79,8 +82,8 @@ class ComputeBudget(Callback):
         warmup_fraction: float = 0.0,
         decay_fraction: float | None = None,
         min_lr_ratio: float = 0.0,
-        batch_to_xy: BatchToXY | None = None,
-        logits_fn: LogitsFn | None = None,
+        batch_to_xy: Callable[[Any], tuple[Tensor, Any]] | None = None,
+        logits_fn: Callable[[L.LightningModule, Tensor], Tensor] | None = None,
         loss_key: str | None = "val_loss",
     ) -> None:
         if isinstance(budget_flops, bool) or not isinstance(budget_flops, int | float) or not (
@@ -88,16 +91,19 @@ class ComputeBudget(Callback):
             raise ValueError(f"budget_flops must be a number > 0, got {budget_flops!r}")
         self.budget_flops = float(budget_flops)
         self.schedule = LRSchedule(lr_schedule, warmup_fraction, decay_fraction, min_lr_ratio)
+        #: The fit's compute: what is spent against this budget (saved with the state).
+        self.ledger = ComputeLedger(self.budget_flops, self.schedule)
         self.batch_to_xy = batch_to_xy
         self.logits_fn = logits_fn
         self.loss_key = loss_key
         self._warned = False
-        self.meter = FlopMeter()
-        #: Training FLOPs spent so far in this run (saved with the callback's state).
-        self.spent = 0.0
         self._step_cost = 0
-        self._growth: MorphogenesisCallback | None = None
-        self._arch: tuple[int, Any] | None = None  # (epoch, `core.flops.structure`)
+        self._metering: MetersSteps | None = None
+
+    @property
+    def spent(self) -> float:
+        """Training FLOPs spent so far in this run (the ledger's)."""
+        return self.ledger.train_flops
 
     @property
     def budget_fraction(self) -> float:
@@ -106,9 +112,9 @@ class ComputeBudget(Callback):
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        growth = [c for c in trainer.callbacks if isinstance(c, MorphogenesisCallback)]
-        self._growth = growth[0] if growth else None
-        if self._growth is not None and not self._growth.meter_flops:
+        self._metering = next((c for c in trainer.callbacks if c is not self
+                               and isinstance(c, MetersSteps)), None)
+        if self._metering is not None and not getattr(self._metering, "meter_flops", True):
             raise MisconfigurationException("ComputeBudget needs the FLOPs the "
                                             "MorphogenesisCallback meters; drop its "
                                             "meter_flops=False")
@@ -122,18 +128,12 @@ class ComputeBudget(Callback):
         self._warned = False
 
     @override
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._growth is not None and self._growth.engine is not None:
-            self._growth.engine.budget_flops = self.budget_flops  # the controller sees it
-
-    @override
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule,
                              batch: Any, batch_idx: int) -> None:
         self._step_cost = self._cost(trainer, pl_module, batch)
         if self.schedule.kind == "constant":
             return
-        fraction = batch_fraction(self.spent, self._step_cost, self.budget_flops)
-        multiplier = self.schedule.multiplier(fraction)
+        multiplier = self.ledger.lr_multiplier(self._step_cost)
         for optimizer in trainer.optimizers:
             apply_multiplier(optimizer.param_groups, multiplier)
         pl_module.log("compute/lr_multiplier", multiplier, on_step=True, on_epoch=False)
@@ -141,11 +141,11 @@ class ComputeBudget(Callback):
     @override
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:
-        self.spent += self._step_cost
+        self.ledger.charge(self._step_cost)
         pl_module.log("compute/train_flops", self.spent, on_step=True, on_epoch=False)
         pl_module.log("compute/budget_fraction", self.budget_fraction, on_step=True,
                       on_epoch=False)
-        if self.spent >= self.budget_flops:
+        if self.ledger.exhausted:
             trainer.should_stop = True
 
     @override
@@ -160,29 +160,23 @@ class ComputeBudget(Callback):
                                f"no loss-vs-FLOPs chart is written; logged keys: "
                                f"{sorted(trainer.callback_metrics)}")
             return
-        step = round(self.spent / FLOPS_PER_STEP)
+        step = int(self.spent // FLOPS_PER_STEP)
         for logger in trainer.loggers:
-            logger.log_metrics({f"compute/{self.loss_key}_vs_gflop": float(loss)}, step=step)
+            logger.log_metrics({f"compute/{self.loss_key}_vs_flops": float(loss)}, step=step)
 
     def _cost(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any) -> int:
-        if self._growth is not None:  # the same count the growth callback adds up
-            return self._growth.step_flops(trainer, pl_module, batch)
-        x = (self.batch_to_xy or _inputs)(batch)[0]
-        if self._arch is None or self._arch[0] != trainer.current_epoch:  # once per epoch
-            self._arch = (trainer.current_epoch, structure(pl_module))
-        try:
-            flops = self.meter.training_step(pl_module, x, self.logits_fn, self._arch[1])
-        except Exception as err:
-            cause = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            raise MisconfigurationException(
-                f"ComputeBudget cannot meter the FLOPs of {type(pl_module).__name__} on meta "
-                f"tensors ({type(err).__name__}: {cause}); pass logits_fn= with a forward that "
-                "runs on any device") from err
-        return flops * trainer.world_size
+        metering = self._metering
+        read = metering.batch_to_xy if metering is not None else (self.batch_to_xy or _inputs)
+        logits_fn = metering.logits_fn if metering is not None else self.logits_fn
+        remedy = ("pass logits_fn= with a forward that runs on any device" if metering is None
+                  else "pass logits_fn= to MorphogenesisCallback if its forward needs more than "
+                  "the batch's inputs")
+        return step_cost(self.ledger, trainer, pl_module, read(batch)[0], logits_fn,
+                         "ComputeBudget", remedy)
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"spent": self.spent, "budget_flops": self.budget_flops}
+        return {"ledger": self.ledger.state_dict(), "budget_flops": self.budget_flops}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -197,7 +191,10 @@ class ComputeBudget(Callback):
             raise MisconfigurationException(
                 f"ComputeBudget: the checkpoint was written under budget_flops={saved:g}, this "
                 f"fit has {self.budget_flops:g}; resume with the same budget")
-        self.spent = float(state_dict["spent"])
+        if "ledger" in state_dict:
+            self.ledger.load_state_dict(state_dict["ledger"])
+        else:  # written before the ledger: the FLOPs spent
+            self.ledger.train_flops = float(state_dict["spent"])
 
 
 def _inputs(batch: Any) -> tuple[Tensor, Any]:

@@ -16,7 +16,6 @@ from typing_extensions import override
 from esper_lightning.callbacks import _distributed as dist
 from esper_lightning.callbacks.morphogenesis import MorphogenesisCallback
 from esper_lightning.core.divergence import Governor, GovernorConfig, check_num_classes
-from esper_lightning.core.engine import MorphogenesisEngine
 from esper_lightning.core.rollback import roll_back
 from esper_lightning.core.snapshot import Snapshot, take_snapshot
 from esper_lightning.core.telemetry import ROLLBACKS_TAG
@@ -72,7 +71,7 @@ class GovernorCallback(Callback):
         self.monitor = monitor
         self.num_classes = num_classes
         self.snapshot: Snapshot | None = None
-        self._engine: MorphogenesisEngine | None = None
+        self._growth: MorphogenesisCallback | None = None
         self._fossilized_seen = 0
         self._warned_monitor = False
         self._resumed = False
@@ -108,7 +107,7 @@ class GovernorCallback(Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # After Lightning restored the optimizer, scaler and callbacks of a resumed run.
         growth = [c for c in trainer.callbacks if isinstance(c, MorphogenesisCallback)]
-        self._engine = growth[0].engine if growth else None
+        self._growth = growth[0] if growth else None  # the lifecycle's owner prunes for us
         self._fossilized_seen = self._fossilized()
         self._snapshot(trainer, pl_module)
 
@@ -170,7 +169,8 @@ class GovernorCallback(Callback):
 
     # --- rollback -----------------------------------------------------------------------------
     def _rollback(self, trainer: L.Trainer, pl_module: L.LightningModule, reason: str) -> None:
-        pruned = roll_back(self.snapshot, pl_module, self.governor, reason, engine=self._engine,
+        prune = None if self._growth is None else self._growth.prune_live
+        pruned = roll_back(self.snapshot, pl_module, self.governor, reason, prune=prune,
                            optimizer=self._optimizer(trainer), scaler=_scaler(trainer))
         log.warning(
             "governor: %s at epoch %d (loss %s); rolled back, pruned %s",
@@ -185,7 +185,7 @@ class GovernorCallback(Callback):
         return trainer.optimizers[0] if trainer.optimizers else None
 
     def _fossilized(self) -> int:
-        return 0 if self._engine is None else self._engine.event_counts()["fossilized"]
+        return 0 if self._growth is None else self._growth.fossils
 
     # --- state --------------------------------------------------------------------------------
     @override

@@ -20,12 +20,15 @@ from torch import Tensor
 from typing_extensions import override
 
 from esper_lightning.callbacks import _distributed as dist
+from esper_lightning.callbacks._metering import step_cost
+from esper_lightning.callbacks.compute_budget import ComputeBudget
 from esper_lightning.controllers.base import (
     Controller,
     ExplainsDecisions,
     NamesBlueprints,
     PlansGermination,
 )
+from esper_lightning.core.compute import ComputeLedger
 from esper_lightning.core.counterfactual import (
     CounterfactualAccumulator,
     LogitsError,
@@ -34,16 +37,17 @@ from esper_lightning.core.counterfactual import (
     make_plan,
     probe_plan,
 )
-from esper_lightning.core.engine import GRAD_STATS_EVERY, MorphogenesisEngine, StepOutcome
-from esper_lightning.core.flops import FlopMeter, structure
+from esper_lightning.core.depth import DepthGrowth
+from esper_lightning.core.engine import (
+    GRAD_STATS_EVERY,
+    MorphogenesisEngine,
+    StepOutcome,
+    legacy_train_flops,
+)
 from esper_lightning.core.lifecycle import PRESENT_STAGES, GateConfig, GateMode, QualityGates
 from esper_lightning.core.optim import SeedOptimConfig
-from esper_lightning.core.slots import (
-    check_blend_gradient,
-    check_growth_depth,
-    check_topology,
-)
-from esper_lightning.core.telemetry import morpho_metrics, slot_layout
+from esper_lightning.core.slots import check_blend_gradient, check_topology
+from esper_lightning.core.telemetry import morpho_metrics, slot_layout, stage_changes
 from esper_lightning.viz.timeline import log_timeline
 
 log = logging.getLogger(__name__)
@@ -59,6 +63,11 @@ _MISSING_KEY_EFFECT = {
     "train_loss_key": "the controller sees no training loss",
 }
 TIMELINE_TAG = "morpho/timeline"
+#: TensorBoard text of every stage change, by name (a germination, a blend's start, a fossil).
+EVENTS_TAG = "morpho/stage_changes"
+#: What to do about a module the meter cannot run on meta tensors.
+_METER_REMEDY = ("pass logits_fn= if its forward needs more than the batch's inputs, or "
+                 "meter_flops=False to train without a FLOP count (and without a ComputeBudget)")
 _LONG_RUN = 1_000_000  # epochs: tells timing knobs that follow the run length from fixed ones
 #: What the counterfactual measurement can read, said whenever a module's output is not that.
 SUPPORTED_MODELS = ("classifiers only (logits [B, C], C >= 2, for class-index targets [B], or "
@@ -75,9 +84,11 @@ class MorphogenesisCallback(Callback):
     slot. Seeds join the optimizer as param groups named ``seed/<slot>`` (the host's unnamed
     groups are named ``host`` so LR-monitor tags stay put); LR schedulers schedule them too.
     Every training step's FLOPs (host and every live seed, forward and backward) are metered
-    once per architecture on meta tensors (`core.flops`, no effect on training), logged as
-    ``morpho/train_flops`` and reported to the controller (`EpochReport.train_flops`); with a
-    `ComputeBudget` callback in the same Trainer the report carries its budget too.
+    once per architecture on meta tensors (`core.flops`, no effect on training) into the fit's
+    `core.compute.ComputeLedger` (`ledger`), logged as ``morpho/train_flops`` and reported to
+    the controller (`EpochReport.train_flops`). With a `ComputeBudget` callback in the same
+    Trainer the ledger is the budget's: it charges the steps, and the report carries its
+    budget too.
     Lifecycle events are logged at INFO on the ``esper_lightning`` logger; at the end of the
     fit a seed-timeline image goes to every TensorBoard logger (``morpho/timeline``).
 
@@ -110,11 +121,14 @@ class MorphogenesisCallback(Callback):
         blend_gradient: ``"through"`` or ``"detached"``: whether host layers before a BLENDING
             seed learn through it (`SeedSlot`); None keeps each slot's own (``"through"`` unless
             the model's slots say otherwise).
-        growth_depth: blocks a block seed (``block_copy``, ``block_identity``,
-            ``block_random``) stacks in a slot injected after a transformer ``Block``: 3 after
-            the only block of a one-block model grows it to four blocks in one germination.
-            None: 1. Slots the model declares keep their own (a different value for one is
-            refused).
+        growth: where the model grows deeper (`core.depth.DepthGrowth`): growth slots after
+            blocks of a stack of same-shape blocks (your own ``blocks``, Hugging Face's
+            ``transformer.h`` or ``model.layers``), where a growth seed (``block_copy``,
+            ``block_identity``, ``block_random``: the growth operators,
+            `blueprints.growth`) adds new blocks of the stack's own class. They come after the
+            ``slots``; ``slots=None`` with ``growth`` means the growth slots alone.
+            ``DepthGrowth("blocks", blocks=3)`` grows a one-block model to four in one event;
+            ``blocks=(1, 2)`` to two, then four.
         gate_mode, gate_config: quality-gate mode and `GateConfig` thresholds for every slot
             (None: each slot keeps its own; injected slots are permissive with the default
             thresholds, whose G2 incubation of 10 epochs suits long runs).
@@ -170,7 +184,7 @@ class MorphogenesisCallback(Callback):
         gate_mode: GateMode | str | None = None,
         gate_config: GateConfig | None = None,
         blend_gradient: str | None = None,
-        growth_depth: int | None = None,
+        growth: DepthGrowth | None = None,
         batch_to_xy: BatchToXY | None = None,
         logits_fn: LogitsFn | None = None,
         counterfactual: str | None = None,
@@ -182,7 +196,7 @@ class MorphogenesisCallback(Callback):
         meter_flops: bool = True,
     ) -> None:
         gate_mode = _check_options(controller, grad_stats_every, topology, blend_gradient,
-                                   growth_depth, gate_mode)
+                                   growth, gate_mode)
         self.controller = controller
         self._engine_kwargs: dict[str, Any] = {
             "slots": None if slots is None else [slots] if isinstance(slots, str) else list(slots),
@@ -192,7 +206,7 @@ class MorphogenesisCallback(Callback):
             "gate_mode": gate_mode,
             "gate_config": gate_config,
             "blend_gradient": blend_gradient,
-            "growth_depth": growth_depth,
+            "growth": growth,
             "seed_optim": SeedOptimConfig(seed_lr, seed_momentum, seed_weight_decay),
             "grad_stats_every": grad_stats_every,
         }
@@ -203,8 +217,10 @@ class MorphogenesisCallback(Callback):
         self.accuracy_key = accuracy_key
         self.loss_key, self.train_loss_key = loss_key, train_loss_key
         self.meter_flops = meter_flops
-        self.meter = FlopMeter()
-        self._arch: tuple[Any, Any] | None = None  # ((epoch, training, revision), structure)
+        #: The fit's compute (`core.compute.ComputeLedger`): a `ComputeBudget`'s when the fit
+        #: has one (it charges the training steps), else this callback's own.
+        self.ledger = ComputeLedger()
+        self._owns_ledger = True
         self.engine: MorphogenesisEngine | None = None
         self.last_outcome: StepOutcome | None = None
         self._accumulator: CounterfactualAccumulator | None = None
@@ -233,14 +249,20 @@ class MorphogenesisCallback(Callback):
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         dist.check_strategy(trainer)  # one device or DDP; sharded strategies are refused
+        budget = next((c for c in trainer.callbacks if isinstance(c, ComputeBudget)), None)
+        self._owns_ledger = budget is None
+        if budget is not None:
+            self.ledger = budget.ledger  # read here, charged by the budget
         if self.engine is None or self.engine.model is not pl_module:
             # Slots are injected here, before Lightning loads a checkpoint's weights, so grown
             # seeds are rebuilt from each slot's saved manifest during strict loading.
             rng_seed = torch.initial_seed() if self.rng_seed is None else self.rng_seed
             rng_seed = dist.broadcast_rng_seed(trainer, rng_seed)  # equal seeds on every rank
-            self.engine = MorphogenesisEngine(pl_module, rng_seed=rng_seed, **self._engine_kwargs)
+            self.engine = MorphogenesisEngine(pl_module, rng_seed=rng_seed, compute=self.ledger,
+                                              **self._engine_kwargs)
             # Event lines name what decided them (`HeuristicController`), not a generic "policy".
             self.engine.controller_name = type(self.controller).__name__
+        self.engine.compute = self.ledger
         dist.keep_slots_out_of_ddp(pl_module)
 
     @override
@@ -254,6 +276,7 @@ class MorphogenesisCallback(Callback):
         self._start_fit()
         if self._pending_state is not None:  # resumed: load_state_dict ran before this hook
             engine.load_state_dict(self._pending_state["engine"])
+            self._resume_ledger(self._pending_state)
             self._pending_state = None
         else:  # a fresh fit: forget any earlier run (a recurrent policy's state, trackers)
             self.controller.reset()
@@ -296,39 +319,32 @@ class MorphogenesisCallback(Callback):
         if isinstance(loss, Tensor):  # summed on the device: no host sync per batch
             step = torch.stack([loss.detach().float(), loss.new_ones((), dtype=torch.float)])
             self._train_loss = step if self._train_loss is None else self._train_loss + step
-        if self.meter_flops:
-            self._require_engine().train_flops += self.step_flops(trainer, pl_module, batch)
-
-    def step_flops(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any) -> int:
-        """Training FLOPs of one step on ``batch`` over every rank (cached per architecture;
-        `ComputeBudget` reads it too)."""
-        return self._metered(trainer, pl_module, batch, "training_step")
+        if self.meter_flops and self._owns_ledger:  # a ComputeBudget charges its own
+            self.ledger.charge(step_cost(self.ledger, trainer, pl_module,
+                                         self.batch_to_xy(batch)[0], self.logits_fn,
+                                         "MorphogenesisCallback", _METER_REMEDY))
 
     def _metered(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                  kind: str, plan: Any = None) -> int:
-        """One meter reading (`core.flops.FlopMeter`) times the ranks, or one line saying the
-        module cannot be metered and how to go on without."""
+        """One validation (``kind`` ``forward`` or ``counterfactual``) reading of the ledger's
+        meter times the ranks, or one line saying the module cannot be metered and how to go
+        on without."""
         x, _ = self.batch_to_xy(batch)
         engine = self._require_engine()
-        # The architecture changes between epochs (decisions) or when a slot does (a rollback):
-        # read once per epoch, mode and engine revision, not per batch.
-        key = (trainer.current_epoch, pl_module.training, engine.revision)
-        if self._arch is None or self._arch[0] != key:
-            self._arch = (key, structure(pl_module))
-        arch = self._arch[1]
+        # Read once per epoch and mode and whenever a slot changes (the ledger's revision).
+        arch = self.ledger.architecture(pl_module, (trainer.current_epoch, pl_module.training))
+        meter = self.ledger.meter
         try:
             if kind == "counterfactual":
-                flops = self.meter.counterfactual(pl_module, x, engine.slots, plan[0], plan[1],
-                                                  self.logits_fn, arch)
+                flops = meter.counterfactual(pl_module, x, engine.slots, plan[0], plan[1],
+                                             self.logits_fn, arch)
             else:
-                flops = getattr(self.meter, kind)(pl_module, x, self.logits_fn, arch)
+                flops = meter.forward(pl_module, x, self.logits_fn, arch)
         except Exception as err:
             cause = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise MisconfigurationException(
                 f"MorphogenesisCallback cannot meter the FLOPs of {type(pl_module).__name__} on "
-                f"meta tensors ({type(err).__name__}: {cause}); pass logits_fn= if its forward "
-                f"needs more than the batch's inputs, or meter_flops=False to train without a "
-                f"FLOP count (and without a ComputeBudget)") from err
+                f"meta tensors ({type(err).__name__}: {cause}); {_METER_REMEDY}") from err
         return flops * trainer.world_size
 
     @override
@@ -454,6 +470,7 @@ class MorphogenesisCallback(Callback):
         controller = self.controller
         reason = controller.last_reason if isinstance(controller, ExplainsDecisions) else None
         action, reason = dist.broadcast_decision(trainer, action, reason)  # decided once
+        before = {sid: slot.stage for sid, slot in engine.slots.items()}
         self.last_outcome = outcome = engine.execute(action, reason)
         engine.tick()
         if action.op != 0:  # lifecycle events themselves are logged at INFO by the engine
@@ -461,6 +478,9 @@ class MorphogenesisCallback(Callback):
             log.debug("epoch %d: %s %s", trainer.current_epoch,
                       action.describe(engine.slot_ids), verdict)
         self._log(trainer, contributions)
+        changes = stage_changes(before, engine.slots, trainer.current_epoch)
+        for logger in _tensorboards(trainer) if changes else ():
+            logger.experiment.add_text(EVENTS_TAG, "  \n".join(changes), trainer.global_step)
 
     def _epoch_train_loss(self, trainer: L.Trainer) -> float | None:
         if self.train_loss_key is not None:
@@ -563,10 +583,10 @@ class MorphogenesisCallback(Callback):
 
     def _log(self, trainer: L.Trainer, contributions: dict[str, float]) -> None:
         engine = self._require_engine()
-        flops = engine.train_flops if self.meter_flops else None
+        flops = self.ledger.train_flops if self.meter_flops else None
         metrics = morpho_metrics(engine.seed_params, engine.event_counts(), engine.slots,
                                  contributions, train_flops=flops,
-                                 budget_flops=engine.budget_flops)
+                                 budget_flops=self.ledger.budget_flops)
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
 
@@ -574,11 +594,14 @@ class MorphogenesisCallback(Callback):
     @override
     def state_dict(self) -> dict[str, Any]:
         engine = self._require_engine()
-        return {
+        state = {
             "engine": engine.state_dict(),
             "controller": self.controller.state_dict(),
             "decided_epoch": self._decided_epoch,
         }
+        if self._owns_ledger:  # a ComputeBudget saves the ledger it owns
+            state["compute"] = self.ledger.state_dict()
+        return state
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -587,7 +610,29 @@ class MorphogenesisCallback(Callback):
         if self.engine is not None:  # seeds just rebuilt from the checkpoint: not DDP's to sync
             dist.keep_slots_out_of_ddp(self.engine.model)
         # The engine adopts its state in on_fit_start, next to the optimizer it re-groups.
-        self._pending_state = {"engine": state_dict["engine"]}
+        self._pending_state = {"engine": state_dict["engine"],
+                               "compute": state_dict.get("compute")}
+
+    def _resume_ledger(self, state: dict[str, Any]) -> None:
+        """Go on from the training FLOPs the checkpoint had spent, when this callback owns the
+        ledger (older checkpoints kept them in the engine's state)."""
+        if not self._owns_ledger:
+            return
+        if state["compute"] is not None:
+            self.ledger.load_state_dict(state["compute"])
+        else:
+            self.ledger.train_flops = legacy_train_flops(state["engine"]) or 0.0
+
+    # --- what the governor asks of the lifecycle's owner ---------------------------------------
+    def prune_live(self, reason: str) -> list[str]:
+        """Prune every live seed now (a governor's rollback), recorded as lifecycle events;
+        fossils stay. Returns the pruned slots' ids."""
+        return self._require_engine().prune_live(reason)
+
+    @property
+    def fossils(self) -> int:
+        """Seeds fossilized so far in this run."""
+        return 0 if self.engine is None else self.engine.event_counts()["fossilized"]
 
     def _require_engine(self) -> MorphogenesisEngine:
         if self.engine is None:
@@ -596,7 +641,7 @@ class MorphogenesisCallback(Callback):
 
 
 def _check_options(controller: Any, grad_stats_every: int, topology: str | None,
-                   blend_gradient: str | None, growth_depth: int | None,
+                   blend_gradient: str | None, growth: DepthGrowth | None,
                    gate_mode: GateMode | str | None) -> GateMode | None:
     """Refuse a bad option at construction, in one line; the gate mode as a `GateMode`."""
     if not isinstance(controller, Controller):
@@ -608,8 +653,8 @@ def _check_options(controller: Any, grad_stats_every: int, topology: str | None,
         raise ValueError(f"grad_stats_every must be >= 1, got {grad_stats_every}")
     check_topology(topology)
     check_blend_gradient(blend_gradient)
-    if growth_depth is not None:
-        check_growth_depth(growth_depth)
+    if growth is not None and not isinstance(growth, DepthGrowth):
+        raise TypeError(f"growth must be a DepthGrowth, got {type(growth).__name__}")
     # One-line error naming the accepted modes.
     return None if gate_mode is None else QualityGates(gate_mode).mode
 

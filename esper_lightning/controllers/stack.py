@@ -1,34 +1,34 @@
-"""Scripted depth growth: grow a host to full depth at a fixed fraction of the run, and its
-baselines.
+"""Scripted depth growth: grow a model deeper at fixed fractions of the run, and its baselines.
 
-`StackController` grows a host to ``depth`` blocks once fraction ``tau`` of the run is spent
-(`EpochReport.spent_fraction`: the compute budget's fraction under a budget, else the epochs
-done over the planned ones), with block seeds of one init (``copy``, ``identity``, ``random``;
-`blueprints.block`). It is the scripted schedule growth is measured with: a learned or
+`StackController` grows a model in its growth slots (`core.depth.DepthGrowth`, or a
+`GPTHost`'s ``r1c*``) once fraction ``tau`` of the run is spent (`EpochReport.spent_fraction`:
+the compute budget's fraction under a budget, else the epochs done over the planned ones), with
+the seeds of one growth operator (``copy``, ``identity``, ``random``, or one registered:
+`blueprints.growth`). It is the scripted schedule growth is measured with: a learned or
 compute-aware controller has to beat "stack at tau".
 
-On a host whose one growth slot stacks every missing block (``grow4``: 1 block, one growth slot
-``r1c0`` of 3 blocks) growth is one decision: block seeds need no incubation, so the
-germination at the first decision whose report has ``spent_fraction >= tau`` puts the seed in
-BLENDING at once. The lag from that decision to training at full depth, alpha 1:
+Growth seeds need no incubation, so a germination at the first decision whose report has
+``spent_fraction >= tau`` puts the seed in BLENDING at once. The lag from that decision to
+training at full depth, alpha 1:
 
-* ``identity``: none; alpha is 1 from the next training step (blend tempo 0), and the host's
-  function is unchanged at birth;
-* ``copy``, ``random``: one decision; the next epoch trains at alpha 1/2 and the one after at 1
-  (blend tempo 2).
+* an operator that preserves the function (``identity``): none; alpha is 1 from the next
+  training step (blend tempo 0), and the model's function is unchanged at birth;
+* any other (``copy``, ``random``): one decision; the next epoch trains at alpha 1/2 and the one
+  after at 1 (blend tempo 2).
 
 Before that, tau itself is read at decisions: growth starts at the first decision at or past it,
 less than one decision's slice of the run late. The seed moves to HOLDING at the first decision
 with its blend complete and is fossilized at the next (neither changes the function nor the
-cost). On a host with several growth slots (``grow4x1``: three of one block) it germinates one
-seed per decision, in slot order, since a blending seed does not stop the next germination:
-full depth at alpha 1 comes ``n_seeds - 1`` decisions later than on the one-slot host.
+cost). With several growth slots it germinates one seed per decision, in order (a blending seed
+does not stop the next germination); with one ``tau`` per slot (``tau=(0.2, 0.5)`` on
+``DepthGrowth(blocks=(1, 2))``: one block to two at a fifth of the run, to four at half) slot
+``k`` waits for its own.
 
-`compare` names them ``stack:K@TAU[:INIT]`` (`stack_controller`) and the host born that deep
-``born:K`` (`born_implants`): the same host preset, with a random-init block seed implanted
-fully blended in every growth slot at epoch 0, which is exactly a ``K``-block network (the
-"born big" baseline, S_K, spending its budget on fewer tokens). ``K`` is the host's grown depth
-(`GPTConfig.max_depth`), for both.
+`compare` names them ``stack:K@TAU[:OPERATOR]`` (`stack_controller`; ``TAU`` may list one
+time per growth slot, ``0.2,0.5``) and the host born that deep ``born:K`` (`born_implants`): the
+same host preset, with a random-init growth seed implanted fully blended in every growth slot
+at epoch 0, which is exactly a ``K``-block network (the "born big" baseline, S_K, spending its
+budget on fewer tokens). ``K`` is the host's grown depth (`GPTConfig.max_depth`), for both.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from esper_lightning.blueprints.block import BLOCK_INITS, block_blueprint
+from esper_lightning.blueprints import available
+from esper_lightning.blueprints.growth import growth_blueprint, operators
 from esper_lightning.controllers.base import (
     WAIT,
     BlueprintCheck,
@@ -57,8 +58,8 @@ from esper_lightning.errors import ConfigError
 _KIND = "stack"
 #: Mixed into an episode's rng seed for ``stack:K@random``'s draw of tau.
 _RANDOM_TAU_SALT = 0x7A0
-#: ``K@TAU[:INIT]`` (the argument of ``stack:``).
-_STACK = re.compile(r"(?P<depth>\d+)@(?P<tau>[0-9.]+|random)(?::(?P<init>[a-z]+))?")
+#: ``K@TAU[,TAU...][:OPERATOR]`` (the argument of ``stack:``).
+_STACK = re.compile(r"(?P<depth>\d+)@(?P<tau>[0-9.,]+|random)(?::(?P<operator>[a-z][a-z0-9_]*))?")
 #: What it does first, for the first of its slots in order where the masks allow it: finish an
 #: incubation (a seed of a checkpoint from before block seeds skipped it), germinate the next
 #: seed (a blending seed does not stop it), then move blended seeds on and keep them.
@@ -72,7 +73,7 @@ _ORDER: tuple[tuple[LifecycleOp, frozenset[SeedStage]], ...] = (
 
 class GrowingHost(Protocol):
     """The shape of a host that grows deeper (`hosts.GPTConfig` is one): its blocks, its growth
-    slots in order, and the blocks one block seed in a growth slot stacks."""
+    slots in order, and the blocks one seed in a growth slot adds."""
 
     @property
     def n_layer(self) -> int: ...
@@ -88,64 +89,61 @@ class GrowingHost(Protocol):
 
 
 class StackController(ControllerBase):
-    """Grow to ``depth`` blocks at fraction ``tau`` of the run, as fast as the lifecycle allows.
+    """Grow in every growth slot at fraction ``tau`` of the run, as fast as the lifecycle allows.
 
     Until ``report.spent_fraction >= tau`` it waits. Then, one action per decision, it
-    germinates a block seed of ``init`` in each of its slots in order (straight to BLENDING:
-    block seeds need no incubation), advances each to HOLDING once blended and fossilizes it.
-    With one seed (``grow4``) that is germinate, then (after the blend: none for ``identity``,
-    one decision otherwise) advance, then fossilize; the module docstring gives the lag to full
-    depth.
+    germinates a seed of ``operator`` in each growth slot in order (straight to BLENDING:
+    growth seeds need no incubation), advances each to HOLDING once blended and fossilizes it.
+    With one seed (``DepthGrowth(blocks=3)``, ``grow4``) that is germinate, then (after the
+    blend: none for ``identity``, one decision otherwise) advance, then fossilize; the module
+    docstring gives the lag to full depth.
 
-    Growth chains: each block seed builds on the block its slot follows, so on ``grow4x1`` a
-    ``copy`` in ``r1c1`` copies the seed in ``r1c0``.
+    Growth chains: each seed is made from the blocks before its slot, those grown in an earlier
+    slot included, so with ``DepthGrowth(blocks=(1, 2))`` and ``copy`` the second event copies
+    the first block and the block it grew.
 
     Args:
-        depth: Blocks of the grown host (``host_blocks`` plus ``growth_depth`` per seed).
-        tau: Fraction of the run in [0, 1) after which it grows.
-        init: ``copy``, ``identity`` or ``random`` (`blueprints.block.BLOCK_INITS`).
-        host_blocks: Blocks the host has before growing.
-        slots: Slot ids to grow in, in this order (as many as seeds); None: the last
-            `n_seeds` slots of the report (a GPT host's growth slots ``r1c*`` come last in
-            action order).
-        growth_depth: Blocks one seed stacks (its slots' ``growth_depth``; 3 on ``grow4``).
+        tau: Fraction of the run in [0, 1) after which it grows, or one per growth slot (non-
+            decreasing): slot ``k`` waits for ``tau[k]``.
+        operator: A growth operator (`blueprints.growth.operators`: ``copy``, ``identity``,
+            ``random``, ...).
+        slots: Growth slot ids to grow in, in this order; None: every growth slot of the run
+            in action order.
 
     Raises:
-        ConfigError: For a depth not above ``host_blocks`` or not reached by whole seeds, a
-            ``tau`` outside [0, 1), an unknown init, or a list of slots of the wrong length.
+        ConfigError: A ``tau`` outside [0, 1) or decreasing, an unknown operator, or (at the
+            first decision) slots that are not growth slots of the run.
 
     Example:
-        >>> controller = StackController(depth=4, tau=0.5, init="identity", growth_depth=3)
-        >>> controller.blueprint, controller.n_seeds
-        ('block_identity', 1)
+        >>> controller = StackController(tau=0.5, operator="identity")
+        >>> controller.blueprint
+        'block_identity'
     """
 
-    def __init__(self, depth: int, tau: float, init: str = "copy", host_blocks: int = 1,
-                 slots: Sequence[str] | None = None, growth_depth: int = 1) -> None:
-        if host_blocks < 1 or depth <= host_blocks:
-            raise ConfigError(f"stack: depth {depth} must exceed the host's {host_blocks} "
-                              "block(s)")
-        if growth_depth < 1 or (depth - host_blocks) % growth_depth:
-            raise ConfigError(f"stack: depth {depth} is not {host_blocks} block(s) plus whole "
-                              f"seeds of {growth_depth} block(s)")
-        if not 0.0 <= tau < 1.0:
-            raise ConfigError(f"stack: tau must be in [0, 1), got {tau}")
-        if init not in BLOCK_INITS:
-            raise ConfigError(f"stack: unknown init {init!r}; accepted: "
-                              f"{', '.join(BLOCK_INITS)}")
-        self.depth, self.tau, self.init, self.host_blocks = depth, float(tau), init, host_blocks
-        self.growth_depth = growth_depth
-        self.blueprint = block_blueprint(init)
+    def __init__(self, tau: float | Sequence[float], operator: str = "copy",
+                 slots: Sequence[str] | None = None) -> None:
+        taus = (tau,) if isinstance(tau, int | float) else tuple(tau)
+        if not taus or not all(0.0 <= t < 1.0 for t in taus):
+            raise ConfigError(f"stack: tau must be in [0, 1) (or a list of such), got {tau!r}")
+        if list(taus) != sorted(taus):
+            raise ConfigError(f"stack: the taus of successive growth slots must not decrease, "
+                              f"got {list(taus)}")
+        if operator not in operators():
+            raise ConfigError(f"stack: unknown growth operator {operator!r}; accepted: "
+                              f"{', '.join(operators())}")
+        self.taus = tuple(float(t) for t in taus)
+        self.operator = operator
+        self.blueprint = growth_blueprint(operator)
         self.slots = None if slots is None else tuple(slots)
+        if self.slots is not None and len(self.taus) not in (1, len(self.slots)):
+            raise ConfigError(f"stack: {len(self.taus)} taus for {len(self.slots)} slots; give "
+                              "one tau, or one per slot")
         self._blueprint_check = BlueprintCheck()
-        if self.slots is not None and len(self.slots) != self.n_seeds:
-            raise ConfigError(f"stack: {self.n_seeds} block seed(s) need as many slots, got "
-                              f"{list(self.slots)}")
 
     @property
-    def n_seeds(self) -> int:
-        """Block seeds it grows."""
-        return (self.depth - self.host_blocks) // self.growth_depth
+    def tau(self) -> float:
+        """When growth starts (the first slot's tau)."""
+        return self.taus[0]
 
     def decide(self, report: EpochReport) -> Action:
         self._blueprint_check(self, report)
@@ -153,11 +151,13 @@ class StackController(ControllerBase):
         if fraction is None:
             raise ConfigError(f"stack: growth at tau={self.tau} needs a compute budget or a "
                               "planned number of epochs, and this run has neither")
-        if fraction < self.tau:
+        indices = self._slot_indices(report)
+        due = [i for k, i in enumerate(indices) if fraction >= self._tau_of(k)]
+        if not due:
             self.last_reason = f"{fraction:.3f} of the run spent < tau {self.tau}"
             return WAIT
         for op, stages in _ORDER:
-            for index in self._slot_indices(report):
+            for index in due:
                 slot = report.slots[index]
                 blending = slot.stage == SeedStage.BLENDING
                 if slot.stage not in stages or (blending and not blend_complete(slot.alpha_view)):
@@ -165,24 +165,32 @@ class StackController(ControllerBase):
                 action = canonicalize(Action(op, slot=index, blueprint=self.blueprint,
                                              tempo=Tempo.FAST))
                 if report.masks.allows(action):
-                    self.last_reason = (f"stack to {self.depth} blocks at {fraction:.3f} of the "
+                    self.last_reason = (f"grow with {self.operator} at {fraction:.3f} of the "
                                         f"run: {op.name.lower()} {report.slot_ids[index]}")
                     return action
         self.last_reason = "nothing to do now"
         return WAIT
 
+    def _tau_of(self, k: int) -> float:
+        return self.taus[k] if len(self.taus) > 1 else self.taus[0]
+
     def _slot_indices(self, report: EpochReport) -> list[int]:
         ids = report.slot_ids
+        growing = [i for i, slot in enumerate(report.slots) if slot.growth_blocks > 0]
         if self.slots is None:
-            if len(ids) < self.n_seeds:
-                raise ConfigError(f"stack: {self.n_seeds} block seed(s) need as many slots; "
-                                  f"the run has {', '.join(ids)}")
-            return list(range(len(ids) - self.n_seeds, len(ids)))
-        missing = [s for s in self.slots if s not in ids]
+            if not growing:
+                raise ConfigError(_NO_GROWTH_SLOT)
+            if len(self.taus) not in (1, len(growing)):
+                raise ConfigError(f"stack: {len(self.taus)} taus for the run's "
+                                  f"{len(growing)} growth slots "
+                                  f"({', '.join(ids[i] for i in growing)}); give one per slot")
+            return growing
+        named = {ids[i]: i for i in growing}
+        missing = [s for s in self.slots if s not in named]
         if missing:
-            raise ConfigError(f"stack: slot {missing[0]!r} is not in this run; accepted: "
-                              f"{', '.join(ids)}")
-        return [ids.index(s) for s in self.slots]
+            raise ConfigError(f"stack: {missing[0]!r} is not a growth slot of this run; "
+                              f"accepted: {', '.join(named) or 'none (no growth slot)'}")
+        return [named[s] for s in self.slots]
 
     def earliest_germination(self, max_epochs: int | None) -> int | None:
         """The first epoch whose report is past ``tau`` in a run of ``max_epochs`` epochs
@@ -192,7 +200,11 @@ class StackController(ControllerBase):
         return max(0, math.ceil(self.tau * max_epochs) - 1)
 
     def check_blueprints(self, topology: str, allowed: Sequence[str]) -> None:
-        """Refuse (one line) a run that cannot germinate its block seeds."""
+        """Refuse (one line) a run that cannot germinate its growth seeds: none of its slots is
+        a growth slot, or its blueprints leave the operator out."""
+        if self.blueprint in available(topology) and self.blueprint not in allowed and not any(
+                n.startswith("block_") for n in allowed):
+            raise ConfigError(_NO_GROWTH_SLOT)
         check_named_blueprint(_KIND, self.blueprint, topology, allowed)
 
     def state_dict(self) -> dict[str, Any]:
@@ -202,13 +214,19 @@ class StackController(ControllerBase):
         check_state(state, _KIND, ())
 
 
-def parse_stack(argument: str) -> tuple[int, float | None, str]:
-    """``K@TAU[:INIT]`` -> (depth, tau, init); INIT defaults to ``copy``; TAU ``random`` gives
-    None (random timing: `stack_controller` draws tau per episode).
+#: Why a stacking controller cannot act in a run without a growth slot, and the fix.
+_NO_GROWTH_SLOT = ("stack: no slot of this run is a growth slot, so nothing can grow deeper; "
+                   "accepted: MorphogenesisCallback(growth=DepthGrowth('<your stack of "
+                   "blocks>')), or a GPTHost growth preset (grow4, grow2) with its r1c* slots")
+
+
+def parse_stack(argument: str) -> tuple[int, tuple[float, ...] | None, str]:
+    """``K@TAU[,TAU...][:OPERATOR]`` -> (depth, taus, operator); OPERATOR defaults to ``copy``;
+    TAU ``random`` gives None (random timing: `stack_controller` draws tau per episode).
 
     Example:
         >>> parse_stack("4@0.5:identity")
-        (4, 0.5, 'identity')
+        (4, (0.5,), 'identity')
         >>> parse_stack("2@random")
         (2, None, 'copy')
 
@@ -216,23 +234,25 @@ def parse_stack(argument: str) -> tuple[int, float | None, str]:
         ConfigError: One line naming the bad argument and the accepted form.
     """
     match = _STACK.fullmatch(argument)
-    if match is None:
-        raise ConfigError(f"bad stack spec 'stack:{argument}'; accepted: stack:K@TAU[:INIT] "
-                          f"with TAU a fraction or random, INIT one of {', '.join(BLOCK_INITS)} "
-                          "(e.g. stack:4@0.5:copy)")
+    accepted = (f"accepted: stack:K@TAU[:OPERATOR] with TAU a fraction (one per growth slot, "
+                f"comma-separated) or random, OPERATOR one of {', '.join(operators())} (e.g. "
+                "stack:4@0.5:copy)")
+    if match is None or (match["operator"] and match["operator"] not in operators()):
+        raise ConfigError(f"bad stack spec 'stack:{argument}'; {accepted}")
+    operator = match["operator"] or "copy"
     if match["tau"] == "random":
-        return int(match["depth"]), None, match["init"] or "copy"
+        return int(match["depth"]), None, operator
     try:
-        tau = float(match["tau"])
+        taus = tuple(float(t) for t in match["tau"].split(","))
     except ValueError:
         raise ConfigError(f"bad stack spec 'stack:{argument}': TAU {match['tau']!r} is not a "
                           "number") from None
-    return int(match["depth"]), tau, match["init"] or "copy"
+    return int(match["depth"]), taus, operator
 
 
 def stack_controller(argument: str, host: GrowingHost | None, slot_ids: Sequence[str],
                      topology: str, rng_seed: int | None = None) -> StackController:
-    """The controller of ``stack:K@TAU[:INIT]`` on ``host`` (None: a host that cannot grow)
+    """The controller of ``stack:K@TAU[:OPERATOR]`` on ``host`` (None: a host that cannot grow)
     playing ``slot_ids`` of ``topology``: it grows in every growth slot of the host, so ``K``
     must be the host's grown depth. Refused in one line otherwise, or when the run's slots
     lack a growth slot. ``stack:K@random`` is random timing, the baseline a learned timing
@@ -245,17 +265,18 @@ def stack_controller(argument: str, host: GrowingHost | None, slot_ids: Sequence
         ...                  "transformer").slots
         ('r1c0',)
     """
-    depth, tau, init = parse_stack(argument)
-    if tau is None:
+    depth, taus, operator = parse_stack(argument)
+    if taus is None:
         if rng_seed is None:
             raise ValueError(f"stack:{argument} draws its tau from the episode's rng_seed; "
                              "none was given")
-        tau = random_tau(rng_seed)
-    check_named_blueprint(f"stack:{argument}", block_blueprint(init), topology)
+        taus = (random_tau(rng_seed),)
+    check_named_blueprint(f"stack:{argument}", growth_blueprint(operator), topology)
     slots = _growth_slots(f"stack:{argument}", depth, host, slot_ids)
-    assert host is not None  # _growth_slots refused it
-    return StackController(depth, tau, init, host_blocks=host.n_layer, slots=slots,
-                           growth_depth=host.growth_depth)
+    try:
+        return StackController(taus if len(taus) > 1 else taus[0], operator, slots=slots)
+    except ConfigError as err:
+        raise ConfigError(f"bad stack spec 'stack:{argument}': {err}") from None
 
 
 def random_tau(rng_seed: int) -> float:
@@ -271,7 +292,7 @@ def random_tau(rng_seed: int) -> float:
 
 def born_implants(argument: str, host: GrowingHost | None, slot_ids: Sequence[str],
                   topology: str = "transformer") -> tuple[tuple[str, str], ...]:
-    """What ``born:K`` implants at birth: a random-init block seed in every growth slot of
+    """What ``born:K`` implants at birth: a random-init growth seed in every growth slot of
     ``host`` (the ones `StackController` grows in), fully blended from epoch 0, so the host is
     a ``K``-block network from the start; ``K`` must be the host's grown depth.
 
@@ -283,7 +304,7 @@ def born_implants(argument: str, host: GrowingHost | None, slot_ids: Sequence[st
     if not argument.isdigit():
         raise ConfigError(f"bad born spec 'born:{argument}'; accepted: born:K, K the depth "
                           "(e.g. born:4)")
-    blueprint = block_blueprint("random")
+    blueprint = growth_blueprint("random")
     check_named_blueprint(f"born:{argument}", blueprint, topology)
     slots = _growth_slots(f"born:{argument}", int(argument), host, slot_ids)
     return tuple((slot_id, blueprint) for slot_id in slots)

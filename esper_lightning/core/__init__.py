@@ -29,6 +29,8 @@ from esper_lightning.core.actions import (
     compute_masks,
 )
 from esper_lightning.core.alpha import AlphaAlgorithm, AlphaController, AlphaCurve, AlphaMode
+from esper_lightning.core.compute import ComputeLedger
+from esper_lightning.core.depth import DepthGrowth, materialize
 from esper_lightning.core.divergence import Governor, GovernorConfig
 from esper_lightning.core.engine import LifecycleEvent, MorphogenesisEngine, StepOutcome
 from esper_lightning.core.exporter import export
@@ -45,6 +47,8 @@ __all__ = [
     "AlphaController",
     "AlphaCurve",
     "AlphaMode",
+    "ComputeLedger",
+    "DepthGrowth",
     "EpochReport",
     "GateConfig",
     "GateMode",
@@ -63,6 +67,7 @@ __all__ = [
     "compute_masks",
     "export",
     "find_slots",
+    "materialize",
     "restore_slots",
     "restore_snapshot",
     "take_snapshot",

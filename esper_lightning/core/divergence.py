@@ -17,7 +17,7 @@ seeds, restore the snapshot in place, drop the gradients, count it here)::
 
     reason = governor.check_validation(val_loss, num_classes=10)
     if reason is not None:
-        roll_back(snapshot, model, governor, reason, engine=engine, optimizer=optimizer,
+        roll_back(snapshot, model, governor, reason, prune=engine.prune_live, optimizer=optimizer,
                   scaler=scaler)
     elif governor.should_snapshot(epoch):
         snapshot = take_snapshot(model, optimizer, scaler)

@@ -7,7 +7,9 @@ The Lightning callback and the Fabric RL environments both drive one engine per 
    `report()`, runs it with `execute()` (illegal actions become WAIT with a reason) and then
    `tick()`s every slot exactly once;
 3. the optimizer stays in step: every seed trains in a param group ``seed/<slot>`` that appears
-   and disappears with it (`attach_optimizer`).
+   and disappears with it (`attach_optimizer`);
+4. the compute it spends is its `ComputeLedger`'s (`core.compute`), shared with whoever owns it:
+   a report carries the training FLOPs spent and the budget from there.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from esper_lightning import blueprints as blueprint_registry
+from esper_lightning.blueprints.growth import operator_of
 from esper_lightning.core.actions import (
     HEADS,
     Action,
@@ -33,6 +36,8 @@ from esper_lightning.core.actions import (
     action_error,
     compute_masks,
 )
+from esper_lightning.core.compute import ComputeLedger
+from esper_lightning.core.depth import DepthGrowth
 from esper_lightning.core.injection import resolve_slots
 from esper_lightning.core.lifecycle import (
     LIVE_STAGES,
@@ -45,6 +50,7 @@ from esper_lightning.core.lifecycle import (
 from esper_lightning.core.optim import (
     SeedOptimConfig,
     add_seed_group,
+    copy_moments,
     name_host_groups,
     seed_group_names,
     seed_groups,
@@ -125,8 +131,10 @@ class MorphogenesisEngine:
             detached from the host (`SeedSlot`); when given it applies to every slot, otherwise
             each slot keeps its own (``"through"`` by default).
         seed_optim: hyper-parameters of the seed param groups.
-        growth_depth: blocks a block seed stacks in each slot injected by path (None: 1);
-            declared slots keep their own (`injection.resolve_slots`).
+        growth: where the model grows deeper (`core.depth.DepthGrowth`): growth slots after
+            blocks of a stack of same-shape blocks, whose seeds are new blocks of the stack's
+            own class. Growth blueprints (``block_*``) are allowed only in a run that has a
+            growth slot (its own, or a host's such as `GPTHost`'s ``r1c*``).
         layer_scale_init: initial LayerScale gain of the seeds built in every slot (None: each
             slot keeps its own, by default the blueprints' 1e-3; `SeedSlot`).
         rng_seed: a new seed's initial weights are drawn from a generator seeded with
@@ -135,6 +143,8 @@ class MorphogenesisEngine:
             generator as it is.
         grad_stats_every: gradient health is measured every this many optimizer steps (and on
             each epoch's first step), by every adapter alike (`gradient_stats_due`).
+        compute: the run's `ComputeLedger` (its owner's: a `ComputeBudget`, the callback, an
+            env); None: a ledger of its own, without a budget.
 
     Example:
         >>> model = nn.Module()
@@ -161,7 +171,8 @@ class MorphogenesisEngine:
         rng_seed: int | None = None,
         grad_stats_every: int = GRAD_STATS_EVERY,
         layer_scale_init: float | None = None,
-        growth_depth: int | None = None,
+        growth: DepthGrowth | None = None,
+        compute: ComputeLedger | None = None,
     ) -> None:
         if max_seeds is not None and (isinstance(max_seeds, bool) or max_seeds < 1):
             raise ValueError(f"max_seeds must be an int >= 1 or None, got {max_seeds!r}")
@@ -171,7 +182,7 @@ class MorphogenesisEngine:
         self.rng_seed = rng_seed
         self.grad_stats_every = grad_stats_every
         check_blend_gradient(blend_gradient)
-        self.slots = resolve_slots(model, slots, topology, growth_depth)
+        self.slots = resolve_slots(model, slots, topology, growth)
         self._set_slot_settings(gate_mode, gate_config, blend_gradient, layer_scale_init)
         self._allowed = None if blueprints is None else _blueprint_list(blueprints)
         self._max_seeds = max_seeds
@@ -193,11 +204,10 @@ class MorphogenesisEngine:
         #: Who decides: the events its actions cause are labelled with it (``(random)``,
         #: ``(heuristic: <reason>)``); the callback and the apps set it.
         self.controller_name = "policy"
-        #: FLOPs spent as the adapter metering them (`core.flops`) adds them up, and the budget
-        #: (None: none); validation and counterfactual apart: they never spend a budget.
-        self.train_flops, self.budget_flops = 0.0, None  # type: float, float | None
-        #: The budget over the run's base budget when budgets vary by episode, else 1.
-        self.budget_scale = 1.0
+        #: The run's compute: training FLOPs spent, the budget (`core.compute`).
+        self.compute = compute if compute is not None else ComputeLedger()
+        #: FLOPs of validation and of the counterfactual's extra configurations (they never
+        #: spend a budget).
         self.validation_flops = self.counterfactual_flops = 0.0
         #: Where events are logged: an app puts a `logging.LoggerAdapter` here that says which
         #: env and episode a line comes from (`esper_lightning.app.logs`).
@@ -233,7 +243,8 @@ class MorphogenesisEngine:
         return self._mask_context
 
     def _make_mask_context(self) -> MaskContext:
-        names = _check_blueprints(self._allowed, self._known_topology())
+        grows = any(slot.growth is not None for slot in self.slots.values())
+        names = _check_blueprints(self._allowed, self._known_topology(), grows)
         return MaskContext(blueprints=names, max_seeds=self._max_seeds)
 
     def _known_topology(self) -> str:
@@ -246,6 +257,21 @@ class MorphogenesisEngine:
     @property
     def slot_ids(self) -> tuple[str, ...]:
         return tuple(self.slots)
+
+    @property
+    def train_flops(self) -> float:
+        """Training FLOPs spent (the ledger's)."""
+        return self.compute.train_flops
+
+    @property
+    def budget_flops(self) -> float | None:
+        """The budget in training FLOPs (the ledger's; None: none)."""
+        return self.compute.budget_flops
+
+    @property
+    def budget_scale(self) -> float:
+        """The budget over the run's base budget (the ledger's)."""
+        return self.compute.budget_scale
 
     def seed_parameters(self) -> list[nn.Parameter]:
         return [p for slot in self.slots.values() for p in slot.seed_parameters()]
@@ -335,6 +361,8 @@ class MorphogenesisEngine:
             outcome = StepOutcome(action, action, passed, reason, gate)
             self._note_changes(before, why)
             self._sync_optimizer()
+            if action.op == LifecycleOp.GERMINATE and passed:
+                self._start_moments(slot)
         self.last_action, self.last_action_success = outcome.executed, outcome.success
         return outcome
 
@@ -420,17 +448,29 @@ class MorphogenesisEngine:
         self._pending_group_order = None
         self._sync_optimizer()  # the groups no checkpoint named, in slot order
 
-    #: Bumped by every operation that may change a slot (what a step computes): a caller that
-    #: caches the architecture (`core.flops.structure`) reads it again when this moves.
-    revision = 0
+    @property
+    def revision(self) -> int:
+        """Bumped by every operation that may change a slot (what a step computes): a caller
+        that caches the architecture (`core.flops.structure`) reads it again when this moves
+        (the ledger's, `ComputeLedger.architecture`)."""
+        return self.compute.revision
 
     def _sync_optimizer(self) -> None:
-        self.revision += 1
+        self.compute.revision += 1
         if self.optimizer is None:
             return
         for slot_id, slot in self.slots.items():
             sync_seed_groups(self.optimizer, slot_id, slot.seed_parameters(), self.seed_optim,
-                             self.schedulers)
+                             self.schedulers, slot.seed_sources())
+
+    def _start_moments(self, slot: SeedSlot) -> None:
+        """A growth seed made from its sources' weights starts from their optimizer moments
+        when its site says so (``DepthGrowth(moments="copy")``)."""
+        operator = operator_of(slot.state.blueprint if slot.state is not None else None)
+        site = slot.growth
+        if (self.optimizer is not None and site is not None and site.moments == "copy"
+                and operator is not None and operator.copies_weights):
+            copy_moments(self.optimizer, slot.seed_parameters(), slot.seed_sources())
 
     # --- bookkeeping --------------------------------------------------------------------------
     def _stages(self) -> dict[str, SeedStage]:
@@ -476,7 +516,8 @@ class MorphogenesisEngine:
             "events": [asdict(e) for e in self.events],
             "seed_group_order": order,
             "timeline": [asdict(e) for e in self.timeline],
-            "flops": {"train": self.train_flops, "validation": self.validation_flops,
+            # Training FLOPs are the ledger's, saved by its owner.
+            "flops": {"validation": self.validation_flops,
                       "counterfactual": self.counterfactual_flops},
         }
 
@@ -498,9 +539,9 @@ class MorphogenesisEngine:
         self.train_loss = state["train_loss"]
         self.events = [LifecycleEvent(**e) for e in state["events"]]
         self.timeline = [TimelineEntry(**e) for e in state.get("timeline", [])]
-        # A run resumed mid-way goes on from the FLOPs it had spent (none in older checkpoints).
+        # A run resumed mid-way goes on from the FLOPs it had spent (none in older checkpoints;
+        # training FLOPs, once saved here, are the ledger owner's to read: `legacy_train_flops`).
         flops = state.get("flops", {})
-        self.train_flops = float(flops.get("train", 0.0))
         self.validation_flops = float(flops.get("validation", 0.0))
         self.counterfactual_flops = float(flops.get("counterfactual", 0.0))
         self._pending_group_order = list(state["seed_group_order"])
@@ -533,15 +574,25 @@ def _blueprint_list(names: Sequence[str]) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _check_blueprints(names: Sequence[str] | None, topology: str) -> tuple[str, ...]:
+def _check_blueprints(names: Sequence[str] | None, topology: str,
+                      grows: bool) -> tuple[str, ...]:
+    """The blueprints a run may germinate: ``names`` (None: every one of the topology), growth
+    blueprints only where a slot grows depth."""
     # Every registered blueprint has an index in the blueprint table, so every one is actionable.
-    allowed = blueprint_registry.available(topology)
+    registered = blueprint_registry.available(topology)
+    allowed = tuple(n for n in registered if grows or operator_of(n) is None)
     if names is None:
         return allowed
-    unknown = [n for n in names if n not in allowed]
+    unknown = [n for n in names if n not in registered]
     if unknown or not names:
         bad = ", ".join(map(repr, unknown)) or "an empty list"
-        raise ValueError(f"unknown blueprint {bad} for {topology}; accepted: {', '.join(allowed)}")
+        raise ValueError(f"unknown blueprint {bad} for {topology}; accepted: "
+                         f"{', '.join(registered)}")
+    depth = [n for n in names if n not in allowed]
+    if depth:
+        raise ValueError(f"blueprint {depth[0]!r} grows a stack deeper and no slot of this run is "
+                         "a growth slot; accepted: growth=DepthGrowth(...) for the model's "
+                         "stack of blocks, or blueprints without block_*")
     return tuple(names)
 
 
@@ -581,3 +632,9 @@ def execute_on_slot(
         )
         return None
     raise ValueError(f"unknown op {op!r}")
+
+
+def legacy_train_flops(state: Mapping[str, Any]) -> float | None:
+    """The training FLOPs an engine state saved before they were the ledger's, if any."""
+    train = state.get("flops", {}).get("train")
+    return None if train is None else float(train)

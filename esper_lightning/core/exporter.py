@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 from torch.export import Dim
 
+from esper_lightning.blueprints.growth import BlockCall, hidden_of
 from esper_lightning.core.alpha import AlphaAlgorithm
 from esper_lightning.core.injection import SlotHook
 from esper_lightning.core.lifecycle import SeedStage
@@ -42,9 +43,9 @@ _REFUSED = frozenset({SeedStage.TRAINING, SeedStage.BLENDING, SeedStage.HOLDING}
 class FossilBlend(nn.Module):
     """A fossilized seed as plain torch: its slot's blend at a fixed alpha, lifecycle gone.
 
-    ADD at alpha 1 is the seed's output alone (``h + 1 * (s - h)`` up to rounding); every
-    other case repeats `SeedSlot`'s blend formula operation for operation, so it is bitwise
-    equal to the slot's output.
+    ADD at alpha 1 is the seed's output alone, as in the slot; every other case repeats
+    `SeedSlot`'s blend formula operation for operation, so it is bitwise equal to the slot's
+    output. A growth seed's blocks get the call of the block their slot follows (``call``).
 
     Args:
         seed: the seed module (from the slot).
@@ -69,8 +70,8 @@ class FossilBlend(nn.Module):
         self.algorithm = AlphaAlgorithm(algorithm)
         self.alpha = float(alpha)
 
-    def forward(self, h: Tensor) -> Tensor:
-        s = self.seed(h).to(h.dtype)
+    def forward(self, h: Tensor, call: BlockCall | None = None) -> Tensor:
+        s = (self.seed(h) if call is None else self.seed(h, call)).to(h.dtype)
         if self.algorithm == AlphaAlgorithm.ADD and self.alpha == 1.0:
             return s
         # Same dtype and construction as SeedSlot._alpha_tensor, so the blend rounds alike.
@@ -88,13 +89,19 @@ class FossilBlend(nn.Module):
 
 
 class _PlainHook:
-    """Forward hook that passes a module's output through a slot's replacement."""
+    """Forward hook that passes a module's output (or its first element) through a slot's
+    replacement; a growth slot's replacement gets the module's call."""
 
-    def __init__(self, replacement: nn.Module) -> None:
-        self.replacement = replacement
+    def __init__(self, replacement: nn.Module, keyword: str | None, growth: bool) -> None:
+        self.replacement, self.keyword, self.growth = replacement, keyword, growth
 
-    def __call__(self, module: nn.Module, args: Any, output: Tensor) -> Tensor:
-        return self.replacement(output)
+    def __call__(self, module: nn.Module, args: Any, kwargs: dict[str, Any], output: Any) -> Any:
+        hidden = hidden_of(output)
+        if self.growth and isinstance(self.replacement, FossilBlend):
+            new = self.replacement(hidden, BlockCall.of(args, kwargs, self.keyword))
+        else:
+            new = self.replacement(hidden)
+        return new if isinstance(output, Tensor) else type(output)([new, *output[1:]])
 
 
 def export(
@@ -215,7 +222,8 @@ def _without_slots(root: nn.Module) -> nn.Module:
         hooks = module._forward_hooks
         for key, hook in list(hooks.items()):
             if isinstance(hook, SlotHook):  # an injected slot: keep its place in hook order
-                hooks[key] = _PlainHook(replaced[id(hook.slot)])
+                hooks[key] = _PlainHook(replaced[id(hook.slot)], hook.keyword,
+                                        hook.slot.growth is not None)
     return root
 
 

@@ -4,79 +4,156 @@ A model either declares `SeedSlot` modules itself (the built-in hosts do) or nam
 path (``"net.3"``, as in ``model.named_modules()``) after which a slot is injected. An injected
 slot is registered as a child of one `nn.ModuleDict` on the model (`INJECTED_SLOTS_ATTR`), so it
 follows ``.to()``, dtype and ``state_dict`` while the host's own parameter names stay unchanged,
-and a forward hook on the named submodule passes that submodule's output through the slot.
-A slot injected after a transformer `Block` follows that block: a ``block_*`` seed there builds
-on it (`SeedSlot.preceding`), stacking the slot's ``growth_depth`` blocks (``growth_depth=3``
-after the only block of a one-block model grows it to four in one germination).
+and a forward hook on the named submodule passes that submodule's output through the slot: a
+tensor, or the first element of a tuple (the rest passes unchanged).
+
+A `core.depth.DepthGrowth` adds *growth slots*: after blocks of a stack of same-shape blocks,
+where a seed is new blocks of the stack's own class. Their hook also hands the slot how the
+block was called (`blueprints.growth.BlockCall`: attention masks, position embeddings), which
+the new blocks are called with, and checks the block on its first activation
+(`core.depth.check_first_activation`). A growth slot's id is the block's path and its place in
+the chain after it: ``blocks.0+1``, ``blocks.0+2``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
 
 from torch import Tensor, nn
 
-from esper_lightning.blueprints.block import Block, last_block
-from esper_lightning.core.slots import SeedSlot, check_growth_depth, find_slots
+from esper_lightning.blueprints.growth import BlockCall, hidden_of
+from esper_lightning.blueprints.growth.seed import SLOT_HOOK_MARK
+from esper_lightning.core.depth import (
+    DepthGrowth,
+    check_first_activation,
+    find_stack,
+    growth_slot_id,
+    model_init,
+    places,
+    present_blocks,
+    site_of,
+)
+from esper_lightning.core.slots import SeedSlot, find_slots
 
 #: Name of the `nn.ModuleDict` that holds injected slots on the model.
 INJECTED_SLOTS_ATTR = "esper_slots"
 #: Suffix under which ``nn.Module.get_extra_state`` is saved (a slot's manifest).
 _EXTRA_STATE = "._extra_state"
+#: The topology of growth slots: a stack's hidden state ``[B, T, D]``.
+GROWTH_TOPOLOGY = "transformer"
 
 
 class SlotHook:
-    """Forward hook that passes a module's output through its slot."""
+    """Forward hook that passes a module's output (or its first element) through its slot; a
+    growth slot also gets the module's call."""
 
-    def __init__(self, slot: SeedSlot, path: str) -> None:
-        self.slot, self.path = slot, path
+    def __init__(self, slot: SeedSlot, path: str, keyword: str | None = None) -> None:
+        self.slot, self.path, self.keyword = slot, path, keyword
+        setattr(self, SLOT_HOOK_MARK, True)  # a copy of the module leaves it behind
 
-    def __call__(self, module: nn.Module, args: Any, output: Any) -> Tensor:
-        if not isinstance(output, Tensor):
-            raise TypeError(
-                f"slot after {self.path!r} needs a tensor output, got {type(output).__name__}"
-            )
-        return self.slot(output)
+    def __call__(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                 output: Any) -> Any:
+        try:
+            hidden = hidden_of(output)
+        except TypeError:
+            raise TypeError(f"slot after {self.path!r} needs a tensor output (or a tuple whose "
+                            f"first element is one), got {type(output).__name__}") from None
+        call = None
+        if self.slot.growth is not None:
+            call = BlockCall.of(args, kwargs, self.keyword)
+            call.check(hidden)
+            if self.slot.identity_mode is None and not hidden.is_meta:
+                before = args[0] if args else kwargs[self.keyword]
+                self.slot.identity_mode = check_first_activation(self.slot, module, before,
+                                                                 hidden, call)
+        new = self.slot(hidden, call=call)
+        if isinstance(output, Tensor):
+            return new
+        return type(output)([new, *output[1:]])
 
 
 def resolve_slots(
     model: nn.Module, requested: Sequence[str] | str | None, topology: str | None,
-    growth_depth: int | None = None,
+    growth: DepthGrowth | None = None,
 ) -> dict[str, SeedSlot]:
     """The slots ``requested`` names (a `SeedSlot` id or a module path, one name or a list),
     injecting a slot of ``topology`` (None: inferred from its first activation) after each
-    module path; None: every `SeedSlot` the model declares.
-
-    ``growth_depth`` is the blocks a block seed stacks in an injected slot (None: 1). A slot
-    the model declares keeps its own, so a different one given for it is refused in one line.
-    """
-    if growth_depth is not None:
-        check_growth_depth(growth_depth)
+    module path, then the growth slots of ``growth``; ``requested=None`` without ``growth``:
+    every `SeedSlot` the model declares."""
     existing = find_slots(model)
-    if requested is None:
+    if requested is None and growth is None:
         if not existing:
             raise ValueError(
                 f"no SeedSlot modules found in {type(model).__name__}; pass slots=[...] with "
-                "module paths to inject slots after them"
+                "module paths to inject slots after them, or growth=DepthGrowth(...)"
             )
         return existing
     if isinstance(requested, str):
         requested = [requested]  # one name, not its characters
     modules = dict(model.named_modules())
     resolved: dict[str, SeedSlot] = {}
-    for name in requested:
+    for name in requested or ():
         if name in resolved:
             raise ValueError(f"slot {name!r} listed twice")
         target = modules.get(name)
         if name and target is not None and not isinstance(target, SeedSlot):
-            resolved[name] = _inject(model, name, target, topology, growth_depth or 1)
+            resolved[name] = _inject(model, name, target, SeedSlot(name, topology=topology))
         elif name in existing:
-            resolved[name] = _declared(existing[name], growth_depth)
+            resolved[name] = existing[name]
         else:
             raise ValueError(_unknown_slot_message(model, name, existing, modules))
+    if growth is not None:
+        for slot_id, slot in inject_growth(model, growth).items():
+            if slot_id in resolved:
+                raise ValueError(f"slot {slot_id!r} listed twice")
+            resolved[slot_id] = slot
     return resolved
+
+
+def inject_growth(model: nn.Module, growth: DepthGrowth) -> dict[str, SeedSlot]:
+    """Inject the growth slots of ``growth`` into ``model`` (module docstring), in order: by
+    place, then along each place's chain."""
+    path, container, named = find_stack(model, growth.stack)
+    init = model_init(model, path, growth.init)
+    slots = {}
+    for index in places(growth, len(container), named):
+        for order, blocks in enumerate(growth.events, 1):
+            block_path = f"{path}.{index}"
+            slot = SeedSlot(growth_slot_id(block_path, order), topology=GROWTH_TOPOLOGY)
+            slot.growth = site_of(growth, blocks, partial(_stack_before, model, path, index,
+                                                          order), init)
+            slot.growth_place = {"stack": path, "after": index, "order": order}
+            slots[slot.slot_id] = _inject(model, block_path, container[index], slot)
+    return slots
+
+
+def _stack_before(model: nn.Module, path: str, index: int, order: int) -> list[nn.Module]:
+    """The blocks before growth slot ``order`` after block ``index`` of the stack at ``path``,
+    in forward order: the stack's blocks and what earlier growth slots added."""
+    container = dict(model.named_modules())[path]
+    injected = getattr(model, INJECTED_SLOTS_ATTR, {})
+    blocks: list[nn.Module] = []
+    for i in range(index + 1):
+        blocks.append(container[i])
+        for k in range(1, order if i == index else _chain_length(injected, path, i) + 1):
+            slot = injected[_key(growth_slot_id(f"{path}.{i}", k))]
+            blocks.extend(present_blocks(slot))
+    return blocks
+
+
+def _chain_length(injected: Any, path: str, index: int) -> int:
+    k = 0
+    while _key(growth_slot_id(f"{path}.{index}", k + 1)) in injected:
+        k += 1
+    return k
+
+
+def _key(slot_id: str) -> str:
+    return slot_id.replace(".", "__")
 
 
 def _unknown_slot_message(
@@ -91,17 +168,9 @@ def _unknown_slot_message(
     )
 
 
-def _declared(slot: SeedSlot, growth_depth: int | None) -> SeedSlot:
-    """``slot``, a slot the model declares, once its own growth depth is the one given."""
-    if growth_depth is not None and growth_depth != slot.growth_depth:
-        raise ValueError(f"slot {slot.slot_id!r} is declared by the model with growth_depth "
-                         f"{slot.growth_depth}; growth_depth={growth_depth} applies to slots "
-                         "injected after a module path: leave it None for declared slots")
-    return slot
-
-
-def _inject(model: nn.Module, path: str, target: nn.Module, topology: str | None,
-            growth_depth: int = 1) -> SeedSlot:
+def _inject(model: nn.Module, path: str, target: nn.Module, slot: SeedSlot) -> SeedSlot:
+    """Register ``slot`` on ``model`` (once: a slot already there under its id is kept) and hook
+    it after ``target``."""
     container = getattr(model, INJECTED_SLOTS_ATTR, None)
     if isinstance(model, nn.Sequential | nn.ModuleList | nn.ModuleDict):
         # Their forward (or use) iterates over children: an extra child would change the model.
@@ -112,45 +181,57 @@ def _inject(model: nn.Module, path: str, target: nn.Module, topology: str | None
     if container is None:
         container = nn.ModuleDict()
         model.add_module(INJECTED_SLOTS_ATTR, container)
-    key = path.replace(".", "__")
-    if key not in container:
-        slot = SeedSlot(path, topology=topology, growth_depth=growth_depth)
+    key = _key(slot.slot_id)
+    if key in container:
+        kept: SeedSlot = container[key]
+        kept.growth, kept.growth_place = slot.growth, slot.growth_place
+        slot = kept
+    else:
         reference = next(iter(target.parameters()), None)
         if reference is None:
             reference = next(iter(model.parameters()), None)
         if reference is not None:
             slot.to(device=reference.device, dtype=reference.dtype)
         container[key] = slot
-    slot = container[key]
     previous = getattr(slot, "_hook_handle", None)
     if previous is not None:  # re-attached (e.g. a second fit): never run a slot twice
         previous.remove()
-    slot._hook_handle = target.register_forward_hook(SlotHook(slot, path))
-    slot.preceding = partial(_block_or_none, target)
+    hook = SlotHook(slot, path, _hidden_keyword(target) if slot.growth is not None else None)
+    slot._hook_handle = target.register_forward_hook(hook, with_kwargs=True)
     return slot
 
 
-def _block_or_none(module: nn.Module) -> Block | None:
-    """What a slot after ``module`` follows, for a block seed: the module if it is a `Block`,
-    the last block of a `BlockStack`."""
-    return last_block(module)
+def _hidden_keyword(block: nn.Module) -> str | None:
+    """The name of the first parameter of ``block``'s forward (the hidden state's, when a
+    container passes it by keyword)."""
+    try:
+        parameters = list(inspect.signature(block.forward).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    first = next((p for p in parameters if p.kind in (p.POSITIONAL_ONLY,
+                                                      p.POSITIONAL_OR_KEYWORD)), None)
+    return None if first is None else first.name
 
 
-def restore_slots(model: nn.Module, state_dict: Mapping[str, Any]) -> tuple[str, ...]:
+def restore_slots(model: nn.Module, state_dict: Mapping[str, Any],
+                  growth: DepthGrowth | None = None) -> tuple[str, ...]:
     """Inject into ``model`` the slots that were injected when ``state_dict`` was saved.
 
     Each ``esper_slots.<key>._extra_state`` entry is an injected slot's manifest, which names
-    its module path (``slot_id``), topology and growth depth. After this,
-    ``model.load_state_dict(state_dict)`` loads strictly and rebuilds every seed (stage, alpha,
-    blend) with its weights. Slots already present are kept (their hook is re-attached), so
-    calling it twice is harmless.
+    its module path (``slot_id``) and topology, and for a growth slot its stack and place.
+    After this, ``model.load_state_dict(state_dict)`` loads strictly and rebuilds every seed
+    (stage, alpha, blend) with its weights. Slots already present are kept (their hook is
+    re-attached), so calling it twice is harmless.
 
     Args:
         model: a freshly built model (e.g. a LightningModule) of the class that was trained.
         state_dict: the saved state dict (``checkpoint["state_dict"]`` for Lightning).
+        growth: the run's `DepthGrowth` (its identity and init settings); None: the defaults,
+            which rebuild any growth slot's blocks (the manifest says how ``identity`` made
+            them).
 
     Returns:
-        The module paths of the injected slots, in state-dict order.
+        The ids of the injected slots, in state-dict order.
 
     Raises:
         ValueError: a manifest that does not match its key, or a path ``model`` lacks.
@@ -161,16 +242,28 @@ def restore_slots(model: nn.Module, state_dict: Mapping[str, Any]) -> tuple[str,
         ...         restore_slots(self, checkpoint["state_dict"])
     """
     saved = _saved_slots(state_dict)
-    for shape in dict.fromkeys(saved.values()):
-        resolve_slots(model, [p for p, s in saved.items() if s == shape], *shape)
+    plain = {sid: m["topology"] for sid, m in saved.items() if not m.get("growth")}
+    for topology in dict.fromkeys(plain.values()):
+        resolve_slots(model, [p for p, t in plain.items() if t == topology], topology)
+    chains: dict[tuple[str, int], int] = {}  # (stack, block index) -> growth slots after it
+    for manifest in saved.values():
+        place = (manifest.get("growth") or {}).get("place")
+        if place is not None:
+            key = (place["stack"], place["after"])
+            chains[key] = max(chains.get(key, 0), place["order"])
+    settings = growth or DepthGrowth()
+    for (stack, after), length in chains.items():
+        events = tuple(saved[growth_slot_id(f"{stack}.{after}", k)]["growth"]["blocks"]
+                       for k in range(1, length + 1))
+        inject_growth(model, dataclasses.replace(settings, stack=f"{stack}.{after}",
+                                                 blocks=events))
     return tuple(saved)
 
 
-def _saved_slots(state_dict: Mapping[str, Any]) -> dict[str, tuple[str, int]]:
-    """Injected slots in a state dict: module path -> (topology, growth depth), read from
-    their manifests."""
+def _saved_slots(state_dict: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """Injected slots in a state dict: slot id -> its manifest."""
     prefix = INJECTED_SLOTS_ATTR + "."
-    saved: dict[str, tuple[str, int]] = {}
+    saved: dict[str, Mapping[str, Any]] = {}
     for key, manifest in state_dict.items():
         if not (key.startswith(prefix) and key.endswith(_EXTRA_STATE)):
             continue
@@ -179,9 +272,8 @@ def _saved_slots(state_dict: Mapping[str, Any]) -> dict[str, tuple[str, int]]:
             continue
         if not isinstance(manifest, Mapping) or not {"slot_id", "topology"} <= manifest.keys():
             raise ValueError(f"state dict entry {key!r} is not a slot manifest")
-        path = manifest["slot_id"]
-        if not isinstance(path, str) or path.replace(".", "__") != name:
-            raise ValueError(f"state dict entry {key!r} holds the manifest of slot {path!r}")
-        # Manifests from before block stacks have no growth depth: 1.
-        saved[path] = (manifest["topology"], manifest.get("growth_depth", 1))
+        slot_id = manifest["slot_id"]
+        if not isinstance(slot_id, str) or _key(slot_id) != name:
+            raise ValueError(f"state dict entry {key!r} holds the manifest of slot {slot_id!r}")
+        saved[slot_id] = manifest
     return saved

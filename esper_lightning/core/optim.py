@@ -11,13 +11,16 @@ biases, LayerScale ``gamma``, a gate — in a second group ``seed/<slot id>/no_d
 hyper-parameters of that host group, and its matrices in ``seed/<slot id>`` with those of the
 decayed one: decaying a LayerScale ``gamma`` that starts at 1e-3 would pull the seed back to
 the identity. A host that decays everything (one group, as `CifarCNNHost`) gets one group per
-seed. `sync_seed_groups` is the one routine that keeps a slot's groups right.
+seed. A parameter of a growth seed (new blocks of the host's own class) goes where the
+parameter it was made from is: the user's own grouping, whatever rule made it (an embedding
+exempted, a norm decayed). `sync_seed_groups` is the one routine that keeps a slot's groups
+right; `copy_moments` starts copied blocks from their sources' optimizer state.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,16 +90,29 @@ def _templates(optimizer: Optimizer) -> tuple[dict[str, Any], dict[str, Any] | N
     return decayed, exempt
 
 
-def seed_groups(optimizer: Optimizer, slot_id: str,
-                params: Sequence[nn.Parameter]) -> dict[str, list[nn.Parameter]]:
+def seed_groups(optimizer: Optimizer, slot_id: str, params: Sequence[nn.Parameter],
+                sources: Mapping[int, nn.Parameter] | None = None
+                ) -> dict[str, list[nn.Parameter]]:
     """The groups the parameters of the seed in ``slot_id`` belong in, by name (only non-empty
-    ones): all in ``seed/<slot_id>``, or matrices there and the rest in ``.../no_decay`` when
-    the host exempts its vectors from weight decay."""
+    ones): all in ``seed/<slot_id>``, or, when the host exempts its vectors from weight decay,
+    matrices there and the rest in ``.../no_decay``. A parameter with a source
+    (``sources[id(p)]``, a growth seed's) goes to the exempt group exactly when its source is
+    in a group without weight decay."""
     _, exempt = _templates(optimizer)
     if exempt is None:
         return {seed_group_name(slot_id): list(params)} if params else {}
-    groups = {seed_group_name(slot_id): [p for p in params if p.dim() >= 2],
-              seed_group_name(slot_id, no_decay=True): [p for p in params if p.dim() < 2]}
+    decays = {id(p): g.get("weight_decay", 0.0) > 0.0 for g in optimizer.param_groups
+              for p in g["params"]}
+    source_of = sources or {}
+
+    def exempted(p: nn.Parameter) -> bool:
+        source = source_of.get(id(p))
+        if source is not None and id(source) in decays:
+            return not decays[id(source)]
+        return p.dim() < 2
+
+    groups = {seed_group_name(slot_id): [p for p in params if not exempted(p)],
+              seed_group_name(slot_id, no_decay=True): [p for p in params if exempted(p)]}
     return {name: group for name, group in groups.items() if group}
 
 
@@ -204,6 +220,7 @@ def sync_seed_groups(
     params: Sequence[nn.Parameter],
     config: SeedOptimConfig,
     schedulers: Sequence[Any] = (),
+    sources: Mapping[int, nn.Parameter] | None = None,
 ) -> None:
     """Make the groups of ``slot_id`` hold exactly ``params`` (its seed's parameters now):
     add the missing groups, remove the ones left empty (with their state), refill changed ones.
@@ -219,7 +236,7 @@ def sync_seed_groups(
         >>> seed_group_names(opt)
         []
     """
-    wanted = seed_groups(optimizer, slot_id, params)
+    wanted = seed_groups(optimizer, slot_id, params, sources)
     present = {g["name"]: g for g in optimizer.param_groups
                if _is_seed_group(g) and slot_of_group(g["name"]) == slot_id}
     for name in present.keys() - wanted.keys():
@@ -229,6 +246,17 @@ def sync_seed_groups(
             add_seed_group(optimizer, name, group_params, config, schedulers)
         elif [id(p) for p in present[name]["params"]] != [id(p) for p in group_params]:
             set_group_params(optimizer, name, group_params)
+
+
+def copy_moments(optimizer: Optimizer, params: Sequence[nn.Parameter],
+                 sources: Mapping[int, nn.Parameter]) -> None:
+    """Start each of ``params`` that has a source from a copy of its source's optimizer state
+    (AdamW: ``exp_avg``, ``exp_avg_sq`` and ``step``, so bias correction goes on where the
+    source's is); a source the optimizer has not stepped yet leaves it fresh."""
+    for p in params:
+        source = sources.get(id(p))
+        if source is not None and optimizer.state.get(source):
+            optimizer.state[p] = copy.deepcopy(optimizer.state[source])
 
 
 def _flatten(schedulers: Sequence[Any]) -> list[Any]:

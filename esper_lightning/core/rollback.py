@@ -3,11 +3,11 @@
 `GovernorCallback` (in a Trainer) and `MorphogenesisEnv` (in PPO and `compare`) decide
 *when* to roll back with the same `Governor`; `roll_back` is *how*, in this order:
 
-1. prune every live seed: through the engine when there is one, which records the prunes as
-   lifecycle events, starts the embargo and drops the pruned seeds' optimizer param groups (and
-   their state); without one (a Trainer with a governor but no `MorphogenesisCallback`) the slots
-   are pruned directly. Slot manifests are never loaded back from the snapshot: that would
-   resurrect the pruned seeds;
+1. prune every live seed: through the lifecycle's owner when there is one (its engine's
+   ``prune_live``, which records the prunes as lifecycle events, starts the embargo and drops
+   the pruned seeds' optimizer param groups and their state); without one (a Trainer with a
+   governor but no `MorphogenesisCallback`) the slots are pruned directly. Slot manifests are
+   never loaded back from the snapshot: that would resurrect the pruned seeds;
 2. restore the snapshot in place (`restore_snapshot`): host and fossilized-seed weights into the
    same Parameter objects, the optimizer state exactly as captured (every other parameter's
    state cleared), the grad scaler's state; param-group hyperparameters are left alone, because
@@ -18,13 +18,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
 from esper_lightning.core.divergence import Governor
-from esper_lightning.core.engine import MorphogenesisEngine
 from esper_lightning.core.slots import find_slots, prune_live
 from esper_lightning.core.snapshot import Snapshot, restore_snapshot
 
@@ -35,7 +35,7 @@ def roll_back(
     governor: Governor,
     reason: str,
     *,
-    engine: MorphogenesisEngine | None = None,
+    prune: Callable[[str], list[str]] | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     scaler: Any | None = None,
 ) -> list[str]:
@@ -47,7 +47,8 @@ def roll_back(
         model: the host holding the slots (the engine's host when there is an engine).
         governor: counts the rollback.
         reason: why (the governor's reason), recorded on every pruned seed.
-        engine: the engine driving the slots, if any.
+        prune: how the owner of the slots' lifecycle prunes every live seed (an engine's
+            ``prune_live``), if there is one.
         optimizer: the bare optimizer the snapshot captured (not a Lightning or Fabric wrapper).
         scaler: the grad scaler the snapshot captured.
 
@@ -67,10 +68,8 @@ def roll_back(
     """
     if snapshot is None:
         raise RuntimeError(f"governor panic ({reason}) before any snapshot was taken")
-    if engine is not None:
-        pruned = engine.prune_live(reason)
-    else:
-        pruned = prune_live(find_slots(model).values(), reason)
+    slots = find_slots(model).values()
+    pruned = prune(reason) if prune is not None else prune_live(slots, reason)
     restore_snapshot(snapshot, model, optimizer, scaler)
     if optimizer is not None:
         optimizer.zero_grad(set_to_none=True)

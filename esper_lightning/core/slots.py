@@ -21,8 +21,9 @@ a seed).
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from esper_lightning import blueprints
+from esper_lightning.blueprints.growth import BlockCall, GatedBlock, GrowthSite, operator_of
 from esper_lightning.core.alpha import AlphaAlgorithm, AlphaController, AlphaCurve, AlphaMode
 from esper_lightning.core.lifecycle import (
     ACTIVE_STAGES,
@@ -140,6 +142,8 @@ class SlotReport:
     last_gate: GateResult | None
     prune_reason: str | None
     history: tuple[StageEvent, ...]
+    #: Blocks a seed here adds to a stack (a growth slot); 0 for any other slot.
+    growth_blocks: int = 0
 
     @property
     def epochs_total(self) -> int:
@@ -173,15 +177,14 @@ class SeedSlot(nn.Module):
             seed; the default) or ``"detached"`` (its input is detached from the host).
         layer_scale_init: initial gain of every LayerScale in a seed built here (None: the
             blueprint's own, 1e-3 for the built-ins; ``blueprints.build``).
-        growth_depth: blocks a block seed grown here stacks (the ``growth_depth`` context of
-            the ``block_*`` blueprints): 1 but in a host's growth slots
-            (`GPTConfig.growth_depth`). Saved in the manifest and checked on load.
 
     Attributes:
-        preceding: None, or a function that returns the module this slot follows (the block a
-            ``block_*`` seed builds on; None when there is none). Hosts and slot injection set
-            it; a blueprint that needs it (`blueprints.BlueprintSpec.context`) is refused in
-            one line where it is missing.
+        growth: None, or the `blueprints.growth.GrowthSite` of a *growth slot*: one after a
+            block of a stack of same-shape blocks, where a depth-growth seed (``block_copy``,
+            ``block_identity``, ...) adds ``growth.blocks`` new blocks. Hosts and
+            `core.depth` set it; a growth blueprint is refused in one line anywhere else.
+        growth_place: Where a growth slot's blocks go when the model is handed back
+            (`core.depth.materialize`): ``{"stack": path, "after": block index, "order": k}``.
 
     Example:
         >>> slot = SeedSlot("r0c1", channels=16)
@@ -199,14 +202,9 @@ class SeedSlot(nn.Module):
         gate_config: GateConfig | None = None,
         blend_gradient: str = DEFAULT_BLEND_GRADIENT,
         layer_scale_init: float | None = None,
-        growth_depth: int = 1,
     ) -> None:
         super().__init__()
         check_topology(topology)
-        try:
-            growth_depth = check_growth_depth(growth_depth)
-        except ValueError as err:
-            raise ValueError(f"slot {slot_id!r}: {err}") from None
         if channels is not None and channels < 1:
             raise ValueError(f"slot {slot_id!r}: channels must be >= 1, got {channels}")
         if channels is not None and topology is None:
@@ -216,8 +214,10 @@ class SeedSlot(nn.Module):
         self.topology = topology
         self.blend_gradient = blend_gradient
         self.layer_scale_init = check_layer_scale_init(layer_scale_init)
-        self.growth_depth = growth_depth
-        self.preceding: Callable[[], nn.Module | None] | None = None
+        self.growth: GrowthSite | None = None
+        self.growth_place: dict[str, Any] | None = None
+        #: How ``identity`` makes a copy return its input here, once checked (`core.depth`).
+        self.identity_mode: str | None = None
         self.gates = QualityGates(gate_mode, gate_config)
         self.seed: nn.Module | None = None
         self.gate: GatedBlend | None = None
@@ -250,21 +250,36 @@ class SeedSlot(nn.Module):
     def blend_gradient(self, value: str) -> None:
         self._blend_gradient = check_blend_gradient(value, optional=False)
 
-    def forward(self, h: Tensor, alpha_override: Tensor | None = None) -> Tensor:
+    def forward(self, h: Tensor, alpha_override: Tensor | None = None,
+                call: BlockCall | None = None) -> Tensor:
+        """The slot's output for host activation ``h``; ``call`` is how the block a growth slot
+        follows was called (its other arguments, replayed on the seed's blocks)."""
         if self.channels is None:
             self._adopt_shape(h)
         stage = self.stage
         override = self._override if alpha_override is None else alpha_override
         if override is not None and override.dim() == 1 and override.shape[0] != h.shape[0]:
+            if call is not None and (call.args or call.kwargs):
+                raise ValueError(f"slot {self.slot_id!r}: a fused counterfactual cannot fan out "
+                                 "the other arguments of a growth slot's block; use "
+                                 "counterfactual='separate'")
             h = _fan_out(h, override.shape[0])  # before the seed check: probes fan out too
         if self.seed is None or stage not in ACTIVE_STAGES:
             return h
         x = h.detach() if self._isolated(stage) else h
-        s = self.seed(x).to(h.dtype)
+        s = (self.seed(x) if self.growth is None else self.seed(x, call)).to(h.dtype)
         if stage == SeedStage.TRAINING and override is None:
             return h + (s - s.detach())
+        if override is None and self._replaces(h):
+            return s  # h + 1·(s − h), exactly: the grown host computes the deeper host
         a = self._alpha_tensor(h) if override is None else _per_sample(override, h)
         return self._blend(h, s, x, a)
+
+    def _replaces(self, h: Tensor) -> bool:
+        """Whether the output is the seed's own: an ADD blend at alpha exactly 1."""
+        blend = self.blend
+        return (blend is not None and blend.algorithm == AlphaAlgorithm.ADD
+                and self.alpha_controller.alpha == 1.0)
 
     def _adopt_shape(self, h: Tensor) -> None:
         """Width (and, for a slot without one, topology) from the first activation."""
@@ -555,6 +570,7 @@ class SeedSlot(nn.Module):
             last_gate=None if state is None else state.last_gate,
             prune_reason=None if state is None else state.prune_reason,
             history=() if state is None else tuple(state.history),
+            growth_blocks=0 if self.growth is None else self.growth.blocks,
         )
 
     # --- state --------------------------------------------------------------------------------
@@ -566,7 +582,9 @@ class SeedSlot(nn.Module):
             "channels": self.channels,
             "topology": self.topology,
             "blend_gradient": self.blend_gradient,
-            "growth_depth": self.growth_depth,
+            "growth": None if self.growth is None else {
+                "blocks": self.growth.blocks, "identity": self.identity_mode,
+                "place": self.growth_place},
             "gate_mode": self.gates.mode.value,
             "gate_config": self.gates.config.to_dict(),
             "seeds_germinated": self.seeds_germinated,
@@ -593,10 +611,7 @@ class SeedSlot(nn.Module):
                 f"slot {self.slot_id!r}: manifest topology {saved_topology!r} "
                 f"!= slot topology {self.topology!r}"
             )
-        growth_depth = manifest.get("growth_depth", 1)  # manifests before block stacks: 1
-        if growth_depth != self.growth_depth:
-            raise ValueError(f"slot {self.slot_id!r}: manifest growth_depth {growth_depth} != "
-                             f"slot growth_depth {self.growth_depth} (a host of another shape)")
+        self._check_growth(manifest)
         old_blueprint = None if self.state is None else self.state.blueprint
         self._unfreeze()
         self.topology = saved_topology or self.topology  # an inferring slot adopts the saved one
@@ -620,6 +635,23 @@ class SeedSlot(nn.Module):
         elif self.gate is None:
             self.gate = self._build_gate()
         self._sync_freeze()
+
+    def _check_growth(self, manifest: dict[str, Any]) -> None:
+        """Refuse a manifest of a growth slot of another size (a host of another shape), and
+        adopt how ``identity`` made copies here."""
+        if "growth" not in manifest:  # before growth sites: blocks per seed as growth_depth
+            saved = manifest.get("growth_depth", 1) if self.growth is not None else None
+        else:
+            saved = None if manifest["growth"] is None else manifest["growth"]["blocks"]
+            if self.growth is not None and manifest["growth"] is not None:
+                self.identity_mode = manifest["growth"]["identity"]
+        here = None if self.growth is None else self.growth.blocks
+        if saved != here:
+            what = {None: "no growth slot"}
+            raise ValueError(f"slot {self.slot_id!r}: the manifest is of "
+                             f"{what.get(saved, f'a growth slot of {saved} block(s)')}, this "
+                             f"slot is {what.get(here, f'a growth slot of {here} block(s)')} (a "
+                             "model of another shape)")
 
     def get_extra_state(self) -> dict[str, Any]:
         return self.manifest()
@@ -668,17 +700,37 @@ class SeedSlot(nn.Module):
         )
 
     def context_error(self, blueprint: str) -> str | None:
-        """Why ``blueprint`` cannot grow in this slot for want of what it builds on (a block
-        seed where no block comes before), or None."""
+        """Why ``blueprint`` cannot grow in this slot for want of what it builds on (a growth
+        seed outside a growth slot), or None."""
         error = blueprints.context_error(blueprint, self.topology or "", self._context())
         if error is None:
             return None
-        return (f"{error}, and this slot follows none; accepted: a slot after a transformer "
-                "Block (GPTHost r0c*, r1c*, or one injected after a Block)")
+        return (f"{error}, and slot {self.slot_id!r} is not one; accepted: a growth slot "
+                "(MorphogenesisCallback(growth=DepthGrowth(...)), or GPTHost's r1c*)")
 
     def _context(self) -> dict[str, Any]:
-        return {"preceding": None if self.preceding is None else self.preceding(),
-                "growth_depth": self.growth_depth}
+        site = self.growth
+        if site is not None:  # what the seed's blocks need to know of this slot now
+            site = dataclasses.replace(site, width=self.channels, identity=self.identity_mode)
+        return {"growth": site}
+
+    def seed_sources(self) -> dict[int, nn.Parameter]:
+        """For a growth seed: the id of each of its parameters -> the parameter in the same
+        place of the block it was made from (the optimizer puts each in its source's
+        weight-decay group, and may start a copied one from its source's moments). Empty for
+        any other seed, and for a gate."""
+        state = self.state
+        operator = None if state is None else operator_of(state.blueprint)
+        if self.seed is None or self.growth is None or operator is None:
+            return {}
+        sources: dict[int, nn.Parameter] = {}
+        for block, source in zip(self.seed, self.growth.sources(), strict=True):
+            inner = block.block if isinstance(block, GatedBlock) else block
+            by_name = dict(source.named_parameters())
+            for name, p in inner.named_parameters():
+                if name in by_name and by_name[name].shape == p.shape:
+                    sources[id(p)] = by_name[name]
+        return sources
 
     def incubation_epochs(self, blueprint: str) -> int:
         """Epochs a seed of ``blueprint`` trains here before G2 lets it blend: the blueprint's
@@ -730,14 +782,6 @@ def check_topology(topology: str | None) -> str | None:
         raise ValueError(f"unknown topology {topology!r}; accepted: "
                          f"{', '.join(blueprints.TOPOLOGIES)} or None (inferred)")
     return topology
-
-
-def check_growth_depth(value: Any) -> int:
-    """``value`` if it is an int >= 1 (blocks a block seed stacks), else a one-line
-    `ValueError`."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"growth_depth must be an int >= 1, got {value!r}")
-    return value
 
 
 def check_layer_scale_init(value: Any) -> float | None:

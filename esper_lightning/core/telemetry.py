@@ -2,8 +2,8 @@
 
 The Trainer callback logs them per epoch for one model; the PPO trainer logs them per round,
 summed (events) or averaged (parameters) over the pool's episodes. Both call `morpho_metrics`, so
-the tags and their meaning cannot drift apart. Every tag is documented in docs/rl.md and the
-README.
+the tags and their meaning cannot drift apart. Every tag is documented in docs/rl.md and
+docs/tutorials/drop-in-callback.md.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from esper_lightning.core.lifecycle import SeedStage
 from esper_lightning.core.slots import SeedSlot
 
 #: Lifecycle event kinds counted in ``morpho/seeds_<kind>`` (see `engine.LifecycleEvent`).
@@ -61,20 +62,48 @@ def morpho_metrics(
 
 #: Per-slot tags, in the order the custom-scalars layout shows them.
 SLOT_TAGS = ("alpha", "stage", "contribution")
+#: What each value of ``morpho/<slot>/stage`` means (the stage chart's title says it too).
+STAGE_LEGEND = ", ".join(f"{s.value} {s.name.lower()}" for s in SeedStage if s.value)
 
 
 def slot_layout(slot_ids: Sequence[str]) -> dict[str, dict[str, list[Any]]]:
     """A TensorBoard custom-scalars layout that groups ``morpho/<slot>/*`` per slot: one
-    category per slot with one chart per tag (``SummaryWriter.add_custom_scalars`` format; the
-    tags are regular expressions, so a slot id's dots are escaped).
+    category per slot with one chart per tag, the stage chart titled with what each value
+    means (``SummaryWriter.add_custom_scalars`` format; the tags are regular expressions, so a
+    slot id's dots are escaped).
 
     Example:
         >>> slot_layout(["r0c1"])["morpho r0c1"]["alpha"]
         ['Multiline', ['morpho/r0c1/alpha']]
+        >>> [title for title in slot_layout(["r0c1"])["morpho r0c1"]][1][:35]
+        'stage (1 dormant, 2 germinated, 3 t'
     """
+    titles = {"stage": f"stage ({STAGE_LEGEND})"}
     return {
         f"morpho {slot_id}": {
-            tag: ["Multiline", [f"morpho/{re.escape(slot_id)}/{tag}"]] for tag in SLOT_TAGS
+            titles.get(tag, tag): ["Multiline", [f"morpho/{re.escape(slot_id)}/{tag}"]]
+            for tag in SLOT_TAGS
         }
         for slot_id in slot_ids
     }
+
+
+def stage_changes(before: Mapping[str, SeedStage], slots: Mapping[str, SeedSlot],
+                  epoch: int) -> list[str]:
+    """One line per slot whose stage changed at the decision of ``epoch``, by name
+    (``epoch 4: blocks.0+1 dormant -> blending (block_identity)``): what the callback writes
+    as TensorBoard text, so a blend's start is an event a reader sees.
+
+    Example:
+        >>> slot = SeedSlot("s", channels=4)
+        >>> _ = slot.germinate("norm")
+        >>> stage_changes({"s": SeedStage.DORMANT}, {"s": slot}, epoch=3)
+        ['epoch 3: s dormant -> germinated (norm)']
+    """
+    lines = []
+    for slot_id, slot in slots.items():
+        if slot.stage != before[slot_id]:
+            blueprint = f" ({slot.state.blueprint})" if slot.state is not None else ""
+            lines.append(f"epoch {epoch}: {slot_id} {before[slot_id].name.lower()} -> "
+                         f"{slot.stage.name.lower()}{blueprint}")
+    return lines

@@ -9,14 +9,16 @@ fits every slot.
 Slot naming: ``r0c{i}`` is the slot right after block ``i`` (row 0 = "after a block", column =
 block index), mirroring the CNN host, whose row 0 also follows each block. A host with growth
 slots (`GPTConfig.growth_slots`) has ``r1c0, r1c1, ...`` in sequence after the last block's
-slot: block seeds there stack `GPTConfig.growth_depth` new blocks each on top (``grow4``: 1
-block and one growth slot ``r1c0`` whose seed is 3 blocks, so it grows to 4 in one step;
-``grow4x1``: the same growth in three slots of one block; ``grow2``: 1 block growing to 2).
+slot: growth slots (`blueprints.growth`), where a growth seed (``block_copy``, ...) adds
+`GPTConfig.growth_depth` new blocks on top (``grow4``: 1 block and one growth slot ``r1c0``
+whose seed is 3 blocks, so it grows to 4 in one step; ``grow4x1``: the same growth in three
+slots of one block; ``grow2``: 1 block growing to 2).
 
-A block seed (``block_copy`` ...) builds on the block its slot follows: the nearest block before
-the slot in the forward, the last block of a block seed in an earlier slot included. So growth
-chains: on ``grow4x1`` a ``block_copy`` in ``r1c1`` copies the block seed in ``r1c0`` when there
-is one, else block 0.
+New blocks are made from the blocks before the slot in the forward, those grown in an earlier
+growth slot included, so growth chains: on ``grow4x1`` a ``block_copy`` in ``r1c1`` copies the
+block grown in ``r1c0`` when there is one, else block 0. ``block_random`` initialises a new
+block as the host initialises its own (GPT-2's init, residual projections scaled for the
+grown depth).
 """
 
 from __future__ import annotations
@@ -32,10 +34,12 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from esper_lightning.blueprints.block import (
     Block,
+    init_block,
     init_gpt_weights,
     init_residual_projections,
-    last_block,
 )
+from esper_lightning.blueprints.growth import GrowthSite
+from esper_lightning.core.lifecycle import ACTIVE_STAGES
 from esper_lightning.core.slots import SeedSlot
 from esper_lightning.hosts.base import SlottedHost
 from esper_lightning.hosts.presets import GPT_PRESETS as PRESETS
@@ -98,10 +102,14 @@ class GPTHost(SlottedHost):
             for _ in range(cfg.n_layer)
         )
         self._build_slots(cfg.slot_ids, slots, name, lambda sid: SeedSlot(
-            sid, channels=cfg.n_embd, topology="transformer",
-            growth_depth=cfg.growth_depth if sid in cfg.growth_slot_ids else 1))
-        for slot_id, slot in self.slots.items():
-            slot.preceding = partial(self.block_before, slot_id)
+            sid, channels=cfg.n_embd, topology="transformer"))
+        for order, slot_id in enumerate(cfg.growth_slot_ids, 1):
+            if slot_id in self.slots:
+                slot = self.slots[slot_id]
+                slot.growth = GrowthSite(cfg.growth_depth, partial(self.blocks_before, slot_id),
+                                         init=partial(init_block, depth=cfg.max_depth))
+                slot.growth_place = {"stack": "blocks", "after": cfg.n_layer - 1,
+                                     "order": order}
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         self.head.weight = self.tok_emb.weight  # weight tying
@@ -132,20 +140,16 @@ class GPTHost(SlottedHost):
             x = self._slot(f"r1c{k}", x)
         return self.head(self.ln_f(x))  # [B, T, V]
 
-    def block_before(self, slot_id: str) -> Block | None:
-        """The block slot ``slot_id`` follows: the nearest block before it in the forward, a
-        block seed in an earlier slot included (what a block seed there builds on)."""
-        order: list[Block | str] = []
-        for i, block in enumerate(self.blocks):
-            order += [block, f"r0c{i}"]
-        order += [f"r1c{k}" for k in range(self.config.growth_slots)]
-        for item in reversed(order[:order.index(slot_id)]):
-            if isinstance(item, Block):
-                return item
-            block = last_block(self.slots[item].seed) if item in self.slots else None
-            if block is not None:
-                return block
-        return None
+    def blocks_before(self, slot_id: str) -> list[Block]:
+        """The blocks before growth slot ``slot_id`` in the forward: the host's, then those the
+        earlier growth slots grew (what a growth seed there is made from)."""
+        blocks = list(self.blocks)
+        growth = self.config.growth_slot_ids
+        for earlier in (s for s in growth[:growth.index(slot_id)] if s in self.slots):
+            slot = self.slots[earlier]
+            if slot.seed is not None and slot.stage in ACTIVE_STAGES:
+                blocks.extend(slot.seed)
+        return blocks
 
     # --- steps --------------------------------------------------------------------------------
     def _token_loss(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
@@ -207,3 +211,4 @@ class GPTHost(SlottedHost):
             {"params": rest, "weight_decay": 0.0, "name": "host/no_decay"},
         ]
         return torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas))
+

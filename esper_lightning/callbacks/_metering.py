@@ -1,0 +1,44 @@
+"""How the Trainer callbacks meter a training step: one function and one message for both.
+
+The callback that owns the fit's `core.compute.ComputeLedger` charges every training step to it:
+`ComputeBudget` when the fit has a budget, else `MorphogenesisCallback`. Both read a batch and
+compute logits the growth callback's way when there is one (its ``batch_to_xy`` and
+``logits_fn``: `MetersSteps`), so a step costs the same whoever charges it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
+import lightning as L
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from torch import Tensor
+
+from esper_lightning.core.compute import ComputeLedger
+
+__all__ = ["MetersSteps", "step_cost"]
+
+
+@runtime_checkable
+class MetersSteps(Protocol):
+    """A callback that says how to read a training batch and compute logits."""
+
+    batch_to_xy: Callable[[Any], tuple[Tensor, Any]]
+    logits_fn: Callable[[L.LightningModule, Tensor], Tensor] | None
+
+
+def step_cost(ledger: ComputeLedger, trainer: L.Trainer, pl_module: L.LightningModule,
+              x: Tensor, logits_fn: Any, owner: str, remedy: str) -> int:
+    """Training FLOPs of one step on inputs like ``x`` over every rank (the ledger's meter,
+    once per architecture), or one line saying why ``pl_module`` cannot be metered and
+    ``remedy``."""
+    key = (trainer.current_epoch, pl_module.training)
+    try:
+        flops = ledger.training_cost(pl_module, x, logits_fn, key=key)
+    except Exception as err:
+        cause = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise MisconfigurationException(
+            f"{owner} cannot meter the FLOPs of {type(pl_module).__name__} on meta tensors "
+            f"({type(err).__name__}: {cause}); {remedy}") from err
+    return flops * trainer.world_size

@@ -1,0 +1,331 @@
+"""Depth growth on transformers the project did not write: a nanoGPT-style user model with its own
+block class, Hugging Face GPT-2 and Llama. Identity keeps the logits, copy equals its source, the
+grown model has the native deeper model's parameters and logits, every new block trains, the
+Hugging Face model goes back to its ecosystem at its new depth, and what cannot grow is refused
+in one line."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AutoModelForCausalLM
+from user_models import STACKS, UserBlock, stack_of, user_model
+
+from esper_lightning.blueprints.growth import GatedBlock, GrownBlocks
+from esper_lightning.core.actions import Action, LifecycleOp
+from esper_lightning.core.depth import DepthGrowth, find_stack, grow, materialize
+from esper_lightning.core.engine import MorphogenesisEngine
+from esper_lightning.core.injection import restore_slots
+from esper_lightning.core.lifecycle import SeedStage
+
+KINDS = sorted(STACKS)
+
+
+def _tokens(shape: tuple[int, ...], rng_seed: int) -> torch.Tensor:
+    return torch.randint(0, 256, shape, generator=torch.Generator().manual_seed(rng_seed))
+
+
+def _grow(kind: str, operator: str, blocks: int | tuple[int, ...] = 3, rng_seed: int = 0,
+          **growth):
+    """A one-block model of ``kind`` with growth slots on top, seen one batch, and its engine."""
+    model = user_model(kind, n_layer=1, rng_seed=rng_seed).eval()
+    engine = MorphogenesisEngine(model, growth=DepthGrowth(STACKS[kind], blocks=blocks,
+                                                           **growth))
+    with torch.no_grad():
+        model(_tokens((2, 8), rng_seed=1))  # the slots learn their width; checks run here
+    return model, engine
+
+
+def _germinate(engine: MorphogenesisEngine, operator: str, slot: int = 0) -> None:
+    outcome = engine.execute(Action(LifecycleOp.GERMINATE, slot, blueprint=f"block_{operator}"))
+    assert outcome.success, outcome.reason
+
+
+def _same(a: nn.Module, b: nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_identity_growth_leaves_the_logits_equal(kind):
+    model, engine = _grow(kind, "identity")
+    idx = _tokens((3, 12), rng_seed=2)
+    with torch.no_grad():
+        before = model(idx)
+    _germinate(engine, "identity")
+    slot = next(iter(engine.slots.values()))
+    assert slot.stage == SeedStage.BLENDING and slot.alpha == 1.0 and len(slot.seed) == 3
+    assert slot.identity_mode == "projections"  # checked on the first activation
+    with torch.no_grad():
+        assert torch.equal(model(idx), before)
+    source = stack_of(model, kind)[0]
+    assert all(type(b) is type(source) for b in slot.seed)  # the user's own block class
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_copy_blocks_equal_their_source(kind):
+    model, engine = _grow(kind, "copy")
+    _germinate(engine, "copy")
+    seed = next(iter(engine.slots.values())).seed
+    source = stack_of(model, kind)[0]
+    assert isinstance(seed, GrownBlocks) and all(_same(b, source) for b in seed)
+    assert not source._forward_hooks or not any(b._forward_hooks for b in seed)  # no slot hook
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("operator", ["copy", "identity", "random"])
+def test_a_grown_model_is_the_native_deeper_model(kind, operator):
+    model, engine = _grow(kind, operator, rng_seed=3)
+    _germinate(engine, operator)
+    slot = next(iter(engine.slots.values()))
+    while slot.alpha < 1.0:
+        engine.tick()
+    native = user_model(kind, n_layer=4, rng_seed=4).eval()
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in
+                                                             native.parameters())
+    blocks = [stack_of(model, kind)[0], *slot.seed]
+    with torch.no_grad():  # the native model with the grown one's weights
+        for name, p in native.named_parameters():
+            if not any(name.startswith(f"{STACKS[kind]}.{i}.") for i in range(4)):
+                p.copy_(dict(model.named_parameters())[name])
+        for target, block in zip(stack_of(native, kind), blocks, strict=True):
+            target.load_state_dict(block.state_dict())
+    idx = _tokens((2, 12), rng_seed=5)
+    with torch.no_grad():
+        assert torch.equal(model(idx), native(idx))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_training_step_after_growth_changes_every_new_block(kind):
+    model, engine = _grow(kind, "identity")
+    model.train()
+    optimizer = model.configure_optimizers()
+    engine.attach_optimizer(optimizer)
+    _germinate(engine, "identity")
+    seed = next(iter(engine.slots.values())).seed
+    before = [copy.deepcopy(b.state_dict()) for b in seed]
+    idx, targets = _tokens((2, 12), rng_seed=6), _tokens((2, 12), rng_seed=7)
+    F.cross_entropy(model(idx).flatten(0, 1), targets.flatten()).backward()
+    for block in seed:  # the zeroed projections get gradient at once
+        grads = [p.grad for p in block.parameters() if p.grad is not None and p.grad.any()]
+        assert grads, kind
+    optimizer.step()
+    for block, old in zip(seed, before, strict=True):
+        changed = [k for k, v in block.state_dict().items() if not torch.equal(v, old[k])]
+        assert changed, kind
+
+
+def test_new_blocks_join_the_users_weight_decay_groups():
+    model, engine = _grow("nanogpt", "copy")
+    engine.attach_optimizer(model.configure_optimizers())
+    _germinate(engine, "copy")
+    groups = {g["name"]: g for g in engine.optimizer.param_groups}
+    seed = next(iter(engine.slots.values())).seed
+    decayed = {id(p) for p in groups["seed/blocks.0+1"]["params"]}
+    assert decayed == {id(p) for p in seed.parameters() if p.dim() >= 2}
+    assert groups["seed/blocks.0+1"]["weight_decay"] == 0.1
+    assert groups["seed/blocks.0+1/no_decay"]["weight_decay"] == 0.0
+
+
+def test_several_growth_events_chain_one_to_two_to_four():
+    model, engine = _grow("nanogpt", "copy", blocks=(1, 2))
+    assert list(engine.slots) == ["blocks.0+1", "blocks.0+2"]
+    _germinate(engine, "copy", slot=0)
+    (first,) = engine.slots["blocks.0+1"].seed
+    with torch.no_grad():
+        first.ln_1.weight.add_(0.5)  # it trained away from block 0
+    _germinate(engine, "copy", slot=1)
+    second = engine.slots["blocks.0+2"].seed
+    assert len(second) == 2  # copies of both blocks before it, in order (stacking)
+    assert _same(second[0], model.blocks[0]) and _same(second[1], first)
+
+
+def test_interleaved_growth_follows_every_block_with_its_copy():
+    torch.manual_seed(0)
+    model = user_model("nanogpt", n_layer=2).eval()
+    engine = MorphogenesisEngine(model, growth=DepthGrowth("blocks", at="interleave"))
+    assert list(engine.slots) == ["blocks.0+1", "blocks.1+1"]
+    model(_tokens((1, 4), rng_seed=0))
+    for slot in range(2):
+        _germinate(engine, "copy", slot=slot)
+    assert _same(engine.slots["blocks.0+1"].seed[0], model.blocks[0])
+    assert _same(engine.slots["blocks.1+1"].seed[0], model.blocks[1])
+    engine_at = MorphogenesisEngine(user_model("nanogpt", n_layer=3),
+                                    growth=DepthGrowth("blocks", at=1))
+    assert list(engine_at.slots) == ["blocks.1+1"]
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_a_grown_hugging_face_model_goes_back_at_its_new_depth(kind, tmp_path):
+    model, engine = _grow(kind, "copy", rng_seed=8)
+    _germinate(engine, "copy")
+    slot = next(iter(engine.slots.values()))
+    while slot.alpha < 1.0:
+        engine.tick()
+    slot.advance()
+    slot.state.metrics.gradient_health, slot.state.metrics.has_exploding = 1.0, False
+    slot.record_contribution(0.0)
+    assert slot.fossilize().passed
+    idx = _tokens((2, 12), rng_seed=9)
+    with torch.no_grad():
+        grown = model(idx)
+    assert materialize(model) == [slot.slot_id]
+    assert len(stack_of(model, kind)) == 4 and len(model.esper_slots) == 0  # slots gone
+    assert model.model.config.num_hidden_layers == 4
+    assert [m.layer_idx for b in stack_of(model, kind) for m in b.modules()
+            if hasattr(m, "layer_idx")][-1] == 3
+    with torch.no_grad():
+        assert torch.equal(model(idx), grown)
+    model.model.save_pretrained(tmp_path / kind)
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / kind).eval()
+    assert again.config.num_hidden_layers == 4
+    with torch.no_grad():
+        torch.testing.assert_close(again(idx).logits, grown)
+
+
+def test_materialize_refuses_a_live_seed_and_moves_nothing():
+    model, engine = _grow("nanogpt", "identity")
+    _germinate(engine, "identity")
+    with pytest.raises(ValueError, match=r"^growth slot 'blocks.0\+1' holds a live seed"):
+        materialize(model)
+    assert len(model.blocks) == 1
+
+
+def test_restore_slots_rebuilds_growth_slots_for_a_fresh_model():
+    model, engine = _grow("gpt2", "copy", blocks=(1, 2), rng_seed=10)
+    for slot in range(2):
+        _germinate(engine, "copy", slot=slot)
+    state = copy.deepcopy(model.state_dict())
+    fresh = user_model("gpt2", n_layer=1, rng_seed=11).eval()
+    assert restore_slots(fresh, state) == ("model.transformer.h.0+1", "model.transformer.h.0+2")
+    fresh.load_state_dict(state)
+    idx = _tokens((2, 12), rng_seed=12)
+    with torch.no_grad():
+        assert torch.equal(fresh(idx), model(idx))
+
+
+# --- what cannot grow is refused in one line ----------------------------------------------------
+class PostNorm(nn.Module):
+    """A post-norm block: zero projections do not make it the identity (LN(x) != x)."""
+
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.attn = nn.Module()
+        self.attn.c_proj = nn.Linear(width, width)
+        self.mlp = nn.Module()
+        self.mlp.c_proj = nn.Linear(width, width)
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, x):
+        return self.norm(x + self.attn.c_proj(x) + self.mlp.c_proj(x))
+
+
+class Holder(nn.Module):
+    def __init__(self, blocks, head=None) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+        self.head = head or nn.Linear(8, 8)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def _first_line(err: pytest.ExceptionInfo) -> str:
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
+def test_a_module_that_is_not_a_stack_is_refused():
+    with pytest.raises(ValueError) as err:
+        MorphogenesisEngine(Holder([UserBlock(8, 2)]), growth=DepthGrowth("head"))
+    assert _first_line(err).startswith("DepthGrowth: 'head' is a Linear, not a stack of blocks "
+                                       "or one of its blocks; accepted: a ModuleList")
+    with pytest.raises(ValueError) as err:
+        find_stack(Holder([UserBlock(8, 2), PostNorm()]), None)
+    assert "finds no stack of same-shape blocks in Holder; name one" in _first_line(err)
+    assert find_stack(Holder([UserBlock(8, 2), UserBlock(8, 2)]), "blocks.1")[0::2] == (
+        "blocks", 1)
+
+
+def test_a_block_that_changes_the_shape_is_refused_at_its_first_activation():
+    model = Holder([nn.Linear(8, 16)], head=nn.Linear(16, 8))
+    MorphogenesisEngine(model, growth=DepthGrowth("blocks"))
+    with pytest.raises(ValueError) as err:
+        model(torch.zeros(2, 3, 8))
+    assert _first_line(err) == ("growth slot 'blocks.0+1': Linear maps a hidden state (2, 3, 8) "
+                                "to (2, 3, 16); a stack that grows needs blocks that keep its "
+                                "shape")
+
+
+def test_identity_of_an_unknown_block_is_gated_or_refused_without_the_gate():
+    torch.manual_seed(0)
+    model = Holder([PostNorm()])
+    engine = MorphogenesisEngine(model, growth=DepthGrowth("blocks"))
+    x = torch.randn(2, 3, 8)
+    with torch.no_grad():
+        before = model(x)
+    slot = engine.slots["blocks.0+1"]
+    assert slot.identity_mode == "gate"  # zero projections were tried and did not do it
+    _germinate(engine, "identity")
+    assert isinstance(slot.seed[0], GatedBlock)
+    with torch.no_grad():
+        assert torch.equal(model(x), before)
+    strict = Holder([PostNorm()])
+    MorphogenesisEngine(strict, growth=DepthGrowth("blocks", gate=False))
+    with pytest.raises(ValueError) as err:
+        strict(x)
+    assert _first_line(err).startswith("growth slot 'blocks.0+1': PostNorm with its residual "
+                                       "projections at zero does not return its input")
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"blocks": 0}, "DepthGrowth blocks must be an int >= 1 or a list of them, got 0"),
+    ({"at": "bottom"}, "DepthGrowth at must be one of top, interleave or a block index"),
+    ({"moments": "old"}, "DepthGrowth moments must be one of fresh, copy, got 'old'"),
+    ({"projections": "c_proj"}, "DepthGrowth projections must be a list of names"),
+])
+def test_bad_depth_growth_settings_are_one_line(kwargs, message):
+    with pytest.raises(ValueError) as err:
+        DepthGrowth(**kwargs)
+    assert _first_line(err).startswith(message)
+
+
+# --- the functional form ------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", KINDS)
+def test_grow_adds_blocks_to_the_stack_and_the_optimizer_in_their_sources_groups(kind):
+    model = user_model(kind, n_layer=1, rng_seed=13).eval()
+    optimizer = model.configure_optimizers()
+    idx, targets = _tokens((2, 12), rng_seed=14), _tokens((2, 12), rng_seed=15)
+    for _ in range(2):  # the block has moments by now
+        optimizer.zero_grad()
+        F.cross_entropy(model(idx).flatten(0, 1), targets.flatten()).backward()
+        optimizer.step()
+    with torch.no_grad():
+        before = model(idx)
+    groups = len(optimizer.param_groups)
+    new = grow(model, DepthGrowth(STACKS[kind], blocks=3, moments="copy"), "identity", optimizer)
+    stack = stack_of(model, kind)
+    assert len(new) == 3 and len(stack) == 4 and list(stack)[1:] == new
+    with torch.no_grad():
+        assert torch.equal(model(idx), before)  # identity: the same function
+    assert len(optimizer.param_groups) == groups  # the user's own groups, no new ones
+    source = dict(stack[0].named_parameters())
+    group_of = {id(p): i for i, g in enumerate(optimizer.param_groups) for p in g["params"]}
+    for block in new:
+        for name, p in block.named_parameters():
+            assert group_of[id(p)] == group_of[id(source[name])], name
+            assert int(optimizer.state[p]["step"]) == 2  # copied moments
+    if kind != "nanogpt":
+        assert model.model.config.num_hidden_layers == 4
+    optimizer.zero_grad()
+    F.cross_entropy(model(idx).flatten(0, 1), targets.flatten()).backward()
+    optimizer.step()  # the new blocks train with the rest
+    with torch.no_grad():
+        assert not torch.equal(model(idx), before)
