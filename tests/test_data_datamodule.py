@@ -35,26 +35,29 @@ def test_loaders_give_normalised_batches(cifar_dir: Path) -> None:
     assert len(dm.train_dataloader()) == 5
 
 
-def test_val_and_test_are_the_test_split_in_order(cifar_dir: Path) -> None:
+def test_val_and_test_are_the_halves_of_the_test_batch_in_order(cifar_dir: Path) -> None:
     dm = _dm(cifar_dir)
+    assert dm.test_set is None  # a fit never reads the test half
+    dm.setup("test")
     images, labels = load_cifar10(cifar_dir, train=False)
-    for loader in (dm.val_dataloader(), dm.test_dataloader()):
+    for loader, half in ((dm.val_dataloader(), slice(0, 20)), (dm.test_dataloader(),
+                                                               slice(20, 40))):
         x = torch.cat([b[0] for b in loader])
         y = torch.cat([b[1] for b in loader])
-        assert torch.equal(x, normalize(images)) and torch.equal(y, labels)
+        assert torch.equal(x, normalize(images[half])) and torch.equal(y, labels[half])
 
 
 def test_setup_test_stage_skips_train_split(cifar_dir: Path) -> None:
     dm = CIFAR10DataModule(cifar_dir)
     dm.setup("test")
-    assert dm.train_set is None and len(dm.test_set or []) == 40
+    assert dm.train_set is None and len(dm.test_set or []) == 20
     with pytest.raises(RuntimeError, match="setup"):
         dm.train_dataloader()
 
 
 def test_subsets_are_seeded(cifar_dir: Path) -> None:
     dm = _dm(cifar_dir, subset=30, val_subset=12, rng_seed=1)
-    assert len(dm.train_set or []) == 30 and len(dm.test_set or []) == 12
+    assert len(dm.train_set or []) == 30 and len(dm.val_set or []) == 12
     same = _dm(cifar_dir, subset=30, val_subset=12, rng_seed=1)
     other = _dm(cifar_dir, subset=30, val_subset=12, rng_seed=2)
     assert torch.equal(dm.train_set.images, same.train_set.images)  # type: ignore[union-attr]

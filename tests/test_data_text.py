@@ -17,8 +17,10 @@ from esper_lightning.data.text import (
     TextDataModule,
     TextTensorLoader,
     download_tinystories,
+    evaluation_starts,
     find_text_file,
     load_text_tokens,
+    split_text,
     split_tokens,
     validation_blocks,
 )
@@ -126,6 +128,24 @@ def test_split_is_contiguous_with_the_tail_for_validation():
             split_tokens(tokens, bad)
 
 
+def test_split_text_holds_out_validation_then_test():
+    tokens = torch.arange(250, dtype=torch.uint8)
+    parts = split_text(tokens, held_out_fraction=0.2)
+    assert [len(p) for p in parts] == [200, 25, 25]
+    assert torch.equal(torch.cat(list(parts)), tokens)  # contiguous, in file order, no gaps
+    assert parts.validation[0] == 200 and parts.test[0] == 225
+    odd = split_text(torch.arange(101, dtype=torch.uint8), held_out_fraction=0.1)
+    assert [len(p) for p in odd] == [91, 5, 5]
+
+
+def test_evaluation_starts_spread_over_the_whole_split():
+    assert evaluation_starts(50, 8) == [0, 8, 16, 24, 32, 40]  # (50 - 1) // 8 blocks
+    spread = evaluation_starts(1001, 10, max_blocks=4)
+    assert spread == [0, 250, 500, 750]  # not the first passage
+    assert len(set(evaluation_starts(1001, 10, max_blocks=99))) == 99  # distinct blocks
+    assert evaluation_starts(50, 8, max_blocks=100) == evaluation_starts(50, 8)
+
+
 def test_validation_blocks_in_order_and_capped():
     tokens = torch.arange(50, dtype=torch.uint8)
     x, y = validation_blocks(tokens, block_size=8)
@@ -133,7 +153,7 @@ def test_validation_blocks_in_order_and_capped():
     assert torch.equal(x.flatten(), torch.arange(48))
     assert torch.equal(y.flatten(), torch.arange(1, 49))
     x2, _ = validation_blocks(tokens, block_size=8, max_blocks=2)
-    assert torch.equal(x2, x[:2])
+    assert torch.equal(x2, x[[0, 3]])  # spread over the tokens, not the first two
     with pytest.raises(ValueError, match="too few for one block of block_size=64"):
         validation_blocks(tokens, block_size=64)
 
@@ -171,7 +191,8 @@ def _datamodule(path: Path, **kwargs) -> TextDataModule:
 
 def test_training_blocks_are_shifted_contiguous_and_in_the_head(ramp_file: Path):
     dm = _datamodule(ramp_file, train_blocks=40)
-    assert len(dm.train_tokens) == 4000 and len(dm.val_tokens) == 1000
+    assert len(dm.train_tokens) == 4000
+    assert len(dm.val_tokens) == len(dm.test_tokens) == 500
     batches = epoch_batches(dm, 0)
     assert len(batches) == 10
     for x, y in batches:
@@ -196,26 +217,39 @@ def test_training_blocks_deterministic_per_rng_seed_and_epoch(ramp_file: Path):
     assert not torch.equal(firsts(0, 1), firsts(1, 0))  # seeds mixed, not added
 
 
-def test_validation_blocks_contiguous_in_order_and_capped(ramp_file: Path):
+@pytest.mark.parametrize(("loader", "part"), [("val_dataloader", "val_tokens"),
+                                              ("test_dataloader", "test_tokens")])
+def test_evaluation_blocks_contiguous_in_order_and_capped(ramp_file: Path, loader: str,
+                                                          part: str):
     dm = _datamodule(ramp_file)
-    xs, ys = zip(*dm.val_dataloader(), strict=True)
+    xs, ys = zip(*getattr(dm, loader)(), strict=True)
     x, y = torch.cat(xs), torch.cat(ys)
-    n = (1000 - 1) // 16
+    tokens = getattr(dm, part)
+    n = (500 - 1) // 16
     assert x.shape == (n, 16)
-    assert torch.equal(x.flatten(), dm.val_tokens[: n * 16].long())
-    assert torch.equal(y.flatten(), dm.val_tokens[1 : n * 16 + 1].long())
-    assert torch.equal(torch.cat(next(zip(*dm.val_dataloader(), strict=True))), x)  # repeatable
+    assert torch.equal(x.flatten(), tokens[: n * 16].long())
+    assert torch.equal(y.flatten(), tokens[1 : n * 16 + 1].long())
+    assert torch.equal(torch.cat(next(zip(*getattr(dm, loader)(), strict=True))), x)  # repeatable
     capped = _datamodule(ramp_file, val_blocks=3)
-    assert torch.equal(torch.cat([b[0] for b in capped.val_dataloader()]), x[:3])
+    assert torch.equal(torch.cat([b[0] for b in getattr(capped, loader)()]), x[[0, 10, 20]])
+
+
+def test_validation_and_test_splits_are_disjoint_halves_of_the_tail(ramp_file: Path):
+    dm = _datamodule(ramp_file)
+    assert bytes(torch.cat([dm.train_tokens, dm.val_tokens, dm.test_tokens]).tolist()) == (
+        ramp_file.read_bytes())
+    val_x = torch.cat([b[0] for b in dm.val_dataloader()])
+    test_x = torch.cat([b[0] for b in dm.test_dataloader()])
+    assert not torch.equal(val_x, test_x) and val_x[0, 0] == 4000 % PERIOD
 
 
 def test_too_short_text_names_block_size(tmp_path: Path):
     path = tmp_path / "short.txt"
     path.write_text("x" * 100)
-    pattern = (r"^text file '.*short\.txt' is too short for block_size=16: its validation tail "
+    pattern = (r"^text file '.*short\.txt' is too short for block_size=16: its validation split "
                r"holds 10 of its 100 bytes and one block needs 17; use a smaller block_size")
     with pytest.raises(DataError, match=pattern):
-        _datamodule(path, val_fraction=0.1)
+        _datamodule(path, val_fraction=0.2)
     path.write_text("x" * 200)
     with pytest.raises(DataError, match="its training head holds 10 of its 200 bytes"):
         _datamodule(path, val_fraction=0.95)
@@ -247,7 +281,7 @@ def test_download_through_the_datamodule(served: tuple[bytes, str], tmp_path: Pa
     dm.prepare_data()
     assert [p.name for p in dest.iterdir()] == [TINYSTORIES_VALID_NAME]  # no temp leftovers
     dm.setup("fit")
-    assert bytes(torch.cat([dm.train_tokens, dm.val_tokens]).tolist()) == payload
+    assert bytes(torch.cat([dm.train_tokens, dm.val_tokens, dm.test_tokens]).tolist()) == payload
 
 
 def test_download_skips_a_verified_file_and_replaces_a_damaged_one(

@@ -24,14 +24,17 @@ from esper_lightning.data.files import DataError, default_data_dir
 from esper_lightning.data.fixture import write_cifar10_fixture
 from esper_lightning.data.tensor_loader import TensorLoader
 from esper_lightning.data.text import (
+    HELD_OUT_FRACTION,
     TINYSTORIES_VALID_SHA256,
     TINYSTORIES_VALID_URL,
     ByteTokenizer,
     TextDataModule,
+    TextSplits,
     TextTensorLoader,
     download_tinystories,
     find_text_file,
     load_text_tokens,
+    split_text,
     split_tokens,
     validation_blocks,
 )
@@ -39,6 +42,7 @@ from esper_lightning.data.text import (
 __all__ = [
     "CIFAR10_MEAN",
     "CIFAR10_STD",
+    "HELD_OUT_FRACTION",
     "TINYSTORIES_VALID_SHA256",
     "TINYSTORIES_VALID_URL",
     "ByteTokenizer",
@@ -46,6 +50,7 @@ __all__ = [
     "DataError",
     "TensorLoader",
     "TextDataModule",
+    "TextSplits",
     "TextTensorLoader",
     "default_data_dir",
     "download_cifar10",
@@ -54,6 +59,7 @@ __all__ = [
     "load_cifar10",
     "load_cifar10_subset",
     "load_text_tokens",
+    "split_text",
     "split_tokens",
     "validation_blocks",
     "write_cifar10_fixture",

@@ -57,11 +57,13 @@ __all__ = [
     "CIFAR10_STD",
     "CIFAR10_URL",
     "FOLDER_NAME",
+    "PARTS",
     "TEST_FILES",
     "TRAIN_FILES",
     "cifar10_present",
     "download_cifar10",
     "find_batches_dir",
+    "held_out_half",
     "load_cifar10",
     "load_cifar10_subset",
     "safe_extract",
@@ -225,21 +227,49 @@ def subset_indices(total: int, subset: int | None, rng_seed: int) -> torch.Tenso
     return torch.randperm(total, generator=generator)[:subset].sort().values
 
 
+#: The parts of CIFAR-10 a run reads: the training batches, and the official test batch cut in
+#: two halves, validation first (decisions, tuning, rewards) and test last (final tables only).
+PARTS = ("train", "validation", "test")
+
+
+def held_out_half(count: int, part: str) -> slice:
+    """The images of the official test batch (``count`` of them) that ``part`` holds: the first
+    half for ``validation``, the rest for ``test``.
+
+    Example:
+        >>> held_out_half(846, "validation"), held_out_half(846, "test")
+        (slice(0, 423, None), slice(423, 846, None))
+    """
+    half = count // 2
+    if part == "validation":
+        return slice(0, half)
+    if part == "test":
+        return slice(half, count)
+    raise ValueError(f"unknown held-out part {part!r}; accepted: validation, test")
+
+
 def load_cifar10_subset(
     data_dir: PathLike | None,
-    train: bool,
+    part: bool | str,
     subset: int | None = None,
     rng_seed: int = 0,
     *,
     at_most: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Load a split with :func:`load_cifar10` and keep ``subset`` images (:func:`subset_indices`;
-    all when None), as contiguous uint8 images and int64 labels.
+    """Load one part (`PARTS`: ``"train"``, ``"validation"`` or ``"test"``; ``True`` and
+    ``False`` mean the training batches and the whole official test batch) with
+    :func:`load_cifar10` and keep ``subset`` images (:func:`subset_indices`; all when None), as
+    contiguous uint8 images and int64 labels.
 
-    With ``at_most=True`` a ``subset`` larger than the split keeps the whole split (a preset's
+    With ``at_most=True`` a ``subset`` larger than the part keeps the whole part (a preset's
     "up to N images" then runs on a smaller copy of the data too); otherwise it is an error.
     """
-    images, labels = load_cifar10(data_dir, train)
+    if isinstance(part, str) and part not in PARTS:
+        raise ValueError(f"unknown CIFAR-10 part {part!r}; accepted: {', '.join(PARTS)}")
+    images, labels = load_cifar10(data_dir, part is True or part == "train")
+    if isinstance(part, str) and part != "train":
+        keep = held_out_half(len(labels), part)
+        images, labels = images[keep].contiguous(), labels[keep].contiguous()
     if subset is None or (at_most and subset >= len(labels)):
         return images, labels
     keep = subset_indices(len(labels), subset, rng_seed)

@@ -120,8 +120,9 @@ class CIFAR10DataModule(L.LightningDataModule):
     """CIFAR-10 from the standard ``cifar-10-batches-py`` files, held in memory as uint8.
 
     Training batches are randomly cropped (4-pixel zero padding) and horizontally flipped, then
-    normalised with :data:`CIFAR10_MEAN` / :data:`CIFAR10_STD`; validation and test both use the
-    test split, normalised only, in file order.
+    normalised with :data:`CIFAR10_MEAN` / :data:`CIFAR10_STD`. The official test batch is cut
+    in two halves (`cifar10.held_out_half`): validation reads the first, test the second, both
+    normalised only, in file order.
 
     Reproducibility: the training order *and* every crop/flip are drawn from a
     ``torch.Generator`` seeded with ``rng_seed + epoch`` by the loader's sampler, whose
@@ -138,7 +139,7 @@ class CIFAR10DataModule(L.LightningDataModule):
         batch_size: Samples per batch for every loader.
         subset: Keep this many training images (the first ones after a shuffle seeded with
             ``rng_seed``); ``None`` keeps all.
-        val_subset: Same for the test split used by validation and testing.
+        val_subset: Same for the validation half (the test half is used whole).
         num_workers: DataLoader worker processes (0 loads in the main process).
         rng_seed: Base seed of the subset selection, order and augmentation.
         augment: Random crop and flip for training batches.
@@ -153,7 +154,7 @@ class CIFAR10DataModule(L.LightningDataModule):
         ...     dm.setup("fit")
         ...     x, y = next(iter(dm.train_dataloader()))
         ...     x.shape, y.shape, len(dm.train_dataloader()), len(dm.val_dataloader())
-        (torch.Size([16, 3, 32, 32]), torch.Size([16]), 3, 2)
+        (torch.Size([16, 3, 32, 32]), torch.Size([16]), 3, 1)
 
         A Trainer calls ``prepare_data`` and ``setup`` itself:
         ``L.Trainer(max_epochs=10).fit(model, datamodule=dm)``.
@@ -194,6 +195,7 @@ class CIFAR10DataModule(L.LightningDataModule):
         self.augment = augment
         self.pin_memory = pin_memory
         self.train_set: _KeyedImages | None = None
+        self.val_set: _KeyedImages | None = None
         self.test_set: _KeyedImages | None = None
 
     def prepare_data(self) -> None:
@@ -209,12 +211,14 @@ class CIFAR10DataModule(L.LightningDataModule):
             ValueError: ``subset`` or ``val_subset`` exceeds the split size.
         """
         if stage in (None, "fit") and self.train_set is None:
-            self.train_set = self._load(train=True, subset=self.subset)
-        if self.test_set is None:
-            self.test_set = self._load(train=False, subset=self.val_subset)
+            self.train_set = self._load("train", subset=self.subset)
+        if self.val_set is None:
+            self.val_set = self._load("validation", subset=self.val_subset)
+        if stage in (None, "test") and self.test_set is None:
+            self.test_set = self._load("test", subset=None)
 
-    def _load(self, train: bool, subset: int | None) -> _KeyedImages:
-        images, labels = load_cifar10_subset(self.data_dir, train, subset, self.rng_seed)
+    def _load(self, part: str, subset: int | None) -> _KeyedImages:
+        images, labels = load_cifar10_subset(self.data_dir, part, subset, self.rng_seed)
         return _KeyedImages(images.contiguous(), labels)
 
     def _loader(self, dataset: _KeyedImages, sampler: Sampler[Any], augment: bool) -> DataLoader:
@@ -236,12 +240,13 @@ class CIFAR10DataModule(L.LightningDataModule):
         return self._loader(dataset, sampler, self.augment)
 
     def val_dataloader(self) -> DataLoader:
-        """The test split, normalised, in file order."""
-        dataset = require_setup(self.test_set, "val_dataloader")
+        """The validation half of the official test batch, normalised, in file order."""
+        dataset = require_setup(self.val_set, "val_dataloader")
         return self._loader(dataset, SequentialSampler(dataset), augment=False)
 
     def test_dataloader(self) -> DataLoader:
-        """The test split, normalised, in file order (same as validation)."""
+        """The test half of the official test batch, normalised, in file order (final tables
+        only; ``setup("test")`` loads it)."""
         dataset = require_setup(self.test_set, "test_dataloader")
         return self._loader(dataset, SequentialSampler(dataset), augment=False)
 

@@ -20,8 +20,9 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import lightning as L
 import torch
@@ -42,19 +43,29 @@ from esper_lightning.data.files import (
 from esper_lightning.data.sampling import EpochSeededSampler, mixed_rng_seed
 
 __all__ = [
+    "HELD_OUT_FRACTION",
     "TINYSTORIES_VALID_NAME",
     "TINYSTORIES_VALID_SHA256",
     "TINYSTORIES_VALID_URL",
     "ByteTokenizer",
+    "StepBatches",
     "TextDataModule",
+    "TextSplits",
     "TextTensorLoader",
     "check_text_blocks",
     "download_tinystories",
+    "evaluation_starts",
     "find_text_file",
     "load_text_tokens",
+    "split_text",
     "split_tokens",
     "validation_blocks",
 ]
+
+#: Share of a text held out at its end, never trained on. Its first half is the **validation**
+#: split (every decision, tuning, reward and in-run evaluation reads it) and its second half the
+#: **test** split (final tables only): `split_text`, the one definition every text task uses.
+HELD_OUT_FRACTION = 0.1
 
 TINYSTORIES_VALID_NAME = "TinyStories-valid.txt"
 TINYSTORIES_VALID_URL = (
@@ -125,19 +136,20 @@ def load_text_tokens(path: PathLike) -> torch.Tensor:
 
 
 def split_tokens(
-    tokens: torch.Tensor, val_fraction: float = 0.1
+    tokens: torch.Tensor, val_fraction: float = HELD_OUT_FRACTION
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cut ``tokens`` into a contiguous training head and validation tail.
+    """Cut ``tokens`` into a contiguous training head and held-out tail (`split_text` cuts the
+    tail into the validation and test splits).
 
-    A contiguous split (not a shuffle of blocks) keeps validation text unseen: random training
+    A contiguous split (not a shuffle of blocks) keeps held-out text unseen: random training
     blocks may start anywhere in the head, but never overlap the tail.
 
     Args:
         tokens: ``[N]`` tokens.
-        val_fraction: Share of tokens (rounded down) in the validation tail, in (0, 1).
+        val_fraction: Share of tokens (rounded down) in the held-out tail, in (0, 1).
 
     Returns:
-        ``(train, val)`` views of ``tokens``: ``tokens[:N - n_val]`` and ``tokens[N - n_val:]``.
+        ``(train, held_out)`` views of ``tokens``: ``tokens[:N - n]`` and ``tokens[N - n:]``.
 
     Raises:
         ValueError: ``val_fraction`` is outside (0, 1) or ``tokens`` is not 1-D.
@@ -150,33 +162,59 @@ def split_tokens(
     return tokens[:cut], tokens[cut:]
 
 
+class TextSplits(NamedTuple):
+    """A text's three parts (uint8 ``[N]`` views, in file order): what is trained on, what
+    decisions and tuning read, and what only final tables read."""
+
+    train: torch.Tensor
+    validation: torch.Tensor
+    test: torch.Tensor
+
+
+def split_text(tokens: torch.Tensor,
+               held_out_fraction: float = HELD_OUT_FRACTION) -> TextSplits:
+    """The one split of a text: a contiguous training head, then the held-out tail
+    (`split_tokens`) cut in two halves, validation first and test last.
+
+    Contiguous parts keep the held-out text unseen (training blocks start anywhere in the head
+    but never reach the tail), and the test half is read by nothing that chooses anything.
+
+    Example:
+        >>> parts = split_text(torch.arange(200, dtype=torch.uint8))
+        >>> [len(p) for p in parts], int(parts.validation[0]), int(parts.test[0])
+        ([180, 10, 10], 180, 190)
+    """
+    train, held_out = split_tokens(tokens, held_out_fraction)
+    half = len(held_out) // 2
+    return TextSplits(train, held_out[:half], held_out[half:])
+
+
 def _check_val_fraction(val_fraction: object) -> None:
     if isinstance(val_fraction, bool) or not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
 
 
-def check_text_blocks(
-    train: torch.Tensor, val: torch.Tensor, block_size: int, file: PathLike
-) -> None:
+def check_text_blocks(parts: TextSplits, block_size: int, file: PathLike) -> None:
     """A one-line `DataError` unless each part of a split text holds one block.
 
-    A block of ``T`` tokens and its shifted targets need ``T + 1`` tokens, in the training head
-    and in the validation tail alike (`split_tokens`).
+    A block of ``T`` tokens and its shifted targets need ``T + 1`` tokens, in the training head,
+    the validation split and the test split alike (`split_text`).
 
     Args:
-        train: the training head of the text in ``file``.
-        val: its validation tail.
+        parts: the text in ``file``, split.
         block_size: tokens per block ``T``.
         file: the text file, named in the message.
 
     Raises:
         DataError: A part holds fewer than ``block_size + 1`` tokens.
     """
-    for part, tokens in (("training head", train), ("validation tail", val)):
+    total = sum(len(p) for p in parts)
+    for part, tokens in zip(("training head", "validation split", "test split"), parts,
+                            strict=True):
         if len(tokens) < block_size + 1:
             raise DataError(
                 f"text file '{file}' is too short for block_size={block_size}: its {part} holds "
-                f"{len(tokens)} of its {len(train) + len(val)} bytes and one block needs "
+                f"{len(tokens)} of its {total} bytes and one block needs "
                 f"{block_size + 1}; use a smaller block_size or a longer text"
             )
 
@@ -193,18 +231,33 @@ def _check_tokens(tokens: object, block_size: int, what: str) -> torch.Tensor:
     return tokens
 
 
+def evaluation_starts(n_tokens: int, block_size: int, max_blocks: int | None = None) -> list[int]:
+    """Start offsets of the non-overlapping evaluation blocks of ``n_tokens`` tokens: all of
+    them (block ``i`` at ``i * T``), or ``max_blocks`` of them spread evenly over the whole text,
+    so a short evaluation still averages over the whole split rather than its first passage.
+
+    Example:
+        >>> evaluation_starts(41, 4), evaluation_starts(41, 4, max_blocks=3)
+        ([0, 4, 8, 12, 16, 20, 24, 28, 32, 36], [0, 12, 24])
+    """
+    n = (n_tokens - 1) // block_size
+    keep = n if max_blocks is None else min(n, max_blocks)
+    return [block_size * ((i * n) // keep) for i in range(keep)]
+
+
 def validation_blocks(
     tokens: torch.Tensor,
     block_size: int,
     max_blocks: int | None = None,
     device: str | torch.device | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cut tokens into non-overlapping blocks, in order: block ``i`` starts at ``i * T``.
+    """Cut tokens into non-overlapping blocks, in order (`evaluation_starts`): every block, or
+    ``max_blocks`` spread evenly over the tokens.
 
     Args:
         tokens: uint8 ``[N]``, at least ``block_size + 1`` of them.
         block_size: Block length ``T``.
-        max_blocks: Keep at most this many blocks (the first ones); all by default.
+        max_blocks: Keep at most this many blocks, evenly spread; all by default.
         device: Where the returned tensors live; ``tokens``'s device if None.
 
     Returns:
@@ -222,13 +275,11 @@ def validation_blocks(
     check_int("block_size", block_size, 1)
     check_int("max_blocks", max_blocks, 1, allow_none=True)
     tokens = _check_tokens(tokens, block_size, "validation tokens")
-    n = (len(tokens) - 1) // block_size
-    if max_blocks is not None:
-        n = min(n, max_blocks)
+    starts = torch.tensor(evaluation_starts(len(tokens), block_size, max_blocks))  # [n]
     tokens = tokens.to(device) if device is not None else tokens
-    x = tokens[: n * block_size].view(n, block_size).long()  # [n, T]
-    y = tokens[1 : n * block_size + 1].view(n, block_size).long()  # [n, T]
-    return x, y
+    window = torch.arange(block_size + 1, device=tokens.device)  # [T + 1]
+    chunk = tokens[starts.to(tokens.device)[:, None] + window].long()  # [n, T + 1]
+    return chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
 
 
 # --------------------------------------------------------------------------------------- download
@@ -343,19 +394,18 @@ class _RandomBlockSampler(EpochSeededSampler[int]):
 
 
 class _Blocks(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    """``count`` int64 ``(x, y)`` blocks of length ``T``; block ``i`` starts at ``i * stride``."""
+    """int64 ``(x, y)`` blocks of length ``T``; block ``i`` starts at ``starts[i]``."""
 
-    def __init__(self, tokens: torch.Tensor, block_size: int, stride: int, count: int) -> None:
+    def __init__(self, tokens: torch.Tensor, block_size: int, starts: Sequence[int]) -> None:
         self.tokens = tokens
         self.block_size = block_size
-        self.stride = stride
-        self.count = count
+        self.starts = starts
 
     def __len__(self) -> int:
-        return self.count
+        return len(self.starts)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        start = index * self.stride
+        start = self.starts[index]
         chunk = self.tokens[start : start + self.block_size + 1].long()  # [T + 1]
         return chunk[:-1], chunk[1:]
 
@@ -367,8 +417,9 @@ class TextDataModule(L.LightningDataModule):
     (:func:`split_tokens`). Training samples are blocks at random offsets of the head, drawn by
     the loader's sampler from a ``torch.Generator`` seeded with ``(rng_seed, epoch)`` (Lightning
     calls its ``set_epoch`` every epoch), so batches are a function of ``(rng_seed, epoch)``
-    for any ``num_workers``. Validation (and test) samples are the tail's non-overlapping blocks
-    in order.
+    for any ``num_workers``. The held-out tail is cut in a validation and a test split
+    (`split_text`): validation samples are the validation split's non-overlapping blocks, test
+    samples the test split's, in order.
 
     Args:
         path: A local text file. Exactly one of ``path`` and ``download=True`` is required.
@@ -378,10 +429,11 @@ class TextDataModule(L.LightningDataModule):
             ``download=True``.
         block_size: Tokens per block ``T``.
         batch_size: Blocks per batch.
-        val_fraction: Share of the file's bytes held out as the validation tail.
+        val_fraction: Share of the file's bytes held out at its end (validation and test).
         train_blocks: Random blocks per training epoch; by default ``len(head) // T``, about one
             pass over the head.
-        val_blocks: At most this many validation blocks (the first ones); all by default.
+        val_blocks: At most this many validation (and test) blocks, spread evenly over the
+            split (`evaluation_starts`); all by default.
         rng_seed: Base seed of the training offsets.
         num_workers: DataLoader worker processes (0 loads in the main process).
 
@@ -430,6 +482,7 @@ class TextDataModule(L.LightningDataModule):
         self.rng_seed, self.num_workers = rng_seed, num_workers
         self.train_tokens: torch.Tensor | None = None
         self.val_tokens: torch.Tensor | None = None
+        self.test_tokens: torch.Tensor | None = None
 
     @property
     def file(self) -> Path:
@@ -458,9 +511,9 @@ class TextDataModule(L.LightningDataModule):
                 f"{TINYSTORIES_VALID_NAME} not found in '{self.data_dir}'; call prepare_data() "
                 "first (a Trainer does) or pass path= pointing at a local text file"
             )
-        train, val = split_tokens(load_text_tokens(self.file), self.val_fraction)
-        check_text_blocks(train, val, self.block_size, self.file)
-        self.train_tokens, self.val_tokens = train, val
+        parts = split_text(load_text_tokens(self.file), self.val_fraction)
+        check_text_blocks(parts, self.block_size, self.file)
+        self.train_tokens, self.val_tokens, self.test_tokens = parts
 
     def _loader(self, dataset: _Blocks, sampler: Sampler[int] | None) -> DataLoader:
         return DataLoader(
@@ -478,22 +531,79 @@ class TextDataModule(L.LightningDataModule):
         offsets = len(tokens) - self.block_size
         n_blocks = self.train_blocks or max(1, len(tokens) // self.block_size)
         sampler = _RandomBlockSampler(offsets, n_blocks, self.rng_seed)
-        return self._loader(_Blocks(tokens, self.block_size, 1, offsets), sampler)
+        return self._loader(_Blocks(tokens, self.block_size, range(offsets)), sampler)
 
-    def _eval_loader(self, caller: str) -> DataLoader:
-        tokens = require_setup(self.val_tokens, caller)
-        n_blocks = (len(tokens) - 1) // self.block_size
-        if self.val_blocks is not None:
-            n_blocks = min(n_blocks, self.val_blocks)
-        return self._loader(_Blocks(tokens, self.block_size, self.block_size, n_blocks), None)
+    def _eval_loader(self, tokens: torch.Tensor | None, caller: str) -> DataLoader:
+        tokens = require_setup(tokens, caller)
+        starts = evaluation_starts(len(tokens), self.block_size, self.val_blocks)
+        return self._loader(_Blocks(tokens, self.block_size, starts), None)
 
     def val_dataloader(self) -> DataLoader:
-        """Non-overlapping blocks of the validation tail, in order."""
-        return self._eval_loader("val_dataloader")
+        """Non-overlapping blocks of the validation split, in order."""
+        return self._eval_loader(self.val_tokens, "val_dataloader")
 
     def test_dataloader(self) -> DataLoader:
-        """The validation blocks (the file has no separate test split)."""
-        return self._eval_loader("test_dataloader")
+        """Non-overlapping blocks of the test split, in order (final tables only)."""
+        return self._eval_loader(self.test_tokens, "test_dataloader")
+
+
+class StepBatches:
+    """The training batch of step ``i`` of a run as a pure function of ``(rng_seed, i)``.
+
+    Batches come in passes over the tokens that never repeat a token within a pass: pass ``p``
+    (steps ``p·P`` to ``p·P + P − 1``, ``P`` batches per pass) cuts the tokens at an offset in
+    ``[0, T)`` into non-overlapping blocks and shuffles them, both drawn from a generator seeded
+    with `mixed_rng_seed` of ``(rng_seed, p)``. Every pass has the same ``P`` (the blocks the
+    worst offset leaves, in whole batches), so which pass a step falls in never depends on
+    earlier passes: a run can start, stop, branch and resume at any step and see the same
+    batches as one run from step 0 (`esper_lightning.app.frontier`'s branched cooldowns).
+
+    Args:
+        tokens: uint8 ``[N]`` training tokens (on the device the batches should live on).
+        block_size: Tokens per block ``T``.
+        batch_size: Blocks per batch ``B``.
+        rng_seed: The run's data seed.
+
+    Example:
+        >>> batches = StepBatches(torch.arange(200, dtype=torch.uint8), 16, 4, rng_seed=3)
+        >>> x, y = batches(5)
+        >>> x.shape, torch.equal(x[:, 1:], y[:, :-1]), torch.equal(batches(5)[0], x)
+        (torch.Size([4, 16]), True, True)
+        >>> batches.per_pass  # 11 blocks at the worst offset: 2 whole batches
+        2
+    """
+
+    def __init__(self, tokens: torch.Tensor, block_size: int, batch_size: int,
+                 rng_seed: int) -> None:
+        check_int("block_size", block_size, 1)
+        check_int("batch_size", batch_size, 1)
+        self.tokens = _check_tokens(tokens, block_size, "tokens")
+        self.block_size, self.batch_size, self.rng_seed = block_size, batch_size, rng_seed
+        #: Batches per pass: the fewest blocks any offset leaves, in whole batches.
+        self.per_pass = (len(tokens) - block_size) // block_size // batch_size
+        if self.per_pass < 1:
+            raise ValueError(f"{len(tokens)} tokens hold fewer than batch_size={batch_size} "
+                             f"blocks of {block_size}; use more text or smaller batches")
+        self._window = torch.arange(block_size + 1, device=tokens.device)  # [T + 1]
+        self._pass: tuple[int, torch.Tensor] | None = None  # (pass index, its block starts)
+
+    def starts(self, pass_index: int) -> torch.Tensor:
+        """The block starts of pass ``pass_index``, in training order: ``o + T·perm``."""
+        t = self.block_size
+        generator = torch.Generator().manual_seed(mixed_rng_seed(self.rng_seed, pass_index))
+        offset = int(torch.randint(0, t, (1,), generator=generator))
+        n_blocks = (len(self.tokens) - 1 - offset) // t
+        order = torch.randperm(n_blocks, generator=generator)
+        return (offset + t * order).to(self.tokens.device)
+
+    def __call__(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x, y)`` of step ``step``: int64 ``[B, T]`` each, ``y`` = ``x`` shifted by one."""
+        pass_index, i = divmod(step, self.per_pass)
+        if self._pass is None or self._pass[0] != pass_index:
+            self._pass = (pass_index, self.starts(pass_index))
+        batch = self._pass[1][i * self.batch_size:(i + 1) * self.batch_size]
+        chunk = self.tokens[batch[:, None] + self._window].long()  # [B, T + 1]
+        return chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
 
 
 class TextTensorLoader:
