@@ -85,7 +85,7 @@ def sequential_epoch(envs: Sequence[MorphogenesisEnv],
 
 
 def pool_epoch(pool: EnvPool, actions: Sequence[Action]) -> list[Observation]:
-    return pool.step(actions)[1]
+    return [step.observation for step in pool.step(actions)]
 
 
 def timed(driver: Callable[[], list[Observation]], epochs: int, device: str) -> float:

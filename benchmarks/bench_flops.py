@@ -96,13 +96,14 @@ def make_pool(text: str, args: argparse.Namespace) -> EnvPool:
 def play(pool: EnvPool, rng_seed: int) -> tuple[float, int]:
     """One episode: its wall seconds and the meta passes its meter ran."""
     env = pool.envs[0]
-    before = env.meter.measurements
+    before = env.ledger.meter.measurements
     controller = GrowerController("lora", slots=(0,), topology="transformer")
     start = time.perf_counter()
     observations = pool.reset([rng_seed])
     for _ in range(pool.spec.episode_length - 1):
-        observations = pool.step([controller.decide(observations[0].report)])[1]
-    return time.perf_counter() - start, env.meter.measurements - before
+        (step,) = pool.step([controller.decide(observations[0].report)])
+        observations = [step.observation]
+    return time.perf_counter() - start, env.ledger.meter.measurements - before
 
 
 def timed(fn: Callable[[], Any], repeats: int = 200) -> float:
@@ -121,7 +122,7 @@ def lookup_vs_step(pool: EnvPool) -> tuple[float, float, float]:
     pool.reset([0])
     env.start_epoch()
     x = torch.zeros(32, 32, dtype=torch.long, device=env.device)
-    lookup = timed(lambda: env.meter.training_step(env.host, x, arch=env._arch))
+    lookup = timed(lambda: env.ledger.meter.training_step(env.host, x, arch=env._arch))
     arch = timed(lambda: structure(env.host))
     step = timed(env.train_batch, repeats=min(50, len(env.loader) - 2))
     return lookup, arch, step

@@ -248,9 +248,8 @@ def collect_rollout(
         out = policy.act(obs, indices, masks, hidden, episode_starts=starts)
         actions = [Action.from_indices(a) for a in out.actions.tolist()]
         steps = [env.step(a) for env, a in zip(envs, actions, strict=True)]
-        # The trainer's own rule for episode ends (a max-epoch end is a true terminal).
-        ends = step_ends([env.epoch for env in envs], EPISODE_LENGTH,
-                         rollout_over=t == buffer.n_steps - 1)
+        # The trainer's own rule for episode ends: the env's end is a true terminal.
+        ends = step_ends([done for _, _, done in steps], rollout_over=t == buffer.n_steps - 1)
         buffer.add(
             obs=obs, blueprint_idx=indices, hidden=hidden, masks=masks, actions=out.actions,
             log_probs=out.log_probs, values=out.value,

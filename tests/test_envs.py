@@ -7,8 +7,9 @@ from esper_lightning.core.actions import Action, LifecycleOp
 from esper_lightning.core.lifecycle import GateConfig, SeedStage
 from esper_lightning.data import load_cifar10
 from esper_lightning.envs import EnvPool, EnvSpec, episode_rng_seed
+from esper_lightning.rl import RewardConfig, RewardMode, compute_reward
 
-SPEC = EnvSpec(slots=("r0c1", "r0c2"), batch_size=16, episode_length=4,
+SPEC = EnvSpec(slots=("r0c1", "r0c2"), batch_size=16, episode_length=5,  # SCRIPT's 4 decisions
                gate_config=GateConfig(min_training_epochs=1))
 GERMINATE = Action(LifecycleOp.GERMINATE, 0, blueprint="conv_light")
 ADVANCE = Action(LifecycleOp.ADVANCE, 0)
@@ -42,7 +43,7 @@ def test_lockstep_pool_equals_envs_run_one_after_another(data):
     seeds = [episode_rng_seed(0, 0, i) for i in range(2)]
     pooled = [_numbers(pool.reset(seeds))]
     for actions in SCRIPT:
-        pooled.append(_numbers(pool.step(actions)[1]))
+        pooled.append(_numbers([s.observation for s in pool.step(actions)]))
 
     alone = EnvPool(SPEC, *data, ["cpu", "cpu"])
     sequential = [[], *[[] for _ in SCRIPT]]
@@ -64,9 +65,9 @@ def test_lockstep_pool_equals_envs_run_one_after_another(data):
 
 def test_same_seeds_same_episode_and_fresh_host_per_reset(data):
     pool = EnvPool(SPEC, *data, ["cpu"])
-    first = _numbers(pool.reset([123]) + pool.step([GERMINATE])[1])
-    second = _numbers(pool.reset([123]) + pool.step([GERMINATE])[1])
-    other = _numbers(pool.reset([124]) + pool.step([GERMINATE])[1])
+    first = _numbers([*pool.reset([123]), pool.step([GERMINATE])[0].observation])
+    second = _numbers([*pool.reset([123]), pool.step([GERMINATE])[0].observation])
+    other = _numbers([*pool.reset([124]), pool.step([GERMINATE])[0].observation])
     assert first == second and first != other
     assert pool.envs[0].engine.slots["r0c1"].stage == SeedStage.GERMINATED
 
@@ -76,5 +77,30 @@ def test_nan_in_the_host_is_a_governor_terminal(data):
     pool.reset([1])
     with torch.no_grad():
         pool.envs[0].host.blocks[0].conv.weight.fill_(float("nan"))
-    _, observations = pool.step([Action()])
+    observations = [step.observation for step in pool.step([Action()])]
     assert observations[0].rollback_reason == "governor_nan"
+
+
+def test_a_step_returns_the_reward_of_its_transition_and_the_episode_end(data):
+    sparse = RewardConfig(mode=RewardMode.SPARSE, param_cost=0.5)
+    pool = EnvPool(SPEC, *data, ["cpu", "cpu"])
+    before = pool.reset([3, 4], rewards=[None, sparse])
+    assert [env.reward_config for env in pool.envs] == [SPEC.reward, sparse]
+    for t, actions in enumerate(SCRIPT):
+        steps = pool.step(actions)
+        last = t == len(SCRIPT) - 1
+        assert [s.terminated for s in steps] == [last, last]
+        for k, (step, prior) in enumerate(zip(steps, before, strict=True)):
+            config = pool.envs[k].reward_config
+            again = compute_reward(prior.report, step.outcome.executed, step.observation.report,
+                                   config, terminal=last,
+                                   rollback=step.observation.rollback_reason is not None)
+            assert step.reward == again
+        before = [s.observation for s in steps]
+    # The sparse episode is rewarded only at its end: its outcome, at param_cost 0.5.
+    assert steps[1].reward.terminal != 0.0 and steps[1].reward.pbrs == 0.0
+    with pytest.raises(RuntimeError, match="the episode ended after 4 decisions; reset"):
+        pool.step([Action(), Action()])
+    pool.reset([3, 4])  # a new episode steps again, under the spec's reward
+    assert pool.envs[1].reward_config == SPEC.reward
+    assert not pool.step([Action(), Action()])[0].terminated

@@ -47,7 +47,7 @@ def play(pool: EnvPool, actions: list[Action], rng_seed: int = 3, **reset) -> li
     observations = pool.reset([rng_seed] * len(pool), **reset)
     spent = [observations[0].report.train_flops]
     for action in actions:
-        observations = pool.step([action] * len(pool))[1]
+        observations = [s.observation for s in pool.step([action] * len(pool))]
         spent.append(observations[0].report.train_flops)
     return spent
 
@@ -92,7 +92,7 @@ def test_the_schedule_follows_the_budget_for_host_and_seed_groups(data):
     seed = [g for g in groups if g["name"].startswith("seed/")]
     assert seed, "the seed trained in its own group"
     # The last batch trained at the multiplier of its own middle: every group alike.
-    last_cost = env.meter.training_step(env.host, TASK.example_batch(BATCH))
+    last_cost = env.ledger.meter.training_step(env.host, TASK.example_batch(BATCH))
     middle = batch_fraction(env.engine.train_flops - last_cost, last_cost, budget)
     multiplier = schedule.multiplier(middle)
     assert 0.1 < multiplier < 0.2  # late in the decay, near its floor
@@ -172,7 +172,7 @@ def test_an_episode_spends_its_drawn_budget_and_observes_its_scale(data):
     pool = EnvPool(spec(budget_flops=base, budget_scales=(0.5, 2.0)), *data, ["cpu", "cpu"])
     observations = pool.reset([rng_seeds[0.5], rng_seeds[2.0]])
     for _ in range(3):
-        observations = pool.step([Action(), Action()])[1]
+        observations = [s.observation for s in pool.step([Action(), Action()])]
     for scale, observation in zip((0.5, 2.0), observations, strict=True):
         report = observation.report
         assert report.budget_scale == scale and report.budget_flops == base * scale
@@ -200,11 +200,11 @@ def test_metering_changes_no_number_of_an_episode(data, monkeypatch):
     script = [Action(LifecycleOp.GERMINATE, 0, blueprint="lora"), Action(LifecycleOp.ADVANCE, 0),
               Action()]
     pool = EnvPool(spec(), *data, ["cpu"])
-    metered = _numbers(pool.reset([9]) + [o for a in script for o in pool.step([a])[1]])
-    assert pool.envs[0].meter.measurements > 0 and pool.envs[0].engine.train_flops > 0
+    metered = _numbers(pool.reset([9]) + [pool.step([a])[0].observation for a in script])
+    assert pool.envs[0].ledger.meter.measurements > 0 and pool.envs[0].engine.train_flops > 0
     monkeypatch.setattr(FlopMeter, "_measure", lambda self, *args, **kwargs: 0)
     pool = EnvPool(spec(), *data, ["cpu"])
-    bare = _numbers(pool.reset([9]) + [o for a in script for o in pool.step([a])[1]])
+    bare = _numbers(pool.reset([9]) + [pool.step([a])[0].observation for a in script])
     assert metered == bare
 
 

@@ -31,7 +31,7 @@ def test_each_env_has_its_own_stream_and_scaler(cifar_dir, precision):
     germinate = Action(LifecycleOp.GERMINATE, 0, blueprint="conv_light")
     for actions in ([germinate, germinate], [Action(LifecycleOp.ADVANCE, 0)] * 2,
                     [Action(LifecycleOp.ADVANCE, 0)] * 2, [Action(), Action()]):
-        _, observations = pool.step(actions)
+        observations = [step.observation for step in pool.step(actions)]
     for obs in observations:
         assert obs.rollback_reason is None and obs.train_loss is not None
         assert obs.report.slots[0].alpha > 0

@@ -20,7 +20,7 @@ from esper_lightning.envs.tasks import (
 from esper_lightning.hosts import CifarCNNHost, GPTHost
 
 CPU = torch.device("cpu")
-LM = TextTask(block_size=32, train_blocks=48, val_blocks=40)
+LM = TextTask(block_size=32, train_blocks=48, val_blocks=20)
 LM_SPEC = EnvSpec(task=LM, host_preset="tiny", slots=("r0c0", "r0c1"), batch_size=16,
                   host_lr=1e-3, episode_length=4, gate_config=GateConfig(min_training_epochs=1),
                   governor=GovernorConfig(num_classes=256))
@@ -47,11 +47,15 @@ def test_registry_and_one_line_errors():
         EnvSpec(host_preset="tiny")
 
 
-def test_text_task_reads_a_file_or_its_folder_and_splits_head_and_tail(text_file):
+def test_text_task_reads_a_file_or_its_folder_and_splits_head_and_validation(text_file):
     train, val = LM.load(text_file)
+    test = LM.load_test(text_file)
+    assert len(test) >= len(val) and not torch.equal(test[:len(val)], val)
     assert train.dtype == val.dtype == torch.uint8
     raw = torch.tensor(list(text_file.read_bytes()), dtype=torch.uint8)
-    assert torch.equal(torch.cat([train, val]), raw) and len(val) == len(raw) // 10
+    held_out = len(raw) // 10  # validation, then the test split the envs never read
+    assert torch.equal(torch.cat([train, val]), raw[:len(train) + len(val)])
+    assert len(train) == len(raw) - held_out and len(val) == held_out // 2
     same = LM.load(text_file.parent)
     assert torch.equal(same[0], train) and torch.equal(same[1], val)
     with pytest.raises(DataError, match="not found"):
@@ -72,7 +76,7 @@ def test_text_batches_count_blocks_and_the_loss_every_token(text_file):
     assert torch.equal(next(iter(loader))[0], again[0])
 
     val_batches = LM.validation_batches(val, CPU)
-    assert [len(b[0]) for b in val_batches] == [40] and VAL_BLOCKS >= 40  # one forward
+    assert [len(b[0]) for b in val_batches] == [20] and VAL_BLOCKS >= 20  # one forward
     assert torch.equal(val_batches[0][0].flatten()[:64], val[:64].long())
     logits = torch.randn(2, 5, 256, generator=torch.Generator().manual_seed(0))
     targets = torch.randint(0, 256, (2, 5), generator=torch.Generator().manual_seed(1))
@@ -81,9 +85,14 @@ def test_text_batches_count_blocks_and_the_loss_every_token(text_file):
 
 
 def test_cifar_task_keeps_the_image_pipeline(cifar_dir):
-    task = CifarTask(train_subset=48, val_subset=30)
+    task = CifarTask(train_subset=48, val_subset=15)
     (train_x, train_y), (_, val_y) = task.load(cifar_dir, rng_seed=3)
-    assert len(train_y) == 48 and len(val_y) == 30 and train_x.dtype == torch.uint8
+    assert len(train_y) == 48 and len(val_y) == 15 and train_x.dtype == torch.uint8
+    # Validation and test are the two halves of the official test batch (40 images here).
+    test_x, test_y = task.load_test(cifar_dir)
+    everything = load_cifar10(cifar_dir, False)
+    assert torch.equal(test_y, everything[1][20:]) and torch.equal(test_x, everything[0][20:])
+    assert len(CifarTask().load(cifar_dir)[1][1]) == 20
     batches = task.validation_batches(load_cifar10(cifar_dir, False), CPU)
     images, labels = load_cifar10(cifar_dir, False)
     assert sum(len(b[1]) for b in batches) == len(labels) and len(batches[0][1]) <= VAL_BATCH
@@ -105,7 +114,7 @@ def test_lm_pool_grows_a_transformer_seed_deterministically(text_file):
     runs = []
     for _ in range(2):
         observations = pool.reset([11])
-        runs.append(_numbers(observations + [pool.step([a])[1][0] for a in script]))
+        runs.append(_numbers(observations + [pool.step([a])[0].observation for a in script]))
     assert runs[0] == runs[1]
     env = pool.envs[0]
     assert isinstance(env.host, GPTHost) and env.engine.topology == "transformer"
@@ -113,4 +122,4 @@ def test_lm_pool_grows_a_transformer_seed_deterministically(text_file):
     assert env.engine.slots["r0c1"].state.blueprint == "lora"
     first_loss = runs[0][0][1]
     assert 0 < first_loss < 6.0 and runs[0][-1][1] < first_loss  # per-token loss, learning
-    assert len(env.val_batches) == 1 and env.val_batches[0][0].shape == (40, 32)
+    assert len(env.val_batches) == 1 and env.val_batches[0][0].shape == (20, 32)

@@ -15,7 +15,15 @@ from esper_lightning.core.engine import execute_on_slot
 from esper_lightning.core.lifecycle import SeedStage
 from esper_lightning.core.outcome import episode_outcome
 from esper_lightning.core.slots import SeedSlot
-from esper_lightning.rl import RewardBreakdown, RewardConfig, RewardMode, compute_reward, step_ends
+from esper_lightning.rl import (
+    RewardBreakdown,
+    RewardConfig,
+    RewardMode,
+    compute_reward,
+    decisions_per_episode,
+    is_terminal,
+    step_ends,
+)
 from esper_lightning.rl.rewards import (
     attribution_potential,
     outcome,
@@ -193,11 +201,15 @@ def test_a_rollback_at_the_last_step_pays_penalty_and_outcome():
           terminal=56.0 - 1.0 * 5 / 1000)
 
 
-def test_rollbacks_never_end_an_episode():
-    ends = step_ends([1, 2, 3], 3, rollout_over=False)
+def test_an_episode_ends_at_its_last_decision_and_a_rollout_cut_truncates():
+    # An episode of 4 epochs has 3 decisions: the first epoch trains before the first one.
+    assert decisions_per_episode(4) == 3
+    assert [is_terminal(n, 4) for n in (1, 2, 3)] == [False, False, True]
+    ends = step_ends([False, False, True], rollout_over=False)
     assert ends.terminated.tolist() == [False, False, True]
     assert ends.truncated.tolist() == [False, False, False]
-    assert step_ends([2], 3, rollout_over=True).truncated.tolist() == [True]
+    cut = step_ends([False, True], rollout_over=True)
+    assert cut.truncated.tolist() == [True, False] and cut.terminated.tolist() == [False, True]
 
 
 def test_the_parameter_cost_is_charged_over_the_outcome_window():

@@ -5,6 +5,7 @@ from esper_lightning.envs.env import (
     EnvSpec,
     MorphogenesisEnv,
     Observation,
+    Step,
     draw_budget_scale,
     smallest_budget_flops,
 )
@@ -18,6 +19,7 @@ __all__ = [
     "EnvSpec",
     "MorphogenesisEnv",
     "Observation",
+    "Step",
     "Task",
     "TextTask",
     "draw_budget_scale",

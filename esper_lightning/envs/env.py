@@ -3,14 +3,20 @@ images, or byte-level text: `envs.tasks`) under its own Lightning Fabric.
 
 One RL step is one host epoch. The env never drives itself: the `EnvPool` calls, in lockstep over
 all envs, `execute` (the controller's action, then the epoch tick), `train_batch` while
-`epoch_open`, `validate` and `observe`. Inside those calls every kernel of this env runs on its
-own CUDA stream (None on CPU), and nothing is copied to the host until `observe`, which
-synchronises that stream once and reads all of the epoch's numbers in one transfer.
+`epoch_open`, `validate` and `finish_step`, which observes the new state and returns a `Step`:
+the observation, the reward of the transition (`rl.rewards.compute_reward` under the episode's
+`RewardConfig`) and whether the episode ended (`rl.episodes.is_terminal`), as CleanRL's
+``env.step`` returns them. Whoever plays the env, PPO or `compare`, reads the same numbers.
+Inside those calls every kernel of this env runs on its own CUDA stream (None on CPU), and
+nothing is copied to the host until `observe`, which synchronises that stream once and reads all
+of the epoch's numbers in one transfer.
 
 Every training step is metered (`core.flops.FlopMeter`, once per architecture, on meta tensors:
-training numerics are untouched): ``engine.train_flops`` is the episode's training FLOPs, host
-and every live seed; validation and the counterfactual's extra configurations are counted
-apart (``engine.validation_flops``, ``engine.counterfactual_flops``).
+training numerics are untouched) into the env's `core.compute.ComputeLedger` (``env.ledger``,
+one for all its episodes: its meter's cache outlives the hosts): the episode's training FLOPs,
+host and every live seed, its budget, the slice of each decision and the learning rate's
+multiplier; validation and the counterfactual's extra configurations are counted apart
+(``engine.validation_flops``, ``engine.counterfactual_flops``).
 
 **Under a compute budget** (`EnvSpec.budget_flops`) an episode of ``episode_length`` epochs
 spends the budget in equal slices: epoch ``k`` (1-based; the first trains before the first
@@ -39,21 +45,19 @@ from lightning.fabric import Fabric
 from torch import Tensor
 
 from esper_lightning.core.actions import Action
+from esper_lightning.core.compute import ComputeLedger
 from esper_lightning.core.counterfactual import CounterfactualAccumulator, make_plan
 from esper_lightning.core.divergence import Governor, GovernorConfig
 from esper_lightning.core.engine import GRAD_STATS_EVERY, MorphogenesisEngine, StepOutcome
-from esper_lightning.core.flops import FlopMeter, structure
+from esper_lightning.core.flops import structure
 from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.core.report import EpochReport
 from esper_lightning.core.rollback import roll_back
 from esper_lightning.core.snapshot import Snapshot, take_snapshot
 from esper_lightning.envs.tasks import CifarTask, Task
-from esper_lightning.schedule import (
-    LRSchedule,
-    apply_multiplier,
-    batch_fraction,
-    set_base_lrs,
-)
+from esper_lightning.rl.episodes import is_terminal
+from esper_lightning.rl.rewards import RewardBreakdown, RewardConfig, compute_reward
+from esper_lightning.schedule import LRSchedule, set_base_lrs
 
 
 @dataclass(frozen=True)
@@ -77,7 +81,8 @@ class EnvSpec:
     over the fraction of the episode spent (`esper_lightning.schedule`; the budget fraction, or
     the share of the planned batches without a budget). ``budget_scales`` (None: every episode gets
     ``budget_flops``) are the multiples of ``budget_flops`` an episode draws its budget from
-    (`budget_scale`).
+    (`budget_scale`). ``reward`` is what a step's reward measures (an episode may play under
+    another, `MorphogenesisEnv.reset`: the two policies of an A/B run).
     """
 
     host_preset: str = "baseline"
@@ -97,6 +102,7 @@ class EnvSpec:
     budget_flops: float | None = None
     lr_schedule: LRSchedule = field(default_factory=LRSchedule)
     budget_scales: tuple[float, ...] | None = None
+    reward: RewardConfig = field(default_factory=RewardConfig)
 
     def __post_init__(self) -> None:
         self.task.check_preset(self.host_preset)
@@ -165,6 +171,25 @@ class Observation:
     data_passes: float = 0.0
 
 
+@dataclass(frozen=True)
+class Step:
+    """What one env step returns, as CleanRL's ``obs, reward, terminated``.
+
+    Attributes:
+        observation: the state after the epoch: what the controller sees next.
+        reward: the transition's reward by component (``reward.total`` is the number), under
+            the episode's `RewardConfig`; a governor rollback is charged here and the episode
+            goes on.
+        terminated: the episode reached its last decision (`rl.episodes.is_terminal`).
+        outcome: what the engine executed (an illegal action became WAIT).
+    """
+
+    observation: Observation
+    reward: RewardBreakdown
+    terminated: bool
+    outcome: StepOutcome
+
+
 class MorphogenesisEnv:
     """One host model, its optimizer, engine and governor under its own `Fabric`.
 
@@ -173,6 +198,7 @@ class MorphogenesisEnv:
         spec: the pool-wide settings.
         train, val: the task's training and validation data (`Task.load`), on any device.
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+        test: the task's test split (`Task.load_test`), None without one (`test`).
     """
 
     def __init__(
@@ -182,6 +208,7 @@ class MorphogenesisEnv:
         train: Any,
         val: Any,
         device: str = "cpu",
+        test: Any = None,
     ) -> None:
         self.index, self.spec = index, spec
         kind, _, number = device.partition(":")
@@ -192,14 +219,17 @@ class MorphogenesisEnv:
         self.task = spec.task
         self.loader = self.task.train_loader(train, spec.batch_size, self.device)
         self.val_batches = self.task.validation_batches(val, self.device)
+        self.test_batches = (None if test is None
+                             else self.task.validation_batches(test, self.device))
         self.corpus_size = self.task.corpus_size(train)
-        #: One meter for every episode of this env: its cache outlives the hosts.
-        self.meter = FlopMeter()
+        #: The compute of every episode of this env (`reset` per episode).
+        self.ledger = ComputeLedger(spec.budget_flops, spec.lr_schedule, spec.episode_length)
         self.engine: MorphogenesisEngine | None = None
         self.governor = Governor(spec.governor)
         self.episode_rng_seed = 0
-        #: This episode's budget in training FLOPs (None: none) and its multiple of the spec's.
-        self.budget_flops, self.budget_scale = spec.budget_flops, 1.0
+        self.reward_config = spec.reward  # this episode's (`reset`)
+        self._decisions = 0  # decisions this episode
+        self._state: EpochReport | None = None  # the last observed state, s_t of the next step
         self._batches: Any = None
         self._stream: Any = None  # the episode's batches under a budget
         self._arch: Any = None  # the host's `core.flops.structure` this epoch
@@ -215,7 +245,7 @@ class MorphogenesisEnv:
 
     # --- episode ------------------------------------------------------------------------------
     def reset(self, episode_rng_seed: int, implants: Sequence[tuple[str, str]] = (),
-              host_lr: float | None = None) -> None:
+              host_lr: float | None = None, reward: RewardConfig | None = None) -> None:
         """Start an episode: a fresh host (initialised from ``episode_rng_seed``), its own
         optimizer (the host's `configure_optimizers`) and a fresh governor.
 
@@ -223,12 +253,15 @@ class MorphogenesisEnv:
         "born grown" baseline, `MorphogenesisEngine.implant`), drawn from the same rng seed.
         ``host_lr`` is this episode's learning rate (None: the spec's): every arm of a
         comparison can train at its own tuned rate. The episode's budget is drawn from its rng
-        seed (`EnvSpec.budget_scale`).
+        seed (`EnvSpec.budget_scale`). ``reward``: what this episode's steps reward (None: the
+        spec's).
         """
         self.episode_rng_seed = episode_rng_seed
-        self.budget_scale = self.spec.budget_scale(episode_rng_seed)
+        self.reward_config = self.spec.reward if reward is None else reward
+        self._decisions, self._state = 0, None
+        scale = self.spec.budget_scale(episode_rng_seed)
         base = self.spec.budget_flops
-        self.budget_flops = None if base is None else base * self.budget_scale
+        self.ledger.reset(None if base is None else base * scale, scale)
         precision = self.fabric.strategy.precision
         if getattr(precision, "scaler", None) is not None:
             # A fresh loss scale per episode: an episode depends on its rng seed, not on history.
@@ -249,11 +282,11 @@ class MorphogenesisEnv:
             rng_seed=episode_rng_seed,
             grad_stats_every=self.spec.grad_stats_every,
             layer_scale_init=self.spec.layer_scale_init,
+            compute=self.ledger,
         )
         self.engine.attach_optimizer(self.optimizer.optimizer)
         for slot_id, blueprint in implants:
             self.engine.implant(slot_id, blueprint)
-        self.engine.budget_flops, self.engine.budget_scale = self.budget_flops, self.budget_scale
         set_base_lrs(self.optimizer.optimizer.param_groups)  # what the schedule scales
         self._steps = self._epoch = self._samples_seen = 0
         self.governor.reset()
@@ -268,7 +301,7 @@ class MorphogenesisEnv:
         budget, epochs = self.budget_flops, self.spec.episode_length
         if budget is None:
             return
-        step = self.meter.training_step(host, self.task.example_batch(self.spec.batch_size))
+        step = self.ledger.meter.training_step(host, self.task.example_batch(self.spec.batch_size))
         least = smallest_budget_flops(step, epochs)
         if budget < least:
             raise ValueError(f"budget_flops={budget:g} gives each of the {epochs} epochs "
@@ -276,7 +309,17 @@ class MorphogenesisEnv:
                              f"host ({step}); accepted: at least {least}")
 
     def execute(self, action: Action) -> StepOutcome:
-        """Execute the controller's action, then tick every slot (end of the decision)."""
+        """Execute the controller's action, then tick every slot (end of the decision).
+
+        Raises:
+            RuntimeError: the episode is over (`reset` first) or not yet observed.
+        """
+        if self._state is None:
+            raise RuntimeError(f"env {self.index}: observe the episode's first epoch before a "
+                               "step")
+        if is_terminal(self._decisions, self.spec.episode_length):
+            raise RuntimeError(f"env {self.index}: the episode ended after {self._decisions} "
+                               "decisions; reset before the next step")
         engine = self._engine()
         # A new seed's initial weights depend on this env's episode and epoch only, never on
         # what other envs drew from the global generator before.
@@ -309,15 +352,17 @@ class MorphogenesisEnv:
         budget, while the episode's training FLOPs are below this epoch's mark."""
         if self.budget_flops is None:
             return self._epoch_batches < len(self.loader)
-        return self._engine().train_flops < self.slice_target(self._epoch)
+        return self.ledger.train_flops < self.ledger.slice_end(self._epoch)
 
-    def slice_target(self, epoch: int) -> float:
-        """The training FLOPs by which the 1-based ``epoch`` of this budgeted episode ends: the
-        episode's budget itself, exactly, for the last one."""
-        assert self.budget_flops is not None
-        if epoch >= self.spec.episode_length:
-            return self.budget_flops
-        return self.budget_flops * epoch / self.spec.episode_length
+    @property
+    def budget_flops(self) -> float | None:
+        """This episode's budget in training FLOPs (None: none; the ledger's)."""
+        return self.ledger.budget_flops
+
+    @property
+    def budget_scale(self) -> float:
+        """This episode's budget over the spec's (the ledger's)."""
+        return self.ledger.budget_scale
 
     def train_batch(self) -> None:
         """One optimizer step on the next batch, metered. Nothing is read back to the host,
@@ -325,8 +370,11 @@ class MorphogenesisEnv:
         engine = self._engine()
         with self._on_stream():
             x, y = next(self._batches)
-            cost = self.meter.training_step(self.host, x, arch=self._arch)
-            self._schedule_lr(cost)
+            cost = self.ledger.training_cost(self.host, x, arch=self._arch)
+            # The learning rate at the middle of the batch (of the budget, or of the planned
+            # batches without one).
+            self.ledger.apply_lr(self.optimizer.optimizer.param_groups, cost, self._steps,
+                                 self.spec.episode_length * len(self.loader))
             self.optimizer.zero_grad(set_to_none=True)
             loss = self.task.loss(self.model(x), y)
             self.fabric.backward(loss)
@@ -337,23 +385,9 @@ class MorphogenesisEnv:
             self._steps += 1
             self._first_of_epoch = False
             self._loss_sum = self._loss_sum + loss.detach().float()
-        engine.train_flops += cost
+        self.ledger.charge(cost)
         self._samples_seen += self.task.batch_units(x)
         self._epoch_batches += 1
-
-    def _schedule_lr(self, cost: int) -> None:
-        """Every group's lr for this batch: its base times the schedule's multiplier at the
-        middle of the batch (of the budget, or of the planned batches without one)."""
-        schedule = self.spec.lr_schedule
-        if schedule.kind == "constant":
-            return
-        budget = self.budget_flops
-        if budget is None:
-            planned = self.spec.episode_length * len(self.loader)
-            fraction = batch_fraction(self._steps, 1, planned)
-        else:
-            fraction = batch_fraction(self._engine().train_flops, cost, budget)
-        apply_multiplier(self.optimizer.optimizer.param_groups, schedule.multiplier(fraction))
 
     def validate(self) -> None:
         """Counterfactual validation: accuracy with and without each blending seed."""
@@ -367,10 +401,11 @@ class MorphogenesisEnv:
                 accumulator.update(self.model, x, y, engine.slots)
         self._accumulator = accumulator
         arch = structure(self.host)
+        meter = self.ledger.meter
         for x, _ in self.val_batches:  # metered apart: validation never spends the budget
-            main = self.meter.forward(self.host, x, arch=arch)
-            every = self.meter.counterfactual(self.host, x, engine.slots, plan,
-                                              str(accumulator.mode), arch=arch)
+            main = meter.forward(self.host, x, arch=arch)
+            every = meter.counterfactual(self.host, x, engine.slots, plan, str(accumulator.mode),
+                                         arch=arch)
             engine.validation_flops += main
             engine.counterfactual_flops += every - main
 
@@ -392,7 +427,45 @@ class MorphogenesisEnv:
             reason = self.governor.check_validation(val_loss, num_classes=self.task.num_classes)
         self._restore_or_snapshot(reason)
         report = engine.report(max_epochs=self.spec.episode_length)
+        self._state = report
         return Observation(report, reason, train_loss, self.data_passes)
+
+    def finish_step(self, outcome: StepOutcome) -> Step:
+        """After `execute` and the epoch's training and validation: observe the new state and
+        return the step's reward and whether the episode ended."""
+        before = self._state
+        assert before is not None, "execute() before finish_step()"
+        observation = self.observe()
+        self._decisions += 1
+        terminated = is_terminal(self._decisions, self.spec.episode_length)
+        reward = compute_reward(  # a rollback restored the env; the episode goes on
+            before, outcome.executed, observation.report, self.reward_config,
+            terminal=terminated, rollback=observation.rollback_reason is not None)
+        return Step(observation, reward, terminated, outcome)
+
+    @torch.no_grad()
+    def test(self) -> tuple[float, float]:
+        """The host's mean loss (per token for a language model) and accuracy (percent) on
+        the test split as it is now: for final tables, never for a decision.
+
+        Raises:
+            RuntimeError: The env was built without a test split.
+        """
+        if self.test_batches is None:
+            raise RuntimeError(f"env {self.index} has no test split; pass test= to the pool")
+        self._join_default_stream()
+        self.model.eval()
+        loss = correct = count = 0.0
+        with self._on_stream():
+            for x, y in self.test_batches:
+                logits = self.model(x)
+                flat = logits.reshape(-1, logits.shape[-1])  # every token (or image)
+                loss += float(torch.nn.functional.cross_entropy(flat, y.reshape(-1),
+                                                                reduction="sum"))
+                correct += float((flat.argmax(-1) == y.reshape(-1)).sum())
+                count += y.numel()
+        self.model.train()
+        return loss / count, 100.0 * correct / count
 
     @property
     def data_passes(self) -> float:
@@ -403,7 +476,7 @@ class MorphogenesisEnv:
     def _restore_or_snapshot(self, reason: str | None) -> None:
         engine = self._engine()
         if reason is not None:
-            roll_back(self.snapshot, self.host, self.governor, reason, engine=engine,
+            roll_back(self.snapshot, self.host, self.governor, reason, prune=engine.prune_live,
                       optimizer=self.optimizer.optimizer, scaler=self._scaler())
         elif self.governor.consecutive_anomalies == 0:
             fossilized = engine.event_counts()["fossilized"]

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from esper_lightning.core.actions import Action
-from esper_lightning.core.engine import StepOutcome
-from esper_lightning.envs.env import EnvSpec, MorphogenesisEnv, Observation
+from esper_lightning.envs.env import EnvSpec, MorphogenesisEnv, Observation, Step
+from esper_lightning.rl.rewards import RewardConfig
 
 
 def episode_rng_seed(root: int, round_index: int, env_index: int, episode: int = 0) -> int:
@@ -34,11 +34,14 @@ class EnvPool:
         train, val: the task's training and validation data (`Task.load` of
             ``spec.task``; each env copies them to its device once).
         devices: one device per env (``["cpu", "cpu"]``, ``["cuda:0", "cuda:1"]``, ...).
+        test: the task's test split (`Task.load_test`), for final tables (`test`); None: the
+            pool never reads one (PPO training).
 
     Example:
         >>> pool = EnvPool(EnvSpec(), train, val, ["cpu", "cpu"])  # doctest: +SKIP
         >>> observations = pool.reset([1, 2])  # doctest: +SKIP
-        >>> observations = pool.step([Action(), Action()])  # doctest: +SKIP
+        >>> steps = pool.step([Action(), Action()])  # doctest: +SKIP
+        >>> steps[0].reward.total, steps[0].terminated  # doctest: +SKIP
     """
 
     def __init__(
@@ -47,11 +50,13 @@ class EnvPool:
         train: Any,
         val: Any,
         devices: Sequence[str],
+        test: Any = None,
     ) -> None:
         if not devices:
             raise ValueError("an env pool needs at least one device")
         self.spec = spec
-        self.envs = [MorphogenesisEnv(i, spec, train, val, d) for i, d in enumerate(devices)]
+        self.envs = [MorphogenesisEnv(i, spec, train, val, d, test)
+                     for i, d in enumerate(devices)]
 
     def __len__(self) -> int:
         return len(self.envs)
@@ -62,34 +67,36 @@ class EnvPool:
         which: Sequence[int] | None = None,
         implants: Sequence[Sequence[tuple[str, str]]] | None = None,
         host_lrs: Sequence[float | None] | None = None,
+        rewards: Sequence[RewardConfig | None] | None = None,
     ) -> list[Observation]:
         """Fresh hosts for the envs in ``which`` (all by default), each trained for its first
         epoch before the first observation — the first decision comes after one epoch, as in a
         Trainer. ``implants[k]``: born-grown seeds of the k-th env; ``host_lrs[k]``: its
-        learning rate, None for the spec's (`MorphogenesisEnv.reset`)."""
+        learning rate, ``rewards[k]`` what its steps reward, None for the spec's
+        (`MorphogenesisEnv.reset`)."""
         indices = list(range(len(self.envs)) if which is None else which)
         implants = [()] * len(indices) if implants is None else implants
         host_lrs = [None] * len(indices) if host_lrs is None else host_lrs
-        for i, rng_seed, grown, lr in zip(indices, episode_rng_seeds, implants, host_lrs,
-                                          strict=True):
-            self.envs[i].reset(rng_seed, grown, lr)
+        rewards = [None] * len(indices) if rewards is None else rewards
+        for i, rng_seed, grown, lr, reward in zip(indices, episode_rng_seeds, implants, host_lrs,
+                                                  rewards, strict=True):
+            self.envs[i].reset(rng_seed, grown, lr, reward)
         envs = [self.envs[i] for i in indices]
         self.train_epoch(envs)
         for env in envs:
             env.validate()
         return [env.observe() for env in envs]
 
-    def step(
-        self, actions: Sequence[Action], which: Sequence[int] | None = None
-    ) -> tuple[list[StepOutcome], list[Observation]]:
+    def step(self, actions: Sequence[Action], which: Sequence[int] | None = None) -> list[Step]:
         """Execute one action per env of ``which`` (all by default), train those envs for one
-        epoch in lockstep, validate them."""
+        epoch in lockstep, validate them; each env's `Step`: its next observation, reward and
+        episode end."""
         envs = self.envs if which is None else [self.envs[i] for i in which]
         outcomes = [env.execute(a) for env, a in zip(envs, actions, strict=True)]
         self.train_epoch(envs)
         for env in envs:
             env.validate()
-        return outcomes, [env.observe() for env in envs]
+        return [env.finish_step(outcome) for env, outcome in zip(envs, outcomes, strict=True)]
 
     def train_epoch(self, envs: Sequence[MorphogenesisEnv] | None = None) -> None:
         """One training epoch of ``envs`` (all by default): for each batch index, each env
@@ -102,5 +109,10 @@ class EnvPool:
             for env in training:
                 env.train_batch()
 
+    def test(self, which: Sequence[int]) -> list[tuple[float, float]]:
+        """``(loss, accuracy %)`` of each env in ``which`` on the test split, as it is now (the
+        end of an episode, for final tables)."""
+        return [self.envs[i].test() for i in which]
 
-__all__ = ["EnvPool", "EnvSpec", "MorphogenesisEnv", "episode_rng_seed"]
+
+__all__ = ["EnvPool", "EnvSpec", "MorphogenesisEnv", "Observation", "Step", "episode_rng_seed"]

@@ -41,7 +41,7 @@ from esper_lightning.data import (
     download_tinystories,
     load_cifar10_subset,
     load_text_tokens,
-    split_tokens,
+    split_text,
 )
 from esper_lightning.data.cifar10 import cifar10_present
 from esper_lightning.data.files import PathLike, check_int
@@ -85,6 +85,8 @@ class Task(ABC):
         num_classes: classes (or vocabulary size) of the targets.
         presets: host presets by name.
         default_preset, default_slots, default_host_lr: what a run uses when it names none.
+        example: what one loss term is per, in reports (``"image"``, ``"byte"``).
+        loss_in_bits: whether reports read the loss in bits (a language model's unit) too.
     """
 
     name: ClassVar[str]
@@ -94,6 +96,8 @@ class Task(ABC):
     default_preset: ClassVar[str]
     default_slots: ClassVar[tuple[str, ...]]
     default_host_lr: ClassVar[float]
+    example: ClassVar[str]
+    loss_in_bits: ClassVar[bool]
 
     @classmethod
     @abstractmethod
@@ -108,6 +112,11 @@ class Task(ABC):
     def load(self, data_dir: PathLike | None, *, download: bool = False, progress: bool = True,
              rng_seed: int = 0) -> tuple[Any, Any]:
         """The training and validation data, on the CPU (each env copies them to its device)."""
+
+    @abstractmethod
+    def load_test(self, data_dir: PathLike | None, *, rng_seed: int = 0) -> Any:
+        """The test split, on the CPU: read only for final tables (`validation_batches` cuts it
+        into batches like the validation data)."""
 
     @abstractmethod
     def train_loader(self, train: Any, batch_size: int, device: torch.device) -> TrainLoader:
@@ -156,9 +165,12 @@ class Task(ABC):
 class CifarTask(Task):
     """CIFAR-10 classification with `CifarCNNHost` (random crops and flips while training).
 
+    Validation is the first half of the official test batch, the test split its second half
+    (`data.cifar10.held_out_half`): decisions never read the test images.
+
     Args:
         train_subset: at most this many training images (None: all).
-        val_subset: at most this many validation images (None: all).
+        val_subset: at most this many validation images (None: all of the validation half).
 
     Example:
         >>> train, val = CifarTask(train_subset=5000).load("data")  # doctest: +SKIP
@@ -171,6 +183,8 @@ class CifarTask(Task):
     default_preset: ClassVar[str] = "baseline"
     default_slots: ClassVar[tuple[str, ...]] = ("r0c0", "r0c1", "r0c2")
     default_host_lr: ClassVar[float] = 0.01
+    example: ClassVar[str] = "image"
+    loss_in_bits: ClassVar[bool] = False
 
     train_subset: int | None = None
     val_subset: int | None = None
@@ -189,9 +203,15 @@ class CifarTask(Task):
         drawn from ``rng_seed``."""
         if download and not cifar10_present(data_dir):
             download_cifar10(data_dir, progress=progress)
-        train = load_cifar10_subset(data_dir, True, self.train_subset, rng_seed, at_most=True)
-        val = load_cifar10_subset(data_dir, False, self.val_subset, rng_seed, at_most=True)
+        train = load_cifar10_subset(data_dir, "train", self.train_subset, rng_seed,
+                                    at_most=True)
+        val = load_cifar10_subset(data_dir, "validation", self.val_subset, rng_seed,
+                                  at_most=True)
         return train, val
+
+    def load_test(self, data_dir: PathLike | None, *, rng_seed: int = 0) -> Batch:
+        """The test half of the official test batch, whole."""
+        return load_cifar10_subset(data_dir, "test")
 
     def train_loader(self, train: Batch, batch_size: int, device: torch.device) -> TrainLoader:
         return TensorLoader(*train, batch_size, device=device, drop_last=True)
@@ -218,15 +238,16 @@ class CifarTask(Task):
 class TextTask(Task):
     """Next-byte prediction on a text file with `GPTHost` (vocabulary 256).
 
-    The file's bytes split into a training head and a validation tail (`split_tokens`).
+    The file's bytes split into a training head, a validation and a test split (`split_text`).
     Training batches are blocks at random offsets of the head (`TextTensorLoader`); validation
-    is the tail's first non-overlapping blocks. Loss and accuracy count every token.
+    is non-overlapping blocks of the validation split, spread over all of it. Loss and accuracy
+    count every token.
 
     Args:
         block_size: tokens per block ``T`` (at most the GPT preset's ``block_size``).
         train_blocks: blocks per training epoch (None: about one pass over the head).
-        val_blocks: at most this many validation blocks (None: the whole tail).
-        val_fraction: share of the file held out as the validation tail.
+        val_blocks: at most this many validation blocks, evenly spread (None: the whole split).
+        val_fraction: share of the file held out at its end (validation and test splits).
 
     Example:
         >>> task = TextTask(block_size=64, train_blocks=512, val_blocks=32)
@@ -240,6 +261,8 @@ class TextTask(Task):
     default_preset: ClassVar[str] = "tiny"
     default_slots: ClassVar[tuple[str, ...]] = ("r0c0", "r0c1")
     default_host_lr: ClassVar[float] = 1e-3
+    example: ClassVar[str] = "byte"  # UTF-8 bytes are the tokens
+    loss_in_bits: ClassVar[bool] = True
 
     block_size: int = 128
     train_blocks: int | None = None
@@ -268,7 +291,7 @@ class TextTask(Task):
 
     def load(self, data_dir: PathLike | None, *, download: bool = False, progress: bool = True,
              rng_seed: int = 0) -> tuple[Tensor, Tensor]:
-        """uint8 tokens ``[N]`` of the training head and the validation tail. ``data_dir`` is a
+        """uint8 tokens ``[N]`` of the training head and the validation split. ``data_dir`` is a
         text file or a folder holding one (`find_text_file`); with ``download`` and no file
         there, the TinyStories validation split is downloaded into the folder. The split is
         contiguous, so ``rng_seed`` plays no part."""
@@ -276,9 +299,16 @@ class TextTask(Task):
             file = download_tinystories(data_dir, progress=progress)
         else:
             file = find_text_file(data_dir)
-        train, val = split_tokens(load_text_tokens(file), self.val_fraction)
-        check_text_blocks(train, val, self.block_size, file)  # a one-line DataError
-        return train, val
+        parts = split_text(load_text_tokens(file), self.val_fraction)
+        check_text_blocks(parts, self.block_size, file)  # a one-line DataError
+        return parts.train, parts.validation
+
+    def load_test(self, data_dir: PathLike | None, *, rng_seed: int = 0) -> Tensor:
+        """uint8 tokens of the test split (`split_text`)."""
+        file = find_text_file(data_dir)
+        parts = split_text(load_text_tokens(file), self.val_fraction)
+        check_text_blocks(parts, self.block_size, file)
+        return parts.test
 
     def train_loader(self, train: Tensor, batch_size: int, device: torch.device) -> TrainLoader:
         return TextTensorLoader(train, self.block_size, batch_size, n_blocks=self.train_blocks,

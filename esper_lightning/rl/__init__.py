@@ -23,7 +23,7 @@ from esper_lightning.rl.distributions import (
     fit_blueprint_head,
     stack_masks,
 )
-from esper_lightning.rl.episodes import StepEnds, step_ends
+from esper_lightning.rl.episodes import StepEnds, decisions_per_episode, is_terminal, step_ends
 from esper_lightning.rl.normalizers import RewardNormalizer, RunningMeanStd, ValueNormalizer
 from esper_lightning.rl.observations import (
     BASE_DIM,
@@ -79,9 +79,11 @@ __all__ = [
     "check_observation",
     "compute_gae",
     "compute_reward",
+    "decisions_per_episode",
     "encode_reports",
     "explained_variance",
     "fit_blueprint_head",
+    "is_terminal",
     "load_policy",
     "load_policy_file",
     "load_policy_weights",

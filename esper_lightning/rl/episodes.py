@@ -31,23 +31,30 @@ class StepEnds(NamedTuple):
     truncated: Tensor  # [n] bool
 
 
-def step_ends(
-    decisions_taken: Sequence[int],
-    decisions_per_episode: int,
-    rollout_over: bool,
-) -> StepEnds:
-    """Episode ends after one step of every env (a governor rollback is not one).
+def decisions_per_episode(episode_length: int) -> int:
+    """Decisions of an episode of ``episode_length`` epochs: the first epoch trains before the
+    first decision, as in a Trainer."""
+    return episode_length - 1
+
+
+def is_terminal(decisions_taken: int, episode_length: int) -> bool:
+    """Whether the episode is over after ``decisions_taken`` decisions (this one included): the
+    env's ``terminated`` (`envs.Step`). A governor rollback is never an end."""
+    return decisions_taken >= decisions_per_episode(episode_length)
+
+
+def step_ends(terminated: Sequence[bool], rollout_over: bool) -> StepEnds:
+    """Episode ends after one step of every env: ``terminated`` as the envs returned it
+    (`is_terminal`), ``truncated`` where the rollout stops while an episode goes on.
 
     Args:
-        decisions_taken: decisions each env's current episode has taken, this one included.
-        decisions_per_episode: decisions of a full episode (the horizon).
+        terminated: per env, whether its step ended the episode.
         rollout_over: this is the rollout's last step.
 
     Example:
-        >>> step_ends([3, 1], 3, rollout_over=True).truncated.tolist()
+        >>> step_ends([True, False], rollout_over=True).truncated.tolist()
         [False, True]
     """
-    terminated = torch.tensor([n >= decisions_per_episode for n in decisions_taken],
-                              dtype=torch.bool)
-    truncated = torch.full_like(terminated, rollout_over) & ~terminated
-    return StepEnds(terminated, truncated)
+    done = torch.tensor(list(terminated), dtype=torch.bool)
+    truncated = torch.full_like(done, rollout_over) & ~done
+    return StepEnds(done, truncated)
