@@ -207,11 +207,16 @@ def outputs(tmp_path: Path) -> Path:
         (["ppo", "--preset", "smoke", "--data_dir", "TMP/cifar", "--train_subset", "10"],
          "the training split holds 10 images (train_subset=10), fewer than batch_size=64"),
         (["compare", "--preset", "lm-smoke", "--data_dir", "TMP/short.txt", "--block_size", "8"],
-         "short.txt' is too short for block_size=8: its validation tail holds 3 of its 31 bytes"),
+         "short.txt' is too short for block_size=8: its validation split holds 1 of its 31 "
+         "bytes"),
         (["compare", "--controllers", "[static,bogus]"], "unknown controller 'bogus'; accepted:"),
+        (["compare", "--budget_flops", "-1e9"],  # a negative number reaches the value check
+         "budget_flops must be a number > 0 (FLOPs) or null, got -1000000000.0"),
+        (["compare", "--budget-flops", "-2.5e3"],
+         "budget_flops must be a number > 0 (FLOPs) or null, got -2500.0"),
         (["compare", "--controllers", "static", "--reference", "random"],
          "reference 'random' is not among the controllers; accepted: static"),
-        (["train"], "unknown command 'train'; accepted: ppo, compare"),
+        (["train"], "unknown command 'train'; accepted: ppo, compare, frontier"),
     ],
 )
 def test_bad_input_is_one_line_and_leaves_the_outputs(outputs, args, message):

@@ -33,14 +33,17 @@ from esper_lightning.app.compare import (
 from esper_lightning.app.config import CompareConfig, preset_values
 from esper_lightning.app.records import METRICS, Metric
 from esper_lightning.app.stats import mean_ci
+from esper_lightning.app.task import reward_config
 from esper_lightning.controllers import GrowerController, StaticController
 from esper_lightning.core.actions import Action, AlphaSpeed, LifecycleOp
-from esper_lightning.core.engine import MorphogenesisEngine, StepOutcome
+from esper_lightning.core.engine import MorphogenesisEngine
 from esper_lightning.core.lifecycle import ACTIVE_STAGES, GateConfig
 from esper_lightning.core.slots import SeedSlot
-from esper_lightning.envs import Observation
+from esper_lightning.envs import Observation, Step
 from esper_lightning.errors import ConfigError
 from esper_lightning.rl.checkpoint import read_checkpoint, write_checkpoint
+from esper_lightning.rl.episodes import is_terminal
+from esper_lightning.rl.rewards import RewardConfig, compute_reward
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,7 +63,9 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 # --- pairing on the real env pool ---------------------------------------------------------------
 def test_identical_controllers_give_identical_episodes(cifar_dir, tmp_path):
     config = fixture_config(cifar_dir, tmp_path / "out", controllers=("static", "twin"), seeds=2)
-    comparison = Comparison(config, custom={"twin": lambda plan: StaticController()})
+    command = ["esper-lightning", "compare", "--preset", "smoke", "--out", "my out"]
+    comparison = Comparison(config, custom={"twin": lambda plan: StaticController()},
+                            command=command)
     records = comparison.run()
     by = {(r.controller, r.episode_index): r for r in records}
     for i in range(2):
@@ -73,6 +78,20 @@ def test_identical_controllers_give_identical_episodes(cifar_dir, tmp_path):
     for name in ("episodes.csv", "summary.md", "outcome_vs_params.png", "accuracy_curves.png"):
         assert (tmp_path / "out" / name).stat().st_size > 0
     assert list((tmp_path / "out" / "tensorboard").glob("version_*/events.out.tfevents.*"))
+    # The report opens with what was run, says the two coincide, and leaves out what applies
+    # only under a compute budget or to text.
+    text = (tmp_path / "out" / "summary.md").read_text()
+    assert text.startswith("# Comparison of 2 controllers on cifar (smoke)\n\n| setting |")
+    for row in ("| preset | smoke |", "| budget | none: 3 epochs |",
+                "root rng seed 0 |", "| controllers | static (the reference), twin |",
+                "| code | esper-lightning ", "| command | `esper-lightning compare --preset smoke "
+                "--out 'my out'` |", "twin played exactly as static in every episode"):
+        assert row in text
+    for absent in ("## Compute", "## Speed-up", "final loss (bits)", "test loss (bits)",
+                   "byte"):
+        assert absent not in text
+    assert not (tmp_path / "out" / "loss_vs_flops.png").exists()
+    assert not list((tmp_path / "out").glob("*bits*.png"))
 
 
 def test_interrupted_comparison_resumes_to_the_same_table(cifar_dir, tmp_path, monkeypatch):
@@ -230,22 +249,26 @@ class ScriptedHostPool:
     blended ``norm`` seed in the first slot adds ``10 · alpha`` points, on top of a plateau that
     differs per episode. Everything else is real: `SeedSlot`s, the engine, masks and reports."""
 
-    def __init__(self, n: int, slots: tuple[str, ...], episode_length: int) -> None:
-        self.episode_length, self.slots = episode_length, slots
-        self.envs = [_ScriptedEnv(slots, episode_length) for _ in range(n)]
+    def __init__(self, n: int, config: CompareConfig) -> None:
+        self.episode_length, self.slots = config.episode_length, config.slots
+        self.envs = [_ScriptedEnv(config.slots, config.episode_length, reward_config(config))
+                     for _ in range(n)]
 
     def reset(self, rng_seeds, which, implants, host_lrs=None):
         return [self.envs[i].reset(seed, seeds)
                 for i, seed, seeds in zip(which, rng_seeds, implants, strict=True)]
 
     def step(self, actions, which):
-        results = [self.envs[i].step(a) for i, a in zip(which, actions, strict=True)]
-        return [o for o, _ in results], [obs for _, obs in results]
+        return [self.envs[i].step(a) for i, a in zip(which, actions, strict=True)]
+
+    def test(self, which):
+        return [self.envs[i].test() for i in which]
 
 
 class _ScriptedEnv:
-    def __init__(self, slots: tuple[str, ...], episode_length: int) -> None:
-        self.slot_ids, self.episode_length = slots, episode_length
+    def __init__(self, slots: tuple[str, ...], episode_length: int,
+                 reward: RewardConfig) -> None:
+        self.slot_ids, self.episode_length, self.reward = slots, episode_length, reward
         self.engine: MorphogenesisEngine | None = None
 
     def reset(self, rng_seed: int, implants=()) -> Observation:
@@ -257,29 +280,47 @@ class _ScriptedEnv:
             self.engine.implant(slot_id, blueprint)
         self.plateau = 40.0 + 10.0 * torch.rand((), generator=torch.Generator().manual_seed(
             rng_seed)).item()
+        self.decisions = 0
         return self._observe()
 
-    def step(self, action) -> tuple[StepOutcome, Observation]:
+    def step(self, action) -> Step:
+        """As `MorphogenesisEnv`'s: the observation, the reward and the episode end."""
+        before = self.observation.report
         outcome = self.engine.execute(action)
         self.engine.tick()
-        return outcome, self._observe()
+        observation = self._observe()
+        self.decisions += 1
+        terminated = is_terminal(self.decisions, self.episode_length)
+        reward = compute_reward(before, outcome.executed, observation.report, self.reward,
+                                terminal=terminated)
+        return Step(observation, reward, terminated, outcome)
+
+    def _accuracy(self) -> tuple[float, float]:
+        slot = self.engine.slots[self.slot_ids[0]]
+        gain = 10.0 * slot.alpha if slot.stage in ACTIVE_STAGES else 0.0
+        return self.plateau + gain + 0.1 * self.engine.epoch, gain
+
+    def test(self) -> tuple[float, float]:
+        """The scripted host on the test split: a point below its validation accuracy."""
+        return 1.0, self._accuracy()[0] - 1.0
 
     def _observe(self) -> Observation:
         slot = self.engine.slots[self.slot_ids[0]]
-        gain = 10.0 * slot.alpha if slot.stage in ACTIVE_STAGES else 0.0
-        accuracy = self.plateau + gain + 0.1 * self.engine.epoch
+        accuracy, gain = self._accuracy()
         for s in self.engine.slots.values():
             if s.state is not None:
                 s.state.metrics.gradient_health, s.state.metrics.has_exploding = 1.0, False
         contributions = {slot.slot_id: gain} if gain else {}
         self.engine.record_epoch(accuracy, 1.0, 1.0, contributions)
-        return Observation(self.engine.report(max_epochs=self.episode_length), None, 1.0)
+        self.observation = Observation(self.engine.report(max_epochs=self.episode_length), None,
+                                       1.0)
+        return self.observation
 
 
 def test_a_controller_better_by_construction_is_reported_better(cifar_dir, tmp_path):
     config = fixture_config(cifar_dir, tmp_path / "out", episode_length=10, seeds=8, envs=4,
                             controllers=("static", "grower:norm"))
-    pool = ScriptedHostPool(4, config.slots, config.episode_length)
+    pool = ScriptedHostPool(4, config)
     Comparison(config, pool=pool).run()
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     (pair,) = summary["comparisons"]
@@ -306,7 +347,7 @@ class PruneAtTheEnd:
 def test_pruning_at_the_last_decision_does_not_dodge_the_parameter_cost(cifar_dir, tmp_path):
     config = fixture_config(cifar_dir, tmp_path / "out", episode_length=12, seeds=2, envs=2,
                             param_cost=20.0, controllers=("keep", "prune"), reference="keep")
-    pool = ScriptedHostPool(2, config.slots, config.episode_length)
+    pool = ScriptedHostPool(2, config)
     custom = {"keep": lambda plan: GrowerController("norm", fossilize=False),
               "prune": PruneAtTheEnd}
     records = {(r.controller, r.episode_index): r
@@ -355,7 +396,7 @@ class ByEpisode:
 def test_matched_is_born_with_exactly_what_its_grower_grew_in_each_episode(cifar_dir, tmp_path):
     config = fixture_config(cifar_dir, tmp_path / "out", episode_length=8, seeds=3, envs=3,
                             controllers=("static", "mixed", "matched:mixed"))
-    pool = ScriptedHostPool(3, config.slots, config.episode_length)
+    pool = ScriptedHostPool(3, config)
     records = Comparison(config, custom={"mixed": ByEpisode}, pool=pool).run()
     by = {(r.controller, r.episode_index): r for r in records}
     for i, blueprint in enumerate(ByEpisode.BLUEPRINTS):
@@ -622,10 +663,10 @@ def test_a_policy_transfers_to_another_host_only_when_asked(trained_policy, tmp_
 def test_grower_controller_grows_and_fossilizes():
     controller = GrowerController("norm")
     plan = EpisodePlan("grower:norm", 0, 1)
-    env = _ScriptedEnv(("r0c1",), 12)
+    env = _ScriptedEnv(("r0c1",), 13, RewardConfig())  # 12 decisions
     observation = env.reset(plan.rng_seed)
     for _ in range(12):
-        _, observation = env.step(controller.decide(observation.report))
+        observation = env.step(controller.decide(observation.report)).observation
     assert env.engine.event_counts()["fossilized"] == 1
 
 

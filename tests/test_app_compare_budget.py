@@ -25,12 +25,14 @@ from esper_lightning.app.records import (
     read_records_csv,
 )
 from esper_lightning.app.speedup import flops_to_reach, speedups
-from esper_lightning.app.task import static_step_flops
+from esper_lightning.app.task import reward_config, static_step_flops
 from esper_lightning.core.engine import MorphogenesisEngine
 from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.core.slots import SeedSlot
-from esper_lightning.envs import Observation, draw_budget_scale
+from esper_lightning.envs import Observation, Step, draw_budget_scale
 from esper_lightning.errors import ConfigError
+from esper_lightning.rl.episodes import is_terminal
+from esper_lightning.rl.rewards import RewardConfig, compute_reward
 
 #: The columns this change added: a table from before has none of them.
 NEW_COLUMNS = ("final_bits", "train_flops", "data_passes", "train_flops_curve")
@@ -103,7 +105,7 @@ def test_a_table_written_before_flops_were_counted_still_reads_and_resumes(tmp_p
 
 
 # --- a budgeted comparison on the language-model task -------------------------------------------
-def test_budgeted_lm_comparison_judges_the_loss_at_the_budget(text_file, tmp_path):
+def test_budgeted_lm_comparison_judges_the_test_loss_at_the_budget(text_file, tmp_path):
     config = CompareConfig(
         task="lm", host_preset="w32l1", slots=("r0c0",), block_size=16, batch_size=8,
         episode_length=4, val_subset=8, min_training_epochs=1, data_dir=str(text_file),
@@ -117,18 +119,20 @@ def test_budgeted_lm_comparison_judges_the_loss_at_the_budget(text_file, tmp_pat
         assert len(spent) == 4 and budget <= spent[-1] < budget * (1 + 2 / 24)
         assert r["final_bits"] == pytest.approx(r["loss_curve"][-1] / math.log(2.0))
         assert 0 < r["data_passes"] < 1
+        # The test split, measured once at the end: another text than validation's.
+        assert 0 < r["test_bits"] != r["final_bits"] and 0 < r["test_outcome"] < 100
     out = tmp_path / "out"
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["judged"] == "final_bits" and summary["arm_lr"] == {"grower:lora": 2e-3}
+    assert summary["judged"] == "test_bits" and summary["arm_lr"] == {"grower:lora": 2e-3}
     (pair,) = summary["comparisons"]
-    assert pair["final_bits_diff_ci"] is not None and "verdict" in pair
+    assert pair["test_bits_diff_ci"] is not None and "verdict" in pair
     assert {c["controller"] for c in summary["speedup"]["controllers"]} == {"static",
                                                                              "grower:lora"}
     text = (out / "summary.md").read_text()
-    assert "| controller | episodes | final loss (bits) [95% CI] |" in text
+    assert "| controller | episodes | test loss (bits) [95% CI] |" in text
     assert "## Speed-up at equal loss" in text and "## Compute" in text
     assert (out / "loss_vs_flops.png").stat().st_size > 0
-    assert (out / "final_bits_differences.png").stat().st_size > 0
+    assert (out / "test_bits_differences.png").stat().st_size > 0
 
 
 def test_a_folder_from_before_budgets_were_recorded_takes_a_new_arm(text_file, tmp_path):
@@ -210,19 +214,26 @@ class LearningRatePool:
     """A stand-in for `EnvPool` whose host accuracy peaks at a learning rate of 3e-3 (a real
     engine and reports; the accuracy is scripted)."""
 
-    def __init__(self, n: int) -> None:
-        self.envs = [_LearningRateEnv() for _ in range(n)]
+    def __init__(self, n: int, config: CompareConfig) -> None:
+        self.envs = [_LearningRateEnv(config.episode_length, reward_config(config))
+                     for _ in range(n)]
 
     def reset(self, rng_seeds, which, implants, host_lrs=None):
         return [self.envs[i].reset(seed, lr)
                 for i, seed, lr in zip(which, rng_seeds, host_lrs, strict=True)]
 
     def step(self, actions, which):
-        results = [self.envs[i].step(a) for i, a in zip(which, actions, strict=True)]
-        return [o for o, _ in results], [obs for _, obs in results]
+        return [self.envs[i].step(a) for i, a in zip(which, actions, strict=True)]
+
+    def test(self, which):
+        """The scripted accuracy on the test split too (a loss of 1 nat)."""
+        return [(1.0, self.envs[i].accuracy) for i in which]
 
 
 class _LearningRateEnv:
+    def __init__(self, episode_length: int, reward: RewardConfig) -> None:
+        self.episode_length, self.reward = episode_length, reward
+
     def reset(self, rng_seed: int, lr: float | None) -> Observation:
         model = nn.Module()
         model.slots = nn.ModuleList([SeedSlot("r0c1", channels=4)])
@@ -230,13 +241,21 @@ class _LearningRateEnv:
         self.engine = MorphogenesisEngine(model, gate_config=GateConfig(min_training_epochs=1))
         noise = torch.rand((), generator=torch.Generator().manual_seed(rng_seed)).item()
         self.accuracy = 60.0 - 20.0 * abs(math.log10(lr or 1e-2) - math.log10(3e-3)) + noise
-        self.lr = lr
-        return self._observe()
+        self.lr, self.decisions = lr, 0
+        self.observation = self._observe()
+        return self.observation
 
-    def step(self, action):
+    def step(self, action) -> Step:
+        """As `MorphogenesisEnv`'s: the observation, the reward and the episode end."""
+        before = self.observation.report
         outcome = self.engine.execute(action)
         self.engine.tick()
-        return outcome, self._observe()
+        self.observation = self._observe()
+        self.decisions += 1
+        terminated = is_terminal(self.decisions, self.episode_length)
+        reward = compute_reward(before, outcome.executed, self.observation.report, self.reward,
+                                terminal=terminated)
+        return Step(self.observation, reward, terminated, outcome)
 
     def _observe(self) -> Observation:
         self.engine.record_epoch(self.accuracy, 1.0, 1.0)
@@ -248,7 +267,7 @@ def test_tuning_picks_each_arms_best_rate_on_tuning_episodes(cifar_dir, tmp_path
                            slots=("r0c1",), controllers=("static", "random"), seeds=2, envs=2,
                            tune_lr=(1e-3, 3e-3, 1e-2), arm_lr=("random=1e-2",),
                            tuning_seeds=2, progress=False)
-    comparison = Comparison(config, pool=LearningRatePool(2))
+    comparison = Comparison(config, pool=LearningRatePool(2, config))
     records = comparison.run()
     chosen = json.loads((tmp_path / "out" / "lr_tuned.json").read_text())
     assert list(chosen) == ["static"] and chosen["static"]["chosen"] == 3e-3  # random has one
@@ -260,13 +279,13 @@ def test_tuning_picks_each_arms_best_rate_on_tuning_episodes(cifar_dir, tmp_path
     # The evaluation episodes played at the chosen rates: the scripted accuracy says so.
     static = [r for r in records if r.controller == "static"]
     assert all(r["final_accuracy"] > 59.0 for r in static)
-    again = Comparison(config, pool=LearningRatePool(2))
+    again = Comparison(config, pool=LearningRatePool(2, config))
     again.run()  # a rerun reads the choice back instead of tuning again
     assert again.arm_lrs == comparison.arm_lrs
     assert len(read_records_csv(tmp_path / "out" / "tuning.csv")) == len(tuning)
     # A controller added to the folder later is tuned too, the others' choices kept.
     more = dataclasses.replace(config, controllers=("static", "random", "heuristic"))
-    added = Comparison(more, pool=LearningRatePool(2))
+    added = Comparison(more, pool=LearningRatePool(2, more))
     added.run()
     assert added.arm_lrs == {"static": 3e-3, "random": 1e-2, "heuristic": 3e-3}
     assert list(json.loads((tmp_path / "out" / "lr_tuned.json").read_text())) == [
@@ -278,11 +297,11 @@ def test_an_arms_rate_belongs_to_the_arm_a_folder_takes_new_arms(cifar_dir, tmp_
     values = dict(data_dir=str(cifar_dir), out=str(tmp_path / "out"), episode_length=4,
                   slots=("r0c1",), seeds=2, envs=2, progress=False)
     first = CompareConfig(controllers=("static",), arm_lr=("static=3e-3",), **values)
-    played = Comparison(first, pool=LearningRatePool(2)).run()
+    played = Comparison(first, pool=LearningRatePool(2, first)).run()
     # A new controller with its own rate joins the folder; static's episodes are reused.
     both = CompareConfig(controllers=("static", "random"),
                          arm_lr=("static=3e-3", "random=1e-3"), **values)
-    records = Comparison(both, pool=LearningRatePool(2)).run()
+    records = Comparison(both, pool=LearningRatePool(2, both)).run()
     static = [r for r in records if r.controller == "static"]
     assert [r.to_row() for r in static] == [r.to_row() for r in played]
     saved = json.loads((tmp_path / "out" / "controllers.json").read_text())
@@ -292,10 +311,10 @@ def test_an_arms_rate_belongs_to_the_arm_a_folder_takes_new_arms(cifar_dir, tmp_
     other = CompareConfig(controllers=("static",), arm_lr=("static=1e-2",), **values)
     with pytest.raises(ConfigError, match=r"static is not the controller that played its 2 "
                                           r"episodes .*arm_lr 0.003 then, 0.01 now"):
-        Comparison(other, pool=LearningRatePool(2))
+        Comparison(other, pool=LearningRatePool(2, other))
     unrated = CompareConfig(controllers=("static",), **values)
     with pytest.raises(ConfigError, match=r"arm_lr 0\.003 then, None now"):
-        Comparison(unrated, pool=LearningRatePool(2))
+        Comparison(unrated, pool=LearningRatePool(2, unrated))
 
 
 def test_plans_carry_no_rate_without_arm_lr_or_tuning(cifar_dir, tmp_path):

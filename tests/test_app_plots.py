@@ -54,9 +54,8 @@ def test_outcome_vs_params_has_one_errorbar_per_controller(tmp_path):
     assert [bar.get_label() for bar in bars] == list(CONTROLLERS)
     assert [t.get_text() for t in ax.get_legend().get_texts()] == list(CONTROLLERS)
     assert ax.get_xlabel() == METRICS["total_params"].axis_label()
-    label = ax.get_ylabel().replace("\n", " ")
-    assert label.startswith("outcome: mean validation accuracy of the last 3 epochs minus")
-    assert label.endswith("(%); param_cost = 0.5")
+    # The label and its unit only (the report's section says what it is): one short line.
+    assert ax.get_ylabel() == "outcome (%); param_cost = 0.5"
     assert ax.get_title().startswith("Outcome against size (means, 95% t intervals)")
     assert len({bar.lines[0].get_marker() for bar in bars}) == len(CONTROLLERS)
     for bar, s in zip(bars, summaries, strict=True):
@@ -71,10 +70,16 @@ def test_outcome_vs_params_has_one_errorbar_per_controller(tmp_path):
     assert path.stat().st_size > 0 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def _nudged(record, name, by):
+    """``record`` of controller ``name``, its outcome moved by ``by``: a point drawn at the
+    same spot that is not the same point."""
+    return EpisodeRecord(name, record.episode_index, record.episode_rng_seed, record.host,
+                         {**record.values, "outcome": record["outcome"] + by})
+
+
 def test_labels_of_points_at_one_spot_do_not_overprint():
     records = _records()
-    twins = [EpisodeRecord(f"{r.controller}-twin", r.episode_index, r.episode_rng_seed, r.host,
-                           r.values) for r in records]
+    twins = [_nudged(r, f"{r.controller}-twin", 1e-9) for r in records]
     fig = vs_params_figure(summarize(records + twins), "outcome")
     (ax,) = fig.axes
     renderer = fig.canvas.get_renderer()
@@ -89,7 +94,7 @@ def test_eight_labels_at_one_spot_step_down_evenly_and_the_figure_saves(tmp_path
     # Eight arms of one size (a growth comparison): each label that moves down one line must
     # move by the text's height, not by its leader line's, which grew without bound once.
     base = _records()
-    records = [EpisodeRecord(f"arm-{k}", r.episode_index, r.episode_rng_seed, r.host, r.values)
+    records = [_nudged(r, f"arm-{k}", 1e-9 * k)
                for k in range(8) for r in base if r.controller == "static"]
     fig = vs_params_figure(summarize(records), "outcome")
     offsets = [t.xyann[1] for t in fig.axes[0].texts]
@@ -139,8 +144,11 @@ def test_paired_differences_are_a_forest_plot_with_zero_line_and_verdicts():
 
 def test_accuracy_curves_show_mean_and_band_distinguishably(tmp_path):
     records = _records()
-    twins = [EpisodeRecord("twin", r.episode_index, r.episode_rng_seed, r.host, r.values)
-             for r in records if r.controller == "static"]
+    # The twin is a hair off static: close curves stay apart (identical ones share a line:
+    # the next test).
+    twins = [EpisodeRecord("twin", r.episode_index, r.episode_rng_seed, r.host, {
+        **r.values, "accuracy_curve": tuple(v + 1e-9 for v in r["accuracy_curve"])})
+        for r in records if r.controller == "static"]
     fig = curves_figure(records + twins, "accuracy_curve")
     (ax,) = fig.axes
     names = [*CONTROLLERS, "twin"]
@@ -168,6 +176,38 @@ def test_accuracy_curves_show_mean_and_band_distinguishably(tmp_path):
             assert (at_epoch.min(), at_epoch.max()) == pytest.approx(mean_ci(curves[:, t]))
     path = save_figure(fig, tmp_path / "curves.png")
     assert path.stat().st_size > 0 and path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_controllers_identical_in_every_episode_share_one_named_line():
+    records = _records()
+    idle = [EpisodeRecord("idle", r.episode_index, r.episode_rng_seed, r.host, r.values)
+            for r in records if r.controller == "static"]
+    fig = curves_figure(records + idle, "accuracy_curve")
+    (ax,) = fig.axes
+    assert [line.get_label() for line in ax.lines] == [
+        "static (n=5) = idle, identical in every episode", "heuristic (n=5)", "ppo (n=5)"]
+    assert len([c for c in ax.collections if isinstance(c, PolyCollection)]) == 3
+    # Equal in all but one episode is not identical: drawn apart.
+    late = [*idle[:-1], EpisodeRecord("idle", 4, idle[-1].episode_rng_seed, "baseline", {
+        **idle[-1].values, "accuracy_curve": (0.0,) * 6})]
+    (ax,) = curves_figure(records + late, "accuracy_curve").axes
+    assert len(ax.lines) == 4
+    # At one spot in a scatter, too.
+    (ax,) = vs_params_figure(summarize(records + idle), "outcome").axes
+    assert [t.get_text() for t in ax.texts] == ["static = idle", "heuristic", "ppo"]
+
+
+def test_loss_against_flops_has_engineering_ticks_and_no_offset_text():
+    records = [EpisodeRecord(r.controller, r.episode_index, r.episode_rng_seed, r.host, {
+        **r.values, "train_flops_curve": tuple(2e9 * (t + 1) for t in range(6))})
+        for r in _records() if r.controller != "static"]
+    fig = curves_figure(records, "loss_curve", x="train_flops_curve")
+    (ax,) = fig.axes
+    fig.draw_without_rendering()
+    assert ax.xaxis.get_offset_text().get_text() == ""  # the "1e10" that overlapped the label
+    labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text() not in ("", "0")]
+    assert "2 G" in labels and all(text.endswith(" G") for text in labels)
+    assert ax.get_xlabel() == "training FLOPs (mean over episodes)"
 
 
 def test_short_episodes_have_whole_epoch_ticks_and_one_episode_no_band():
@@ -234,7 +274,7 @@ def test_every_plotted_metric_is_saved_and_a_new_one_is_drawn(tmp_path, monkeypa
         "outcome_differences.png", "outcome_vs_params.png", "final_loss_vs_params.png",
         "accuracy_curves.png", "train_loss_curves.png"]
     (scalar,) = vs_params_figure(summaries, "final_loss").axes
-    assert scalar.get_ylabel() == "final loss: validation loss of the last epoch"
+    assert scalar.get_ylabel() == "final loss"
     assert [t.get_text() for t in scalar.texts] == ["heuristic", "ppo"]  # static has none
     (curves,) = curves_figure(records, "train_loss_curve").axes
     assert curves.get_title().startswith("Training loss (mean over episodes")

@@ -8,6 +8,8 @@ import pytest
 
 from esper_lightning.app.records import METRICS, EpisodeRecord, Metric
 from esper_lightning.app.report import (
+    Scope,
+    coinciding,
     markdown_table,
     paired_differences,
     summarize,
@@ -79,7 +81,7 @@ def test_too_few_pairs_get_no_verdict_even_when_the_interval_excludes_zero():
     (few,) = paired_differences(paired_table(reference[:5], reference[:5] + 5.0 + steps[:5]))
     assert few.differences["outcome"].ci[0] > 0.0
     assert few.p_value == pytest.approx(2 / 2**5)  # the smallest p five pairs can give
-    assert few.verdict == "no detectable difference at 5 seeds"
+    assert few.verdict == "no detectable difference at 5 seeds (p >= 0.05)"
     (enough,) = paired_differences(paired_table(reference, reference + 5.0 + steps))
     assert enough.verdict == "better"
 
@@ -98,7 +100,7 @@ def test_an_interval_that_excludes_zero_without_a_significant_test_is_no_verdict
     assert grower.p_value == pytest.approx(2 * 25 / 2**10)
     assert grower.p_holm == pytest.approx(2 * grower.p_value)
     assert grower.p_holm == pytest.approx(holm([grower.p_value, random.p_value])[0])
-    assert grower.verdict == "no detectable difference at 10 seeds"
+    assert grower.verdict == "no detectable difference at 10 seeds (p >= 0.05)"
     (alone,) = paired_differences(paired_table(reference, reference + gains))
     assert alone.p_holm == alone.p_value and alone.verdict == "better"
 
@@ -247,9 +249,9 @@ def test_validation_losses_are_summarised_and_paired_in_their_section():
     (pair,) = paired_differences(records, "static")
     assert pair.differences["val_loss"].mean == pytest.approx(-0.4 / 3)
     assert pair.differences["val_loss"].ci == pytest.approx((-0.4 / 3, -0.4 / 3))
-    text = markdown_table([static, grown], [pair])
-    assert ("## Validation loss\n\nMean validation loss of the last 3 epochs, per token for a "
-            "language model (lower is better).\n\n| controller | val loss [95% CI] |") in text
+    text = markdown_table([static, grown], [pair], scope=Scope(example="byte"))
+    assert ("## Validation loss\n\nMean validation loss of the last 3 epochs, in nats per "
+            "byte (lower is better).\n\n| controller | val loss [95% CI] |") in text
     assert "| grown | static | 6 | -0.1333 [-0.1333, -0.1333] |" in text
     no_losses = [record("static", i, 60.0) for i in range(2)]
     assert summarize(no_losses)[0].metrics["val_loss"] is None
@@ -288,3 +290,61 @@ def test_a_metric_added_in_one_place_is_summarised_paired_and_reported(monkeypat
     # Judged as the outcome, the same shift is worse: lower is better for this metric.
     (judged,) = paired_differences(records, outcome="shifted")
     assert pair.verdict == "better" and judged.verdict == "worse"
+
+
+def with_compute(r, train_flops, budget_flops=None):
+    values = {**r.values, "train_flops": train_flops, "budget_flops": budget_flops,
+              "data_passes": 1.0, "loss_curve": (3.0, 2.5, 2.0, 1.5),
+              "val_loss": 2.0, "final_bits": 1.5 / np.log(2.0)}
+    return EpisodeRecord(r.controller, r.episode_index, r.episode_rng_seed, r.host, values)
+
+
+def test_scope_of_records_reads_budget_and_flops_per_episode():
+    equal = [with_compute(record(c, i, 60.0), 1e9) for i in range(3) for c in ("a", "b")]
+    assert Scope.of(equal, bits=False, example="image") == Scope(
+        budgeted=False, flops_differ=False, bits=False, example="image")
+    # Different FLOPs on different episodes of one controller are no difference between
+    # controllers; on one episode index they are.
+    by_episode = [with_compute(record(c, i, 60.0), 1e9 * (i + 1)) for i in range(3)
+                  for c in ("a", "b")]
+    assert not Scope.of(by_episode, bits=False, example="image").flops_differ
+    grown = [*equal[:-1], with_compute(record("b", 2, 60.0), 2e9)]
+    assert Scope.of(grown, bits=False, example="image").flops_differ
+    budgeted = [with_compute(record("a", 0, 60.0), 1e9, budget_flops=1e9)]
+    assert Scope.of(budgeted, bits=True, example="byte").budgeted
+
+
+@pytest.mark.parametrize("scope, shown, hidden", [
+    (Scope(budgeted=False, flops_differ=False, bits=False, example="image"),
+     ["## Validation loss", "nats per image"],
+     ["## Compute", "final loss (bits)", "byte"]),
+    (Scope(budgeted=False, flops_differ=True, bits=False, example="image"),
+     ["## Compute", "Training images seen"], ["final loss (bits)"]),
+    (Scope(budgeted=True, flops_differ=False, bits=True, example="byte"),
+     ["## Compute", "final loss (bits)", "in bits per byte"], ["image"]),
+])
+def test_the_report_shows_only_the_sections_its_scope_applies(scope, shown, hidden):
+    records = [with_compute(record(c, i, 60.0 + i + (c == "b")), 1e9 + (c == "b"),
+                            budget_flops=1e9 if scope.budgeted else None)
+               for i in range(6) for c in ("a", "b")]
+    text = markdown_table(summarize(records), paired_differences(records, "a"), scope=scope)
+    for words in shown:
+        assert words in text
+    for words in hidden:
+        assert words not in text
+
+
+def test_coinciding_controllers_are_found_and_named_under_the_first_table():
+    records = [record(c, i, 60.0 + i) for i in range(4) for c in ("static", "idle", "grower")]
+    records = [r if r.controller != "grower" else record("grower", r.episode_index, 70.0)
+               for r in records]
+    # A different wall time is the same play; one differing value in one episode is not.
+    records.append(record("slow", 0, 60.0, wall_seconds=99.0))
+    records += [record("slow", i, 60.0 + i) for i in range(1, 4)]
+    records += [record("late", i, 60.0 + i + (i == 3)) for i in range(4)]
+    same = coinciding(records)
+    assert same == [("static", "idle", "slow")]
+    text = markdown_table(summarize(records), paired_differences(records, "static"), same=same)
+    assert ("idle and slow played exactly as static in every episode (every value and curve "
+            "equal, wall time aside)") in text
+    assert coinciding([record("a", 0, 1.0), record("b", 1, 1.0)]) == []  # other episodes

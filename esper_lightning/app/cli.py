@@ -61,10 +61,10 @@ VERSION = f"{PROG} {__version__}"
 class Command:
     config: type[TaskConfig]
     summary: str
-    run: Callable[[TaskConfig], int]
+    run: Callable[[TaskConfig, Sequence[str]], int]
 
 
-def run_ppo(config: TaskConfig) -> int:
+def run_ppo(config: TaskConfig, argv: Sequence[str] = ()) -> int:
     from esper_lightning.app.trainer import PPOTrainer  # heavy imports only for this command
 
     assert isinstance(config, PPORunConfig)
@@ -87,11 +87,11 @@ def run_ppo(config: TaskConfig) -> int:
     return 0
 
 
-def run_compare(config: TaskConfig) -> int:
+def run_compare(config: TaskConfig, argv: Sequence[str] = ()) -> int:
     from esper_lightning.app.compare import Comparison
 
     assert isinstance(config, CompareConfig)
-    comparison = Comparison(config)
+    comparison = Comparison(config, command=[PROG, "compare", *argv])
     comparison.run()
     print((comparison.out / "summary.md").read_text())
     print(f"episodes: {comparison.episodes_csv}; plots and summary in {comparison.out}")
@@ -102,6 +102,8 @@ COMMANDS = {
     "ppo": Command(PPORunConfig, "learn the lifecycle controller with PPO", run_ppo),
     "compare": Command(CompareConfig, "compare controllers on paired episodes", run_compare),
 }
+#: Commands with a parser of their own (their configuration is a file, not flags).
+OWN_PARSER = {"frontier": "train and report the compute-optimal frontier (a study folder)"}
 
 
 def build_parser(command: str, preset: str | None = None,
@@ -196,7 +198,8 @@ def saved_run(resume: str, ab: Sequence[str]) -> dict[str, Any]:
 
 def normalize_argv(argv: Sequence[str], cls: type[TaskConfig]) -> list[str]:
     """Accept the spellings people type: dashes for underscores, ``--no-<flag>``, a bare
-    boolean flag, and a list flag's values space-separated, as one ``--flag=value`` or in
+    boolean flag, a negative number after a flag (``--budget_flops -1e9``, which argparse would
+    read as a flag), and a list flag's values space-separated, as one ``--flag=value`` or in
     brackets (``[a,b]``, also split by the shell as ``[a, b]``)."""
     hints = typing.get_type_hints(cls)
     kinds = {f.name: _kind(hints[f.name]) for f in fields(cls)}
@@ -216,6 +219,9 @@ def normalize_argv(argv: Sequence[str], cls: type[TaskConfig]) -> list[str]:
                 items.append(argv[i])
                 i += 1
             out.append(f"--{key}={json.dumps(_list_values(items))}")
+        elif kinds.get(key) == "value" and not eq and i < len(argv) and _number(argv[i]):
+            out.append(f"--{key}={argv[i]}")  # '-1e9' is a value, not a flag
+            i += 1
         elif key in kinds or key in ("print_config", "config"):
             out.append(f"--{key}{eq}{value}")
         else:
@@ -240,6 +246,16 @@ def _list_values(tokens: list[str]) -> list[str] | None:
     if text.startswith("[") and text.endswith("]"):
         return [item.strip() for item in text[1:-1].split(",") if item.strip()]
     return tokens
+
+
+def _number(token: str) -> bool:
+    """Whether ``token`` reads as a number (``-1e9``, ``-0.5``), which argparse would take for
+    a flag when it starts with a dash."""
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
 
 
 def _no_value(argv: Sequence[str], i: int) -> bool:
@@ -277,17 +293,24 @@ def attach_log_handler() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        lines = [f"usage: {PROG} {{{','.join(COMMANDS)}}} [--help] ...", f"       {PROG} --version",
+        names = [*COMMANDS, *OWN_PARSER]
+        lines = [f"usage: {PROG} {{{','.join(names)}}} [--help] ...", f"       {PROG} --version",
                  ""]
         lines += [f"  {name:8s} {command.summary}" for name, command in COMMANDS.items()]
+        lines += [f"  {name:8s} {summary}" for name, summary in OWN_PARSER.items()]
         print("\n".join(lines))
         return 0 if argv else 2
     if argv[0] == "--version":
         print(VERSION)
         return 0
     command = argv[0]
+    if command == "frontier":
+        from esper_lightning.app.frontier.command import main as frontier
+
+        return frontier(argv[1:])
     if command not in COMMANDS:
-        print(f"{PROG}: error: unknown command {command!r}; accepted: {', '.join(COMMANDS)}",
+        accepted = ", ".join([*COMMANDS, *OWN_PARSER])
+        print(f"{PROG}: error: unknown command {command!r}; accepted: {accepted}",
               file=sys.stderr)
         return 2
     try:
@@ -301,7 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:  # log lines go above the progress bar, never onto its line
         with logging_redirect_tqdm(loggers=[logging.getLogger("esper_lightning")]):
-            return COMMANDS[command].run(config)
+            return COMMANDS[command].run(config, argv[1:])
     except (ConfigError, DataError) as err:
         return _fail(command, err)
 

@@ -14,11 +14,17 @@ Random-number seeds of the three kinds of episodes never overlap: PPO training u
 ``EVALUATION_ROUNDS + i`` and tuning episode ``i`` (of the heuristic's knobs, of a learning
 rate) round ``TUNING_ROUNDS + i``.
 
+**The verdict reads the test split** (`envs.Task.load_test`: the second half of the held-out
+text, of the official CIFAR-10 test batch), measured once at each episode's end and read by
+nothing that decides: the test outcome (``test_outcome``: test accuracy minus the seeds' price)
+or, under a budget, the test loss (``test_bits``). Tuning (the heuristic's knobs, the learning
+rates) decides on the validation split (``outcome``, ``final_bits``).
+
 **At equal compute** (a budget: ``budget_flops`` or ``budget_steps``) every episode spends the
 same training FLOPs (with ``budget_scales``, episode ``i`` draws its budget from its rng seed, the
 same for every controller; ``episodes.csv`` records it as ``budget_flops``), and the verdict
-judges the validation loss at the budget (``final_bits``, bits per byte on the language model,
-lower is better) instead of the accuracy outcome; the report adds the speed-up at equal loss
+judges the loss at the budget (``test_bits``, bits per byte on the language model, lower is
+better) instead of the accuracy outcome; the report adds the speed-up at equal loss
 (`app.speedup`: the FLOPs each controller needs to reach ``speedup_reference``'s final loss) and
 ``loss_vs_flops.png``. With more than one budget the report also gives the judged metric's tables
 per budget (`app.report.per_budget`), and with ``stack:`` arms that differ only in TAU each
@@ -34,6 +40,7 @@ import itertools
 import json
 import logging
 import math
+import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -51,9 +58,12 @@ from esper_lightning.app.config import (
     check_hardware,
 )
 from esper_lightning.app.logs import label_engine
+from esper_lightning.app.provenance import code_version
 from esper_lightning.app.records import (
     METRICS,
     OUTCOME,
+    TEST_BITS,
+    TEST_OUTCOME,
     Episode,
     EpisodeRecord,
     append_record_csv,
@@ -61,8 +71,10 @@ from esper_lightning.app.records import (
 )
 from esper_lightning.app.report import (
     ControllerSummary,
+    Scope,
     budget_json,
     budget_markdown,
+    coinciding,
     markdown_table,
     paired_differences,
     per_budget,
@@ -91,8 +103,6 @@ from esper_lightning.rl.checkpoint import (
     load_policy,
     read_checkpoint,
 )
-from esper_lightning.rl.episodes import step_ends
-from esper_lightning.rl.rewards import RewardConfig, compute_reward
 
 log = logging.getLogger("esper_lightning")
 
@@ -100,7 +110,7 @@ EVALUATION_ROUNDS = 1_000_000
 TUNING_ROUNDS = 2_000_000
 CONTROLLER_KINDS = (
     "static", "heuristic", "random", "grower:BLUEPRINT[:all][:hold]", "policy:PATH",
-    "matched:NAME", "stack:K@TAU[:INIT]", "born:K",
+    "matched:NAME", "stack:K@TAU[:OPERATOR]", "born:K",
 )
 #: The heuristic's main knobs and the values `--tune_heuristic` tries (every combination).
 TUNING_GRID: dict[str, tuple[Any, ...]] = {
@@ -217,8 +227,6 @@ def play_episodes(
 ) -> list[EpisodeRecord]:
     """Play one episode per plan on envs ``0..len(plans)-1`` of ``pool`` in lockstep."""
     which = list(range(len(plans)))
-    reward_config = RewardConfig(mode=task.reward, gamma=task.gamma, param_cost=task.param_cost,
-                                 outcome=task.outcome)
     start = time.perf_counter()
     # The first epoch trains before the first decision, as in a Trainer and in PPO rollouts.
     observations = pool.reset([p.rng_seed for p in plans], which, [p.implants for p in plans],
@@ -229,34 +237,34 @@ def play_episodes(
         controller.reset()
     returns = [0.0] * len(plans)
     histories = [[o.report] for o in observations]  # every epoch's report, per episode
-    decisions = task.episode_length - 1
-    for t in range(decisions):
-        reports = [o.report for o in observations]
-        actions = [c.decide(r) for c, r in zip(controllers, reports, strict=True)]
-        outcomes, observations = pool.step(actions, which)
-        ends = step_ends([t + 1] * len(plans), decisions, rollout_over=t == decisions - 1)
-        for k, (outcome, after) in enumerate(zip(outcomes, observations, strict=True)):
-            reward = compute_reward(  # a rollback restored the env; the episode goes on
-                reports[k], outcome.executed, after.report, reward_config,
-                terminal=bool(ends.terminated[k]), rollback=after.rollback_reason is not None,
-            )
-            returns[k] += reward.total
-            histories[k].append(after.report)
+    over = False
+    while not over:  # every env's episode has the same number of decisions
+        actions = [c.decide(o.report) for c, o in zip(controllers, observations, strict=True)]
+        steps = pool.step(actions, which)
+        for k, step in enumerate(steps):
+            returns[k] += step.reward.total  # the env's reward, as PPO's rollouts read it
+            histories[k].append(step.observation.report)
+        observations = [step.observation for step in steps]
+        ends = {step.terminated for step in steps}
+        assert len(ends) == 1, "the envs of one chunk play episodes of one length"
+        over = ends.pop()
     seconds = (time.perf_counter() - start) / len(plans)
+    tests = pool.test(which)  # once, at the end: for the final tables only
     return [_record(pool, k, plan, task, returns[k], histories[k], seconds,
-                    observations[k].data_passes) for k, plan in enumerate(plans)]
+                    observations[k].data_passes, tests[k]) for k, plan in enumerate(plans)]
 
 
 def _record(
     pool: EnvPool, k: int, plan: EpisodePlan, task: TaskConfig, episode_return: float,
-    reports: list[EpochReport], seconds: float, data_passes: float,
+    reports: list[EpochReport], seconds: float, data_passes: float, test: tuple[float, float],
 ) -> EpisodeRecord:
     engine = pool.envs[k].engine
     assert engine is not None
     seeds = tuple((sid, slot.state.blueprint) for sid, slot in engine.slots.items()
                   if slot.state is not None and slot.stage in PRESENT_STAGES)
     episode = Episode(tuple(reports), episode_return, engine.seed_params, engine.host_params,
-                      engine.event_counts(), task.param_cost, seconds, seeds, data_passes)
+                      engine.event_counts(), task.param_cost, seconds, seeds, data_passes,
+                      *test)
     return EpisodeRecord.of_episode(plan.label, plan.index, plan.rng_seed,
                                     str(task.host_preset), episode)
 
@@ -275,6 +283,8 @@ class Comparison:
             ``config.controllers`` like the built-in ones.
         pool: the env pool to play on (at least ``config.envs`` envs); by default one is built
             from the config on first use.
+        command: the command line that started it, quoted in the report's header (the CLI
+            passes it).
 
     Example:
         >>> config = CompareConfig(controllers=("static", "heuristic", "mine"), seeds=10)
@@ -287,13 +297,17 @@ class Comparison:
         config: CompareConfig,
         custom: Mapping[str, Callable[[EpisodePlan], Controller]] | None = None,
         pool: EnvPool | None = None,
+        *,
+        command: Sequence[str] = (),
     ) -> None:
         self.config = config
+        self.command = tuple(command)
         self.out = Path(config.out)
         self.custom = dict(custom or {})
         self.specs = {text: parse_controller(text, tuple(self.custom))
                       for text in config.controllers}
-        self.topology = make_task(config).topology
+        self.task = make_task(config)
+        self.topology = self.task.topology
         for spec in self.specs.values():
             if spec.kind == "grower":
                 make_grower(spec.argument, self.topology)  # type: ignore[arg-type]  # early
@@ -311,10 +325,12 @@ class Comparison:
         self.arm_lrs = config.arm_lrs()
         self.fingerprints = {label: fingerprint(spec, self.arm_lrs.get(label))
                              for label, spec in self.specs.items()}
+        #: What tuning decides on (validation): the loss at the budget under one, else the
+        #: outcome; and what the verdict judges, the same on the test split.
+        self.decides = BUDGET_OUTCOME if config.budgeted else OUTCOME
+        self.judged = TEST_BITS if config.budgeted else TEST_OUTCOME
         self._check_out_folder()
         self.heuristic = default_heuristic(config)
-        #: The metric the verdict judges: the loss at the budget under one, else the outcome.
-        self.judged = BUDGET_OUTCOME if config.budgeted else OUTCOME
         self._pool = pool
 
     # --- files ------------------------------------------------------------------------------
@@ -352,6 +368,11 @@ class Comparison:
             return
         self._check_settings(_read_json(self.config_json))
         self._check_controllers(tables.get(self.episodes_csv, []))
+        untested = [r for r in tables.get(self.episodes_csv, []) if r[self.judged] is None]
+        if untested:
+            raise ConfigError(f"out '{self.out}' holds {len(untested)} episode(s) recorded "
+                              f"before the test split (no {self.judged}), which the verdict "
+                              "judges; use another --out")
         for path, records in tables.items():
             _check_rows(path, records, self.config, tuning=path == self.tuning_csv)
 
@@ -482,7 +503,8 @@ class Comparison:
         if self._pool is None:
             c = self.config
             train, val = load_splits(c, c.progress)
-            self._pool = EnvPool(env_spec(c), train, val, c.devices_for(c.envs))
+            test = make_task(c).load_test(c.data_dir, rng_seed=c.rng_seed)
+            self._pool = EnvPool(env_spec(c), train, val, c.devices_for(c.envs), test)
         return self._pool
 
     # --- tuning the heuristic ---------------------------------------------------------------
@@ -506,9 +528,9 @@ class Comparison:
         done += self._play_missing(plans, csv_path, lambda p: HeuristicController(configs[p.label]))
         best, means = self._best(done, list(configs))
         chosen = configs[best]
-        saved.write_text(json.dumps({"chosen": best, "judged": self.judged, "means": means,
+        saved.write_text(json.dumps({"chosen": best, "judged": self.decides, "means": means,
                                      "config": _heuristic_to_json(chosen)}, indent=2) + "\n")
-        log.info("tuned heuristic: %s (mean %s %.4g on %d tuning episodes)", best, self.judged,
+        log.info("tuned heuristic: %s (mean %s %.4g on %d tuning episodes)", best, self.decides,
                  means[best], self.config.tuning_seeds)
         return chosen
 
@@ -516,9 +538,9 @@ class Comparison:
               ) -> tuple[str, dict[str, float]]:
         """The label with the best mean judged metric over its tuning episodes (ties: the
         earlier label), and every label's mean."""
-        means = {label: math.fsum(r[self.judged] for r in done if r.controller == label)
+        means = {label: math.fsum(r[self.decides] for r in done if r.controller == label)
                  / self.config.tuning_seeds for label in labels}
-        sign = 1.0 if METRICS[self.judged].better == "higher" else -1.0
+        sign = 1.0 if METRICS[self.decides].better == "higher" else -1.0
         best = max(labels, key=lambda label: (sign * means[label], -labels.index(label)))
         return best, means
 
@@ -546,14 +568,59 @@ class Comparison:
         for spec in tuned:
             labels = [label for label, (name, _) in rates.items() if name == spec.label]
             best, means = self._best(done, labels)
-            chosen[spec.label] = {"chosen": rates[best][1], f"mean_{self.judged}": means}
+            chosen[spec.label] = {"chosen": rates[best][1], f"mean_{self.decides}": means}
             log.info("tuned lr of %s: %g (mean %s %.4g)", spec.label, rates[best][1],
-                     self.judged, means[best])
+                     self.decides, means[best])
         if tuned:
             saved.write_text(json.dumps(chosen, indent=2) + "\n")
         return {label: float(v["chosen"]) for label, v in chosen.items() if label in self.specs}
 
     # --- report -----------------------------------------------------------------------------
+    def header(self, n_controllers: int) -> str:
+        """The report's title and a table of the settings a reader needs to judge or rerun it:
+        task, preset, budget, learning rates, episodes and root rng seed, controllers, what
+        the verdict judges, the code and the command."""
+        c = self.config
+        preset = next((b for a, b in itertools.pairwise(self.command) if a == "--preset"),
+                      next((a.partition("=")[2] for a in self.command
+                            if a.startswith("--preset=")), None))
+        if c.budget_flops is not None:
+            budget = f"{c.budget_flops:.3g} training FLOPs"
+        elif c.budget_steps is not None:
+            budget = f"the FLOPs of {c.budget_steps} steps of the host as born"
+        else:
+            budget = f"none: {c.episode_length} epochs"
+        if c.budget_scales:
+            budget += " × a scale drawn per episode from " + ", ".join(
+                f"{x:g}" for x in c.budget_scales)
+        rates = f"{c.host_lr:g} ({c.lr_schedule})"
+        rates += "".join(f"; {name}: {lr:g}" for name, lr in self.arm_lrs.items())
+        if c.tune_lr:
+            rates += " (tuned on tuning episodes from " + ", ".join(
+                f"{x:g}" for x in c.tune_lr) + ")"
+        controllers = ", ".join(f"{name} (the reference)" if name == c.reference else name
+                                for name in self.specs)
+        judged = METRICS[self.judged]
+        rows = [
+            ("task", f"{c.task}: host {c.host_preset}, slots {' '.join(c.slots)}"),
+            ("preset", preset or "none"),
+            ("budget", budget),
+            ("host learning rate", rates),
+            ("episodes", f"{c.seeds} evaluation episodes per controller, root rng seed "
+                         f"{c.rng_seed}"),
+            ("controllers", controllers),
+            ("judged", f"{judged.label} on the test split; tuning decides on validation "
+                       f"({METRICS[self.decides].label})"),
+            ("code", code_version()),
+        ]
+        if self.command:
+            rows.append(("command", "`" + " ".join(shlex.quote(a) for a in self.command) + "`"))
+        title = (f"# Comparison of {n_controllers} controllers on {c.task}"
+                 f"{f' ({preset})' if preset else ''}")
+        table = ["| setting | value |", "|---|---|",
+                 *(f"| {k} | {v.replace('|', chr(92) + '|')} |" for k, v in rows)]
+        return "\n".join([title, "", *table, "", ""])
+
     def report(self, records: Sequence[EpisodeRecord]) -> str:
         """Write ``summary.md``, ``summary.json``, the plots and TensorBoard; return the table."""
         pairs = "all" if self.config.all_pairs else None
@@ -564,11 +631,14 @@ class Comparison:
         speedups = speedup.speedups(records, reference)
         budgets = per_budget(records, self.config.reference, pairs, outcome=self.judged)
         oracles, regrets = regret.regrets(records, self.judged)
-        table = markdown_table(summaries, comparisons)
-        table += "\n".join([*budget_markdown(budgets),
+        scope = Scope.of(records, bits=self.task.loss_in_bits, example=self.task.example)
+        if not scope.budgeted:
+            speedups = []  # equal loss at less compute: a question of runs under a budget
+        table = markdown_table(summaries, comparisons, scope=scope, same=coinciding(records))
+        table += "\n".join([*budget_markdown(budgets, scope),
                             *regret.markdown(oracles, regrets, self.judged),
                             *speedup.markdown(speedups, reference), ""])
-        (self.out / "summary.md").write_text(table + "\n")
+        (self.out / "summary.md").write_text(self.header(len(summaries)) + table + "\n")
         summary = summary_json(summaries, comparisons)
         summary["per_budget"] = budget_json(budgets)
         summary["regret"] = regret.as_json(oracles, regrets)
@@ -578,7 +648,7 @@ class Comparison:
         summary["speedup"] = speedup.as_json(speedups, reference)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         plots.save_figures(records, summaries, comparisons, self.out,
-                           param_cost=self.config.param_cost)
+                           param_cost=self.config.param_cost, scope=scope)
         if regrets:
             plots.save_figure(plots.regret_figure(regrets, self.judged), self.out / "regret.png")
         _log_tensorboard(self.out, self.config, table, summaries, self.judged)

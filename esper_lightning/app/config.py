@@ -395,9 +395,10 @@ class CompareConfig(TaskConfig):
             when legal, fossilize unless hold), policy:PATH (a PPO
             checkpoint), matched:NAME (the host born in each episode with the seeds NAME had
             at the end of that episode, the same blueprints in the same slots, fully blended
-            from epoch 0), stack:K@TAU[:INIT] (lm: grow to K blocks with block seeds of INIT
-            copy, identity or random once fraction TAU of the run is spent) and born:K (lm:
-            the host born with K blocks, random-init block seeds fully blended from epoch 0).
+            from epoch 0), stack:K@TAU[:OPERATOR] (lm: grow to K blocks with the growth
+            operator OPERATOR, copy, identity or random, once fraction TAU of the run is spent)
+            and born:K (lm: the host born with K blocks, random-init growth seeds fully blended
+            from epoch 0).
         seeds: evaluation episodes per controller; episode i has the same host initialisation,
             data order and augmentation for every controller.
         envs: envs in the lockstep pool (episodes run in chunks of this size).

@@ -12,7 +12,8 @@
   marker, and labels that would print over each other are moved apart.
 - `curves_figure` (``<name>s.png``): the mean curve per epoch per controller with its band;
   every controller has its own line style and marker and is shifted sideways by a hair, so
-  identical curves stay visible; epochs are whole numbers. With ``x=`` another curve gives the
+  close curves stay apart; controllers whose curves are equal in every episode share one line
+  named by all of them; epochs are whole numbers. With ``x=`` another curve gives the
   horizontal axis: ``loss_vs_flops.png`` draws the validation loss against the mean cumulative
   training FLOPs at each epoch, the comparison at equal compute.
 
@@ -47,11 +48,11 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.text import Text
-from matplotlib.ticker import MaxNLocator, StrMethodFormatter
+from matplotlib.ticker import EngFormatter, MaxNLocator, StrMethodFormatter
 
 from esper_lightning.app.records import METRICS, EpisodeRecord, Metric, group_by_controller
 from esper_lightning.app.regret import Regret
-from esper_lightning.app.report import ControllerSummary, PairedComparison
+from esper_lightning.app.report import EVERYTHING, ControllerSummary, PairedComparison, Scope
 from esper_lightning.app.stats import CONFIDENCE, Estimate, estimate
 
 #: The size a scalar metric is drawn against.
@@ -72,9 +73,12 @@ def _new_axes(height: float = 4.5, width: float = 7.5) -> tuple[Figure, Axes]:
 
 
 def _axis_label(metric: Metric, param_cost: float | None, difference: bool = False,
-                width: int = 70) -> str:
-    """The metric's axis label, wrapped; a priced metric names the ``param_cost`` it used."""
+                width: int = 70, short: bool = False) -> str:
+    """The metric's axis label, wrapped; a priced metric names the ``param_cost`` it used.
+    ``short``: the label and unit only (the report's section says what it is)."""
     label = metric.axis_label()
+    if short:
+        label = metric.label + (f" ({metric.unit})" if metric.unit else "")
     if difference:
         unit = "pp" if metric.unit == "%" else metric.unit
         label = f"Δ {metric.label}" + (f" ({unit})" if unit else "")
@@ -218,18 +222,19 @@ def vs_params_figure(summaries: Sequence[ControllerSummary], name: str = "outcom
     if not shown:
         raise ValueError(f"vs_params_figure needs at least one controller summary with {name}")
     fig, ax = _new_axes()
-    points = []
-    for k, s in enumerate(shown):
+    points: dict[tuple[Estimate, Estimate], list[str]] = {}  # controllers at one point
+    for s in shown:
         x, y = s.metrics[SIZE], s.metrics[name]
         assert x is not None and y is not None
-        xerr = _error_bar(x)
-        yerr = _error_bar(y)
-        ax.errorbar([x.mean], [y.mean], xerr=xerr, yerr=yerr, fmt=MARKERS[k % len(MARKERS)],
-                    capsize=4, label=s.controller, markerfacecolor="none", markersize=8)
-        points.append((x.mean, y.mean))
-    _label_points(ax, points, [s.controller for s in shown])
+        points.setdefault((x, y), []).append(s.controller)
+    for k, ((x, y), names) in enumerate(points.items()):
+        ax.errorbar([x.mean], [y.mean], xerr=_error_bar(x), yerr=_error_bar(y),
+                    fmt=MARKERS[k % len(MARKERS)], capsize=4, label=" = ".join(names),
+                    markerfacecolor="none", markersize=8)
+    _label_points(ax, [(x.mean, y.mean) for x, y in points],
+                  [" = ".join(names) for names in points.values()])
     ax.set_xlabel(size.axis_label())
-    ax.set_ylabel(_axis_label(metric, param_cost, width=55))
+    ax.set_ylabel(_axis_label(metric, param_cost, width=45, short=True))
     ax.set_title(f"{metric.label.capitalize()} against size (means, {shown[0].confidence:.0%} "
                  "t intervals)\nOverlapping intervals of means do not mean no difference: "
                  "see the paired differences", fontsize="medium")
@@ -281,6 +286,25 @@ def dodge(k: int, n_controllers: int, n_epochs: int) -> float:
     return 0.005 * max(n_epochs - 1, 1) * (k - (n_controllers - 1) / 2)
 
 
+def _merge_coinciding(
+    groups: dict[str, list[EpisodeRecord]], name: str, x: str | None
+) -> list[tuple[np.ndarray, np.ndarray | None, list[str]]]:
+    """Each controller's curves ``[E, T]`` (and its ``x`` curves), controllers whose curves are
+    equal in every episode merged into one entry named by all of them: a reader sees that they
+    coincide rather than hunting for a hidden line."""
+    drawn: list[tuple[np.ndarray, np.ndarray | None, list[str]]] = []
+    for controller, episodes in groups.items():
+        curves = _curves(controller, name, episodes)  # [E, T]
+        xs = None if x is None else _curves(controller, x, episodes)  # [E, T]
+        twin = next((d for d in drawn if np.array_equal(d[0], curves)
+                     and (xs is None or np.array_equal(d[1], xs))), None)
+        if twin is None:
+            drawn.append((curves, xs, [f"{controller} (n={len(episodes)})"]))
+        else:
+            twin[2].append(controller)
+    return drawn
+
+
 def curves_figure(
     records: Iterable[EpisodeRecord],
     name: str = "accuracy_curve",
@@ -293,9 +317,10 @@ def curves_figure(
 
     The band at each epoch is the interval of the mean over that controller's episodes
     (`stats.estimate`, as in the report's tables); a controller with a single episode has no
-    band. Epochs are numbered from 1; each curve is shifted by `dodge`. With ``x`` (another
-    curve metric, e.g. ``train_flops_curve``) a controller's points sit at the mean of that
-    curve over its episodes instead of at the epochs.
+    band. Epochs are numbered from 1; each curve is shifted by `dodge`; controllers whose
+    curves are equal in every episode share one line, labelled ``a (n=...) = b, identical in
+    every episode``. With ``x`` (another curve metric, e.g. ``train_flops_curve``) a
+    controller's points sit at the mean of that curve over its episodes, not at the epochs.
 
     Raises:
         ValueError: no record has the curve, or one controller's curves differ in length.
@@ -311,12 +336,13 @@ def curves_figure(
     if not groups:
         raise ValueError(f"curves_figure needs at least one episode with {name}")
     fig, ax = _new_axes()
-    for k, (controller, episodes) in enumerate(groups.items()):
-        curves = _curves(controller, name, episodes)  # [E, T]
-        epochs = np.arange(1, curves.shape[1] + 1) + dodge(k, len(groups), curves.shape[1])
-        if x is not None:
-            epochs = _curves(controller, x, episodes).mean(axis=0)  # [T]
-        (line,) = ax.plot(epochs, curves.mean(axis=0), label=f"{controller} (n={len(episodes)})",
+    drawn = _merge_coinciding(groups, name, x)
+    for k, (curves, xs, names) in enumerate(drawn):
+        epochs = np.arange(1, curves.shape[1] + 1) + dodge(k, len(drawn), curves.shape[1])
+        if xs is not None:
+            epochs = xs.mean(axis=0)  # [T]
+        label = " = ".join(names) + (", identical in every episode" if len(names) > 1 else "")
+        (line,) = ax.plot(epochs, curves.mean(axis=0), label=label,
                           linestyle=LINESTYLES[k % len(LINESTYLES)],
                           marker=MARKERS[k % len(MARKERS)], markersize=4,
                           markerfacecolor="none")
@@ -328,7 +354,10 @@ def curves_figure(
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("epoch")
     else:
-        ax.set_xlabel(f"{METRICS[x].axis_label()} (mean over episodes)")
+        # Engineering prefixes on the ticks (2 GFLOP) instead of an offset text ("1e9") that a
+        # long label runs into.
+        ax.xaxis.set_major_formatter(EngFormatter())
+        ax.set_xlabel(f"{METRICS[x].label} (mean over episodes)")
     ax.set_ylabel(metric.axis_label())
     against = "" if x is None else f" against {METRICS[x].label}"
     ax.set_title(f"{metric.label.capitalize()}{against} (mean over episodes, "
@@ -341,10 +370,11 @@ def curves_figure(
 # --- files ------------------------------------------------------------------------------------
 def save_figures(records: Sequence[EpisodeRecord], summaries: Sequence[ControllerSummary],
                  comparisons: Sequence[PairedComparison], out: str | os.PathLike[str], *,
-                 param_cost: float | None = None) -> list[Path]:
-    """Draw every metric with ``plot=True`` that some controller has into ``out``: a paired
-    scalar's differences as ``<name>_differences.png`` (first), a scalar as
-    ``<name>_vs_params.png``, a curve as ``<name>s.png``; returns the paths written.
+                 param_cost: float | None = None, scope: Scope = EVERYTHING) -> list[Path]:
+    """Draw every metric with ``plot=True`` that ``scope`` shows and some controller has into
+    ``out``: a paired scalar's differences as ``<name>_differences.png`` (first), a scalar as
+    ``<name>_vs_params.png``, a curve as ``<name>s.png``, and the validation loss against
+    training FLOPs when the scope shows compute; returns the paths written.
 
     Example::
 
@@ -352,7 +382,7 @@ def save_figures(records: Sequence[EpisodeRecord], summaries: Sequence[Controlle
     """
     figures: list[tuple[int, Figure, str]] = []
     for m in METRICS.values():
-        if not m.plot:
+        if not m.plot or not scope.shows(m):
             continue
         if m.kind == "curve" and any(r[m.name] for r in records):
             figures.append((2, curves_figure(records, m.name), f"{m.name}s.png"))
@@ -365,7 +395,8 @@ def save_figures(records: Sequence[EpisodeRecord], summaries: Sequence[Controlle
         if any(s.metrics.get(m.name) for s in summaries):
             figures.append((1, vs_params_figure(summaries, m.name, param_cost=param_cost),
                             f"{m.name}_vs_params.png"))
-    if any(r["loss_curve"] and any(r["train_flops_curve"]) for r in records):
+    if scope.shows(METRICS["train_flops_curve"]) and any(
+            r["loss_curve"] and any(r["train_flops_curve"]) for r in records):
         figures.append((2, curves_figure(records, "loss_curve", x="train_flops_curve"),
                         "loss_vs_flops.png"))
     figures.sort(key=lambda item: item[0])  # stable: differences, then sizes, then curves

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from esper_lightning.core.outcome import OUTCOME_EPOCHS, report_outcome
+from esper_lightning.core.outcome import OUTCOME_EPOCHS, parameter_cost, report_outcome
 from esper_lightning.core.report import EpochReport
 from esper_lightning.errors import ConfigError
 
@@ -61,6 +61,9 @@ class Episode:
         wall_seconds: wall-clock time of the episode.
         seeds: ``(slot id, blueprint)`` of every seed present at the end, in slot order.
         data_passes: training data seen over the training data's size (None: not counted).
+        test_loss, test_accuracy: the host's mean loss (per token for a language model) and
+            accuracy (percent) on the test split at the end (None: not measured); what the
+            final tables judge.
     """
 
     reports: tuple[EpochReport, ...]
@@ -72,6 +75,8 @@ class Episode:
     wall_seconds: float
     seeds: Seeds = ()
     data_passes: float | None = None
+    test_loss: float | None = None
+    test_accuracy: float | None = None
 
     @property
     def accuracies(self) -> tuple[float, ...]:
@@ -138,6 +143,9 @@ class Metric:
             when paired, its paired differences).
         priced: whether its value subtracts the parameter cost (`core.outcome`); plots of it
             name the ``param_cost`` the comparison used.
+        shown: when a report shows it (`Scope.shows`): ``"always"``; ``"budget"``, under a
+            compute budget; ``"compute"``, under a budget or when the controllers' training
+            FLOPs differ; ``"bits"``, on a task whose loss is read in bits (text).
     """
 
     name: str
@@ -155,6 +163,7 @@ class Metric:
     description: str = ""
     plot: bool = False
     priced: bool = False
+    shown: Literal["always", "budget", "compute", "bits"] = "always"
 
     def __post_init__(self) -> None:
         if self.kind not in ("scalar", "curve", "seeds") or self.dtype not in (int, float):
@@ -171,10 +180,17 @@ class Metric:
                              "summarised")
         if self.better not in ("higher", "lower", None):
             raise ValueError(f"metric {self.name!r}: better must be 'higher', 'lower' or None")
+        if self.shown not in ("always", "budget", "compute", "bits"):
+            raise ValueError(f"metric {self.name!r}: bad shown {self.shown!r}")
+
+    def describe(self, example: str = "example") -> str:
+        """The description with ``{example}`` naming what the task's loss is per (``"byte"``
+        of text, ``"image"``)."""
+        return self.description.format(example=example)
 
     def axis_label(self) -> str:
         """``label: description (unit)``, for plot axes."""
-        text = f"{self.label}: {self.description}" if self.description else self.label
+        text = f"{self.label}: {self.describe()}" if self.description else self.label
         return f"{text} ({self.unit})" if self.unit else text
 
     def encode(self, value: Value) -> str:
@@ -246,6 +262,16 @@ def _events(kind: str) -> Callable[[Episode], int]:
     return lambda e: e.events.get(kind, 0)
 
 
+def test_outcome(episode: Episode) -> float | None:
+    """Test accuracy at the end minus the parameter price of the seeds present then (None:
+    no test accuracy recorded)."""
+    if episode.test_accuracy is None:
+        return None
+    charge = parameter_cost([episode.seed_params], episode.host_params, episode.param_cost,
+                            last=1)
+    return episode.test_accuracy - charge
+
+
 #: Every metric of a comparison, in table order. The outcome comes first: it is what a
 #: controller is judged by.
 METRICS: dict[str, Metric] = {m.name: m for m in (
@@ -262,32 +288,41 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("episode_return", lambda e: e.episode_return, "return", better="higher",
            optional=True, description="the RL return, where the controller's reward is known"),
     Metric("train_flops", lambda e: e.reports[-1].train_flops, "train FLOPs", fmt=".3g",
-           summary="mean", optional=True, section="Compute",
+           summary="mean", optional=True, section="Compute", shown="compute",
            description="training FLOPs of the episode (host and every seed, forward and "
                        "backward)"),
     Metric("budget_flops", lambda e: e.reports[-1].budget_flops, "budget", fmt=".3g",
-           summary=None, optional=True,
+           summary=None, optional=True, shown="budget",
            description="the episode's compute budget in training FLOPs (its drawn multiple of "
                        "the base budget when budgets vary by episode; empty without a budget)"),
     Metric("data_passes", lambda e: e.data_passes, "data passes", fmt=".3f", summary="mean",
-           optional=True, section="Compute",
-           description="training tokens (images) seen over the training data's size"),
+           optional=True, section="Compute", shown="compute",
+           description="training {example}s seen over the training data's size"),
     Metric("val_loss", lambda e: loss_outcome(e.losses), "val loss", fmt=".4f", better="lower",
            paired=True, optional=True, section="Validation loss",
-           description=f"mean validation loss of the last {OUTCOME_EPOCHS} epochs, per token "
-                       "for a language model"),
+           description=f"mean validation loss of the last {OUTCOME_EPOCHS} epochs, in nats "
+                       "per {example}"),
     Metric("final_bits", lambda e: final_bits(e.losses), "final loss", unit="bits",
            fmt=".4f", better="lower", paired=True, optional=True, plot=True,
-           section="Validation loss",
-           description="validation cross-entropy of the last epoch (at the budget under one) "
-                       "in bits per token, bits per byte for the byte-level language model; "
-                       "what a comparison under a compute budget judges"),
+           section="Validation loss", shown="budget",
+           description="validation cross-entropy of the last epoch, at the budget, in bits per "
+                       "{example}: what tuning under a compute budget decides on"),
+    Metric("test_outcome", test_outcome, "test outcome", unit="%", better="higher",
+           paired=True, optional=True, plot=True, priced=True, section="Test split",
+           description="test accuracy at the end minus param_cost × the seed parameters "
+                       "present then / host parameters: what a comparison without a budget "
+                       "judges (the test split is read by nothing that decides anything)"),
+    Metric("test_bits", lambda e: None if e.test_loss is None else e.test_loss / math.log(2.0),
+           "test loss", unit="bits", fmt=".4f", better="lower", paired=True, optional=True,
+           plot=True, section="Test split", shown="bits",
+           description="test cross-entropy at the end in bits per {example}: what a "
+                       "comparison under a compute budget judges"),
     Metric("accuracy_curve", lambda e: e.accuracies, "validation accuracy", kind="curve",
            unit="%", better="higher", summary=None, plot=True),
     Metric("loss_curve", lambda e: e.losses, "validation loss", kind="curve", better="lower",
            summary=None, optional=True),
     Metric("train_flops_curve", lambda e: tuple(r.train_flops for r in e.reports),
-           "training FLOPs", kind="curve", summary=None, optional=True,
+           "training FLOPs", kind="curve", summary=None, optional=True, shown="compute",
            description="cumulative training FLOPs at the end of each epoch"),
     Metric("seeds_germinated", _events("germinated"), "germinated", dtype=int, summary=None),
     Metric("seeds_fossilized", _events("fossilized"), "fossilized", dtype=int, summary=None),
@@ -297,8 +332,11 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
            optional=True, description="slot:blueprint of every seed present at the end (what "
                                       "matched:NAME implants)"),
 )}
-#: The metric a comparison's verdict judges.
+#: What a comparison decides on (tuning): the validation outcome, or the validation loss at the
+#: budget (`compare.BUDGET_OUTCOME`).
 OUTCOME = "outcome"
+#: What a comparison's final tables judge, on the test split: without a budget, and under one.
+TEST_OUTCOME, TEST_BITS = "test_outcome", "test_bits"
 #: The columns that say which episode a row is; the same index pairs controllers.
 IDENTITY = ("controller", "episode_index", "episode_rng_seed", "host")
 #: The current CSV layout's version, written in every row's ``schema`` column.

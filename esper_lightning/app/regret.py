@@ -1,8 +1,8 @@
 """Regret to the oracle growth time: what each controller loses, episode by episode, to the
-``stack:K@TAU[:INIT]`` arm whose TAU was grid-searched per budget on the evaluation episodes.
+``stack:K@TAU[:OPERATOR]`` arm whose TAU was grid-searched per budget on the evaluation episodes.
 
 A comparison that plays two or more ``stack:`` arms differing only in TAU (the same ``K`` and
-``INIT``; `tau_families`) holds a grid search over the growth time. Its oracle (`choose_oracle`)
+``OPERATOR``; `tau_families`) holds a grid search over the growth time. Its oracle (`choose_oracle`)
 takes, for each episode budget (`records.group_by_budget`; episodes without one are a single
 group), the arm with the best mean judged metric over that budget's evaluation episodes (ties:
 the smaller TAU). The regret of a controller in episode ``i`` is its judged metric minus the
@@ -49,7 +49,7 @@ class Oracle:
     """The oracle of one family of ``stack:`` arms that differ only in TAU.
 
     Attributes:
-        name: ``stack:K@τ*:INIT``.
+        name: ``stack:K@τ*:OPERATOR``.
         arms: the family's controller labels, TAU ascending.
         chosen: by budget (None: episodes without one), the arm with the best mean judged
             metric over that budget's evaluation episodes.
@@ -83,9 +83,9 @@ class Regret:
 
 
 def tau_families(controllers: Iterable[str]) -> dict[str, tuple[str, ...]]:
-    """The ``stack:`` labels grouped by ``(K, INIT)``, keyed by ``stack:K@τ*:INIT``, TAU
+    """The ``stack:`` labels grouped by ``(K, OPERATOR)``, keyed by ``stack:K@τ*:OPERATOR``, TAU
     ascending; only groups with two or more distinct TAU (a grid) are kept. A label that is not
-    of the ``stack:K@TAU[:INIT]`` form belongs to no family.
+    of the ``stack:K@TAU[:OPERATOR]`` form belongs to no family.
 
     Example::
 
@@ -97,12 +97,12 @@ def tau_families(controllers: Iterable[str]) -> dict[str, tuple[str, ...]]:
         if not label.startswith(STACK):
             continue
         try:
-            depth, tau, init = parse_stack(label[len(STACK):])
+            depth, taus, operator = parse_stack(label[len(STACK):])
         except ConfigError:
             continue  # a custom controller's name, not a stack arm
-        if tau is None:
-            continue  # random timing is a baseline, not a point of the tau grid
-        groups.setdefault((depth, init), []).append((tau, label))
+        if taus is None or len(taus) > 1:
+            continue  # random timing is a baseline, several events no point of the tau grid
+        groups.setdefault((depth, operator), []).append((taus[0], label))
     return {f"{STACK}{depth}@τ*:{init}": tuple(label for _, label in sorted(arms))
             for (depth, init), arms in groups.items() if len({tau for tau, _ in arms}) > 1}
 

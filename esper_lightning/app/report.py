@@ -85,7 +85,8 @@ class PairedComparison:
         mde: minimum detectable effect of the outcome at this many pairs and this spread of
             differences (`stats.min_detectable_effect`); None below two pairs.
         verdict: ``"better"``, ``"worse"`` or ``"no detectable difference at N seeds"``
-            (`stats.verdict`: the interval excludes zero and ``p_holm`` < `stats.ALPHA`).
+            (`stats.verdict`: the interval excludes zero and ``p_holm`` < `stats.ALPHA`; the
+            reason in brackets when only one of the two holds).
         confidence: level of the intervals.
     """
 
@@ -100,6 +101,77 @@ class PairedComparison:
     mde: float | None
     verdict: str
     confidence: float = CONFIDENCE
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What applies to one comparison: which metrics of `METRICS` its report and plots show
+    (`Metric.shown`), and what the task's loss is per. The default shows everything.
+
+    Attributes:
+        budgeted: the episodes ran under a compute budget.
+        flops_differ: the controllers' training FLOPs differ in some episode.
+        bits: the task's loss is read in bits (text: bits per byte, the field's unit).
+        example: what the loss is per (``"byte"``, ``"image"``), in the metrics' descriptions.
+
+    Example::
+
+        scope = Scope.of(records, bits=False, example="image")  # a CIFAR-10 run
+        markdown_table(summaries, comparisons, scope=scope)
+    """
+
+    budgeted: bool = True
+    flops_differ: bool = True
+    bits: bool = True
+    example: str = "example"
+
+    @classmethod
+    def of(cls, records: Iterable[EpisodeRecord], *, bits: bool, example: str) -> Scope:
+        """The scope of ``records``: budgeted when an episode had a budget, FLOPs differing
+        when two controllers' training FLOPs differ on one episode index."""
+        flops: dict[int, set[float | None]] = {}
+        budgeted = False
+        for r in records:
+            budgeted = budgeted or r["budget_flops"] is not None
+            flops.setdefault(r.episode_index, set()).add(r["train_flops"])  # type: ignore[arg-type]
+        return cls(budgeted=budgeted, flops_differ=any(len(v) > 1 for v in flops.values()),
+                   bits=bits, example=example)
+
+    def shows(self, metric: Metric) -> bool:
+        """Whether a report of this comparison shows ``metric``."""
+        return {"always": True, "budget": self.budgeted,
+                "compute": self.budgeted or self.flops_differ, "bits": self.bits}[metric.shown]
+
+
+#: Shows every metric (a report built without knowing its task).
+EVERYTHING = Scope()
+
+
+def coinciding(records: Iterable[EpisodeRecord]) -> list[tuple[str, ...]]:
+    """Groups of controllers (two or more, in table order) that played the same episodes
+    identically: every value and curve of every episode equal, wall time aside. A controller
+    that never acted (a heuristic that germinated nothing) coincides with ``static``; a report
+    says so rather than leave a reader to compare identical rows.
+
+    Example::
+
+        coinciding(records)  # [("static", "heuristic")]
+    """
+    def played(episodes: list[EpisodeRecord]) -> dict[int, dict[str, Any]]:
+        return {r.episode_index: {k: v for k, v in r.values.items() if k != "wall_seconds"}
+                for r in episodes}
+
+    groups: list[tuple[str, dict[int, dict[str, Any]]]] = []
+    members: dict[str, list[str]] = {}
+    for controller, episodes in group_by_controller(records).items():
+        table = played(episodes)
+        twin = next((first for first, other in groups if other == table), None)
+        if twin is None:
+            groups.append((controller, table))
+            members[controller] = [controller]
+        else:
+            members[twin].append(controller)
+    return [tuple(m) for m in members.values() if len(m) > 1]
 
 
 def summarized() -> list[Metric]:
@@ -401,34 +473,36 @@ def _paired_rows(comparisons: Sequence[PairedComparison], metrics: Sequence[Metr
     return rows
 
 
-def _sentence(metric: Metric) -> str:
-    text = metric.description or metric.label
+def _sentence(metric: Metric, scope: Scope) -> str:
+    text = metric.describe(scope.example) if metric.description else metric.label
     better = f" ({metric.better} is better)" if metric.better else ""
     return f"{text[0].upper()}{text[1:]}{better}."
 
 
 def _section(title: str, summaries: Sequence[ControllerSummary],
-             comparisons: Sequence[PairedComparison], judged: str) -> list[str]:
-    """A metric section of its own: per controller, then paired, of the metrics some
-    controller has (nothing when none has any). The judged metric is in the main tables
-    instead."""
+             comparisons: Sequence[PairedComparison], judged: str, scope: Scope) -> list[str]:
+    """A metric section of its own: per controller, then paired, of the metrics in ``scope``
+    that some controller has (nothing when none has any). The judged metric is in the main
+    tables instead."""
     metrics = [m for m in summarized() if m.section == title and m.name != judged
-               and any(s.metrics[m.name] is not None for s in summaries)]
+               and scope.shows(m) and any(s.metrics[m.name] is not None for s in summaries)]
     table = _controller_rows(summaries, metrics, with_episodes=False)
     if not table:
         return []
-    lines = ["", f"## {title}", "", " ".join(_sentence(m) for m in metrics), "", *table]
+    lines = ["", f"## {title}", "", " ".join(_sentence(m, scope) for m in metrics), "", *table]
     differences = _paired_rows(comparisons, [m for m in metrics if m.paired], with_test=False)
     return lines + (["", *differences] if differences else [])
 
 
 def markdown_table(
-    summaries: Sequence[ControllerSummary], comparisons: Sequence[PairedComparison]
+    summaries: Sequence[ControllerSummary], comparisons: Sequence[PairedComparison], *,
+    scope: Scope = EVERYTHING, same: Sequence[Sequence[str]] = (),
 ) -> str:
     """A Markdown report: a per-controller table, then a table of paired differences with the
     judged metric's p-value and verdict (the comparisons' ``outcome``, first in both tables),
     then a section per metric ``section`` (e.g. the validation losses, when the episodes
-    recorded them).
+    recorded them). Only the metrics ``scope`` shows are in it; each group of ``same``
+    (`coinciding` controllers) is named under the first table.
 
     Values use their metric's format (differences signed), a difference of percentages is in
     percentage points, p-values have three decimals (scientific below 0.001); a value a
@@ -440,10 +514,16 @@ def markdown_table(
     """
     judged = comparisons[0].outcome if comparisons else OUTCOME
     # The judged metric leads the main tables, whatever its section.
-    main = sorted((m for m in summarized() if not m.section or m.name == judged),
+    main = sorted((m for m in summarized()
+                   if (not m.section and scope.shows(m)) or m.name == judged),
                   key=lambda m: m.name != judged)
     lines = ["## Controllers", ""]
     lines += _controller_rows(summaries, main, with_episodes=True) or ["No episodes."]
+    for group in same:
+        names = " and ".join(", ".join(group[1:]).rsplit(", ", 1))
+        lines += ["", f"{names} played exactly as {group[0]} in every episode (every value and "
+                      "curve equal, wall time aside): their rows, differences and curves "
+                      "coincide."]
     lines += [
         "",
         "## Paired differences",
@@ -461,19 +541,20 @@ def markdown_table(
     lines += _paired_rows(comparisons, [m for m in main if m.paired], with_test=True) or [
         "No paired comparison."]
     for title in dict.fromkeys(m.section for m in summarized() if m.section):
-        lines += _section(title, summaries, comparisons, judged)
+        lines += _section(title, summaries, comparisons, judged, scope)
     return "\n".join(lines) + "\n"
 
 
-def budget_markdown(tables: Sequence[BudgetTable]) -> list[str]:
+def budget_markdown(tables: Sequence[BudgetTable], scope: Scope = EVERYTHING) -> list[str]:
     """A Markdown section of `per_budget`'s tables (nothing when there are none): per budget,
     the judged metric per controller and its paired differences with their test."""
     if not tables:
         return []
     judged = METRICS[tables[0].outcome]
     lines = ["", "## Per budget", "",
-             f"{_sentence(judged)} The tables above again, on the evaluation episodes of each "
-             "budget; p-values are Holm-adjusted over the comparisons of every budget's table."]
+             f"{_sentence(judged, scope)} The tables above again, on the evaluation episodes "
+             "of each budget; p-values are Holm-adjusted over the comparisons of every budget's "
+             "table."]
     for table in tables:
         lines += ["", f"### Budget {table.budget:.3g} FLOPs", ""]
         lines += _controller_rows(table.summaries, [judged], with_episodes=True)

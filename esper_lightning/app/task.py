@@ -16,6 +16,7 @@ from esper_lightning.envs import EnvSpec, smallest_budget_flops
 from esper_lightning.envs.tasks import CifarTask, Task, TextTask
 from esper_lightning.errors import ConfigError
 from esper_lightning.hosts import GPT_PRESETS
+from esper_lightning.rl.rewards import RewardConfig, RewardMode
 from esper_lightning.schedule import LRSchedule
 
 
@@ -52,8 +53,15 @@ def env_spec(task: TaskConfig) -> EnvSpec:
         blend_gradient=task.blend_gradient, layer_scale_init=task.layer_scale_init,
         governor=GovernorConfig(num_classes=played.num_classes), task=played,
         budget_flops=budget_flops(task), lr_schedule=schedule, budget_scales=task.budget_scales,
-        blueprints=allowed_blueprints(task),
+        blueprints=allowed_blueprints(task), reward=reward_config(task),
     )
+
+
+def reward_config(task: TaskConfig, mode: str | None = None) -> RewardConfig:
+    """What a step of the task's envs rewards (`rl.rewards`): the configured reward mode (or
+    ``mode``, a policy's of an A/B run), discount, parameter cost and outcome."""
+    return RewardConfig(mode=RewardMode(mode or task.reward), gamma=task.gamma,
+                        param_cost=task.param_cost, outcome=task.outcome)
 
 
 def allowed_blueprints(task: TaskConfig) -> tuple[str, ...] | None:

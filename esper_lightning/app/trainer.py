@@ -48,21 +48,20 @@ from esper_lightning.app.learner import Learner
 from esper_lightning.app.logs import label_engine
 from esper_lightning.app.metrics import RoundStats, mean, merge_stats, round_metrics
 from esper_lightning.app.ranks import Ranks
-from esper_lightning.app.task import env_spec, load_splits
+from esper_lightning.app.task import env_spec, load_splits, reward_config
 from esper_lightning.core.actions import Action
 from esper_lightning.core.report import EpochReport
-from esper_lightning.envs import EnvPool, Observation, episode_rng_seed
+from esper_lightning.envs import EnvPool, Observation, Step, episode_rng_seed
 from esper_lightning.errors import ConfigError
 from esper_lightning.rl import (
     FactoredRecurrentActorCritic,
     PolicyConfig,
     PPOConfig,
-    RewardConfig,
     RewardNormalizer,
     RolloutBuffer,
     RunningMeanStd,
     ValueNormalizer,
-    compute_reward,
+    decisions_per_episode,
     encode_reports,
     make_optimizer,
     obs_dim,
@@ -71,7 +70,6 @@ from esper_lightning.rl import (
 )
 from esper_lightning.rl.distributions import MaskBatch
 from esper_lightning.rl.policy import ActOutput, Hidden
-from esper_lightning.rl.rewards import RewardMode
 from esper_lightning.viz.timeline import log_timeline
 
 log = logging.getLogger(__name__)
@@ -195,8 +193,7 @@ class PPOTrainer:
             obs_rms=RunningMeanStd(shape=(obs_dim(len(config.slots)),)),
             reward_normalizer=RewardNormalizer(config.gamma),
             value_normalizer=ValueNormalizer(),
-            reward_config=RewardConfig(mode=RewardMode(mode), gamma=config.gamma,
-                                       param_cost=config.param_cost, outcome=config.outcome),
+            reward_config=reward_config(config, mode),
             logger_name="ppo" if not self.config.ab else f"ppo-{mode}",
         )
 
@@ -207,7 +204,7 @@ class PPOTrainer:
     @property
     def decisions_per_episode(self) -> int:
         """The first epoch trains before the first decision, as in a Trainer."""
-        return self.config.episode_length - 1
+        return decisions_per_episode(self.config.episode_length)
 
     # --- main loop ----------------------------------------------------------------------------
     def train(self) -> list[RoundStats]:
@@ -301,7 +298,11 @@ class PPOTrainer:
         group = len(self.learners[0].envs)
         seeds = [episode_rng_seed(self.config.rng_seed, round_index, self.env_offset + i % group)
                  for i in range(len(self.pool))]
-        observations = self.pool.reset(seeds)
+        rewards = [None] * len(self.pool)  # each env's steps reward its policy's reward mode
+        for learner in self.learners:
+            for i in learner.envs:
+                rewards[i] = learner.reward_config
+        observations = self.pool.reset(seeds, rewards=rewards)
         for learner in self.learners:  # every event line says which round, env and policy
             for k, i in enumerate(learner.envs):
                 label_engine(self.pool.envs[i].engine, learner.logger_name,
@@ -324,15 +325,13 @@ class PPOTrainer:
             acted.append(step)
             rollout.stats.controller_seconds += time.perf_counter() - tick
         tick = time.perf_counter()
-        outcomes, next_obs = self.pool.step(actions)
+        steps = self.pool.step(actions)
         env_seconds = (time.perf_counter() - tick) / len(self.learners)
-        for learner, rollout, step in zip(self.learners, rollouts, acted, strict=True):
+        for learner, rollout, acting in zip(self.learners, rollouts, acted, strict=True):
             rollout.stats.env_seconds += env_seconds
-            after = [next_obs[i] for i in learner.envs]
-            executed = [outcomes[i].executed for i in learner.envs]
-            self._store(learner, rollout, step, executed, after, last)
-            self._finish_episodes(learner, rollout, next_obs)
-        return next_obs
+            self._store(learner, rollout, acting, [steps[i] for i in learner.envs], last)
+            self._finish_episodes(learner, rollout, steps)
+        return [step.observation for step in steps]
 
     def _act(self, learner: Learner, rollout: _Rollout, reports: list[EpochReport]) -> _Acted:
         raw, obs, blueprints, masks = encode_reports(
@@ -343,30 +342,24 @@ class PPOTrainer:
         actions = [Action.from_indices(row) for row in out.actions.tolist()]
         return _Acted(reports, actions, obs, blueprints, masks, out)
 
-    def _store(
-        self, learner: Learner, rollout: _Rollout, step: _Acted, executed: list[Action],
-        after: list[Observation], last: bool,
-    ) -> None:
-        """Rewards, episode ends (`rl.episodes.step_ends`) and one buffer row."""
-        for k in range(len(after)):
+    def _store(self, learner: Learner, rollout: _Rollout, acting: _Acted, steps: list[Step],
+               last: bool) -> None:
+        """The envs' rewards and episode ends (truncated where the rollout stops mid-episode,
+        `rl.episodes.step_ends`) as one buffer row."""
+        after = [step.observation for step in steps]
+        rollout.stats.rollbacks += sum(o.rollback_reason is not None for o in after)
+        ends = step_ends([step.terminated for step in steps], rollout_over=last)
+        rewards = torch.tensor([step.reward.total for step in steps])
+        for k, step in enumerate(steps):
             rollout.decisions[k] += 1
-        rollbacks = [o.rollback_reason is not None for o in after]
-        rollout.stats.rollbacks += sum(rollbacks)
-        ends = step_ends(rollout.decisions, self.decisions_per_episode, last)
-        rewards = torch.zeros(len(after))
-        for k, (before, action, obs) in enumerate(zip(step.reports, executed, after,
-                                                      strict=True)):
-            breakdown = compute_reward(before, action, obs.report, learner.reward_config,
-                                       terminal=bool(ends.terminated[k]), rollback=rollbacks[k])
-            rewards[k] = breakdown.total
-            rollout.returns[k] += breakdown.total
-            rollout.stats.reward_sums.update(breakdown.as_dict())
-            rollout.stats.ops[action.op.name.lower()] += 1
-        out = step.out
+            rollout.returns[k] += step.reward.total
+            rollout.stats.reward_sums.update(step.reward.as_dict())
+            rollout.stats.ops[step.outcome.executed.op.name.lower()] += 1
+        out = acting.out
         bootstrap = self._bootstrap(learner, after, out.hidden) if ends.truncated.any() else None
         rollout.buffer.add(
-            obs=step.obs, blueprint_idx=step.blueprint_idx, hidden=rollout.hidden,
-            masks=step.masks, actions=out.actions, log_probs=out.log_probs, values=out.value,
+            obs=acting.obs, blueprint_idx=acting.blueprint_idx, hidden=rollout.hidden,
+            masks=acting.masks, actions=out.actions, log_probs=out.log_probs, values=out.value,
             rewards=rewards, episode_starts=rollout.starts, terminated=ends.terminated,
             truncated=ends.truncated, bootstrap_values=bootstrap,
         )
@@ -381,14 +374,13 @@ class PPOTrainer:
             self.config.heads == "compact")
         return learner.policy.act(obs, blueprints, masks, hidden, deterministic=True).value
 
-    def _finish_episodes(self, learner: Learner, rollout: _Rollout,
-                         observations: list[Observation]) -> None:
+    def _finish_episodes(self, learner: Learner, rollout: _Rollout, steps: list[Step]) -> None:
         """Book the episodes that reached their last decision (a rollout is whole episodes)."""
         stats = rollout.stats
         assert rollout.ended is not None
         for k in torch.nonzero(rollout.ended).flatten().tolist():
             i = learner.envs[k]
-            report, engine = observations[i].report, self.pool.envs[i].engine
+            report, engine = steps[i].observation.report, self.pool.envs[i].engine
             assert engine is not None and rollout.decisions[k] >= self.decisions_per_episode
             stats.events.update(engine.event_counts())
             stats.returns.append(rollout.returns[k])

@@ -1,0 +1,167 @@
+"""The compute-optimal frontier and the speed-up of a growing arm against it (NumPy only).
+
+**Per size**, each episode's final losses at the measured budgets make a curve, linear in
+``log C`` between measured budgets (`Curve`; no extrapolation: outside the measured range a
+curve says nothing). **The frontier** of an episode is the lower envelope of its fixed sizes'
+curves (`frontier`): at every budget, the best loss any fixed size reaches there, each fully
+decayed at that budget. It is evaluated on a fine logarithmic grid of budgets (and at every
+measured one), so a crossing between sizes is found where it is.
+
+**Speed-up** of a growing arm at budget ``C`` in one episode: the compute the frontier needs to
+reach the arm's loss at ``C``, over ``C`` (`speedup`; > 1: the arm reaches with ``C`` what the
+best fixed size needs more for). The frontier's compute is read off its curve at the first
+budget where it is at or below the arm's loss. When it never gets there within the measured
+budgets, the speed-up is only known to exceed ``C_max / C`` (*censored above*); when the
+frontier is already below the arm's loss at its smallest budget, it is at most ``C_min / C``
+(*censored below*). **Time to target**: the compute the arm itself needs to reach the
+frontier's loss at ``C`` (its own curve over its budgets), over ``C``.
+
+Across episodes (paired: every arm plays episode ``e`` with the same rng seed, so it is compared
+with the frontier of its own episode) a speed-up is summarised by its geometric mean, with a
+95 % percentile bootstrap interval over episodes, and the Student t interval of the mean log
+speed-up beside it (`geometric_summary`): at 10 episodes a percentile bootstrap covers about 90 %
+where it claims 95 %, the t interval about 95 % (docs/evidence.md, "How to read the tables").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+__all__ = ["Curve", "Speedup", "frontier", "geometric_summary", "speedup"]
+
+#: Points per factor of two of the grid the frontier is evaluated on.
+GRID_PER_OCTAVE = 64
+#: Bootstrap resamples of the episodes.
+BOOTSTRAP = 10_000
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Loss against compute, linear in ``log C`` between the measured budgets (ascending)."""
+
+    flops: np.ndarray
+    loss: np.ndarray
+
+    @classmethod
+    def of(cls, points: Iterable[tuple[float, float]]) -> Curve:
+        """A curve through ``(FLOPs, loss)`` points (any order; one point per budget)."""
+        ordered = sorted(points)
+        if not ordered:
+            raise ValueError("a curve needs at least one point")
+        flops = np.array([p[0] for p in ordered], dtype=float)
+        if len(set(flops)) != len(flops):
+            raise ValueError(f"a curve has one point per budget, got {flops.tolist()}")
+        return cls(flops, np.array([p[1] for p in ordered], dtype=float))
+
+    def at(self, flops: float) -> float:
+        """The loss at ``flops``, NaN outside the measured budgets."""
+        if not self.flops[0] <= flops <= self.flops[-1]:
+            return math.nan
+        return float(np.interp(math.log(flops), np.log(self.flops), self.loss))
+
+    def flops_to_reach(self, target: float) -> float | None:
+        """The least compute at which the curve is at or below ``target`` (None: never, within
+        its budgets), by linear interpolation in ``log C`` between its points."""
+        if self.loss[0] <= target:
+            return float(self.flops[0])
+        log = np.log(self.flops)
+        for i in range(1, len(self.flops)):
+            if self.loss[i] <= target:
+                fraction = (self.loss[i - 1] - target) / (self.loss[i - 1] - self.loss[i])
+                return float(math.exp(log[i - 1] + fraction * (log[i] - log[i - 1])))
+        return None
+
+
+def frontier(curves: Sequence[Curve]) -> Curve:
+    """The lower envelope of ``curves`` on a fine log grid over their combined budgets (and at
+    every measured budget): at each budget, the lowest loss a curve defined there reaches."""
+    low = min(c.flops[0] for c in curves)
+    high = max(c.flops[-1] for c in curves)
+    octaves = math.log2(high / low)
+    inner = np.exp(np.linspace(math.log(low), math.log(high),
+                               max(2, int(octaves * GRID_PER_OCTAVE) + 1)))[1:-1]
+    knots = np.unique(np.concatenate([inner, *(c.flops for c in curves)]))  # ends measured
+    losses = np.array([min(v for v in (c.at(x) for c in curves) if not math.isnan(v))
+                       for x in knots])
+    return Curve(knots, losses)
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """One episode's speed-up of an arm at one budget: ``value`` is exact, or a bound when
+    ``censored`` is ``"above"`` (at least ``value``) or ``"below"`` (at most ``value``)."""
+
+    value: float
+    censored: str | None = None
+
+
+def speedup(arm_loss: float, budget: float, front: Curve) -> Speedup:
+    """The frontier's compute to reach ``arm_loss`` over ``budget`` (module docstring)."""
+    reach = front.flops_to_reach(arm_loss)
+    if reach is None:
+        return Speedup(float(front.flops[-1]) / budget, "above")
+    if reach == front.flops[0] and front.loss[0] < arm_loss:
+        return Speedup(float(front.flops[0]) / budget, "below")
+    return Speedup(reach / budget)
+
+
+def time_to_target(arm: Curve, budget: float, front: Curve) -> Speedup:
+    """``budget`` over the compute the arm needs to reach the frontier's loss at ``budget``."""
+    target = front.at(budget)
+    reach = arm.flops_to_reach(target)
+    if reach is None:
+        return Speedup(budget / float(arm.flops[-1]), "below")
+    if reach == arm.flops[0] and arm.loss[0] < target:
+        return Speedup(budget / float(arm.flops[0]), "above")
+    return Speedup(budget / reach)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A speed-up over episodes: geometric mean, its bootstrap interval and its t interval (of
+    the mean log), how many episodes, and how many were censored above or below."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+    above: int
+    below: int
+    t_low: float = math.nan
+    t_high: float = math.nan
+
+
+def geometric_summary(values: Sequence[Speedup], rng_seed: int = 0,
+                      confidence: float = 0.95) -> Summary:
+    """Geometric mean over episodes with a percentile bootstrap over episodes (a censored
+    value counts as its bound: at least a lower bound of the mean when only ``above`` ones
+    are censored)."""
+    logs = np.log([v.value for v in values])
+    rng = np.random.default_rng(rng_seed)
+    draws = rng.integers(0, len(logs), size=(BOOTSTRAP, len(logs)))
+    means = logs[draws].mean(axis=1)
+    tail = (1.0 - confidence) / 2
+    low, high = np.quantile(means, [tail, 1.0 - tail])
+    censored = [v.censored for v in values]
+    half = (float(stats.t.ppf(1.0 - tail, len(logs) - 1) * logs.std(ddof=1)
+                  / math.sqrt(len(logs))) if len(logs) > 1 else math.nan)
+    return Summary(float(np.exp(logs.mean())), float(np.exp(low)), float(np.exp(high)),
+                   len(values), censored.count("above"), censored.count("below"),
+                   float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half)))
+
+
+def curves_by_episode(rows: Iterable[Mapping[str, object]], arm: str, loss: str,
+                      x: str = "budget_flops") -> dict[int, Curve]:
+    """Each episode's curve of ``arm``: its rows' ``loss`` against ``x`` (the budget's FLOPs,
+    or ``wall_s`` for wall-clock)."""
+    points: dict[int, list[tuple[float, float]]] = {}
+    for row in rows:
+        if row["arm"] == arm and row[loss] is not None:
+            points.setdefault(int(row["episode"]), []).append((float(row[x]),  # type: ignore
+                                                               float(row[loss])))  # type: ignore
+    return {episode: Curve.of(p) for episode, p in points.items()}

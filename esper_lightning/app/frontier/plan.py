@@ -1,0 +1,271 @@
+"""A frontier study's plan: what is trained, at which budgets and rates, on which episodes.
+
+A plan is a small JSON file, committed before the study's first episode when the study is a
+final table (pre-registration): its arms, budgets, learning rates, episodes and root rng seed
+are fixed there, and `esper_lightning.app.frontier.study` only executes it. Reading a plan
+imports no torch, so a bad one is refused in one line before anything trains.
+
+Example plan (fixed-size arms tuned on a 5-point learning-rate grid)::
+
+    {
+      "name": "w32-tuning",
+      "purpose": "tuning",
+      "shape": {"width": 32, "n_head": 4, "block_size": 32, "batch_size": 32},
+      "base_flops": 1.2e12,
+      "budgets": [0.25, 0.5, 1, 2, 4],
+      "warmup_flops": 1e10,
+      "arms": [{"arm": "S1", "lr": [2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2]},
+               {"arm": "S4", "lr": {"0.25": 1.6e-2, "1": 8e-3}, "budgets": [0.25, 1]}],
+      "episodes": 2,
+      "rng_seed": 100
+    }
+
+An arm's ``lr`` is one rate, a list (a grid: every rate at every budget, for tuning) or a map
+from budget (as written in ``budgets``) to its rate (a tuned plan). ``budgets`` are multiples
+of ``base_flops``; an arm may list its own. A ``tuning`` study evaluates the validation split
+only; a ``final`` study evaluates validation and test, and its tables read test alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from esper_lightning.app.frontier.arms import ArmSpec, parse_arm
+from esper_lightning.errors import ConfigError
+
+__all__ = ["PURPOSES", "ArmPlan", "Plan", "Shape", "Unit", "episode_rng_seed", "read_plan"]
+
+#: What a study is for: ``tuning`` decides (validation split), ``final`` reports (test split).
+PURPOSES = ("tuning", "final")
+#: The splits each purpose evaluates at the end of every budget.
+SPLITS = {"tuning": ("validation",), "final": ("validation", "test")}
+#: Mixed into the root rng seed for the episodes' seeds (apart from every other stream).
+_EPISODE_STREAM = 0xF407
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Everything of a training step but depth: the GPT's width, heads, sequence and batch."""
+
+    width: int = 32
+    n_head: int = 4
+    block_size: int = 32
+    batch_size: int = 32
+
+    def __post_init__(self) -> None:
+        for name in ("width", "n_head", "block_size", "batch_size"):
+            _check_int(f"shape.{name}", getattr(self, name), 1)
+        if self.width % self.n_head:
+            raise ConfigError(f"shape.n_head={self.n_head} must divide shape.width="
+                              f"{self.width}")
+
+
+@dataclass(frozen=True)
+class ArmPlan:
+    """One arm of a plan: its spec, its budgets (multiples of the base) and the rate at each.
+
+    ``lrs`` maps each budget to the rates it trains at (one, or a tuning grid)."""
+
+    spec: ArmSpec
+    budgets: tuple[float, ...]
+    lrs: Mapping[float, tuple[float, ...]]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """What one worker trains in one go: one arm, one rate, one episode, and every budget of the
+    arm at that rate (branched from one run when the arm allows it, `ArmSpec.branches`)."""
+
+    arm: ArmSpec
+    lr: float
+    episode: int
+    rng_seed: int
+    budgets: tuple[float, ...]
+
+    @property
+    def key(self) -> tuple[str, float, int]:
+        return (self.arm.name, self.lr, self.episode)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A parsed plan (see the module docstring); `units` lists the work."""
+
+    name: str
+    purpose: str
+    shape: Shape
+    base_flops: float
+    warmup_flops: float
+    arms: tuple[ArmPlan, ...]
+    episodes: int
+    rng_seed: int
+    decay_fraction: float = 0.2
+    min_lr_ratio: float = 0.0
+    first_episode: int = 0
+    source: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        return SPLITS[self.purpose]
+
+    def episode_rng_seeds(self) -> list[int]:
+        return [episode_rng_seed(self.rng_seed, e)
+                for e in range(self.first_episode, self.first_episode + self.episodes)]
+
+    def units(self) -> Iterator[Unit]:
+        """Every unit, episode by episode (an interrupted study has whole episodes done)."""
+        for episode, rng_seed in enumerate(self.episode_rng_seeds(), self.first_episode):
+            for arm in self.arms:
+                for lr in sorted({r for rates in arm.lrs.values() for r in rates}):
+                    budgets = tuple(b for b in arm.budgets if lr in arm.lrs[b])
+                    yield Unit(arm.spec, lr, episode, rng_seed,
+                               tuple(b * self.base_flops for b in budgets))
+
+
+def episode_rng_seed(root: int, episode: int) -> int:
+    """The rng seed of episode ``episode`` of a study rooted at ``root`` (a 31-bit integer mixed
+    from both: every arm plays episode ``e`` with it, so arms are paired by episode).
+
+    Example:
+        >>> episode_rng_seed(7, 0) == episode_rng_seed(7, 0) != episode_rng_seed(7, 1)
+        True
+    """
+    state = np.random.SeedSequence([root, _EPISODE_STREAM, episode]).generate_state(1)
+    return int(state[0]) & 0x7FFFFFFF
+
+
+def read_plan(path: str | Path) -> Plan:
+    """Parse and check a plan file; one-line `ConfigError` naming what is wrong."""
+    file = Path(path)
+    try:
+        data = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"plan '{file}' not found") from None
+    except (OSError, json.JSONDecodeError) as err:
+        raise ConfigError(f"cannot read plan '{file}': {' '.join(str(err).split())}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"plan '{file}' must hold a JSON object, got {type(data).__name__}")
+    return parse_plan(data)
+
+
+_KEYS = {"name", "purpose", "shape", "base_flops", "budgets", "warmup_flops", "arms", "episodes",
+         "rng_seed", "decay_fraction", "min_lr_ratio", "first_episode", "notes"}
+
+
+def parse_plan(data: Mapping[str, Any]) -> Plan:
+    """`Plan` from its JSON object (see the module docstring)."""
+    unknown = sorted(set(data) - _KEYS)
+    if unknown:
+        raise ConfigError(f"unknown plan key {unknown[0]!r}; accepted: {', '.join(sorted(_KEYS))}")
+    for key in ("name", "purpose", "base_flops", "budgets", "warmup_flops", "arms", "episodes",
+                "rng_seed"):
+        if key not in data:
+            raise ConfigError(f"the plan lacks {key!r}")
+    purpose = data["purpose"]
+    if purpose not in PURPOSES:
+        raise ConfigError(f"unknown purpose {purpose!r}; accepted: {', '.join(PURPOSES)}")
+    shape = data.get("shape", {})
+    if not isinstance(shape, dict) or set(shape) - {"width", "n_head", "block_size",
+                                                    "batch_size"}:
+        raise ConfigError(f"shape must be an object of width, n_head, block_size, batch_size; "
+                          f"got {shape!r}")
+    base = _positive("base_flops", data["base_flops"])
+    budgets = _budgets("budgets", data["budgets"])
+    arms = data["arms"]
+    if not isinstance(arms, list) or not arms:
+        raise ConfigError("arms must be a non-empty list of {\"arm\": ..., \"lr\": ...} objects")
+    plan = Plan(
+        name=str(data["name"]), purpose=purpose, shape=Shape(**shape), base_flops=base,
+        warmup_flops=_positive("warmup_flops", data["warmup_flops"]),
+        arms=tuple(_arm(a, budgets) for a in arms),
+        episodes=_check_int("episodes", data["episodes"], 1),
+        rng_seed=_check_int("rng_seed", data["rng_seed"], 0),
+        decay_fraction=_fraction("decay_fraction", data.get("decay_fraction", 0.2)),
+        min_lr_ratio=_fraction("min_lr_ratio", data.get("min_lr_ratio", 0.0), closed=True),
+        first_episode=_check_int("first_episode", data.get("first_episode", 0), 0),
+        source=dict(data),
+    )
+    names = [a.spec.name for a in plan.arms]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"arm {twice[0]!r} is listed twice; list each arm once")
+    smallest = min(b for a in plan.arms for b in a.budgets) * base
+    if plan.warmup_flops > (1.0 - plan.decay_fraction) * smallest:
+        raise ConfigError(f"warmup_flops={plan.warmup_flops:g} outlasts the stable phase of the "
+                          f"smallest budget ({smallest:g} FLOPs); accepted: at most "
+                          f"{(1.0 - plan.decay_fraction) * smallest:g}")
+    return plan
+
+
+def _arm(item: Any, budgets: tuple[float, ...]) -> ArmPlan:
+    if not isinstance(item, dict) or "arm" not in item or "lr" not in item:
+        raise ConfigError(f"each arm is an object with 'arm' and 'lr', got {item!r}")
+    extra = sorted(set(item) - {"arm", "lr", "budgets"})
+    if extra:
+        raise ConfigError(f"unknown arm key {extra[0]!r}; accepted: arm, lr, budgets")
+    spec = parse_arm(str(item["arm"]))
+    own = _budgets(f"{spec.name}: budgets", item["budgets"]) if "budgets" in item else budgets
+    lr = item["lr"]
+    if isinstance(lr, dict):
+        rates = {_budget_key(spec.name, key, own): (_positive(f"{spec.name}: lr", value),)
+                 for key, value in lr.items()}
+        missing = [b for b in own if b not in rates]
+        if missing:
+            raise ConfigError(f"{spec.name}: no lr for budget {missing[0]:g}; the lr map needs "
+                              f"one rate per budget ({', '.join(f'{b:g}' for b in own)})")
+    else:
+        grid = lr if isinstance(lr, list) else [lr]
+        if not grid:
+            raise ConfigError(f"{spec.name}: lr is an empty list")
+        rates = {b: tuple(sorted({_positive(f'{spec.name}: lr', r) for r in grid})) for b in own}
+    return ArmPlan(spec, own, rates)
+
+
+def _budget_key(arm: str, key: str, budgets: tuple[float, ...]) -> float:
+    try:
+        value = float(key)
+    except ValueError:
+        value = math.nan
+    if value not in budgets:
+        raise ConfigError(f"{arm}: lr for budget {key!r}, which the arm does not train; "
+                          f"accepted: {', '.join(f'{b:g}' for b in budgets)}")
+    return value
+
+
+def _budgets(name: str, value: Any) -> tuple[float, ...]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{name} must be a non-empty list of multiples of base_flops, "
+                          f"got {value!r}")
+    budgets = tuple(_positive(name, v) for v in value)
+    if len(set(budgets)) != len(budgets):
+        raise ConfigError(f"{name} lists a budget twice: {list(value)}")
+    return tuple(sorted(budgets))
+
+
+def _positive(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+            math.isfinite(value) and value > 0):
+        raise ConfigError(f"{name} must be a number > 0, got {value!r}")
+    return float(value)
+
+
+def _fraction(name: str, value: Any, closed: bool = False) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and (
+        0.0 <= value <= 1.0 if closed else 0.0 < value < 1.0)
+    if not ok:
+        interval = "[0, 1]" if closed else "(0, 1)"
+        raise ConfigError(f"{name} must be a number in {interval}, got {value!r}")
+    return float(value)
+
+
+def _check_int(name: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"{name} must be an int >= {low}, got {value!r}")
+    return value

@@ -1,0 +1,257 @@
+"""A frontier study's tables and figures, generated from its rows alone.
+
+`write_report` writes ``report.md`` (the fixed sizes' losses by budget, the frontier, every
+growing arm's speed-up against it, time to target and wall-clock) and two figures
+(``loss_vs_flops.png``, ``speedup.png``) into the study's folder, and, given a document with the
+markers ``<!-- frontier:NAME:begin -->`` and ``<!-- frontier:NAME:end -->``, replaces what is
+between them with the same tables: no figure in the docs is typed by hand. A ``final`` study
+reads the test split; a ``tuning`` study the validation split (`select_lrs` chooses each arm's
+rate per budget there).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from esper_lightning.app.frontier.fit import (
+    Curve,
+    Speedup,
+    Summary,
+    curves_by_episode,
+    frontier,
+    geometric_summary,
+    speedup,
+    time_to_target,
+)
+from esper_lightning.app.frontier.plan import Plan
+
+__all__ = ["loss_key", "select_lrs", "speedups", "write_report"]
+
+BITS = 1.0 / math.log(2.0)  # nats -> bits
+
+
+def loss_key(plan: Plan) -> str:
+    """The loss a study's tables read: test for a final study, validation for tuning."""
+    return "test_nats" if plan.purpose == "final" else "validation_nats"
+
+
+@dataclass(frozen=True)
+class ArmResult:
+    """A growing arm at one budget over the episodes: speed-up against the frontier (FLOPs and
+    wall-clock) and time to target."""
+
+    arm: str
+    budget: float
+    flops: Summary
+    wall: Summary
+    target: Summary
+
+
+def _mean_ci(values: Sequence[float]) -> tuple[float, float, float]:
+    """Mean and 95 % t interval (the mean twice for one value)."""
+    mean = float(np.mean(values))
+    if len(values) < 2:
+        return mean, mean, mean
+    half = float(stats.t.ppf(0.975, len(values) - 1) * np.std(values, ddof=1)
+                 / math.sqrt(len(values)))
+    return mean, mean - half, mean + half
+
+
+def sizes_of(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The fixed sizes among the rows' arms (``S<k>``), by depth."""
+    return sorted({r["arm"] for r in rows if r["arm"].startswith("S")},
+                  key=lambda a: int(a[1:]))
+
+
+def complete_episodes(rows: Sequence[Mapping[str, Any]]) -> list[int]:
+    """The episodes in which every fixed size has every one of its budgets (a frontier of an
+    episode needs them all; an interrupted study's last episode may not have them yet)."""
+    sizes = sizes_of(rows)
+    wanted = {s: {r["budget"] for r in rows if r["arm"] == s} for s in sizes}
+    episodes = sorted({int(r["episode"]) for r in rows})
+    return [e for e in episodes if all(
+        wanted[s] <= {r["budget"] for r in rows if r["arm"] == s and r["episode"] == e}
+        for s in sizes)]
+
+
+def speedups(rows: Sequence[Mapping[str, Any]], loss: str) -> list[ArmResult]:
+    """Every growing arm's speed-ups at every budget it trained, paired by episode (the
+    episodes with a whole frontier)."""
+    sizes = sizes_of(rows)
+    episodes = complete_episodes(rows)
+    rows = [r for r in rows if r["episode"] in episodes]
+    flops_front = {e: frontier([curves_by_episode(rows, s, loss)[e] for s in sizes])
+                   for e in episodes}
+    wall_front = {e: frontier([curves_by_episode(rows, s, loss, x="wall_s")[e] for s in sizes])
+                  for e in episodes}
+    results = []
+    for arm in sorted({r["arm"] for r in rows} - set(sizes)):
+        mine = [r for r in rows if r["arm"] == arm]
+        own = curves_by_episode(rows, arm, loss)
+        for budget in sorted({r["budget"] for r in mine}):
+            at = [r for r in mine if r["budget"] == budget]
+            flops = [speedup(r[loss], r["budget_flops"], flops_front[r["episode"]]) for r in at]
+            wall = [Speedup(_wall_reach(r, loss, wall_front[r["episode"]]) / r["wall_s"])
+                    for r in at]
+            target = [time_to_target(own[r["episode"]], r["budget_flops"],
+                                     flops_front[r["episode"]]) for r in at]
+            results.append(ArmResult(arm, budget, geometric_summary(flops),
+                                     geometric_summary(wall), geometric_summary(target)))
+    return results
+
+
+def _wall_reach(row: Mapping[str, Any], loss: str, front: Curve) -> float:
+    reach = front.flops_to_reach(row[loss])
+    return float(front.flops[-1]) if reach is None else reach
+
+
+def select_lrs(rows: Sequence[Mapping[str, Any]], arm: str) -> dict[float, tuple[float, bool]]:
+    """For each budget of ``arm``: the rate of its tuning grid with the lowest mean validation
+    loss over the episodes, and whether it sits at an end of the grid (the grid should then be
+    widened)."""
+    chosen = {}
+    mine = [r for r in rows if r["arm"] == arm]
+    for budget in sorted({r["budget"] for r in mine}):
+        by_lr: dict[float, list[float]] = {}
+        for r in mine:
+            if r["budget"] == budget:
+                by_lr.setdefault(r["lr"], []).append(r["validation_nats"])
+        grid = sorted(by_lr)
+        best = min(grid, key=lambda lr: float(np.mean(by_lr[lr])))
+        chosen[budget] = (best, best in (grid[0], grid[-1]) and len(grid) > 1)
+    return chosen
+
+
+# --- tables -------------------------------------------------------------------------------------
+def size_table(rows: Sequence[Mapping[str, Any]], loss: str) -> list[str]:
+    """Every fixed size's mean loss (bits per byte, 95 % t interval) at every budget, and the
+    best size at each budget."""
+    sizes = sizes_of(rows)
+    budgets = sorted({r["budget"] for r in rows if r["arm"] in sizes})
+    head = ["| budget (× base) | TFLOP | " + " | ".join(sizes) + " | best |",
+            "|---:|---:|" + "---:|" * len(sizes) + "---|"]
+    lines = []
+    for budget in budgets:
+        cells, means = [], {}
+        flops = next(r["budget_flops"] for r in rows if r["budget"] == budget)
+        for size in sizes:
+            values = [r[loss] * BITS for r in rows if r["arm"] == size and r["budget"] == budget]
+            if not values:
+                cells.append("—")
+                continue
+            mean, low, high = _mean_ci(values)
+            means[size] = mean
+            cells.append(f"{mean:.4f} [{low:.4f}, {high:.4f}]")
+        best = min(means, key=means.__getitem__) if means else "—"
+        lines.append(f"| {budget:g} | {flops / 1e12:.3g} | " + " | ".join(cells) + f" | {best} |")
+    return head + lines
+
+
+def speedup_table(results: Sequence[ArmResult]) -> list[str]:
+    """Every growing arm's speed-ups: against the frontier in FLOPs (95 % bootstrap interval over
+    episodes, and the t interval of the mean log), in wall-clock, and its time to the
+    frontier's loss (geometric means with bootstrap intervals)."""
+    head = ["| arm | budget (× base) | episodes | speed-up (FLOPs) [bootstrap] | t interval "
+            "| wall-clock | time to target | censored |",
+            "|---|---:|---:|---:|---:|---:|---:|---|"]
+    lines = []
+    for r in results:
+        s, w, t = r.flops, r.wall, r.target
+        censored = ", ".join(f"{n} {kind}" for n, kind in ((s.above, "above"),
+                                                           (s.below, "below")) if n) or "—"
+        lines.append(f"| {r.arm} | {r.budget:g} | {s.n} | {s.mean:.2f}× [{s.low:.2f}, "
+                     f"{s.high:.2f}] | [{s.t_low:.2f}, {s.t_high:.2f}] | {w.mean:.2f}× "
+                     f"[{w.low:.2f}, {w.high:.2f}] | {t.mean:.2f}× [{t.low:.2f}, {t.high:.2f}] "
+                     f"| {censored} |")
+    return head + lines
+
+
+def arm_table(rows: Sequence[Mapping[str, Any]], loss: str) -> list[str]:
+    """Every growing arm's mean loss at every budget (bits per byte, 95 % t interval)."""
+    sizes = set(sizes_of(rows))
+    arms = sorted({r["arm"] for r in rows} - sizes)
+    lines = ["| arm | budget (× base) | episodes | loss (bits/byte) | lr |",
+             "|---|---:|---:|---:|---:|"]
+    for arm in arms:
+        for budget in sorted({r["budget"] for r in rows if r["arm"] == arm}):
+            at = [r for r in rows if r["arm"] == arm and r["budget"] == budget]
+            mean, low, high = _mean_ci([r[loss] * BITS for r in at])
+            lrs = ", ".join(f"{lr:g}" for lr in sorted({r["lr"] for r in at}))
+            lines.append(f"| {arm} | {budget:g} | {len(at)} | {mean:.4f} [{low:.4f}, "
+                         f"{high:.4f}] | {lrs} |")
+    return lines
+
+
+def at_chosen_rates(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The rows of each arm's chosen rate at each budget (`select_lrs`): a tuning study's best
+    (on the validation split), a final study's one."""
+    kept = []
+    for arm in dict.fromkeys(r["arm"] for r in rows):
+        chosen = select_lrs(rows, arm) if len({r["lr"] for r in rows if r["arm"] == arm}) > 1 \
+            else None
+        kept += [r for r in rows if r["arm"] == arm
+                 and (chosen is None or r["lr"] == chosen[r["budget"]][0])]
+    return kept
+
+
+def report_lines(plan: Plan, rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The report's Markdown (module docstring), at each arm's chosen rate per budget."""
+    rows = at_chosen_rates(rows)
+    loss = loss_key(plan)
+    split = "test" if loss == "test_nats" else "validation"
+    episodes = len({r["episode"] for r in rows})
+    lines = [f"Study `{plan.name}` ({plan.purpose}): {episodes} episodes (root rng seed "
+             f"{plan.rng_seed}), base budget {plan.base_flops / 1e12:.3g} TFLOP, loss on the "
+             f"{split} split in bits per byte, rows in `rows.csv`.", "",
+             "Fixed sizes (each fully decayed at its own budget):", "", *size_table(rows, loss)]
+    if set(sizes_of(rows)) != {r["arm"] for r in rows}:
+        results = speedups(rows, loss)
+        lines += ["", "Growing arms:", "", *arm_table(rows, loss), "",
+                  "Speed-up against the compute-optimal frontier (the frontier's compute to "
+                  "reach the arm's loss, over the arm's; wall-clock the same in seconds; time "
+                  "to target: the arm's budget over the compute it needs to reach the "
+                  "frontier's loss at its budget):", "", *speedup_table(results)]
+    return lines
+
+
+def write_report(folder: str | Path, plan: Plan, rows: Sequence[Mapping[str, Any]],
+                 docs: str | Path | None = None) -> Path:
+    """Write ``report.md`` and the figures into ``folder``; with ``docs``, replace the study's
+    marked section there. Returns the report's path."""
+    from esper_lightning.app.frontier.plots import loss_figure, speedup_figure
+
+    folder = Path(folder)
+    lines = report_lines(plan, rows)
+    rows = at_chosen_rates(rows)
+    path = folder / "report.md"
+    path.write_text("\n".join([f"# Frontier study `{plan.name}`", "", *lines,
+                               "", "![loss against compute](loss_vs_flops.png)", "",
+                               "![speed-up against the frontier](speedup.png)", ""]))
+    loss_figure(rows, loss_key(plan), folder / "loss_vs_flops.png")
+    if set(sizes_of(rows)) != {r["arm"] for r in rows}:
+        speedup_figure(speedups(rows, loss_key(plan)), folder / "speedup.png")
+    if docs is not None:
+        replace_section(Path(docs), plan.name, lines)
+    return path
+
+
+def replace_section(document: Path, name: str, lines: Sequence[str]) -> None:
+    """Replace what is between a document's markers for study ``name`` by ``lines``.
+
+    Raises:
+        ValueError: The document lacks the markers (one line naming them).
+    """
+    begin, end = f"<!-- frontier:{name}:begin -->", f"<!-- frontier:{name}:end -->"
+    text = document.read_text()
+    if begin not in text or end not in text:
+        raise ValueError(f"{document} has no {begin} ... {end} section to write into")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    document.write_text(head + begin + "\n" + "\n".join(lines) + "\n" + end + tail)

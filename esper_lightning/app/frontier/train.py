@@ -1,0 +1,246 @@
+"""Training one unit of a frontier study: one arm at one rate on one episode, every budget.
+
+A run is a byte-level `GPTHost` in a plain AdamW loop (the host's own optimizer groups), one CPU
+thread, batches from `data.text.StepBatches` (step ``i``'s batch is a function of the episode's
+rng seed and ``i``), every step metered by `core.flops.FlopMeter` (once per architecture) and
+its rate set by a `schedule.BudgetSchedule`: a warmup of a fixed amount of compute, a stable
+phase, and a linear decay over the last ``decay_fraction`` of the run's own budget, so every
+budget ends fully decayed. The step that brings the FLOPs spent to the budget is the last.
+
+A growing arm (`arms.ArmSpec`) trains each budget as its own run: at the first step past
+fraction ``τ`` of that budget it grows (`core.depth.grow`: new blocks on top, made by its growth
+operator, joining the optimizer in their sources' param groups, with their sources' moments
+under ``+moments``), and under ``+rewarm`` its rate re-warms linearly from 0 over the study's
+warmup compute after each growth. It is born with its final depth's residual-projection init.
+
+A fixed size trains each of its budgets as a **branched cooldown**: one run to its largest
+budget, and at the step where a smaller budget's decay would begin the run's state (weights,
+optimizer, step, FLOPs spent) is saved, that budget's decay is trained from it and evaluated,
+and the state is put back. Warmup and stable phase are the same at every budget (the warmup is
+absolute compute), so each branch is the separate run of its budget step for step
+(`tests/test_app_frontier.py` checks it to the last bit); the saving is every smaller budget's
+stable phase.
+
+At the end of each budget the model is evaluated on every block of the plan's splits (mean
+nats per byte over all tokens of the validation split, and of the test split in a final study).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from esper_lightning.app.frontier.plan import Plan, Shape, Unit
+from esper_lightning.blueprints.block import init_block
+from esper_lightning.core.depth import DepthGrowth, grow
+from esper_lightning.core.flops import FlopMeter, structure
+from esper_lightning.data.text import (
+    StepBatches,
+    find_text_file,
+    load_text_tokens,
+    split_text,
+    validation_blocks,
+)
+from esper_lightning.hosts.gpt import GPTConfig, GPTHost
+from esper_lightning.schedule import BudgetSchedule, LRSchedule, apply_multiplier, set_base_lrs
+
+__all__ = ["ROW_FIELDS", "Corpus", "build_host", "evaluate", "load_corpus", "train_unit"]
+
+#: Blocks per evaluation forward.
+EVAL_BATCH = 256
+#: The columns of a frontier row (`study.ROWS`), in order.
+ROW_FIELDS = ("arm", "episode", "rng_seed", "lr", "budget", "budget_flops", "spent_flops",
+              "steps", "params", "final_depth", "tokens", "data_passes", "wall_s",
+              "validation_nats", "test_nats", "text_sha256")
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """The training tokens and the evaluation blocks of each split, read once per worker."""
+
+    train: Tensor
+    blocks: dict[str, tuple[Tensor, Tensor]]
+    sha256: str
+
+
+def load_corpus(path: str | Path, shape: Shape, splits: tuple[str, ...]) -> Corpus:
+    """Read the text, split it (`split_text`) and cut every block of each split in ``splits``."""
+    file = find_text_file(path)
+    tokens = load_text_tokens(file)
+    parts = split_text(tokens)
+    blocks = {name: validation_blocks(getattr(parts, name), shape.block_size)
+              for name in splits}
+    return Corpus(parts.train, blocks, hashlib.sha256(file.read_bytes()).hexdigest())
+
+
+def build_host(shape: Shape, depth: int, lr: float, rng_seed: int,
+               init_depth: int | None = None) -> GPTHost:
+    """A GPT of ``depth`` blocks (no slots) initialised from ``rng_seed``, its residual
+    projections scaled for ``init_depth`` (None: ``depth``, a network born that deep)."""
+    extra = (init_depth or depth) - depth
+    config = GPTConfig(vocab_size=256, block_size=shape.block_size, n_layer=depth,
+                       n_head=shape.n_head, n_embd=shape.width, growth_slots=int(extra > 0),
+                       growth_depth=max(extra, 1))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(rng_seed)
+        return GPTHost(config, slots=(), lr=lr)
+
+
+@dataclass
+class Run:
+    """One training run in progress: the host, its optimizer and how far it has come, and the
+    FLOPs spent at its last growth (its rate re-warms from there under ``+rewarm``)."""
+
+    host: GPTHost
+    optimizer: torch.optim.Optimizer
+    step: int = 0
+    spent: float = 0.0
+    seconds: float = 0.0
+    grown_at: float | None = None
+
+    def state(self) -> dict[str, Any]:
+        """Everything a branch changes, copied (a branched cooldown starts and ends here)."""
+        return {"host": copy.deepcopy(self.host.state_dict()),
+                "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+                "step": self.step, "spent": self.spent, "seconds": self.seconds}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.host.load_state_dict(state["host"])
+        self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
+        self.step, self.spent, self.seconds = state["step"], state["spent"], state["seconds"]
+
+
+def start_run(shape: Shape, depth: int, lr: float, rng_seed: int,
+              init_depth: int | None = None) -> Run:
+    host = build_host(shape, depth, lr, rng_seed, init_depth)
+    optimizer = host.configure_optimizers()
+    set_base_lrs(optimizer.param_groups)
+    return Run(host, optimizer)
+
+
+def train_until(run: Run, batches: StepBatches, meter: FlopMeter, schedule: BudgetSchedule,
+                budget: float, stop: Callable[[float], bool] | None = None,
+                grow: Callable[[Run], bool] | None = None, rewarm: float | None = None) -> None:
+    """Train ``run`` while its FLOPs are below ``budget`` (the rate from ``schedule`` at the
+    middle of each batch), or until ``stop(middle of the next batch)`` says to branch there.
+    ``grow(run)`` runs before each step and says whether it grew the host; ``rewarm`` (FLOPs)
+    re-warms the rate after a growth."""
+    host, optimizer = run.host, run.optimizer
+    host.train()
+    arch = structure(host)  # fixed until the architecture changes
+    started = time.perf_counter()
+    while run.spent < budget:
+        if grow is not None and grow(run):
+            arch = structure(host)
+        x, y = batches(run.step)
+        cost = meter.training_step(host, x, arch=arch)
+        middle = run.spent + 0.5 * cost
+        if stop is not None and stop(middle):
+            break
+        multiplier = schedule.multiplier(middle, budget)
+        if rewarm is not None and run.grown_at is not None:
+            multiplier *= min(1.0, (middle - run.grown_at) / rewarm)
+        apply_multiplier(optimizer.param_groups, multiplier)
+        loss = F.cross_entropy(host(x).flatten(0, 1), y.flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        run.spent += cost
+        run.step += 1
+    run.seconds += time.perf_counter() - started
+
+
+@torch.no_grad()
+def evaluate(host: GPTHost, blocks: tuple[Tensor, Tensor]) -> float:
+    """Mean cross-entropy in nats per token over every block (all tokens weigh alike)."""
+    host.eval()
+    x, y = blocks
+    total = 0.0
+    for i in range(0, len(x), EVAL_BATCH):
+        logits = host(x[i:i + EVAL_BATCH])
+        total += float(F.cross_entropy(logits.flatten(0, 1), y[i:i + EVAL_BATCH].flatten(),
+                                       reduction="sum"))
+    host.train()
+    return total / y.numel()
+
+
+def schedule_of(plan: Plan) -> BudgetSchedule:
+    return BudgetSchedule(LRSchedule("wsd", decay_fraction=plan.decay_fraction,
+                                     min_lr_ratio=plan.min_lr_ratio), plan.warmup_flops)
+
+
+def train_unit(unit: Unit, plan: Plan, corpus: Corpus,
+               meter: FlopMeter | None = None) -> list[dict[str, Any]]:
+    """Train ``unit`` (every budget of it) and return one row per budget (`ROW_FIELDS`)."""
+    meter = meter or FlopMeter()
+    if not unit.arm.branches:
+        return [_train_growing(unit, plan, corpus, meter, budget)
+                for budget in sorted(unit.budgets)]
+    schedule = schedule_of(plan)
+    batches = StepBatches(corpus.train, plan.shape.block_size, plan.shape.batch_size,
+                          unit.rng_seed)
+    run = start_run(plan.shape, unit.arm.final_depth, unit.lr, unit.rng_seed)
+    largest = max(unit.budgets)
+    rows = []
+    for budget in sorted(unit.budgets):
+        if budget == largest:
+            train_until(run, batches, meter, schedule, largest)
+            rows.append(_row(unit, plan, corpus, run, budget))
+            break
+        # Up to the first step at which this budget's rate leaves the largest budget's.
+        train_until(run, batches, meter, schedule, largest, stop=lambda middle, b=budget: (
+            schedule.multiplier(middle, b) != schedule.multiplier(middle, largest)))
+        saved = run.state()
+        train_until(run, batches, meter, schedule, budget)
+        rows.append(_row(unit, plan, corpus, run, budget))
+        run.restore(saved)
+    return rows
+
+
+def _train_growing(unit: Unit, plan: Plan, corpus: Corpus, meter: FlopMeter,
+                   budget: float) -> dict[str, Any]:
+    """One run of a growing arm to ``budget``, growing at each of its events."""
+    arm = unit.arm
+    events = arm.events(budget)
+    init = partial(init_block, depth=arm.final_depth)
+    moments = "copy" if "moments" in arm.options else "fresh"
+
+    def grow_due(run: Run) -> bool:
+        if not events or run.spent < events[0][0]:
+            return False
+        _, blocks = events.pop(0)
+        grow(run.host, DepthGrowth("blocks", blocks=blocks, init=init, moments=moments),
+             str(arm.operator), run.optimizer)
+        run.grown_at = run.spent
+        return True
+
+    run = start_run(plan.shape, arm.depths[0], unit.lr, unit.rng_seed, arm.final_depth)
+    batches = StepBatches(corpus.train, plan.shape.block_size, plan.shape.batch_size,
+                          unit.rng_seed)
+    rewarm = plan.warmup_flops if "rewarm" in arm.options else None
+    train_until(run, batches, meter, schedule_of(plan), budget, grow=grow_due, rewarm=rewarm)
+    return _row(unit, plan, corpus, run, budget)
+
+
+def _row(unit: Unit, plan: Plan, corpus: Corpus, run: Run, budget: float) -> dict[str, Any]:
+    tokens = run.step * plan.shape.batch_size * plan.shape.block_size
+    losses = {f"{name}_nats": evaluate(run.host, corpus.blocks[name]) for name in plan.splits}
+    return {
+        "arm": unit.arm.name, "episode": unit.episode, "rng_seed": unit.rng_seed, "lr": unit.lr,
+        "budget": budget / plan.base_flops, "budget_flops": budget, "spent_flops": run.spent,
+        "steps": run.step, "params": sum(p.numel() for p in run.host.parameters()),
+        "final_depth": len(run.host.blocks), "tokens": tokens,
+        "data_passes": tokens / len(corpus.train), "wall_s": run.seconds,
+        "validation_nats": losses.get("validation_nats"), "test_nats": losses.get("test_nats"),
+        "text_sha256": corpus.sha256,
+    }

@@ -1,0 +1,225 @@
+"""The frontier study: plans, branched cooldowns that equal separate runs, resumable studies."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from esper_lightning.app.frontier.plan import Plan, episode_rng_seed, parse_plan, read_plan
+from esper_lightning.app.frontier.study import PLAN_FILE, ROWS_FILE, read_rows, run_study
+from esper_lightning.app.frontier.train import load_corpus, train_unit
+from esper_lightning.data.text import StepBatches
+from esper_lightning.errors import ConfigError
+
+TINY = {"width": 8, "n_head": 2, "block_size": 8, "batch_size": 4}
+
+
+def _plan(**overrides) -> dict:
+    plan = {"name": "tiny", "purpose": "tuning", "shape": TINY, "base_flops": 2e7,
+            "budgets": [1, 2, 3], "warmup_flops": 2e6, "arms": [{"arm": "S2", "lr": 1e-2}],
+            "episodes": 1, "rng_seed": 5}
+    plan.update(overrides)
+    return plan
+
+
+@pytest.fixture
+def corpus(text_file: Path):
+    return load_corpus(text_file, parse_plan(_plan()).shape, ("validation", "test"))
+
+
+def test_a_branched_cooldown_is_the_separate_run_of_its_budget(corpus):
+    torch.manual_seed(0)
+    plan = parse_plan(_plan(purpose="final"))
+    (unit,) = plan.units()
+    branched = train_unit(unit, plan, corpus)
+    assert [r["budget"] for r in branched] == [1, 2, 3]
+    for row in branched:
+        alone = parse_plan(_plan(purpose="final", budgets=[row["budget"]]))
+        (single,) = alone.units()
+        (separate,) = train_unit(single, alone, corpus)
+        for key in ("steps", "spent_flops", "validation_nats", "test_nats", "tokens"):
+            assert separate[key] == row[key], (row["budget"], key)  # to the last bit
+    # The budgets are really different runs: each ends fully decayed at its own budget.
+    assert len({r["validation_nats"] for r in branched}) == 3
+    assert all(r["budget_flops"] <= r["spent_flops"] < r["budget_flops"] + 1e7 for r in branched)
+
+
+def test_tuning_evaluates_validation_only(corpus):
+    plan = parse_plan(_plan(budgets=[1]))
+    (row,) = train_unit(next(plan.units()), plan, corpus)
+    assert row["test_nats"] is None and row["validation_nats"] > 0
+
+
+def test_step_batches_are_a_function_of_rng_seed_and_step():
+    tokens = torch.arange(1000, dtype=torch.uint8)
+    batches = StepBatches(tokens, 8, 4, rng_seed=1)
+    later = [batches(i)[0] for i in (40, 3, 41)]
+    fresh = StepBatches(tokens, 8, 4, rng_seed=1)
+    assert all(torch.equal(fresh(i)[0], x) for i, x in zip((40, 3, 41), later, strict=True))
+    assert not torch.equal(StepBatches(tokens, 8, 4, rng_seed=2)(3)[0], later[1])
+    # Within a pass no token is trained on twice: its blocks do not overlap.
+    used = batches.starts(0)[:batches.per_pass * 4].sort().values
+    assert bool((used.diff() >= 8).all()) and len(set((used % 8).tolist())) == 1
+    assert torch.equal(batches(0)[0][:, 0], tokens[batches.starts(0)[:4]].long())
+
+
+def test_units_pair_arms_by_episode_and_group_budgets_by_rate():
+    plan = parse_plan(_plan(arms=[{"arm": "S1", "lr": [1e-3, 2e-3]},
+                                  {"arm": "S2", "lr": {"1": 1e-3, "2": 1e-3, "3": 4e-3}}],
+                            episodes=2))
+    units = list(plan.units())
+    assert [(u.arm.name, u.lr, u.episode, len(u.budgets)) for u in units] == [
+        ("S1", 1e-3, 0, 3), ("S1", 2e-3, 0, 3), ("S2", 1e-3, 0, 2), ("S2", 4e-3, 0, 1),
+        ("S1", 1e-3, 1, 3), ("S1", 2e-3, 1, 3), ("S2", 1e-3, 1, 2), ("S2", 4e-3, 1, 1)]
+    assert {u.rng_seed for u in units if u.episode == 0} == {episode_rng_seed(5, 0)}
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"purpose": "final-ish"}, "unknown purpose 'final-ish'; accepted: tuning, final"),
+    ({"budgets": [1, 1]}, "budgets lists a budget twice"),
+    ({"arms": [{"arm": "S0", "lr": 1e-3}]}, "unknown arm 'S0'; accepted: S<k>"),
+    ({"arms": [{"arm": "S2", "lr": {"1": 1e-3}}]}, "S2: no lr for budget 2"),
+    ({"arms": [{"arm": "S2", "lr": {"7": 1e-3}}]}, "S2: lr for budget '7', which the arm"),
+    ({"arms": [{"arm": "S2", "lr": -1}]}, "S2: lr must be a number > 0, got -1"),
+    ({"warmup_flops": 2e7}, "warmup_flops=2e+07 outlasts the stable phase"),
+    ({"shape": {**TINY, "n_head": 3}}, "shape.n_head=3 must divide shape.width=8"),
+    ({"seed": 3}, "unknown plan key 'seed'"),
+])
+def test_a_bad_plan_is_refused_in_one_line(change, message):
+    with pytest.raises(ConfigError) as err:
+        parse_plan(_plan(**change))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def _no_clock(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if k != "wall_s"} for row in rows]
+
+
+def test_a_study_resumes_where_it_stopped_and_equals_one_run(tmp_path: Path, text_file: Path):
+    folder = tmp_path / "study"
+    folder.mkdir()
+    plan = _plan(arms=[{"arm": "S1", "lr": 1e-2}, {"arm": "S2", "lr": 1e-2}], budgets=[1, 2])
+    (folder / PLAN_FILE).write_text(json.dumps(plan))
+    whole = run_study(folder, text_file, progress=False)
+    assert len(whole) == 4 and read_rows(folder) == whole
+    lines = (folder / ROWS_FILE).read_text().splitlines()
+    (folder / ROWS_FILE).write_text("\n".join(lines[:3]) + "\n")  # S2's unit was lost
+    resumed = run_study(folder, text_file, progress=False)
+    assert _no_clock(resumed) == _no_clock(whole)  # everything but the wall time
+    assert isinstance(read_plan(folder / PLAN_FILE), Plan)
+    other = tmp_path / "other.txt"
+    other.write_text(text_file.read_text().upper())
+    (folder / ROWS_FILE).write_text("\n".join(lines[:3]) + "\n")
+    with pytest.raises(ConfigError, match="was trained on another text"):
+        run_study(folder, other, progress=False)
+
+
+# --- growing arms ---------------------------------------------------------------------------------
+def test_a_growing_arm_grows_at_tau_of_each_budget_into_the_final_size(corpus):
+    plan = parse_plan(_plan(arms=[{"arm": "G1-2@0.5:identity", "lr": 1e-2},
+                                  {"arm": "S1", "lr": 1e-2}, {"arm": "S2", "lr": 1e-2}],
+                            budgets=[1, 2]))
+    rows = {(r["arm"], r["budget"]): r for u in plan.units() for r in train_unit(u, plan, corpus)}
+    for budget in (1, 2):
+        grown, small, big = (rows[(a, budget)] for a in ("G1-2@0.5:identity", "S1", "S2"))
+        assert grown["final_depth"] == 2 and grown["params"] == big["params"]
+        # Half the budget at one block's cost per step, half at two blocks': between the two.
+        assert big["steps"] < grown["steps"] < small["steps"]
+        assert grown["budget_flops"] <= grown["spent_flops"]
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("G4-1@0.5:copy", "depths must increase"),
+    ("G1-2-4@0.5:copy", "2 growth(s) need as many taus, got 1"),
+    ("G1-2@1.5:copy", "taus must be in (0, 1)"),
+    ("G1-2@0.5:copy+fast", "unknown option 'fast'; accepted: moments, rewarm"),
+    ("G1-2@x:copy", "unknown arm 'G1-2@x:copy'"),
+])
+def test_a_bad_growing_arm_is_refused_in_one_line(name, message):
+    with pytest.raises(ConfigError) as err:
+        parse_plan(_plan(arms=[{"arm": name, "lr": 1e-3}]))
+    assert message in str(err.value)
+
+
+def test_an_unknown_operator_is_refused_before_anything_trains(tmp_path, text_file):
+    folder = tmp_path / "study"
+    folder.mkdir()
+    (folder / PLAN_FILE).write_text(json.dumps(_plan(arms=[{"arm": "G1-2@0.5:zero",
+                                                            "lr": 1e-3}])))
+    with pytest.raises(ConfigError, match="unknown growth operator 'zero'; accepted: copy"):
+        run_study(folder, text_file, progress=False)
+    assert not (folder / ROWS_FILE).exists()
+
+
+# --- select and report ----------------------------------------------------------------------------
+def _rows(arms: dict[str, float], lrs=(1e-3, 2e-3), episodes=(0, 1, 2)) -> list[dict]:
+    """Synthetic rows: each fixed size ``S<k>`` a line in log C, S2 below S1 at every budget;
+    growing arms a fixed factor of compute ahead of S2; the rate 2e-3 better than 1e-3 by
+    0.01 on validation."""
+    rows = []
+    for arm, ahead in arms.items():
+        for e in episodes:
+            for budget in (1.0, 2.0, 4.0, 8.0):
+                for lr in lrs if arm.startswith("S") else lrs[-1:]:
+                    size = int(arm[1]) if arm.startswith("S") else 2
+                    c = budget * (ahead if not arm.startswith("S") else 1.0)
+                    loss = 3.6 - 0.6 * size - 0.1 * size * math.log2(c) + 0.001 * e
+                    rows.append({"arm": arm, "episode": e, "rng_seed": e, "lr": lr,
+                                 "budget": budget, "budget_flops": budget * 1e12,
+                                 "spent_flops": budget * 1e12, "steps": 1, "params": 1,
+                                 "final_depth": size, "tokens": 1, "data_passes": 1.0,
+                                 "wall_s": budget, "validation_nats": loss + (
+                                     0.01 if lr == 1e-3 else 0.0),
+                                 "test_nats": loss, "text_sha256": "x"})
+    return rows
+
+
+def test_select_picks_each_budgets_best_rate_and_flags_the_grid_edge():
+    from esper_lightning.app.frontier.report import select_lrs
+
+    chosen = select_lrs(_rows({"S1": 1.0}), "S1")
+    assert chosen == {b: (2e-3, True) for b in (1.0, 2.0, 4.0, 8.0)}
+
+
+def test_the_report_reads_a_speedup_a_growing_arm_has_by_construction(tmp_path):
+    from esper_lightning.app.frontier.report import speedups, write_report
+
+    rows = _rows({"S1": 1.0, "S2": 1.0, "G1-2@0.5:identity": 1.5}, lrs=(2e-3,))
+    results = {r.budget: r for r in speedups(rows, "test_nats")}
+    # S2 is the frontier at every budget here; the arm is 1.5x of compute ahead of it.
+    for budget in (1.0, 2.0, 4.0):
+        assert results[budget].flops.mean == pytest.approx(1.5, rel=1e-6), budget
+    for budget in (2.0, 4.0, 8.0):  # the arm's own curve reaches S2's loss at 2/3 its budget
+        assert results[budget].target.mean == pytest.approx(1.5, rel=1e-6), budget
+    assert results[1.0].target.above == 3  # before its smallest budget: a bound
+    assert results[8.0].flops.above == 3  # beyond the frontier's largest budget: a bound
+    plan = parse_plan(_plan(purpose="final", budgets=[1, 2, 4, 8], base_flops=1e12,
+                            warmup_flops=1e10))
+    docs = tmp_path / "evidence.md"
+    docs.write_text("before\n<!-- frontier:tiny:begin -->\nold\n<!-- frontier:tiny:end -->\n"
+                    "after\n")
+    report = write_report(tmp_path, plan, rows, docs)
+    text = docs.read_text()
+    assert text.startswith("before\n<!-- frontier:tiny:begin -->\nStudy `tiny` (final)")
+    assert "old" not in text and text.endswith("<!-- frontier:tiny:end -->\nafter\n")
+    assert "| G1-2@0.5:identity | 2 | 3 | 1.50× [1.50, 1.50]" in report.read_text()
+    assert (tmp_path / "loss_vs_flops.png").stat().st_size > 0
+    assert (tmp_path / "speedup.png").stat().st_size > 0
+
+
+def test_the_commands_refuse_in_one_line(tmp_path, capsys):
+    from esper_lightning.app.frontier.command import main
+
+    folder = tmp_path / "study"
+    folder.mkdir()
+    (folder / PLAN_FILE).write_text(json.dumps(_plan()))
+    assert main(["select", str(folder)]) == 2
+    assert capsys.readouterr().err == (f"esper-lightning frontier: error: '{folder}' has no rows "
+                                       "yet; run it first\n")
+    assert main(["report", str(tmp_path / "nothing")]) == 2
+    assert "plan '" in capsys.readouterr().err
+    assert main(["walk"]) == 2

@@ -1,0 +1,39 @@
+import subprocess
+
+import pytest
+
+from esper_lightning import __version__
+from esper_lightning.app import provenance
+from esper_lightning.app.provenance import code_version
+
+
+def git(folder, *args):
+    subprocess.run(["git", "-C", str(folder), *args], check=True, capture_output=True)
+
+
+def test_a_checkout_names_its_commit_and_uncommitted_changes(tmp_path, monkeypatch):
+    (tmp_path / "esper_lightning").mkdir()
+    (tmp_path / "esper_lightning" / "__init__.py").write_text("")
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", ".")
+    git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "first")
+    monkeypatch.setattr(provenance, "SOURCE", tmp_path.resolve())
+    commit = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "--short=12", "HEAD"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    assert code_version() == f"esper-lightning {__version__}, commit {commit}"
+    (tmp_path / "esper_lightning" / "__init__.py").write_text("x = 1\n")
+    assert code_version().endswith(f"commit {commit} (with uncommitted changes)")
+
+
+@pytest.mark.parametrize("layout", ["no repository", "someone else's repository"])
+def test_an_installed_package_is_no_checkout(tmp_path, monkeypatch, layout):
+    site = tmp_path / "venv" / "site-packages"
+    (site / "esper_lightning").mkdir(parents=True)
+    (site / "esper_lightning" / "__init__.py").write_text("")
+    if layout == "someone else's repository":  # a venv inside the user's own project
+        (tmp_path / "train.py").write_text("")
+        git(tmp_path, "init", "-q")
+        git(tmp_path, "add", ".")
+        git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "theirs")
+    monkeypatch.setattr(provenance, "SOURCE", site.resolve())
+    assert code_version() == f"esper-lightning {__version__} (not a git checkout)"
