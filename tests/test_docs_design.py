@@ -1,11 +1,14 @@
 """docs/design.md stays a true map of the package: it names every module, names no module that
-does not exist, and its table of package imports is the package's import graph."""
+does not exist, its table of package imports is the package's import graph, and its growth
+operator example runs."""
 
 from __future__ import annotations
 
 import re
 
+import torch
 from test_architecture import PACKAGE, import_graph, modules
+from torch import nn
 
 DESIGN = PACKAGE.parent / "docs" / "design.md"
 #: A path in backticks ending in ``.py`` (``core/engine.py``, ``tests/test_architecture.py``).
@@ -78,3 +81,22 @@ def test_package_graph_sees_every_unit_and_ignores_the_top_level():
     text = "### Package imports\n\n| package | imports |\n|---|---|\n" \
            "| `app/` | `core/`, `errors.py` |\n| `errors.py` | — |\n\n## Next\n| `x/` | `y/` |\n"
     assert documented_imports(text) == {"app/": {"core/", "errors.py"}, "errors.py": set()}
+
+
+def test_the_growth_operator_example_registers_a_working_operator():
+    """docs/design.md's "A growth operator" example, run as written."""
+    from esper_lightning.blueprints import get_spec, scratch_registry
+    from esper_lightning.blueprints.growth import operator_of, scratch_operators
+
+    text = DESIGN.read_text()
+    section = text[text.index("### A growth operator"):text.index("### A compare metric")]
+    code = section[section.index("```python") + len("```python"):]
+    code = code[:code.index("```")]
+    with scratch_registry(), scratch_operators():
+        namespace: dict = {}
+        exec(compile(code, "design.md", "exec"), namespace)
+        operator = operator_of("block_half_copy")
+        assert operator is not None and get_spec("block_half_copy", "transformer").incubation == 0
+        source = nn.Linear(4, 4)
+        halved = operator.build(source, None)
+        assert torch.equal(halved.weight, 0.5 * source.weight)
