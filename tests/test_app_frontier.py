@@ -223,3 +223,32 @@ def test_the_commands_refuse_in_one_line(tmp_path, capsys):
     assert main(["report", str(tmp_path / "nothing")]) == 2
     assert "plan '" in capsys.readouterr().err
     assert main(["walk"]) == 2
+
+
+def test_the_report_joins_a_study_of_the_same_episodes_and_refuses_another(tmp_path, capsys):
+    """Arms registered at different times (each before its own first episode) make one table;
+    a study of other episodes, or an arm in both, is refused in one line."""
+    from esper_lightning.app.frontier.command import main
+    from esper_lightning.app.frontier.study import _append
+
+    final = dict(purpose="final", budgets=[1, 2, 4, 8], base_flops=1e12, warmup_flops=1e10)
+    studies = {"sizes": ({"S1": 1.0, "S2": 1.0}, _plan(name="sizes", **final)),
+               "growth": ({"G1-2@0.5:identity": 1.5}, _plan(name="growth", **final)),
+               "other": ({"G1-2@0.25:identity": 1.5}, _plan(name="other", **{
+                   **final, "rng_seed": 6})),
+               "again": ({"S2": 1.0}, _plan(name="again", **final))}
+    for name, (arms, plan) in studies.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / PLAN_FILE).write_text(json.dumps(plan))
+        _append(tmp_path / name / ROWS_FILE, _rows(arms, lrs=(2e-3,)))
+    assert main(["report", str(tmp_path / "growth"), "--with", str(tmp_path / "sizes")]) == 0
+    report = (tmp_path / "growth" / "report.md").read_text()
+    assert "Study `growth` with `sizes` (final)" in report
+    assert "| G1-2@0.5:identity | 2 | 3 | 1.50× [1.50, 1.50]" in report
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "other"), "--with", str(tmp_path / "sizes")]) == 2
+    assert capsys.readouterr().err == (
+        f"esper-lightning frontier: error: --with {tmp_path / 'sizes'}: its rng_seed is 5, "
+        "this study's 6; only studies of the same episodes join\n")
+    assert main(["report", str(tmp_path / "sizes"), "--with", str(tmp_path / "again")]) == 2
+    assert "arm 'S2' is in both studies" in capsys.readouterr().err

@@ -3,12 +3,17 @@
     esper-lightning frontier run results/frontier/w32-tuning --text shakespeare.txt --workers 2
     esper-lightning frontier select results/frontier/w32-tuning
     esper-lightning frontier report results/frontier/w32-final --docs docs/evidence.md
+    esper-lightning frontier report results/frontier/w32-final-growth \
+        --with results/frontier/w32-final-sizes
 
 ``run`` trains the pending units of the study in the folder (its ``plan.json``; `study`) and
 can be stopped and started again at any time. ``select`` prints, for a tuning study, each arm's
 best rate per budget on the validation split, as the ``lr`` maps a final plan takes. ``report``
 writes ``report.md`` and the figures from the rows alone, and with ``--docs`` the study's marked
-section of a document. Every bad input is one line and exit status 2.
+section of a document; ``--with`` adds the rows of another study of the same episodes (same
+purpose, root rng seed, episodes, shape and budgets schedule; other arms), so arms registered at
+different times (each before its own first episode) make one table. Every bad input is one line
+and exit status 2.
 """
 
 from __future__ import annotations
@@ -49,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--docs", default=None,
                         help="a document whose <!-- frontier:NAME:begin/end --> section the "
                         "tables replace")
+    report.add_argument("--with", dest="others", action="append", default=[],
+                        metavar="STUDY", help="another study of the same episodes whose arms "
+                        "join the table (repeatable)")
     return parser
 
 
@@ -71,7 +79,7 @@ def main(argv: Sequence[str]) -> int:
         elif args.action == "select":
             print(json.dumps(_selected(args.study), indent=2))
         else:
-            print(_report(args.study, args.docs).read_text())
+            print(_report(args.study, args.docs, args.others).read_text())
         return 0
     except (ConfigError, DataError) as err:
         return _fail(str(err))
@@ -105,14 +113,36 @@ def _selected(folder: str) -> list[dict[str, Any]]:
     return arms
 
 
-def _report(folder: str, docs: str | None) -> Path:
+def _report(folder: str, docs: str | None, others: Sequence[str] = ()) -> Path:
     from esper_lightning.app.frontier.report import write_report
 
     plan, rows = _loaded(folder)
+    for other in others:
+        rows = rows + _joined(plan, rows, other)
     try:
-        return write_report(folder, plan, rows, docs)
+        return write_report(folder, plan, rows, docs, also=[Path(o).name for o in others])
     except ValueError as err:
         raise ConfigError(str(err)) from None
+
+
+#: What two studies must share for their rows to be one table: the same episodes, scored alike.
+_SHARED = ("purpose", "rng_seed", "episodes", "first_episode", "shape", "base_flops",
+           "warmup_flops", "decay_fraction", "min_lr_ratio")
+
+
+def _joined(plan: Any, rows: list[dict[str, Any]], folder: str) -> list[dict[str, Any]]:
+    """The rows of the study in ``folder``, checked to be of ``plan``'s episodes."""
+    other, more = _loaded(folder)
+    for key in _SHARED:
+        if getattr(other, key) != getattr(plan, key):
+            raise ConfigError(f"--with {folder}: its {key} is {getattr(other, key)!r}, this "
+                              f"study's {getattr(plan, key)!r}; only studies of the same "
+                              "episodes join")
+    both = {r["arm"] for r in rows} & {r["arm"] for r in more}
+    if both:
+        raise ConfigError(f"--with {folder}: arm {sorted(both)[0]!r} is in both studies; "
+                          "each arm comes from one")
+    return more
 
 
 def _fail(message: str) -> int:

@@ -201,13 +201,16 @@ def at_chosen_rates(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]
     return kept
 
 
-def report_lines(plan: Plan, rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The report's Markdown (module docstring), at each arm's chosen rate per budget."""
+def report_lines(plan: Plan, rows: Sequence[Mapping[str, Any]],
+                 also: Sequence[str] = ()) -> list[str]:
+    """The report's Markdown (module docstring), at each arm's chosen rate per budget; ``also``
+    names the studies of the same episodes whose rows joined."""
     rows = at_chosen_rates(rows)
     loss = loss_key(plan)
     split = "test" if loss == "test_nats" else "validation"
     episodes = len({r["episode"] for r in rows})
-    lines = [f"Study `{plan.name}` ({plan.purpose}): {episodes} episodes (root rng seed "
+    joined = "".join(f" with `{name}`" for name in also)
+    lines = [f"Study `{plan.name}`{joined} ({plan.purpose}): {episodes} episodes (root rng seed "
              f"{plan.rng_seed}), base budget {plan.base_flops / 1e12:.3g} TFLOP, loss on the "
              f"{split} split in bits per byte, rows in `rows.csv`.", "",
              "Fixed sizes (each fully decayed at its own budget):", "", *size_table(rows, loss)]
@@ -222,13 +225,14 @@ def report_lines(plan: Plan, rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def write_report(folder: str | Path, plan: Plan, rows: Sequence[Mapping[str, Any]],
-                 docs: str | Path | None = None) -> Path:
+                 docs: str | Path | None = None, also: Sequence[str] = ()) -> Path:
     """Write ``report.md`` and the figures into ``folder``; with ``docs``, replace the study's
-    marked section there. Returns the report's path."""
+    marked section there. ``also``: the studies whose rows joined (`report_lines`). Returns the
+    report's path."""
     from esper_lightning.app.frontier.plots import loss_figure, speedup_figure
 
     folder = Path(folder)
-    lines = report_lines(plan, rows)
+    lines = report_lines(plan, rows, also)
     rows = at_chosen_rates(rows)
     path = folder / "report.md"
     path.write_text("\n".join([f"# Frontier study `{plan.name}`", "", *lines,
