@@ -37,9 +37,9 @@ import torch
 import torch.distributed as dist
 
 from esper_lightning.app.config import PPORunConfig, load_config
-from esper_lightning.app.metrics import merge_stats
-from esper_lightning.app.ranks import Ranks
-from esper_lightning.app.trainer import PPOTrainer
+from esper_lightning.app.ppo.metrics import merge_stats
+from esper_lightning.app.ppo.ranks import Ranks
+from esper_lightning.app.ppo.trainer import PPOTrainer
 from esper_lightning.data import write_cifar10_fixture
 
 MICRO_REPEATS = 50

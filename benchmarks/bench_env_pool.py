@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from esper_lightning.app.config import load_config
-from esper_lightning.app.trainer import PPOTrainer
+from esper_lightning.app.ppo.trainer import PPOTrainer
 from esper_lightning.core.actions import Action, LifecycleOp, Tempo
 from esper_lightning.core.counterfactual import make_plan
 from esper_lightning.core.lifecycle import GateConfig, SeedStage

@@ -1,17 +1,17 @@
 """How often does a 95 % interval of a mean cover the truth, and how often does a table of null
-comparisons call something "better" or "worse"? The simulation behind `app.stats`' choices.
+comparisons call something "better" or "worse"? The simulation behind `app.compare.stats`' choices.
 
     python scripts/interval_coverage.py --samples 4000
 
 Coverage: for 5 and 10 pairs, zero-mean differences drawn from a normal, a shifted exponential
 (skewness 2) and a shifted lognormal with σ = 1 (skewness 6.2); the share of samples whose
 interval contains 0, for the percentile bootstrap (10,000 resamples), BCa
-(`scipy.stats.bootstrap`, 2,000 resamples) and the t interval (`app.stats.mean_ci`).
+(`scipy.stats.bootstrap`, 2,000 resamples) and the t interval (`app.compare.stats.mean_ci`).
 
 False verdicts: tables of three controllers that are all the reference in disguise (each
 episode's outcome is the episode's own level plus noise, the same distribution for every
 controller), at 10 pairs; the share of tables with at least one "better" or "worse", for the
-old rule (percentile interval alone, at least 6 pairs) and the current one (`app.report`).
+old rule (percentile interval alone, at least 6 pairs) and the current one (`app.compare.report`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import argparse
 import numpy as np
 from scipy import stats
 
-from esper_lightning.app.stats import holm, mean_ci, verdict, wilcoxon_p
+from esper_lightning.app.compare.stats import holm, mean_ci, verdict, wilcoxon_p
 
 DRAWS = {
     "normal": lambda rng, shape: rng.standard_normal(shape),

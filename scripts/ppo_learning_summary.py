@@ -4,8 +4,8 @@
 
 For each tag (episodic return, final accuracy, every `actions/<op>` frequency, the PPO
 diagnostics) it prints the mean of the first and the last ``--rounds`` rounds with a 95 % t
-interval over those rounds (`app.stats.mean_ci`), and the difference with its Welch t interval
-(two independent means): "rose" / "fell" only when that interval excludes zero.
+interval over those rounds (`app.compare.stats.mean_ci`), and the difference with its Welch t
+interval (two independent means): "rose" / "fell" only when that interval excludes zero.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 from scipy import stats
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from esper_lightning.app.stats import CONFIDENCE, mean_ci
+from esper_lightning.app.compare.stats import CONFIDENCE, mean_ci
 
 TAGS = ("charts/episodic_return", "charts/final_accuracy", "morpho/seed_params",
         "actions/wait", "actions/germinate", "actions/advance", "actions/fossilize",

@@ -129,7 +129,7 @@ def train_smoke_policy(root: Path) -> tuple[Path, Path]:
     ``root``; returns ``(data folder, checkpoint)``."""
     # Imported here: only the tests that need a trained policy pay for the application.
     from esper_lightning.app.config import load_config
-    from esper_lightning.app.trainer import PPOTrainer
+    from esper_lightning.app.ppo.trainer import PPOTrainer
     from esper_lightning.data import write_cifar10_fixture
 
     data = write_cifar10_fixture(root / "data", n_train=64, n_test=32)

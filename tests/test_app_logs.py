@@ -9,10 +9,10 @@ import torch
 from torch import nn
 
 from esper_lightning.app import cli
-from esper_lightning.app.compare import Comparison
+from esper_lightning.app.compare.runner import Comparison
 from esper_lightning.app.config import CompareConfig, load_config
 from esper_lightning.app.logs import label_engine
-from esper_lightning.app.trainer import PPOTrainer
+from esper_lightning.app.ppo.trainer import PPOTrainer
 from esper_lightning.controllers import ScriptedController
 from esper_lightning.core.actions import Action, LifecycleOp
 from esper_lightning.core.engine import MorphogenesisEngine

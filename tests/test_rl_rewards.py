@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from lifecycle_mdp import LifecycleMDP, make_report, optimal_actions
 
-from esper_lightning.app.compare import Comparison
+from esper_lightning.app.compare.runner import Comparison
 from esper_lightning.app.config import CompareConfig
 from esper_lightning.core.actions import Action, LifecycleOp
 from esper_lightning.core.engine import execute_on_slot

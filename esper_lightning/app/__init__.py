@@ -1,4 +1,7 @@
-"""The application: the PPO trainer over the Fabric env pool, its checkpoints, config and CLI.
+"""The application: the ``esper-lightning`` commands, one subpackage each.
 
-Nothing outside this package imports it: controllers use `esper_lightning.rl` only.
+`ppo` learns a controller, `compare` judges controllers on paired episodes, `frontier` measures
+growth against the compute-optimal frontier; `cli` dispatches to them, `config` and `task` are
+the settings they share. Nothing outside this package imports it: controllers use
+`esper_lightning.rl` only.
 """

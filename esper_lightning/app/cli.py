@@ -65,11 +65,11 @@ class Command:
 
 
 def run_ppo(config: TaskConfig, argv: Sequence[str] = ()) -> int:
-    from esper_lightning.app.trainer import PPOTrainer  # heavy imports only for this command
+    from esper_lightning.app.ppo.trainer import PPOTrainer  # heavy imports only for this command
 
     assert isinstance(config, PPORunConfig)
     if config.strategy != "auto":  # data-parallel: Fabric starts or joins the processes
-        from esper_lightning.app.distributed import launch_ppo
+        from esper_lightning.app.ppo.distributed import launch_ppo
 
         history = launch_ppo(config)
         if history is None:  # not rank 0: rank 0 reports
@@ -88,7 +88,7 @@ def run_ppo(config: TaskConfig, argv: Sequence[str] = ()) -> int:
 
 
 def run_compare(config: TaskConfig, argv: Sequence[str] = ()) -> int:
-    from esper_lightning.app.compare import Comparison
+    from esper_lightning.app.compare.runner import Comparison
 
     assert isinstance(config, CompareConfig)
     comparison = Comparison(config, command=[PROG, "compare", *argv])

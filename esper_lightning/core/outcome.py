@@ -1,7 +1,8 @@
 """The outcome of an episode: what a controller is judged by, in training and in comparisons.
 
 One definition serves both the PPO reward's terminal term (`rl.rewards`) and the comparison tool
-(`app.compare`), so a learned controller is trained on exactly the quantity it is evaluated on:
+(`app.compare.runner`), so a learned controller is trained on exactly the quantity it is
+evaluated on:
 
     outcome = mean validation accuracy of the last `OUTCOME_EPOCHS` epochs (percent)
               − param_cost × mean seed parameters of those epochs / host parameters  (points)

@@ -1,7 +1,7 @@
 """`Learner`: one policy being learned by the PPO trainer and everything that belongs to it.
 
 Its own module, so that the trainer, which drives learners, and the checkpoints, which save and
-restore them (`app.checkpoint`), both import it and neither imports the other.
+restore them (`app.ppo.checkpoint`), both import it and neither imports the other.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from esper_lightning.app.config import PPORunConfig
-from esper_lightning.app.metrics import RoundStats
+from esper_lightning.app.ppo.metrics import RoundStats
 from esper_lightning.rl.normalizers import RewardNormalizer, RunningMeanStd, ValueNormalizer
 from esper_lightning.rl.policy import FactoredRecurrentActorCritic
 from esper_lightning.rl.rewards import RewardConfig

@@ -7,7 +7,7 @@ PPO update. After every round the trainer logs to TensorBoard (scalars, and env 
 timeline as an image, against the env steps collected so far as CleanRL does; the round is
 ``charts/round``), logs one INFO line on the ``esper_lightning`` logger (the envs' engines log
 one per lifecycle event, labelled with round and env), and writes an atomic checkpoint holding
-everything needed to continue exactly (`app.checkpoint`), the TensorBoard version included, so a
+everything needed to continue exactly (`app.ppo.checkpoint`), the TensorBoard version included, so a
 resumed run keeps writing to the same ``version_N`` folder.
 
 With ``ab`` set, one policy per reward mode learns side by side in the same pool: the envs are
@@ -15,7 +15,7 @@ split into equal groups that play the same episode seeds in lockstep, each group
 rewarding its own policy, which has its own optimizer, normalisers, checkpoint and TensorBoard
 run. Learning groups one after another would hand them different data and machine states.
 
-Under a ddp strategy (`app.distributed` launches the processes; `app.ranks` says where one
+Under a ddp strategy (`app.ppo.distributed` launches the processes; `app.ppo.ranks` says where one
 stands) every process runs this trainer on its share of the envs with the same policy: episode
 and action-sampling seeds come from the global env index, so the rollouts are those of one
 process with every env, the update reduces over the ranks, and rank 0 logs and writes the
@@ -36,18 +36,18 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from esper_lightning.app.checkpoint import (
+from esper_lightning.app.config import PPORunConfig, check_hardware
+from esper_lightning.app.logs import label_engine
+from esper_lightning.app.ppo.checkpoint import (
     checkpoint_path,
     load_trainer,
     refuse_overwrite,
     save_trainer,
     seed_run,
 )
-from esper_lightning.app.config import PPORunConfig, check_hardware
-from esper_lightning.app.learner import Learner
-from esper_lightning.app.logs import label_engine
-from esper_lightning.app.metrics import RoundStats, mean, merge_stats, round_metrics
-from esper_lightning.app.ranks import Ranks
+from esper_lightning.app.ppo.learner import Learner
+from esper_lightning.app.ppo.metrics import RoundStats, mean, merge_stats, round_metrics
+from esper_lightning.app.ppo.ranks import Ranks
 from esper_lightning.app.task import env_spec, load_splits, reward_config
 from esper_lightning.core.actions import Action
 from esper_lightning.core.report import EpochReport
@@ -127,7 +127,7 @@ class PPOTrainer:
     Args:
         config: the run (see `PPORunConfig`); data problems raise `DataError`, configuration
             problems (including an incompatible ``resume`` checkpoint) raise `ConfigError`.
-        ranks: this process of a data-parallel run (`app.distributed.launch_ppo` builds it);
+        ranks: this process of a data-parallel run (`app.ppo.distributed.launch_ppo` builds it);
             None: one process.
 
     Example:

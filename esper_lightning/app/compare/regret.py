@@ -30,13 +30,13 @@ from typing import Any
 
 import numpy as np
 
-from esper_lightning.app.records import (
+from esper_lightning.app.compare.records import (
     METRICS,
     EpisodeRecord,
     group_by_budget,
     group_by_controller,
 )
-from esper_lightning.app.stats import CONFIDENCE, Estimate, estimate
+from esper_lightning.app.compare.stats import CONFIDENCE, Estimate, estimate
 from esper_lightning.controllers.stack import parse_stack
 from esper_lightning.errors import ConfigError
 

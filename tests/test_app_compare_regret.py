@@ -1,5 +1,5 @@
-"""Per-budget tables (`app.report.per_budget`, grouped by `records.group_by_budget`) and the
-regret to the oracle growth time (`app.regret`), on constructed episode records."""
+"""Per-budget tables (`app.compare.report.per_budget`, grouped by `records.group_by_budget`) and the
+regret to the oracle growth time (`app.compare.regret`), on constructed episode records."""
 
 import csv
 import json
@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from esper_lightning.app import regret
-from esper_lightning.app.records import (
+from esper_lightning.app.compare import regret
+from esper_lightning.app.compare.records import (
     EpisodeRecord,
     fieldnames,
     group_by_budget,
     read_records_csv,
 )
-from esper_lightning.app.report import (
+from esper_lightning.app.compare.report import (
     budget_json,
     budget_markdown,
     markdown_table,
@@ -23,7 +23,7 @@ from esper_lightning.app.report import (
     per_budget,
     summarize,
 )
-from esper_lightning.app.stats import holm
+from esper_lightning.app.compare.stats import holm
 
 JUDGED = "test_bits"  # what a budgeted comparison judges
 SMALL, LARGE = 1e12, 4e12
@@ -223,7 +223,7 @@ def test_a_table_without_budget_column_reports_without_per_budget_section(tmp_pa
 # --- in the comparison's report -----------------------------------------------------------------
 def test_the_comparison_report_has_the_per_budget_tables_and_the_regret(text_file, tmp_path,
                                                                        monkeypatch):
-    from esper_lightning.app import compare
+    from esper_lightning.app.compare import runner as compare
     from esper_lightning.app.config import CompareConfig
 
     # The figures and TensorBoard take most of a minute and are not what this test is about.

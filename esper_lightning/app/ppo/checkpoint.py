@@ -25,7 +25,7 @@ from esper_lightning.app.config import (
     config_differences,
     policy_checkpoint,
 )
-from esper_lightning.app.learner import Learner
+from esper_lightning.app.ppo.learner import Learner
 from esper_lightning.errors import ConfigError
 from esper_lightning.rl.checkpoint import (
     load_policy_weights,

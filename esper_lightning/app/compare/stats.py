@@ -5,7 +5,7 @@ Every controller plays the same evaluation episodes: episode ``i`` has the same 
 initialisation, data order and augmentation for every controller. Comparing two controllers
 episode by episode (a paired design) removes the large between-episode variance of a small host,
 so a real difference shows with far fewer episodes than two independent means would need.
-`app.report` pairs the records and calls these functions; they know nothing of records.
+`app.compare.report` pairs the records and calls these functions; they know nothing of records.
 
 Statistical choices, one place each:
 

@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from esper_lightning.app.records import EpisodeRecord, group_by_controller
-from esper_lightning.app.stats import CONFIDENCE, estimate
+from esper_lightning.app.compare.records import EpisodeRecord, group_by_controller
+from esper_lightning.app.compare.stats import CONFIDENCE, estimate
 
 LOSSES, FLOPS = "loss_curve", "train_flops_curve"
 

@@ -2,8 +2,8 @@
 reference, written as Markdown and JSON.
 
 What is summarised, paired, and how it is shown comes from `records.METRICS`; the statistics
-(intervals, the paired test, the verdict) from `app.stats`. The functions are pure: they take
-`EpisodeRecord` rows and return summaries, paired comparisons, a Markdown report and a
+(intervals, the paired test, the verdict) from `app.compare.stats`. The functions are pure: they
+take `EpisodeRecord` rows and return summaries, paired comparisons, a Markdown report and a
 JSON-ready dict.
 
 Example::
@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from esper_lightning.app.records import (
+from esper_lightning.app.compare.records import (
     METRICS,
     OUTCOME,
     EpisodeRecord,
@@ -38,7 +38,7 @@ from esper_lightning.app.records import (
     group_by_budget,
     group_by_controller,
 )
-from esper_lightning.app.stats import (
+from esper_lightning.app.compare.stats import (
     ALPHA,
     CONFIDENCE,
     POWER,

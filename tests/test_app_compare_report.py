@@ -1,4 +1,4 @@
-"""`app.report`: per-controller summaries, paired differences, Markdown and JSON, for every
+"""`app.compare.report`: per-controller summaries, paired differences, Markdown and JSON, for every
 metric of `records.METRICS`."""
 
 import json
@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from esper_lightning.app.records import METRICS, EpisodeRecord, Metric
-from esper_lightning.app.report import (
+from esper_lightning.app.compare.records import METRICS, EpisodeRecord, Metric
+from esper_lightning.app.compare.report import (
     Scope,
     coinciding,
     markdown_table,
@@ -15,7 +15,7 @@ from esper_lightning.app.report import (
     summarize,
     summary_json,
 )
-from esper_lightning.app.stats import holm, mean_ci, min_detectable_effect, wilcoxon_p
+from esper_lightning.app.compare.stats import holm, mean_ci, min_detectable_effect, wilcoxon_p
 
 
 def record(controller, index, outcome, *, total_params=100_000, seed_params=0,

@@ -9,7 +9,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from esper_lightning.app.config import ConfigError, load_config
-from esper_lightning.app.trainer import TIMELINE_TAG, PPOTrainer
+from esper_lightning.app.ppo.trainer import TIMELINE_TAG, PPOTrainer
 from esper_lightning.controllers import PolicyController
 from esper_lightning.core.divergence import Governor
 from esper_lightning.rl.checkpoint import read_checkpoint
@@ -152,11 +152,12 @@ def test_resume_continues_the_same_tensorboard_run_with_a_line_and_a_timeline_pe
     assert [e.step for e in events.Scalars("charts/final_accuracy")] == [4, 8]
     assert [e.value for e in events.Scalars("charts/round")] == [1.0, 2.0]
     assert [e.step for e in events.Images(TIMELINE_TAG)] == [4, 8]
-    rounds = [r.getMessage() for r in caplog.records if r.name == "esper_lightning.app.trainer"]
+    rounds = [r.getMessage() for r in caplog.records if r.name == "esper_lightning.app.ppo.trainer"]
     assert [m.split(":")[0] for m in rounds] == ["round 1/1", "round 2/2"]
     assert re.fullmatch(r"round 2/2: final accuracy \d+\.\d\d%, return -?\d+\.\d{3}, "
                         r"ops (\w+=\d+ ?)+, \d+\.\d s", rounds[1]), rounds[1]
-    resumed = [r.getMessage() for r in caplog.records if r.name == "esper_lightning.app.checkpoint"]
+    resumed = [r.getMessage() for r in caplog.records
+               if r.name == "esper_lightning.app.ppo.checkpoint"]
     assert resumed == [f"resuming '{save}' after round 1 with these changes: rounds 1 -> 2, "
                        f"save '{save}' -> None"]
 

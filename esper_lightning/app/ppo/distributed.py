@@ -3,11 +3,11 @@
 ``esper-lightning ppo --strategy ddp --devices N --num_nodes M`` runs N x M processes. Fabric
 starts them (``ddp``: N copies of the command on this machine; ``ddp_spawn`` / ``ddp_fork``:
 from this process) or, under torchrun or SLURM, finds them started and joins them. Each process
-(a rank, `app.ranks.Ranks`) drives its own env pool of ``envs / world`` envs on its own device;
+(a rank, `app.ppo.ranks.Ranks`) drives its own env pool of ``envs / world`` envs on its own device;
 env ``k`` of rank ``r`` is global env ``r * envs / world + k``, whose episode and
 action-sampling seeds are those of env ``r * envs / world + k`` of a one-process run. Ranks meet
 only in the PPO update (`rl.ppo.ppo_update` with `Ranks.all_reduce`) and to gather the round's
-statistics for rank 0 (`app.metrics.merge_stats`), which logs and writes the checkpoint
+statistics for rank 0 (`app.ppo.metrics.merge_stats`), which logs and writes the checkpoint
 (docs/scaling.md).
 """
 
@@ -16,11 +16,11 @@ from __future__ import annotations
 import lightning as L
 from lightning.fabric import Fabric
 
-from esper_lightning.app.checkpoint import refuse_overwrite
 from esper_lightning.app.config import PPORunConfig
-from esper_lightning.app.metrics import RoundStats
-from esper_lightning.app.ranks import Ranks
-from esper_lightning.app.trainer import PPOTrainer
+from esper_lightning.app.ppo.checkpoint import refuse_overwrite
+from esper_lightning.app.ppo.metrics import RoundStats
+from esper_lightning.app.ppo.ranks import Ranks
+from esper_lightning.app.ppo.trainer import PPOTrainer
 
 
 def launch_ppo(config: PPORunConfig) -> list[RoundStats] | None:

@@ -25,11 +25,12 @@ same training FLOPs (with ``budget_scales``, episode ``i`` draws its budget from
 same for every controller; ``episodes.csv`` records it as ``budget_flops``), and the verdict
 judges the loss at the budget (``test_bits``, bits per byte on the language model, lower is
 better) instead of the accuracy outcome; the report adds the speed-up at equal loss
-(`app.speedup`: the FLOPs each controller needs to reach ``speedup_reference``'s final loss) and
-``loss_vs_flops.png``. With more than one budget the report also gives the judged metric's tables
-per budget (`app.report.per_budget`), and with ``stack:`` arms that differ only in TAU each
-controller's regret to the oracle TAU chosen per budget (`app.regret`). Every arm can train at
-its own learning rate (``arm_lr``), or at the best of ``tune_lr`` on tuning episodes.
+(`app.compare.speedup`: the FLOPs each controller needs to reach ``speedup_reference``'s final
+loss) and ``loss_vs_flops.png``. With more than one budget the report also gives the judged
+metric's tables per budget (`app.compare.report.per_budget`), and with ``stack:`` arms that
+differ only in TAU each controller's regret to the oracle TAU chosen per budget
+(`app.compare.regret`). Every arm can train at its own learning rate (``arm_lr``), or at the
+best of ``tune_lr`` on tuning episodes.
 """
 
 from __future__ import annotations
@@ -50,16 +51,8 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from esper_lightning import blueprints as blueprint_registry
-from esper_lightning.app import plots, regret, speedup
-from esper_lightning.app.config import (
-    ADDED_KEY_DEFAULTS,
-    CompareConfig,
-    TaskConfig,
-    check_hardware,
-)
-from esper_lightning.app.logs import label_engine
-from esper_lightning.app.provenance import code_version
-from esper_lightning.app.records import (
+from esper_lightning.app.compare import plots, regret, speedup
+from esper_lightning.app.compare.records import (
     METRICS,
     OUTCOME,
     TEST_BITS,
@@ -69,7 +62,7 @@ from esper_lightning.app.records import (
     append_record_csv,
     read_records_csv,
 )
-from esper_lightning.app.report import (
+from esper_lightning.app.compare.report import (
     ControllerSummary,
     Scope,
     budget_json,
@@ -81,6 +74,14 @@ from esper_lightning.app.report import (
     summarize,
     summary_json,
 )
+from esper_lightning.app.config import (
+    ADDED_KEY_DEFAULTS,
+    CompareConfig,
+    TaskConfig,
+    check_hardware,
+)
+from esper_lightning.app.logs import label_engine
+from esper_lightning.app.provenance import code_version
 from esper_lightning.app.task import allowed_blueprints, env_spec, load_splits, make_task
 from esper_lightning.controllers import (
     Controller,

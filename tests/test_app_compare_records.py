@@ -1,4 +1,4 @@
-"""`app.records`: the metrics read from an episode, the record, and the CSV table with its
+"""`app.compare.records`: the metrics read from an episode, the record, and the CSV table with its
 schema versions."""
 
 import dataclasses
@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from esper_lightning.app import records as records_module
-from esper_lightning.app.records import (
+from esper_lightning.app.compare import records as records_module
+from esper_lightning.app.compare.records import (
     IDENTITY,
     LAYOUTS,
     METRICS,

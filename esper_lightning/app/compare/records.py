@@ -3,9 +3,9 @@
 `METRICS` is the one list of what an episode is judged by. Each `Metric` says how its value is
 read from a played `Episode`, whether it is one number per episode or one per epoch, which way
 is better, and how it is shown; the record, the CSV columns, the summaries and paired
-differences (`app.report`), the JSON and Markdown reports and the plots (`app.plots`) all
-iterate it. Adding a metric is one entry here (and, if the env does not measure the value yet,
-the place where it does):
+differences (`app.compare.report`), the JSON and Markdown reports and the plots
+(`app.compare.plots`) all iterate it. Adding a metric is one entry here (and, if the env does not
+measure the value yet, the place where it does):
 
     Metric("final_train_loss", lambda e: e.reports[-1].train_loss, "final train loss",
            fmt=".4f", better="lower", paired=True, optional=True)

@@ -7,7 +7,7 @@ from matplotlib.collections import PolyCollection
 from matplotlib.container import ErrorbarContainer
 from matplotlib.text import Text
 
-from esper_lightning.app.plots import (
+from esper_lightning.app.compare.plots import (
     curves_figure,
     differences_figure,
     dodge,
@@ -16,10 +16,10 @@ from esper_lightning.app.plots import (
     save_figures,
     vs_params_figure,
 )
-from esper_lightning.app.records import METRICS, EpisodeRecord, Metric
-from esper_lightning.app.regret import regrets
-from esper_lightning.app.report import paired_differences, summarize
-from esper_lightning.app.stats import mean_ci
+from esper_lightning.app.compare.records import METRICS, EpisodeRecord, Metric
+from esper_lightning.app.compare.regret import regrets
+from esper_lightning.app.compare.report import paired_differences, summarize
+from esper_lightning.app.compare.stats import mean_ci
 from esper_lightning.core.outcome import accuracy_outcome
 
 CONTROLLERS = ("static", "heuristic", "ppo")

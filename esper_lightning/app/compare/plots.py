@@ -17,7 +17,7 @@
   horizontal axis: ``loss_vs_flops.png`` draws the validation loss against the mean cumulative
   training FLOPs at each epoch, the comparison at equal compute.
 
-- `regret_figure` (``regret.png``, written by `esper_lightning.app.compare` when a grid of
+- `regret_figure` (``regret.png``, written by `esper_lightning.app.compare.runner` when a grid of
   growth times was played): each controller's regret to the per-budget best growth time, over
   all episodes and per budget.
 
@@ -50,10 +50,15 @@ from matplotlib.figure import Figure
 from matplotlib.text import Text
 from matplotlib.ticker import EngFormatter, MaxNLocator, StrMethodFormatter
 
-from esper_lightning.app.records import METRICS, EpisodeRecord, Metric, group_by_controller
-from esper_lightning.app.regret import Regret
-from esper_lightning.app.report import EVERYTHING, ControllerSummary, PairedComparison, Scope
-from esper_lightning.app.stats import CONFIDENCE, Estimate, estimate
+from esper_lightning.app.compare.records import METRICS, EpisodeRecord, Metric, group_by_controller
+from esper_lightning.app.compare.regret import Regret
+from esper_lightning.app.compare.report import (
+    EVERYTHING,
+    ControllerSummary,
+    PairedComparison,
+    Scope,
+)
+from esper_lightning.app.compare.stats import CONFIDENCE, Estimate, estimate
 
 #: The size a scalar metric is drawn against.
 SIZE = "total_params"

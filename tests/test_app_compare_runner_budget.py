@@ -14,17 +14,17 @@ import torch
 from scipy import stats as scipy_stats
 from torch import nn
 
-from esper_lightning.app import compare as compare_module
-from esper_lightning.app.compare import Comparison, EpisodePlan
-from esper_lightning.app.config import CompareConfig
-from esper_lightning.app.records import (
+from esper_lightning.app.compare import runner as compare_module
+from esper_lightning.app.compare.records import (
     SCHEMA_VERSION,
     EpisodeRecord,
     append_record_csv,
     fieldnames,
     read_records_csv,
 )
-from esper_lightning.app.speedup import flops_to_reach, speedups
+from esper_lightning.app.compare.runner import Comparison, EpisodePlan
+from esper_lightning.app.compare.speedup import flops_to_reach, speedups
+from esper_lightning.app.config import CompareConfig
 from esper_lightning.app.task import reward_config, static_step_flops
 from esper_lightning.core.engine import MorphogenesisEngine
 from esper_lightning.core.lifecycle import GateConfig

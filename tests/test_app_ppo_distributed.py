@@ -14,10 +14,10 @@ import torch
 from helpers import local_rendezvous
 
 from esper_lightning.app.config import ConfigError, load_config
-from esper_lightning.app.distributed import launch_ppo
-from esper_lightning.app.metrics import RoundStats, merge_stats
-from esper_lightning.app.ranks import Ranks
-from esper_lightning.app.trainer import PPOTrainer
+from esper_lightning.app.ppo.distributed import launch_ppo
+from esper_lightning.app.ppo.metrics import RoundStats, merge_stats
+from esper_lightning.app.ppo.ranks import Ranks
+from esper_lightning.app.ppo.trainer import PPOTrainer
 from esper_lightning.data import write_cifar10_fixture
 from esper_lightning.rl.checkpoint import read_checkpoint
 

@@ -2,7 +2,7 @@
 
 Every process of a run holds one; a one-process run holds the default one. The trainer reduces
 through it in the PPO update (`rl.ppo.ppo_update` takes `Ranks.all_reduce_hook`) and gathers the
-round's statistics for rank 0 (`Ranks.gather`). Launching the processes is `app.distributed`.
+round's statistics for rank 0 (`Ranks.gather`). Launching the processes is `app.ppo.distributed`.
 
 The policy lives on the CPU of every rank, so its collectives use a gloo group (the default
 group itself on CPU runs; a second, gloo group beside NCCL on GPU runs).

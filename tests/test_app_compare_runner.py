@@ -20,8 +20,9 @@ from helpers import train_smoke_policy
 from torch import nn
 
 from esper_lightning import blueprints as blueprint_registry
-from esper_lightning.app import compare as compare_module
-from esper_lightning.app.compare import (
+from esper_lightning.app.compare import runner as compare_module
+from esper_lightning.app.compare.records import METRICS, Metric
+from esper_lightning.app.compare.runner import (
     Comparison,
     EpisodePlan,
     check_policy,
@@ -30,9 +31,8 @@ from esper_lightning.app.compare import (
     tuning_grid,
     tuning_rng_seed,
 )
+from esper_lightning.app.compare.stats import mean_ci
 from esper_lightning.app.config import CompareConfig, preset_values
-from esper_lightning.app.records import METRICS, Metric
-from esper_lightning.app.stats import mean_ci
 from esper_lightning.app.task import reward_config
 from esper_lightning.controllers import GrowerController, StaticController
 from esper_lightning.core.actions import Action, AlphaSpeed, LifecycleOp
@@ -366,7 +366,7 @@ def test_pruning_at_the_last_decision_does_not_dodge_the_parameter_cost(cifar_di
 
 
 def test_a_rollback_restores_and_the_episode_goes_on(cifar_dir, tmp_path, monkeypatch):
-    from test_app_trainer import force_one_rollback
+    from test_app_ppo_trainer import force_one_rollback
 
     force_one_rollback(monkeypatch)
     config = fixture_config(cifar_dir, tmp_path / "out", controllers=("static",), seeds=1,

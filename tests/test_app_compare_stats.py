@@ -1,4 +1,4 @@
-"""`app.stats`: the interval, the paired test, the Holm correction, the minimum detectable
+"""`app.compare.stats`: the interval, the paired test, the Holm correction, the minimum detectable
 effect and the verdict, on plain arrays."""
 
 import itertools
@@ -6,7 +6,7 @@ import itertools
 import numpy as np
 import pytest
 
-from esper_lightning.app.stats import (
+from esper_lightning.app.compare.stats import (
     Estimate,
     estimate,
     holm,
