@@ -21,13 +21,11 @@ from torch import nn
 
 from esper_lightning import blueprints as blueprint_registry
 from esper_lightning.app.compare import runner as compare_module
+from esper_lightning.app.compare.arms import EpisodePlan, check_policy, parse_controller
 from esper_lightning.app.compare.records import METRICS, Metric
 from esper_lightning.app.compare.runner import (
     Comparison,
-    EpisodePlan,
-    check_policy,
     evaluation_rng_seed,
-    parse_controller,
     tuning_grid,
     tuning_rng_seed,
 )

@@ -15,6 +15,7 @@ from scipy import stats as scipy_stats
 from torch import nn
 
 from esper_lightning.app.compare import runner as compare_module
+from esper_lightning.app.compare.arms import EpisodePlan
 from esper_lightning.app.compare.records import (
     SCHEMA_VERSION,
     EpisodeRecord,
@@ -22,7 +23,7 @@ from esper_lightning.app.compare.records import (
     fieldnames,
     read_records_csv,
 )
-from esper_lightning.app.compare.runner import Comparison, EpisodePlan
+from esper_lightning.app.compare.runner import Comparison
 from esper_lightning.app.compare.speedup import flops_to_reach, speedups
 from esper_lightning.app.config import CompareConfig
 from esper_lightning.app.task import reward_config, static_step_flops

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from helpers import torch_round_trip
 
 import esper_lightning.controllers.stack as stack_module
-from esper_lightning.app.compare.runner import Comparison, parse_controller
+from esper_lightning.app.compare.arms import parse_controller
+from esper_lightning.app.compare.runner import Comparison
 from esper_lightning.app.config import CompareConfig, preset_values
 from esper_lightning.controllers import HeuristicConfig, HeuristicController, StackController
 from esper_lightning.controllers.stack import born_implants, parse_stack, stack_controller

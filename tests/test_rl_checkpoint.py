@@ -8,7 +8,7 @@ import warnings
 import pytest
 from helpers import BAD_FILE_REASONS, bad_checkpoints
 
-from esper_lightning.app.compare.runner import check_policy
+from esper_lightning.app.compare.arms import check_policy
 from esper_lightning.app.config import CompareConfig, load_config
 from esper_lightning.app.ppo.trainer import PPOTrainer
 from esper_lightning.controllers import PolicyController

@@ -59,9 +59,14 @@ VERSION = f"{PROG} {__version__}"
 
 @dataclass(frozen=True)
 class Command:
+    """One ``esper-lightning`` command: its config class, its one-line summary, what runs it,
+    and what ``--help`` adds from the command's registries (None: nothing; it may import torch,
+    so it runs for ``--help`` only)."""
+
     config: type[TaskConfig]
     summary: str
     run: Callable[[TaskConfig, Sequence[str]], int]
+    describe: Callable[[ArgumentParser], None] | None = None
 
 
 def run_ppo(config: TaskConfig, argv: Sequence[str] = ()) -> int:
@@ -98,9 +103,18 @@ def run_compare(config: TaskConfig, argv: Sequence[str] = ()) -> int:
     return 0
 
 
+def describe_arms(parser: ArgumentParser) -> None:
+    """``--controllers``' help: every registered arm kind and what it plays."""
+    from esper_lightning.app.compare.arms import ARM_KINDS
+
+    kinds = "; ".join(f"{kind.usage}: {kind.about}" for kind in ARM_KINDS.values())
+    parser._option_string_actions["--controllers"].help = f"controllers to compare. {kinds}"
+
+
 COMMANDS = {
     "ppo": Command(PPORunConfig, "learn the lifecycle controller with PPO", run_ppo),
-    "compare": Command(CompareConfig, "compare controllers on paired episodes", run_compare),
+    "compare": Command(CompareConfig, "compare controllers on paired episodes", run_compare,
+                       describe_arms),
 }
 #: Commands with a parser of their own (their configuration is a file, not flags).
 OWN_PARSER = {"frontier": "train and report the compute-optimal frontier (a study folder)"}
@@ -178,7 +192,11 @@ def settle_exclusive(values: dict[str, Any], defaults: dict[str, Any]) -> dict[s
 
 def _parse_values(command: str, preset: str | None, argv: list[str],
                   base: dict[str, Any] | None = None) -> dict[str, Any]:
-    namespace = build_parser(command, preset, base).parse_args(argv)
+    parser = build_parser(command, preset, base)
+    describe = COMMANDS[command].describe
+    if describe is not None and ("-h" in argv or "--help" in argv):
+        describe(parser)
+    namespace = parser.parse_args(argv)
     values = {k: v for k, v in namespace.as_dict().items() if k not in ("config", "__path__")}
     if "preset" in values:  # only a --config file can bring it here
         raise ConfigError(f"a --config file cannot set preset ({values['preset']!r}); pass "

@@ -390,15 +390,9 @@ class CompareConfig(TaskConfig):
     """A paired comparison of controllers (``esper-lightning compare``).
 
     Args:
-        controllers: controllers to compare: static, heuristic, random,
-            grower:BLUEPRINT[:all][:hold] (germinate it in the first slot, or every slot, advance
-            when legal, fossilize unless hold), policy:PATH (a PPO
-            checkpoint), matched:NAME (the host born in each episode with the seeds NAME had
-            at the end of that episode, the same blueprints in the same slots, fully blended
-            from epoch 0), stack:K@TAU[:OPERATOR] (lm: grow to K blocks with the growth
-            operator OPERATOR, copy, identity or random, once fraction TAU of the run is spent)
-            and born:K (lm: the host born with K blocks, random-init growth seeds fully blended
-            from epoch 0).
+        controllers: controllers to compare, each KIND or KIND:ARGUMENT of the arm kinds
+            registered in `esper_lightning.app.compare.arms` (``esper-lightning compare --help``
+            lists them: static, heuristic, random, policy:PATH, ...).
         seeds: evaluation episodes per controller; episode i has the same host initialisation,
             data order and augmentation for every controller.
         envs: envs in the lockstep pool (episodes run in chunks of this size).

@@ -36,7 +36,6 @@ best of ``tune_lr`` on tuning episodes.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 import json
 import logging
@@ -44,7 +43,6 @@ import math
 import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +50,14 @@ from tqdm.auto import tqdm
 
 from esper_lightning import blueprints as blueprint_registry
 from esper_lightning.app.compare import plots, regret, speedup
+from esper_lightning.app.compare.arms import (
+    ARM_KINDS,
+    ControllerSpec,
+    EpisodePlan,
+    Implants,
+    fingerprint,
+    parse_controller,
+)
 from esper_lightning.app.compare.records import (
     METRICS,
     OUTCOME,
@@ -82,37 +88,22 @@ from esper_lightning.app.config import (
 )
 from esper_lightning.app.logs import label_engine
 from esper_lightning.app.provenance import code_version
-from esper_lightning.app.task import allowed_blueprints, env_spec, load_splits, make_task
+from esper_lightning.app.task import env_spec, load_splits, make_task
 from esper_lightning.controllers import (
     Controller,
-    GrowerController,
     HeuristicConfig,
     HeuristicController,
-    PolicyController,
-    RandomController,
-    StaticController,
 )
-from esper_lightning.controllers.stack import born_implants, stack_controller
 from esper_lightning.core.lifecycle import PRESENT_STAGES
 from esper_lightning.core.report import EpochReport
 from esper_lightning.envs import EnvPool, episode_rng_seed
 from esper_lightning.errors import ConfigError
 from esper_lightning.hosts.presets import GPT_PRESETS
-from esper_lightning.rl.checkpoint import (
-    PolicyBundle,
-    check_blueprints,
-    load_policy,
-    read_checkpoint,
-)
 
 log = logging.getLogger("esper_lightning")
 
 EVALUATION_ROUNDS = 1_000_000
 TUNING_ROUNDS = 2_000_000
-CONTROLLER_KINDS = (
-    "static", "heuristic", "random", "grower:BLUEPRINT[:all][:hold]", "policy:PATH",
-    "matched:NAME", "stack:K@TAU[:OPERATOR]", "born:K",
-)
 #: The heuristic's main knobs and the values `--tune_heuristic` tries (every combination).
 TUNING_GRID: dict[str, tuple[Any, ...]] = {
     "plateau_epochs_to_germinate": (1, 3),
@@ -137,86 +128,6 @@ def evaluation_rng_seed(root: int, index: int) -> int:
 def tuning_rng_seed(root: int, index: int) -> int:
     """Random-number seed of heuristic-tuning episode ``index``."""
     return episode_rng_seed(root, TUNING_ROUNDS + index, 0)
-
-
-# --- controllers -----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ControllerSpec:
-    """One entry of ``--controllers``: its label (as written), kind and argument."""
-
-    label: str
-    kind: str
-    argument: str | None = None
-
-
-def parse_controller(text: str, custom: Sequence[str] = ()) -> ControllerSpec:
-    """``static``, ``heuristic``, ``random``, ``policy:PATH``, ``matched:NAME`` or the name of
-    a custom controller given to `Comparison`."""
-    kind, sep, argument = text.partition(":")
-    if text in custom:
-        return ControllerSpec(text, "custom")
-    if (kind in ("static", "heuristic", "random") and not sep) or (
-        kind in ("grower", "policy", "matched", "stack", "born") and argument
-    ):
-        return ControllerSpec(text, kind, argument or None)
-    accepted = ", ".join((*CONTROLLER_KINDS, *custom))
-    raise ConfigError(f"unknown controller {text!r}; accepted: {accepted}")
-
-
-def make_grower(argument: str, topology: str) -> GrowerController:
-    """``BLUEPRINT[:all][:hold]``: grow it in the first slot (``all``: in every slot), fossilize
-    once held (``hold``: never fossilize, the seed stays blended in HOLDING). The blueprint must
-    exist for the task's slot ``topology``."""
-    blueprint, *options = argument.split(":")
-    unknown = [o for o in options if o not in ("all", "hold")]
-    if unknown:
-        raise ConfigError(f"unknown grower option {unknown[0]!r} in 'grower:{argument}'; "
-                          "accepted: all, hold")
-    try:
-        return GrowerController(blueprint, slots=None if "all" in options else (0,),
-                                fossilize="hold" not in options, topology=topology)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-
-
-def check_policy(path: str, task: TaskConfig, transfer: bool = False) -> PolicyBundle:
-    """Load a policy checkpoint, refusing one trained for another task, slots or host (another
-    host is accepted with ``transfer``), one without a blueprint-head entry for a blueprint
-    the comparison allows, or one trained with a subset of blueprints of which the comparison
-    allows none (it could only ever wait: an arm that is static under the policy's name)."""
-    state = read_checkpoint(path)
-    saved = {**ADDED_KEY_DEFAULTS, **state.get("config", {})}
-    wanted = {"task": task.task, "slots": list(task.slots or ()), "host_preset": task.host_preset}
-    for key, value in wanted.items():
-        if saved.get(key) != value:
-            if key == "host_preset" and transfer:
-                log.info("policy '%s' (trained on host_preset=%r) plays host_preset=%r: "
-                         "transfer", path, saved.get(key), value)
-                continue
-            hint = ("; --transfer_policies lets it play another host of the same task"
-                    if key == "host_preset" else "")
-            raise ConfigError(f"policy '{path}' was trained with {key}={saved.get(key)!r}; the "
-                              f"comparison uses {key}={value!r}{hint}")
-    bundle = load_policy(state, source=f"policy '{path}'")
-    allowed = allowed_blueprints(task) or make_task(task).blueprints()
-    check_blueprints(bundle, allowed)
-    if not bundle.playable(allowed):
-        raise ConfigError(f"policy '{path}' was trained to germinate only "
-                          f"{', '.join(bundle.allowed_blueprints or ())}; the comparison allows "
-                          f"none of them ({', '.join(allowed)})")
-    return bundle
-
-
-@dataclass(frozen=True)
-class EpisodePlan:
-    """One episode to play: who plays it, which one it is, seeds implanted at birth and its
-    host learning rate (None: the config's ``host_lr``)."""
-
-    label: str
-    index: int
-    rng_seed: int
-    implants: tuple[tuple[str, str], ...] = ()
-    host_lr: float | None = None
 
 
 # --- playing episodes in lockstep -------------------------------------------------------------
@@ -309,18 +220,12 @@ class Comparison:
                       for text in config.controllers}
         self.task = make_task(config)
         self.topology = self.task.topology
+        #: What each arm's kind checked and keeps for its episodes (`ArmKind.prepare`).
+        self.prepared: dict[str, Any] = {}
         for spec in self.specs.values():
-            if spec.kind == "grower":
-                make_grower(spec.argument, self.topology)  # type: ignore[arg-type]  # early
-            if spec.kind in ("stack", "born"):
-                self._depth_growth(spec, rng_seed=0)  # early
-        self.policies = {s.label: check_policy(s.argument, config,  # type: ignore[arg-type]
-                                               config.transfer_policies)
-                         for s in self.specs.values() if s.kind == "policy"}
-        for spec in self.specs.values():
-            if spec.kind == "matched" and spec.argument not in self.specs:
-                raise ConfigError(f"{spec.label}: {spec.argument!r} is not among the "
-                                  f"controllers; accepted: {', '.join(self.specs)}")
+            kind = ARM_KINDS.get(spec.kind)
+            if kind is not None and kind.prepare is not None:
+                self.prepared[spec.label] = kind.prepare(self, spec)  # early: one line
         check_hardware(config, config.devices_for(config.envs))
         #: Each controller's host learning rate (absent: host_lr); `tune_lrs` adds its choices.
         self.arm_lrs = config.arm_lrs()
@@ -394,7 +299,7 @@ class Comparison:
         played = {r.controller for r in done}
         for spec in self.specs.values():
             unknown = [r for r in done if r.controller == spec.argument
-                       and r["final_seeds"] is None] if spec.kind == "matched" else []
+                       and r["final_seeds"] is None] if _reads_others(spec) else []
             if unknown:
                 raise ConfigError(f"{spec.label}: the episodes of {spec.argument} in out "
                                   f"'{self.out}' were recorded without the seeds they grew "
@@ -404,7 +309,7 @@ class Comparison:
                 continue  # a plain controller of a table from before fingerprints
             then = saved.get(label)
             if then is None:
-                what = "which policy file" if now["kind"] == "policy" else "at which learning rate"
+                what = "which policy file" if "path" in now else "at which learning rate"
                 raise ConfigError(f"out '{self.out}' holds episodes of {label} but not {what} "
                                   "played them; use another --out")
             if then != now:
@@ -432,10 +337,11 @@ class Comparison:
             self.heuristic = self.tune()
         if self.config.tune_lr:
             self.arm_lrs = {**self.tune_lrs(), **self.arm_lrs}
-        growers = [s for s in self.specs.values() if s.kind != "matched"]
-        done += self._play_missing(self._plans(growers, done), self.episodes_csv)
-        matched = [s for s in self.specs.values() if s.kind == "matched"]
-        done += self._play_missing(self._plans(matched, done), self.episodes_csv)
+        # Arms that read the others' episodes (matched:) play once those are on disk.
+        first = [s for s in self.specs.values() if not _reads_others(s)]
+        done += self._play_missing(self._plans(first, done), self.episodes_csv)
+        after = [s for s in self.specs.values() if _reads_others(s)]
+        done += self._play_missing(self._plans(after, done), self.episodes_csv)
         # Report the table as kept, not as played: a folder of an earlier layout keeps its own
         # columns (a new metric of the rows just played is left out), and a rerun must report
         # exactly what this run does.
@@ -451,8 +357,7 @@ class Comparison:
             for i in range(self.config.seeds):
                 if (spec.label, i) not in by_episode:
                     rng_seed = evaluation_rng_seed(self.config.rng_seed, i)
-                    implants = (self._depth_growth(spec) if spec.kind == "born"
-                                else _implants(spec, i, by_episode))
+                    implants = self._implants(spec, i, by_episode)
                     plans.append(EpisodePlan(spec.label, i, rng_seed, implants,
                                              self.arm_lrs.get(spec.label)))
         return plans
@@ -478,27 +383,15 @@ class Comparison:
         spec = self.specs[plan.label]
         if spec.kind == "custom":
             return self.custom[spec.label](plan)
-        if spec.kind == "heuristic":
-            return HeuristicController(self.heuristic)
-        if spec.kind == "random":
-            return RandomController(rng_seed=plan.rng_seed)
-        if spec.kind == "grower":
-            return make_grower(spec.argument, self.topology)  # type: ignore[arg-type]
-        if spec.kind == "policy":
-            return PolicyController(self.policies[spec.label])
-        if spec.kind == "stack":
-            return self._depth_growth(spec, plan.rng_seed)  # type: ignore[return-value]
-        return StaticController()  # static, matched and born (their seeds are implanted)
+        return ARM_KINDS[spec.kind].controller(self, spec, plan, self.prepared.get(spec.label))
 
-    def _depth_growth(self, spec: ControllerSpec, rng_seed: int | None = None) -> Any:
-        """``stack:``'s controller (the episode's ``rng_seed`` draws ``stack:K@random``'s tau)
-        or ``born:``'s implants, on the host's blocks and slots."""
-        preset = GPT_PRESETS.get(str(self.config.host_preset))
-        host = preset if self.config.task == "lm" else None
-        if spec.kind == "stack":
-            return stack_controller(spec.argument, host, self.config.slots, self.topology,
-                                    rng_seed)
-        return born_implants(spec.argument, host, self.config.slots, self.topology)
+    def _implants(self, spec: ControllerSpec, index: int,
+                  by_episode: Mapping[tuple[str, int], EpisodeRecord]) -> Implants:
+        """What the host of ``spec``'s episode ``index`` is born with (`ArmKind.implants`)."""
+        kind = ARM_KINDS.get(spec.kind)
+        if kind is None or kind.implants is None:
+            return ()
+        return kind.implants(self, spec, index, by_episode, self.prepared.get(spec.label))
 
     def _get_pool(self) -> EnvPool:
         if self._pool is None:
@@ -668,32 +561,10 @@ def _fingerprint_change(then: dict[str, Any], now: dict[str, Any]) -> str:
     return f"kind {then.get('kind')!r} then, {now['kind']!r} now"
 
 
-def _implants(spec: ControllerSpec, index: int,
-              by_episode: Mapping[tuple[str, int], EpisodeRecord]) -> tuple[tuple[str, str], ...]:
-    """What ``matched:NAME`` is born with in episode ``index``: the seeds NAME had at the end
-    of its own episode ``index`` (the same blueprints in the same slots), fully blended."""
-    if spec.kind != "matched":
-        return ()
-    grown = by_episode.get((spec.argument, index))  # type: ignore[arg-type]
-    if grown is None:
-        raise RuntimeError(f"{spec.label}: {spec.argument!r} has not played episode {index}")
-    seeds = grown["final_seeds"]
-    if seeds is None:  # refused before anything is written (`Comparison._check_controllers`)
-        raise RuntimeError(f"{spec.label}: episode {index} of {spec.argument!r} has no seeds")
-    log.info("%s episode %d: implants %s", spec.label, index, list(seeds) or "none")
-    return seeds
-
-
-def fingerprint(spec: ControllerSpec, lr: float | None = None) -> dict[str, Any]:
-    """What identifies a controller beyond its label: its kind, its ``arm_lr`` when it has one,
-    and for a policy the path and SHA-256 of its file (a custom controller's code cannot be
-    identified: its label is all there is). The learning rate belongs to the arm, not to the
-    comparison, so a folder takes a new controller with its own rate beside the old ones."""
-    found: dict[str, Any] = {"kind": spec.kind}
-    if spec.kind == "policy":
-        path = Path(spec.argument).expanduser().resolve()  # type: ignore[arg-type]
-        found |= {"path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
-    return found if lr is None else found | {"lr": lr}
+def _reads_others(spec: ControllerSpec) -> bool:
+    """Whether the arm plays after the others, reading their episodes (`ArmKind.reads_others`)."""
+    kind = ARM_KINDS.get(spec.kind)
+    return kind is not None and kind.reads_others
 
 
 def _normalised(key: str, value: Any) -> Any:

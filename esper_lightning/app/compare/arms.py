@@ -1,0 +1,314 @@
+"""What ``--controllers`` names: one registry of compare arm kinds, one entry per kind.
+
+An arm is written ``KIND`` or ``KIND:ARGUMENT`` (``static``, ``policy:runs/ckpt.pt``,
+``stack:4@0.25:identity``). Its `ArmKind` says how it is written, checks it when the comparison
+is built (a bad argument is one line before anything trains, and what the check builds — a
+loaded policy, a parsed schedule — is kept for the episodes), builds the controller of each
+episode, and says what the host is born with. Naming a new kind on the command line is one
+`ArmKind` and one `register_arm` call::
+
+    from esper_lightning.app.compare.arms import ArmKind, register_arm
+    from esper_lightning.controllers import StaticController
+
+    register_arm(ArmKind("idle", "idle", "the host as it is, never grown",
+                         controller=lambda arena, spec, plan, prepared: StaticController()))
+
+``Comparison`` is the ``arena`` each function receives: its ``config``, ``topology``,
+``specs`` (every arm by label) and ``heuristic``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from esper_lightning.app.config import ADDED_KEY_DEFAULTS, TaskConfig
+from esper_lightning.errors import ConfigError
+
+if TYPE_CHECKING:  # the registry imports no torch: ``compare --help`` lists it at once
+    from esper_lightning.controllers import Controller, GrowerController
+    from esper_lightning.rl.checkpoint import PolicyBundle
+
+__all__ = ["ARM_KINDS", "ArmKind", "ControllerSpec", "EpisodePlan", "Implants", "arm_usages",
+           "check_policy", "fingerprint", "make_grower", "parse_controller", "register_arm"]
+
+log = logging.getLogger("esper_lightning")
+
+#: What a host is born with: ``(slot id, blueprint)`` pairs, fossilized from birth.
+Implants = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class ControllerSpec:
+    """One entry of ``--controllers``: its label (as written), kind and argument."""
+
+    label: str
+    kind: str
+    argument: str | None = None
+
+
+@dataclass(frozen=True)
+class EpisodePlan:
+    """One episode to play: who plays it, which one it is, seeds implanted at birth and its
+    host learning rate (None: the config's ``host_lr``)."""
+
+    label: str
+    index: int
+    rng_seed: int
+    implants: Implants = ()
+    host_lr: float | None = None
+
+
+@dataclass(frozen=True)
+class ArmKind:
+    """One kind of compare arm.
+
+    Attributes:
+        name: the kind, as written before the colon.
+        usage: how ``--controllers`` writes it (help and errors), e.g. ``policy:PATH``.
+        about: what it plays, for ``esper-lightning compare --help``.
+        controller: ``(arena, spec, plan, prepared) -> Controller`` for one episode.
+        prepare: ``(arena, spec) -> prepared``, run when the comparison is built: checks the
+            argument (`ConfigError` in one line) and returns what ``controller`` and
+            ``implants`` reuse (None: nothing to check or keep).
+        implants: ``(arena, spec, plan index, earlier episodes, prepared) -> Implants``: what
+            the host is born with (None: nothing).
+        reads_others: it plays after the other arms, reading their episodes (``matched:``).
+        identity: ``spec -> dict``: what identifies the arm beyond its kind (a policy's file
+            and its SHA-256), saved in ``controllers.json`` so a rerun never mixes two arms of
+            one label.
+    """
+
+    name: str
+    usage: str
+    about: str
+    controller: Callable[[Any, ControllerSpec, EpisodePlan, Any], Controller]
+    prepare: Callable[[Any, ControllerSpec], Any] | None = None
+    implants: Callable[[Any, ControllerSpec, int, Mapping[tuple[str, int], Any], Any],
+                       Implants] | None = None
+    reads_others: bool = False
+    identity: Callable[[ControllerSpec], dict[str, Any]] | None = None
+
+    @property
+    def takes_argument(self) -> bool:
+        return ":" in self.usage
+
+
+#: Every arm kind, by name, in the order ``--help`` lists them.
+ARM_KINDS: dict[str, ArmKind] = {}
+
+
+def register_arm(kind: ArmKind) -> ArmKind:
+    """Add ``kind`` to `ARM_KINDS` (returned, so it can decorate nothing and read as a
+    definition).
+
+    Raises:
+        ValueError: a kind of that name exists, or its usage does not start with its name.
+    """
+    if kind.name in ARM_KINDS:
+        raise ValueError(f"arm kind {kind.name!r} is registered already")
+    if kind.usage.split(":")[0] != kind.name:
+        raise ValueError(f"arm kind {kind.name!r}: usage {kind.usage!r} must start with "
+                         f"'{kind.name}'")
+    ARM_KINDS[kind.name] = kind
+    return kind
+
+
+def arm_usages() -> tuple[str, ...]:
+    """How ``--controllers`` writes each kind (``static``, ``policy:PATH``, ...)."""
+    return tuple(kind.usage for kind in ARM_KINDS.values())
+
+
+def parse_controller(text: str, custom: Sequence[str] = ()) -> ControllerSpec:
+    """A registered kind as written (``static``, ``policy:PATH``, ...) or the name of a custom
+    controller given to `Comparison`.
+
+    Raises:
+        ConfigError: an unknown kind, or one written without the argument it takes (or with
+            one it does not take).
+    """
+    if text in custom:
+        return ControllerSpec(text, "custom")
+    name, sep, argument = text.partition(":")
+    kind = ARM_KINDS.get(name)
+    if kind is not None and (bool(argument) if kind.takes_argument else not sep):
+        return ControllerSpec(text, name, argument or None)
+    accepted = ", ".join((*arm_usages(), *custom))
+    raise ConfigError(f"unknown controller {text!r}; accepted: {accepted}")
+
+
+def fingerprint(spec: ControllerSpec, lr: float | None = None) -> dict[str, Any]:
+    """What identifies a controller beyond its label: its kind, its ``arm_lr`` when it has one,
+    and what its kind adds (`ArmKind.identity`: a policy's file and SHA-256; a custom
+    controller's code cannot be identified: its label is all there is). The learning rate
+    belongs to the arm, not to the comparison, so a folder takes a new controller with its own
+    rate beside the old ones."""
+    found: dict[str, Any] = {"kind": spec.kind}
+    kind = ARM_KINDS.get(spec.kind)
+    if kind is not None and kind.identity is not None:
+        found |= kind.identity(spec)
+    return found if lr is None else found | {"lr": lr}
+
+
+# --- the built-in kinds ------------------------------------------------------------------------
+def make_grower(argument: str, topology: str) -> GrowerController:
+    """``BLUEPRINT[:all][:hold]``: grow it in the first slot (``all``: in every slot), fossilize
+    once held (``hold``: never fossilize, the seed stays blended in HOLDING). The blueprint must
+    exist for the task's slot ``topology``."""
+    from esper_lightning.controllers import GrowerController
+
+    blueprint, *options = argument.split(":")
+    unknown = [o for o in options if o not in ("all", "hold")]
+    if unknown:
+        raise ConfigError(f"unknown grower option {unknown[0]!r} in 'grower:{argument}'; "
+                          "accepted: all, hold")
+    try:
+        return GrowerController(blueprint, slots=None if "all" in options else (0,),
+                                fossilize="hold" not in options, topology=topology)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def check_policy(path: str, task: TaskConfig, transfer: bool = False) -> PolicyBundle:
+    """Load a policy checkpoint, refusing one trained for another task, slots or host (another
+    host is accepted with ``transfer``), one without a blueprint-head entry for a blueprint
+    the comparison allows, or one trained with a subset of blueprints of which the comparison
+    allows none (it could only ever wait: an arm that is static under the policy's name)."""
+    from esper_lightning.app.task import allowed_blueprints, make_task
+    from esper_lightning.rl.checkpoint import check_blueprints, load_policy, read_checkpoint
+
+    state = read_checkpoint(path)
+    saved = {**ADDED_KEY_DEFAULTS, **state.get("config", {})}
+    wanted = {"task": task.task, "slots": list(task.slots or ()), "host_preset": task.host_preset}
+    for key, value in wanted.items():
+        if saved.get(key) != value:
+            if key == "host_preset" and transfer:
+                log.info("policy '%s' (trained on host_preset=%r) plays host_preset=%r: "
+                         "transfer", path, saved.get(key), value)
+                continue
+            hint = ("; --transfer_policies lets it play another host of the same task"
+                    if key == "host_preset" else "")
+            raise ConfigError(f"policy '{path}' was trained with {key}={saved.get(key)!r}; the "
+                              f"comparison uses {key}={value!r}{hint}")
+    bundle = load_policy(state, source=f"policy '{path}'")
+    allowed = allowed_blueprints(task) or make_task(task).blueprints()
+    check_blueprints(bundle, allowed)
+    if not bundle.playable(allowed):
+        raise ConfigError(f"policy '{path}' was trained to germinate only "
+                          f"{', '.join(bundle.allowed_blueprints or ())}; the comparison allows "
+                          f"none of them ({', '.join(allowed)})")
+    return bundle
+
+
+def _policy_identity(spec: ControllerSpec) -> dict[str, Any]:
+    path = Path(str(spec.argument)).expanduser().resolve()
+    return {"path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+def _gpt_host(arena: Any) -> Any:
+    """The language model's GPT preset, whose blocks and slots ``stack:`` and ``born:`` read
+    (None on another task: they refuse it in one line)."""
+    from esper_lightning.hosts.presets import GPT_PRESETS
+
+    config = arena.config
+    return GPT_PRESETS.get(str(config.host_preset)) if config.task == "lm" else None
+
+
+def _stack(arena: Any, spec: ControllerSpec, rng_seed: int | None) -> Controller:
+    from esper_lightning.controllers.stack import stack_controller
+
+    return stack_controller(str(spec.argument), _gpt_host(arena), arena.config.slots,
+                            arena.topology, rng_seed)
+
+
+def _born(arena: Any, spec: ControllerSpec) -> Implants:
+    from esper_lightning.controllers.stack import born_implants
+
+    return born_implants(str(spec.argument), _gpt_host(arena), arena.config.slots,
+                         arena.topology)
+
+
+def _check_matched(arena: Any, spec: ControllerSpec) -> None:
+    if spec.argument not in arena.specs:
+        raise ConfigError(f"{spec.label}: {spec.argument!r} is not among the controllers; "
+                          f"accepted: {', '.join(arena.specs)}")
+
+
+def _matched_implants(arena: Any, spec: ControllerSpec, index: int,
+                      by_episode: Mapping[tuple[str, int], Any], prepared: Any) -> Implants:
+    """What ``matched:NAME`` is born with in episode ``index``: the seeds NAME had at the end
+    of its own episode ``index`` (the same blueprints in the same slots), fully blended."""
+    grown = by_episode.get((spec.argument, index))
+    if grown is None:
+        raise RuntimeError(f"{spec.label}: {spec.argument!r} has not played episode {index}")
+    seeds = grown["final_seeds"]
+    if seeds is None:  # refused before anything is written (`Comparison._check_controllers`)
+        raise RuntimeError(f"{spec.label}: episode {index} of {spec.argument!r} has no seeds")
+    log.info("%s episode %d: implants %s", spec.label, index, list(seeds) or "none")
+    return seeds
+
+
+def _static(arena: Any, spec: ControllerSpec, plan: EpisodePlan, prepared: Any) -> Controller:
+    from esper_lightning.controllers import StaticController
+
+    return StaticController()  # matched and born too: their seeds are implanted at birth
+
+
+def _heuristic(arena: Any, spec: ControllerSpec, plan: EpisodePlan, prepared: Any
+               ) -> Controller:
+    from esper_lightning.controllers import HeuristicController
+
+    return HeuristicController(arena.heuristic)
+
+
+def _random(arena: Any, spec: ControllerSpec, plan: EpisodePlan, prepared: Any) -> Controller:
+    from esper_lightning.controllers import RandomController
+
+    return RandomController(rng_seed=plan.rng_seed)
+
+
+def _policy(arena: Any, spec: ControllerSpec, plan: EpisodePlan, bundle: PolicyBundle
+            ) -> Controller:
+    from esper_lightning.controllers import PolicyController
+
+    return PolicyController(bundle)
+
+
+register_arm(ArmKind("static", "static", "always WAIT: the host as it is", _static))
+register_arm(ArmKind(
+    "heuristic", "heuristic", "the plateau heuristic (tuned with --tune_heuristic)",
+    _heuristic))
+register_arm(ArmKind(
+    "random", "random", "a random legal action each decision",
+    _random))
+register_arm(ArmKind(
+    "grower", "grower:BLUEPRINT[:all][:hold]",
+    "germinate BLUEPRINT in the first slot (all: every slot), advance when legal, fossilize "
+    "unless hold",
+    lambda arena, spec, plan, prepared: make_grower(str(spec.argument), arena.topology),
+    prepare=lambda arena, spec: make_grower(str(spec.argument), arena.topology)))
+register_arm(ArmKind(
+    "policy", "policy:PATH", "a PPO checkpoint's policy",
+    _policy,
+    prepare=lambda arena, spec: check_policy(str(spec.argument), arena.config,
+                                             arena.config.transfer_policies),
+    identity=_policy_identity))
+register_arm(ArmKind(
+    "matched", "matched:NAME",
+    "the host born in each episode with the seeds NAME had at the end of that episode (the "
+    "same blueprints in the same slots), fully blended from epoch 0",
+    _static, prepare=_check_matched, implants=_matched_implants, reads_others=True))
+register_arm(ArmKind(
+    "stack", "stack:K@TAU[:OPERATOR]",
+    "lm: grow to K blocks with growth operator OPERATOR (copy, identity, random) once "
+    "fraction TAU of the run is spent (TAU may be 'random')",
+    lambda arena, spec, plan, prepared: _stack(arena, spec, plan.rng_seed),
+    prepare=lambda arena, spec: _stack(arena, spec, rng_seed=0)))
+register_arm(ArmKind(
+    "born", "born:K", "lm: the host born with K blocks, its growth seeds fully blended",
+    _static, prepare=_born,
+    implants=lambda arena, spec, index, by_episode, implants: implants))

@@ -1,0 +1,107 @@
+"""`app.compare.arms`: the registry of what ``--controllers`` names, one entry per kind."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from esper_lightning.app import cli
+from esper_lightning.app.compare.arms import (
+    ARM_KINDS,
+    ArmKind,
+    ControllerSpec,
+    EpisodePlan,
+    arm_usages,
+    fingerprint,
+    parse_controller,
+    register_arm,
+)
+from esper_lightning.app.compare.runner import Comparison
+from esper_lightning.app.config import CompareConfig
+from esper_lightning.controllers import RandomController, StaticController
+from esper_lightning.errors import ConfigError
+
+BUILT_IN = ("static", "heuristic", "random", "grower:BLUEPRINT[:all][:hold]", "policy:PATH",
+            "matched:NAME", "stack:K@TAU[:OPERATOR]", "born:K")
+
+
+@pytest.fixture
+def scratch_arms():
+    """The registry as it was after the test, whatever the test registered."""
+    saved = dict(ARM_KINDS)
+    yield
+    ARM_KINDS.clear()
+    ARM_KINDS.update(saved)
+
+
+def test_the_built_in_kinds_are_registered_in_order():
+    assert arm_usages() == BUILT_IN
+    assert all(kind.about for kind in ARM_KINDS.values())
+
+
+@pytest.mark.parametrize("text, kind, argument", [
+    ("static", "static", None), ("random", "random", None),
+    ("grower:norm:all", "grower", "norm:all"), ("policy:runs/a:b.pt", "policy", "runs/a:b.pt"),
+    ("stack:4@0.25:identity", "stack", "4@0.25:identity"), ("born:4", "born", "4"),
+])
+def test_a_kind_parses_as_written(text, kind, argument):
+    assert parse_controller(text) == ControllerSpec(text, kind, argument)
+
+
+@pytest.mark.parametrize("text", ["static:x", "static:", "policy", "policy:", "stack", "walk"])
+def test_a_kind_written_wrong_is_refused_with_every_accepted_form(text):
+    with pytest.raises(ConfigError) as err:
+        parse_controller(text, custom=("mine",))
+    assert str(err.value) == (f"unknown controller {text!r}; accepted: "
+                              f"{', '.join(BUILT_IN)}, mine")
+
+
+def test_a_registered_kind_is_named_on_the_command_line_and_played(scratch_arms, tmp_path):
+    register_arm(ArmKind("idle", "idle", "the host as it is",
+                         lambda arena, spec, plan, prepared: StaticController()))
+    register_arm(ArmKind("dice", "dice:SALT", "random actions from a salted rng seed",
+                         lambda arena, spec, plan, salt: RandomController(
+                             rng_seed=plan.rng_seed + salt),
+                         prepare=lambda arena, spec: int(str(spec.argument))))
+    config = CompareConfig(controllers=("static", "idle", "dice:7"), out=str(tmp_path / "out"),
+                           progress=False)
+    comparison = Comparison(config)
+    assert comparison.prepared == {"dice:7": 7}
+    plan = EpisodePlan("dice:7", 0, rng_seed=11)
+    assert comparison._make_controller(plan).state_dict() == RandomController(
+        rng_seed=18).state_dict()
+    assert isinstance(comparison._make_controller(EpisodePlan("idle", 0, 11)), StaticController)
+    with pytest.raises(ConfigError, match=r"accepted: static, .*, born:K, idle, dice:SALT$"):
+        parse_controller("dice")
+
+
+def test_a_kind_is_registered_once_and_its_usage_starts_with_its_name(scratch_arms):
+    static = ARM_KINDS["static"]
+    with pytest.raises(ValueError, match="arm kind 'static' is registered already"):
+        register_arm(static)
+    with pytest.raises(ValueError, match=r"usage 'other:X' must start with 'odd'"):
+        register_arm(ArmKind("odd", "other:X", "x", static.controller))
+
+
+def test_a_policy_is_identified_by_its_file_and_content(tmp_path):
+    path = tmp_path / "policy.pt"
+    path.write_bytes(b"weights")
+    found = fingerprint(ControllerSpec(f"policy:{path}", "policy", str(path)), lr=1e-3)
+    assert found == {"kind": "policy", "path": str(path.resolve()), "lr": 1e-3,
+                     "sha256": hashlib.sha256(b"weights").hexdigest()}
+    path.write_bytes(b"retrained")
+    assert fingerprint(ControllerSpec(f"policy:{path}", "policy", str(path)))["sha256"] != (
+        found["sha256"])
+    assert fingerprint(ControllerSpec("static", "static")) == {"kind": "static"}
+
+
+def test_compare_help_lists_every_registered_kind(scratch_arms, capsys):
+    register_arm(ArmKind("idle", "idle", "the host as it is, never grown",
+                         lambda arena, spec, plan, prepared: StaticController()))
+    with pytest.raises(SystemExit) as done:  # argparse's --help exits
+        cli.main(["compare", "--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for kind in ARM_KINDS.values():
+        assert f"{kind.usage}: {kind.about}" in text
