@@ -14,6 +14,7 @@ from esper_lightning.app.config import (
     CompareConfig,
     ConfigError,
     PPORunConfig,
+    TaskConfig,
     compatibility_errors,
     load_config,
 )
@@ -184,5 +185,20 @@ def test_make_task_refuses_a_task_it_does_not_know():
     class Stray:  # a config whose task name passed a check that make_task does not share
         task = "audio"
 
-    with pytest.raises(ValueError, match="make_task has no Task for 'audio'"):
+    with pytest.raises(ValueError, match=r"envs\.TASKS has no task 'audio'"):
         make_task(Stray())  # type: ignore[arg-type]
+
+
+def test_make_task_builds_the_class_registered_under_the_name(monkeypatch):
+    from esper_lightning.envs import tasks
+
+    class ShortText(tasks.TextTask):  # a task registered under a name the configuration knows
+        pass
+
+    monkeypatch.setitem(tasks.TASKS, "lm", ShortText)
+    config = TaskConfig(task="lm", host_preset="grow4", slots=("r1c0",), batch_size=8,
+                        train_subset=8, val_subset=4)
+    played = make_task(config)
+    assert type(played) is ShortText
+    assert (played.block_size, played.train_blocks, played.val_blocks) == (32, 8, 4)
+    assert make_task(config.replace(block_size=16)).block_size == 16

@@ -13,26 +13,22 @@ from esper_lightning.core.flops import FlopMeter
 from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.data import DataError
 from esper_lightning.envs import EnvSpec, smallest_budget_flops
-from esper_lightning.envs.tasks import CifarTask, Task, TextTask
+from esper_lightning.envs.tasks import TASKS, Task
 from esper_lightning.errors import ConfigError
-from esper_lightning.hosts import GPT_PRESETS
 from esper_lightning.rl.rewards import RewardConfig, RewardMode
 from esper_lightning.schedule import LRSchedule
 
 
 def make_task(task: TaskConfig) -> Task:
-    """The `Task` of ``task.task`` with its data settings: CIFAR subsets, or the language
-    model's block size (the GPT preset's when null), training blocks per epoch
-    (``train_subset``) and validation blocks (``val_subset``)."""
-    if task.task == "lm":
-        block_size = task.block_size or GPT_PRESETS[str(task.host_preset)].block_size
-        return TextTask(block_size=block_size, train_blocks=task.train_subset,
-                        val_blocks=task.val_subset)
-    if task.task == "cifar":
-        return CifarTask(train_subset=task.train_subset, val_subset=task.val_subset)
-    # TaskConfig checks the name against TASK_CHOICES: a name that gets here is a task added
-    # there and not here, a programming error.
-    raise ValueError(f"make_task has no Task for {task.task!r}")
+    """The `Task` that ``task.task`` names in `envs.TASKS`, with the run's data settings
+    (`Task.configured`: CIFAR subsets, or the language model's block size, training blocks per
+    epoch and validation blocks)."""
+    played = TASKS.get(task.task)
+    if played is None:  # TaskConfig checks the name against TASK_CHOICES: one added there only
+        raise ValueError(f"envs.TASKS has no task {task.task!r}")
+    return played.configured(
+        host_preset=str(task.host_preset), train_subset=task.train_subset,
+        val_subset=task.val_subset, block_size=task.block_size)
 
 
 def env_spec(task: TaskConfig) -> EnvSpec:

@@ -149,6 +149,14 @@ class Task(ABC):
             yield from loader
 
     @classmethod
+    @abstractmethod
+    def configured(cls, *, host_preset: str, train_subset: int | None,
+                   val_subset: int | None, block_size: int | None) -> Task:
+        """The task with a run's data settings (``--task`` picks the class from `TASKS`, this
+        builds it): each task takes the settings it has and ignores the others. ``host_preset``
+        is the run's host (a language model's block size defaults to its preset's)."""
+
+    @classmethod
     def blueprints(cls) -> tuple[str, ...]:
         """Blueprints a controller may germinate in this task's slots, smallest first."""
         return blueprint_registry.available(cls.topology)
@@ -188,6 +196,11 @@ class CifarTask(Task):
 
     train_subset: int | None = None
     val_subset: int | None = None
+
+    @classmethod
+    def configured(cls, *, host_preset: str, train_subset: int | None,
+                   val_subset: int | None, block_size: int | None) -> CifarTask:
+        return cls(train_subset=train_subset, val_subset=val_subset)
 
     @classmethod
     def slot_ids(cls, preset: str) -> tuple[str, ...]:
@@ -275,6 +288,14 @@ class TextTask(Task):
         check_int("val_blocks", self.val_blocks, 1, allow_none=True)
         if isinstance(self.val_fraction, bool) or not 0.0 < self.val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction!r}")
+
+    @classmethod
+    def configured(cls, *, host_preset: str, train_subset: int | None,
+                   val_subset: int | None, block_size: int | None) -> TextTask:
+        """Blocks of ``block_size`` tokens (None: the GPT preset's), ``train_subset`` training
+        blocks per epoch and ``val_subset`` validation blocks."""
+        block_size = block_size or GPT_PRESETS[host_preset].block_size
+        return cls(block_size=block_size, train_blocks=train_subset, val_blocks=val_subset)
 
     @classmethod
     def slot_ids(cls, preset: str) -> tuple[str, ...]:
