@@ -275,3 +275,19 @@ def test_resume_alone_continues_with_the_checkpoints_configuration(checkpoint, t
     # A preset given with it overrides the checkpoint too, and flags override the preset.
     config = parse_config("ppo", ["--resume", str(save), "--preset", "cpu", "--rounds", "5"])
     assert (config.envs, config.rounds, config.data_dir) == (16, 5, str(data))
+
+
+def test_flags_and_files_layer_on_the_preset_by_the_configurations_own_rules(tmp_path):
+    """One place for the layering rules (`config.from_mapping`): a flag of an exclusive group
+    clears the preset's other key, a task set by a flag moves the task's defaults, and a
+    --config file is a layer like the flags."""
+    config = parse_config("compare", ["--preset", "lm-grow", "--budget_steps", "40"])
+    assert (config.budget_flops, config.budget_steps) == (None, 40)
+    kept = parse_config("compare", ["--preset", "lm-grow", "--seeds", "2"])
+    assert kept.budget_flops == 2415919104000.0 and kept.budget_steps is None
+    moved = parse_config("ppo", ["--task", "lm"])
+    assert (moved.host_preset, moved.slots, moved.host_lr) == ("tiny", ("r0c0", "r0c1"), 1e-3)
+    file = tmp_path / "run.yaml"
+    file.write_text("budget_steps: 50\n")
+    from_file = parse_config("compare", ["--preset", "lm-grow", "--config", str(file)])
+    assert (from_file.budget_flops, from_file.budget_steps) == (None, 50)

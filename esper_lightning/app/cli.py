@@ -40,7 +40,6 @@ from jsonargparse import ActionConfigFile, ArgumentParser
 
 from esper_lightning import __version__
 from esper_lightning.app.config import (
-    EXCLUSIVE_KEYS,
     PRESETS,
     REWARD_MODES,
     CompareConfig,
@@ -173,21 +172,26 @@ def parse_config(command: str, argv: Sequence[str]) -> TaskConfig:
     elif first != argv:
         _parse_values(command, preset, argv)  # prints the configuration and exits
     layers = {**(base or {}), **(preset_values(preset, cls) if preset else {})}
-    return from_mapping(settle_exclusive(values, layers), cls())
+    return from_layers(values, layers, cls)
 
 
-def settle_exclusive(values: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
-    """``values`` where a key of `EXCLUSIVE_KEYS` that the flags or a ``--config`` file set
-    (it differs from the preset's or checkpoint's value) clears the others of its group that
-    only came with the preset or checkpoint: ``--preset lm-grow --budget_steps 40`` replaces
-    the preset's ``budget_flops``."""
-    settled = dict(values)
-    for group in EXCLUSIVE_KEYS:
-        given = [k for k in group if values.get(k) is not None and values.get(k) != defaults.get(k)]
-        if given:
-            settled.update({k: None for k in group
-                            if k not in given and values.get(k) == defaults.get(k)})
-    return settled
+def from_layers(values: dict[str, Any], layers: dict[str, Any],
+                cls: type[TaskConfig]) -> TaskConfig:
+    """The parsed ``values`` as `config.from_mapping` layers: the checkpoint's and preset's
+    ``layers`` on the defaults, then what the flags and ``--config`` files gave (the values
+    that differ from those layers), so the layering rules live in one place — a layer that
+    changes the task moves the task's defaults, one that sets a key of `EXCLUSIVE_KEYS` clears
+    the others (``--preset lm-grow --budget_steps 40`` replaces the preset's
+    ``budget_flops``)."""
+    defaults = {f.name: f.default for f in fields(cls)}
+    given = {k: v for k, v in values.items()
+             if _plain(v) != _plain(layers.get(k, defaults[k]))}
+    return from_mapping(given, from_mapping(layers, cls()))
+
+
+def _plain(value: Any) -> Any:
+    """A list and a tuple of the same items are the same value."""
+    return list(value) if isinstance(value, tuple) else value
 
 
 def _parse_values(command: str, preset: str | None, argv: list[str],

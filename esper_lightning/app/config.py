@@ -12,8 +12,11 @@ the command-line help (jsonargparse reads them), so every field is documented ex
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -582,7 +585,7 @@ def from_mapping(values: Mapping[str, Any], base: ConfigT) -> ConfigT:
             f"unknown config key(s) {', '.join(map(repr, unknown))}; accepted: "
             f"{', '.join(known)}"
         )
-    coerced = {name: _coerce(name, value, known[name].default) for name, value in values.items()}
+    coerced = {name: _coerce(name, value, type(base)) for name, value in values.items()}
     coerced = {**_follow_task(coerced, base), **_exclusive(coerced), **coerced}
     try:
         return dataclasses.replace(base, **coerced)
@@ -764,41 +767,38 @@ def _check_block_size(config: TaskConfig) -> None:
 
 
 # --- checking ---------------------------------------------------------------------------------
-_TUPLE_FIELDS = ("slots", "devices", "controllers", "ab", "arm_lr", "blueprints")
-_FLOAT_TUPLES = ("tune_lr", "budget_scales")
-_OPTIONAL_PATHS = ("data_dir", "save", "resume", "host_preset", "speedup_reference")
-_OPTIONAL_INTS = ("train_subset", "val_subset", "max_seeds", "block_size", "budget_steps")
-_OPTIONAL_FLOATS = ("host_lr", "layer_scale_init", "budget_flops", "decay_fraction")
+@functools.cache
+def field_types(cls: type[TaskConfig]) -> dict[str, tuple[bool, Any]]:
+    """Each field of ``cls``: whether it may be null, and its type without the ``None`` (read
+    from the dataclass's annotations, so a new field needs no list of its kind here)."""
+    found = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        args = typing.get_args(hint)
+        optional = type(None) in args and typing.get_origin(hint) in (typing.Union, types.UnionType)
+        rest = tuple(a for a in args if a is not type(None))
+        found[name] = (optional, rest[0] if optional and len(rest) == 1 else hint)
+    return found
 
-def _coerce(name: str, value: Any, default: Any) -> Any:
-    if name in _FLOAT_TUPLES:
-        if value is None and default is None:
-            return None
-        if isinstance(value, str) or not isinstance(value, list | tuple) or not all(
-                isinstance(v, int | float) and not isinstance(v, bool) for v in value):
-            raise ConfigError(f"{name} must be a list of numbers, got {value!r}")
-        return tuple(float(v) for v in value)
-    if name in _TUPLE_FIELDS:
-        if value is None and default is None:
-            return None
-        if isinstance(value, str) or not isinstance(value, list | tuple):
-            raise ConfigError(f"{name} must be a list of strings, got {value!r}")
-        return tuple(str(v) for v in value)
-    expected = type(default) if default is not None else None
-    if name in _OPTIONAL_PATHS:
-        expected = str
-    if name in _OPTIONAL_INTS:
-        expected = int
-    if name in _OPTIONAL_FLOATS:
-        expected = float
+
+def _coerce(name: str, value: Any, cls: type[TaskConfig]) -> Any:
+    """``value`` as field ``name`` of ``cls`` holds it (a list becomes a tuple, an int a float
+    where the field is a float); a value of the wrong type is a one-line `ConfigError`."""
+    optional, kind = field_types(cls)[name]
     if value is None:
-        if default is None:
+        if optional:
             return None
         raise ConfigError(f"{name} must not be null")
+    if typing.get_origin(kind) is tuple:
+        numbers = typing.get_args(kind)[0] is float
+        items = "numbers" if numbers else "strings"
+        if isinstance(value, str) or not isinstance(value, list | tuple) or (numbers and not all(
+                isinstance(v, int | float) and not isinstance(v, bool) for v in value)):
+            raise ConfigError(f"{name} must be a list of {items}, got {value!r}")
+        return tuple(float(v) for v in value) if numbers else tuple(str(v) for v in value)
+    expected = str if typing.get_origin(kind) is Literal else kind
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if expected is not None and (not isinstance(value, expected) or
-                                 (expected is int and isinstance(value, bool))):
+    if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
         raise ConfigError(f"{name} must be a {expected.__name__}, got {value!r}")
     return value
 
