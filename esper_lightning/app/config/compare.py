@@ -1,0 +1,100 @@
+"""`CompareConfig`: a paired comparison of controllers (``esper-lightning compare``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from esper_lightning.app.config.checks import check_positive
+from esper_lightning.app.config.task import TaskConfig
+from esper_lightning.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class CompareConfig(TaskConfig):
+    """A paired comparison of controllers (``esper-lightning compare``).
+
+    Args:
+        controllers: controllers to compare, each KIND or KIND:ARGUMENT of the arm kinds
+            registered in `esper_lightning.app.compare.arms` (``esper-lightning compare --help``
+            lists them: static, heuristic, random, policy:PATH, ...).
+        seeds: evaluation episodes per controller; episode i has the same host initialisation,
+            data order and augmentation for every controller.
+        envs: envs in the lockstep pool (episodes run in chunks of this size).
+        out: folder for the per-episode CSV, summary and plots (a rerun with the same settings
+            and controllers resumes it; other settings, or a policy file whose content changed,
+            are refused).
+        reference: the controller every other one is compared with.
+        all_pairs: also compare every pair of controllers.
+        transfer_policies: let a policy:PATH play a host preset other than the one it was
+            trained on (same task and slots; its observation is relative to the run: fractions
+            of the budget, normalised statistics), e.g. a policy trained on lm-grow-cpu's
+            grow2 evaluated on lm-grow's grow4.
+        tune_heuristic: first tune the heuristic's main knobs on tuning episodes (disjoint from
+            the evaluation episodes) and compare with the chosen configuration.
+        tuning_seeds: tuning episodes per heuristic configuration (and per learning rate of
+            tune_lr).
+        arm_lr: a host learning rate per controller, NAME=LR (static=8e-3); the others train
+            at host_lr (or their tune_lr choice).
+        tune_lr: learning rates to try for every controller without an arm_lr (matched:NAME
+            excepted): each plays tuning_seeds tuning episodes (disjoint from the evaluation
+            episodes) per rate and keeps the best by the judged metric.
+        speedup_reference: the controller whose final validation loss the speed-up table
+            measures every controller's FLOPs to (null: reference).
+        progress: show a progress bar.
+    """
+
+    controllers: tuple[str, ...] = ("static", "heuristic")
+    seeds: int = 10
+    envs: int = 4
+    out: str = "compare"
+    reference: str = "static"
+    all_pairs: bool = False
+    transfer_policies: bool = False
+    tune_heuristic: bool = False
+    tuning_seeds: int = 3
+    arm_lr: tuple[str, ...] = ()
+    tune_lr: tuple[float, ...] = ()
+    speedup_reference: str | None = None
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive(self, ("seeds", "envs", "tuning_seeds"))
+
+        if not self.controllers:
+            raise ConfigError("controllers must name at least one controller")
+        if len(set(self.controllers)) != len(self.controllers):
+            raise ConfigError(f"controllers lists one twice: {', '.join(self.controllers)}")
+        for name in ("reference", "speedup_reference"):
+            value = getattr(self, name)
+            if value is not None and value not in self.controllers:
+                raise ConfigError(f"{name} {value!r} is not among the controllers; "
+                                  f"accepted: {', '.join(self.controllers)}")
+        self.arm_lrs()  # checked now
+        for lr in self.tune_lr:
+            if not (math.isfinite(lr) and lr > 0):
+                raise ConfigError(f"tune_lr must list learning rates > 0, got {lr!r}")
+        if len(set(self.tune_lr)) != len(self.tune_lr):
+            raise ConfigError(f"tune_lr lists a rate twice: {list(self.tune_lr)}")
+
+    def arm_lrs(self) -> dict[str, float]:
+        """``arm_lr`` as a mapping of controller to learning rate (checked)."""
+        rates: dict[str, float] = {}
+        for item in self.arm_lr:
+            name, sep, text = item.rpartition("=")
+            try:
+                lr = float(text)
+            except ValueError:
+                lr = math.nan
+            if not sep or not (math.isfinite(lr) and lr > 0):
+                raise ConfigError(f"bad arm_lr {item!r}; accepted: NAME=LR with LR > 0, e.g. "
+                                  f"{self.controllers[0]}=1e-3")
+            if name not in self.controllers or name in rates:
+                what = "names a controller twice" if name in rates else "is not a controller"
+                raise ConfigError(f"arm_lr {item!r} {what}; accepted names: "
+                                  f"{', '.join(self.controllers)}")
+            rates[name] = lr
+        return rates
+
+
