@@ -61,7 +61,10 @@ class ComputeBudget(Callback):
     Args:
         budget_flops: the budget in training FLOPs (> 0).
         lr_schedule: ``"constant"`` (the learning rate is left alone), ``"wsd"`` or ``"cosine"``.
-        warmup_fraction, decay_fraction, min_lr_ratio: the schedule's shape (`LRSchedule`).
+        warmup_fraction: share of the budget warming up (`LRSchedule`).
+        decay_fraction: share at the end decaying to ``min_lr_ratio`` (None: the schedule's
+            default, `LRSchedule`).
+        min_lr_ratio: the last learning rate as a share of the base one.
         batch_to_xy: ``batch -> (inputs, targets)`` of a training batch (without a
             `MorphogenesisCallback`).
         logits_fn: ``(module, x) -> logits`` (without a `MorphogenesisCallback`).

@@ -113,8 +113,9 @@ class MorphogenesisCallback(Callback):
             (``"net.3"``; one name or a list); None uses every `SeedSlot` in the model.
         blueprints: blueprint names the controller may germinate (default: all of the topology).
         max_seeds: maximum seeds present at once (None = unlimited).
-        seed_lr, seed_momentum, seed_weight_decay: seed param-group settings (None: copied from
-            the host's first param group).
+        seed_lr: the seeds' param-group learning rate (None: the host's first group's).
+        seed_momentum: the seeds' momentum (None: the host's first group's).
+        seed_weight_decay: the seeds' weight decay (None: the host's first group's).
         topology: ``"cnn"``, ``"transformer"`` or ``"linear"`` for injected slots; None (the
             default) infers it from the rank of the activation a slot first sees:
             ``[B, C, H, W]`` cnn, ``[B, T, D]`` transformer, ``[B, D]`` linear (an MLP layer).
@@ -129,9 +130,10 @@ class MorphogenesisCallback(Callback):
             ``slots``; ``slots=None`` with ``growth`` means the growth slots alone.
             ``DepthGrowth("blocks", blocks=3)`` grows a one-block model to four in one event;
             ``blocks=(1, 2)`` to two, then four.
-        gate_mode, gate_config: quality-gate mode and `GateConfig` thresholds for every slot
-            (None: each slot keeps its own; injected slots are permissive with the default
-            thresholds, whose G2 incubation of 10 epochs suits long runs).
+        gate_mode: the quality gates' mode for every slot (None: each slot keeps its own;
+            injected slots are permissive).
+        gate_config: `GateConfig` thresholds for every slot (None: each slot keeps its own;
+            the default's G2 incubation of 10 epochs suits long runs).
         batch_to_xy: ``batch -> (inputs, class targets)`` for the counterfactual; the default
             accepts ``(x, y)`` pairs. Targets are class indices ``[B]`` (or ``[B, T]`` for a
             token-level classifier).

@@ -31,8 +31,9 @@ class EnvPool:
 
     Args:
         spec: settings shared by every env.
-        train, val: the task's training and validation data (`Task.load` of
-            ``spec.task``; each env copies them to its device once).
+        train: the task's training data (`Task.load` of ``spec.task``; each env copies it to
+            its device once).
+        val: the task's validation data (as ``train``).
         devices: one device per env (``["cpu", "cpu"]``, ``["cuda:0", "cuda:1"]``, ...).
         test: the task's test split (`Task.load_test`), for final tables (`test`); None: the
             pool never reads one (PPO training).
