@@ -215,3 +215,23 @@ def one_line_message(err: pytest.ExceptionInfo[BaseException]) -> str:
     message = str(err.value)
     assert "\n" not in message
     return message
+
+
+def scripted_step(env, action):
+    """One step of a scripted stand-in for `MorphogenesisEnv`, as the real env takes it: execute
+    the action, tick, observe (``env._observe()`` sets and returns ``env.observation``), count
+    the decision and return the `Step` with its reward and episode end. ``env`` holds
+    ``engine``, ``observation``, ``decisions``, ``episode_length`` and ``reward``."""
+    from esper_lightning.envs import Step
+    from esper_lightning.rl.episodes import is_terminal
+    from esper_lightning.rl.rewards import compute_reward
+
+    before = env.observation.report
+    outcome = env.engine.execute(action)
+    env.engine.tick()
+    observation = env._observe()
+    env.decisions += 1
+    terminated = is_terminal(env.decisions, env.episode_length)
+    reward = compute_reward(before, outcome.executed, observation.report, env.reward,
+                            terminal=terminated)
+    return Step(observation, reward, terminated, outcome)

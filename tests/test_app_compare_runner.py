@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import train_smoke_policy
+from helpers import scripted_step, train_smoke_policy
 from torch import nn
 
 from esper_lightning import blueprints as blueprint_registry
@@ -40,8 +40,7 @@ from esper_lightning.core.slots import SeedSlot
 from esper_lightning.envs import Observation, Step
 from esper_lightning.errors import ConfigError
 from esper_lightning.rl.checkpoint import read_checkpoint, write_checkpoint
-from esper_lightning.rl.episodes import is_terminal
-from esper_lightning.rl.rewards import RewardConfig, compute_reward
+from esper_lightning.rl.rewards import RewardConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -282,16 +281,7 @@ class _ScriptedEnv:
         return self._observe()
 
     def step(self, action) -> Step:
-        """As `MorphogenesisEnv`'s: the observation, the reward and the episode end."""
-        before = self.observation.report
-        outcome = self.engine.execute(action)
-        self.engine.tick()
-        observation = self._observe()
-        self.decisions += 1
-        terminated = is_terminal(self.decisions, self.episode_length)
-        reward = compute_reward(before, outcome.executed, observation.report, self.reward,
-                                terminal=terminated)
-        return Step(observation, reward, terminated, outcome)
+        return scripted_step(self, action)
 
     def _accuracy(self) -> tuple[float, float]:
         slot = self.engine.slots[self.slot_ids[0]]

@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers import scripted_step
 from scipy import stats as scipy_stats
 from torch import nn
 
@@ -32,8 +33,7 @@ from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.core.slots import SeedSlot
 from esper_lightning.envs import Observation, Step, draw_budget_scale
 from esper_lightning.errors import ConfigError
-from esper_lightning.rl.episodes import is_terminal
-from esper_lightning.rl.rewards import RewardConfig, compute_reward
+from esper_lightning.rl.rewards import RewardConfig
 
 #: The columns this change added: a table from before has none of them.
 NEW_COLUMNS = ("final_bits", "train_flops", "data_passes", "train_flops_curve")
@@ -243,24 +243,15 @@ class _LearningRateEnv:
         noise = torch.rand((), generator=torch.Generator().manual_seed(rng_seed)).item()
         self.accuracy = 60.0 - 20.0 * abs(math.log10(lr or 1e-2) - math.log10(3e-3)) + noise
         self.lr, self.decisions = lr, 0
-        self.observation = self._observe()
-        return self.observation
+        return self._observe()
 
     def step(self, action) -> Step:
-        """As `MorphogenesisEnv`'s: the observation, the reward and the episode end."""
-        before = self.observation.report
-        outcome = self.engine.execute(action)
-        self.engine.tick()
-        self.observation = self._observe()
-        self.decisions += 1
-        terminated = is_terminal(self.decisions, self.episode_length)
-        reward = compute_reward(before, outcome.executed, self.observation.report, self.reward,
-                                terminal=terminated)
-        return Step(self.observation, reward, terminated, outcome)
+        return scripted_step(self, action)
 
     def _observe(self) -> Observation:
         self.engine.record_epoch(self.accuracy, 1.0, 1.0)
-        return Observation(self.engine.report(max_epochs=4), None, 1.0)
+        self.observation = Observation(self.engine.report(max_epochs=4), None, 1.0)
+        return self.observation
 
 
 def test_tuning_picks_each_arms_best_rate_on_tuning_episodes(cifar_dir, tmp_path):
