@@ -209,6 +209,10 @@ def test_the_report_reads_a_speedup_a_growing_arm_has_by_construction(tmp_path):
     assert "| G1-2@0.5:identity | 2 | 3 | 1.50× [1.50, 1.50]" in report.read_text()
     assert (tmp_path / "loss_vs_flops.png").stat().st_size > 0
     assert (tmp_path / "speedup.png").stat().st_size > 0
+    # The document's copies, where a docs site finds them.
+    for figure in ("loss_vs_flops.png", "speedup.png"):
+        copy = tmp_path / "images" / f"frontier-tiny-{figure}"
+        assert copy.read_bytes() == (tmp_path / figure).read_bytes()
 
 
 def test_the_commands_refuse_in_one_line(tmp_path, capsys):

@@ -12,6 +12,7 @@ rate per budget there).
 from __future__ import annotations
 
 import math
+import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -227,8 +228,8 @@ def report_lines(plan: Plan, rows: Sequence[Mapping[str, Any]],
 def write_report(folder: str | Path, plan: Plan, rows: Sequence[Mapping[str, Any]],
                  docs: str | Path | None = None, also: Sequence[str] = ()) -> Path:
     """Write ``report.md`` and the figures into ``folder``; with ``docs``, replace the study's
-    marked section there. ``also``: the studies whose rows joined (`report_lines`). Returns the
-    report's path."""
+    marked section there and copy the figures beside it (``images/frontier-<name>-<figure>``).
+    ``also``: the studies whose rows joined (`report_lines`). Returns the report's path."""
     from esper_lightning.app.frontier.plots import loss_figure, speedup_figure
 
     folder = Path(folder)
@@ -243,6 +244,11 @@ def write_report(folder: str | Path, plan: Plan, rows: Sequence[Mapping[str, Any
         speedup_figure(speedups(rows, loss_key(plan)), folder / "speedup.png")
     if docs is not None:
         replace_section(Path(docs), plan.name, lines)
+        images = Path(docs).parent / "images"  # where the document's pictures live
+        images.mkdir(exist_ok=True)
+        for figure in ("loss_vs_flops.png", "speedup.png"):
+            if (folder / figure).is_file():
+                shutil.copyfile(folder / figure, images / f"frontier-{plan.name}-{figure}")
     return path
 
 
