@@ -82,11 +82,13 @@ def configuration_page() -> str:
     compare = {f.name for f in dataclasses.fields(CompareConfig)} - task
     lines = [
         "# Configuration", "", GENERATED, "",
-        "A configuration is built in layers, each checked strictly: the defaults, then a "
-        "`--resume`d checkpoint's values (`ppo`), then a `--preset`, then `--config` files and "
-        "flags. A layer that changes `task` moves `host_preset`, `slots` and `host_lr` still at "
-        "the old task's defaults to the new task's; a layer that sets `budget_flops` or "
-        "`budget_steps` clears the other. `--print_config` writes the whole configuration, "
+        "A configuration is built in layers: the defaults, then a `--resume`d checkpoint's "
+        "values (`ppo`), then a `--preset`, then what the command line sets (its flags and "
+        "`--config` files, even where a value equals the preset's). Each layer's keys are "
+        "checked as they come and the whole configuration once at the end. A layer that "
+        "changes `task` moves `host_preset`, `slots` and `host_lr` still at the old task's "
+        "defaults to the new task's; a layer that sets `budget_flops` or `budget_steps` clears "
+        "the other. `--print_config` writes the whole configuration, "
         "`--config FILE` reads it back (unknown keys are errors).", "",
         "## The task (both commands)", "", *_keys_table(TaskConfig, task), "",
         "## `esper-lightning ppo`", "", *_keys_table(PPORunConfig, ppo), "",

@@ -13,6 +13,7 @@ from esper_lightning import __version__
 from esper_lightning.app.cli import build_parser, parse_config
 from esper_lightning.app.config import PRESETS
 from esper_lightning.data import write_cifar10_fixture
+from esper_lightning.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "cifar_ppo.py"
@@ -291,3 +292,13 @@ def test_flags_and_files_layer_on_the_preset_by_the_configurations_own_rules(tmp
     file.write_text("budget_steps: 50\n")
     from_file = parse_config("compare", ["--preset", "lm-grow", "--config", str(file)])
     assert (from_file.budget_flops, from_file.budget_steps) == (None, 50)
+
+
+def test_a_flag_equal_to_the_presets_value_is_still_the_command_lines():
+    """What the command line sets is its layer even where a preset holds the same value, so the
+    layer rules never override it: both budget keys given are refused as without the preset."""
+    with pytest.raises(ConfigError, match=r"budget_steps=40 are both set"):
+        parse_config("compare", ["--preset", "lm-grow", "--budget_flops", "2415919104000",
+                                 "--budget_steps", "40"])
+    kept = parse_config("compare", ["--preset", "lm-grow", "--budget_flops", "2415919104000"])
+    assert (kept.budget_flops, kept.budget_steps) == (2415919104000.0, None)

@@ -146,3 +146,15 @@ def test_what_the_configuration_checks_agrees_with_what_runs():
     assert tuple(mode.value for mode in RewardMode) == config_module.REWARD_MODES
     assert config_module.OUTCOME_EPOCHS == OUTCOME_EPOCHS
     assert config_module.OUTCOMES == OUTCOMES
+
+
+def test_layers_are_checked_once_at_the_end_so_a_later_one_repairs_an_earlier():
+    from esper_lightning.app.config import PPORunConfig, from_layers
+
+    checkpoint = {"ab": ["shaped", "sparse", "simplified"], "envs": 6}
+    config = from_layers([checkpoint, {"envs": 2}, {"envs": 6}], PPORunConfig)
+    assert (config.ab, config.envs) == (("shaped", "sparse", "simplified"), 6)
+    with pytest.raises(ConfigError, match="envs=2"):
+        from_layers([checkpoint, {"envs": 2}], PPORunConfig)
+    # A later layer's task moves the defaults an earlier layer left at the old task's.
+    assert from_layers([{"envs": 2}, {"task": "lm"}], PPORunConfig).host_preset == "tiny"

@@ -36,6 +36,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser
 
 from esper_lightning import __version__
@@ -45,9 +46,10 @@ from esper_lightning.app.config import (
     CompareConfig,
     PPORunConfig,
     TaskConfig,
-    from_mapping,
+    from_layers,
     policy_checkpoint,
     preset_values,
+    read_config_file,
     saved_values,
 )
 from esper_lightning.errors import ConfigError
@@ -171,27 +173,35 @@ def parse_config(command: str, argv: Sequence[str]) -> TaskConfig:
         values = _parse_values(command, preset, argv, base)
     elif first != argv:
         _parse_values(command, preset, argv)  # prints the configuration and exits
-    layers = {**(base or {}), **(preset_values(preset, cls) if preset else {})}
-    return from_layers(values, layers, cls)
+    given = set(given_keys(argv, cls))
+    layers = [base or {}, preset_values(preset, cls) if preset else {},
+              {k: v for k, v in values.items() if k in given}]
+    return from_layers(layers, cls)
 
 
-def from_layers(values: dict[str, Any], layers: dict[str, Any],
-                cls: type[TaskConfig]) -> TaskConfig:
-    """The parsed ``values`` as `config.from_mapping` layers: the checkpoint's and preset's
-    ``layers`` on the defaults, then what the flags and ``--config`` files gave (the values
-    that differ from those layers), so the layering rules live in one place — a layer that
-    changes the task moves the task's defaults, one that sets a key of `EXCLUSIVE_KEYS` clears
-    the others (``--preset lm-grow --budget_steps 40`` replaces the preset's
-    ``budget_flops``)."""
-    defaults = {f.name: f.default for f in fields(cls)}
-    given = {k: v for k, v in values.items()
-             if _plain(v) != _plain(layers.get(k, defaults[k]))}
-    return from_mapping(given, from_mapping(layers, cls()))
+def given_keys(argv: Sequence[str], cls: type[TaskConfig]) -> list[str]:
+    """The config keys the command line sets, by a flag or in a ``--config`` file (or string),
+    of a `normalize_argv`-ed ``argv``: the last layer of the configuration (`from_layers`),
+    whose keys win over the checkpoint's and the preset's even where the values are equal."""
+    names = {f.name for f in fields(cls)}
+    keys: list[str] = []
+    for i, token in enumerate(argv):
+        key, eq, value = token[2:].partition("=") if token.startswith("--") else ("", "", "")
+        if key in names:
+            keys.append(key)
+        elif key == "config":
+            source = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+            keys += [k for k in _config_keys(source) if k in names]
+    return keys
 
 
-def _plain(value: Any) -> Any:
-    """A list and a tuple of the same items are the same value."""
-    return list(value) if isinstance(value, tuple) else value
+def _config_keys(source: str) -> list[str]:
+    """The keys of a ``--config`` argument: a file, or the YAML/JSON text itself."""
+    try:
+        data = read_config_file(source) if Path(source).is_file() else yaml.safe_load(source)
+    except (ConfigError, yaml.YAMLError, OSError, ValueError):
+        return []  # the parser reads it first and refuses what it cannot read
+    return list(data) if isinstance(data, dict) else []
 
 
 def _parse_values(command: str, preset: str | None, argv: list[str],

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, TypeVar
@@ -42,18 +42,39 @@ TASK_DEFAULTED_KEYS = ("host_preset", "slots", "host_lr")
 
 
 def from_mapping(values: Mapping[str, Any], base: ConfigT) -> ConfigT:
-    """Apply ``values`` on top of ``base``; unknown keys are errors."""
-    known = {f.name: f for f in fields(base)}
-    unknown = sorted(set(values) - set(known))
+    """Apply ``values`` on top of ``base`` as one layer (`from_layers`); unknown keys are
+    errors."""
+    current = {f.name: getattr(base, f.name) for f in fields(base)}  # type: ignore[arg-type]
+    return _build(base, _apply(current, values, type(base)))
+
+
+def from_layers(layers: Sequence[Mapping[str, Any]], cls: type[ConfigT]) -> ConfigT:
+    """The configuration of ``cls`` from its defaults and ``layers`` in order (a checkpoint's
+    values, a preset, what the command line and its files gave). Each layer is coerced and
+    checked key by key and brings the layer rules — one that changes the task moves the keys
+    still at the old task's defaults, one that sets a key of `EXCLUSIVE_KEYS` clears the others
+    — and the whole is checked once, at the end: a later layer may repair what an earlier one
+    left inconsistent."""
+    default = cls()
+    current = {f.name: getattr(default, f.name) for f in fields(default)}  # type: ignore[arg-type]
+    for layer in layers:
+        current = _apply(current, layer, cls)
+    return _build(default, current)
+
+
+def _apply(current: Mapping[str, Any], layer: Mapping[str, Any], cls: type) -> dict[str, Any]:
+    """``current`` (every key of a configuration) with ``layer`` on top, by the layer rules."""
+    unknown = sorted(set(layer) - set(current))
     if unknown:
-        raise ConfigError(
-            f"unknown config key(s) {', '.join(map(repr, unknown))}; accepted: "
-            f"{', '.join(known)}"
-        )
-    coerced = {name: coerce(name, value, type(base)) for name, value in values.items()}
-    coerced = {**_follow_task(coerced, base), **_exclusive(coerced), **coerced}
+        raise ConfigError(f"unknown config key(s) {', '.join(map(repr, unknown))}; accepted: "
+                          f"{', '.join(current)}")
+    coerced = {name: coerce(name, value, cls) for name, value in layer.items()}
+    return {**current, **_follow_task(coerced, current), **_exclusive(coerced), **coerced}
+
+
+def _build(base: ConfigT, values: Mapping[str, Any]) -> ConfigT:
     try:
-        return dataclasses.replace(base, **coerced)
+        return dataclasses.replace(base, **values)  # type: ignore[type-var]
     except TypeError as err:
         raise ConfigError(str(err)) from None
 
@@ -113,15 +134,15 @@ def config_differences(saved: Mapping[str, Any], config: Any) -> list[str]:
             if key in before and plain(before[key]) != value]
 
 
-def _follow_task(values: Mapping[str, Any], base: Any) -> dict[str, Any]:
+def _follow_task(layer: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
     """A layer that changes the task resets the task-dependent keys it does not set and that
     still hold the old task's default, so ``--task lm`` alone gets the lm host and slots."""
-    task = values.get("task", base.task)
-    if task == base.task or task not in TASK_CHOICES:
+    task = layer.get("task", current["task"])
+    if task == current["task"] or task not in TASK_CHOICES or current["task"] not in TASK_CHOICES:
         return {}
-    old = task_defaults(base.task_choices)
+    old = task_defaults(TASK_CHOICES[current["task"]])
     return {name: None for name in TASK_DEFAULTED_KEYS
-            if name not in values and getattr(base, name) == old[name]}
+            if name not in layer and current[name] == old[name]}
 
 
 def _exclusive(values: Mapping[str, Any]) -> dict[str, Any]:
