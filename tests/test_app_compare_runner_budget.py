@@ -327,3 +327,24 @@ def test_the_untuned_heuristic_deepens_a_host_through_its_growth_slot():
                    CompareConfig(task="lm", host_preset="w32l1", slots=("r0c0",)),
                    CompareConfig()):
         assert compare_module.default_heuristic(config) == compare_module.HeuristicConfig()
+
+
+def test_a_born_arm_tunes_its_rate_on_the_host_it_is_born_as(text_file, tmp_path):
+    """``born:4`` is the four-block host in its tuning episodes as in its evaluation episodes:
+    a rate tuned on the one-block host would be another arm's."""
+    seen: list[tuple] = []
+
+    class Recording(LearningRatePool):
+        def reset(self, rng_seeds, which, implants, host_lrs=None):
+            seen.extend(tuple(i) for i in implants)
+            return super().reset(rng_seeds, which, implants, host_lrs)
+
+    config = CompareConfig(task="lm", host_preset="grow4", slots=("r1c0",), block_size=16,
+                           batch_size=8, train_subset=16, val_subset=4, episode_length=4,
+                           data_dir=str(text_file), controllers=("static", "born:4"), seeds=1,
+                           envs=2, tune_lr=(1e-3, 3e-3), tuning_seeds=1,
+                           out=str(tmp_path / "out"), progress=False)
+    Comparison(config, pool=Recording(2, config)).run()
+    born = (("r1c0", "block_random"),)
+    # static's two tuning episodes and its evaluation episode are born plain, born:4's grown.
+    assert sorted(seen) == sorted([(), (), ()] + [born] * 3)

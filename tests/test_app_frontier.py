@@ -256,3 +256,10 @@ def test_the_report_joins_a_study_of_the_same_episodes_and_refuses_another(tmp_p
         "this study's 6; only studies of the same episodes join\n")
     assert main(["report", str(tmp_path / "sizes"), "--with", str(tmp_path / "again")]) == 2
     assert "arm 'S2' is in both studies" in capsys.readouterr().err
+    other_text = [{**row, "text_sha256": "y"} for row in _rows({"G1-2@0.25:identity": 1.5},
+                                                               lrs=(2e-3,))]
+    (tmp_path / "text").mkdir()
+    (tmp_path / "text" / PLAN_FILE).write_text(json.dumps(_plan(name="text", **final)))
+    _append(tmp_path / "text" / ROWS_FILE, other_text)
+    assert main(["report", str(tmp_path / "text"), "--with", str(tmp_path / "sizes")]) == 2
+    assert "trained on another text" in capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""docs/reference/tensorboard.md names every tag the package writes."""
+"""docs/reference/tensorboard.md names every tag literal the package writes (a tag built by an
+f-string is checked by its literal prefix, e.g. ``morpho/seeds_``)."""
 
 from __future__ import annotations
 

@@ -447,14 +447,16 @@ class Comparison:
         it back and tunes only the controllers it lacks (added to the folder since)."""
         saved = self.out / "lr_tuned.json"
         chosen: dict[str, Any] = json.loads(saved.read_text()) if saved.is_file() else {}
-        tuned = [s for s in self.specs.values()
-                 if s.kind != "matched" and s.label not in self.arm_lrs and s.label not in chosen]
+        tuned = [s for s in self.specs.values() if not _reads_others(s)
+                 and s.label not in self.arm_lrs and s.label not in chosen]
         rates = {f"{s.label}@lr={lr:g}": (s.label, lr) for s in tuned
                  for lr in self.config.tune_lr}
         done = read_records_csv(self.tuning_csv) if self.tuning_csv.exists() else []
         finished = {(r.controller, r.episode_index) for r in done}
-        plans = [EpisodePlan(label, i, tuning_rng_seed(self.config.rng_seed, i), host_lr=lr)
-                 for label, (_, lr) in rates.items() for i in range(self.config.tuning_seeds)
+        # Each arm tunes on its own host: a born:K arm is born grown in its tuning episodes too.
+        plans = [EpisodePlan(label, i, tuning_rng_seed(self.config.rng_seed, i),
+                             self._implants(self.specs[name], i, {}), host_lr=lr)
+                 for label, (name, lr) in rates.items() for i in range(self.config.tuning_seeds)
                  if (label, i) not in finished]
         done += self._play_missing(plans, self.tuning_csv,
                                    lambda p: self._make_controller(

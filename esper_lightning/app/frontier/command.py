@@ -138,6 +138,10 @@ def _joined(plan: Any, rows: list[dict[str, Any]], folder: str) -> list[dict[str
             raise ConfigError(f"--with {folder}: its {key} is {getattr(other, key)!r}, this "
                               f"study's {getattr(plan, key)!r}; only studies of the same "
                               "episodes join")
+    texts = {r["text_sha256"] for r in more} - {r["text_sha256"] for r in rows}
+    if texts:
+        raise ConfigError(f"--with {folder}: its rows were trained on another text (SHA-256 "
+                          f"{sorted(texts)[0][:12]}...); only studies of the same text join")
     both = {r["arm"] for r in rows} & {r["arm"] for r in more}
     if both:
         raise ConfigError(f"--with {folder}: arm {sorted(both)[0]!r} is in both studies; "

@@ -213,7 +213,7 @@ def report_lines(plan: Plan, rows: Sequence[Mapping[str, Any]],
     joined = "".join(f" with `{name}`" for name in also)
     lines = [f"Study `{plan.name}`{joined} ({plan.purpose}): {episodes} episodes (root rng seed "
              f"{plan.rng_seed}), base budget {plan.base_flops / 1e12:.3g} TFLOP, loss on the "
-             f"{split} split in bits per byte, rows in `rows.csv`.", "",
+             f"{split} split in bits per byte, rows in each study's `rows.csv`.", "",
              "Fixed sizes (each fully decayed at its own budget):", "", *size_table(rows, loss)]
     if set(sizes_of(rows)) != {r["arm"] for r in rows}:
         results = speedups(rows, loss)
@@ -239,16 +239,17 @@ def write_report(folder: str | Path, plan: Plan, rows: Sequence[Mapping[str, Any
     path.write_text("\n".join([f"# Frontier study `{plan.name}`", "", *lines,
                                "", "![loss against compute](loss_vs_flops.png)", "",
                                "![speed-up against the frontier](speedup.png)", ""]))
-    loss_figure(rows, loss_key(plan), folder / "loss_vs_flops.png")
+    figures = ["loss_vs_flops.png"]
+    loss_figure(rows, loss_key(plan), folder / figures[0])
     if set(sizes_of(rows)) != {r["arm"] for r in rows}:
-        speedup_figure(speedups(rows, loss_key(plan)), folder / "speedup.png")
+        figures.append("speedup.png")
+        speedup_figure(speedups(rows, loss_key(plan)), folder / figures[1])
     if docs is not None:
         replace_section(Path(docs), plan.name, lines)
         images = Path(docs).parent / "images"  # where the document's pictures live
         images.mkdir(exist_ok=True)
-        for figure in ("loss_vs_flops.png", "speedup.png"):
-            if (folder / figure).is_file():
-                shutil.copyfile(folder / figure, images / f"frontier-{plan.name}-{figure}")
+        for figure in figures:  # drawn just now: never an older run's picture
+            shutil.copyfile(folder / figure, images / f"frontier-{plan.name}-{figure}")
     return path
 
 
