@@ -27,9 +27,11 @@ PPO_TAGS = {
 
 
 def documented_tags() -> list[str]:
-    """The tags docs/rl.md's table of round metrics lists, as patterns (``<op>``: any name)."""
-    text = (Path(__file__).resolve().parents[1] / "docs" / "rl.md").read_text()
-    section = text.split("### Round metrics logged by `PPOTrainer`")[1].split("\n## ")[0]
+    """The tags of the PPO trainer's table in docs/reference/tensorboard.md, as patterns
+    (``<op>``: any name)."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "tensorboard.md"
+            ).read_text()
+    section = text.split("## The PPO trainer")[1].split("\n## ")[0]
     cells = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
     tags = [tag for cell in cells for tag in re.findall(r"`([^`]+)`", cell)]
     return [re.sub(r"<\w+>", ".+", re.escape(tag).replace(r"\<", "<").replace(r"\>", ">"))
