@@ -103,8 +103,7 @@ ARM_KINDS: dict[str, ArmKind] = {}
 
 
 def register_arm(kind: ArmKind) -> ArmKind:
-    """Add ``kind`` to `ARM_KINDS` (returned, so it can decorate nothing and read as a
-    definition).
+    """Add ``kind`` to `ARM_KINDS` and return it (``IDLE = register_arm(ArmKind(...))``).
 
     Raises:
         ValueError: a kind of that name exists, or its usage does not start with its name.
