@@ -8,12 +8,13 @@
     esper-lightning ppo --config run.yaml
 
 Every config field is a flag with its default, type and choices in ``--help`` (the help text is
-the config dataclass's docstring). Layers apply in this order: defaults, ``--preset``, then
-``--config`` files and flags in the order given. ``--print_config`` writes a file that
-``--config`` reads back, as does the ``hparams.yaml`` a PPO run logs. Flags may be spelled with
-dashes too (``--data-dir``), ``--no-progress`` means ``--progress false``, a bare boolean flag
-means true, and a list flag takes space-separated values (``--slots r0c1 r0c2``), one value
-(``--slots=r0c1``) or a bracketed list (``--slots [r0c1,r0c2]``).
+the config dataclass's docstring). Layers apply in this order (`config.from_layers`): defaults,
+a ``--resume``d checkpoint's values, ``--preset``, then what the command line sets (its
+``--config`` files and flags, in the order given, as one layer). ``--print_config`` writes a
+file that ``--config`` reads back, as does the ``hparams.yaml`` a PPO run logs. Flags may be
+spelled with dashes too (``--data-dir``), ``--no-progress`` means ``--progress false``, a bare
+boolean flag means true, and a list flag takes space-separated values (``--slots r0c1 r0c2``),
+one value (``--slots=r0c1``) or a bracketed list (``--slots [r0c1,r0c2]``).
 
 Every user mistake (bad flag, unknown config key, bad slot, missing or too short data,
 incompatible checkpoint, unknown controller) prints one line naming the bad value and what is
