@@ -1,6 +1,6 @@
 """Transformers the project did not write, as users bring them: a nanoGPT-style LightningModule
-with its own block class, and Hugging Face GPT-2 and Llama built from small configs (no
-download), each wrapped the plain way a user would wrap one.
+with its own block class (or blocks laid out as timm's ViT blocks), and Hugging Face GPT-2 and
+Llama built from small configs (no download), each wrapped the plain way a user would wrap one.
 
 Imported as ``from user_models import ...`` (``tests/`` is on ``sys.path``).
 """
@@ -54,17 +54,39 @@ class UserBlock(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+class TimmStyleBlock(nn.Module):
+    """A block laid out as timm's VisionTransformer blocks name their parts (``norm1``,
+    ``attn.qkv``, ``attn.proj``, ``norm2``, ``mlp.fc1``, ``mlp.fc2``), causal here so that it
+    models tokens: growth reads the layout, not the modality (timm itself is not installed)."""
+
+    def __init__(self, width: int = WIDTH, n_head: int = 4) -> None:
+        super().__init__()
+        self.n_head = n_head
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.attn = nn.Module()
+        self.attn.qkv, self.attn.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.mlp = nn.Module()
+        self.mlp.fc1, self.mlp.fc2 = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+    def forward(self, x: Tensor) -> Tensor:
+        q, k, v = self.attn.qkv(self.norm1(x)).split(x.shape[-1], dim=-1)
+        q, k, v = (t.unflatten(-1, (self.n_head, -1)).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).flatten(2)
+        x = x + self.attn.proj(y)
+        return x + self.mlp.fc2(F.gelu(self.mlp.fc1(self.norm2(x))))
+
+
 class NanoGPT(L.LightningModule):
     """A byte-level GPT as a user writes one: its own blocks, embeddings, head and AdamW with
     nanoGPT's weight-decay groups (matrices decayed, vectors not)."""
 
     def __init__(self, n_layer: int = 1, width: int = WIDTH, block_size: int = 16,
-                 lr: float = 3e-3) -> None:
+                 lr: float = 3e-3, block: type[nn.Module] = UserBlock) -> None:
         super().__init__()
         self.lr = lr
         self.tok_emb = nn.Embedding(VOCAB, width)
         self.pos_emb = nn.Embedding(block_size, width)
-        self.blocks = nn.ModuleList(UserBlock(width) for _ in range(n_layer))
+        self.blocks = nn.ModuleList(block(width) for _ in range(n_layer))
         self.ln_f = nn.LayerNorm(width)
         self.head = nn.Linear(width, VOCAB, bias=False)
         self.apply(self._init_weights)
@@ -133,14 +155,15 @@ class HFLM(L.LightningModule):
 
 
 #: Where each model's stack of blocks is, from the LightningModule.
-STACKS = {"nanogpt": "blocks", "gpt2": "model.transformer.h", "llama": "model.model.layers"}
+STACKS = {"nanogpt": "blocks", "gpt2": "model.transformer.h", "llama": "model.model.layers",
+          "timm": "blocks"}
 
 
 def user_model(kind: str, n_layer: int = 1, rng_seed: int = 0) -> L.LightningModule:
     """``kind`` (a key of `STACKS`) with ``n_layer`` blocks, initialised from ``rng_seed``."""
     torch.manual_seed(rng_seed)
-    if kind == "nanogpt":
-        return NanoGPT(n_layer)
+    if kind in ("nanogpt", "timm"):
+        return NanoGPT(n_layer, block=UserBlock if kind == "nanogpt" else TimmStyleBlock)
     return HFLM(hf_gpt2(n_layer) if kind == "gpt2" else hf_llama(n_layer))
 
 
