@@ -8,7 +8,8 @@ compute logits the growth callback's way when there is one (its ``batch_to_xy`` 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Protocol, runtime_checkable
 
 import lightning as L
@@ -17,7 +18,7 @@ from torch import Tensor
 
 from esper_lightning.core.compute import ComputeLedger
 
-__all__ = ["MetersSteps", "step_cost"]
+__all__ = ["MetersSteps", "metering_errors", "step_cost"]
 
 
 @runtime_checkable
@@ -34,11 +35,19 @@ def step_cost(ledger: ComputeLedger, trainer: L.Trainer, pl_module: L.LightningM
     once per architecture), or one line saying why ``pl_module`` cannot be metered and
     ``remedy``."""
     key = (trainer.current_epoch, pl_module.training)
-    try:
+    with metering_errors(owner, pl_module, remedy):
         flops = ledger.training_cost(pl_module, x, logits_fn, key=key)
+    return flops * trainer.world_size
+
+
+@contextmanager
+def metering_errors(owner: str, pl_module: L.LightningModule, remedy: str) -> Iterator[None]:
+    """Whatever the meter raises inside, as the one line a user reads: ``owner`` cannot meter
+    ``pl_module`` on meta tensors, the cause's first line, and ``remedy``."""
+    try:
+        yield
     except Exception as err:
         cause = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise MisconfigurationException(
             f"{owner} cannot meter the FLOPs of {type(pl_module).__name__} on meta tensors "
             f"({type(err).__name__}: {cause}); {remedy}") from err
-    return flops * trainer.world_size

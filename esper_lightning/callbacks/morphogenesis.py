@@ -20,7 +20,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from esper_lightning.callbacks import _distributed as dist
-from esper_lightning.callbacks._metering import step_cost
+from esper_lightning.callbacks._metering import metering_errors, step_cost
 from esper_lightning.callbacks.compute_budget import ComputeBudget
 from esper_lightning.controllers.base import (
     Controller,
@@ -336,17 +336,12 @@ class MorphogenesisCallback(Callback):
         # Read once per epoch and mode and whenever a slot changes (the ledger's revision).
         arch = self.ledger.architecture(pl_module, (trainer.current_epoch, pl_module.training))
         meter = self.ledger.meter
-        try:
+        with metering_errors("MorphogenesisCallback", pl_module, _METER_REMEDY):
             if kind == "counterfactual":
                 flops = meter.counterfactual(pl_module, x, engine.slots, plan[0], plan[1],
                                              self.logits_fn, arch)
             else:
                 flops = meter.forward(pl_module, x, self.logits_fn, arch)
-        except Exception as err:
-            cause = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            raise MisconfigurationException(
-                f"MorphogenesisCallback cannot meter the FLOPs of {type(pl_module).__name__} on "
-                f"meta tensors ({type(err).__name__}: {cause}); {_METER_REMEDY}") from err
         return flops * trainer.world_size
 
     @override
