@@ -206,7 +206,19 @@ def report_lines(plan: Plan, rows: Sequence[Mapping[str, Any]],
                  also: Sequence[str] = ()) -> list[str]:
     """The report's Markdown (module docstring), at each arm's chosen rate per budget; ``also``
     names the studies of the same episodes whose rows joined."""
-    rows = at_chosen_rates(rows)
+    chosen = at_chosen_rates(rows)
+    return _lines(plan, chosen, _growing_speedups(chosen, plan), also)
+
+
+def _growing_speedups(chosen: Sequence[Mapping[str, Any]], plan: Plan) -> list[ArmResult] | None:
+    """Every growing arm's speed-ups (`speedups`), None for a study of fixed sizes alone."""
+    if set(sizes_of(chosen)) == {r["arm"] for r in chosen}:
+        return None
+    return speedups(chosen, loss_key(plan))
+
+
+def _lines(plan: Plan, rows: Sequence[Mapping[str, Any]], results: list[ArmResult] | None,
+           also: Sequence[str]) -> list[str]:
     loss = loss_key(plan)
     split = "test" if loss == "test_nats" else "validation"
     episodes = len({r["episode"] for r in rows})
@@ -215,8 +227,7 @@ def report_lines(plan: Plan, rows: Sequence[Mapping[str, Any]],
              f"{plan.rng_seed}), base budget {plan.base_flops / 1e12:.3g} TFLOP, loss on the "
              f"{split} split in bits per byte, rows in each study's `rows.csv`.", "",
              "Fixed sizes (each fully decayed at its own budget):", "", *size_table(rows, loss)]
-    if set(sizes_of(rows)) != {r["arm"] for r in rows}:
-        results = speedups(rows, loss)
+    if results is not None:
         lines += ["", "Growing arms:", "", *arm_table(rows, loss), "",
                   "Speed-up against the compute-optimal frontier (the frontier's compute to "
                   "reach the arm's loss, over the arm's; wall-clock the same in seconds; time "
@@ -233,17 +244,17 @@ def write_report(folder: str | Path, plan: Plan, rows: Sequence[Mapping[str, Any
     from esper_lightning.app.frontier.plots import loss_figure, speedup_figure
 
     folder = Path(folder)
-    lines = report_lines(plan, rows, also)
-    rows = at_chosen_rates(rows)
+    chosen = at_chosen_rates(rows)
+    results = _growing_speedups(chosen, plan)  # bootstrapped once, for tables and figure
+    lines = _lines(plan, chosen, results, also)
+    figures = {"loss_vs_flops.png": "loss against compute"}
+    loss_figure(chosen, loss_key(plan), folder / "loss_vs_flops.png")
+    if results is not None:
+        figures["speedup.png"] = "speed-up against the frontier"
+        speedup_figure(results, folder / "speedup.png")
     path = folder / "report.md"
-    path.write_text("\n".join([f"# Frontier study `{plan.name}`", "", *lines,
-                               "", "![loss against compute](loss_vs_flops.png)", "",
-                               "![speed-up against the frontier](speedup.png)", ""]))
-    figures = ["loss_vs_flops.png"]
-    loss_figure(rows, loss_key(plan), folder / figures[0])
-    if set(sizes_of(rows)) != {r["arm"] for r in rows}:
-        figures.append("speedup.png")
-        speedup_figure(speedups(rows, loss_key(plan)), folder / figures[1])
+    pictures = [line for name, alt in figures.items() for line in ("", f"![{alt}]({name})")]
+    path.write_text("\n".join([f"# Frontier study `{plan.name}`", "", *lines, *pictures, ""]))
     if docs is not None:
         replace_section(Path(docs), plan.name, lines)
         images = Path(docs).parent / "images"  # where the document's pictures live
