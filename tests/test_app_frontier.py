@@ -215,6 +215,33 @@ def test_the_report_reads_a_speedup_a_growing_arm_has_by_construction(tmp_path):
         assert copy.read_bytes() == (tmp_path / figure).read_bytes()
 
 
+def test_the_token_table_splits_a_speedup_into_its_ceiling_and_the_tokens_worth():
+    """S1 costs half of S2 per token: an arm one half of its budget at S1 sees 1.5x the tokens
+    S2 would (its ceiling), and 1.5x ahead of S2 it realises all of it (token value 1); the
+    arm growing at 0.6, as good as S2 on its last 0.4 of the compute alone, gained nothing from
+    its early tokens (value 0)."""
+    from esper_lightning.app.frontier.report import token_results, token_table
+
+    cost = {"S1": 0.5e6, "S2": 1e6}
+    rows = _rows({"S1": 1.0, "S2": 1.0, "G1-2@0.5:identity": 1.5, "G1-2@0.6:identity": 0.4},
+                 lrs=(2e-3,))
+    for row in rows:
+        tau = {"G1-2@0.5:identity": 0.5, "G1-2@0.6:identity": 0.6}.get(row["arm"])
+        flops = row["spent_flops"]
+        row["tokens"] = (flops / cost[row["arm"]] if tau is None
+                         else tau * flops / cost["S1"] + (1 - tau) * flops / cost["S2"])
+    results = {(r.arm, r.budget): r for r in token_results(rows, "test_nats")}
+    lossless = results[("G1-2@0.5:identity", 2.0)]
+    assert lossless.ceiling == pytest.approx(1.5) and lossless.final.mean == pytest.approx(1.5)
+    assert lossless.value == pytest.approx((1.0, 1.0, 1.0))
+    worthless = results[("G1-2@0.6:identity", 4.0)]
+    assert worthless.ceiling == pytest.approx(1.6)  # 1 + 0.6 * (2 - 1)
+    assert worthless.value[0] == pytest.approx(0.0, abs=1e-9)
+    assert results[("G1-2@0.6:identity", 1.0)].bounded == 3  # below S2's smallest budget
+    assert "| G1-2@0.5:identity | 2 | 3 | 1.50× [1.50, 1.50] | 1.50× | 1.00 [1.00, 1.00] | — |" \
+        in token_table(list(results.values()))
+
+
 def test_the_commands_refuse_in_one_line(tmp_path, capsys):
     from esper_lightning.app.frontier.command import main
 

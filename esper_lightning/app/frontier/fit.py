@@ -16,6 +16,15 @@ frontier is already below the arm's loss at its smallest budget, it is at most `
 (*censored below*). **Time to target**: the compute the arm itself needs to reach the
 frontier's loss at ``C`` (its own curve over its budgets), over ``C``.
 
+**Where a speed-up comes from** (`token_ceiling`, `token_value`): a growing arm sees more tokens
+than its final size would with the same compute, since its smaller phases cost less per token.
+If every token seen before its last growth were worth a token seen by the final size, its
+speed-up against that size alone would be its *token ceiling*, ``T * c_final / C`` (``T`` its
+tokens, ``c_final`` the final size's FLOPs per token): ``1 + Σ Δτ_k (c_final / c_k - 1)`` over
+its smaller phases. The *token value* is how much of that a run realises: 1 when the early
+tokens were worth the final size's, 0 when the run ends where the final size trained on its
+last phase's compute alone would, below 0 when the early phase did harm.
+
 Across episodes (paired: every arm plays episode ``e`` with the same rng seed, so it is compared
 with the frontier of its own episode) a speed-up is summarised by its geometric mean, with a
 95 % percentile bootstrap interval over episodes, and the Student t interval of the mean log
@@ -32,7 +41,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-__all__ = ["Curve", "Speedup", "frontier", "geometric_summary", "speedup"]
+__all__ = ["Curve", "Speedup", "frontier", "geometric_summary", "speedup", "token_ceiling",
+           "token_value"]
 
 #: Points per factor of two of the grid the frontier is evaluated on.
 GRID_PER_OCTAVE = 64
@@ -119,6 +129,28 @@ def time_to_target(arm: Curve, budget: float, front: Curve) -> Speedup:
     if reach == arm.flops[0] and arm.loss[0] < target:
         return Speedup(budget / float(arm.flops[0]), "above")
     return Speedup(budget / reach)
+
+
+def token_ceiling(tokens: float, final_cost: float, budget: float) -> float:
+    """The speed-up against its final size alone that a growing arm would have if its every
+    token were worth one of the final size's: the FLOPs the final size spends on ``tokens``
+    (``final_cost`` FLOPs each), over ``budget``."""
+    return tokens * final_cost / budget
+
+
+def token_value(final_speedup: float, ceiling: float, last_tau: float) -> float:
+    """The worth of a token seen before the last growth, in tokens of the final size.
+
+    ``final_speedup``: the final size's compute to reach the arm's loss over the arm's budget;
+    ``ceiling``: `token_ceiling`; ``last_tau``: the budget's share spent before the last
+    growth. The final phase's tokens count one each, ``1 - last_tau`` of the budget.
+
+    Example:
+        >>> token_value(1.19, 1.19, 0.1), token_value(0.9, 1.19, 0.1)  # lossless, worthless
+        (1.0, 0.0)
+    """
+    after = 1.0 - last_tau
+    return (final_speedup - after) / (ceiling - after)
 
 
 @dataclass(frozen=True)

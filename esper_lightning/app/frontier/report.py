@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from esper_lightning.app.frontier.arms import parse_arm
 from esper_lightning.app.frontier.fit import (
     Curve,
     Speedup,
@@ -30,6 +31,8 @@ from esper_lightning.app.frontier.fit import (
     geometric_summary,
     speedup,
     time_to_target,
+    token_ceiling,
+    token_value,
 )
 from esper_lightning.app.frontier.plan import Plan
 
@@ -108,6 +111,44 @@ def speedups(rows: Sequence[Mapping[str, Any]], loss: str) -> list[ArmResult]:
     return results
 
 
+@dataclass(frozen=True)
+class TokenResult:
+    """A growing arm at one budget against its final size alone: the speed-up, the token
+    ceiling (`fit.token_ceiling`, mean over episodes) and the token value (`fit.token_value`,
+    mean and 95 % t interval; ``bounded``: episodes whose speed-up is only a bound)."""
+
+    arm: str
+    budget: float
+    final: Summary
+    ceiling: float
+    value: tuple[float, float, float]
+    bounded: int
+
+
+def token_results(rows: Sequence[Mapping[str, Any]], loss: str) -> list[TokenResult]:
+    """Where every growing arm's speed-up comes from (`fit.token_value`), paired by episode
+    with the curve of its final size (``S<final depth>``, which the rows must hold)."""
+    sizes = set(sizes_of(rows))
+    results = []
+    for arm in sorted({r["arm"] for r in rows} - sizes):
+        spec = parse_arm(arm)
+        final = f"S{spec.final_depth}"
+        curves = curves_by_episode(rows, final, loss)
+        at_final = [r for r in rows if r["arm"] == final]
+        cost = float(np.mean([r["spent_flops"] / r["tokens"] for r in at_final]))
+        mine = [r for r in rows if r["arm"] == arm and r["episode"] in curves]
+        for budget in sorted({r["budget"] for r in mine}):
+            at = [r for r in mine if r["budget"] == budget]
+            final_up = [speedup(r[loss], r["budget_flops"], curves[r["episode"]]) for r in at]
+            ceilings = [token_ceiling(r["tokens"], cost, r["budget_flops"]) for r in at]
+            values = [token_value(s.value, c, spec.taus[-1])
+                      for s, c in zip(final_up, ceilings, strict=True)]
+            results.append(TokenResult(arm, budget, geometric_summary(final_up),
+                                       float(np.mean(ceilings)), _mean_ci(values),
+                                       sum(s.censored is not None for s in final_up)))
+    return results
+
+
 def _wall_reach(row: Mapping[str, Any], loss: str, front: Curve) -> float:
     reach = front.flops_to_reach(row[loss])
     return float(front.flops[-1]) if reach is None else reach
@@ -158,20 +199,35 @@ def size_table(rows: Sequence[Mapping[str, Any]], loss: str) -> list[str]:
 def speedup_table(results: Sequence[ArmResult]) -> list[str]:
     """Every growing arm's speed-ups: against the frontier in FLOPs (95 % bootstrap interval over
     episodes, and the t interval of the mean log), in wall-clock, and its time to the
-    frontier's loss (geometric means with bootstrap intervals)."""
+    frontier's loss (geometric means with bootstrap intervals); how many episodes' values are
+    only bounds (censored), for the speed-up and the time to target."""
     head = ["| arm | budget (× base) | episodes | speed-up (FLOPs) [bootstrap] | t interval "
             "| wall-clock | time to target | censored |",
             "|---|---:|---:|---:|---:|---:|---:|---|"]
     lines = []
     for r in results:
         s, w, t = r.flops, r.wall, r.target
-        censored = ", ".join(f"{n} {kind}" for n, kind in ((s.above, "above"),
-                                                           (s.below, "below")) if n) or "—"
+        censored = ", ".join(f"{n} {kind}" for n, kind in (
+            (s.above, "above"), (s.below, "below"), (t.above, "above (time to target)"),
+            (t.below, "below (time to target)")) if n) or "—"
         lines.append(f"| {r.arm} | {r.budget:g} | {s.n} | {s.mean:.2f}× [{s.low:.2f}, "
                      f"{s.high:.2f}] | [{s.t_low:.2f}, {s.t_high:.2f}] | {w.mean:.2f}× "
                      f"[{w.low:.2f}, {w.high:.2f}] | {t.mean:.2f}× [{t.low:.2f}, {t.high:.2f}] "
                      f"| {censored} |")
     return head + lines
+
+
+def token_table(results: Sequence[TokenResult]) -> list[str]:
+    """Every growing arm against its final size alone: speed-up, token ceiling, token value."""
+    lines = ["| arm | budget (× base) | episodes | speed-up against its final size "
+             "[bootstrap] | token ceiling | token value [t interval] | bounded |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        value, low, high = r.value
+        lines.append(f"| {r.arm} | {r.budget:g} | {r.final.n} | {r.final.mean:.2f}× "
+                     f"[{r.final.low:.2f}, {r.final.high:.2f}] | {r.ceiling:.2f}× | "
+                     f"{value:.2f} [{low:.2f}, {high:.2f}] | {r.bounded or '—'} |")
+    return lines
 
 
 def arm_table(rows: Sequence[Mapping[str, Any]], loss: str) -> list[str]:
@@ -233,6 +289,12 @@ def _lines(plan: Plan, rows: Sequence[Mapping[str, Any]], results: list[ArmResul
                   "reach the arm's loss, over the arm's; wall-clock the same in seconds; time "
                   "to target: the arm's budget over the compute it needs to reach the "
                   "frontier's loss at its budget):", "", *speedup_table(results)]
+        lines += ["", "Where the speed-up comes from: each growing arm against its final size "
+                  "alone; the token ceiling is the speed-up it would have if every token seen "
+                  "before its last growth were worth one of the final size's, the token value "
+                  "how much of that it realises (1: all, 0: as if the early phase had not been "
+                  "trained, below 0: it did harm):", "",
+                  *token_table(token_results(rows, loss))]
     return lines
 
 
