@@ -51,6 +51,12 @@ LM = {"task": "lm", "host_preset": "w32l1", "slots": ["r0c0"], "block_size": 16,
      "got 2"),
     ({"budget_scales": [0.5, 2]}, "budget_scales=[0.5, 2.0] scale a budget, and none is set; "
      "accepted: budget_flops or budget_steps with them, or budget_scales null"),
+    ({"budget_flops": 1e12, "budget_range": [4, 0.25]}, "budget_range=[4.0, 0.25] is not a "
+     "range; accepted: LOW HIGH with 0 < LOW < HIGH, multiples of the base budget, e.g. 0.25 4"),
+    ({"budget_flops": 1e12, "budget_range": [0.25]}, "budget_range=[0.25] is not a range"),
+    ({"budget_flops": 1e12, "budget_range": [0, 4]}, "budget_range=[0.0, 4.0] is not a range"),
+    ({"budget_range": [0.25, 4]}, "budget_range=[0.25, 4.0] scales a budget, and none is set; "
+     "accepted: budget_flops or budget_steps with it, or budget_range null"),
 ])
 def test_bad_budgets_and_schedules_are_one_line(values, message):
     if message is None:  # both in the same layer: refused (a layer cannot mean both)
@@ -106,6 +112,34 @@ def test_budget_scales_are_a_sorted_set_the_envs_get_and_a_checkpoint_resumes():
     spec = env_spec(CompareConfig(**LM, budget_steps=40, budget_scales=(1.0, 0.5)))
     assert spec.budget_scales == (0.5, 1.0)
     assert spec.budget_flops == 40 * static_step_flops(CompareConfig(**LM))
+
+
+def test_a_budget_range_replaces_budget_scales_trains_and_is_refused_by_compare():
+    """A layer that sets budget_range clears the preset's budget_scales (one says how an
+    episode draws its budget); the envs get the range; a checkpoint remembers it; compare,
+    which groups episodes by budget, refuses it in one line naming what it accepts."""
+    config = parse_config("ppo", ["--preset", "lm-grow-cpu", "--budget_range", "0.25", "4"])
+    assert config.budget_range == (0.25, 4.0) and config.budget_scales is None
+    both = {"budget_steps": 40, "budget_scales": [1.0], "budget_range": [0.5, 2.0]}
+    with pytest.raises(ConfigError, match="are both set; accepted: one of them"):
+        CompareConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in both.items()})
+    ranged = PPORunConfig(**LM, budget_steps=40, budget_range=(0.5, 2.0))
+    assert env_spec(ranged).budget_range == (0.5, 2.0)
+    before = ranged.to_dict()
+    del before["budget_range"]  # a checkpoint written before budget ranges existed
+    assert compatibility_errors(before, ranged) == ["budget_range=None (now [0.5, 2.0])"]
+    with pytest.raises(ConfigError, match=re.escape(
+            "budget_range=[0.5, 2.0] gives every episode a budget of its own, and compare groups "
+            "episodes by budget; accepted: budget_scales, the budgets to compare at")):
+        CompareConfig(**LM, budget_steps=40, budget_range=(0.5, 2.0))
+
+
+def test_the_smallest_drawable_budget_must_still_give_every_epoch_a_batch():
+    config = PPORunConfig(**LM, budget_steps=6, budget_range=(0.5, 2.0))  # 4 epochs
+    with pytest.raises(ConfigError, match=re.escape("budget_steps=6 at its smallest scale 0.5 "
+                                                    "gives each of the episode's 4 epochs")):
+        budget_flops(config)
+    assert budget_flops(config.replace(budget_steps=8)) == 8 * static_step_flops(config)
 
 
 def test_the_smallest_scale_must_still_give_every_epoch_a_batch():

@@ -14,7 +14,13 @@ from esper_lightning.core.actions import Action, LifecycleOp
 from esper_lightning.core.flops import FlopMeter
 from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.data.text import TextTensorLoader
-from esper_lightning.envs import EnvPool, EnvSpec, draw_budget_scale, smallest_budget_flops
+from esper_lightning.envs import (
+    EnvPool,
+    EnvSpec,
+    draw_budget_in_range,
+    draw_budget_scale,
+    smallest_budget_flops,
+)
 from esper_lightning.envs.tasks import TextTask
 from esper_lightning.rl import build_observation
 from esper_lightning.rl import observations as ob
@@ -190,6 +196,47 @@ def test_budget_scales_need_a_budget_and_positive_scales():
         with pytest.raises(ValueError, match="budget_scales must be numbers > 0 that scale a "
                                              "budget_flops"):
             spec(**bad)
+
+
+def test_a_budget_range_draws_log_uniformly_from_the_episodes_rng_seed():
+    """Each factor of two of [0.25, 4] holds a quarter of the draws (log-uniform), and a draw is
+    a pure function of the rng seed that touches no global generator."""
+    torch.manual_seed(0)
+    np.random.seed(0)
+    before = torch.get_rng_state(), np.random.get_state()[1].copy()
+    draws = np.array([draw_budget_in_range((0.25, 4.0), rng_seed) for rng_seed in range(4000)])
+    assert draws.tolist() == [draw_budget_in_range((0.25, 4.0), r) for r in range(4000)]
+    assert torch.equal(torch.get_rng_state(), before[0])
+    assert np.array_equal(np.random.get_state()[1], before[1])
+    assert draws.min() >= 0.25 and draws.max() <= 4.0
+    octaves = np.histogram(np.log2(draws), bins=[-2, -1, 0, 1, 2])[0]
+    assert all(abs(n - 1000) < 100 for n in octaves), octaves  # binomial sd about 27
+    ranged = spec(budget_flops=1e9, budget_range=(0.25, 4.0))
+    assert ranged.budget_scale(11) == draw_budget_in_range((0.25, 4.0), 11)
+
+
+def test_an_episode_of_a_budget_range_spends_its_own_budget(data):
+    step = static_step()
+    base = 8.0 * step * 4
+    pool = EnvPool(spec(budget_flops=base, budget_range=(0.5, 2.0)), *data, ["cpu", "cpu"])
+    observations = pool.reset([3, 4])
+    for _ in range(3):
+        observations = [s.observation for s in pool.step([Action(), Action()])]
+    for rng_seed, observation in zip((3, 4), observations, strict=True):
+        scale = draw_budget_in_range((0.5, 2.0), rng_seed)
+        report = observation.report
+        assert report.budget_scale == scale and report.budget_flops == base * scale
+        assert base * scale <= report.train_flops < base * scale + step
+        assert build_observation(report)[ob.BUDGET_SCALE] == pytest.approx(math.log2(scale))
+
+
+@pytest.mark.parametrize("bad", [{"budget_range": (0.5, 2.0)},
+                                 {"budget_flops": 1e9, "budget_range": (2.0, 0.5)},
+                                 {"budget_flops": 1e9, "budget_range": (0.5, 2.0),
+                                  "budget_scales": (1.0,)}])
+def test_a_budget_range_needs_a_budget_a_range_and_no_scales(bad):
+    with pytest.raises(ValueError, match="budget_range must be"):
+        spec(**bad)
 
 
 def _numbers(observations):

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from esper_lightning.app.config import TaskConfig
+from esper_lightning.app.config.task import smallest_budget_scale
 from esper_lightning.core.divergence import GovernorConfig
 from esper_lightning.core.flops import FlopMeter
 from esper_lightning.core.lifecycle import GateConfig
@@ -49,7 +50,8 @@ def env_spec(task: TaskConfig) -> EnvSpec:
         blend_gradient=task.blend_gradient, layer_scale_init=task.layer_scale_init,
         governor=GovernorConfig(num_classes=played.num_classes), task=played,
         budget_flops=budget_flops(task), lr_schedule=schedule, budget_scales=task.budget_scales,
-        blueprints=allowed_blueprints(task), reward=reward_config(task),
+        budget_range=task.budget_range, blueprints=allowed_blueprints(task),
+        reward=reward_config(task),
     )
 
 
@@ -101,12 +103,12 @@ def budget_flops(task: TaskConfig) -> float | None:
         return None
     step = static_step_flops(task)
     budget = task.budget_flops if task.budget_flops is not None else step * task.budget_steps
-    epochs, scale = task.episode_length, min(task.budget_scales or (1.0,))
+    epochs, scale = task.episode_length, smallest_budget_scale(task)
     least = smallest_budget_flops(step, epochs)
     if budget * scale < least:
         given = (f"budget_flops={budget:g}" if task.budget_flops is not None
                  else f"budget_steps={task.budget_steps}")
-        if task.budget_scales is not None:
+        if task.budget_scales is not None or task.budget_range is not None:
             given += f" at its smallest scale {scale:g}"
         raise ConfigError(f"{given} gives each of the episode's {epochs} epochs less than one "
                           f"training batch of the static host ({step:,} FLOPs); accepted: at "

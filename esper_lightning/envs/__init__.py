@@ -6,6 +6,7 @@ from esper_lightning.envs.env import (
     MorphogenesisEnv,
     Observation,
     Step,
+    draw_budget_in_range,
     draw_budget_scale,
     smallest_budget_flops,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "Step",
     "Task",
     "TextTask",
+    "draw_budget_in_range",
     "draw_budget_scale",
     "episode_rng_seed",
     "smallest_budget_flops",

@@ -29,7 +29,9 @@ compute, not a pass over the data: batches come from the task's endless `Task.tr
 **Budgets that vary by episode** (`EnvSpec.budget_scales`): each episode's budget is one of those
 multiples of ``budget_flops``, drawn uniformly by `draw_budget_scale` from the episode's rng seed
 alone, so every controller that plays an episode, and every replay of a rollout, gets the same
-budget. The report carries the scale (`EpochReport.budget_scale`) for the policy to observe.
+budget; with `EnvSpec.budget_range` it is drawn log-uniformly from a range instead
+(`draw_budget_in_range`), so no two episodes share a budget. The report carries the scale
+(`EpochReport.budget_scale`) for the policy to observe.
 """
 
 from __future__ import annotations
@@ -81,8 +83,9 @@ class EnvSpec:
     over the fraction of the episode spent (`esper_lightning.schedule`; the budget fraction, or
     the share of the planned batches without a budget). ``budget_scales`` (None: every episode gets
     ``budget_flops``) are the multiples of ``budget_flops`` an episode draws its budget from
-    (`budget_scale`). ``reward`` is what a step's reward measures (an episode may play under
-    another, `MorphogenesisEnv.reset`: the two policies of an A/B run).
+    (`budget_scale`); ``budget_range`` (``(low, high)``, instead of ``budget_scales``) draws the
+    multiple log-uniformly from that range. ``reward`` is what a step's reward measures (an
+    episode may play under another, `MorphogenesisEnv.reset`: the two policies of an A/B run).
     """
 
     host_preset: str = "baseline"
@@ -102,6 +105,7 @@ class EnvSpec:
     budget_flops: float | None = None
     lr_schedule: LRSchedule = field(default_factory=LRSchedule)
     budget_scales: tuple[float, ...] | None = None
+    budget_range: tuple[float, float] | None = None
     reward: RewardConfig = field(default_factory=RewardConfig)
 
     def __post_init__(self) -> None:
@@ -113,10 +117,19 @@ class EnvSpec:
                                    or not all(s > 0 for s in scales)):
             raise ValueError(f"budget_scales must be numbers > 0 that scale a budget_flops, got "
                              f"{scales!r} with budget_flops={self.budget_flops!r}")
+        span = self.budget_range
+        if span is not None and (self.budget_flops is None or scales is not None
+                                 or len(span) != 2 or not 0 < span[0] < span[1]):
+            raise ValueError(f"budget_range must be (low, high) with 0 < low < high, scaling a "
+                             f"budget_flops, without budget_scales; got {span!r} with "
+                             f"budget_flops={self.budget_flops!r}, budget_scales={scales!r}")
 
     def budget_scale(self, episode_rng_seed: int) -> float:
         """The multiple of ``budget_flops`` that is the budget of the episode of this rng seed:
-        `draw_budget_scale` of ``budget_scales``, 1 without them."""
+        `draw_budget_scale` of ``budget_scales``, `draw_budget_in_range` of ``budget_range``,
+        1 without either."""
+        if self.budget_range is not None:
+            return draw_budget_in_range(self.budget_range, episode_rng_seed)
         if self.budget_scales is None:
             return 1.0
         return draw_budget_scale(self.budget_scales, episode_rng_seed)
@@ -150,6 +163,22 @@ def draw_budget_scale(scales: Sequence[float], episode_rng_seed: int) -> float:
     """
     rng = np.random.default_rng([episode_rng_seed, BUDGET_STREAM])
     return float(scales[int(rng.integers(len(scales)))])
+
+
+def draw_budget_in_range(span: Sequence[float], episode_rng_seed: int) -> float:
+    """A multiple of the base budget drawn log-uniformly from ``span`` (low, high), as a pure
+    function of the episode's rng seed (the generator of `draw_budget_scale`), so budgets
+    spread evenly over the factors of two of the range and episode i has its budget for every
+    controller and in every replay.
+
+    Example:
+        >>> scale = draw_budget_in_range((0.25, 4.0), 7)
+        >>> scale == draw_budget_in_range((0.25, 4.0), 7) and 0.25 <= scale <= 4.0
+        True
+    """
+    low, high = span
+    rng = np.random.default_rng([episode_rng_seed, BUDGET_STREAM])
+    return float(np.exp(rng.uniform(np.log(low), np.log(high))))
 
 
 @dataclass(frozen=True)

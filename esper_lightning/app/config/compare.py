@@ -61,6 +61,11 @@ class CompareConfig(TaskConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_positive(self, ("seeds", "envs", "tuning_seeds"))
+        if self.budget_range is not None:
+            raise ConfigError(f"budget_range={list(self.budget_range)} gives every episode a "
+                              "budget of its own, and compare groups episodes by budget; "
+                              "accepted: budget_scales, the budgets to compare at (e.g. 0.35 "
+                              "0.7 1.4 2.8)")
 
         if not self.controllers:
             raise ConfigError("controllers must name at least one controller")

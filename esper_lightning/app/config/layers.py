@@ -24,19 +24,20 @@ ConfigT = TypeVar("ConfigT")
 COMPATIBILITY_KEYS = (
     "task", "slots", "host_preset", "reward", "episode_length", "policy_hidden", "envs",
     "min_training_epochs", "max_seeds", "param_cost", "outcome", "heads", "blend_gradient",
-    "layer_scale_init", "budget_flops", "budget_steps", "budget_scales", "lr_schedule",
-    "warmup_fraction", "decay_fraction", "min_lr_ratio", "blueprints",
+    "layer_scale_init", "budget_flops", "budget_steps", "budget_scales", "budget_range",
+    "lr_schedule", "warmup_fraction", "decay_fraction", "min_lr_ratio", "blueprints",
 )
 #: What a saved config (a checkpoint, a comparison folder) written before these keys existed
 #: meant by leaving them out.
 ADDED_KEY_DEFAULTS: dict[str, Any] = {
     "task": "cifar", "block_size": None, "blend_gradient": None, "layer_scale_init": None,
-    "budget_flops": None, "budget_steps": None, "budget_scales": None, "lr_schedule": "constant",
+    "budget_flops": None, "budget_steps": None, "budget_scales": None, "budget_range": None,
+    "lr_schedule": "constant",
     "warmup_fraction": 0.0, "decay_fraction": None, "min_lr_ratio": 0.0, "arm_lr": [],
     "tune_lr": [], "outcome": "accuracy", "blueprints": None,
 }
 #: Options of which a layer sets at most one: setting one clears the others.
-EXCLUSIVE_KEYS = (("budget_flops", "budget_steps"),)
+EXCLUSIVE_KEYS = (("budget_flops", "budget_steps"), ("budget_scales", "budget_range"))
 #: Keys whose default depends on the task (null in a layer: the task's own).
 TASK_DEFAULTED_KEYS = ("host_preset", "slots", "host_lr")
 

@@ -107,6 +107,11 @@ class TaskConfig:
             comparison and a PPO run replays its rollouts; the policy observes log2 of the
             scale. Each scale once, any order (kept sorted). Null: every episode gets the base
             budget.
+        budget_range: budgets that vary continuously: each episode draws its budget
+            log-uniformly from [LOW, HIGH] (multiples of the base budget, e.g. 0.25 4) with its
+            own rng seed, so no two episodes share one; the policy observes log2 of the scale.
+            Instead of budget_scales (a layer that sets one clears the other). compare refuses
+            it, since it groups episodes by budget: compare at budget_scales.
         lr_schedule: host and seed learning-rate schedule over the fraction of the episode
             spent (of the budget, or of the planned batches without one): constant, wsd
             (warmup, stable, linear decay) or cosine; each arm's decay ends exactly at its
@@ -144,6 +149,7 @@ class TaskConfig:
     budget_flops: float | None = None
     budget_steps: int | None = None
     budget_scales: tuple[float, ...] | None = None
+    budget_range: tuple[float, ...] | None = None
     lr_schedule: LRScheduleName = "constant"
     warmup_fraction: float = 0.0
     decay_fraction: float | None = None
@@ -181,6 +187,7 @@ class TaskConfig:
                               f"{self.layer_scale_init}")
         check_budget(self)
         check_budget_scales(self)
+        check_budget_range(self)
         problem = schedule_error(self.lr_schedule, self.warmup_fraction, self.decay_fraction,
                                  self.min_lr_ratio)
         if problem is not None:
@@ -272,6 +279,30 @@ def check_budget_scales(config: TaskConfig) -> None:
                           "accepted: budget_flops or budget_steps with them, or budget_scales "
                           "null")
     object.__setattr__(config, "budget_scales", tuple(sorted(scales)))
+
+
+def check_budget_range(config: TaskConfig) -> None:
+    """A budget range is two numbers ``0 < LOW < HIGH`` that multiply a budget, not given with
+    budget scales (each says how an episode draws its budget)."""
+    span = config.budget_range
+    if span is None:
+        return
+    if len(span) != 2 or not all(math.isfinite(s) for s in span) or not 0 < span[0] < span[1]:
+        raise ConfigError(f"budget_range={list(span)} is not a range; accepted: LOW HIGH with "
+                          "0 < LOW < HIGH, multiples of the base budget, e.g. 0.25 4")
+    if not config.budgeted:
+        raise ConfigError(f"budget_range={list(span)} scales a budget, and none is set; "
+                          "accepted: budget_flops or budget_steps with it, or budget_range null")
+    if config.budget_scales is not None:
+        raise ConfigError(f"budget_range={list(span)} and budget_scales="
+                          f"{list(config.budget_scales)} are both set; accepted: one of them")
+
+
+def smallest_budget_scale(config: TaskConfig) -> float:
+    """The smallest multiple of the base budget an episode can draw (1 with one budget)."""
+    if config.budget_range is not None:
+        return config.budget_range[0]
+    return min(config.budget_scales or (1.0,))
 
 
 def check_block_size(config: TaskConfig) -> None:
