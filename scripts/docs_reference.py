@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import inspect
 import io
 import json
@@ -34,7 +35,6 @@ from esper_lightning.app.config import (
     field_types,
     preset_values,
 )
-from esper_lightning.app.frontier.command import build_parser as frontier_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = ROOT / "docs" / "reference"
@@ -127,12 +127,13 @@ def cli_page() -> str:
             lines += ["What `--controllers` names (`app.compare.arms.ARM_KINDS`; a new kind is "
                       "one `register_arm` call):", "", "| arm | what it plays |", "|---|---|",
                       *(f"| `{kind.usage}` | {kind.about} |" for kind in ARM_KINDS.values()), ""]
-    for name, summary in cli.OWN_PARSER.items():
-        parser = frontier_parser()
-        subcommands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, (summary, module) in cli.OWN_PARSER.items():
+        parser = importlib.import_module(module).build_parser()
+        subcommands = next((a.choices for a in parser._actions
+                            if isinstance(a, argparse._SubParsersAction)), {})
         lines += [f"## `esper-lightning {name}`", "", _sentence(summary), "",
                   "```text", _help_text(parser), "```", ""]
-        for sub, sub_parser in subcommands.choices.items():
+        for sub, sub_parser in subcommands.items():
             lines += [f"### `esper-lightning {name} {sub}`", "", "```text",
                       _help_text(sub_parser), "```", ""]
     return "\n".join(lines).rstrip() + "\n"

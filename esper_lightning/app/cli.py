@@ -118,8 +118,14 @@ COMMANDS = {
     "compare": Command(CompareConfig, "compare controllers on paired episodes", run_compare,
                        describe_arms),
 }
-#: Commands with a parser of their own (their configuration is a file, not flags).
-OWN_PARSER = {"frontier": "train and report the compute-optimal frontier (a study folder)"}
+#: Commands with a parser of their own (their input is a folder, not a configuration): the
+#: summary, and the module whose ``build_parser()`` and ``main(argv)`` they are.
+OWN_PARSER = {
+    "frontier": ("train and report the compute-optimal frontier (a study folder)",
+                 "esper_lightning.app.frontier.command"),
+    "lookup": ("tune a per-budget growth lookup from a comparison of stack arms",
+               "esper_lightning.app.compare.lookup"),
+}
 
 
 def build_parser(command: str, preset: str | None = None,
@@ -330,17 +336,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         lines = [f"usage: {PROG} {{{','.join(names)}}} [--help] ...", f"       {PROG} --version",
                  ""]
         lines += [f"  {name:8s} {command.summary}" for name, command in COMMANDS.items()]
-        lines += [f"  {name:8s} {summary}" for name, summary in OWN_PARSER.items()]
+        lines += [f"  {name:8s} {summary}" for name, (summary, _) in OWN_PARSER.items()]
         print("\n".join(lines))
         return 0 if argv else 2
     if argv[0] == "--version":
         print(VERSION)
         return 0
     command = argv[0]
-    if command == "frontier":
-        from esper_lightning.app.frontier.command import main as frontier
+    if command in OWN_PARSER:
+        import importlib
 
-        return frontier(argv[1:])
+        return int(importlib.import_module(OWN_PARSER[command][1]).main(argv[1:]))
     if command not in COMMANDS:
         accepted = ", ".join([*COMMANDS, *OWN_PARSER])
         print(f"{PROG}: error: unknown command {command!r}; accepted: {accepted}",

@@ -203,11 +203,6 @@ def check_policy(path: str, task: TaskConfig, transfer: bool = False) -> PolicyB
     return bundle
 
 
-def _policy_identity(spec: ControllerSpec) -> dict[str, Any]:
-    path = Path(str(spec.argument)).expanduser().resolve()
-    return {"path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
-
-
 def _gpt_host(arena: Any) -> Any:
     """The language model's GPT preset, whose blocks and slots ``stack:`` and ``born:`` read
     (None on another task: they refuse it in one line)."""
@@ -222,6 +217,27 @@ def _stack(arena: Any, spec: ControllerSpec, rng_seed: int | None) -> Controller
 
     return stack_controller(str(spec.argument), _gpt_host(arena), arena.config.slots,
                             arena.topology, rng_seed)
+
+
+def _lookup(arena: Any, spec: ControllerSpec) -> Any:
+    """``lookup:PATH``'s table, checked against the run's host (its depth and growth slots,
+    as ``stack:`` is) and the operator's blueprint."""
+    from esper_lightning.controllers.lookup import read_lookup
+    from esper_lightning.controllers.stack import stack_controller
+
+    lookup = read_lookup(str(spec.argument))
+    taus = ",".join("0" for _ in range(lookup.slots))
+    try:  # the same checks as the stack arm the lookup stands for
+        stack_controller(f"{lookup.depth}@{taus}:{lookup.operator}", _gpt_host(arena),
+                         arena.config.slots, arena.topology)
+    except ConfigError as err:
+        raise ConfigError(f"{spec.label}: {err}") from None
+    return lookup
+
+
+def _file_identity(spec: ControllerSpec) -> dict[str, Any]:
+    path = Path(str(spec.argument)).expanduser().resolve()
+    return {"path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
 
 
 def _born(arena: Any, spec: ControllerSpec) -> Implants:
@@ -249,6 +265,12 @@ def _matched_implants(arena: Any, spec: ControllerSpec, index: int,
         raise RuntimeError(f"{spec.label}: episode {index} of {spec.argument!r} has no seeds")
     log.info("%s episode %d: implants %s", spec.label, index, list(seeds) or "none")
     return seeds
+
+
+def _lookup_controller(arena: Any, lookup: Any) -> Controller:
+    from esper_lightning.controllers.lookup import LookupController
+
+    return LookupController(lookup, slots=_gpt_host(arena).growth_slot_ids)
 
 
 def _static(arena: Any, spec: ControllerSpec, plan: EpisodePlan, prepared: Any) -> Controller:
@@ -295,7 +317,7 @@ register_arm(ArmKind(
     _policy,
     prepare=lambda arena, spec: check_policy(str(spec.argument), arena.config,
                                              arena.config.transfer_policies),
-    identity=_policy_identity))
+    identity=_file_identity))
 register_arm(ArmKind(
     "matched", "matched:NAME",
     "the host born in each episode with the seeds NAME had at the end of that episode (the "
@@ -307,6 +329,12 @@ register_arm(ArmKind(
     "fraction TAU of the run is spent (TAU may be 'random')",
     lambda arena, spec, plan, prepared: _stack(arena, spec, plan.rng_seed),
     prepare=lambda arena, spec: _stack(arena, spec, rng_seed=0)))
+register_arm(ArmKind(
+    "lookup", "lookup:PATH",
+    "lm: grow at the times a per-budget growth lookup gives for the episode's budget "
+    "(esper-lightning lookup tunes one from a comparison; interpolated in log budget)",
+    lambda arena, spec, plan, lookup: _lookup_controller(arena, lookup),
+    prepare=_lookup, identity=_file_identity))
 register_arm(ArmKind(
     "born", "born:K", "lm: the host born with K blocks, its growth seeds fully blended",
     _static, prepare=_born,

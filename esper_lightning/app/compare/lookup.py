@@ -1,0 +1,179 @@
+"""Tuning a growth lookup from a comparison: ``esper-lightning lookup COMPARE_DIR --out FILE``.
+
+A comparison of one family of ``stack:K@TAU[,TAU...]:OPERATOR`` arms (the same ``K``, operator
+and number of growth times; a grid over TAU) played at a few budgets (``--budget_scales``) on
+**tuning** episodes holds what a practitioner tunes a per-budget schedule from. `tune_lookup`
+takes, at each budget, the arm with the best mean of the judged metric (the validation loss at
+the budget, ``final_bits``, by default) over that budget's episodes, the ``static`` arm counting
+as "never grow" when it played, and writes the choices as a `GrowthLookup` that ``lookup:FILE``
+plays in later comparisons (`esper_lightning.controllers.lookup`, interpolated in log budget).
+
+The file records its **tuning cost**: the episodes the family and ``static`` played in the
+folder, their training FLOPs and wall time, so the lookup's cost per new setting can be set
+against a learned controller's one-off training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from esper_lightning.app.compare.records import (
+    METRICS,
+    EpisodeRecord,
+    group_by_budget,
+    read_records_csv,
+)
+from esper_lightning.app.compare.regret import STACK, choose_oracle
+from esper_lightning.controllers.lookup import GrowthLookup
+from esper_lightning.controllers.stack import parse_stack
+from esper_lightning.errors import ConfigError
+
+__all__ = ["NEVER_ARM", "families", "main", "tune_lookup"]
+
+PROG = "esper-lightning lookup"
+#: The arm that never grows, the lookup's "never" when it played.
+NEVER_ARM = "static"
+
+
+def families(labels: Iterable[str]) -> dict[str, dict[str, tuple[float, ...]]]:
+    """The ``stack:`` arms among ``labels`` with a fixed growth time, grouped by depth, operator
+    and number of growth times (keyed ``K:OPERATOR:N``), each label with its taus.
+
+    Example:
+        >>> families(["static", "stack:2@0.2:identity", "stack:2@0.4:identity", "stack:2@random"])
+        {'2:identity:1': {'stack:2@0.2:identity': (0.2,), 'stack:2@0.4:identity': (0.4,)}}
+    """
+    groups: dict[str, dict[str, tuple[float, ...]]] = {}
+    for label in dict.fromkeys(labels):
+        if not label.startswith(STACK):
+            continue
+        depth, taus, operator = parse_stack(label[len(STACK):])
+        if taus is not None:  # random timing is a baseline, not a point of the grid
+            groups.setdefault(f"{depth}:{operator}:{len(taus)}", {})[label] = taus
+    return groups
+
+
+def tune_lookup(records: Sequence[EpisodeRecord], base_flops: float, judged: str = "final_bits",
+                family: str | None = None, tuning: dict[str, Any] | None = None
+                ) -> GrowthLookup:
+    """The per-budget best growth times of one family of ``stack:`` arms (module docstring).
+
+    Args:
+        records: the comparison's episodes.
+        base_flops: its base budget (each episode's budget over it is the tabled scale).
+        judged: the metric chosen by (lower or higher is better, as `METRICS` says).
+        family: ``K:OPERATOR:N`` (`families`); None: the only one there is.
+        tuning: what to record besides the cost (the comparison's folder, root rng seed).
+
+    Raises:
+        ConfigError: no family or several without ``family``, one with a single TAU, episodes
+            without a budget (one line each).
+    """
+    found = families(r.controller for r in records)
+    if family is None and len(found) != 1:
+        raise ConfigError(f"{'no' if not found else 'several'} stack:K@TAU families in the "
+                          f"comparison ({', '.join(found) or 'none'}); accepted: exactly one, "
+                          "or --family naming one")
+    name = family or next(iter(found))
+    if name not in found:
+        raise ConfigError(f"family {name!r} is not in the comparison; accepted: "
+                          f"{', '.join(found) or 'none'}")
+    arms = dict(found[name])
+    played = {r.controller for r in records}
+    labels = [*([NEVER_ARM] if NEVER_ARM in played else []), *sorted(arms, key=arms.get)]
+    if len(labels) < 2:
+        raise ConfigError(f"family {name!r} has one arm ({labels[0]}); a lookup chooses among "
+                          "two or more")
+    mine = [r for r in records if r.controller in labels]
+    groups = group_by_budget(mine)
+    if None in groups:
+        raise ConfigError("the comparison's episodes have no budget; accepted: a comparison "
+                          "with budget_flops or budget_steps (and budget_scales)")
+    for budget, group in groups.items():
+        absent = [label for label in labels if label not in {r.controller for r in group}]
+        if absent:
+            scale = float(budget) / base_flops  # type: ignore[arg-type]  # None: refused above
+            raise ConfigError(f"{absent[0]} played no episode at budget scale {scale:g}; a "
+                              "lookup compares every arm of its family at every budget")
+    oracle = choose_oracle(f"lookup of {name}", labels, mine, judged)
+    points = tuple((round(budget / base_flops, 9), arms.get(label))  # static -> None: never
+                   for budget, label in sorted(oracle.chosen.items()))  # type: ignore[arg-type]
+    depth, operator, _ = name.split(":")
+    cost = {"judged": judged, "arms": labels, "episodes": len(mine),
+            "episodes_per_budget": {f"{round(b / base_flops, 9):g}": len(
+                {r.episode_index for r in group}) for b, group in groups.items()},
+            "train_flops": sum(r["train_flops"] or 0.0 for r in mine),
+            "wall_seconds": sum(r["wall_seconds"] for r in mine),
+            "means": {f"{round(b / base_flops, 9):g}": m for b, m in oracle.means.items()}}
+    return GrowthLookup(operator, int(depth), points, {**(tuning or {}), **cost})
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, exit_on_error=False, description=(
+        "a per-budget growth schedule tuned from a comparison of stack:K@TAU arms (and static, "
+        "never growing) on tuning episodes, written as a lookup that lookup:FILE plays"))
+    parser.add_argument("comparison", help="the comparison's folder (its episodes.csv)")
+    parser.add_argument("--out", required=True, help="the lookup file to write (JSON)")
+    parser.add_argument("--family", default=None,
+                        help="K:OPERATOR:N, the stack arms to choose among (default: the only "
+                        "family)")
+    parser.add_argument("--judged", default="final_bits",
+                        help="the metric chosen by (default final_bits, the validation loss "
+                        "at the budget)")
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    """``esper-lightning lookup``: 0 on success, 2 with one line on a bad input."""
+    try:
+        args = build_parser().parse_args(list(argv))
+    except argparse.ArgumentError as err:
+        return _fail(str(err))
+    except SystemExit as done:  # --help, or argparse's own usage error
+        return int(done.code or 0)
+    try:
+        if args.judged not in METRICS or METRICS[args.judged].better is None:
+            raise ConfigError(f"unknown judged metric {args.judged!r}; accepted: " + ", ".join(
+                m.name for m in METRICS.values() if m.better and m.kind != "curve"))
+        folder = Path(args.comparison)
+        config = _comparison_config(folder)
+        from esper_lightning.app.task import budget_flops
+
+        records = read_records_csv(folder / "episodes.csv")
+        lookup = tune_lookup(records, float(budget_flops(config) or 0.0), args.judged,
+                             args.family, {"comparison": str(folder),
+                                           "rng_seed": config.rng_seed,
+                                           "host_preset": config.host_preset})
+    except (ConfigError, ValueError) as err:
+        return _fail(str(err))
+    path = lookup.write(args.out)
+    chosen = ", ".join(f"{s:g}: {'never' if t is None else ','.join(f'{x:g}' for x in t)}"
+                       for s, t in lookup.points)
+    print(f"{path}: growth times by budget scale {chosen} (from {lookup.tuning['episodes']} "
+          "tuning episodes)")
+    return 0
+
+
+def _comparison_config(folder: Path) -> Any:
+    """The settings the folder's episodes were played with (its ``compare_config.json``)."""
+    from esper_lightning.app.config import CompareConfig, from_layers, saved_values
+
+    file = folder / "compare_config.json"
+    if not file.is_file():
+        raise ConfigError(f"'{folder}' holds no comparison (no compare_config.json)")
+    config = from_layers([saved_values(json.loads(file.read_text()), CompareConfig)],
+                         CompareConfig)
+    if not config.budgeted:
+        raise ConfigError(f"the comparison in '{folder}' has no budget; accepted: one played "
+                          "with budget_flops or budget_steps (and budget_scales)")
+    return config
+
+
+def _fail(message: str) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return 2

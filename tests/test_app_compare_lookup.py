@@ -1,0 +1,133 @@
+"""Tuning a growth lookup from a comparison (`app.compare.lookup`, ``esper-lightning lookup``)
+and playing it (``lookup:PATH``): the per-budget choice, "never" from static, the tuning cost,
+one-line refusals, and a lookup arm that equals, bit for bit, the stack arm it looks up."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from esper_lightning.app.compare.lookup import families, main, tune_lookup
+from esper_lightning.app.compare.records import EpisodeRecord
+from esper_lightning.controllers.lookup import read_lookup
+from esper_lightning.errors import ConfigError
+
+BASE = 1e12
+ARMS = ("stack:2@0.2:identity", "stack:2@0.4:identity", "stack:2@0.6:identity")
+#: Bits added per arm at each budget scale: never growing is best at 0.5, 0.6 at 1, 0.2 at 4.
+OFFSETS = {0.5: {"static": 0.00, ARMS[0]: 0.09, ARMS[1]: 0.05, ARMS[2]: 0.02},
+           1.0: {"static": 0.10, ARMS[0]: 0.06, ARMS[1]: 0.03, ARMS[2]: 0.00},
+           4.0: {"static": 0.30, ARMS[0]: 0.00, ARMS[1]: 0.04, ARMS[2]: 0.08}}
+PER_BUDGET = 4
+
+
+def _record(controller: str, index: int, bits: float, scale: float) -> EpisodeRecord:
+    return EpisodeRecord(controller, index, 1000 + index, "grow2", {
+        "outcome": 50.0, "final_accuracy": 50.0, "seed_params": 0, "total_params": 1000,
+        "accuracy_curve": (50.0, 50.0), "seeds_germinated": 0, "seeds_fossilized": 0,
+        "seeds_pruned": 0, "wall_seconds": 2.0, "final_bits": bits, "test_bits": bits,
+        "budget_flops": scale * BASE, "train_flops": scale * BASE})
+
+
+def _records(controllers=("static", *ARMS)) -> list[EpisodeRecord]:
+    rng = np.random.default_rng(3)
+    records, index = [], 0
+    for scale, offsets in OFFSETS.items():
+        for _ in range(PER_BUDGET):
+            base = rng.normal(2.0, 0.2)
+            records += [_record(c, index, base + offsets[c] + rng.normal(0, 0.003), scale)
+                        for c in controllers]
+            index += 1
+    return records
+
+
+def test_the_lookup_takes_each_budgets_best_time_never_where_static_wins_and_its_cost():
+    lookup = tune_lookup(_records(), BASE, tuning={"rng_seed": 510})
+    assert (lookup.operator, lookup.depth) == ("identity", 2)
+    assert lookup.points == ((0.5, None), (1.0, (0.6,)), (4.0, (0.2,)))
+    cost = lookup.tuning
+    assert cost["rng_seed"] == 510 and cost["arms"] == ["static", *ARMS]
+    assert cost["episodes"] == 4 * 3 * PER_BUDGET  # every arm, every tuning episode
+    assert cost["episodes_per_budget"] == {"0.5": PER_BUDGET, "1": PER_BUDGET, "4": PER_BUDGET}
+    assert cost["train_flops"] == pytest.approx(4 * PER_BUDGET * (0.5 + 1 + 4) * BASE)
+    assert cost["wall_seconds"] == 2.0 * cost["episodes"]
+    assert cost["means"]["4"][ARMS[0]] < cost["means"]["4"][ARMS[2]]
+    without_static = tune_lookup(_records(ARMS), BASE)  # never is no choice without static
+    assert without_static.points[0] == (0.5, (0.6,))
+
+
+def test_stack_families_and_what_the_tuning_refuses():
+    assert families(["stack:4@0.1,0.3:identity", "stack:4@0.2,0.5:identity", "stack:2@0.2"]) \
+        == {"4:identity:2": {"stack:4@0.1,0.3:identity": (0.1, 0.3),
+                             "stack:4@0.2,0.5:identity": (0.2, 0.5)},
+            "2:copy:1": {"stack:2@0.2": (0.2,)}}
+    two = [*_records(), _record("stack:2@0.3:copy", 0, 2.0, 0.5)]
+    with pytest.raises(ConfigError, match="several stack:K@TAU families in the comparison "
+                                          r"\(2:identity:1, 2:copy:1\); accepted: exactly one"):
+        tune_lookup(two, BASE)
+    with pytest.raises(ConfigError, match=r"stack:2@0\.3:copy played no episode at budget "
+                                          "scale 1; a lookup compares every arm of its family"):
+        tune_lookup(two, BASE, family="2:copy:1")  # static and it: played apart
+    alone = [*_records(ARMS), _record("stack:2@0.3:copy", 0, 2.0, 0.5)]
+    with pytest.raises(ConfigError, match="family '2:copy:1' has one arm"):
+        tune_lookup(alone, BASE, family="2:copy:1")
+    with pytest.raises(ConfigError, match="family '9:copy:1' is not in the comparison"):
+        tune_lookup(two, BASE, family="9:copy:1")
+    with pytest.raises(ConfigError, match="no stack:K@TAU families"):
+        tune_lookup([r for r in _records() if r.controller == "static"], BASE)
+
+
+def test_the_command_refuses_in_one_line(tmp_path, capsys):
+    assert main([str(tmp_path), "--out", str(tmp_path / "l.json")]) == 2
+    assert capsys.readouterr().err == (f"esper-lightning lookup: error: '{tmp_path}' holds no "
+                                       "comparison (no compare_config.json)\n")
+    assert main([str(tmp_path), "--out", "x", "--judged", "speed"]) == 2
+    assert "unknown judged metric 'speed'; accepted: outcome" in capsys.readouterr().err
+    assert main([str(tmp_path)]) == 2  # --out is required
+    assert not (tmp_path / "l.json").exists()
+
+
+def test_a_tuned_lookup_plays_the_stack_arm_it_looks_up_bit_for_bit(text_file, tmp_path,
+                                                                    monkeypatch):
+    """Tune on a comparison at budget scales 1 and 4 (tuning episodes of their own), then
+    play the lookup at scale 2, between them: the tuned times are equal there, so the lookup
+    arm is that stack arm, episode for episode."""
+    from esper_lightning.app.compare import runner
+    from esper_lightning.app.config import CompareConfig
+
+    monkeypatch.setattr(runner.plots, "save_figures", lambda *args, **kwargs: None)
+    monkeypatch.setattr(runner, "_log_tensorboard", lambda *args, **kwargs: None)
+    task = dict(task="lm", host_preset="grow2", slots=("r1c0",), budget_steps=8,
+                episode_length=4, batch_size=8, block_size=16, val_subset=8, envs=2,
+                lr_schedule="wsd", warmup_fraction=0.1, data_dir=str(text_file),
+                progress=False)
+    tuning = CompareConfig(**task, controllers=("static", "stack:2@0.25:identity",
+                                                "stack:2@0.5:identity"),
+                           budget_scales=(1.0, 4.0), seeds=2, rng_seed=510,
+                           out=str(tmp_path / "tuning"))
+    runner.Comparison(tuning).run()
+    assert main([str(tmp_path / "tuning"), "--out", str(tmp_path / "lookup.json")]) == 0
+    lookup = read_lookup(tmp_path / "lookup.json")
+    assert [s for s, _ in lookup.points] == [1.0, 4.0] and lookup.tuning["episodes"] == 6
+    assert lookup.tuning["rng_seed"] == 510 and lookup.tuning["host_preset"] == "grow2"
+    chosen = {taus for _, taus in lookup.points}
+    # Make both budgets choose one time (whatever the tiny tuning chose), then play it at 2.
+    tau = next(t for t in chosen if t is not None) if chosen != {None} else (0.25,)
+    table = {**json.loads((tmp_path / "lookup.json").read_text()),
+             "points": [{"scale": 1.0, "taus": list(tau)}, {"scale": 4.0, "taus": list(tau)}]}
+    (tmp_path / "lookup.json").write_text(json.dumps(table))
+    stack = f"stack:2@{tau[0]:g}:identity"
+    final = CompareConfig(**task, controllers=(stack, f"lookup:{tmp_path / 'lookup.json'}"),
+                          reference=stack, budget_scales=(2.0,), seeds=2, rng_seed=20261999,
+                          out=str(tmp_path / "final"))
+    comparison = runner.Comparison(final)
+    comparison.run()
+    from esper_lightning.app.compare.records import read_records_csv
+
+    records = read_records_csv(comparison.episodes_csv)
+    by_arm = {c: [r for r in records if r.controller == c] for c in final.controllers}
+    assert [r["test_bits"] for r in by_arm[stack]] == [
+        r["test_bits"] for r in by_arm[final.controllers[1]]]
+    assert all(r["seeds_fossilized"] == 1 for r in by_arm[final.controllers[1]])
