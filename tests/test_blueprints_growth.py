@@ -95,16 +95,21 @@ def _perturb(module: nn.Module, scale: float = 0.05) -> None:
 
 # --- presets and slots ----------------------------------------------------------------------
 def test_growth_presets_slot_ids_and_parameter_counts():
-    presets = {name: GPT_PRESETS[name] for name in ("grow4", "grow4x1", "grow2", "w32l1",
-                                                    "w32l2", "w32l4")}
-    assert {(c.n_embd, c.n_head, c.block_size) for c in presets.values()} == {(32, 4, 32)}
-    assert {n: (c.slot_ids, c.growth_depth, c.max_depth) for n, c in presets.items()} == {
-        "grow4": (("r0c0", "r1c0"), 3, 4),
-        "grow4x1": (("r0c0", *CHAIN), 1, 4),
-        "grow2": (("r0c0", "r1c0"), 1, 2),
-        "w32l1": (("r0c0",), 1, 1),
-        "w32l2": (("r0c0", "r0c1"), 1, 2),
-        "w32l4": (("r0c0", "r0c1", "r0c2", "r0c3"), 1, 4),
+    presets = {name: GPT_PRESETS[name] for name in ("grow4", "grow4x1", "grow2", "grow124",
+                                                    "w32l1", "w32l2", "w32l4", "grow2-w64",
+                                                    "grow124-w64")}
+    assert {(c.n_embd, c.n_head, c.block_size) for c in presets.values()} == {(32, 4, 32),
+                                                                               (64, 8, 32)}
+    assert {n: (c.slot_ids, c.growth_depths, c.max_depth) for n, c in presets.items()} == {
+        "grow4": (("r0c0", "r1c0"), (3,), 4),
+        "grow4x1": (("r0c0", *CHAIN), (1, 1, 1), 4),
+        "grow2": (("r0c0", "r1c0"), (1,), 2),
+        "grow124": (("r0c0", "r1c0", "r1c1"), (1, 2), 4),
+        "w32l1": (("r0c0",), (), 1),
+        "w32l2": (("r0c0", "r0c1"), (), 2),
+        "w32l4": (("r0c0", "r0c1", "r0c2", "r0c3"), (), 4),
+        "grow2-w64": (("r0c0", "r1c0"), (1,), 2),
+        "grow124-w64": (("r0c0", "r1c0", "r1c1"), (1, 2), 4),
     }
     counts = {}
     for name in presets:  # as commented in hosts/presets.py: as built / grown to full depth
@@ -114,13 +119,21 @@ def test_growth_presets_slot_ids_and_parameter_counts():
             host.slots[slot_id].germinate("block_random")
         counts[name] = (before, sum(p.numel() for p in host.parameters()))
     assert counts == {"grow4": (21_984, 60_096), "grow4x1": (21_984, 60_096),
-                      "grow2": (21_984, 34_688), "w32l1": (21_984, 21_984),
-                      "w32l2": (34_688, 34_688), "w32l4": (60_096, 60_096)}
+                      "grow2": (21_984, 34_688), "grow124": (21_984, 60_096),
+                      "w32l1": (21_984, 21_984), "w32l2": (34_688, 34_688),
+                      "w32l4": (60_096, 60_096), "grow2-w64": (68_544, 118_528),
+                      "grow124-w64": (68_544, 218_496)}
     host = GPTHost("grow4")
     assert host.slots["r0c0"].growth is None and host.slots["r1c0"].growth.blocks == 3
+    host = GPTHost("grow124")
+    assert [host.slots[s].growth.blocks for s in ("r1c0", "r1c1")] == [1, 2]
     for field, bad in (("growth_slots", -1), ("growth_depth", 0)):
         with pytest.raises(ValueError, match=f"{field} must be an int >= "):
             GPTConfig(**{field: bad})
+    for bad in ((1, 2), (1, 0), 1.5):  # one per growth slot (here 3), each an int >= 1
+        with pytest.raises(ValueError, match="growth_depth must be an int >= 1, or one per "
+                                             r"growth slot \(3\)"):
+            GPTConfig(growth_slots=3, growth_depth=bad)
 
 
 def test_empty_growth_slots_are_the_identity_and_the_init_is_for_the_full_depth():
@@ -172,9 +185,18 @@ def test_growth_chains_on_the_last_block_before_the_slot():
     below, above = stacked.slots["r1c0"].seed, stacked.slots["r1c1"].seed
     assert _same_weights(above[0], below[0]) and _same_weights(above[1], below[1])
     assert not _same_weights(above[0], above[1])
+    # One block to two, then two to four (grow124): the second event copies both, in order.
+    doubling = _host("grow124")
+    doubling.slots["r1c0"].germinate("block_copy")
+    (grown,) = doubling.slots["r1c0"].seed
+    with torch.no_grad():
+        grown.attn.c_attn.weight.add_(0.5)
+    doubling.slots["r1c1"].germinate("block_copy")
+    first, second = doubling.slots["r1c1"].seed
+    assert _same_weights(first, doubling.blocks[0]) and _same_weights(second, grown)
 
 
-@pytest.mark.parametrize("preset", ["grow4", "grow4x1", "grow2"])
+@pytest.mark.parametrize("preset", ["grow4", "grow4x1", "grow2", "grow124"])
 def test_identity_seeds_leave_the_host_output_bitwise_unchanged_at_birth(preset: str):
     host = _host(preset, rng_seed=3)
     idx = _tokens((3, 20), rng_seed=4)
@@ -246,7 +268,8 @@ def test_a_growth_site_takes_its_sources_from_the_stack_before_it():
 # --- growth equals depth ----------------------------------------------------------------------
 @pytest.mark.parametrize("operator", ["copy", "identity", "random"])
 @pytest.mark.parametrize(("preset", "native"),
-                         [("grow4", "w32l4"), ("grow4x1", "w32l4"), ("grow2", "w32l2")])
+                         [("grow4", "w32l4"), ("grow4x1", "w32l4"), ("grow2", "w32l2"),
+                          ("grow124", "w32l4")])
 def test_blended_growth_seeds_compute_the_native_deeper_host(preset: str, native: str,
                                                              operator: str):
     host = _host(preset, rng_seed=1)
@@ -261,7 +284,8 @@ def test_blended_growth_seeds_compute_the_native_deeper_host(preset: str, native
 
 
 @pytest.mark.parametrize(("preset", "native"),
-                         [("grow4", "w32l4"), ("grow4x1", "w32l4"), ("grow2", "w32l2")])
+                         [("grow4", "w32l4"), ("grow4x1", "w32l4"), ("grow2", "w32l2"),
+                          ("grow124", "w32l4")])
 def test_born_grown_host_is_the_native_deeper_host_at_birth(preset: str, native: str):
     host = _host(preset, rng_seed=2)
     engine = MorphogenesisEngine(host)

@@ -67,9 +67,10 @@ class Episode:
 
     def depth_at_alpha_1(self) -> int:
         config = self.host.config
-        grown = [s for s in self.engine.slots.values()
-                 if s.stage in ACTIVE_STAGES and s.alpha == 1.0 and s.slot_id.startswith("r1c")]
-        return config.n_layer + config.growth_depth * len(grown)
+        blocks = dict(zip(config.growth_slot_ids, config.growth_depths, strict=True))
+        return config.n_layer + sum(
+            blocks[s.slot_id] for s in self.engine.slots.values()
+            if s.stage in ACTIVE_STAGES and s.alpha == 1.0 and s.slot_id.startswith("r1c"))
 
 
 @pytest.mark.parametrize(("init", "lag"), [("identity", 0), ("copy", 1), ("random", 1)])
@@ -230,7 +231,7 @@ def test_stack_and_born_specs_are_checked_against_the_host():
     assert (one.slots, one.operator, one.taus) == (("r1c0",), "identity", (0.5,))
     assert stack_controller("4@0.5", grow4x1, CHAIN, "transformer").slots == CHAIN
     with pytest.raises(ConfigError, match=r"^stack:3@0.5: K=3 is not the host's grown depth; "
-                                          r"accepted: stack:4 \(1 block\(s\) \+ 1 growth "
+                                          r"accepted: stack:4 \(1 block\(s\) \+ growth "
                                           r"slot\(s\) of 3 block\(s\)\)$"):
         stack_controller("3@0.5", grow4, ("r1c0",), "transformer")
     with pytest.raises(ConfigError, match=r"grows in the growth slots r1c0 r1c1 r1c2; the run "

@@ -82,7 +82,7 @@ class GrowingHost(Protocol):
     def growth_slot_ids(self) -> tuple[str, ...]: ...
 
     @property
-    def growth_depth(self) -> int: ...
+    def growth_depths(self) -> tuple[int, ...]: ...
 
     @property
     def max_depth(self) -> int: ...
@@ -320,8 +320,8 @@ def _growth_slots(owner: str, depth: int, host: GrowingHost | None,
         k = owner.split(":")[0]
         raise ConfigError(
             f"{owner}: K={depth} is not the host's grown depth; accepted: {k}:{host.max_depth} "
-            f"({host.n_layer} block(s) + {len(host.growth_slot_ids)} growth slot(s) of "
-            f"{host.growth_depth} block(s))")
+            f"({host.n_layer} block(s) + growth slot(s) of "
+            f"{' + '.join(map(str, host.growth_depths))} block(s))")
     missing = [s for s in host.growth_slot_ids if s not in slot_ids]
     if missing:
         raise ConfigError(f"{owner} grows in the growth slots {' '.join(host.growth_slot_ids)}; "

@@ -103,10 +103,11 @@ class GPTHost(SlottedHost):
         )
         self._build_slots(cfg.slot_ids, slots, name, lambda sid: SeedSlot(
             sid, channels=cfg.n_embd, topology="transformer"))
-        for order, slot_id in enumerate(cfg.growth_slot_ids, 1):
+        for order, (slot_id, blocks) in enumerate(zip(cfg.growth_slot_ids, cfg.growth_depths,
+                                                     strict=True), 1):
             if slot_id in self.slots:
                 slot = self.slots[slot_id]
-                slot.growth = GrowthSite(cfg.growth_depth, partial(self.blocks_before, slot_id),
+                slot.growth = GrowthSite(blocks, partial(self.blocks_before, slot_id),
                                          init=partial(init_block, depth=cfg.max_depth))
                 slot.growth_place = {"stack": "blocks", "after": cfg.n_layer - 1,
                                      "order": order}

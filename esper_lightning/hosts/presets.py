@@ -53,9 +53,11 @@ class GPTConfig:
         growth_slots: Slots ``r1c0 .. r1c{growth_slots-1}`` in sequence after the last
             block's slot, where block seeds (``block_copy``, ...) make the host deeper.
         growth_depth: Blocks one block seed in a growth slot stacks (a seed of several blocks
-            is an ``nn.Sequential`` of them): a host with ``n_layer`` blocks grows to
-            `max_depth` ``= n_layer + growth_slots * growth_depth``. Its residual projections
-            are initialised for that depth, as a host born that deep would be.
+            is an ``nn.Sequential`` of them), the same in every growth slot, or one number per
+            growth slot (``(1, 2)``: one block to two, then two to four): a host with
+            ``n_layer`` blocks grows to `max_depth` ``= n_layer + sum(growth_depths)``. Its
+            residual projections are initialised for that depth, as a host born that deep
+            would be.
     """
 
     vocab_size: int = 256
@@ -66,16 +68,22 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     growth_slots: int = 0
-    growth_depth: int = 1
+    growth_depth: int | tuple[int, ...] = 1
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "growth_depth"):
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"GPTConfig.{name} must be an int >= 1, got {value!r}")
         value = self.growth_slots
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"GPTConfig.growth_slots must be an int >= 0, got {value!r}")
+        depths = self.growth_depth if isinstance(self.growth_depth, tuple) else (
+            self.growth_depth,)
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in depths) or (
+                isinstance(self.growth_depth, tuple) and len(depths) != self.growth_slots):
+            raise ValueError(f"GPTConfig.growth_depth must be an int >= 1, or one per growth "
+                             f"slot ({self.growth_slots}), got {self.growth_depth!r}")
         if self.n_embd % self.n_head != 0:
             raise ValueError(
                 f"GPTConfig.n_head={self.n_head} must divide n_embd={self.n_embd}"
@@ -94,9 +102,16 @@ class GPTConfig:
         return gpt_slot_ids(0, self.growth_slots)
 
     @property
+    def growth_depths(self) -> tuple[int, ...]:
+        """Blocks a seed adds in each growth slot, in action order."""
+        if isinstance(self.growth_depth, tuple):
+            return self.growth_depth
+        return (self.growth_depth,) * self.growth_slots
+
+    @property
     def max_depth(self) -> int:
         """Blocks of the host once every growth slot holds a block seed."""
-        return self.n_layer + self.growth_slots * self.growth_depth
+        return self.n_layer + sum(self.growth_depths)
 
 
 GPT_PRESETS: dict[str, GPTConfig] = {
@@ -115,6 +130,15 @@ GPT_PRESETS: dict[str, GPTConfig] = {
                          growth_slots=3),  # 21,984 / 60,096
     "grow2": GPTConfig(block_size=32, n_layer=1, n_head=4, n_embd=32,
                        growth_slots=1),  # 21,984 / 34,688
+    # Two growth decisions: one block to two (r1c0, one block), then two to four (r1c1, two).
+    "grow124": GPTConfig(block_size=32, n_layer=1, n_head=4, n_embd=32, growth_slots=2,
+                         growth_depth=(1, 2)),  # 21,984 / 60,096
+    # The same growth at width 64 (8 heads of width 8, as at width 32): hosts a controller
+    # tuned or trained at width 32 has never seen.
+    "grow2-w64": GPTConfig(block_size=32, n_layer=1, n_head=8, n_embd=64,
+                           growth_slots=1),  # 68,544 / 118,528
+    "grow124-w64": GPTConfig(block_size=32, n_layer=1, n_head=8, n_embd=64, growth_slots=2,
+                             growth_depth=(1, 2)),  # 68,544 / 218,496
     "w32l1": GPTConfig(block_size=32, n_layer=1, n_head=4, n_embd=32),  # 21,984 params
     "w32l2": GPTConfig(block_size=32, n_layer=2, n_head=4, n_embd=32),  # 34,688 params
     "w32l4": GPTConfig(block_size=32, n_layer=4, n_head=4, n_embd=32),  # 60,096 params

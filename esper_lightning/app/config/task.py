@@ -62,7 +62,8 @@ class TaskConfig:
         host_preset: the host network (cifar: baseline, impaired, scale; lm: tiny, small,
             medium, grow4 (1 block and one growth slot r1c0 whose block seed is 3 blocks),
             grow4x1 (growth slots r1c0-r1c2 of one block each), grow2 (1 block growing to 2),
-            w32l1, w32l2, w32l4; null: baseline / tiny).
+            grow124 (1 block growing to 2 in r1c0, then to 4 in r1c1), grow2-w64 and
+            grow124-w64 (the same at width 64), w32l1, w32l2, w32l4; null: baseline / tiny).
         reward: reward mode the controller's return is computed with.
         gamma: discount of the return (and of the reward's potential-based shaping).
         param_cost: outcome points charged per host-sized amount of seed parameters (the
