@@ -242,6 +242,40 @@ def test_the_token_table_splits_a_speedup_into_its_ceiling_and_the_tokens_worth(
         in token_table(list(results.values()))
 
 
+def test_widths_puts_the_same_arm_of_two_widths_side_by_side(tmp_path, capsys):
+    """Two final studies at widths 8 and 16 (the second of two joined folders): one table row
+    per arm, width and budget, each width read against its own frontier; the figure drawn
+    beside the document; a study that does not exist is one line."""
+    from esper_lightning.app.frontier.command import main
+    from esper_lightning.app.frontier.study import _append
+
+    final = dict(purpose="final", budgets=[1, 2, 4, 8], base_flops=1e12, warmup_flops=1e10)
+    wide = {**TINY, "width": 16}
+    studies = {"narrow": ({"S1": 1.0, "S2": 1.0, "G1-2@0.5:identity": 1.5}, _plan(
+                   name="narrow", **final)),
+               "wide-sizes": ({"S1": 1.0, "S2": 1.0}, _plan(name="wide-sizes", shape=wide,
+                                                             **final)),
+               "wide-growth": ({"G1-2@0.5:identity": 2.0}, _plan(name="wide-growth",
+                                                                  shape=wide, **final))}
+    for name, (arms, plan) in studies.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / PLAN_FILE).write_text(json.dumps(plan))
+        _append(tmp_path / name / ROWS_FILE, _rows(arms, lrs=(2e-3,)))
+    docs = tmp_path / "docs" / "results.md"
+    docs.parent.mkdir()
+    docs.write_text("<!-- frontier:by-width:begin -->\n<!-- frontier:by-width:end -->\n")
+    groups = [str(tmp_path / "narrow"), f"{tmp_path / 'wide-growth'}+{tmp_path / 'wide-sizes'}"]
+    assert main(["widths", *groups, "--docs", str(docs)]) == 0
+    text = docs.read_text()
+    assert "| G1-2@0.5:identity | 8 | 2 | 3 | 1.50× [1.50, 1.50]" in text
+    assert "| G1-2@0.5:identity | 16 | 2 | 3 | 2.00× [2.00, 2.00]" in text
+    assert "| G1-2@0.5:identity | 16 | 8 | 3 | ≥ 1.00×" in text  # beyond the frontier: a bound
+    assert (docs.parent / "images" / "frontier-by-width.png").read_bytes().startswith(b"\x89PNG")
+    capsys.readouterr()
+    assert main(["widths", str(tmp_path / "nowhere")]) == 2
+    assert "plan '" in capsys.readouterr().err
+
+
 def test_the_commands_refuse_in_one_line(tmp_path, capsys):
     from esper_lightning.app.frontier.command import main
 

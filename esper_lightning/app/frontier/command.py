@@ -5,6 +5,9 @@
     esper-lightning frontier report results/frontier/w32-final --docs docs/evidence.md
     esper-lightning frontier report results/frontier/w32-final-growth \
         --with results/frontier/w32-final-sizes
+    F=results/frontier
+    esper-lightning frontier widths $F/w32-final-growth+$F/w32-final-sizes $F/w64-final \
+        --docs docs/results.md
 
 ``run`` trains the pending units of the study in the folder (its ``plan.json``; `study`) and
 can be stopped and started again at any time. ``select`` prints, for a tuning study, each arm's
@@ -12,8 +15,10 @@ best rate per budget on the validation split, as the ``lr`` maps a final plan ta
 writes ``report.md`` and the figures from the rows alone, and with ``--docs`` the study's marked
 section of a document; ``--with`` adds the rows of another study of the same episodes (same
 purpose, root rng seed, episodes, shape and budgets schedule; other arms), so arms registered at
-different times (each before its own first episode) make one table. Every bad input is one line
-and exit status 2.
+different times (each before its own first episode) make one table. ``widths`` puts the growing
+arms' speed-ups of studies at several widths side by side (a table, and a figure beside the
+document or in the first study's folder), each study written ``STUDY[+JOINED...]``. Every bad
+input is one line and exit status 2.
 """
 
 from __future__ import annotations
@@ -57,6 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--with", dest="others", action="append", default=[],
                         metavar="STUDY", help="another study of the same episodes whose arms "
                         "join the table (repeatable)")
+    widths = sub.add_parser("widths", help="the growing arms' speed-ups at several widths",
+                            exit_on_error=False)
+    widths.add_argument("studies", nargs="+", metavar="STUDY[+JOINED...]",
+                        help="a study's folder, with + the folders of studies joined to it")
+    widths.add_argument("--docs", default=None,
+                        help="a document whose <!-- frontier:by-width:begin/end --> section the "
+                        "table replaces (its figure goes to images/frontier-by-width.png)")
     return parser
 
 
@@ -78,6 +90,8 @@ def main(argv: Sequence[str]) -> int:
             print(f"{args.study}: {len(rows)} rows")
         elif args.action == "select":
             print(json.dumps(_selected(args.study), indent=2))
+        elif args.action == "widths":
+            print("\n".join(_widths(args.studies, args.docs)))
         else:
             print(_report(args.study, args.docs, args.others).read_text())
         return 0
@@ -121,6 +135,24 @@ def _report(folder: str, docs: str | None, others: Sequence[str] = ()) -> Path:
         rows = rows + _joined(plan, rows, other)
     try:
         return write_report(folder, plan, rows, docs, also=[Path(o).name for o in others])
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def _widths(groups: Sequence[str], docs: str | None) -> list[str]:
+    from esper_lightning.app.frontier.report import write_widths
+
+    studies = []
+    for group in groups:
+        first, *others = group.split("+")
+        plan, rows = _loaded(first)
+        for other in others:
+            rows = rows + _joined(plan, rows, other)
+        studies.append((plan, rows))
+    figure = (Path(docs).parent / "images" if docs else Path(groups[0].split("+")[0]))
+    figure.mkdir(parents=True, exist_ok=True)
+    try:
+        return write_widths(studies, figure / "frontier-by-width.png", docs)
     except ValueError as err:
         raise ConfigError(str(err)) from None
 

@@ -14,7 +14,7 @@ from matplotlib.ticker import NullFormatter
 
 from esper_lightning.app.frontier.fit import curves_by_episode, frontier
 
-__all__ = ["loss_figure", "speedup_figure"]
+__all__ = ["loss_figure", "speedup_figure", "width_figure"]
 
 BITS = 1.0 / math.log(2.0)
 
@@ -91,6 +91,39 @@ def speedup_figure(results: Sequence[Any], path: Path) -> None:
     axes.set_xlabel("budget (× base)")
     axes.set_ylabel("speed-up against the frontier (×)")
     axes.set_title("Compute the best fixed size needs for the growing arm's loss, over the arm's")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(fontsize=7)
+    figure.savefig(path, dpi=120)
+
+
+def width_figure(results: Sequence[Any], path: Path) -> None:
+    """Each growing arm's speed-up against the frontier by budget at every width (one colour
+    per arm, one line style per width; geometric means with 95 % bootstrap intervals)."""
+    figure = Figure(figsize=(8.0, 4.5), layout="constrained")
+    axes = figure.add_subplot()
+    arms = sorted({r.frontier.arm for r in results})
+    widths = sorted({r.width for r in results})
+    styles = ["-", "--", ":", "-."]
+    colours = [f"C{k}" for k in range(len(arms))]
+    for k, arm in enumerate(arms):
+        for j, width in enumerate(widths):
+            mine = [r for r in results if r.frontier.arm == arm and r.width == width]
+            if not mine:
+                continue
+            shift = 1.03 ** (k * len(widths) + j - (len(arms) * len(widths) - 1) / 2)
+            x = np.array([r.frontier.budget for r in mine]) * shift
+            y = np.array([r.frontier.flops.mean for r in mine])
+            low = y - np.array([r.frontier.flops.low for r in mine])
+            high = np.array([r.frontier.flops.high for r in mine]) - y
+            axes.errorbar(x, y, yerr=[low, high], marker="o", capsize=3, color=colours[k],
+                          linestyle=styles[j % len(styles)], label=f"{arm}, width {width}")
+    axes.axhline(1.0, color="black", linewidth=1)
+    axes.axhline(1.5, color="grey", linewidth=1, linestyle=":")
+    axes.set_xscale("log")
+    axes.xaxis.set_minor_formatter(NullFormatter())
+    axes.set_xlabel("budget (× the width's base)")
+    axes.set_ylabel("speed-up against the frontier (×)")
+    axes.set_title("Speed-up of growth against the compute-optimal frontier, by width")
     axes.grid(True, which="both", alpha=0.3)
     axes.legend(fontsize=7)
     figure.savefig(path, dpi=120)

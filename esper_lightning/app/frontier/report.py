@@ -326,6 +326,66 @@ def write_report(folder: str | Path, plan: Plan, rows: Sequence[Mapping[str, Any
     return path
 
 
+@dataclass(frozen=True)
+class WidthResult:
+    """A growing arm at one budget of one width: against the frontier, against its final size
+    alone (`TokenResult`)."""
+
+    width: int
+    frontier: ArmResult
+    final: TokenResult
+
+
+def width_results(studies: Sequence[tuple[Plan, Sequence[Mapping[str, Any]]]]
+                  ) -> list[WidthResult]:
+    """Every growing arm's speed-ups in each study (a plan and its rows, joined studies'
+    included), by width: the same protocol at several widths side by side."""
+    results = []
+    for plan, rows in studies:
+        chosen = at_chosen_rates(rows)
+        loss = loss_key(plan)
+        tokens = {(t.arm, t.budget): t for t in token_results(chosen, loss)}
+        results += [WidthResult(plan.shape.width, r, tokens[(r.arm, r.budget)])
+                    for r in speedups(chosen, loss)]
+    return sorted(results, key=lambda r: (r.frontier.arm, r.width, r.frontier.budget))
+
+
+def width_table(results: Sequence[WidthResult]) -> list[str]:
+    """The by-width table: speed-up against the frontier (bootstrap and t intervals), against
+    the arm's final size alone, and its token ceiling."""
+    lines = ["| arm | width | budget (× base) | episodes | speed-up [bootstrap] | t interval | "
+             "against its final size | token ceiling |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        s, f = r.frontier.flops, r.final.final
+        bound = "≥ " if s.above else ("≤ " if s.below else "")
+        lines.append(f"| {r.frontier.arm} | {r.width} | {r.frontier.budget:g} | {s.n} | {bound}"
+                     f"{s.mean:.2f}× [{s.low:.2f}, {s.high:.2f}] | [{s.t_low:.2f}, "
+                     f"{s.t_high:.2f}] | {f.mean:.2f}× [{f.low:.2f}, {f.high:.2f}] | "
+                     f"{r.final.ceiling:.2f}× |")
+    return lines
+
+
+def write_widths(studies: Sequence[tuple[Plan, Sequence[Mapping[str, Any]]]], figure: Path,
+                 docs: str | Path | None = None) -> list[str]:
+    """The by-width table (returned; with ``docs``, written into its ``frontier:by-width``
+    section) and its figure at ``figure``."""
+    from esper_lightning.app.frontier.plots import width_figure
+
+    results = width_results(studies)
+    splits = {"test" if loss_key(plan) == "test_nats" else "validation" for plan, _ in studies}
+    names = ", ".join(f"`{plan.name}` (width {plan.shape.width}, {plan.episodes} episodes, root "
+                      f"{plan.rng_seed})" for plan, _ in studies)
+    lines = [f"The same protocol at several widths: {names}; loss on the "
+             f"{' and '.join(sorted(splits))} split. A bound (≥, ≤) marks a speed-up some "
+             "episode only bounds (beyond the frontier's measured budgets).", "",
+             *width_table(results)]
+    width_figure(results, figure)
+    if docs is not None:
+        replace_section(Path(docs), "by-width", lines)
+    return lines
+
+
 def replace_section(document: Path, name: str, lines: Sequence[str]) -> None:
     """Replace what is between a document's markers for study ``name`` by ``lines``.
 
