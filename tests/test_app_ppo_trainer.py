@@ -95,6 +95,30 @@ def _policy(trainer: PPOTrainer) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in trainer.learners[0].policy.state_dict().items()}
 
 
+def test_a_run_starts_from_another_runs_policy_with_more_blueprints(cifar_dir, tmp_path):
+    """A curriculum: a policy trained with one blueprint starts a run that allows them all, its
+    weights and observation normaliser as saved and everything else fresh; a checkpoint of
+    another policy width is refused in one line."""
+    first = tmp_path / "first.pt"
+    PPOTrainer(_config(cifar_dir, tmp_path / "a", save=str(first), blueprints=["norm"],
+                       rounds=1)).train()
+    saved = read_checkpoint(first)
+    started = PPOTrainer(_config(cifar_dir, tmp_path / "b", init_policy=str(first), rounds=1))
+    learner = started.learners[0]
+    assert all(torch.equal(v, saved["policy"][k]) for k, v in _policy(started).items())
+    assert torch.equal(learner.obs_rms.mean, saved["obs_rms"]["mean"])
+    assert started.round == 0 and not learner.optimizer.state  # the optimizer starts afresh
+    started.train()
+    allowed = started.pool.envs[0].engine.mask_context.blueprints
+    assert "norm" in allowed and len(allowed) > 1  # every blueprint of the slots, not one
+    fresh = PPOTrainer(_config(cifar_dir, tmp_path / "c", rounds=1))
+    assert not all(torch.equal(v, saved["policy"][k]) for k, v in _policy(fresh).items())
+    with pytest.raises(ConfigError, match=re.escape(
+            f"init_policy '{first}' was trained with policy_hidden=32 (this run: 16); a run "
+            "starts only from a policy of its own task, slots, policy_hidden, heads")):
+        PPOTrainer(_config(cifar_dir, tmp_path / "d", init_policy=str(first), policy_hidden=16))
+
+
 def test_resume_continues_exactly(cifar_dir, tmp_path):
     straight = PPOTrainer(_config(cifar_dir, tmp_path / "a", rounds=3))
     straight.train()

@@ -31,6 +31,11 @@ class PPORunConfig(TaskConfig):
         resume: checkpoint to continue from (the same TensorBoard run continues). On the
             command line the run takes the checkpoint's configuration; flags given override it.
         overwrite: let a run replace the file at ``save`` that it did not resume from.
+        init_policy: a PPO checkpoint whose policy weights and observation normaliser the new
+            policy starts from (a curriculum: a policy trained with blueprints [block_identity]
+            starting a run that allows every blueprint); its slots, policy_hidden and heads
+            must be this run's. The policy optimizer, the reward and value normalisers and the
+            rounds start afresh. A resumed run takes its weights from the resumed checkpoint.
         policy_hidden: width of the policy's feature MLP and LSTM.
         learning_rate: Adam step size of the policy.
         ppo_epochs: passes over each round's rollout.
@@ -56,6 +61,7 @@ class PPORunConfig(TaskConfig):
     save: str | None = None
     resume: str | None = None
     overwrite: bool = False
+    init_policy: str | None = None
     policy_hidden: int = 128
     learning_rate: float = 3e-4
     ppo_epochs: int = 4

@@ -114,6 +114,29 @@ def load_trainer(learner: Learner, path: str | os.PathLike[str]) -> int:
     return int(state["round"])
 
 
+#: What a policy must share with the run it starts (`start_from`): its observations, its heads.
+_INIT_KEYS = ("task", "slots", "policy_hidden", "heads")
+
+
+def start_from(config: PPORunConfig, policy: Any, obs_rms: Any) -> None:
+    """Start ``policy`` and ``obs_rms`` from the checkpoint ``config.init_policy`` (a
+    curriculum: the blueprints it allows may differ). Refused in one line when the checkpoint
+    was trained with another task, slots, policy width or action heads."""
+    path = str(config.init_policy)
+    state = read_checkpoint(path)
+    saved = {**state.get("config", {})}
+    now = config.to_dict()
+    differ = [f"{key}={saved.get(key)!r} (this run: {now[key]!r})" for key in _INIT_KEYS
+              if saved.get(key) != now[key]]
+    if differ:
+        raise ConfigError(f"init_policy '{path}' was trained with {', '.join(differ)}; a run "
+                          f"starts only from a policy of its own {', '.join(_INIT_KEYS)}")
+    load_policy_weights(policy, state, f"init_policy '{path}'")
+    obs_rms.load_state_dict(state["obs_rms"])
+    log.info("the policy starts from '%s' (round %d of its run, trained with blueprints %s)",
+             path, state.get("round", 0), saved.get("blueprints") or "all")
+
+
 def rng_states() -> dict[str, Any]:
     """The torch generators' states (CPU, and each CUDA device when present)."""
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []

@@ -44,6 +44,7 @@ from esper_lightning.app.ppo.checkpoint import (
     refuse_overwrite,
     save_trainer,
     seed_run,
+    start_from,
 )
 from esper_lightning.app.ppo.learner import Learner
 from esper_lightning.app.ppo.metrics import RoundStats, mean, merge_stats, round_metrics
@@ -186,11 +187,14 @@ class PPOTrainer:
     def _learner(self, mode: str, group: int) -> Learner:
         config = self.config.learner_config(mode)
         policy = FactoredRecurrentActorCritic(self.policy_config)
+        obs_rms = RunningMeanStd(shape=(obs_dim(len(config.slots)),))
+        if config.init_policy is not None and config.resume is None:
+            start_from(config, policy, obs_rms)
         n = config.envs // self.ranks.world_size
         return Learner(
             config=config, envs=list(range(group * n, (group + 1) * n)), policy=policy,
             optimizer=make_optimizer(policy, self.ppo_config),
-            obs_rms=RunningMeanStd(shape=(obs_dim(len(config.slots)),)),
+            obs_rms=obs_rms,
             reward_normalizer=RewardNormalizer(config.gamma),
             value_normalizer=ValueNormalizer(),
             reward_config=reward_config(config, mode),
