@@ -134,6 +134,13 @@ def test_resume_continues_exactly(cifar_dir, tmp_path):
     assert torch.equal(straight.learners[0].obs_rms.mean, resumed.learners[0].obs_rms.mean)
     # And the resumed run really moved the policy past the checkpoint.
     assert not all(torch.equal(a[k], _policy(first)[k]) for k in a)
+    # The training cost counts every round, those before the resume too.
+    cost = resumed.learners[0].cost
+    assert (cost["rounds"], cost["episodes"]) == (3, 3 * 2)  # smoke: 2 envs
+    assert cost["train_flops"] > 0 and cost["train_flops"] == pytest.approx(
+        sum(sum(s.train_flops) for s in straight.learners[0].history))
+    assert cost["wall_seconds"] > read_checkpoint(tmp_path / "b.pt")["training_cost"][
+        "wall_seconds"] > 0
 
 
 def test_incompatible_checkpoint_is_refused_before_anything_runs(cifar_dir, tmp_path):

@@ -72,8 +72,10 @@ def seed_run(rng_seed: int) -> None:
 def save_trainer(learner: Learner, round_index: int, path: str | os.PathLike[str],
                  run: PPORunConfig) -> None:
     """Write one policy's full training state atomically (`rl.checkpoint.write_checkpoint`):
-    the policy's own configuration (``config``: what it was trained with) and the whole run's
-    (``run_config``: what ``--resume`` alone continues with, every A/B policy included)."""
+    the policy's own configuration (``config``: what it was trained with), the whole run's
+    (``run_config``: what ``--resume`` alone continues with, every A/B policy included) and
+    what training it has cost (``training_cost``: rounds, episodes, their training FLOPs and
+    the rounds' wall time, over every run that resumed it)."""
     c = learner.config
     logger = learner.logger
     state = {
@@ -88,6 +90,7 @@ def save_trainer(learner: Learner, round_index: int, path: str | os.PathLike[str
         # The TensorBoard version folder, so a resumed run continues the same run's charts.
         "log_version": None if logger is None else logger.version,
         "rng": rng_states(),
+        "training_cost": dict(learner.cost),
     }
     write_checkpoint(state, path)
 
@@ -110,6 +113,8 @@ def load_trainer(learner: Learner, path: str | os.PathLike[str]) -> int:
     learner.reward_normalizer.load_state_dict(state["reward_normalizer"])
     learner.value_normalizer.load_state_dict(state["value_normalizer"])
     learner.log_version = state.get("log_version")  # absent in older checkpoints: a new one
+    if "training_cost" in state:  # absent before it was recorded: counted from here on
+        learner.cost.update(state["training_cost"])
     set_rng_states(state["rng"])
     return int(state["round"])
 

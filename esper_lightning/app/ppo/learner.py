@@ -37,6 +37,11 @@ class Learner:
     log_version: int | str | None = None  # TensorBoard version (None: the next free one)
     logger: TensorBoardLogger | None = None
     history: list[RoundStats] = field(default_factory=list)
+    #: What training it has cost so far, every round of every run that resumed it: episodes
+    #: played, their training FLOPs, the wall time of its rounds (a lookup's tuning cost is
+    #: set against it: `esper_lightning.app.compare.lookup`).
+    cost: dict[str, float] = field(default_factory=lambda: {
+        "rounds": 0, "episodes": 0, "train_flops": 0.0, "wall_seconds": 0.0})
 
     @property
     def name(self) -> str:

@@ -233,6 +233,11 @@ class PPOTrainer:
 
     def _finish_round(self, learner: Learner, stats: RoundStats, seconds: float) -> None:
         learner.history.append(stats)
+        cost = learner.cost
+        cost["rounds"] += 1
+        cost["episodes"] += len(stats.returns)
+        cost["train_flops"] += sum(stats.train_flops)
+        cost["wall_seconds"] += seconds
         if learner.logger is None:  # not rank 0
             return
         if self.round == 1:  # hparams.yaml keeps real lists: it can be fed back with --config
