@@ -131,3 +131,23 @@ def test_a_tuned_lookup_plays_the_stack_arm_it_looks_up_bit_for_bit(text_file, t
     assert [r["test_bits"] for r in by_arm[stack]] == [
         r["test_bits"] for r in by_arm[final.controllers[1]]]
     assert all(r["seeds_fossilized"] == 1 for r in by_arm[final.controllers[1]])
+    summary = json.loads((tmp_path / "final" / "summary.json").read_text())
+    assert summary["cost"] == {final.controllers[1]: {
+        "made_by": "tuning", "episodes": 6, "train_flops": lookup.tuning["train_flops"],
+        "wall_seconds": lookup.tuning["wall_seconds"]}}
+    assert "## What each arm cost to make" in (tmp_path / "final" / "summary.md").read_text()
+
+
+def test_the_cost_table_says_how_many_settings_amortise_a_policy():
+    from esper_lightning.app.compare.report import cost_markdown
+
+    lines = cost_markdown({
+        "policy:p.pt": {"made_by": "PPO training", "episodes": 320, "train_flops": 3.2e14,
+                        "wall_seconds": 5200.0, "rounds": 20},
+        "lookup:l.json": {"made_by": "tuning", "episodes": 165, "train_flops": 8e13,
+                          "wall_seconds": 2900.0}})
+    assert "| policy:p.pt | PPO training | 320 | 3.2e+14 | 5,200 |" in lines
+    assert "| lookup:l.json | tuning | 165 | 8e+13 | 2,900 |" in lines
+    assert any("costs as much compute as tuning lookup:l.json for 4.0 settings" in line
+               for line in lines)
+    assert cost_markdown({}) == []

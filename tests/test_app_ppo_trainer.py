@@ -8,6 +8,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from esper_lightning.app.compare.arms import ARM_KINDS, parse_controller
 from esper_lightning.app.config import ConfigError, load_config
 from esper_lightning.app.ppo.trainer import TIMELINE_TAG, PPOTrainer
 from esper_lightning.controllers import PolicyController
@@ -103,6 +104,10 @@ def test_a_run_starts_from_another_runs_policy_with_more_blueprints(cifar_dir, t
     PPOTrainer(_config(cifar_dir, tmp_path / "a", save=str(first), blueprints=["norm"],
                        rounds=1)).train()
     saved = read_checkpoint(first)
+    spec = parse_controller(f"policy:{first}")  # what compare's cost table reads of it
+    assert ARM_KINDS["policy"].cost(spec, None) == {"made_by": "PPO training", "rounds": 1,
+                                                    "episodes": 2, **{k: saved["training_cost"][k]
+                                                    for k in ("train_flops", "wall_seconds")}}
     started = PPOTrainer(_config(cifar_dir, tmp_path / "b", init_policy=str(first), rounds=1))
     learner = started.learners[0]
     assert all(torch.equal(v, saved["policy"][k]) for k, v in _policy(started).items())

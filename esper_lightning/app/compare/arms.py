@@ -81,6 +81,9 @@ class ArmKind:
         identity: ``spec -> dict``: what identifies the arm beyond its kind (a policy's file
             and its SHA-256), saved in ``controllers.json`` so a rerun never mixes two arms of
             one label.
+        cost: ``(spec, prepared) -> dict``: what making the arm cost before the comparison (a
+            policy's training, a lookup's tuning: ``made_by``, ``episodes``, ``train_flops``,
+            ``wall_seconds``), None when unknown; the report's cost table.
     """
 
     name: str
@@ -92,6 +95,7 @@ class ArmKind:
                        Implants] | None = None
     reads_others: bool = False
     identity: Callable[[ControllerSpec], dict[str, Any]] | None = None
+    cost: Callable[[ControllerSpec, Any], dict[str, Any] | None] | None = None
 
     @property
     def takes_argument(self) -> bool:
@@ -240,6 +244,23 @@ def _file_identity(spec: ControllerSpec) -> dict[str, Any]:
     return {"path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
 
 
+def _policy_cost(spec: ControllerSpec, bundle: Any) -> dict[str, Any] | None:
+    """A policy's training cost, as its checkpoint records it (None: written before)."""
+    from esper_lightning.rl.checkpoint import read_checkpoint
+
+    cost = read_checkpoint(str(spec.argument)).get("training_cost")
+    return None if cost is None else {"made_by": "PPO training", **cost}
+
+
+def _lookup_cost(spec: ControllerSpec, lookup: Any) -> dict[str, Any] | None:
+    """A lookup's tuning cost, as the file records it (None: a hand-written table)."""
+    tuning = lookup.tuning
+    if "episodes" not in tuning:
+        return None
+    return {"made_by": "tuning", **{k: tuning[k] for k in ("episodes", "train_flops",
+                                                             "wall_seconds") if k in tuning}}
+
+
 def _born(arena: Any, spec: ControllerSpec) -> Implants:
     from esper_lightning.controllers.stack import born_implants
 
@@ -317,7 +338,7 @@ register_arm(ArmKind(
     _policy,
     prepare=lambda arena, spec: check_policy(str(spec.argument), arena.config,
                                              arena.config.transfer_policies),
-    identity=_file_identity))
+    identity=_file_identity, cost=_policy_cost))
 register_arm(ArmKind(
     "matched", "matched:NAME",
     "the host born in each episode with the seeds NAME had at the end of that episode (the "
@@ -334,7 +355,7 @@ register_arm(ArmKind(
     "lm: grow at the times a per-budget growth lookup gives for the episode's budget "
     "(esper-lightning lookup tunes one from a comparison; interpolated in log budget)",
     lambda arena, spec, plan, lookup: _lookup_controller(arena, lookup),
-    prepare=_lookup, identity=_file_identity))
+    prepare=_lookup, identity=_file_identity, cost=_lookup_cost))
 register_arm(ArmKind(
     "born", "born:K", "lm: the host born with K blocks, its growth seeds fully blended",
     _static, prepare=_born,

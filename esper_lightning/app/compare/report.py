@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -603,3 +603,29 @@ def budget_json(tables: Sequence[BudgetTable]) -> list[dict[str, Any]]:
     ``budget_flops`` and its ``controllers`` and ``comparisons`` as in `summary_json`."""
     return [{"budget_flops": t.budget, **summary_json(t.summaries, t.comparisons)}
             for t in tables]
+
+
+def cost_markdown(costs: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """What making each arm cost before the comparison (`ArmKind.cost`: a policy's training, a
+    lookup's tuning), and, for a policy beside a lookup, how many new settings (each needing
+    the lookup's tuning again, the policy none) its one-off training amortises over; nothing
+    when no arm has a known cost."""
+    if not costs:
+        return []
+    lines = ["", "## What each arm cost to make", "",
+             "Episodes played, their training FLOPs and wall time before this comparison: a "
+             "policy's training (once, for every setting it plays), a lookup's tuning (again "
+             "for each new budget range, host or text it is tuned for).", "",
+             "| arm | made by | episodes | training FLOPs | wall time (s) |",
+             "|---|---|---:|---:|---:|"]
+    for arm, cost in costs.items():
+        lines.append(f"| {_cell(arm)} | {cost['made_by']} | {cost.get('episodes', 0):,.0f} | "
+                     f"{cost.get('train_flops', 0.0):.3g} | {cost.get('wall_seconds', 0.0):,.0f} |")
+    tuned = {a: c for a, c in costs.items() if c["made_by"] == "tuning" and c.get("train_flops")}
+    trained = {a: c for a, c in costs.items() if c["made_by"] != "tuning"}
+    for policy, p in trained.items():
+        for lookup, t in tuned.items():
+            lines.append(f"\n{_cell(policy)}'s training costs as much compute as tuning "
+                         f"{_cell(lookup)} for {p.get('train_flops', 0.0) / t['train_flops']:.1f} "
+                         "settings: past that many new settings, the policy is the cheaper.")
+    return lines

@@ -74,6 +74,7 @@ from esper_lightning.app.compare.report import (
     budget_json,
     budget_markdown,
     coinciding,
+    cost_markdown,
     markdown_table,
     paired_differences,
     per_budget,
@@ -517,6 +518,17 @@ class Comparison:
                  *(f"| {k} | {v.replace('|', chr(92) + '|')} |" for k, v in rows)]
         return "\n".join([title, "", *table, "", ""])
 
+    def arm_costs(self) -> dict[str, dict[str, Any]]:
+        """What making each arm cost, where its kind knows (`ArmKind.cost`), by label."""
+        costs = {}
+        for label, spec in self.specs.items():
+            kind = ARM_KINDS.get(spec.kind)
+            if kind is not None and kind.cost is not None:
+                cost = kind.cost(spec, self.prepared.get(label))
+                if cost is not None:
+                    costs[label] = cost
+        return costs
+
     def report(self, records: Sequence[EpisodeRecord]) -> str:
         """Write ``summary.md``, ``summary.json``, the plots and TensorBoard; return the table."""
         pairs = "all" if self.config.all_pairs else None
@@ -531,9 +543,10 @@ class Comparison:
         if not scope.budgeted:
             speedups = []  # equal loss at less compute: a question of runs under a budget
         table = markdown_table(summaries, comparisons, scope=scope, same=coinciding(records))
+        costs = self.arm_costs()
         table += "\n".join([*budget_markdown(budgets, scope),
                             *regret.markdown(oracles, regrets, self.judged),
-                            *speedup.markdown(speedups, reference), ""])
+                            *speedup.markdown(speedups, reference), *cost_markdown(costs), ""])
         (self.out / "summary.md").write_text(self.header(len(summaries)) + table + "\n")
         summary = summary_json(summaries, comparisons)
         summary["per_budget"] = budget_json(budgets)
@@ -542,6 +555,7 @@ class Comparison:
         summary["judged"] = self.judged
         summary["arm_lr"] = self.arm_lrs
         summary["speedup"] = speedup.as_json(speedups, reference)
+        summary["cost"] = costs
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         plots.save_figures(records, summaries, comparisons, self.out,
                            param_cost=self.config.param_cost, scope=scope)
