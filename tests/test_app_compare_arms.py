@@ -23,7 +23,7 @@ from esper_lightning.controllers import RandomController, StaticController
 from esper_lightning.errors import ConfigError
 
 BUILT_IN = ("static", "heuristic", "random", "grower:BLUEPRINT[:all][:hold]", "policy:PATH",
-            "matched:NAME", "stack:K@TAU[:OPERATOR]", "born:K")
+            "matched:NAME", "stack:K@TAU[:OPERATOR]", "lookup:PATH", "born:K")
 
 
 @pytest.fixture
@@ -44,6 +44,7 @@ def test_the_built_in_kinds_are_registered_in_order():
     ("static", "static", None), ("random", "random", None),
     ("grower:norm:all", "grower", "norm:all"), ("policy:runs/a:b.pt", "policy", "runs/a:b.pt"),
     ("stack:4@0.25:identity", "stack", "4@0.25:identity"), ("born:4", "born", "4"),
+    ("lookup:lookups/grow2.json", "lookup", "lookups/grow2.json"),
 ])
 def test_a_kind_parses_as_written(text, kind, argument):
     assert parse_controller(text) == ControllerSpec(text, kind, argument)

@@ -151,3 +151,19 @@ def test_the_cost_table_says_how_many_settings_amortise_a_policy():
     assert any("costs as much compute as tuning lookup:l.json for 4.0 settings" in line
                for line in lines)
     assert cost_markdown({}) == []
+
+
+def test_a_lookup_the_host_cannot_play_is_refused_before_anything_runs(tmp_path):
+    from esper_lightning.app.compare.runner import Comparison
+    from esper_lightning.app.config import CompareConfig
+    from esper_lightning.controllers.lookup import GrowthLookup
+
+    deeper = GrowthLookup("identity", 4, ((1.0, (0.2,)),)).write(tmp_path / "deeper.json")
+    config = dict(task="lm", host_preset="grow2", slots=("r1c0",), budget_steps=8,
+                  out=str(tmp_path / "out"))
+    with pytest.raises(ConfigError, match=r"growth lookup 'missing\.json' not found"):
+        Comparison(CompareConfig(**config, controllers=("static", "lookup:missing.json")))
+    with pytest.raises(ConfigError, match=rf"^lookup:{deeper}: .*K=4 is not the host's grown "
+                                          r"depth; accepted: stack:2"):
+        Comparison(CompareConfig(**config, controllers=("static", f"lookup:{deeper}")))
+    assert not (tmp_path / "out").exists()
