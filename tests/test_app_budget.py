@@ -80,8 +80,9 @@ def test_a_later_layer_replaces_the_budget_of_an_earlier_one():
 def test_the_growth_presets_budgets_are_steps_of_their_grown_host():
     """The presets write their budgets in FLOPs of the grown host's step (the unit their
     pilots sized them in): if the FLOP count of a step changes, so must they."""
-    for preset, grown, steps in (("lm-grow", "w32l4", 6000), ("lm-grow-cpu", "w32l2", 2000)):
-        config = load_config(preset, cls=CompareConfig)
+    for preset, grown, steps in (("lm-grow", "w32l4", 6000), ("lm-grow-cpu", "w32l2", 2000),
+                                 ("lm-grow124-cpu", "w32l4", 1500)):
+        config = load_config(preset, cls=PPORunConfig)
         grown_step = static_step_flops(config.replace(host_preset=grown, slots=("r0c0",)))
         assert config.budget_flops == steps * grown_step, preset
     timing = load_config("lm-grow-cpu", cls=CompareConfig)

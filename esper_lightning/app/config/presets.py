@@ -82,6 +82,21 @@ PRESETS: dict[str, dict[str, Any]] = {
         "envs": 16, "rounds": 12, "policy_hidden": 64, "heads": "compact",
         "learning_rate": 1e-3, "target_kl": 0.02, "ppo_epochs": 4, "minibatch_envs": 4,
     },
+    # Several growth decisions under budgets no episode shares (issue: a learned controller
+    # on unseen budgets): the one-block GPT of width 32 growing to two blocks in r1c0 and to
+    # four in r1c1 (host grow124), each episode's budget drawn log-uniformly from 0.25-4 x
+    # 1,500 steps of the four-block host (1,500 x 402,653,184 FLOPs: 0.125-2 x the frontier's
+    # base budget), a decision every twentieth of the budget, WSD, the final loss as the
+    # terminal reward. compare evaluates it at --budget_scales (it groups episodes by budget).
+    "lm-grow124-cpu": {
+        "task": "lm", "host_preset": "grow124", "slots": ("r1c0", "r1c1"), "block_size": 32,
+        "batch_size": 32, "val_subset": 256, "episode_length": 20, "host_lr": 4e-3,
+        "budget_flops": 1500 * 402_653_184.0,  # FlopMeter: w32l4, batch 32, 32 tokens
+        "budget_range": (0.25, 4.0), "lr_schedule": "wsd", "warmup_fraction": 0.03,
+        "decay_fraction": 0.2, "min_training_epochs": 1, "param_cost": 0.0, "outcome": "bits",
+        "envs": 16, "rounds": 20, "policy_hidden": 64, "heads": "compact",
+        "learning_rate": 1e-3, "target_kl": 0.02, "ppo_epochs": 4, "minibatch_envs": 4,
+    },
 }
 
 
