@@ -84,13 +84,20 @@ def speedup_figure(results: Sequence[Any], path: Path) -> None:
         low = y - np.array([r.flops.low for r in mine])
         high = np.array([r.flops.high for r in mine]) - y
         axes.errorbar(x, y, yerr=[low, high], marker="o", capsize=3, label=arm)
+    _finish_speedup(figure, axes, "budget (× base)",
+                    "Compute the best fixed size needs for the growing arm's loss, over the arm's",
+                    path)
+
+
+def _finish_speedup(figure: Figure, axes: Any, xlabel: str, title: str, path: Path) -> None:
+    """A speed-up figure's frame: 1× (the frontier) and 1.5× (the goal) marked, log budgets."""
     axes.axhline(1.0, color="black", linewidth=1)
     axes.axhline(1.5, color="grey", linewidth=1, linestyle=":")
     axes.set_xscale("log")
     axes.xaxis.set_minor_formatter(NullFormatter())
-    axes.set_xlabel("budget (× base)")
+    axes.set_xlabel(xlabel)
     axes.set_ylabel("speed-up against the frontier (×)")
-    axes.set_title("Compute the best fixed size needs for the growing arm's loss, over the arm's")
+    axes.set_title(title)
     axes.grid(True, which="both", alpha=0.3)
     axes.legend(fontsize=7)
     figure.savefig(path, dpi=120)
@@ -117,13 +124,5 @@ def width_figure(results: Sequence[Any], path: Path) -> None:
             high = np.array([r.frontier.flops.high for r in mine]) - y
             axes.errorbar(x, y, yerr=[low, high], marker="o", capsize=3, color=colours[k],
                           linestyle=styles[j % len(styles)], label=f"{arm}, width {width}")
-    axes.axhline(1.0, color="black", linewidth=1)
-    axes.axhline(1.5, color="grey", linewidth=1, linestyle=":")
-    axes.set_xscale("log")
-    axes.xaxis.set_minor_formatter(NullFormatter())
-    axes.set_xlabel("budget (× the width's base)")
-    axes.set_ylabel("speed-up against the frontier (×)")
-    axes.set_title("Speed-up of growth against the compute-optimal frontier, by width")
-    axes.grid(True, which="both", alpha=0.3)
-    axes.legend(fontsize=7)
-    figure.savefig(path, dpi=120)
+    _finish_speedup(figure, axes, "budget (× the width's base)",
+                    "Speed-up of growth against the compute-optimal frontier, by width", path)
