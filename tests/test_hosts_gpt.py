@@ -167,7 +167,8 @@ def test_residual_projection_init_is_scaled():
     ("kwargs", "message"),
     [
         ({"preset": "huge"}, "unknown GPT preset 'huge'; accepted: tiny, small, medium, grow4, "
-                             "grow4x1, grow2, w32l1, w32l2, w32l4"),
+                             "grow4x1, grow2, grow124, grow2-w64, grow124-w64, w32l1, w32l2, "
+                             "w32l4"),
         ({"slots": ["r0c2"]}, "unknown slot id(s) 'r0c2' for preset 'tiny'; accepted: r0c0, r0c1"),
     ],
 )

@@ -39,40 +39,50 @@ def _points(rows: Sequence[Mapping[str, Any]], arm: str, loss: str
 
 def loss_figure(rows: Sequence[Mapping[str, Any]], loss: str, path: Path) -> None:
     """Loss against training FLOPs (log x): each fixed size's mean curve, the mean of the
-    episodes' frontiers, each growing arm's points with 95 % intervals."""
-    figure = Figure(figsize=(8.0, 5.0), layout="constrained")
-    axes = figure.add_subplot()
+    episodes' frontiers, each growing arm's points with 95 % intervals; below, every arm's
+    loss above its own episode's frontier (paired), where the gaps that decide are visible."""
+    figure = Figure(figsize=(8.0, 7.5), layout="constrained")
+    axes, gaps = figure.subplots(2, 1, sharex=True, height_ratios=(3, 2))
     sizes = _sizes(rows)
-    for size in sizes:
-        x, y, half = _points(rows, size, loss)
-        axes.errorbar(x, y, yerr=half, marker="o", markersize=3, linewidth=1, capsize=2,
-                      label=f"{size} (fixed)")
     complete = {s: {r["budget"] for r in rows if r["arm"] == s} for s in sizes}
     episodes = [e for e in sorted({int(r["episode"]) for r in rows}) if all(
         complete[s] <= {r["budget"] for r in rows if r["arm"] == s and r["episode"] == e}
         for s in sizes)]
-    fronts = [frontier([curves_by_episode(rows, s, loss)[e] for s in sizes]) for e in episodes]
-    grid = fronts[0].flops
-    mean_front = np.mean([[f.at(c) for c in grid] for f in fronts], axis=0) * BITS
+    fronts = {e: frontier([curves_by_episode(rows, s, loss)[e] for s in sizes])
+              for e in episodes}
+    grid = fronts[episodes[0]].flops
+    mean_front = np.mean([[f.at(c) for c in grid] for f in fronts.values()], axis=0) * BITS
     axes.plot(grid, mean_front, color="black", linestyle="--", linewidth=2,
               label="frontier (lower envelope)")
-    for arm in sorted({r["arm"] for r in rows} - set(sizes)):
+    gaps.axhline(0.0, color="black", linestyle="--", linewidth=2)
+    for k, arm in enumerate([*sizes, *sorted({r["arm"] for r in rows} - set(sizes))]):
+        fixed = arm in sizes
+        style = dict(marker="o" if fixed else "s", markersize=3 if fixed else 5, capsize=2,
+                     linewidth=1 if fixed else 1.5, color=f"C{k}",
+                     label=f"{arm} (fixed)" if fixed else arm)
         x, y, half = _points(rows, arm, loss)
-        axes.errorbar(x, y, yerr=half, marker="s", markersize=5, linestyle="none", capsize=3,
-                      label=arm)
-    axes.set_xscale("log")
-    axes.xaxis.set_minor_formatter(NullFormatter())  # decades only: no overlapping labels
-    axes.set_xlabel("training compute (FLOPs)")
+        axes.errorbar(x, y, yerr=half, linestyle="-" if fixed else "none", **style)
+        above = [{**r, loss: r[loss] - fronts[r["episode"]].at(r["budget_flops"])}
+                 for r in rows if r["arm"] == arm and r["episode"] in fronts]
+        x, y, half = _points(above, arm, loss)
+        gaps.errorbar(x, y, yerr=half, linestyle=":" if fixed else "-", **style)
+    for ax in (axes, gaps):
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # decades only: no overlapping labels
+        ax.grid(True, which="both", alpha=0.3)
     axes.set_ylabel(f"{loss.split('_')[0]} loss (bits per byte)")
     axes.set_title("Loss against compute: fixed sizes, their frontier, growing arms")
-    axes.grid(True, which="both", alpha=0.3)
     axes.legend(fontsize=7)
+    gaps.set_ylim(-0.06, 0.2)  # the region where arms are close to the frontier
+    gaps.set_xlabel("training compute (FLOPs)")
+    gaps.set_ylabel("above the frontier (bits, paired)")
     figure.savefig(path, dpi=120)
 
 
 def speedup_figure(results: Sequence[Any], path: Path) -> None:
     """Each growing arm's speed-up against the frontier by budget (geometric mean, 95 %
-    bootstrap interval), with 1× (the frontier) and 1.5× marked."""
+    bootstrap interval), with 1× (the frontier) and 1.5× marked; a value some episode only
+    bounds is drawn as a triangle pointing where the truth lies (▼ at most, ▲ at least)."""
     figure = Figure(figsize=(8.0, 4.5), layout="constrained")
     axes = figure.add_subplot()
     arms = sorted({r.arm for r in results})
@@ -83,18 +93,25 @@ def speedup_figure(results: Sequence[Any], path: Path) -> None:
         y = np.array([r.flops.mean for r in mine])
         low = y - np.array([r.flops.low for r in mine])
         high = np.array([r.flops.high for r in mine]) - y
-        axes.errorbar(x, y, yerr=[low, high], marker="o", capsize=3, label=arm)
+        line = axes.errorbar(x, y, yerr=[low, high], marker="o", capsize=3, label=arm)
+        for xi, r in zip(x, mine, strict=True):
+            if r.flops.below or r.flops.above:
+                axes.plot([xi], [r.flops.mean], marker="v" if r.flops.below else "^",
+                          markersize=11, color=line[0].get_color(), linestyle="none")
     _finish_speedup(figure, axes, "budget (× base)",
                     "Compute the best fixed size needs for the growing arm's loss, over the arm's",
-                    path)
+                    path, {r.budget for r in results})
 
 
-def _finish_speedup(figure: Figure, axes: Any, xlabel: str, title: str, path: Path) -> None:
-    """A speed-up figure's frame: 1× (the frontier) and 1.5× (the goal) marked, log budgets."""
+def _finish_speedup(figure: Figure, axes: Any, xlabel: str, title: str, path: Path,
+                    budgets: Sequence[float]) -> None:
+    """A speed-up figure's frame: 1× (the frontier) and 1.5× (the goal) marked, log budgets,
+    each ``budgets`` labelled."""
     axes.axhline(1.0, color="black", linewidth=1)
     axes.axhline(1.5, color="grey", linewidth=1, linestyle=":")
     axes.set_xscale("log")
     axes.xaxis.set_minor_formatter(NullFormatter())
+    axes.set_xticks(sorted(budgets), [f"{b:g}×" for b in sorted(budgets)])
     axes.set_xlabel(xlabel)
     axes.set_ylabel("speed-up against the frontier (×)")
     axes.set_title(title)
@@ -125,4 +142,5 @@ def width_figure(results: Sequence[Any], path: Path) -> None:
             axes.errorbar(x, y, yerr=[low, high], marker="o", capsize=3, color=colours[k],
                           linestyle=styles[j % len(styles)], label=f"{arm}, width {width}")
     _finish_speedup(figure, axes, "budget (× the width's base)",
-                    "Speed-up of growth against the compute-optimal frontier, by width", path)
+                    "Speed-up of growth against the compute-optimal frontier, by width", path,
+                    {r.frontier.budget for r in results})
