@@ -88,8 +88,8 @@ class GrowthLookup:
             >>> table = GrowthLookup("identity", 2, ((0.5, None), (1.0, (0.4,)), (2.0, (0.2,))))
             >>> table.taus_at(1.0), table.taus_at(8.0), table.taus_at(0.5) is None
             ((0.4,), (0.2,), True)
-            >>> [round(table.taus_at(s)[0], 6) for s in (math.sqrt(2), math.sqrt(0.5))]
-            [0.3, 0.7]
+            >>> tuple(round(table.taus_at(s)[0], 6) for s in (math.sqrt(2), math.sqrt(0.5)))
+            (0.3, 0.7)
         """
         scales = [s for s, _ in self.points]
         i = bisect.bisect_left(scales, scale)
