@@ -128,10 +128,10 @@ def test_resume_continues_exactly(cifar_dir, tmp_path):
     straight = PPOTrainer(_config(cifar_dir, tmp_path / "a", rounds=3))
     straight.train()
     first = PPOTrainer(_config(cifar_dir, tmp_path / "b", rounds=2,
-                               save=str(tmp_path / "b.pt")))
+                               save=str(tmp_path / "b.pt")), command=["ppo", "--rounds", "2"])
     first.train()
     resumed = PPOTrainer(_config(cifar_dir, tmp_path / "c", rounds=3,
-                                 resume=str(tmp_path / "b.pt")))
+                                 resume=str(tmp_path / "b.pt")), command=["ppo", "--resume"])
     assert resumed.round == 2
     resumed.train()
     a, b = _policy(straight), _policy(resumed)
@@ -146,6 +146,9 @@ def test_resume_continues_exactly(cifar_dir, tmp_path):
         sum(sum(s.train_flops) for s in straight.learners[0].history))
     assert cost["wall_seconds"] > read_checkpoint(tmp_path / "b.pt")["training_cost"][
         "wall_seconds"] > 0
+    # So does the list of the command lines that trained it, first to last.
+    assert read_checkpoint(tmp_path / "b.pt")["commands"] == [["ppo", "--rounds", "2"]]
+    assert resumed.learners[0].commands == [["ppo", "--rounds", "2"], ["ppo", "--resume"]]
 
 
 def test_incompatible_checkpoint_is_refused_before_anything_runs(cifar_dir, tmp_path):

@@ -78,11 +78,11 @@ def run_ppo(config: TaskConfig, argv: Sequence[str] = ()) -> int:
     if config.strategy != "auto":  # data-parallel: Fabric starts or joins the processes
         from esper_lightning.app.ppo.distributed import launch_ppo
 
-        history = launch_ppo(config)
+        history = launch_ppo(config, [PROG, "ppo", *argv])
         if history is None:  # not rank 0: rank 0 reports
             return 0
     else:
-        history = PPOTrainer(config).train()
+        history = PPOTrainer(config, command=[PROG, "ppo", *argv]).train()
     if history:
         accuracies = history[-1].final_accuracies
         accuracy = sum(accuracies) / max(len(accuracies), 1)

@@ -75,7 +75,8 @@ def save_trainer(learner: Learner, round_index: int, path: str | os.PathLike[str
     the policy's own configuration (``config``: what it was trained with), the whole run's
     (``run_config``: what ``--resume`` alone continues with, every A/B policy included) and
     what training it has cost (``training_cost``: rounds, episodes, their training FLOPs and
-    the rounds' wall time, over every run that resumed it)."""
+    the rounds' wall time, over every run that resumed it) and the command lines of those runs
+    (``commands``)."""
     c = learner.config
     logger = learner.logger
     state = {
@@ -91,6 +92,7 @@ def save_trainer(learner: Learner, round_index: int, path: str | os.PathLike[str
         "log_version": None if logger is None else logger.version,
         "rng": rng_states(),
         "training_cost": dict(learner.cost),
+        "commands": [list(c) for c in learner.commands],
     }
     write_checkpoint(state, path)
 
@@ -115,6 +117,7 @@ def load_trainer(learner: Learner, path: str | os.PathLike[str]) -> int:
     learner.log_version = state.get("log_version")  # absent in older checkpoints: a new one
     if "training_cost" in state:  # absent before it was recorded: counted from here on
         learner.cost.update(state["training_cost"])
+    learner.commands[:0] = state.get("commands", [])  # the earlier runs' before this one's
     set_rng_states(state["rng"])
     return int(state["round"])
 

@@ -13,6 +13,8 @@ statistics for rank 0 (`app.ppo.metrics.merge_stats`), which logs and writes the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import lightning as L
 from lightning.fabric import Fabric
 
@@ -23,7 +25,7 @@ from esper_lightning.app.ppo.ranks import Ranks
 from esper_lightning.app.ppo.trainer import PPOTrainer
 
 
-def launch_ppo(config: PPORunConfig) -> list[RoundStats] | None:
+def launch_ppo(config: PPORunConfig, command: Sequence[str] = ()) -> list[RoundStats] | None:
     """Run ``config`` on ``config.world_size`` processes; returns rank 0's per-round stats in
     the process that called it when Fabric started the others from here (ddp_spawn, ddp_fork)
     or in rank 0 (ddp, torchrun, SLURM), None in every other rank.
@@ -36,12 +38,13 @@ def launch_ppo(config: PPORunConfig) -> list[RoundStats] | None:
     fabric = L.Fabric(accelerator="cuda" if config.device == "cuda" else "cpu",
                       strategy=config.strategy, devices=config.world_size // config.num_nodes,
                       num_nodes=config.num_nodes)
-    return fabric.launch(_train_rank, config)
+    return fabric.launch(_train_rank, config, list(command))
 
 
-def _train_rank(fabric: Fabric, config: PPORunConfig) -> list[RoundStats] | None:
+def _train_rank(fabric: Fabric, config: PPORunConfig, command: Sequence[str] = ()
+                ) -> list[RoundStats] | None:
     ranks = Ranks.from_fabric(fabric)
     with fabric.rank_zero_first(local=True):  # one data download per machine, then the rest
-        trainer = PPOTrainer(config, ranks)
+        trainer = PPOTrainer(config, ranks, command)
     history = trainer.train()
     return history if ranks.is_zero else None

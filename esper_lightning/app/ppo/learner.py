@@ -42,6 +42,9 @@ class Learner:
     #: set against it: `esper_lightning.app.compare.lookup`).
     cost: dict[str, float] = field(default_factory=lambda: {
         "rounds": 0, "episodes": 0, "train_flops": 0.0, "wall_seconds": 0.0})
+    #: The command lines of the runs that trained it, first to last (a resumed run adds its
+    #: own): what reproduces a shipped policy.
+    commands: list[list[str]] = field(default_factory=list)
 
     @property
     def name(self) -> str:

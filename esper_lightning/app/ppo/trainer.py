@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -130,6 +131,8 @@ class PPOTrainer:
             problems (including an incompatible ``resume`` checkpoint) raise `ConfigError`.
         ranks: this process of a data-parallel run (`app.ppo.distributed.launch_ppo` builds it);
             None: one process.
+        command: the command line that started it (the CLI passes it), saved in the
+            checkpoint's ``commands``.
 
     Example:
         One round on a tiny generated CIFAR-10 (point ``data_dir`` at the real one instead):
@@ -148,7 +151,8 @@ class PPOTrainer:
         >>> folder.cleanup()
     """
 
-    def __init__(self, config: PPORunConfig, ranks: Ranks | None = None) -> None:
+    def __init__(self, config: PPORunConfig, ranks: Ranks | None = None,
+                 command: Sequence[str] = ()) -> None:
         self.ranks = ranks = ranks or Ranks()
         if ranks.world_size != config.world_size:
             raise ConfigError(f"{ranks.world_size} processes run a config for "
@@ -171,6 +175,8 @@ class PPOTrainer:
         self.policy_config = PolicyConfig(n_slots=len(config.slots),
                                           hidden_dim=config.policy_hidden)
         self.learners = [self._learner(mode, k) for k, mode in enumerate(config.reward_modes)]
+        for learner in self.learners:
+            learner.commands.append(list(command))
         if config.resume is not None:
             for learner in self.learners:
                 self.round = load_trainer(learner, self.checkpoint_path(config.resume, learner))
