@@ -125,6 +125,8 @@ OWN_PARSER = {
                  "esper_lightning.app.frontier.command"),
     "lookup": ("tune a per-budget growth lookup from a comparison of stack arms",
                "esper_lightning.app.compare.lookup"),
+    "ship": ("write a trained policy as a small file with its manifest entry",
+             "esper_lightning.app.ppo.ship"),
 }
 
 

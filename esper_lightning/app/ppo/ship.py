@@ -1,0 +1,100 @@
+"""Shipping a trained policy: ``esper-lightning ship CKPT --out policies/NAME.pt``.
+
+A PPO checkpoint holds the whole training state (the policy optimizer, the reward and value
+normalisers, the random-number states); a policy that a results table was measured with needs
+only what acts (`rl.checkpoint.policy_entries`), what it was trained with (``config``) and how
+(``commands``, ``training_cost``). `ship_policy` writes that much, a file of tens of kilobytes
+that ``policy:PATH`` and `PolicyController` read like any checkpoint, and records it in the
+folder's ``manifest.json``: its SHA-256, the command lines that trained it, what training cost
+(rounds, episodes, their training FLOPs, wall time) and the code that shipped it. A policy
+table then reproduces without retraining, and ``tests/test_policies.py`` checks every shipped
+file against its manifest entry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from esper_lightning.errors import ConfigError
+
+__all__ = ["MANIFEST", "build_parser", "main", "ship_policy"]
+
+PROG = "esper-lightning ship"
+#: The manifest every policy folder keeps beside its files.
+MANIFEST = "manifest.json"
+#: What a shipped file keeps of a checkpoint besides the policy's own entries.
+_KEPT = ("round", "config", "run_config", "training_cost", "commands")
+#: What acting reads (`rl.checkpoint.policy_entries`).
+_POLICY = ("policy", "policy_hidden", "policy_head_hidden", "blueprint_embed_dim",
+           "head_sizes", "blueprints", "obs_rms", "observation_version", "slot_ids", "horizon",
+           "compact", "allowed_blueprints")
+
+
+def ship_policy(checkpoint: str | Path, out: str | Path) -> dict[str, Any]:
+    """Write the policy of ``checkpoint`` to ``out`` and record it in ``out``'s folder's
+    manifest (module docstring); returns its manifest entry.
+
+    Raises:
+        ConfigError: an unreadable checkpoint, one without a recorded training cost or command
+            (trained before they were recorded), or ``out`` holding another policy already.
+    """
+    from esper_lightning.app.provenance import code_version
+    from esper_lightning.rl.checkpoint import read_checkpoint, write_checkpoint
+
+    state = read_checkpoint(checkpoint)
+    missing = [key for key in ("training_cost", "commands") if key not in state]
+    if missing:
+        raise ConfigError(f"checkpoint '{checkpoint}' records no {missing[0]} (trained before "
+                          "it was recorded); a shipped policy says how it was trained")
+    target = Path(out)
+    manifest_path = target.parent / MANIFEST
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    shipped = {k: state[k] for k in (*_POLICY, *_KEPT) if k in state}
+    tmp = target.with_name(target.name + ".new")
+    write_checkpoint(shipped, tmp)
+    digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
+    if target.exists() and hashlib.sha256(target.read_bytes()).hexdigest() != digest:
+        tmp.unlink()
+        raise ConfigError(f"'{target}' holds another policy already; ship to another name")
+    tmp.replace(target)
+    config = state["config"]
+    entry = {"sha256": digest, "bytes": target.stat().st_size, "source": str(checkpoint),
+             "rounds": state["round"], "commands": state["commands"],
+             "training_cost": state["training_cost"], "task": config.get("task"),
+             "host_preset": config.get("host_preset"), "slots": config.get("slots"),
+             "blueprints": state.get("allowed_blueprints"), "rng_seed": config.get("rng_seed"),
+             "shipped_by": code_version()}
+    manifest[target.name] = entry
+    manifest_path.write_text(json.dumps(dict(sorted(manifest.items())), indent=2) + "\n")
+    return entry
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, exit_on_error=False, description=(
+        "write a trained policy as a small file beside a manifest (its SHA-256, the commands "
+        "that trained it and what training cost), for results tables to reproduce from"))
+    parser.add_argument("checkpoint", help="a PPO checkpoint (what ppo --save wrote)")
+    parser.add_argument("--out", required=True,
+                        help="the file to write; the manifest goes beside it")
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    """``esper-lightning ship``: 0 on success, 2 with one line on a bad input."""
+    try:
+        args = build_parser().parse_args(list(argv))
+        entry = ship_policy(args.checkpoint, args.out)
+    except (argparse.ArgumentError, ConfigError) as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
+    except SystemExit as done:  # --help, or argparse's own usage error
+        return int(done.code or 0)
+    print(f"{args.out}: {entry['bytes']:,} bytes, sha256 {entry['sha256']}, "
+          f"{entry['training_cost']['episodes']:,.0f} training episodes")
+    return 0

@@ -1,0 +1,62 @@
+"""Shipping a trained policy (`app.ppo.ship`): a small file that acts like the checkpoint, its
+manifest entry (SHA-256, commands, cost), and what is refused."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import torch
+
+from esper_lightning.app.config import load_config
+from esper_lightning.app.ppo.ship import MANIFEST, main, ship_policy
+from esper_lightning.app.ppo.trainer import PPOTrainer
+from esper_lightning.errors import ConfigError
+from esper_lightning.rl.checkpoint import load_policy_file, read_checkpoint
+
+
+@pytest.fixture
+def trained(cifar_dir, tmp_path):
+    save = tmp_path / "run" / "ckpt.pt"
+    config = load_config("smoke", overrides={
+        "data_dir": str(cifar_dir), "logdir": str(tmp_path / "logs"), "progress": False,
+        "episode_length": 3, "rounds": 1, "save": str(save)})
+    PPOTrainer(config, command=["esper-lightning", "ppo", "--preset", "smoke"]).train()
+    return save
+
+
+def test_a_shipped_policy_acts_like_its_checkpoint_and_is_in_the_manifest(trained, tmp_path):
+    out = tmp_path / "policies" / "smoke-1.pt"
+    entry = ship_policy(trained, out)
+    assert out.stat().st_size < trained.stat().st_size
+    assert "optimizer" not in read_checkpoint(out) and "rng" not in read_checkpoint(out)
+    original, shipped = load_policy_file(trained), load_policy_file(out)
+    for key, value in original.policy.state_dict().items():
+        assert torch.equal(value, shipped.policy.state_dict()[key]), key
+    assert torch.equal(original.obs_rms.mean, shipped.obs_rms.mean)
+    manifest = json.loads((out.parent / MANIFEST).read_text())
+    assert manifest == {"smoke-1.pt": entry}
+    assert entry["sha256"] == hashlib.sha256(out.read_bytes()).hexdigest()
+    assert entry["commands"] == [["esper-lightning", "ppo", "--preset", "smoke"]]
+    assert entry["training_cost"]["episodes"] == 2 and entry["rounds"] == 1
+    assert entry["task"] == "cifar" and entry["slots"] == ["r0c1", "r0c2"]
+    assert ship_policy(trained, out) == entry  # shipping the same policy again changes nothing
+
+
+def test_what_shipping_refuses(trained, tmp_path, capsys):
+    out = tmp_path / "policies" / "p.pt"
+    ship_policy(trained, out)
+    other = read_checkpoint(trained)
+    other["round"] = 7
+    torch.save(other, tmp_path / "other.pt")
+    with pytest.raises(ConfigError, match="holds another policy already; ship to another name"):
+        ship_policy(tmp_path / "other.pt", out)
+    assert not out.with_name("p.pt.new").exists()
+    old = {k: v for k, v in read_checkpoint(trained).items() if k != "commands"}
+    torch.save(old, tmp_path / "old.pt")
+    assert main([str(tmp_path / "old.pt"), "--out", str(tmp_path / "q.pt")]) == 2
+    assert "records no commands (trained before it was recorded)" in capsys.readouterr().err
+    assert main([str(tmp_path / "missing.pt"), "--out", str(tmp_path / "q.pt")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "q.pt").exists()
