@@ -35,7 +35,7 @@ from esper_lightning.controllers.base import WAIT, check_state, state_header
 from esper_lightning.controllers.stack import StackController
 from esper_lightning.core.actions import Action
 from esper_lightning.core.report import EpochReport
-from esper_lightning.errors import ConfigError
+from esper_lightning.errors import ConfigError, read_json_file
 
 __all__ = ["LOOKUP_KIND", "GrowthLookup", "LookupController", "read_lookup"]
 
@@ -138,15 +138,8 @@ class GrowthLookup:
 
 def read_lookup(path: str | Path) -> GrowthLookup:
     """The growth lookup in the JSON file ``path`` (one-line `ConfigError` otherwise)."""
-    file = Path(path)
-    try:
-        data = json.loads(file.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"growth lookup '{file}' not found") from None
-    except (OSError, json.JSONDecodeError) as err:
-        raise ConfigError(f"cannot read growth lookup '{file}': "
-                          f"{' '.join(str(err).split())}") from None
-    return GrowthLookup.from_dict(data, source=f"growth lookup '{file}'")
+    data = read_json_file(path, "growth lookup")
+    return GrowthLookup.from_dict(data, source=f"growth lookup '{Path(path)}'")
 
 
 class LookupController(StackController):

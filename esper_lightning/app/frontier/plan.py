@@ -28,7 +28,6 @@ only; a ``final`` study evaluates validation and test, and its tables read test 
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -38,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from esper_lightning.app.frontier.arms import ArmSpec, parse_arm
-from esper_lightning.errors import ConfigError
+from esper_lightning.errors import ConfigError, read_json_file
 
 __all__ = ["PURPOSES", "ArmPlan", "Plan", "Shape", "Unit", "episode_rng_seed", "read_plan"]
 
@@ -144,12 +143,7 @@ def episode_rng_seed(root: int, episode: int) -> int:
 def read_plan(path: str | Path) -> Plan:
     """Parse and check a plan file; one-line `ConfigError` naming what is wrong."""
     file = Path(path)
-    try:
-        data = json.loads(file.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"plan '{file}' not found") from None
-    except (OSError, json.JSONDecodeError) as err:
-        raise ConfigError(f"cannot read plan '{file}': {' '.join(str(err).split())}") from None
+    data = read_json_file(file, "plan")
     if not isinstance(data, dict):
         raise ConfigError(f"plan '{file}' must hold a JSON object, got {type(data).__name__}")
     return parse_plan(data)
