@@ -54,6 +54,8 @@ def test_the_lookup_takes_each_budgets_best_time_never_where_static_wins_and_its
     assert cost["train_flops"] == pytest.approx(4 * PER_BUDGET * (0.5 + 1 + 4) * BASE)
     assert cost["wall_seconds"] == 2.0 * cost["episodes"]
     assert cost["means"]["4"][ARMS[0]] < cost["means"]["4"][ARMS[2]]
+    # Budget-blind: 0.6 is best on average (+0.10 in all, 0.4 +0.12, 0.2 +0.15, static +0.40).
+    assert cost["best_single"] == ARMS[2]
     without_static = tune_lookup(_records(ARMS), BASE)  # never is no choice without static
     assert without_static.points[0] == (0.5, (0.6,))
 

@@ -10,7 +10,9 @@ plays in later comparisons (`esper_lightning.controllers.lookup`, interpolated i
 
 The file records its **tuning cost**: the episodes the family and ``static`` played in the
 folder, their training FLOPs and wall time, so the lookup's cost per new setting can be set
-against a learned controller's one-off training.
+against a learned controller's one-off training; and the **best single schedule**
+(``best_single``), the arm with the best mean over every tuning episode whatever its budget:
+the budget-blind rival tuned on the same episodes.
 """
 
 from __future__ import annotations
@@ -109,8 +111,18 @@ def tune_lookup(records: Sequence[EpisodeRecord], base_flops: float, judged: str
                 {r.episode_index for r in group}) for b, group in groups.items()},
             "train_flops": sum(r["train_flops"] or 0.0 for r in mine),
             "wall_seconds": sum(r["wall_seconds"] for r in mine),
-            "means": {f"{round(b / base_flops, 9):g}": m for b, m in oracle.means.items()}}
+            "means": {f"{round(b / base_flops, 9):g}": m for b, m in oracle.means.items()},
+            "best_single": _best_single(mine, labels, judged)}
     return GrowthLookup(operator, int(depth), points, {**(tuning or {}), **cost})
+
+
+def _best_single(records: Sequence[EpisodeRecord], labels: Sequence[str], judged: str) -> str:
+    """The arm with the best mean ``judged`` over every tuning episode, whatever its budget:
+    the best single schedule, the lookup's budget-blind rival."""
+    sign = 1.0 if METRICS[judged].better == "lower" else -1.0
+    means = {label: sum(r[judged] for r in records if r.controller == label)
+             / sum(r.controller == label for r in records) for label in labels}
+    return min(labels, key=lambda label: sign * means[label])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -155,7 +167,7 @@ def main(argv: Sequence[str]) -> int:
     chosen = ", ".join(f"{s:g}: {'never' if t is None else ','.join(f'{x:g}' for x in t)}"
                        for s, t in lookup.points)
     print(f"{path}: growth times by budget scale {chosen} (from {lookup.tuning['episodes']} "
-          "tuning episodes)")
+          f"tuning episodes); the best single schedule: {lookup.tuning['best_single']}")
     return 0
 
 
