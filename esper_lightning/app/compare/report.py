@@ -629,3 +629,102 @@ def cost_markdown(costs: Mapping[str, Mapping[str, Any]]) -> list[str]:
                          f"{_cell(lookup)} for {p.get('train_flops', 0.0) / t['train_flops']:.1f} "
                          "settings: past that many new settings, the policy is the cheaper.")
     return lines
+
+
+@dataclass(frozen=True)
+class GroupComparison:
+    """A group of arms (several training seeds of one method) minus the reference: per
+    episode, the mean of the members' judged metric minus the reference's.
+
+    Attributes:
+        group, members, reference: the group's name, its arms, the reference.
+        n_pairs: episodes every member and the reference played.
+        difference: the mean paired difference and its interval.
+        p_value, p_holm: Wilcoxon signed-rank p of the differences, Holm-adjusted over the
+            groups of the table.
+        verdict: as `PairedComparison.verdict`.
+        member_means: each member's own mean difference on those episodes.
+        spread: the standard deviation of ``member_means``: how much the method's result
+            depends on which training seed one gets.
+    """
+
+    group: str
+    members: tuple[str, ...]
+    reference: str
+    n_pairs: int
+    difference: Estimate
+    p_value: float
+    p_holm: float
+    verdict: str
+    member_means: dict[str, float]
+    spread: float
+
+
+def group_differences(records: Iterable[EpisodeRecord], groups: Mapping[str, Sequence[str]],
+                      reference: str, outcome: str,
+                      confidence: float = CONFIDENCE) -> list[GroupComparison]:
+    """Every group of arms against ``reference`` on ``outcome``, paired by episode (the
+    episodes every member and the reference played); empty without groups.
+
+    Raises:
+        ValueError: a member or the reference without episodes, or no episode all played.
+    """
+    by_arm = group_by_controller(records)
+    better = METRICS[outcome].better
+    rows = []
+    for name, members in groups.items():
+        missing = [a for a in (*members, reference) if a not in by_arm]
+        if missing:
+            raise ValueError(f"group {name!r}: {missing[0]!r} has no episodes")
+        values = {a: {r.episode_index: r[outcome] for r in by_arm[a]} for a in
+                  (*members, reference)}
+        common = sorted(set.intersection(*(set(v) for v in values.values())))
+        if not common:
+            raise ValueError(f"group {name!r}: no episode that every member and "
+                             f"{reference!r} played")
+        ref = np.array([values[reference][i] for i in common], dtype=np.float64)
+        own = {a: np.array([values[a][i] for i in common], dtype=np.float64) - ref
+               for a in members}
+        pooled = np.mean(list(own.values()), axis=0)
+        member_means = {a: float(d.mean()) for a, d in own.items()}
+        rows.append((name, tuple(members), pooled, member_means))
+    p_values = [wilcoxon_p(pooled) for _, _, pooled, _ in rows]
+    out = []
+    for (name, members, pooled, means), p, p_holm in zip(rows, p_values, holm(p_values),
+                                                          strict=True):
+        difference = estimate(pooled, confidence=confidence)
+        out.append(GroupComparison(
+            name, members, reference, len(pooled), difference, p, p_holm,
+            verdict(difference.ci, p_holm, len(pooled), better),  # type: ignore[arg-type]
+            means, float(np.std(list(means.values()), ddof=1))))
+    return out
+
+
+def group_markdown(rows: Sequence[GroupComparison], outcome: str) -> list[str]:
+    """The groups' section of ``summary.md`` (nothing without groups)."""
+    if not rows:
+        return []
+    metric = METRICS[outcome]
+    unit = f" ({metric.unit})" if metric.unit else ""
+    lines = ["", "## Groups of arms", "",
+             "Each group is one method trained several times (e.g. PPO training seeds): per "
+             "episode, the mean of its members' "
+             f"{metric.label} minus the reference's; the spread is the standard deviation of "
+             "the members' own mean differences.", "",
+             f"| group | members | pairs | Δ {metric.label}{unit} [95% CI] | p (Holm) | verdict "
+             f"| spread between members |", "|---|---|---:|---:|---:|---|---:|"]
+    for r in rows:
+        members = ", ".join(f"{_cell(a)} {m:+{metric.fmt}}" for a, m in r.member_means.items())
+        lines.append(f"| {_cell(r.group)} | {members} | {r.n_pairs} | "
+                     f"{_fmt(r.difference, metric.fmt)} | {_fmt_p(r.p_holm)} | {r.verdict} | "
+                     f"{r.spread:{metric.fmt}} |")
+    return lines
+
+
+def group_json(rows: Sequence[GroupComparison]) -> list[dict[str, Any]]:
+    """The groups as plain data (``summary.json``'s ``groups``)."""
+    return [{"group": g.group, "members": list(g.members), "reference": g.reference,
+             "n_pairs": g.n_pairs, "difference": g.difference.mean,
+             "ci": None if g.difference.ci is None else list(g.difference.ci),
+             "p_value": g.p_value, "p_holm": g.p_holm, "verdict": g.verdict,
+             "member_means": g.member_means, "spread": g.spread} for g in rows]

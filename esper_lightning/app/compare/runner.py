@@ -75,6 +75,9 @@ from esper_lightning.app.compare.report import (
     budget_markdown,
     coinciding,
     cost_markdown,
+    group_differences,
+    group_json,
+    group_markdown,
     markdown_table,
     paired_differences,
     per_budget,
@@ -544,7 +547,10 @@ class Comparison:
             speedups = []  # equal loss at less compute: a question of runs under a budget
         table = markdown_table(summaries, comparisons, scope=scope, same=coinciding(records))
         costs = self.arm_costs()
-        table += "\n".join([*budget_markdown(budgets, scope),
+        groups = group_differences(records, self.config.groups(), self.config.reference,
+                                   self.judged)
+        table += "\n".join([*group_markdown(groups, self.judged),
+                            *budget_markdown(budgets, scope),
                             *regret.markdown(oracles, regrets, self.judged),
                             *speedup.markdown(speedups, reference), *cost_markdown(costs), ""])
         (self.out / "summary.md").write_text(self.header(len(summaries)) + table + "\n")
@@ -556,6 +562,7 @@ class Comparison:
         summary["arm_lr"] = self.arm_lrs
         summary["speedup"] = speedup.as_json(speedups, reference)
         summary["cost"] = costs
+        summary["groups"] = group_json(groups)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         plots.save_figures(records, summaries, comparisons, self.out,
                            param_cost=self.config.param_cost, scope=scope)

@@ -41,6 +41,10 @@ class CompareConfig(TaskConfig):
             episodes) per rate and keeps the best by the judged metric.
         speedup_reference: the controller whose final validation loss the speed-up table
             measures every controller's FLOPs to (null: reference).
+        arm_groups: arms pooled into one, NAME=ARM,ARM,... (policies=policy:a.pt,policy:b.pt,
+            policy:c.pt: three PPO training seeds): the report compares each group's mean over
+            its members, episode by episode, with the reference, and gives the spread between
+            its members.
         progress: show a progress bar.
     """
 
@@ -56,6 +60,7 @@ class CompareConfig(TaskConfig):
     arm_lr: tuple[str, ...] = ()
     tune_lr: tuple[float, ...] = ()
     speedup_reference: str | None = None
+    arm_groups: tuple[str, ...] = ()
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -77,11 +82,34 @@ class CompareConfig(TaskConfig):
                 raise ConfigError(f"{name} {value!r} is not among the controllers; "
                                   f"accepted: {', '.join(self.controllers)}")
         self.arm_lrs()  # checked now
+        self.groups()
         for lr in self.tune_lr:
             if not (math.isfinite(lr) and lr > 0):
                 raise ConfigError(f"tune_lr must list learning rates > 0, got {lr!r}")
         if len(set(self.tune_lr)) != len(self.tune_lr):
             raise ConfigError(f"tune_lr lists a rate twice: {list(self.tune_lr)}")
+
+    def groups(self) -> dict[str, tuple[str, ...]]:
+        """``arm_groups`` as a mapping of group name to its member arms (checked)."""
+        groups: dict[str, tuple[str, ...]] = {}
+        for item in self.arm_groups:
+            name, sep, text = item.partition("=")
+            members = tuple(m for m in text.split(",") if m)
+            if not sep or not name or len(members) < 2 or len(set(members)) != len(members):
+                raise ConfigError(f"bad arm_groups {item!r}; accepted: NAME=ARM,ARM,... with two "
+                                  f"or more distinct arms, e.g. policies={self.controllers[0]},"
+                                  "...")
+            unknown = [m for m in members if m not in self.controllers]
+            if unknown or name in groups or name in self.controllers:
+                what = (f"names {unknown[0]!r}, which is not a controller" if unknown
+                        else f"reuses the name {name!r}")
+                raise ConfigError(f"arm_groups {item!r} {what}; accepted arms: "
+                                  f"{', '.join(self.controllers)}")
+            if self.reference in members:
+                raise ConfigError(f"arm_groups {item!r} holds the reference {self.reference!r}, "
+                                  "which every group is compared with")
+            groups[name] = members
+        return groups
 
     def arm_lrs(self) -> dict[str, float]:
         """``arm_lr`` as a mapping of controller to learning rate (checked)."""

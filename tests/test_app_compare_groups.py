@@ -1,0 +1,91 @@
+"""Groups of arms (`CompareConfig.arm_groups`, `report.group_differences`): one method trained
+several times (PPO training seeds) compared as one, episode by episode, with its spread."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from esper_lightning.app.compare.records import EpisodeRecord
+from esper_lightning.app.compare.report import group_differences, group_json, group_markdown
+from esper_lightning.app.config import CompareConfig
+from esper_lightning.errors import ConfigError
+
+SEEDS = ("policy:a.pt", "policy:b.pt", "policy:c.pt")
+#: Each seed's mean offset from the lookup (bits): the method is 0.01 better on average.
+OFFSETS = {"lookup:l.json": 0.0, SEEDS[0]: -0.02, SEEDS[1]: -0.01, SEEDS[2]: 0.0}
+
+
+def _records(n: int = 12) -> list[EpisodeRecord]:
+    rng = np.random.default_rng(5)
+    records = []
+    for i in range(n):
+        base = rng.normal(2.5, 0.1)
+        for arm, offset in OFFSETS.items():
+            bits = base + offset + rng.normal(0.0, 0.002)
+            records.append(EpisodeRecord(arm, i, 100 + i, "grow2", {
+                "outcome": 50.0, "final_accuracy": 50.0, "seed_params": 0,
+                "total_params": 1000, "accuracy_curve": (50.0,), "seeds_germinated": 0,
+                "seeds_fossilized": 0, "seeds_pruned": 0, "wall_seconds": 1.0,
+                "final_bits": bits, "test_bits": bits}))
+    return records
+
+
+def test_a_group_is_its_members_mean_paired_by_episode_with_their_spread():
+    records = _records()
+    (row,) = group_differences(records, {"ppo": SEEDS}, "lookup:l.json", "test_bits")
+    by = {(r.controller, r.episode_index): r["test_bits"] for r in records}
+    pooled = [np.mean([by[(a, i)] for a in SEEDS]) - by[("lookup:l.json", i)]
+              for i in range(12)]
+    assert row.n_pairs == 12 and row.difference.mean == pytest.approx(np.mean(pooled))
+    assert row.difference.mean == pytest.approx(-0.01, abs=0.002)
+    assert row.verdict == "better" and row.difference.ci[1] < 0  # type: ignore[index]
+    assert row.member_means[SEEDS[0]] == pytest.approx(-0.02, abs=0.002)
+    assert row.spread == pytest.approx(np.std(list(row.member_means.values()), ddof=1))
+    assert row.spread == pytest.approx(0.01, abs=0.002)
+    lines = group_markdown([row], "test_bits")
+    assert "## Groups of arms" in lines and any(line.startswith("| ppo | policy:a.pt -0.02")
+                                                 for line in lines)
+    assert group_json([row])[0]["members"] == list(SEEDS)
+    assert group_differences(records, {}, "lookup:l.json", "test_bits") == []
+    # Only the episodes every member played are paired.
+    fewer = [r for r in records if not (r.controller == SEEDS[1] and r.episode_index < 4)]
+    assert group_differences(fewer, {"ppo": SEEDS}, "lookup:l.json", "test_bits")[0].n_pairs == 8
+
+
+@pytest.mark.parametrize(("groups", "message"), [
+    (["ppo"], "bad arm_groups 'ppo'; accepted: NAME=ARM,ARM,... with two or more distinct arms"),
+    (["ppo=policy:a.pt"], "bad arm_groups 'ppo=policy:a.pt'"),
+    (["ppo=policy:a.pt,policy:a.pt"], "bad arm_groups"),
+    (["ppo=policy:a.pt,policy:z.pt"], "arm_groups 'ppo=policy:a.pt,policy:z.pt' names "
+     "'policy:z.pt', which is not a controller"),
+    (["static=policy:a.pt,policy:b.pt"], "reuses the name 'static'"),
+    (["ppo=static,policy:b.pt"], "holds the reference 'static', which every group is compared"),
+])
+def test_bad_groups_are_one_line(groups, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        CompareConfig(controllers=("static", "policy:a.pt", "policy:b.pt"), arm_groups=groups)
+
+
+def test_the_comparison_report_has_the_groups_section(text_file, tmp_path, monkeypatch):
+    import json
+
+    from esper_lightning.app.compare import runner
+
+    monkeypatch.setattr(runner.plots, "save_figures", lambda *args, **kwargs: None)
+    monkeypatch.setattr(runner, "_log_tensorboard", lambda *args, **kwargs: None)
+    names = {"lookup:l.json": "static", SEEDS[0]: "stack:2@0.2:identity",
+             SEEDS[1]: "stack:2@0.4:identity", SEEDS[2]: "stack:2@0.6:identity"}
+    records = [EpisodeRecord(names[r.controller], r.episode_index, r.episode_rng_seed, r.host,
+                             r.values) for r in _records()]
+    config = CompareConfig(task="lm", host_preset="grow2", slots=("r1c0",), budget_steps=8,
+                           controllers=tuple(names.values()), data_dir=str(text_file),
+                           arm_groups=("stacks=" + ",".join(list(names.values())[1:]),),
+                           out=str(tmp_path / "out"), progress=False)
+    (tmp_path / "out").mkdir()
+    text = runner.Comparison(config).report(records)
+    assert "## Groups of arms" in text and "| stacks | stack:2@0.2:identity -0.02" in text
+    (group,) = json.loads((tmp_path / "out" / "summary.json").read_text())["groups"]
+    assert group["group"] == "stacks" and group["verdict"] == "better"
