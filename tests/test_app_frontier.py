@@ -215,6 +215,20 @@ def test_the_report_reads_a_speedup_a_growing_arm_has_by_construction(tmp_path):
         assert copy.read_bytes() == (tmp_path / figure).read_bytes()
 
 
+def test_one_episode_is_reported_without_intervals_it_cannot_have():
+    """A one-episode tuning study has no spread: its cells are the values alone, not
+    ``[x, x]`` brackets or a ``[nan, nan]`` t interval."""
+    from esper_lightning.app.frontier.report import report_lines
+
+    rows = _rows({"S1": 1.0, "S2": 1.0, "G1-2@0.5:identity": 1.5}, lrs=(2e-3,), episodes=(0,))
+    plan = parse_plan(_plan(purpose="final", budgets=[1, 2, 4, 8], base_flops=1e12,
+                            warmup_flops=1e10))
+    text = "\n".join(report_lines(plan, rows))
+    assert "1 episode (root" in text
+    assert "nan" not in text and "[1.50, 1.50]" not in text
+    assert "| G1-2@0.5:identity | 2 | 1 | 1.50× | — | 1.50× | 1.50× | — |" in text
+
+
 def test_the_token_table_splits_a_speedup_into_its_ceiling_and_the_tokens_worth():
     """S1 costs half of S2 per token: an arm one half of its budget at S1 sees 1.5x the tokens
     S2 would (its ceiling), and 1.5x ahead of S2 it realises all of it (token value 1); the

@@ -68,6 +68,18 @@ def _mean_ci(values: Sequence[float]) -> tuple[float, float, float]:
     return mean, mean - half, mean + half
 
 
+def _with_ci(mean: float, low: float, high: float, n: int, spec: str = ".2f",
+             unit: str = "") -> str:
+    """``mean [low, high]``; the mean alone for one episode, which has no interval."""
+    text = f"{mean:{spec}}{unit}"
+    return text if n < 2 else f"{text} [{low:{spec}}, {high:{spec}}]"
+
+
+def _t_ci(low: float, high: float, n: int) -> str:
+    """A t interval's cell: ``[low, high]``, a dash for one episode."""
+    return "—" if n < 2 else f"[{low:.2f}, {high:.2f}]"
+
+
 def sizes_of(rows: Iterable[Mapping[str, Any]]) -> list[str]:
     """The fixed sizes among the rows' arms (``S<k>``), by depth."""
     return sorted({r["arm"] for r in rows if r["arm"].startswith("S")},
@@ -190,7 +202,7 @@ def size_table(rows: Sequence[Mapping[str, Any]], loss: str) -> list[str]:
                 continue
             mean, low, high = _mean_ci(values)
             means[size] = mean
-            cells.append(f"{mean:.4f} [{low:.4f}, {high:.4f}]")
+            cells.append(_with_ci(mean, low, high, len(values), ".4f"))
         best = min(means, key=means.__getitem__) if means else "—"
         lines.append(f"| {budget:g} | {flops / 1e12:.3g} | " + " | ".join(cells) + f" | {best} |")
     return head + lines
@@ -210,10 +222,11 @@ def speedup_table(results: Sequence[ArmResult]) -> list[str]:
         censored = ", ".join(f"{n} {kind}" for n, kind in (
             (s.above, "above"), (s.below, "below"), (t.above, "above (time to target)"),
             (t.below, "below (time to target)")) if n) or "—"
-        lines.append(f"| {r.arm} | {r.budget:g} | {s.n} | {s.mean:.2f}× [{s.low:.2f}, "
-                     f"{s.high:.2f}] | [{s.t_low:.2f}, {s.t_high:.2f}] | {w.mean:.2f}× "
-                     f"[{w.low:.2f}, {w.high:.2f}] | {t.mean:.2f}× [{t.low:.2f}, {t.high:.2f}] "
-                     f"| {censored} |")
+        lines.append(f"| {r.arm} | {r.budget:g} | {s.n} | "
+                     f"{_with_ci(s.mean, s.low, s.high, s.n, unit='×')} | "
+                     f"{_t_ci(s.t_low, s.t_high, s.n)} | "
+                     f"{_with_ci(w.mean, w.low, w.high, w.n, unit='×')} | "
+                     f"{_with_ci(t.mean, t.low, t.high, t.n, unit='×')} | {censored} |")
     return head + lines
 
 
@@ -224,9 +237,10 @@ def token_table(results: Sequence[TokenResult]) -> list[str]:
              "|---|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         value, low, high = r.value
-        lines.append(f"| {r.arm} | {r.budget:g} | {r.final.n} | {r.final.mean:.2f}× "
-                     f"[{r.final.low:.2f}, {r.final.high:.2f}] | {r.ceiling:.2f}× | "
-                     f"{value:.2f} [{low:.2f}, {high:.2f}] | {r.bounded or '—'} |")
+        f, n = r.final, r.final.n
+        lines.append(f"| {r.arm} | {r.budget:g} | {n} | "
+                     f"{_with_ci(f.mean, f.low, f.high, n, unit='×')} | {r.ceiling:.2f}× | "
+                     f"{_with_ci(value, low, high, n)} | {r.bounded or '—'} |")
     return lines
 
 
@@ -241,8 +255,8 @@ def arm_table(rows: Sequence[Mapping[str, Any]], loss: str) -> list[str]:
             at = [r for r in rows if r["arm"] == arm and r["budget"] == budget]
             mean, low, high = _mean_ci([r[loss] * BITS for r in at])
             lrs = ", ".join(f"{lr:g}" for lr in sorted({r["lr"] for r in at}))
-            lines.append(f"| {arm} | {budget:g} | {len(at)} | {mean:.4f} [{low:.4f}, "
-                         f"{high:.4f}] | {lrs} |")
+            lines.append(f"| {arm} | {budget:g} | {len(at)} | "
+                         f"{_with_ci(mean, low, high, len(at), '.4f')} | {lrs} |")
     return lines
 
 
@@ -279,8 +293,9 @@ def _lines(plan: Plan, rows: Sequence[Mapping[str, Any]], results: list[ArmResul
     split = "test" if loss == "test_nats" else "validation"
     episodes = len({r["episode"] for r in rows})
     joined = "".join(f" with `{name}`" for name in also)
-    lines = [f"Study `{plan.name}`{joined} ({plan.purpose}): {episodes} episodes (root rng seed "
-             f"{plan.rng_seed}), base budget {plan.base_flops / 1e12:.3g} TFLOP, loss on the "
+    plural = "s" * (episodes != 1)
+    lines = [f"Study `{plan.name}`{joined} ({plan.purpose}): {episodes} episode{plural} (root rng "
+             f"seed {plan.rng_seed}), base budget {plan.base_flops / 1e12:.3g} TFLOP, loss on the "
              f"{split} split in bits per byte, rows in each study's `rows.csv`.", "",
              "Fixed sizes (each fully decayed at its own budget):", "", *size_table(rows, loss)]
     if results is not None:
@@ -360,8 +375,9 @@ def width_table(results: Sequence[WidthResult]) -> list[str]:
         s, f = r.frontier.flops, r.final.final
         bound = "≥ " if s.above else ("≤ " if s.below else "")
         lines.append(f"| {r.frontier.arm} | {r.width} | {r.frontier.budget:g} | {s.n} | {bound}"
-                     f"{s.mean:.2f}× [{s.low:.2f}, {s.high:.2f}] | [{s.t_low:.2f}, "
-                     f"{s.t_high:.2f}] | {f.mean:.2f}× [{f.low:.2f}, {f.high:.2f}] | "
+                     f"{_with_ci(s.mean, s.low, s.high, s.n, unit='×')} | "
+                     f"{_t_ci(s.t_low, s.t_high, s.n)} | "
+                     f"{_with_ci(f.mean, f.low, f.high, f.n, unit='×')} | "
                      f"{r.final.ceiling:.2f}× |")
     return lines
 
