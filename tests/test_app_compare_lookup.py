@@ -60,6 +60,28 @@ def test_the_lookup_takes_each_budgets_best_time_never_where_static_wins_and_its
     assert without_static.points[0] == (0.5, (0.6,))
 
 
+def test_the_best_single_schedule_is_judged_on_the_episodes_every_arm_played():
+    """An arm's extra episode (here a very good one of static's) must not move the budget-blind
+    choice: it is paired, as the per-budget one is."""
+    records = [*_records(), _record("static", 99, 0.0, 0.5)]
+    assert tune_lookup(records, BASE).tuning["best_single"] == ARMS[2]
+
+
+def test_a_budget_scale_no_tuning_episode_drew_is_refused(tmp_path):
+    from types import SimpleNamespace
+
+    from esper_lightning.app.compare.lookup import _played
+    from esper_lightning.app.compare.records import append_record_csv
+
+    for record in _records():
+        append_record_csv(tmp_path / "episodes.csv", record)
+    tmp = tmp_path
+    with pytest.raises(ConfigError, match="no tuning episode drew budget scale 2; accepted: a "
+                                          "comparison whose every budget scale played"):
+        _played(tmp, SimpleNamespace(budget_scales=(0.5, 1.0, 2.0, 4.0)), BASE)
+    assert len(_played(tmp, SimpleNamespace(budget_scales=(0.5, 1.0, 4.0)), BASE)) == 48
+
+
 def test_stack_families_and_what_the_tuning_refuses():
     assert families(["stack:4@0.1,0.3:identity", "stack:4@0.2,0.5:identity", "stack:2@0.2"]) \
         == {"4:identity:2": {"stack:4@0.1,0.3:identity": (0.1, 0.3),
@@ -85,8 +107,18 @@ def test_the_command_refuses_in_one_line(tmp_path, capsys):
     assert main([str(tmp_path), "--out", str(tmp_path / "l.json")]) == 2
     assert capsys.readouterr().err == (f"esper-lightning lookup: error: '{tmp_path}' holds no "
                                        "comparison (no compare_config.json)\n")
-    assert main([str(tmp_path), "--out", "x", "--judged", "speed"]) == 2
-    assert "unknown judged metric 'speed'; accepted: outcome" in capsys.readouterr().err
+    for judged in ("speed", "loss_curve", "test_bits"):  # a curve; the final tables' split
+        assert main([str(tmp_path), "--out", "x", "--judged", judged]) == 2
+        err = capsys.readouterr().err
+        assert f"judged metric {judged!r} cannot choose a lookup; accepted: outcome" in err
+        assert "final_bits" in err and "test_bits" not in err.split("accepted")[1]
+    (tmp_path / "compare_config.json").write_text(json.dumps(
+        {"task": "lm", "host_preset": "grow2", "slots": ["r1c0"], "budget_steps": 40,
+         "budget_scales": [1.0, 4.0]}))
+    assert main([str(tmp_path), "--out", str(tmp_path / "l.json")]) == 2
+    assert capsys.readouterr().err == (f"esper-lightning lookup: error: '{tmp_path}' has played "
+                                       "no episode yet (no episodes.csv); run the comparison "
+                                       "first\n")
     assert main([str(tmp_path)]) == 2  # --out is required
     assert not (tmp_path / "l.json").exists()
 
@@ -114,6 +146,9 @@ def test_a_tuned_lookup_plays_the_stack_arm_it_looks_up_bit_for_bit(text_file, t
     lookup = read_lookup(tmp_path / "lookup.json")
     assert [s for s, _ in lookup.points] == [1.0, 4.0] and lookup.tuning["episodes"] == 6
     assert lookup.tuning["rng_seed"] == 510 and lookup.tuning["host_preset"] == "grow2"
+    from esper_lightning.app.task import budget_flops
+
+    assert lookup.tuning["base_flops"] == budget_flops(tuning)
     chosen = {taus for _, taus in lookup.points}
     # Make both budgets choose one time (whatever the tiny tuning chose), then play it at 2.
     tau = next(t for t in chosen if t is not None) if chosen != {None} else (0.25,)
@@ -169,3 +204,32 @@ def test_a_lookup_the_host_cannot_play_is_refused_before_anything_runs(tmp_path)
                                           r"depth; accepted: stack:2"):
         Comparison(CompareConfig(**config, controllers=("static", f"lookup:{deeper}")))
     assert not (tmp_path / "out").exists()
+
+
+def test_a_lookup_tuned_at_another_base_budget_or_host_plays_only_as_a_transfer(tmp_path):
+    """Its scales are multiples of the base it was tuned at: elsewhere they mean other
+    budgets, so only --transfer_policies (an evaluation without retuning) lets it play."""
+    from esper_lightning.app.compare.runner import Comparison
+    from esper_lightning.app.config import CompareConfig
+    from esper_lightning.app.task import budget_flops
+    from esper_lightning.controllers.lookup import GrowthLookup
+
+    config = dict(task="lm", host_preset="grow2", slots=("r1c0",), budget_steps=40,
+                  out=str(tmp_path / "out"))
+    base = budget_flops(CompareConfig(**config))
+    tuned = {"host_preset": "grow2", "base_flops": base}
+    points = ((1.0, (0.2,)),)
+    same = GrowthLookup("identity", 2, points, tuned).write(tmp_path / "same.json")
+    Comparison(CompareConfig(**config, controllers=("static", f"lookup:{same}")))
+    half = GrowthLookup("identity", 2, points, {**tuned, "base_flops": base / 2}).write(
+        tmp_path / "half.json")
+    with pytest.raises(ConfigError, match=rf"^lookup:{half} was tuned at base_flops=.*; the "
+                                          r"comparison uses base_flops=.* --transfer_policies"):
+        Comparison(CompareConfig(**config, controllers=("static", f"lookup:{half}")))
+    other = GrowthLookup("identity", 2, points, {**tuned, "host_preset": "grow2-w64"}).write(
+        tmp_path / "other.json")
+    with pytest.raises(ConfigError, match=r"was tuned at host_preset='grow2-w64'"):
+        Comparison(CompareConfig(**config, controllers=("static", f"lookup:{other}")))
+    for lookup in (half, other):
+        Comparison(CompareConfig(**config, controllers=("static", f"lookup:{lookup}"),
+                                 transfer_policies=True))

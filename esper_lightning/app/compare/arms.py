@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -236,7 +237,31 @@ def _lookup(arena: Any, spec: ControllerSpec) -> Any:
                          arena.config.slots, arena.topology)
     except ConfigError as err:
         raise ConfigError(f"{spec.label}: {err}") from None
+    _check_tuned_setting(spec, lookup.tuning, arena.config)
     return lookup
+
+
+def _check_tuned_setting(spec: ControllerSpec, tuning: Mapping[str, Any], config: Any) -> None:
+    """A lookup's scales are multiples of the base budget it was tuned at, on its host: played
+    at another base or host they mean other budgets, which only ``transfer_policies`` accepts
+    (a transfer evaluation, where the scale is read against the comparison's own base, as a
+    policy reads it)."""
+    from esper_lightning.app.task import budget_flops
+
+    now = {"host_preset": config.host_preset, "base_flops": budget_flops(config)}
+    for key, value in now.items():
+        tuned = tuning.get(key)
+        same = (tuned == value if key == "host_preset" or tuned is None or value is None
+                else math.isclose(tuned, value, rel_tol=1e-9))
+        if key not in tuning or same:
+            continue
+        if config.transfer_policies:
+            log.info("%s (tuned at %s=%r) plays %s=%r: transfer", spec.label, key, tuned, key,
+                     value)
+            continue
+        raise ConfigError(f"{spec.label} was tuned at {key}={tuned!r}; the comparison uses "
+                          f"{key}={value!r} (its budget scales would mean other budgets); "
+                          "--transfer_policies lets it play there")
 
 
 def _file_identity(spec: ControllerSpec) -> dict[str, Any]:

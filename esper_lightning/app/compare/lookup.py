@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from esper_lightning.app.compare.records import (
+    BUDGET,
     METRICS,
     EpisodeRecord,
     group_by_budget,
@@ -106,7 +108,7 @@ def tune_lookup(records: Sequence[EpisodeRecord], base_flops: float, judged: str
     points = tuple((round(budget / base_flops, 9), arms.get(label))  # static -> None: never
                    for budget, label in sorted(oracle.chosen.items()))  # type: ignore[arg-type]
     depth, operator, _ = name.split(":")
-    cost = {"judged": judged, "arms": labels, "episodes": len(mine),
+    cost = {"judged": judged, "base_flops": base_flops, "arms": labels, "episodes": len(mine),
             "episodes_per_budget": {f"{round(b / base_flops, 9):g}": len(
                 {r.episode_index for r in group}) for b, group in groups.items()},
             "train_flops": sum(r["train_flops"] or 0.0 for r in mine),
@@ -117,11 +119,15 @@ def tune_lookup(records: Sequence[EpisodeRecord], base_flops: float, judged: str
 
 
 def _best_single(records: Sequence[EpisodeRecord], labels: Sequence[str], judged: str) -> str:
-    """The arm with the best mean ``judged`` over every tuning episode, whatever its budget:
-    the best single schedule, the lookup's budget-blind rival."""
+    """The arm with the best mean ``judged`` over the tuning episodes every arm played,
+    whatever their budget: the best single schedule, the lookup's budget-blind rival (paired,
+    as the per-budget choice is)."""
     sign = 1.0 if METRICS[judged].better == "lower" else -1.0
-    means = {label: sum(r[judged] for r in records if r.controller == label)
-             / sum(r.controller == label for r in records) for label in labels}
+    shared = set.intersection(*({r.episode_index for r in records if r.controller == label}
+                                for label in labels))
+    means = {label: statistics.fmean(r[judged] for r in records
+                                     if r.controller == label and r.episode_index in shared)
+             for label in labels}
     return min(labels, key=lambda label: sign * means[label])
 
 
@@ -149,26 +155,51 @@ def main(argv: Sequence[str]) -> int:
     except SystemExit as done:  # --help, or argparse's own usage error
         return int(done.code or 0)
     try:
-        if args.judged not in METRICS or METRICS[args.judged].better is None:
-            raise ConfigError(f"unknown judged metric {args.judged!r}; accepted: " + ", ".join(
-                m.name for m in METRICS.values() if m.better and m.kind != "curve"))
+        _check_judged(args.judged)
         folder = Path(args.comparison)
         config = _comparison_config(folder)
         from esper_lightning.app.task import budget_flops
 
-        records = read_records_csv(folder / "episodes.csv")
-        lookup = tune_lookup(records, float(budget_flops(config) or 0.0), args.judged,
-                             args.family, {"comparison": str(folder),
-                                           "rng_seed": config.rng_seed,
-                                           "host_preset": config.host_preset})
+        base = float(budget_flops(config) or 0.0)
+        records = _played(folder, config, base)
+        lookup = tune_lookup(records, base, args.judged, args.family,
+                             {"comparison": str(folder), "rng_seed": config.rng_seed,
+                              "host_preset": config.host_preset})
     except (ConfigError, ValueError) as err:
         return _fail(str(err))
     path = lookup.write(args.out)
     chosen = ", ".join(f"{s:g}: {'never' if t is None else ','.join(f'{x:g}' for x in t)}"
                        for s, t in lookup.points)
     print(f"{path}: growth times by budget scale {chosen} (from {lookup.tuning['episodes']} "
-          f"tuning episodes); the best single schedule: {lookup.tuning['best_single']}")
+          f"tuning runs, arm by episode); the best single schedule: "
+          f"{lookup.tuning['best_single']}")
     return 0
+
+
+def _check_judged(judged: str) -> None:
+    """A lookup is chosen by a scalar metric with a direction, read on the validation split: a
+    curve has no single value, and the test split is the final tables' alone."""
+    accepted = [m.name for m in METRICS.values()
+                if m.better and m.kind == "scalar" and not m.name.startswith("test_")]
+    if judged not in accepted:
+        raise ConfigError(f"judged metric {judged!r} cannot choose a lookup; accepted: "
+                          + ", ".join(accepted))
+
+
+def _played(folder: Path, config: Any, base: float) -> list[EpisodeRecord]:
+    """The folder's episodes, refused in one line when there are none or a budget of the
+    comparison's ``budget_scales`` drew none (the table would silently lack that point)."""
+    file = folder / "episodes.csv"
+    if not file.is_file():
+        raise ConfigError(f"'{folder}' has played no episode yet (no episodes.csv); run the "
+                          "comparison first")
+    records = read_records_csv(file)
+    found = {round(r[BUDGET] / base, 9) for r in records if r[BUDGET] is not None}
+    missing = [s for s in config.budget_scales or () if round(s, 9) not in found]
+    if missing:
+        raise ConfigError(f"no tuning episode drew budget scale {missing[0]:g}; accepted: a "
+                          "comparison whose every budget scale played (more --seeds)")
+    return records
 
 
 def _comparison_config(folder: Path) -> Any:
