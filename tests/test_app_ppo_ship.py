@@ -56,7 +56,17 @@ def test_what_shipping_refuses(trained, tmp_path, capsys):
     old = {k: v for k, v in read_checkpoint(trained).items() if k != "commands"}
     torch.save(old, tmp_path / "old.pt")
     assert main([str(tmp_path / "old.pt"), "--out", str(tmp_path / "q.pt")]) == 2
-    assert "records no commands (trained before it was recorded)" in capsys.readouterr().err
+    assert "records no commands (trained before it was recorded" in capsys.readouterr().err
+    from_python = {**read_checkpoint(trained), "commands": []}  # PPOTrainer(config) records none
+    torch.save(from_python, tmp_path / "python.pt")
+    with pytest.raises(ConfigError, match=r"records no commands .*not by esper-lightning ppo"):
+        ship_policy(tmp_path / "python.pt", tmp_path / "q.pt")
+    with pytest.raises(ConfigError, match="is a folder; accepted: a file path such as"):
+        ship_policy(trained, tmp_path / "policies")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / MANIFEST).write_text("{not json")
+    with pytest.raises(ConfigError, match=r"^cannot read manifest '.*manifest\.json'"):
+        ship_policy(trained, tmp_path / "broken" / "p.pt")
     assert main([str(tmp_path / "missing.pt"), "--out", str(tmp_path / "q.pt")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert not (tmp_path / "q.pt").exists()

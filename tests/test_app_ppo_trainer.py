@@ -101,15 +101,21 @@ def test_a_run_starts_from_another_runs_policy_with_more_blueprints(cifar_dir, t
     weights and observation normaliser as saved and everything else fresh; a checkpoint of
     another policy width is refused in one line."""
     first = tmp_path / "first.pt"
+    stage_one = ["esper-lightning", "ppo", "--blueprints", "norm"]
     PPOTrainer(_config(cifar_dir, tmp_path / "a", save=str(first), blueprints=["norm"],
-                       rounds=1)).train()
+                       rounds=1), command=stage_one).train()
     saved = read_checkpoint(first)
     spec = parse_controller(f"policy:{first}")  # what compare's cost table reads of it
     assert ARM_KINDS["policy"].cost(spec, None) == {"made_by": "PPO training", "rounds": 1,
                                                     "episodes": 2, **{k: saved["training_cost"][k]
                                                     for k in ("train_flops", "wall_seconds")}}
-    started = PPOTrainer(_config(cifar_dir, tmp_path / "b", init_policy=str(first), rounds=1))
+    started = PPOTrainer(_config(cifar_dir, tmp_path / "b", init_policy=str(first), rounds=1),
+                         command=["esper-lightning", "ppo", "--init_policy", str(first)])
     learner = started.learners[0]
+    # A curriculum costs all its stages: the first stage's cost and command come along.
+    assert learner.cost == saved["training_cost"] and saved["commands"] == [stage_one]
+    assert learner.commands == [stage_one, ["esper-lightning", "ppo", "--init_policy",
+                                            str(first)]]
     assert all(torch.equal(v, saved["policy"][k]) for k, v in _policy(started).items())
     assert torch.equal(learner.obs_rms.mean, saved["obs_rms"]["mean"])
     assert started.round == 0 and not learner.optimizer.state  # the optimizer starts afresh

@@ -82,6 +82,13 @@ class PolicyBundle:
         return tuple(allowed) if trained is None else tuple(n for n in allowed if n in trained)
 
 
+#: The entries `policy_entries` writes and `load_policy` reads: what acting needs of a
+#: checkpoint (what ``esper-lightning ship`` keeps).
+POLICY_ENTRY_KEYS = ("policy", "policy_hidden", "policy_head_hidden", "blueprint_embed_dim",
+                     "head_sizes", "blueprints", "obs_rms", "observation_version", "slot_ids",
+                     "horizon", "compact", "allowed_blueprints")
+
+
 def policy_entries(
     policy: FactoredRecurrentActorCritic,
     obs_rms: RunningMeanStd,
@@ -92,7 +99,7 @@ def policy_entries(
 ) -> dict[str, Any]:
     """The checkpoint entries `load_policy` reads back (``allowed_blueprints``: the training
     run's subset of blueprints, None for all)."""
-    return {
+    entries = {
         "policy": policy.state_dict(),
         "policy_hidden": policy.config.hidden_dim,
         "policy_head_hidden": policy.config.head_hidden_dim,
@@ -106,6 +113,8 @@ def policy_entries(
         "compact": bool(compact),
         "allowed_blueprints": None if allowed_blueprints is None else list(allowed_blueprints),
     }
+    assert tuple(entries) == POLICY_ENTRY_KEYS  # one list of what a policy is, kept in step
+    return entries
 
 
 def load_policy(state: dict[str, Any], source: str = "the policy") -> PolicyBundle:

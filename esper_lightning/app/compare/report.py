@@ -622,7 +622,8 @@ def cost_markdown(costs: Mapping[str, Mapping[str, Any]]) -> list[str]:
         lines.append(f"| {_cell(arm)} | {cost['made_by']} | {cost.get('episodes', 0):,.0f} | "
                      f"{cost.get('train_flops', 0.0):.3g} | {cost.get('wall_seconds', 0.0):,.0f} |")
     tuned = {a: c for a, c in costs.items() if c["made_by"] == "tuning" and c.get("train_flops")}
-    trained = {a: c for a, c in costs.items() if c["made_by"] != "tuning"}
+    trained = {a: c for a, c in costs.items()  # a cost unrecorded (0) amortises nothing
+               if c["made_by"] != "tuning" and c.get("train_flops")}
     for policy, p in trained.items():
         for lookup, t in tuned.items():
             lines.append(f"\n{_cell(policy)}'s training costs as much compute as tuning "
@@ -642,10 +643,14 @@ class GroupComparison:
         difference: the mean paired difference and its interval.
         p_value, p_holm: Wilcoxon signed-rank p of the differences, Holm-adjusted over the
             groups of the table.
-        verdict: as `PairedComparison.verdict`.
+        verdict: as `PairedComparison.verdict`, read off ``seed_ci``: "better" holds for the
+            method, not only for these training seeds.
         member_means: each member's own mean difference on those episodes.
         spread: the standard deviation of ``member_means``: how much the method's result
             depends on which training seed one gets.
+        seed_ci: the interval of the mean difference over training seeds *and* episodes (a
+            two-level percentile bootstrap, `seed_and_episode_interval`); ``difference.ci``
+            holds the members fixed.
     """
 
     group: str
@@ -658,6 +663,7 @@ class GroupComparison:
     verdict: str
     member_means: dict[str, float]
     spread: float
+    seed_ci: tuple[float, float] | None = None
 
 
 def group_differences(records: Iterable[EpisodeRecord], groups: Mapping[str, Sequence[str]],
@@ -687,17 +693,48 @@ def group_differences(records: Iterable[EpisodeRecord], groups: Mapping[str, Seq
                for a in members}
         pooled = np.mean(list(own.values()), axis=0)
         member_means = {a: float(d.mean()) for a, d in own.items()}
-        rows.append((name, tuple(members), pooled, member_means))
-    p_values = [wilcoxon_p(pooled) for _, _, pooled, _ in rows]
+        rows.append((name, tuple(members), pooled, member_means,
+                     seed_and_episode_interval(np.stack(list(own.values())), confidence)))
+    p_values = [wilcoxon_p(pooled) for _, _, pooled, _, _ in rows]
     out = []
-    for (name, members, pooled, means), p, p_holm in zip(rows, p_values, holm(p_values),
-                                                          strict=True):
+    for (name, members, pooled, means, seed_ci), p, p_holm in zip(
+            rows, p_values, holm(p_values), strict=True):
         difference = estimate(pooled, confidence=confidence)
         out.append(GroupComparison(
             name, members, reference, len(pooled), difference, p, p_holm,
-            verdict(difference.ci, p_holm, len(pooled), better),  # type: ignore[arg-type]
-            means, float(np.std(list(means.values()), ddof=1))))
+            verdict(seed_ci, p_holm, len(pooled), better),  # type: ignore[arg-type]
+            means, float(np.std(list(means.values()), ddof=1)), seed_ci))
     return out
+
+
+def seed_and_episode_interval(differences: np.ndarray, confidence: float = CONFIDENCE,
+                              resamples: int = 10_000, rng_seed: int = 0
+                              ) -> tuple[float, float] | None:
+    """A percentile bootstrap interval of the mean of ``differences`` ``[members, episodes]``
+    that resamples the members (training seeds) and, paired, the episodes: the interval of a
+    method trained anew, not of these trained copies. None for fewer than two of either.
+
+    With three members it is coarse (ten distinct draws of members) and wide where they
+    disagree, which is the point: a method one seed of which gains nothing has not shown it
+    gains.
+
+    Example:
+        >>> d = np.array([[-0.02, -0.021, -0.019], [0.0, 0.001, -0.001]])
+        >>> low, high = seed_and_episode_interval(d)
+        >>> bool(low < -0.019 and high > -0.001)
+        True
+    """
+    n_members, n_episodes = differences.shape
+    if n_members < 2 or n_episodes < 2:
+        return None
+    rng = np.random.default_rng(rng_seed)
+    episodes = rng.integers(0, n_episodes, size=(resamples, n_episodes))
+    members = rng.integers(0, n_members, size=(resamples, n_members))
+    per_member = differences[:, episodes].mean(axis=2).T  # [resamples, members]
+    means = np.take_along_axis(per_member, members, axis=1).mean(axis=1)
+    tail = (1.0 - confidence) / 2.0
+    low, high = np.quantile(means, [tail, 1.0 - tail])
+    return float(low), float(high)
 
 
 def group_markdown(rows: Sequence[GroupComparison], outcome: str) -> list[str]:
@@ -709,15 +746,20 @@ def group_markdown(rows: Sequence[GroupComparison], outcome: str) -> list[str]:
     lines = ["", "## Groups of arms", "",
              "Each group is one method trained several times (e.g. PPO training seeds): per "
              "episode, the mean of its members' "
-             f"{metric.label} minus the reference's; the spread is the standard deviation of "
-             "the members' own mean differences.", "",
-             f"| group | members | pairs | Δ {metric.label}{unit} [95% CI] | p (Holm) | verdict "
-             f"| spread between members |", "|---|---|---:|---:|---:|---|---:|"]
+             f"{metric.label} minus the reference's, with its interval over episodes (these "
+             "members) and over training seeds and episodes (the method: a two-level "
+             "bootstrap, which the verdict reads); the spread is the standard deviation of the "
+             "members' own mean differences.", "",
+             f"| group | members | pairs | Δ {metric.label}{unit} [95% CI, episodes] | "
+             "[95% CI, seeds and episodes] | p (Holm) | verdict | spread between members |",
+             "|---|---|---:|---:|---:|---:|---|---:|"]
     for r in rows:
         members = ", ".join(f"{_cell(a)} {m:+{metric.fmt}}" for a, m in r.member_means.items())
+        seed_ci = ("—" if r.seed_ci is None else
+                   f"[{r.seed_ci[0]:+{metric.fmt}}, {r.seed_ci[1]:+{metric.fmt}}]")
         lines.append(f"| {_cell(r.group)} | {members} | {r.n_pairs} | "
-                     f"{_fmt(r.difference, metric.fmt)} | {_fmt_p(r.p_holm)} | {r.verdict} | "
-                     f"{r.spread:{metric.fmt}} |")
+                     f"{_fmt(r.difference, metric.fmt)} | {seed_ci} | {_fmt_p(r.p_holm)} | "
+                     f"{r.verdict} | {r.spread:{metric.fmt}} |")
     return lines
 
 
@@ -727,4 +769,5 @@ def group_json(rows: Sequence[GroupComparison]) -> list[dict[str, Any]]:
              "n_pairs": g.n_pairs, "difference": g.difference.mean,
              "ci": None if g.difference.ci is None else list(g.difference.ci),
              "p_value": g.p_value, "p_holm": g.p_holm, "verdict": g.verdict,
+             "seed_ci": None if g.seed_ci is None else list(g.seed_ci),
              "member_means": g.member_means, "spread": g.spread} for g in rows]

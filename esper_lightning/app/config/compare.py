@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from esper_lightning.app.config.checks import check_positive
@@ -96,7 +97,7 @@ class CompareConfig(TaskConfig):
         groups: dict[str, tuple[str, ...]] = {}
         for item in self.arm_groups:
             name, sep, text = item.partition("=")
-            members = tuple(m for m in text.split(",") if m)
+            members = _split_arms(text, self.controllers)
             if not sep or not name or len(members) < 2 or len(set(members)) != len(members):
                 raise ConfigError(f"bad arm_groups {item!r}; accepted: NAME=ARM,ARM,... with two "
                                   f"or more distinct arms, e.g. policies={self.controllers[0]},"
@@ -133,3 +134,21 @@ class CompareConfig(TaskConfig):
         return rates
 
 
+def _split_arms(text: str, controllers: Sequence[str]) -> tuple[str, ...]:
+    """The arms of ``A,B,...``, where an arm's own label may hold commas
+    (``stack:4@0.1,0.4:identity``): a piece that is no controller joins the one before it
+    when together they are.
+
+    Example:
+        >>> _split_arms("static,stack:4@0.1,0.4:identity", ["static", "stack:4@0.1,0.4:identity"])
+        ('static', 'stack:4@0.1,0.4:identity')
+    """
+    arms: list[str] = []
+    for piece in text.split(","):
+        joined = f"{arms[-1]},{piece}" if arms else None
+        if piece not in controllers and joined is not None and (
+                joined in controllers or any(c.startswith(joined + ",") for c in controllers)):
+            arms[-1] = joined
+        elif piece:
+            arms.append(piece)
+    return tuple(arms)

@@ -126,10 +126,16 @@ def load_trainer(learner: Learner, path: str | os.PathLike[str]) -> int:
 _INIT_KEYS = ("task", "slots", "policy_hidden", "heads")
 
 
-def start_from(config: PPORunConfig, policy: Any, obs_rms: Any) -> None:
+def start_from(config: PPORunConfig, policy: Any, obs_rms: Any) -> dict[str, Any]:
     """Start ``policy`` and ``obs_rms`` from the checkpoint ``config.init_policy`` (a
     curriculum: the blueprints it allows may differ). Refused in one line when the checkpoint
-    was trained with another task, slots, policy width or action heads."""
+    was trained with another task, slots, policy width or action heads.
+
+    Returns:
+        What making the starting policy cost and the commands that made it (its
+        ``training_cost``, empty when it predates the record, and ``commands``): the new run
+        counts them as its own, so a curriculum's cost is the cost of all its stages.
+    """
     path = str(config.init_policy)
     state = read_checkpoint(path)
     saved = {**state.get("config", {})}
@@ -143,6 +149,8 @@ def start_from(config: PPORunConfig, policy: Any, obs_rms: Any) -> None:
     obs_rms.load_state_dict(state["obs_rms"])
     log.info("the policy starts from '%s' (round %d of its run, trained with blueprints %s)",
              path, state.get("round", 0), saved.get("blueprints") or "all")
+    return {"training_cost": dict(state.get("training_cost", {})),
+            "commands": [list(c) for c in state.get("commands", [])]}
 
 
 def rng_states() -> dict[str, Any]:

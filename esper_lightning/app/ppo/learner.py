@@ -37,7 +37,8 @@ class Learner:
     log_version: int | str | None = None  # TensorBoard version (None: the next free one)
     logger: TensorBoardLogger | None = None
     history: list[RoundStats] = field(default_factory=list)
-    #: What training it has cost so far, every round of every run that resumed it: episodes
+    #: What training it has cost so far, every round of every run that resumed it (and of the
+    #: policy it started from, ``init_policy``): episodes
     #: played, their training FLOPs, the wall time of its rounds (a lookup's tuning cost is
     #: set against it: `esper_lightning.app.compare.lookup`).
     cost: dict[str, float] = field(default_factory=lambda: {

@@ -7,8 +7,8 @@ only what acts (`rl.checkpoint.policy_entries`), what it was trained with (``con
 that ``policy:PATH`` and `PolicyController` read like any checkpoint, and records it in the
 folder's ``manifest.json``: its SHA-256, the command lines that trained it, what training cost
 (rounds, episodes, their training FLOPs, wall time) and the code that shipped it. A policy
-table then reproduces without retraining, and ``tests/test_policies.py`` checks every shipped
-file against its manifest entry.
+table then reproduces without retraining, and a shipped file is checked against its entry with
+``sha256sum``.
 """
 
 from __future__ import annotations
@@ -30,10 +30,6 @@ PROG = "esper-lightning ship"
 MANIFEST = "manifest.json"
 #: What a shipped file keeps of a checkpoint besides the policy's own entries.
 _KEPT = ("round", "config", "run_config", "training_cost", "commands")
-#: What acting reads (`rl.checkpoint.policy_entries`).
-_POLICY = ("policy", "policy_hidden", "policy_head_hidden", "blueprint_embed_dim",
-           "head_sizes", "blueprints", "obs_rms", "observation_version", "slot_ids", "horizon",
-           "compact", "allowed_blueprints")
 
 
 def ship_policy(checkpoint: str | Path, out: str | Path) -> dict[str, Any]:
@@ -42,20 +38,27 @@ def ship_policy(checkpoint: str | Path, out: str | Path) -> dict[str, Any]:
 
     Raises:
         ConfigError: an unreadable checkpoint, one without a recorded training cost or command
-            (trained before they were recorded), or ``out`` holding another policy already.
+            (trained before they were recorded, or from Python rather than the command line),
+            ``out`` a folder or holding another policy already, an unreadable manifest.
     """
     from esper_lightning.app.provenance import code_version
-    from esper_lightning.rl.checkpoint import read_checkpoint, write_checkpoint
+    from esper_lightning.errors import read_json_file
+    from esper_lightning.rl.checkpoint import POLICY_ENTRY_KEYS, read_checkpoint, write_checkpoint
 
     state = read_checkpoint(checkpoint)
-    missing = [key for key in ("training_cost", "commands") if key not in state]
-    if missing:
-        raise ConfigError(f"checkpoint '{checkpoint}' records no {missing[0]} (trained before "
-                          "it was recorded); a shipped policy says how it was trained")
+    missing = [key for key in ("training_cost", "commands") if not state.get(key)]
+    if missing or not any(state["commands"]):
+        raise ConfigError(f"checkpoint '{checkpoint}' records no "
+                          f"{missing[0] if missing else 'command line'} (trained before it was "
+                          "recorded, or not by esper-lightning ppo); a shipped policy says how "
+                          "it was trained")
     target = Path(out)
+    if target.is_dir():
+        raise ConfigError(f"--out '{target}' is a folder; accepted: a file path such as "
+                          f"{target / 'NAME.pt'}")
     manifest_path = target.parent / MANIFEST
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
-    shipped = {k: state[k] for k in (*_POLICY, *_KEPT) if k in state}
+    manifest = read_json_file(manifest_path, "manifest") if manifest_path.is_file() else {}
+    shipped = {k: state[k] for k in (*POLICY_ENTRY_KEYS, *_KEPT) if k in state}
     tmp = target.with_name(target.name + ".new")
     write_checkpoint(shipped, tmp)
     digest = hashlib.sha256(tmp.read_bytes()).hexdigest()

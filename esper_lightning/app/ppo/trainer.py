@@ -175,8 +175,9 @@ class PPOTrainer:
         self.policy_config = PolicyConfig(n_slots=len(config.slots),
                                           hidden_dim=config.policy_hidden)
         self.learners = [self._learner(mode, k) for k, mode in enumerate(config.reward_modes)]
-        for learner in self.learners:
-            learner.commands.append(list(command))
+        for learner in self.learners:  # none from Python: nothing a shell could rerun
+            if command:
+                learner.commands.append(list(command))
         if config.resume is not None:
             for learner in self.learners:
                 self.round = load_trainer(learner, self.checkpoint_path(config.resume, learner))
@@ -194,10 +195,11 @@ class PPOTrainer:
         config = self.config.learner_config(mode)
         policy = FactoredRecurrentActorCritic(self.policy_config)
         obs_rms = RunningMeanStd(shape=(obs_dim(len(config.slots)),))
+        earlier = None
         if config.init_policy is not None and config.resume is None:
-            start_from(config, policy, obs_rms)
+            earlier = start_from(config, policy, obs_rms)
         n = config.envs // self.ranks.world_size
-        return Learner(
+        learner = Learner(
             config=config, envs=list(range(group * n, (group + 1) * n)), policy=policy,
             optimizer=make_optimizer(policy, self.ppo_config),
             obs_rms=obs_rms,
@@ -206,6 +208,10 @@ class PPOTrainer:
             reward_config=reward_config(config, mode),
             logger_name="ppo" if not self.config.ab else f"ppo-{mode}",
         )
+        if earlier is not None:  # a curriculum costs all its stages
+            learner.cost.update(earlier["training_cost"])
+            learner.commands[:0] = earlier["commands"]
+        return learner
 
     def checkpoint_path(self, path: str, learner: Learner) -> Path:
         """``path`` itself, or ``<stem>.<mode><suffix>`` for each policy of an A/B run."""
