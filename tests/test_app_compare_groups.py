@@ -77,6 +77,12 @@ def test_bad_groups_are_one_line(groups, message):
         CompareConfig(controllers=("static", "policy:a.pt", "policy:b.pt"), arm_groups=groups)
 
 
+def test_a_group_of_arms_whose_labels_hold_commas():
+    two = ("stack:4@0.1,0.4:identity", "stack:4@0.2,0.5:identity")
+    config = CompareConfig(controllers=("static", *two), arm_groups=(f"events={','.join(two)}",))
+    assert config.groups() == {"events": two}
+
+
 def test_the_comparison_report_has_the_groups_section(text_file, tmp_path, monkeypatch):
     import json
 
