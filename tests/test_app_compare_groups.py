@@ -49,7 +49,7 @@ def test_a_group_is_its_members_mean_paired_by_episode_with_their_spread():
     agreeing = {**OFFSETS, SEEDS[0]: -0.011, SEEDS[1]: -0.01, SEEDS[2]: -0.009}
     (firm,) = group_differences(_records(offsets=agreeing), {"ppo": SEEDS}, "lookup:l.json",
                                 "test_bits")
-    assert firm.verdict == "better" and firm.seed_ci[1] < -0.008  # type: ignore[index]
+    assert firm.verdict == "better" and firm.seed_ci[1] < -0.007  # type: ignore[index]
     assert row.member_means[SEEDS[0]] == pytest.approx(-0.02, abs=0.002)
     assert row.spread == pytest.approx(np.std(list(row.member_means.values()), ddof=1))
     assert row.spread == pytest.approx(0.01, abs=0.002)
