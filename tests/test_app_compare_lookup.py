@@ -82,6 +82,42 @@ def test_a_budget_scale_no_tuning_episode_drew_is_refused(tmp_path):
     assert len(_played(tmp, SimpleNamespace(budget_scales=(0.5, 1.0, 4.0)), BASE)) == 48
 
 
+def test_comparisons_of_one_budget_each_pool_into_one_lookup(tmp_path, capsys):
+    """One tuning comparison per budget (each budget gets its episodes): their episode indices
+    overlap but stay apart, and the lookup reads every budget; another host is refused."""
+    import dataclasses
+
+    from esper_lightning.app.compare.records import append_record_csv
+    from esper_lightning.app.config import CompareConfig
+    from esper_lightning.app.task import budget_flops
+
+    task = {"task": "lm", "host_preset": "grow2", "slots": ["r1c0"], "budget_steps": 40}
+    base = budget_flops(CompareConfig(**task))
+    folders = []
+    for k, scale in enumerate((1.0, 4.0)):
+        folder = tmp_path / f"at-{scale:g}"
+        folder.mkdir()
+        (folder / "compare_config.json").write_text(json.dumps(
+            {**task, "budget_scales": [scale], "rng_seed": 700 + k}))
+        for r in _records():
+            if r["budget_flops"] == scale * BASE:  # re-indexed from 0 in each folder
+                values = {**r.values, "budget_flops": scale * base}
+                append_record_csv(folder / "episodes.csv", dataclasses.replace(
+                    r, episode_index=r.episode_index % PER_BUDGET, values=values))
+        folders.append(str(folder))
+    assert main([*folders, "--out", str(tmp_path / "l.json")]) == 0
+    lookup = read_lookup(tmp_path / "l.json")
+    assert lookup.points == ((1.0, (0.6,)), (4.0, (0.2,)))
+    assert lookup.tuning["episodes_per_budget"] == {"1": PER_BUDGET, "4": PER_BUDGET}
+    assert lookup.tuning["comparison"] == folders and lookup.tuning["rng_seed"] == [700, 701]
+    capsys.readouterr()
+    config = json.loads((tmp_path / "at-4" / "compare_config.json").read_text())
+    (tmp_path / "at-4" / "compare_config.json").write_text(json.dumps(
+        {**config, "host_preset": "grow2-w64"}))
+    assert main([*folders, "--out", str(tmp_path / "m.json")]) == 2
+    assert "a lookup pools comparisons of one host and base" in capsys.readouterr().err
+
+
 def test_stack_families_and_what_the_tuning_refuses():
     assert families(["stack:4@0.1,0.3:identity", "stack:4@0.2,0.5:identity", "stack:2@0.2"]) \
         == {"4:identity:2": {"stack:4@0.1,0.3:identity": (0.1, 0.3),

@@ -1,8 +1,11 @@
-"""Tuning a growth lookup from a comparison: ``esper-lightning lookup COMPARE_DIR --out FILE``.
+"""Tuning a growth lookup from comparisons: ``esper-lightning lookup COMPARE_DIR... --out FILE``.
 
 A comparison of one family of ``stack:K@TAU[,TAU...]:OPERATOR`` arms (the same ``K``, operator
 and number of growth times; a grid over TAU) played at a few budgets (``--budget_scales``) on
-**tuning** episodes holds what a practitioner tunes a per-budget schedule from. `tune_lookup`
+**tuning** episodes holds what a practitioner tunes a per-budget schedule from; so do several
+comparisons of one host and base budget, one per budget (a comparison draws each episode's
+budget at random from its ``budget_scales``, so one per budget gives each budget the episodes
+it is tuned on), whose episodes are pooled. `tune_lookup`
 takes, at each budget, the arm with the best mean of the judged metric (the validation loss at
 the budget, ``final_bits``, by default) over that budget's episodes, the ``static`` arm counting
 as "never grow" when it played, and writes the choices as a `GrowthLookup` that ``lookup:FILE``
@@ -18,7 +21,9 @@ the budget-blind rival tuned on the same episodes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import statistics
 import sys
 from collections.abc import Iterable, Sequence
@@ -135,7 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, exit_on_error=False, description=(
         "a per-budget growth schedule tuned from a comparison of stack:K@TAU arms (and static, "
         "never growing) on tuning episodes, written as a lookup that lookup:FILE plays"))
-    parser.add_argument("comparison", help="the comparison's folder (its episodes.csv)")
+    parser.add_argument("comparison", nargs="+",
+                        help="the comparison's folder (its episodes.csv); several: one per "
+                        "budget, of the same host and base budget, their episodes pooled")
     parser.add_argument("--out", required=True, help="the lookup file to write (JSON)")
     parser.add_argument("--family", default=None,
                         help="K:OPERATOR:N, the stack arms to choose among (default: the only "
@@ -156,15 +163,8 @@ def main(argv: Sequence[str]) -> int:
         return int(done.code or 0)
     try:
         _check_judged(args.judged)
-        folder = Path(args.comparison)
-        config = _comparison_config(folder)
-        from esper_lightning.app.task import budget_flops
-
-        base = float(budget_flops(config) or 0.0)
-        records = _played(folder, config, base)
-        lookup = tune_lookup(records, base, args.judged, args.family,
-                             {"comparison": str(folder), "rng_seed": config.rng_seed,
-                              "host_preset": config.host_preset})
+        records, base, tuning = _pooled([Path(f) for f in args.comparison])
+        lookup = tune_lookup(records, base, args.judged, args.family, tuning)
     except (ConfigError, ValueError) as err:
         return _fail(str(err))
     path = lookup.write(args.out)
@@ -174,6 +174,38 @@ def main(argv: Sequence[str]) -> int:
           f"tuning runs, arm by episode); the best single schedule: "
           f"{lookup.tuning['best_single']}")
     return 0
+
+
+#: Episode indices of the k-th of several comparisons start at k times this: each keeps its own
+#: pairs (every arm of one episode index), none shared with another folder's.
+_FOLDER_STRIDE = 1_000_000
+
+
+def _pooled(folders: Sequence[Path]) -> tuple[list[EpisodeRecord], float, dict[str, Any]]:
+    """The episodes of one or several comparisons of the same host and base budget, their
+    base budget and what the lookup records of where it was tuned (one-line `ConfigError`
+    when they differ)."""
+    from esper_lightning.app.task import budget_flops
+
+    settings = []
+    for folder in folders:
+        config = _comparison_config(folder)
+        settings.append((folder, config, float(budget_flops(config) or 0.0)))
+    first, config, base = settings[0]
+    for folder, other, other_base in settings[1:]:
+        if other.host_preset != config.host_preset or not math.isclose(other_base, base,
+                                                                        rel_tol=1e-9):
+            raise ConfigError(f"'{folder}' has host_preset={other.host_preset!r}, base budget "
+                              f"{other_base:.6g} FLOPs; '{first}' has {config.host_preset!r}, "
+                              f"{base:.6g}: a lookup pools comparisons of one host and base")
+    records = [dataclasses.replace(r, episode_index=r.episode_index + k * _FOLDER_STRIDE)
+               for k, (folder, other, _) in enumerate(settings)
+               for r in _played(folder, other, base)]
+    seeds = [c.rng_seed for _, c, _ in settings]
+    names = [str(f) for f, _, _ in settings]
+    return records, base, {"comparison": names[0] if len(names) == 1 else names,
+                           "rng_seed": seeds[0] if len(seeds) == 1 else seeds,
+                           "host_preset": config.host_preset}
 
 
 def _check_judged(judged: str) -> None:
