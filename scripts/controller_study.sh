@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The learned-controller study (a timing policy against a tuned per-budget lookup), stage by
+# stage. Every stage resumes where it stopped (compare and ppo resume their own folders), so an
+# interrupted session reruns the same line. Sizes and CPU times: docs/evidence.md, "A learned
+# controller against a tuned lookup: the tools and a sizing pilot".
+#
+#   bash scripts/controller_study.sh tune-lookup    # tuning episodes, one comparison per budget
+#   bash scripts/controller_study.sh lookup         # the lookup and the best single schedule
+#   bash scripts/controller_study.sh train SEED     # one PPO training seed of the timing policy
+#   bash scripts/controller_study.sh ship SEED      # that policy, small, into policies/
+#
+# The final table is not here: it is pre-registered (its own commit) once the lookup and the
+# policies exist.
+set -euo pipefail
+
+TEXT=${TEXT:-../shared/data/shakespeare/shakespeare.txt}
+RESULTS=results/controller
+#: The tuning episodes' root rng seed, used by nothing else.
+TUNING_ROOT=30301
+#: The budgets the policies train over (log-uniform 0.25-4 x) and the lookup is tuned at.
+TUNING_SCALES="0.25 0.5 1 2 4"
+
+# Two growth events (1 -> 2 -> 4 blocks, host grow124) on a 0.1 grid, the first no later than
+# the second: 45 schedules, and static for "never".
+grid() {
+  local arms="static" first second
+  for first in 1 2 3 4 5 6 7 8 9; do
+    for second in $(seq "$first" 9); do
+      arms+=" stack:4@0.$first,0.$second:identity"
+    done
+  done
+  echo "$arms"
+}
+
+case "${1:-}" in
+  tune-lookup)
+    # Two lanes of one thread each: a comparison per budget, smallest budgets first.
+    for scale in $TUNING_SCALES; do
+      OMP_NUM_THREADS=1 esper-lightning compare --preset lm-grow124-cpu \
+        --budget_scales "$scale" --controllers $(grid) --seeds 2 --envs 2 \
+        --rng_seed "$TUNING_ROOT" --data_dir "$TEXT" --progress false \
+        --out "$RESULTS/tune-lookup-$scale" &
+      while [ "$(jobs -rp | wc -l)" -ge 2 ]; do sleep 10; done
+    done
+    wait
+    ;;
+  lookup)
+    esper-lightning lookup "$RESULTS"/tune-lookup-* --out "$RESULTS/lookup-grow124.json"
+    ;;
+  train)
+    seed=${2:?the PPO training seed (1, 2, 3)}
+    mkdir -p runs
+    resume=()
+    [ -f "runs/grow124-timing-s$seed.pt" ] && resume=(--resume "runs/grow124-timing-s$seed.pt")
+    esper-lightning ppo --preset lm-grow124-cpu --blueprints '[block_identity]' \
+      --rng_seed "$seed" --data_dir "$TEXT" --strategy ddp --devices 2 \
+      --save "runs/grow124-timing-s$seed.pt" --logdir runs/logs "${resume[@]}"
+    ;;
+  ship)
+    seed=${2:?the PPO training seed}
+    esper-lightning ship "runs/grow124-timing-s$seed.pt" \
+      --out "policies/grow124-timing-s$seed.pt"
+    ;;
+  *)
+    sed -n '2,13p' "$0"
+    exit 2
+    ;;
+esac
