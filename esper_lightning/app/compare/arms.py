@@ -248,12 +248,11 @@ def _check_tuned_setting(spec: ControllerSpec, tuning: Mapping[str, Any], config
     policy reads it)."""
     from esper_lightning.app.task import budget_flops
 
-    now = {"host_preset": config.host_preset, "base_flops": budget_flops(config)}
-    for key, value in now.items():
-        tuned = tuning.get(key)
-        same = (tuned == value if key == "host_preset" or tuned is None or value is None
-                else math.isclose(tuned, value, rel_tol=1e-9))
-        if key not in tuning or same:
+    base = budget_flops(config)
+    for key, value in (("host_preset", config.host_preset), ("base_flops", base)):
+        tuned = tuning.get(key, value)  # a hand-written table records neither
+        if tuned == value or (key == "base_flops" and value is not None
+                              and math.isclose(tuned, value, rel_tol=1e-9)):
             continue
         if config.transfer_policies:
             log.info("%s (tuned at %s=%r) plays %s=%r: transfer", spec.label, key, tuned, key,

@@ -24,7 +24,6 @@ import argparse
 import dataclasses
 import json
 import math
-import statistics
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -37,7 +36,7 @@ from esper_lightning.app.compare.records import (
     group_by_budget,
     read_records_csv,
 )
-from esper_lightning.app.compare.regret import STACK, choose_oracle
+from esper_lightning.app.compare.regret import STACK, best_arm, choose_oracle
 from esper_lightning.controllers.lookup import GrowthLookup
 from esper_lightning.controllers.stack import parse_stack
 from esper_lightning.errors import ConfigError
@@ -119,21 +118,9 @@ def tune_lookup(records: Sequence[EpisodeRecord], base_flops: float, judged: str
             "train_flops": sum(r["train_flops"] or 0.0 for r in mine),
             "wall_seconds": sum(r["wall_seconds"] for r in mine),
             "means": {f"{round(b / base_flops, 9):g}": m for b, m in oracle.means.items()},
-            "best_single": _best_single(mine, labels, judged)}
+            # The budget-blind rival: the best over every tuning episode, paired like the rest.
+            "best_single": best_arm(f"lookup of {name}", labels, mine, judged)[0]}
     return GrowthLookup(operator, int(depth), points, {**(tuning or {}), **cost})
-
-
-def _best_single(records: Sequence[EpisodeRecord], labels: Sequence[str], judged: str) -> str:
-    """The arm with the best mean ``judged`` over the tuning episodes every arm played,
-    whatever their budget: the best single schedule, the lookup's budget-blind rival (paired,
-    as the per-budget choice is)."""
-    sign = 1.0 if METRICS[judged].better == "lower" else -1.0
-    shared = set.intersection(*({r.episode_index for r in records if r.controller == label}
-                                for label in labels))
-    means = {label: statistics.fmean(r[judged] for r in records
-                                     if r.controller == label and r.episode_index in shared)
-             for label in labels}
-    return min(labels, key=lambda label: sign * means[label])
 
 
 def build_parser() -> argparse.ArgumentParser:

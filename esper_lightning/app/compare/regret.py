@@ -123,21 +123,33 @@ def choose_oracle(name: str, arms: Sequence[str], records: Iterable[EpisodeRecor
     Raises:
         ValueError: the arms share no episode of a budget, or one lacks the judged metric.
     """
-    sign = _sign(judged)
     chosen: dict[float | None, str] = {}
     means: dict[float | None, dict[str, float]] = {}
     for budget, episodes in group_by_budget(records).items():
-        by_arm = {arm: {r.episode_index: r[judged] for r in episodes if r.controller == arm}
-                  for arm in arms}
-        common = set.intersection(*(set(values) for values in by_arm.values()))
-        if not common:
-            raise ValueError(f"the arms of {name} share no episode of budget {budget!r}")
-        if any(v[i] is None for v in by_arm.values() for i in common):
-            raise ValueError(f"{judged} is missing in an episode of the arms of {name}")
-        means[budget] = {arm: float(np.mean([v[i] for i in sorted(common)]))
-                         for arm, v in by_arm.items()}
-        chosen[budget] = min(arms, key=lambda arm: (sign * means[budget][arm], arms.index(arm)))
+        chosen[budget], means[budget] = best_arm(f"{name} at budget {budget!r}", arms,
+                                                 episodes, judged)
     return Oracle(name, tuple(arms), chosen, means)
+
+
+def best_arm(name: str, arms: Sequence[str], records: Iterable[EpisodeRecord],
+             judged: str) -> tuple[str, dict[str, float]]:
+    """The arm of ``arms`` with the best mean ``judged`` over the episodes of ``records`` every
+    arm played (ties: the earlier arm), and each arm's mean there.
+
+    Raises:
+        ValueError: the arms share no episode, or one lacks the judged metric.
+    """
+    sign = _sign(judged)
+    records = list(records)
+    by_arm = {arm: {r.episode_index: r[judged] for r in records if r.controller == arm}
+              for arm in arms}
+    common = set.intersection(*(set(values) for values in by_arm.values()))
+    if not common:
+        raise ValueError(f"the arms of {name} share no episode")
+    if any(v[i] is None for v in by_arm.values() for i in common):
+        raise ValueError(f"{judged} is missing in an episode of the arms of {name}")
+    means = {arm: float(np.mean([v[i] for i in sorted(common)])) for arm, v in by_arm.items()}
+    return min(arms, key=lambda arm: (sign * means[arm], arms.index(arm))), means
 
 
 def _regret(controller: list[EpisodeRecord], oracle: Oracle,
