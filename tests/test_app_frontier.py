@@ -338,3 +338,40 @@ def test_the_report_joins_a_study_of_the_same_episodes_and_refuses_another(tmp_p
     _append(tmp_path / "text" / ROWS_FILE, other_text)
     assert main(["report", str(tmp_path / "text"), "--with", str(tmp_path / "sizes")]) == 2
     assert "trained on another text" in capsys.readouterr().err
+
+
+def test_a_device_this_machine_lacks_is_refused_before_anything_trains(tmp_path, text_file,
+                                                                       capsys):
+    from esper_lightning.app.frontier.command import main
+
+    folder = tmp_path / "study"
+    folder.mkdir()
+    (folder / PLAN_FILE).write_text(json.dumps(_plan()))
+    assert main(["run", str(folder), "--text", str(text_file), "--device", "tpu"]) == 2
+    assert capsys.readouterr().err == ("esper-lightning frontier: error: device 'tpu' is not "
+                                       "accepted; accepted: cpu, cuda, cuda:N\n")
+    if not torch.cuda.is_available():
+        assert main(["run", str(folder), "--text", str(text_file), "--device", "cuda"]) == 2
+        assert "this machine has no CUDA device; accepted: cpu" in capsys.readouterr().err
+    assert not (folder / ROWS_FILE).exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_study_on_cuda_trains_the_cpus_runs(tmp_path: Path, text_file: Path):
+    """The same steps and FLOPs on either device; the losses agree to float32 kernel noise."""
+    plan = _plan(arms=[{"arm": "S2", "lr": 1e-2}, {"arm": "G1-2@0.5:identity", "lr": 1e-2}],
+                 budgets=[1, 2])
+    rows = {}
+    for device in ("cpu", "cuda"):
+        folder = tmp_path / device
+        folder.mkdir()
+        (folder / PLAN_FILE).write_text(json.dumps(plan))
+        rows[device] = run_study(folder, text_file, workers=2, progress=False, device=device)
+    cpu = {(r["arm"], r["budget"]): r for r in rows["cpu"]}
+    assert len(rows["cuda"]) == len(cpu) == 4
+    for row in rows["cuda"]:
+        twin = cpu[(row["arm"], row["budget"])]
+        for key in ("steps", "spent_flops", "params", "final_depth", "tokens"):
+            assert row[key] == twin[key], (row["arm"], key)
+        assert row["validation_nats"] == pytest.approx(twin["validation_nats"], abs=2e-3)

@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--text", required=True, help="the text file (or a folder holding one)")
     run.add_argument("--workers", type=int, default=1,
                      help="worker processes, one thread each (default 1)")
+    run.add_argument("--device", default="cpu",
+                     help="where every unit trains: cpu (default), cuda or cuda:N (all workers "
+                     "share it)")
     run.add_argument("--no-progress", dest="progress", action="store_false",
                      help="no progress bar")
     select = sub.add_parser("select", help="each arm's best rate per budget (a tuning study)",
@@ -86,7 +89,7 @@ def main(argv: Sequence[str]) -> int:
         if args.action == "run":
             from esper_lightning.app.frontier.study import run_study
 
-            rows = run_study(args.study, args.text, args.workers, args.progress)
+            rows = run_study(args.study, args.text, args.workers, args.progress, args.device)
             print(f"{args.study}: {len(rows)} rows")
         elif args.action == "select":
             print(json.dumps(_selected(args.study), indent=2))

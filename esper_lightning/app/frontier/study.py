@@ -1,13 +1,14 @@
 """Running a frontier study: a plan's units on worker processes, resumably.
 
-A study is a folder holding its plan (``plan.json``, see `plan`) and its rows (``rows.csv``,
-one per arm, rate, episode and budget; `train.ROW_FIELDS`). `run_study` trains the units whose
-rows are missing, a whole unit at a time on each of ``workers`` processes (one thread each),
-and appends a unit's rows as soon as it is done: an interrupted study loses at most the units in
-flight and resumes where it stopped. A unit's rows depend only on the unit (its arm, rate,
-episode rng seed and budgets), never on the worker, the order or what ran before, so a study
-played in pieces equals one played at once. A progress bar counts units and their FLOPs.
-"""
+A study is a folder holding its plan (``plan.json``, see `plan`) and its rows (``rows.csv``, one
+per arm, rate, episode and budget; `train.ROW_FIELDS`). `run_study` trains the units whose rows
+are missing, a whole unit at a time on each of ``workers`` processes (one thread each; on the
+CPU, or all on one CUDA device, which several processes keep busy where one run of these small
+models waits on kernel launches), and appends a unit's rows as soon as it is done: an
+interrupted study loses at most the units in flight and resumes where it stopped. A unit's rows
+depend only on the unit (its arm, rate, episode rng seed and budgets), never on the worker, the
+order or what ran before, so a study played in pieces equals one played at once. A progress bar
+counts units and their FLOPs."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from tqdm import tqdm
 from esper_lightning.app.frontier.plan import Plan, Unit, read_plan
 from esper_lightning.errors import ConfigError
 
-__all__ = ["PLAN_FILE", "ROWS_FILE", "pending_units", "read_rows", "run_study"]
+__all__ = ["PLAN_FILE", "ROWS_FILE", "check_device", "pending_units", "read_rows", "run_study"]
 
 PLAN_FILE = "plan.json"
 ROWS_FILE = "rows.csv"
@@ -63,17 +64,20 @@ def pending_units(plan: Plan, rows: list[dict[str, Any]]) -> list[Unit]:
 
 
 def run_study(folder: str | Path, text: str | Path, workers: int = 1,
-              progress: bool = True) -> list[dict[str, Any]]:
-    """Train every pending unit of the study in ``folder`` and return all its rows.
+              progress: bool = True, device: str = "cpu") -> list[dict[str, Any]]:
+    """Train every pending unit of the study in ``folder`` on ``device`` and return all its
+    rows. A row does not depend on the worker or the order; on a GPU it differs from the CPU's
+    in the last bits (other kernels), so a study's episodes are best played on one device.
 
     Raises:
-        ConfigError: A bad plan, rows from another text (their SHA-256 differs), or
-            ``workers`` below 1.
+        ConfigError: A bad plan, rows from another text (their SHA-256 differs), ``workers``
+            below 1, or a device this machine does not have.
     """
     folder = Path(folder)
     plan = read_plan(folder / PLAN_FILE)
     if workers < 1:
         raise ConfigError(f"workers must be an int >= 1, got {workers}")
+    check_device(device)
     rows = read_rows(folder)
     todo = pending_units(plan, rows)
     if not todo:
@@ -93,7 +97,7 @@ def run_study(folder: str | Path, text: str | Path, workers: int = 1,
     flops = sum(unit_flops(u, plan) for u in todo)
     bar = tqdm(total=flops / 1e12, unit="TFLOP", desc=plan.name, disable=not progress,
                bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} {unit} [{elapsed}<{remaining}]")
-    for unit, new in _play(todo, plan, text, workers):
+    for unit, new in _play(todo, plan, text, workers, device):
         _append(folder / ROWS_FILE, new)
         rows.extend(new)
         bar.update(unit_flops(unit, plan) / 1e12)
@@ -110,17 +114,31 @@ def unit_flops(unit: Unit, plan: Plan) -> float:
     return max(unit.budgets) + plan.decay_fraction * (sum(unit.budgets) - max(unit.budgets))
 
 
-def _play(todo: list[Unit], plan: Plan, text: str | Path,
-          workers: int) -> Iterator[tuple[Unit, list[dict[str, Any]]]]:
+def check_device(device: str) -> None:
+    """Refuse, in one line, a device name torch does not parse or this machine does not have."""
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        kind = None
+    if kind not in ("cpu", "cuda"):
+        raise ConfigError(f"device {device!r} is not accepted; accepted: cpu, cuda, cuda:N")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r}: this machine has no CUDA device; accepted: cpu")
+
+
+def _play(todo: list[Unit], plan: Plan, text: str | Path, workers: int,
+          device: str) -> Iterator[tuple[Unit, list[dict[str, Any]]]]:
     """Each unit with its rows, as units finish (in order with one worker)."""
     if workers == 1:
-        _init_worker(plan, text)
+        _init_worker(plan, text, device)
         for unit in todo:
             yield unit, _train(unit)
         return
     context = multiprocessing.get_context("spawn")  # no forked torch state
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                             initargs=(plan, text)) as pool:
+                             initargs=(plan, text, device)) as pool:
         queue = list(todo)
         running: dict[Future[list[dict[str, Any]]], Unit] = {}
         while queue or running:
@@ -135,16 +153,16 @@ def _play(todo: list[Unit], plan: Plan, text: str | Path,
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(plan: Plan, text: str | Path) -> None:
+def _init_worker(plan: Plan, text: str | Path, device: str) -> None:
     """One thread per worker (a second intra-op thread buys nothing at these sizes and slows a
-    shared machine), the corpus read once."""
+    shared machine), the corpus read once onto ``device``."""
     import torch
 
     from esper_lightning.app.frontier.train import load_corpus
     from esper_lightning.core.flops import FlopMeter
 
     torch.set_num_threads(1)
-    _WORKER.update(plan=plan, corpus=load_corpus(text, plan.shape, plan.splits),
+    _WORKER.update(plan=plan, corpus=load_corpus(text, plan.shape, plan.splits, device),
                    meter=FlopMeter())
 
 

@@ -1,11 +1,12 @@
 """Training one unit of a frontier study: one arm at one rate on one episode, every budget.
 
 A run is a byte-level `GPTHost` in a plain AdamW loop (the host's own optimizer groups), one CPU
-thread, batches from `data.text.StepBatches` (step ``i``'s batch is a function of the episode's
-rng seed and ``i``), every step metered by `core.flops.FlopMeter` (once per architecture) and
-its rate set by a `schedule.BudgetSchedule`: a warmup of a fixed amount of compute, a stable
-phase, and a linear decay over the last ``decay_fraction`` of the run's own budget, so every
-budget ends fully decayed. The step that brings the FLOPs spent to the budget is the last.
+thread or one CUDA device (the corpus's: `load_corpus`), batches from `data.text.StepBatches`
+(step ``i``'s batch is a function of the episode's rng seed and ``i``), every step metered by
+`core.flops.FlopMeter` (once per architecture) and its rate set by a `schedule.BudgetSchedule`:
+a warmup of a fixed amount of compute, a stable phase, and a linear decay over the last
+``decay_fraction`` of the run's own budget, so every budget ends fully decayed. The step that
+brings the FLOPs spent to the budget is the last.
 
 A growing arm (`arms.ArmSpec`) trains each budget as its own run: at the first step past
 fraction ``τ`` of that budget it grows (`core.depth.grow`: new blocks on top, made by its growth
@@ -73,14 +74,17 @@ class Corpus:
     sha256: str
 
 
-def load_corpus(path: str | Path, shape: Shape, splits: tuple[str, ...]) -> Corpus:
-    """Read the text, split it (`split_text`) and cut every block of each split in ``splits``."""
+def load_corpus(path: str | Path, shape: Shape, splits: tuple[str, ...],
+                device: str | torch.device = "cpu") -> Corpus:
+    """Read the text, split it (`split_text`) and cut every block of each split in ``splits``,
+    all on ``device`` (where every run on this corpus trains)."""
     file = find_text_file(path)
     tokens = load_text_tokens(file)
     parts = split_text(tokens)
-    blocks = {name: validation_blocks(getattr(parts, name), shape.block_size)
+    blocks = {name: tuple(t.to(device) for t in validation_blocks(getattr(parts, name),
+                                                                  shape.block_size))
               for name in splits}
-    return Corpus(parts.train, blocks, hashlib.sha256(file.read_bytes()).hexdigest())
+    return Corpus(parts.train.to(device), blocks, hashlib.sha256(file.read_bytes()).hexdigest())
 
 
 def build_host(shape: Shape, depth: int, lr: float, rng_seed: int,
@@ -120,9 +124,11 @@ class Run:
         self.step, self.spent, self.seconds = state["step"], state["spent"], state["seconds"]
 
 
-def start_run(shape: Shape, depth: int, lr: float, rng_seed: int,
-              init_depth: int | None = None) -> Run:
-    host = build_host(shape, depth, lr, rng_seed, init_depth)
+def start_run(shape: Shape, depth: int, lr: float, rng_seed: int, init_depth: int | None = None,
+              device: torch.device | None = None) -> Run:
+    """A fresh run, its host initialised on the CPU (the same weights on every device) and
+    moved to ``device`` before its optimizer is made."""
+    host = build_host(shape, depth, lr, rng_seed, init_depth).to(device)
     optimizer = host.configure_optimizers()
     set_base_lrs(optimizer.param_groups)
     return Run(host, optimizer)
@@ -189,7 +195,8 @@ def train_unit(unit: Unit, plan: Plan, corpus: Corpus,
     schedule = schedule_of(plan)
     batches = StepBatches(corpus.train, plan.shape.block_size, plan.shape.batch_size,
                           unit.rng_seed)
-    run = start_run(plan.shape, unit.arm.final_depth, unit.lr, unit.rng_seed)
+    run = start_run(plan.shape, unit.arm.final_depth, unit.lr, unit.rng_seed,
+                    device=corpus.train.device)
     largest = max(unit.budgets)
     rows = []
     for budget in sorted(unit.budgets):
@@ -224,7 +231,8 @@ def _train_growing(unit: Unit, plan: Plan, corpus: Corpus, meter: FlopMeter,
         run.grown_at = run.spent
         return True
 
-    run = start_run(plan.shape, arm.depths[0], unit.lr, unit.rng_seed, arm.final_depth)
+    run = start_run(plan.shape, arm.depths[0], unit.lr, unit.rng_seed, arm.final_depth,
+                    device=corpus.train.device)
     batches = StepBatches(corpus.train, plan.shape.block_size, plan.shape.batch_size,
                           unit.rng_seed)
     rewarm = plan.warmup_flops if "rewarm" in arm.options else None

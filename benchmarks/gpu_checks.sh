@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# What only a GPU shows, in one short run (one lent GPU, 15 minutes all in):
+#   1. bench_env_pool.py on CUDA: pool vs sequential envs, per-env CUDA streams on vs off,
+#      fp32 vs bf16-mixed vs 16-mixed (each env's own GradScaler), the host's epoch time;
+#   2. bench_counterfactual.py on CUDA: fused counterfactual validation vs K separate passes;
+#   3. the tests that skip without CUDA;
+#   4. the width-128 frontier tuning study (resumable; whatever units finish are kept).
+#
+#   bash benchmarks/gpu_checks.sh DATA_DIR TEXT OUT_DIR SECONDS
+#
+# DATA_DIR: a CIFAR-10 folder; TEXT: the frontier's text; OUT_DIR: logs and the study's rows;
+# SECONDS: the wall-clock deadline of the whole script (each part gets what is left of it).
+# The timed benchmarks run first, on a quiet machine; the frontier study runs last with one
+# worker process per CPU core but one, all on the one GPU.
+set -u
+DATA_DIR=$1 TEXT=$2 OUT_DIR=$3 DEADLINE=$(( $(date +%s) + $4 ))
+mkdir -p "$OUT_DIR"
+left() { echo $(( DEADLINE - $(date +%s) )); }
+part() {  # part SECONDS LOG COMMAND...: run COMMAND for at most SECONDS (and what is left)
+    local limit=$1 log=$2; shift 2
+    (( limit > $(left) )) && limit=$(left)
+    (( limit <= 0 )) && { echo "skipped: no time left" > "$OUT_DIR/$log"; return; }
+    echo "== $* (limit ${limit}s)" | tee -a "$OUT_DIR/$log"
+    timeout --signal=INT --kill-after=10 "$limit" "$@" >> "$OUT_DIR/$log" 2>&1
+    echo "== exit $? after $SECONDS s of the script" | tee -a "$OUT_DIR/$log"
+}
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the checkout's package
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0))"
+  nproc; } > "$OUT_DIR/machine.txt" 2>&1
+part 170 bench_env_pool.log python3 benchmarks/bench_env_pool.py --device cuda \
+    --data-dir "$DATA_DIR" --train-subset 0 --val-subset 0
+part 50 bench_counterfactual.log python3 benchmarks/bench_counterfactual.py --device cuda \
+    --seeds 1 2 3 --batch-sizes 500 2000
+part 60 gpu_tests.log python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests
+STUDY="$OUT_DIR/w128-tuning"
+mkdir -p "$STUDY" && cp results/frontier/w128-tuning/plan.json "$STUDY/"
+[ -f results/frontier/w128-tuning/rows.csv ] && cp results/frontier/w128-tuning/rows.csv "$STUDY/"
+part 100000 frontier.log python3 -c "import sys; from esper_lightning.app.frontier.command \
+import main; sys.exit(main(sys.argv[1:]))" run "$STUDY" --text "$TEXT" --device cuda \
+    --workers $(( $(nproc) - 1 )) --no-progress
