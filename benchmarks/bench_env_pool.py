@@ -11,7 +11,8 @@ Everything is measured side by side in one run:
    ``start_epoch`` + every ``train_batch`` + ``validate`` + ``observe`` before the next starts).
    With ``--actions seed`` (default) every env first germinates a conv_light seed in ``r0c1``
    and advances it to BLENDING during the untimed warm-up, so the timed epochs train the seed and
-   run the fused counterfactual validation (2 configurations per forward); ``--actions wait``
+   run the counterfactual validation over 2 configurations (in the device's default mode,
+   `core.counterfactual.DEFAULT_MODES`: separate passes on CPU and CUDA); ``--actions wait``
    times bare hosts. Timed epochs use WAIT actions. Pool and sequential repeats are interleaved
    (the order rotates every repeat) over the same envs; medians are reported.
 2. Controller + PPO update share of a round: a short `PPOTrainer` run (``smoke`` preset, the same
@@ -111,7 +112,7 @@ def scripted_action(env: MorphogenesisEnv) -> Action:
 
 
 def plan_sizes(envs: Sequence[MorphogenesisEnv]) -> list[int]:
-    """Configurations per fused validation forward, per env (1: no seed blends in)."""
+    """Counterfactual configurations per validation batch, per env (1: no seed blends in)."""
     return [make_plan(env.engine.slots).size for env in envs if env.engine is not None]
 
 
@@ -157,7 +158,7 @@ def bench_pool(args: argparse.Namespace, spec: EnvSpec, train: Split, val: Split
           f"measurement, pool and sequential interleaved over the same envs")
     if args.actions == "seed":
         print(f"    actions: scripted warm-up (GERMINATE conv_light in {SEED_SLOT}, ADVANCE to "
-              "BLENDING), then WAIT: seed trained, fused counterfactual validation")
+              "BLENDING), then WAIT: seed trained, counterfactual validation")
     else:
         print("    actions: WAIT only (bare hosts, one validation configuration)")
     pools = {n: make_pool(spec, train, val, args.device, n, args.actions) for n in counts}
@@ -168,7 +169,7 @@ def bench_pool(args: argparse.Namespace, spec: EnvSpec, train: Split, val: Split
         drivers[f"seq{n}"] = lambda pool=pool, wait=wait: sequential_epoch(pool.envs, wait)
     times = interleaved(drivers, args.epochs, args.repeats, args.device)
     print(f"    {'envs':>4}  {'pool env-ep/s':>13}  {'seq env-ep/s':>12}  {'pool/seq':>8}  "
-          f"{'pool range':>14}  {'seq range':>14}  K per val forward")
+          f"{'pool range':>14}  {'seq range':>14}  K per val batch")
     for n, pool in pools.items():
         pool_s = statistics.median(times[f"pool{n}"])
         seq_s = statistics.median(times[f"seq{n}"])

@@ -8,6 +8,9 @@
 #   bash scripts/controller_study.sh lookup         # the lookup and the best single schedule
 #   bash scripts/controller_study.sh train SEED     # one PPO training seed of the timing policy
 #   bash scripts/controller_study.sh ship SEED      # that policy, small, into policies/
+#   bash scripts/controller_study.sh train-all SEED # every blueprint, started from that policy
+#   bash scripts/controller_study.sh ship-all SEED  # the curriculum's policy into policies/
+#   bash scripts/controller_study.sh status         # what each stage has done so far
 #
 # The final table is not here: it is pre-registered (its own commit) once the lookup and the
 # policies exist.
@@ -61,8 +64,35 @@ case "${1:-}" in
     esper-lightning ship "runs/grow124-timing-s$seed.pt" \
       --out "policies/grow124-timing-s$seed.pt"
     ;;
+  train-all)
+    # The curriculum for the full action space: every blueprint the growth slots accept, the
+    # policy started from the timing policy of the same seed (its cost and command carried).
+    seed=${2:?the PPO training seed (1, 2, 3)}
+    start=(--init_policy "runs/grow124-timing-s$seed.pt")
+    [ -f "runs/grow124-all-s$seed.pt" ] && start=(--resume "runs/grow124-all-s$seed.pt")
+    esper-lightning ppo --preset lm-grow124-cpu --rng_seed "$seed" --data_dir "$TEXT" \
+      --strategy ddp --devices 2 --save "runs/grow124-all-s$seed.pt" --logdir runs/logs \
+      "${start[@]}"
+    ;;
+  ship-all)
+    seed=${2:?the PPO training seed}
+    esper-lightning ship "runs/grow124-all-s$seed.pt" --out "policies/grow124-all-s$seed.pt"
+    ;;
+  status)
+    expected=$(( $(grid | wc -w) * 2 ))  # every schedule on 2 tuning episodes
+    for scale in $TUNING_SCALES; do
+      rows=$RESULTS/tune-lookup-$scale/episodes.csv
+      done_=0
+      [ -f "$rows" ] && done_=$(( $(wc -l < "$rows") - 1 ))
+      echo "tune-lookup $scale x: $done_ of $expected episodes"
+    done
+    for file in "$RESULTS/lookup-grow124.json" runs/grow124-{timing,all}-s{1,2,3}.pt \
+                policies/grow124-{timing,all}-s{1,2,3}.pt; do
+      [ -f "$file" ] && echo "present: $file" || echo "missing: $file"
+    done
+    ;;
   *)
-    sed -n '2,13p' "$0"
+    sed -n '2,16p' "$0"
     exit 2
     ;;
 esac

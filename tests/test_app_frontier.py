@@ -350,9 +350,11 @@ def test_a_device_this_machine_lacks_is_refused_before_anything_trains(tmp_path,
     assert main(["run", str(folder), "--text", str(text_file), "--device", "tpu"]) == 2
     assert capsys.readouterr().err == ("esper-lightning frontier: error: device 'tpu' is not "
                                        "accepted; accepted: cpu, cuda, cuda:N\n")
-    if not torch.cuda.is_available():
-        assert main(["run", str(folder), "--text", str(text_file), "--device", "cuda"]) == 2
-        assert "this machine has no CUDA device; accepted: cpu" in capsys.readouterr().err
+    assert main(["run", str(folder), "--text", str(text_file), "--device", "cuda:x"]) == 2
+    assert "device 'cuda:x' is not accepted" in capsys.readouterr().err
+    missing = f"cuda:{torch.cuda.device_count()}"  # one past the last GPU (cuda:0 on a CPU)
+    assert main(["run", str(folder), "--text", str(text_file), "--device", missing]) == 2
+    assert f"device '{missing}' " in capsys.readouterr().err
     assert not (folder / ROWS_FILE).exists()
 
 
@@ -375,3 +377,17 @@ def test_a_study_on_cuda_trains_the_cpus_runs(tmp_path: Path, text_file: Path):
         for key in ("steps", "spent_flops", "params", "final_depth", "tokens"):
             assert row[key] == twin[key], (row["arm"], key)
         assert row["validation_nats"] == pytest.approx(twin["validation_nats"], abs=2e-3)
+
+
+def test_a_random_growth_draws_from_its_units_own_stream(corpus):
+    """A row must not depend on what its worker trained before: the random operator's new
+    blocks come from the episode's growth stream, not the process's generator."""
+    plan = parse_plan(_plan(arms=[{"arm": "G1-2@0.5:random", "lr": 1e-2}], budgets=[1]))
+    (unit,) = plan.units()
+    torch.manual_seed(1)
+    (first,) = train_unit(unit, plan, corpus)
+    torch.manual_seed(2)
+    torch.randn(1000)  # another unit's draws
+    (second,) = train_unit(unit, plan, corpus)
+    assert first["final_depth"] == 2
+    assert second["validation_nats"] == first["validation_nats"]

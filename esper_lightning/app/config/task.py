@@ -221,8 +221,9 @@ class TaskConfig:
 
 
 # --- the task's own checks ---------------------------------------------------------------------
-def check_hardware(config: TaskConfig, devices: tuple[str, ...]) -> None:
-    """Refuse devices and precisions this machine cannot run (one-line `ConfigError`)."""
+def check_devices(devices: tuple[str, ...]) -> list[str]:
+    """Refuse a CUDA device (``cuda`` or ``cuda:N``) this machine does not have (one-line
+    `ConfigError`); returns the CUDA devices among ``devices``."""
     import torch  # only a run checks its hardware: parsing stays free of torch
 
     cuda = [d for d in devices if d.startswith("cuda")]
@@ -233,6 +234,12 @@ def check_hardware(config: TaskConfig, devices: tuple[str, ...]) -> None:
         if index >= torch.cuda.device_count():
             raise ConfigError(f"device {device!r} does not exist; this machine has "
                               f"{torch.cuda.device_count()} CUDA device(s)")
+    return cuda
+
+
+def check_hardware(config: TaskConfig, devices: tuple[str, ...]) -> None:
+    """Refuse devices and precisions this machine cannot run (one-line `ConfigError`)."""
+    cuda = check_devices(devices)
     if config.precision == "16-mixed" and not cuda:
         raise ConfigError("precision '16-mixed' needs CUDA devices; on cpu use bf16-mixed or "
                           "32-true")

@@ -115,17 +115,14 @@ def unit_flops(unit: Unit, plan: Plan) -> float:
 
 
 def check_device(device: str) -> None:
-    """Refuse, in one line, a device name torch does not parse or this machine does not have."""
-    import torch
+    """Refuse, in one line, a device name that is not ``cpu``, ``cuda`` or ``cuda:N``, or a
+    CUDA device this machine does not have."""
+    from esper_lightning.app.config.task import check_devices
 
-    try:
-        kind = torch.device(device).type
-    except RuntimeError:
-        kind = None
-    if kind not in ("cpu", "cuda"):
+    kind, _, index = device.partition(":")
+    if kind not in ("cpu", "cuda") or (index and (kind == "cpu" or not index.isdigit())):
         raise ConfigError(f"device {device!r} is not accepted; accepted: cpu, cuda, cuda:N")
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {device!r}: this machine has no CUDA device; accepted: cpu")
+    check_devices((device,))
 
 
 def _play(todo: list[Unit], plan: Plan, text: str | Path, workers: int,

@@ -55,7 +55,8 @@ from esper_lightning.data.text import (
 from esper_lightning.hosts.gpt import GPTConfig, GPTHost
 from esper_lightning.schedule import BudgetSchedule, LRSchedule, apply_multiplier, set_base_lrs
 
-__all__ = ["ROW_FIELDS", "Corpus", "build_host", "evaluate", "load_corpus", "train_unit"]
+__all__ = ["ROW_FIELDS", "Corpus", "build_host", "evaluate", "growth_rng_seed", "load_corpus",
+           "train_unit"]
 
 #: Blocks per evaluation forward.
 EVAL_BATCH = 256
@@ -163,6 +164,9 @@ def train_until(run: Run, batches: StepBatches, meter: FlopMeter, schedule: Budg
         optimizer.step()
         run.spent += cost
         run.step += 1
+    device = next(host.parameters()).device
+    if device.type == "cuda":  # the clock stops when the GPU's queued steps are done
+        torch.cuda.synchronize(device)
     run.seconds += time.perf_counter() - started
 
 
@@ -178,6 +182,12 @@ def evaluate(host: GPTHost, blocks: tuple[Tensor, Tensor]) -> float:
                                        reduction="sum"))
     host.train()
     return total / y.numel()
+
+
+def growth_rng_seed(rng_seed: int, depth: int) -> int:
+    """The rng seed of the growth event of the episode ``rng_seed`` that grows a host of
+    ``depth`` blocks (a stream of its own, apart from the episode's weights and batches)."""
+    return (rng_seed * 1_000_003 + 0x6A0 * (depth + 1)) % 2**63
 
 
 def schedule_of(plan: Plan) -> BudgetSchedule:
@@ -226,8 +236,13 @@ def _train_growing(unit: Unit, plan: Plan, corpus: Corpus, meter: FlopMeter,
         if not events or run.spent < events[0][0]:
             return False
         _, blocks = events.pop(0)
-        grow(run.host, DepthGrowth("blocks", blocks=blocks, init=init, moments=moments),
-             str(arm.operator), run.optimizer)
+        device = corpus.train.device
+        # An operator that draws (random) draws from the unit's own stream, so a row never
+        # depends on what its worker trained before.
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(growth_rng_seed(unit.rng_seed, len(run.host.blocks)))
+            grow(run.host, DepthGrowth("blocks", blocks=blocks, init=init, moments=moments),
+                 str(arm.operator), run.optimizer)
         run.grown_at = run.spent
         return True
 
