@@ -351,3 +351,24 @@ def test_each_lifecycle_event_is_one_info_line(caplog):
         "epoch 1: net.1 pruned conv_light (governor_rollback)",
     ]
     assert all(r.levelno == logging.INFO for r in caplog.records)
+
+
+def test_a_loss_scalers_overflow_is_not_read_as_the_seeds_health():
+    """Under fp16 a step with an inf gradient is the scaler's to skip: measured only without a
+    scaler, where an inf is the seed's own explosion."""
+    net, engine = _engine()
+    assert engine.execute(GERMINATE).success and engine.execute(ADVANCE).success
+    metrics = engine.slots["net.1"].state.metrics
+    for p in net.parameters():
+        p.grad = torch.ones_like(p)
+    for p in engine.seed_parameters():
+        p.grad = torch.full_like(p, float("inf"))
+    metrics.gradient_health, metrics.has_exploding = 0.7, False
+    engine.capture_gradient_stats(scaled=True)
+    assert (metrics.gradient_health, metrics.has_exploding) == (0.7, False)  # not measured
+    engine.capture_gradient_stats()
+    assert (metrics.gradient_health, metrics.has_exploding) == (0.0, True)
+    for p in engine.seed_parameters():  # a finite step under the scaler is measured
+        p.grad = torch.full_like(p, 1e-3)
+    engine.capture_gradient_stats(scaled=True)
+    assert (metrics.gradient_health, metrics.has_exploding) == (1.0, False)

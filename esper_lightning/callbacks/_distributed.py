@@ -12,9 +12,9 @@ equal (docs/design.md, "Distributed"):
   controller cannot split the ranks;
 * a new seed's initial weights come from ``(rng_seed, epoch)``, with rank 0's ``rng_seed``;
 * seeds are created after DDP wrapped the model, so DDP does not reduce their gradients:
-  `average_gradients` does, before every optimizer step, and DDP is told to leave every slot's
-  parameters alone (also seeds restored from a checkpoint before wrapping), so a pruned seed
-  never leaves DDP waiting for a gradient.
+  `average_gradients` does, after every backward (before a loss scaler unscales), and DDP is
+  told to leave every slot's parameters alone (also seeds restored from a checkpoint before
+  wrapping), so a pruned seed never leaves DDP waiting for a gradient.
 
 Every helper is a no-op on one process, so single-device training runs exactly the same code.
 """

@@ -353,17 +353,25 @@ class MorphogenesisCallback(Callback):
                       sync_dist=dist.is_distributed(trainer))  # equal everywhere; no warning
 
     @override
+    def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # DDP only syncs the host's gradients; the seeds' are averaged here, before a loss
+        # scaler unscales them: a seed-only overflow then reaches every rank's scaler, and every
+        # rank skips the step together (averaging after the unscale would let one rank skip
+        # while the others stepped on its inf). Linear, so it holds under accumulation too.
+        dist.average_gradients(trainer, self._require_engine().seed_parameters())
+
+    @override
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
         # Gradients are already unscaled here under AMP. Measure at least once per epoch so the
         # gates always have fresh gradient health.
         engine = self._require_engine()
-        dist.average_gradients(trainer, engine.seed_parameters())  # DDP only syncs the host's
         first_of_epoch = self._stats_epoch != trainer.current_epoch
         if engine.gradient_stats_due(trainer.global_step, first_of_epoch):
             self._stats_epoch = trainer.current_epoch
-            engine.capture_gradient_stats()
+            scaled = getattr(trainer.precision_plugin, "scaler", None) is not None
+            engine.capture_gradient_stats(scaled=scaled)
 
     # --- validation: counterfactual measurement -----------------------------------------------
     @override

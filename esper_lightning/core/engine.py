@@ -414,8 +414,15 @@ class MorphogenesisEngine:
         return pruned
 
     @torch.no_grad()
-    def capture_gradient_stats(self) -> None:
-        """Measure seed gradient health and the seed/host gradient ratio (after backward)."""
+    def capture_gradient_stats(self, scaled: bool = False) -> None:
+        """Measure seed gradient health and the seed/host gradient ratio (after backward).
+
+        Args:
+            scaled: A loss scaler (fp16 mixed precision) owns these gradients. Then a step
+                whose gradients are not all finite is the scaler's overflow, which it skips
+                while it lowers its scale, not a reading of the seeds' health: it is not
+                measured (the next finite step is).
+        """
         active = [s for s in self.slots.values() if s.stage in LIVE_STAGES and s.seed is not None]
         if not active:
             return
@@ -425,6 +432,8 @@ class MorphogenesisEngine:
             host_norm = float(torch.linalg.vector_norm(torch.stack(
                 torch._foreach_norm([p.grad for p in host])
             )))
+        if scaled and not _all_finite(host_norm, [s.seed_parameters() for s in active]):
+            return
         n_host = sum(p.numel() for p in host)
         for slot in active:
             slot.capture_gradient_stats(host_norm if host_norm and math.isfinite(host_norm)
@@ -638,3 +647,11 @@ def legacy_train_flops(state: Mapping[str, Any]) -> float | None:
     """The training FLOPs an engine state saved before they were the ledger's, if any."""
     train = state.get("flops", {}).get("train")
     return None if train is None else float(train)
+
+
+def _all_finite(host_norm: float | None, seeds: list[list[nn.Parameter]]) -> bool:
+    """Whether the host's gradient norm and every seed gradient are finite."""
+    if host_norm is not None and not math.isfinite(host_norm):
+        return False
+    grads = [p.grad for params in seeds for p in params if p.grad is not None]
+    return not grads or bool(torch.isfinite(torch.stack(torch._foreach_norm(grads))).all())

@@ -410,7 +410,8 @@ class MorphogenesisEnv:
             self.optimizer.step()  # unscales the gradients under 16-mixed before stepping
             # The step index before counting this one, as a Trainer's global_step.
             if engine.gradient_stats_due(self._steps, self._first_of_epoch):
-                engine.capture_gradient_stats()
+                scaled = getattr(self.fabric.strategy.precision, "scaler", None) is not None
+                engine.capture_gradient_stats(scaled=scaled)
             self._steps += 1
             self._first_of_epoch = False
             self._loss_sum = self._loss_sum + loss.detach().float()
