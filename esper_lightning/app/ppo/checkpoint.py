@@ -163,4 +163,6 @@ def set_rng_states(state: dict[str, Any]) -> None:
     """Restore what `rng_states` captured."""
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        # A machine with fewer GPUs than the one that saved: the devices it has.
+        for index, cuda in enumerate(state["cuda"][:torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(cuda, index)
