@@ -37,13 +37,14 @@ grid() {
 
 case "${1:-}" in
   tune-lookup)
-    # Two lanes of one thread each: a comparison per budget, smallest budgets first.
-    for scale in $TUNING_SCALES; do
+    # LANES comparisons at once (default 2, one thread each), one per budget, smallest first;
+    # SCALES picks the budgets (default all), e.g. to start a lane beside one still running.
+    for scale in ${SCALES:-$TUNING_SCALES}; do
       OMP_NUM_THREADS=1 esper-lightning compare --preset lm-grow124-cpu \
         --budget_scales "$scale" --controllers $(grid) --seeds 2 --envs 2 \
         --rng_seed "$TUNING_ROOT" --data_dir "$TEXT" --progress false \
         --out "$RESULTS/tune-lookup-$scale" &
-      while [ "$(jobs -rp | wc -l)" -ge 2 ]; do sleep 10; done
+      while [ "$(jobs -rp | wc -l)" -ge "${LANES:-2}" ]; do sleep 10; done
     done
     wait
     ;;
