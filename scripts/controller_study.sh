@@ -24,12 +24,17 @@ TUNING_ROOT=30301
 TUNING_SCALES="0.25 0.5 1 2 4"
 
 # Two growth events (1 -> 2 -> 4 blocks, host grow124) on a 0.1 grid, the first no later than
-# the second: 45 schedules, and static for "never".
+# the second: 45 schedules; one growth only (1 -> 2, the second slot's time 1: never): 9; and
+# static for "never" (55 arms: everything a timing policy can do, at the grid's resolution).
 grid() {
   local arms="static" first second
   for first in 1 2 3 4 5 6 7 8 9; do
-    for second in $(seq "$first" 9); do
-      arms+=" stack:4@0.$first,0.$second:identity"
+    for second in $(seq "$first" 9) never; do
+      if [ "$second" = never ]; then
+        arms+=" stack:4@0.$first,1:identity"
+      else
+        arms+=" stack:4@0.$first,0.$second:identity"
+      fi
     done
   done
   echo "$arms"

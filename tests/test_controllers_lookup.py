@@ -38,6 +38,9 @@ def test_several_growth_times_interpolate_one_by_one_and_stay_in_order():
     never = GrowthLookup("copy", 4, ((1.0, None), (4.0, (0.2, 0.6))))
     assert never.taus_at(2.0) == pytest.approx((0.6, 0.8))  # (1, 1) halfway to (0.2, 0.6)
     assert never.taus_at(1.0) is None
+    once = GrowthLookup("identity", 4, ((1.0, (0.4, 1.0)), (4.0, (0.2, 0.6))))
+    assert once.taus_at(2.0) == pytest.approx((0.3, 0.8))  # the second slot's never, halfway
+    assert once.taus_at(1.0) == (0.4, 1.0)
 
 
 @pytest.mark.parametrize(("points", "message"), [
@@ -45,8 +48,10 @@ def test_several_growth_times_interpolate_one_by_one_and_stay_in_order():
     (((1.0, (0.2,)), (1.0, (0.4,))), "distinct budget scales > 0, ascending"),
     (((0.0, (0.2,)),), "distinct budget scales > 0"),
     (((1.0, (0.2,)), (2.0, (0.1, 0.3))), "one tau per growth slot at every budget; got [1, 2]"),
-    (((1.0, (1.0,)),), "at budget scale 1: taus must be in [0, 1) and not decrease, got [1.0]"),
-    (((1.0, (0.5, 0.2)),), "taus must be in [0, 1) and not decrease, got [0.5, 0.2]"),
+    (((1.0, (1.0,)),), "at budget scale 1: taus must be in [0, 1) (a later slot's may be 1: "
+                       "never) and not decrease, got [1.0]"),
+    (((1.0, (0.5, 0.2)),), "and not decrease, got [0.5, 0.2]"),
+    (((1.0, (0.5, 1.5)),), "and not decrease, got [0.5, 1.5]"),
 ])
 def test_a_bad_table_is_refused_in_one_line(points, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -73,10 +78,11 @@ def test_the_file_round_trips_and_a_bad_file_is_one_line(tmp_path):
         read_lookup(tmp_path / "cut.json")
 
 
-def _growth_fractions(scale: float) -> list[float]:
-    """Where a LookupController of `TABLE` germinates on grow2 at budget ``scale``: the spent
-    fractions of its germinations (5 % of the budget per epoch)."""
-    episode = Episode(LookupController(TABLE), preset="grow2")
+def _growth_fractions(scale: float, table: GrowthLookup = TABLE,
+                      preset: str = "grow2") -> list[float]:
+    """Where a LookupController of ``table`` germinates on ``preset`` at budget ``scale``: the
+    spent fractions of its germinations (5 % of the budget per epoch)."""
+    episode = Episode(LookupController(table), preset=preset)
     episode.engine.compute.reset(100.0, scale)
     for k in range(1, 20):
         episode.epoch(spent=5.0 * k)
@@ -88,6 +94,12 @@ def test_the_controller_grows_at_the_time_the_budget_looks_up():
     assert _growth_fractions(2 ** 0.5) == [pytest.approx(0.3)]  # between: 0.3
     assert _growth_fractions(0.5) == []  # never
     assert _growth_fractions(2 ** -0.5) == [pytest.approx(0.7)]  # towards never: late
+    # Two growth slots (1 -> 2 -> 4 blocks), the second never at the base budget: one growth.
+    # (Times off the 5 % grid: each growth comes at the first decision past its time.)
+    once = GrowthLookup("identity", 4, ((1.0, (0.42, 1.0)), (4.0, (0.22, 0.62))))
+    assert _growth_fractions(1.0, once, "grow124") == [pytest.approx(0.45)]
+    # Halfway in log budget: (0.32, 0.81).
+    assert _growth_fractions(2.0, once, "grow124") == [pytest.approx(0.35), pytest.approx(0.85)]
 
 
 def test_its_state_names_its_table_and_refuses_another():

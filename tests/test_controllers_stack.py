@@ -150,6 +150,12 @@ def test_each_growth_slot_may_wait_for_its_own_tau():
     assert episode.depths[:8] == [2, 2, 3, 3, 3, 4, 4, 4]
     with pytest.raises(ConfigError, match="must not decrease"):
         StackController(tau=(0.5, 0.2))
+    once = Episode(StackController(tau=(0.2, 1.0, 1.0), operator="identity"), preset="grow4x1")
+    for k in range(1, 11):  # a later slot's tau of 1 never comes: it grows once
+        once.epoch(spent=10.0 * k)
+    assert [(f, slot) for f, op, slot in once.decisions if op == Op.GERMINATE] == [
+        (0.2, "r1c0")]
+    assert once.depths[-1] == 2
     with pytest.raises(ConfigError, match=r"2 taus for the run's 3 growth slots"):
         Episode(StackController(tau=(0.1, 0.2)), preset="grow4x1").epoch(spent=50.0)
 
@@ -169,7 +175,10 @@ def test_stack_reacts_to_a_governor_prune_and_regrows():
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"tau": 1.0}, r"tau must be in \[0, 1\) \(or a list of such\), got 1.0"),
+    [({"tau": 1.0}, r"tau must be in \[0, 1\) \(or a list of such, a later slot's may be 1: "
+                    r"never\), got 1.0"),
+     ({"tau": (1.0, 1.0)}, r"tau must be in \[0, 1\)"),
+     ({"tau": (0.2, 1.5)}, r"tau must be in \[0, 1\)"),
      ({"tau": ()}, r"tau must be in \[0, 1\)"),
      ({"tau": 0.5, "operator": "zero"}, "unknown growth operator 'zero'; accepted: copy, "
                                          "identity, random")],

@@ -7,7 +7,9 @@ growing played best. `LookupController` grows at the times the table gives for t
 budget (`EpochReport.budget_scale`), **interpolated linearly in log budget** between the two
 tabled budgets around it and held at the nearest one outside them. "Never" counts as a growth
 time of 1 in the interpolation, and an interpolated time of 1 or more never grows: between a
-budget that grows at 0.6 and one that never grows, the lookup grows late.
+budget that grows at 0.6 and one that never grows, the lookup grows late. A later growth slot
+may never grow where the first does (``[0.3, 1]``: one growth, 1 -> 2 blocks of ``grow124``),
+and interpolates the same way, slot by slot.
 
 A lookup is a small JSON file::
 
@@ -32,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from esper_lightning.controllers.base import WAIT, check_state, state_header
-from esper_lightning.controllers.stack import StackController
+from esper_lightning.controllers.stack import NEVER, StackController
 from esper_lightning.core.actions import Action
 from esper_lightning.core.report import EpochReport
 from esper_lightning.errors import ConfigError, read_json_file
@@ -41,8 +43,6 @@ __all__ = ["LOOKUP_KIND", "GrowthLookup", "LookupController", "read_lookup"]
 
 #: The ``kind`` a lookup file declares, and the version this code writes.
 LOOKUP_KIND, LOOKUP_VERSION = "growth-lookup", 1
-#: "Never grow" as a growth time, for the interpolation.
-NEVER = 1.0
 
 
 @dataclass(frozen=True)
@@ -71,10 +71,11 @@ class GrowthLookup:
             raise ConfigError(f"a growth lookup gives one tau per growth slot at every budget; "
                               f"got {sorted(widths)} taus at different budgets")
         for scale, taus in self.points:
-            if taus is not None and (not all(0.0 <= t < NEVER for t in taus)
-                                     or list(taus) != sorted(taus)):
+            if taus is not None and (not 0.0 <= taus[0] < NEVER or list(taus) != sorted(taus)
+                                     or not all(t <= NEVER for t in taus)):
                 raise ConfigError(f"growth lookup at budget scale {scale:g}: taus must be in "
-                                  f"[0, 1) and not decrease, got {list(taus)}")
+                                  f"[0, 1) (a later slot's may be 1: never) and not decrease, "
+                                  f"got {list(taus)}")
 
     @property
     def slots(self) -> int:

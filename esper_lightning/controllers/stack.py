@@ -25,10 +25,11 @@ does not stop the next germination); with one ``tau`` per slot (``tau=(0.2, 0.5)
 ``k`` waits for its own.
 
 `compare` names them ``stack:K@TAU[:OPERATOR]`` (`stack_controller`; ``TAU`` may list one
-time per growth slot, ``0.2,0.5``) and the host born that deep ``born:K`` (`born_implants`): the
-same host preset, with a random-init growth seed implanted fully blended in every growth slot
-at epoch 0, which is exactly a ``K``-block network (the "born big" baseline, S_K, spending its
-budget on fewer tokens). ``K`` is the host's grown depth (`GPTConfig.max_depth`), for both.
+time per growth slot, ``0.2,0.5``, where a later slot's 1 means it never grows: ``0.3,1``) and
+the host born that deep ``born:K`` (`born_implants`): the same host preset, with a random-init
+growth seed implanted fully blended in every growth slot at epoch 0, which is exactly a
+``K``-block network (the "born big" baseline, S_K, spending its budget on fewer tokens). ``K``
+is the host's grown depth (`GPTConfig.max_depth`), for both.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ from esper_lightning.core.report import EpochReport
 from esper_lightning.errors import ConfigError
 
 _KIND = "stack"
+#: A growth time of 1 (a later slot's): that slot never grows (``stack:4@0.3,1``: 1 -> 2 only).
+NEVER = 1.0
 #: Mixed into an episode's rng seed for ``stack:K@random``'s draw of tau.
 _RANDOM_TAU_SALT = 0x7A0
 #: ``K@TAU[,TAU...][:OPERATOR]`` (the argument of ``stack:``).
@@ -104,7 +107,8 @@ class StackController(ControllerBase):
 
     Args:
         tau: Fraction of the run in [0, 1) after which it grows, or one per growth slot (non-
-            decreasing): slot ``k`` waits for ``tau[k]``.
+            decreasing): slot ``k`` waits for ``tau[k]``, and a later slot's 1 never comes (the
+            model stops growing before that slot: ``(0.3, 1)`` grows once).
         operator: A growth operator (`blueprints.growth.operators`: ``copy``, ``identity``,
             ``random``, ...).
         slots: Growth slot ids to grow in, in this order; None: every growth slot of the run
@@ -123,8 +127,9 @@ class StackController(ControllerBase):
     def __init__(self, tau: float | Sequence[float], operator: str = "copy",
                  slots: Sequence[str] | None = None) -> None:
         taus = (tau,) if isinstance(tau, int | float) else tuple(tau)
-        if not taus or not all(0.0 <= t < 1.0 for t in taus):
-            raise ConfigError(f"stack: tau must be in [0, 1) (or a list of such), got {tau!r}")
+        if not taus or not 0.0 <= taus[0] < NEVER or not all(0.0 <= t <= NEVER for t in taus):
+            raise ConfigError(f"stack: tau must be in [0, 1) (or a list of such, a later slot's "
+                              f"may be 1: never), got {tau!r}")
         if list(taus) != sorted(taus):
             raise ConfigError(f"stack: the taus of successive growth slots must not decrease, "
                               f"got {list(taus)}")
@@ -152,7 +157,7 @@ class StackController(ControllerBase):
             raise ConfigError(f"stack: growth at tau={self.tau} needs a compute budget or a "
                               "planned number of epochs, and this run has neither")
         indices = self._slot_indices(report)
-        due = [i for k, i in enumerate(indices) if fraction >= self._tau_of(k)]
+        due = [i for k, i in enumerate(indices) if NEVER > self._tau_of(k) <= fraction]
         if not due:
             self.last_reason = f"{fraction:.3f} of the run spent < tau {self.tau}"
             return WAIT
