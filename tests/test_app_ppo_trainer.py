@@ -122,6 +122,27 @@ def test_a_run_starts_from_another_runs_policy_with_more_blueprints(cifar_dir, t
     started.train()
     allowed = started.pool.envs[0].engine.mask_context.blueprints
     assert "norm" in allowed and len(allowed) > 1  # every blueprint of the slots, not one
+    # An action prior: the blueprints the first stage could not choose start at 10 % together.
+    head = saved["policy"]
+    assert all(torch.equal(v, head[k]) for k, v in _policy(PPOTrainer(_config(
+        cifar_dir, tmp_path / "e", init_policy=str(first))))
+        .items() if k.startswith("heads.blueprint."))  # it never learned: one blueprint
+    prior = PPOTrainer(_config(cifar_dir, tmp_path / "f", init_policy=str(first),
+                               new_blueprint_share=0.1)).learners[0].policy
+    allowed = prior.config.blueprints
+    new = [b for b in started.pool.envs[0].engine.mask_context.blueprints if b != "norm"]
+    bias = prior.heads["blueprint"][-1].bias
+    assert float(bias[allowed.index("norm")].exp()) == pytest.approx(0.9)
+    assert [float(bias[allowed.index(b)].exp()) for b in new] == pytest.approx(
+        [0.1 / len(new)] * len(new))
+    with pytest.raises(ConfigError, match=r"new_blueprint_share: init_policy .* was trained "
+                                          r"with blueprints \['norm'\] and this run allows "
+                                          r"\['norm'\], so no blueprint is new to it"):
+        PPOTrainer(_config(cifar_dir, tmp_path / "g", init_policy=str(first), blueprints=["norm"],
+                           new_blueprint_share=0.1))
+    with pytest.raises(ConfigError, match="new_blueprint_share sets the prior of a policy "
+                                          "started from init_policy"):
+        _config(cifar_dir, tmp_path / "h", new_blueprint_share=0.1)
     fresh = PPOTrainer(_config(cifar_dir, tmp_path / "c", rounds=1))
     assert not all(torch.equal(v, saved["policy"][k]) for k, v in _policy(fresh).items())
     with pytest.raises(ConfigError, match=re.escape(

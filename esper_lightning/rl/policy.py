@@ -147,6 +147,31 @@ class FactoredRecurrentActorCritic(nn.Module):
                 nn.init.zeros_(param)
                 param.data[h : 2 * h] = 0.5  # forget gate: both bias vectors sum to 1.0
 
+    @torch.no_grad()
+    def set_blueprint_prior(self, old: Sequence[str], new: Sequence[str], share: float) -> None:
+        """An action prior for a curriculum: the blueprints ``new`` get the probability
+        ``share`` together, evenly, and ``old`` the rest in the proportions their biases give,
+        set on the blueprint head's output bias (exact where the head's weights give zero
+        logits, as a head that never learned nearly does: its last layer's gain is
+        ``policy_head_gain``). The other blueprints keep their bias (a run's mask removes them).
+
+        Example:
+            >>> policy = FactoredRecurrentActorCritic(PolicyConfig(n_slots=1, hidden_dim=8))
+            >>> policy.set_blueprint_prior(["norm"], ["lora", "mlp"], 0.2)
+            >>> bias = policy.heads["blueprint"][-1].bias
+            >>> index = policy.config.blueprints.index
+            >>> [round(float(bias[index(b)].exp()), 3) for b in ("norm", "lora", "mlp")]
+            [0.8, 0.1, 0.1]
+        """
+        if not 0.0 < share < 1.0 or not old or not new or set(old) & set(new):
+            raise ValueError(f"a blueprint prior needs 0 < share < 1 and two disjoint, non-empty "
+                             f"sets; got share {share}, old {list(old)}, new {list(new)}")
+        bias = self.heads["blueprint"][-1].bias
+        was = [self.config.blueprints.index(name) for name in old]
+        bias[was] += math.log(1.0 - share) - torch.logsumexp(bias[was], dim=0)
+        for name in new:
+            bias[self.config.blueprints.index(name)] = math.log(share / len(new))
+
     # --- recurrent state --------------------------------------------------------------------
     def initial_state(self, batch: int, device: torch.device | str = "cpu") -> Hidden:
         """Zero (h, c) of shape ``[batch, hidden_dim]`` each (start of an episode)."""

@@ -36,6 +36,12 @@ class PPORunConfig(TaskConfig):
             starting a run that allows every blueprint); its slots, policy_hidden and heads
             must be this run's. The policy optimizer, the reward and value normalisers and the
             rounds start afresh. A resumed run takes its weights from the resumed checkpoint.
+        new_blueprint_share: with ``init_policy`` trained on fewer blueprints than this run
+            allows, the probability the blueprints it could not choose start with together (an
+            action prior, set on the blueprint head's bias; the rest stays on those it was
+            trained with). Its blueprint head never learned (a single allowed blueprint gets
+            no gradient), so without it (null) a germination picks among all of them near
+            uniformly from the first round.
         policy_hidden: width of the policy's feature MLP and LSTM.
         learning_rate: Adam step size of the policy.
         ppo_epochs: passes over each round's rollout.
@@ -62,6 +68,7 @@ class PPORunConfig(TaskConfig):
     resume: str | None = None
     overwrite: bool = False
     init_policy: str | None = None
+    new_blueprint_share: float | None = None
     policy_hidden: int = 128
     learning_rate: float = 3e-4
     ppo_epochs: int = 4
@@ -82,6 +89,13 @@ class PPORunConfig(TaskConfig):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         check_choice("heads", self.heads, ("full", "compact"))
+        if self.new_blueprint_share is not None:
+            if not 0.0 < self.new_blueprint_share < 1.0:
+                raise ConfigError(f"new_blueprint_share must be in (0, 1), got "
+                                  f"{self.new_blueprint_share}")
+            if self.init_policy is None and self.resume is None:
+                raise ConfigError("new_blueprint_share sets the prior of a policy started from "
+                                  "init_policy; accepted: with init_policy, or null")
         for mode in self.ab:
             check_choice("ab reward", mode, REWARD_MODES)
         if len(set(self.ab)) != len(self.ab) or len(self.ab) == 1:

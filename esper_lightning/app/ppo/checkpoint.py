@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -146,11 +147,30 @@ def start_from(config: PPORunConfig, policy: Any, obs_rms: Any) -> dict[str, Any
         raise ConfigError(f"init_policy '{path}' was trained with {', '.join(differ)}; a run "
                           f"starts only from a policy of its own {', '.join(_INIT_KEYS)}")
     load_policy_weights(policy, state, f"init_policy '{path}'")
+    if config.new_blueprint_share is not None:
+        _blueprint_prior(config, policy, saved.get("blueprints"), path)
     obs_rms.load_state_dict(state["obs_rms"])
     log.info("the policy starts from '%s' (round %d of its run, trained with blueprints %s)",
              path, state.get("round", 0), saved.get("blueprints") or "all")
     return {"training_cost": dict(state.get("training_cost", {})),
             "commands": [list(c) for c in state.get("commands", [])]}
+
+
+def _blueprint_prior(config: PPORunConfig, policy: Any, trained: Sequence[str] | None,
+                     path: str) -> None:
+    """Give the blueprints this run allows beyond ``trained`` (those the starting policy could
+    choose) the probability ``config.new_blueprint_share`` together at a germination."""
+    from esper_lightning.app.task import allowed_blueprints, make_task
+
+    allowed = allowed_blueprints(config) or make_task(config).blueprints()
+    new = [b for b in allowed if trained is not None and b not in trained]
+    old = [b for b in allowed if b not in new]
+    if not new or not old:
+        raise ConfigError(f"new_blueprint_share: init_policy '{path}' was trained with "
+                          f"blueprints {list(trained) if trained else 'all'} and this run allows "
+                          f"{list(allowed)}, so no blueprint is new to it; accepted: a policy "
+                          "trained on fewer blueprints, or new_blueprint_share null")
+    policy.set_blueprint_prior(old, new, float(config.new_blueprint_share))
 
 
 def rng_states() -> dict[str, Any]:
