@@ -72,17 +72,27 @@ case "${1:-}" in
     ;;
   train-all)
     # The curriculum for the full action space: every blueprint the growth slots accept, the
-    # policy started from the timing policy of the same seed (its cost and command carried).
+    # policy started from the timing policy of the same seed (its cost and command carried),
+    # the blueprints new to it at PRIOR together (default 0.1; PRIOR=none: no action prior,
+    # the control, saved as grow124-all-none-sSEED).
     seed=${2:?the PPO training seed (1, 2, 3)}
+    prior=${PRIOR:-0.1}
+    name=grow124-all-s$seed
     start=(--init_policy "runs/grow124-timing-s$seed.pt")
-    [ -f "runs/grow124-all-s$seed.pt" ] && start=(--resume "runs/grow124-all-s$seed.pt")
+    if [ "$prior" = none ]; then
+      name=grow124-all-none-s$seed
+    else
+      start+=(--new_blueprint_share "$prior")
+    fi
+    [ -f "runs/$name.pt" ] && start=(--resume "runs/$name.pt")
     esper-lightning ppo --preset lm-grow124-cpu --rng_seed "$seed" --data_dir "$TEXT" \
-      --strategy ddp --devices 2 --save "runs/grow124-all-s$seed.pt" --logdir runs/logs \
-      "${start[@]}"
+      --strategy ddp --devices 2 --save "runs/$name.pt" --logdir runs/logs "${start[@]}"
     ;;
   ship-all)
     seed=${2:?the PPO training seed}
-    esper-lightning ship "runs/grow124-all-s$seed.pt" --out "policies/grow124-all-s$seed.pt"
+    name=grow124-all-s$seed
+    [ "${PRIOR:-0.1}" = none ] && name=grow124-all-none-s$seed
+    esper-lightning ship "runs/$name.pt" --out "policies/$name.pt"
     ;;
   status)
     expected=$(( $(grid | wc -w) * 2 ))  # every schedule on 2 tuning episodes
