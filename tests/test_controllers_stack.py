@@ -225,6 +225,14 @@ def test_random_timing_draws_tau_from_the_episode_and_only_from_it():
     assert all(60 <= c <= 140 for c in counts), counts
     with pytest.raises(ValueError, match="draws its tau from the episode's rng_seed"):
         stack_controller("2@random", grow2, ("r1c0",), "transformer")
+    # Two growth slots (1 -> 2 -> 4): each growth at its own random time, in order.
+    grow124 = GPT_PRESETS["grow124"]
+    pairs = [stack_controller("4@random:identity", grow124, ("r1c0", "r1c1"), "transformer",
+                              rng_seed=k).taus for k in range(400)]
+    assert all(len(p) == 2 and 0.0 <= p[0] <= p[1] < 1.0 for p in pairs)
+    assert len({p[1] - p[0] for p in pairs}) == 400  # not one time for both
+    # the earlier of two uniforms: P(< 0.5) = 3/4, about 300 of 400 (binomial sd 8.7)
+    assert 260 <= sum(p[0] < 0.5 for p in pairs) <= 340
 
 
 @pytest.mark.parametrize("text", ["4", "4@", "@0.5", "4@0.5:", "4@1..2", "x@0.5:copy",

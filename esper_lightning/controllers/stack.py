@@ -261,8 +261,9 @@ def stack_controller(argument: str, host: GrowingHost | None, slot_ids: Sequence
     playing ``slot_ids`` of ``topology``: it grows in every growth slot of the host, so ``K``
     must be the host's grown depth. Refused in one line otherwise, or when the run's slots
     lack a growth slot. ``stack:K@random`` is random timing, the baseline a learned timing
-    must beat first: tau drawn uniformly from [0, 1) with the episode's ``rng_seed``
-    (`random_tau`), so episode i grows at the same random time in every comparison.
+    must beat first: one tau per growth slot drawn uniformly from [0, 1) with the episode's
+    ``rng_seed`` (`random_taus`), so episode i grows at the same random times in every
+    comparison.
 
     Example:
         >>> from esper_lightning.hosts.presets import GPT_PRESETS
@@ -271,28 +272,34 @@ def stack_controller(argument: str, host: GrowingHost | None, slot_ids: Sequence
         ('r1c0',)
     """
     depth, taus, operator = parse_stack(argument)
+    check_named_blueprint(f"stack:{argument}", growth_blueprint(operator), topology)
+    slots = _growth_slots(f"stack:{argument}", depth, host, slot_ids)
     if taus is None:
         if rng_seed is None:
             raise ValueError(f"stack:{argument} draws its tau from the episode's rng_seed; "
                              "none was given")
-        taus = (random_tau(rng_seed),)
-    check_named_blueprint(f"stack:{argument}", growth_blueprint(operator), topology)
-    slots = _growth_slots(f"stack:{argument}", depth, host, slot_ids)
+        taus = random_taus(rng_seed, len(slots))
     try:
         return StackController(taus if len(taus) > 1 else taus[0], operator, slots=slots)
     except ConfigError as err:
         raise ConfigError(f"bad stack spec 'stack:{argument}': {err}") from None
 
 
-def random_tau(rng_seed: int) -> float:
-    """The growth time of ``stack:K@random`` in the episode of ``rng_seed``: uniform in [0, 1)
-    from a generator of its own (a salt keeps it apart from the episode's other draws).
+def random_taus(rng_seed: int, slots: int = 1) -> tuple[float, ...]:
+    """The growth times of ``stack:K@random`` in the episode of ``rng_seed``, one per growth
+    slot: independent uniforms in [0, 1), sorted (so each growth decision of a chained host is
+    random, not only the first), from a generator of their own (a salt keeps them apart from
+    the episode's other draws).
 
     Example:
-        >>> random_tau(3) == random_tau(3) and 0.0 <= random_tau(3) < 1.0
+        >>> random_taus(3) == random_taus(3) and 0.0 <= random_taus(3)[0] < 1.0
+        True
+        >>> first, second = random_taus(3, 2)
+        >>> first <= second
         True
     """
-    return float(np.random.default_rng((rng_seed, _RANDOM_TAU_SALT)).random())
+    draws = np.random.default_rng((rng_seed, _RANDOM_TAU_SALT)).random(slots)
+    return tuple(sorted(float(t) for t in draws))
 
 
 def born_implants(argument: str, host: GrowingHost | None, slot_ids: Sequence[str],
