@@ -157,7 +157,8 @@ class StackController(ControllerBase):
             raise ConfigError(f"stack: growth at tau={self.tau} needs a compute budget or a "
                               "planned number of epochs, and this run has neither")
         indices = self._slot_indices(report)
-        due = [i for k, i in enumerate(indices) if NEVER > self._tau_of(k) <= fraction]
+        due = [i for k, i in enumerate(indices)
+               if self._tau_of(k) < NEVER and fraction >= self._tau_of(k)]
         if not due:
             self.last_reason = f"{fraction:.3f} of the run spent < tau {self.tau}"
             return WAIT

@@ -93,7 +93,7 @@ class PPORunConfig(TaskConfig):
             if not 0.0 < self.new_blueprint_share < 1.0:
                 raise ConfigError(f"new_blueprint_share must be in (0, 1), got "
                                   f"{self.new_blueprint_share}")
-            if self.init_policy is None and self.resume is None:
+            if self.init_policy is None:  # a resumed curriculum keeps its init_policy
                 raise ConfigError("new_blueprint_share sets the prior of a policy started from "
                                   "init_policy; accepted: with init_policy, or null")
         for mode in self.ab:
