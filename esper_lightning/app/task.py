@@ -80,6 +80,12 @@ def allowed_blueprints(task: TaskConfig) -> tuple[str, ...] | None:
     return task.blueprints
 
 
+def germinable_blueprints(task: TaskConfig) -> tuple[str, ...]:
+    """Every blueprint a controller may germinate, by name: `allowed_blueprints`, or (null)
+    every blueprint of the task's slots."""
+    return allowed_blueprints(task) or tuple(make_task(task).blueprints())
+
+
 def static_step_flops(task: TaskConfig) -> int:
     """Training FLOPs of one batch of the static host: ``host_preset`` with no seed, at
     ``batch_size`` (measured on meta tensors; the host is drawn from a forked generator, so

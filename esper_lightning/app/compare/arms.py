@@ -182,7 +182,7 @@ def check_policy(path: str, task: TaskConfig, transfer: bool = False) -> PolicyB
     host is accepted with ``transfer``), one without a blueprint-head entry for a blueprint
     the comparison allows, or one trained with a subset of blueprints of which the comparison
     allows none (it could only ever wait: an arm that is static under the policy's name)."""
-    from esper_lightning.app.task import allowed_blueprints, make_task
+    from esper_lightning.app.task import germinable_blueprints
     from esper_lightning.rl.checkpoint import check_blueprints, load_policy, read_checkpoint
 
     state = read_checkpoint(path)
@@ -199,7 +199,7 @@ def check_policy(path: str, task: TaskConfig, transfer: bool = False) -> PolicyB
             raise ConfigError(f"policy '{path}' was trained with {key}={saved.get(key)!r}; the "
                               f"comparison uses {key}={value!r}{hint}")
     bundle = load_policy(state, source=f"policy '{path}'")
-    allowed = allowed_blueprints(task) or make_task(task).blueprints()
+    allowed = germinable_blueprints(task)
     check_blueprints(bundle, allowed)
     if not bundle.playable(allowed):
         raise ConfigError(f"policy '{path}' was trained to germinate only "

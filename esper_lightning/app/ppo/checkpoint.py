@@ -160,9 +160,9 @@ def _blueprint_prior(config: PPORunConfig, policy: Any, trained: Sequence[str] |
                      path: str) -> None:
     """Give the blueprints this run allows beyond ``trained`` (those the starting policy could
     choose) the probability ``config.new_blueprint_share`` together at a germination."""
-    from esper_lightning.app.task import allowed_blueprints, make_task
+    from esper_lightning.app.task import germinable_blueprints
 
-    allowed = allowed_blueprints(config) or make_task(config).blueprints()
+    allowed = germinable_blueprints(config)
     new = [b for b in allowed if trained is not None and b not in trained]
     old = [b for b in allowed if b not in new]
     if not new or not old:
