@@ -123,6 +123,16 @@ def test_tau_families_group_stack_arms_that_differ_only_in_tau():
     assert regret.tau_families(["static", ARMS[0]]) == {}
 
 
+def test_tau_families_of_several_growth_events_are_grids_over_every_time():
+    # Host grow124: one growth time per slot, a later time of 1 meaning never; such a grid was
+    # once no family at all, so its comparisons had no oracle.
+    labels = ["static", "stack:4@0.5,1:identity", "stack:4@0.2,0.5:identity",
+              "stack:4@0.2,0.3:identity", "stack:4@0.4:identity", "stack:4@random:identity"]
+    assert regret.tau_families(labels) == {
+        "stack:4@τ*,τ*:identity": ("stack:4@0.2,0.3:identity", "stack:4@0.2,0.5:identity",
+                                   "stack:4@0.5,1:identity")}
+
+
 def test_the_oracle_picks_the_best_tau_of_each_budget():
     records = table()
     oracles, _ = regret.regrets(records, JUDGED)

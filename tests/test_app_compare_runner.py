@@ -25,6 +25,7 @@ from esper_lightning.app.compare.arms import EpisodePlan, check_policy, parse_co
 from esper_lightning.app.compare.records import METRICS, Metric
 from esper_lightning.app.compare.runner import (
     Comparison,
+    balanced_root,
     evaluation_rng_seed,
     tuning_grid,
     tuning_rng_seed,
@@ -481,6 +482,25 @@ def test_evaluation_and_tuning_seeds_never_overlap_training_seeds():
     evaluation = {evaluation_rng_seed(0, i) for i in range(200)}
     tuning = {tuning_rng_seed(0, i) for i in range(200)}
     assert not training & evaluation and not training & tuning and not evaluation & tuning
+
+
+def test_balanced_root_is_the_first_root_whose_episodes_draw_each_budget_equally():
+    from esper_lightning.envs import draw_budget_scale
+
+    scales = (0.35, 0.7, 1.4)
+
+    def counts(root):
+        drawn = [draw_budget_scale(scales, evaluation_rng_seed(root, i)) for i in range(6)]
+        return [drawn.count(scale) for scale in scales]
+
+    root = balanced_root(scales, 6, start=500)
+    assert counts(root) == [2, 2, 2]
+    assert all(counts(r) != [2, 2, 2] for r in range(500, root))  # the first such root
+    with pytest.raises(ValueError, match="episodes=7 is not a positive multiple"):
+        balanced_root(scales, 7, start=500)
+    assert root > 500  # so the roots before it are a search that finds none
+    with pytest.raises(ValueError, match=rf"no root in \[500, {root}\)"):
+        balanced_root(scales, 6, start=500, tries=root - 500)
 
 
 # --- bad input ---------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Regret to the oracle growth time: what each controller loses, episode by episode, to the
 ``stack:K@TAU[:OPERATOR]`` arm whose TAU was grid-searched per budget on the evaluation episodes.
 
-A comparison that plays two or more ``stack:`` arms differing only in TAU (the same ``K`` and
-``OPERATOR``; `tau_families`) holds a grid search over the growth time. Its oracle (`choose_oracle`)
+A comparison that plays two or more ``stack:`` arms differing only in TAU (the same ``K``,
+``OPERATOR`` and number of growth times; `tau_families`) holds a grid search over the growth
+time (or times: ``stack:4@0.2,0.5`` grows twice, ``stack:4@0.3,1`` once). Its oracle (`choose_oracle`)
 takes, for each episode budget (`records.group_by_budget`; episodes without one are a single
 group), the arm with the best mean judged metric over that budget's evaluation episodes (ties:
 the smaller TAU). The regret of a controller in episode ``i`` is its judged metric minus the
@@ -83,16 +84,20 @@ class Regret:
 
 
 def tau_families(controllers: Iterable[str]) -> dict[str, tuple[str, ...]]:
-    """The ``stack:`` labels grouped by ``(K, OPERATOR)``, keyed by ``stack:K@τ*:OPERATOR``, TAU
-    ascending; only groups with two or more distinct TAU (a grid) are kept. A label that is not
-    of the ``stack:K@TAU[:OPERATOR]`` form belongs to no family.
+    """The ``stack:`` labels grouped by ``(K, OPERATOR, number of growth times)``, TAU
+    ascending (several times: as tuples); only groups with two or more distinct TAU (a grid)
+    are kept. A one-time family is keyed ``stack:K@τ*:OPERATOR``, a two-time one (a grid over
+    both growth events, a later time of 1 meaning never) ``stack:K@τ*,τ*:OPERATOR``. A label
+    that is not of the ``stack:K@TAU[:OPERATOR]`` form belongs to no family.
 
     Example::
 
-        tau_families(["static", "stack:4@0.25", "stack:4@0.5:copy"])
-        # {"stack:4@τ*:copy": ("stack:4@0.25", "stack:4@0.5:copy")}
+        tau_families(["static", "stack:4@0.25", "stack:4@0.5:copy", "stack:4@0.2,0.5:copy",
+                      "stack:4@0.2,1:copy"])
+        # {"stack:4@τ*:copy": ("stack:4@0.25", "stack:4@0.5:copy"),
+        #  "stack:4@τ*,τ*:copy": ("stack:4@0.2,0.5:copy", "stack:4@0.2,1:copy")}
     """
-    groups: dict[tuple[int, str], list[tuple[float, str]]] = {}
+    groups: dict[tuple[int, str, int], list[tuple[tuple[float, ...], str]]] = {}
     for label in dict.fromkeys(controllers):
         if not label.startswith(STACK):
             continue
@@ -100,11 +105,12 @@ def tau_families(controllers: Iterable[str]) -> dict[str, tuple[str, ...]]:
             depth, taus, operator = parse_stack(label[len(STACK):])
         except ConfigError:
             continue  # a custom controller's name, not a stack arm
-        if taus is None or len(taus) > 1:
-            continue  # random timing is a baseline, several events no point of the tau grid
-        groups.setdefault((depth, operator), []).append((taus[0], label))
-    return {f"{STACK}{depth}@τ*:{init}": tuple(label for _, label in sorted(arms))
-            for (depth, init), arms in groups.items() if len({tau for tau, _ in arms}) > 1}
+        if taus is None:
+            continue  # random timing is a baseline, not a point of the grid
+        groups.setdefault((depth, operator, len(taus)), []).append((taus, label))
+    return {f"{STACK}{depth}@{','.join(['τ*'] * events)}:{init}":
+            tuple(label for _, label in sorted(arms))
+            for (depth, init, events), arms in groups.items() if len({t for t, _ in arms}) > 1}
 
 
 def _sign(judged: str) -> float:

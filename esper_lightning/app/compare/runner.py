@@ -100,7 +100,7 @@ from esper_lightning.controllers import (
 )
 from esper_lightning.core.lifecycle import PRESENT_STAGES
 from esper_lightning.core.report import EpochReport
-from esper_lightning.envs import EnvPool, episode_rng_seed
+from esper_lightning.envs import EnvPool, draw_budget_scale, episode_rng_seed
 from esper_lightning.errors import ConfigError
 from esper_lightning.hosts.presets import GPT_PRESETS
 
@@ -127,6 +127,31 @@ BUDGET_OUTCOME = "final_bits"
 def evaluation_rng_seed(root: int, index: int) -> int:
     """Random-number seed of evaluation episode ``index`` (the same for every controller)."""
     return episode_rng_seed(root, EVALUATION_ROUNDS + index, 0)
+
+
+def balanced_root(scales: Sequence[float], episodes: int, start: int, tries: int = 100_000) -> int:
+    """The first root rng seed from ``start`` whose first ``episodes`` evaluation episodes draw
+    every budget of ``scales`` equally often (``episodes`` a multiple of their number).
+
+    A final table fixes its root before any episode is played; choosing it this way reads the
+    budget draws only (`draw_budget_scale`), never an outcome, and gives every budget the same
+    number of paired episodes.
+
+    Example:
+        >>> root = balanced_root((0.5, 2.0), 4, start=100)
+        >>> sorted(draw_budget_scale((0.5, 2.0), evaluation_rng_seed(root, i)) for i in range(4))
+        [0.5, 0.5, 2.0, 2.0]
+    """
+    if not scales or episodes < 1 or episodes % len(scales):
+        raise ValueError(f"episodes={episodes} is not a positive multiple of the "
+                         f"{len(scales)} budget scales {list(scales)}")
+    share = episodes // len(scales)
+    for root in range(start, start + tries):
+        drawn = [draw_budget_scale(scales, evaluation_rng_seed(root, i)) for i in range(episodes)]
+        if all(drawn.count(scale) == share for scale in scales):
+            return root
+    raise ValueError(f"no root in [{start}, {start + tries}) draws {share} episodes of each "
+                     f"budget scale {list(scales)}")
 
 
 def tuning_rng_seed(root: int, index: int) -> int:
