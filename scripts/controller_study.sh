@@ -10,10 +10,11 @@
 #   bash scripts/controller_study.sh ship SEED      # that policy, small, into policies/
 #   bash scripts/controller_study.sh train-all SEED # every blueprint, started from that policy
 #   bash scripts/controller_study.sh ship-all SEED  # the curriculum's policy into policies/
+#   bash scripts/controller_study.sh final-budgets  # the pre-registered tables
+#   bash scripts/controller_study.sh final-oracle   #   (results/controller/final-plan.md),
+#   bash scripts/controller_study.sh final-text     #   each once the lookup and the three
+#   bash scripts/controller_study.sh final-host     #   shipped timing policies exist
 #   bash scripts/controller_study.sh status         # what each stage has done so far
-#
-# The final table is not here: it is pre-registered (its own commit) once the lookup and the
-# policies exist.
 set -euo pipefail
 
 TEXT=${TEXT:-../shared/data/shakespeare/shakespeare.txt}
@@ -22,6 +23,18 @@ RESULTS=results/controller
 TUNING_ROOT=30301
 #: The budgets the policies train over (log-uniform 0.25-4 x) and the lookup is tuned at.
 TUNING_SCALES="0.25 0.5 1 2 4"
+#: The final tables' budgets: none a tuning budget, none a training one (those are continuous).
+FINAL_SCALES="0.35 0.7 1.4 2.8"
+LOOKUP=lookup:$RESULTS/lookup-grow124.json
+TIMING=(policy:policies/grow124-timing-s1.pt policy:policies/grow124-timing-s2.pt
+        policy:policies/grow124-timing-s3.pt)
+#: The unseen text: the Python standard library's source (Python 3.11.7: 4,932,584 bytes).
+STDLIB=${STDLIB:-runs/stdlib.txt}
+STDLIB_SHA256=b63203f55f9e0c7c5c3d393a0d833d9f4baddb0aedea63f40bd1a355cd3183b4
+#: The unseen host's base budget: the same 1,500 steps of its four-block host (FlopMeter:
+#: w64l4, batch 32, 32 tokens: 1,409,286,144 FLOPs a step), so a scale means what it means
+#: on the host the policies trained on.
+W64_BASE=2113929216000
 
 # Two growth events (1 -> 2 -> 4 blocks, host grow124) on a 0.1 grid, the first no later than
 # the second: 45 schedules; one growth only (1 -> 2, the second slot's time 1: never): 9; and
@@ -94,6 +107,49 @@ case "${1:-}" in
     [ "${PRIOR:-0.1}" = none ] && name=grow124-all-none-s$seed
     esper-lightning ship "runs/$name.pt" --out "policies/$name.pt"
     ;;
+  final-budgets|final-oracle|final-text|final-host)
+    # The pre-registered final tables (results/controller/final-plan.md: arms, budgets, episodes
+    # and roots fixed in its commit before any episode). The lookup is the reference; the three
+    # timing policies are pooled as one arm (their mean, episode by episode) and reported one
+    # by one with their spread.
+    for file in "${LOOKUP#lookup:}" "${TIMING[@]#policy:}"; do
+      [ -f "$file" ] || { echo "missing $file: the final tables play it" >&2; exit 2; }
+    done
+    group="timing=$(IFS=,; echo "${TIMING[*]}")"
+    # The budget-blind rival: the best single schedule over every tuning episode.
+    read_best='import json, sys; print(json.load(open(sys.argv[1]))["tuning"]["best_single"])'
+    best_single=$(python -c "$read_best" "${LOOKUP#lookup:}")
+    common=(--preset lm-grow124-cpu --budget_scales $FINAL_SCALES --envs 2 --progress false
+            --reference "$LOOKUP" --arm_groups "$group")
+    case "$1" in
+      final-budgets)  # unseen budgets on the training host and text
+        args=(--seeds 40 --rng_seed 32676 --data_dir "$TEXT"
+              --controllers "$LOOKUP" "${TIMING[@]}" "$best_single" heuristic
+                            stack:4@random:identity static) ;;
+      final-oracle)  # the per-budget oracle: a 0.2 grid and never, on the first 16 of those
+        schedules=()
+        for first in 2 4 6 8; do
+          for second in $(seq "$first" 2 8) 10; do
+            [ "$second" = 10 ] && schedules+=("stack:4@0.$first,1:identity") \
+              || schedules+=("stack:4@0.$first,0.$second:identity")
+          done
+        done
+        args=(--seeds 16 --rng_seed 32676 --data_dir "$TEXT"
+              --controllers "$LOOKUP" "${TIMING[@]}" "${schedules[@]}" static) ;;
+      final-text)  # the unseen text, neither retrained nor retuned
+        [ -f "$STDLIB" ] || python -m esper_lightning.data.stdlib_text "$STDLIB"
+        echo "$STDLIB_SHA256  $STDLIB" | sha256sum --check --quiet || {
+          echo "$STDLIB is not the pre-registered text (sha256 $STDLIB_SHA256)" >&2; exit 2; }
+        args=(--seeds 24 --rng_seed 31160 --data_dir "$STDLIB"
+              --controllers "$LOOKUP" "${TIMING[@]}" "$best_single" static) ;;
+      final-host)  # the unseen host (width 64), neither retrained nor retuned
+        args=(--seeds 16 --rng_seed 32004 --data_dir "$TEXT" --host_preset grow124-w64
+              --budget_flops "$W64_BASE" --transfer_policies true
+              --controllers "$LOOKUP" "${TIMING[@]}" "$best_single" static) ;;
+    esac
+    OMP_NUM_THREADS=1 esper-lightning compare "${common[@]}" "${args[@]}" \
+      --out "$RESULTS/${1}"
+    ;;
   status)
     expected=$(( $(grid | wc -w) * 2 ))  # every schedule on 2 tuning episodes
     for scale in $TUNING_SCALES; do
@@ -108,7 +164,7 @@ case "${1:-}" in
     done
     ;;
   *)
-    sed -n '2,16p' "$0"
+    sed -n '2,20p' "$0"
     exit 2
     ;;
 esac

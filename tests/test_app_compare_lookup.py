@@ -5,6 +5,7 @@ one-line refusals, and a lookup arm that equals, bit for bit, the stack arm it l
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -60,11 +61,14 @@ def test_the_lookup_takes_each_budgets_best_time_never_where_static_wins_and_its
     assert without_static.points[0] == (0.5, (0.6,))
 
 
-def test_the_best_single_schedule_is_judged_on_the_episodes_every_arm_played():
-    """An arm's extra episode (here a very good one of static's) must not move the budget-blind
-    choice: it is paired, as the per-budget one is."""
+def test_an_arm_with_episodes_the_others_lack_is_refused():
+    """An arm's extra episode (here a very good one of static's) would move the budget-blind
+    choice were it counted, and the file would record episodes no choice rested on were it
+    dropped: the tuning asks for the comparison to be finished instead."""
     records = [*_records(), _record("static", 99, 0.0, 0.5)]
-    assert tune_lookup(records, BASE).tuning["best_single"] == ARMS[2]
+    with pytest.raises(ConfigError, match=rf"{re.escape(ARMS[0])} played {PER_BUDGET} of the "
+                                          rf"{PER_BUDGET + 1} episodes at budget scale 0.5"):
+        tune_lookup(records, BASE)
 
 
 def test_a_budget_scale_no_tuning_episode_drew_is_refused(tmp_path):
@@ -130,6 +134,13 @@ def test_stack_families_and_what_the_tuning_refuses():
     with pytest.raises(ConfigError, match=r"stack:2@0\.3:copy played no episode at budget "
                                           "scale 1; a lookup compares every arm of its family"):
         tune_lookup(two, BASE, family="2:copy:1")  # static and it: played apart
+    # An arm that played fewer of a budget's episodes than the others (an unfinished
+    # comparison): the choice would rest on fewer episodes than the file records.
+    unfinished = [r for r in _records() if not (r.controller == ARMS[0] and r.episode_index == 0)]
+    with pytest.raises(ConfigError, match=rf"{re.escape(ARMS[0])} played {PER_BUDGET - 1} of "
+                                          rf"the {PER_BUDGET} episodes at budget scale 0.5; a "
+                                          "lookup compares every arm on the same episodes"):
+        tune_lookup(unfinished, BASE)
     alone = [*_records(ARMS), _record("stack:2@0.3:copy", 0, 2.0, 0.5)]
     with pytest.raises(ConfigError, match="family '2:copy:1' has one arm"):
         tune_lookup(alone, BASE, family="2:copy:1")

@@ -119,8 +119,10 @@ def test_tau_families_group_stack_arms_that_differ_only_in_tau():
               "stack:2@0.5", "stack:2@0.5:copy", "stack:nonsense", "heuristic",
               "stack:4@random"]  # random timing is a baseline, not a grid point
     assert regret.tau_families(labels) == {"stack:4@τ*:copy": ("stack:4@0.25:copy",
-                                                                "stack:4@0.5")}
-    assert regret.tau_families(["static", ARMS[0]]) == {}
+                                                                "stack:4@0.5", "static")}
+    assert regret.tau_families(["static", ARMS[0]]) == {}  # never and one time: no grid
+    assert regret.tau_families(labels[1:]) == {"stack:4@τ*:copy": ("stack:4@0.25:copy",
+                                                                    "stack:4@0.5")}
 
 
 def test_tau_families_of_several_growth_events_are_grids_over_every_time():
@@ -130,18 +132,48 @@ def test_tau_families_of_several_growth_events_are_grids_over_every_time():
               "stack:4@0.2,0.3:identity", "stack:4@0.4:identity", "stack:4@random:identity"]
     assert regret.tau_families(labels) == {
         "stack:4@τ*,τ*:identity": ("stack:4@0.2,0.3:identity", "stack:4@0.2,0.5:identity",
-                                   "stack:4@0.5,1:identity")}
+                                   "stack:4@0.5,1:identity", "static")}
+
+
+def test_a_group_of_arms_has_the_regret_of_its_members_mean():
+    records = table()
+    members = ("heuristic", ARMS[1])
+    _, rows = regret.regrets(records, JUDGED, groups={"pair": members})
+    by = {r.controller: r for r in rows}
+    assert list(by)[-1] == "pair"  # after every controller
+    assert by["pair"].overall.mean == pytest.approx(
+        np.mean([by[m].overall.mean for m in members]))
+    assert by["pair"].n_episodes == 2 * N_PER_BUDGET
+    for budget in (SMALL, LARGE):
+        assert by["pair"].per_budget[budget][1].mean == pytest.approx(
+            np.mean([by[m].per_budget[budget][1].mean for m in members]))
+    fewer = [r for r in records if not (r.controller == "heuristic" and r.episode_index < 2)]
+    _, rows = regret.regrets(fewer, JUDGED, groups={"pair": members})
+    assert [r.n_episodes for r in rows if r.controller == "pair"] == [2 * N_PER_BUDGET - 2]
+
+
+def test_the_oracle_may_choose_never_to_grow(monkeypatch):
+    # At a small budget no growth time may beat not growing; an oracle without "never" would
+    # then be beaten by static and give it (and any late grower) a negative regret.
+    monkeypatch.setitem(OFFSETS[SMALL], "static", -0.05)
+    oracles, rows = regret.regrets(table(), JUDGED)
+    (oracle,) = oracles
+    assert oracle.arms == (*ARMS, "static")
+    assert oracle.chosen == {SMALL: "static", LARGE: ARMS[2]}
+    assert all(r.overall.mean > 0 for r in rows if r.controller != "static")
+    (static,) = [r for r in rows if r.controller == "static"]
+    assert static.per_budget[SMALL][1].mean == 0.0
 
 
 def test_the_oracle_picks_the_best_tau_of_each_budget():
     records = table()
     oracles, _ = regret.regrets(records, JUDGED)
     (oracle,) = oracles
-    assert oracle.name == "stack:4@τ*:identity" and oracle.arms == ARMS
+    assert oracle.name == "stack:4@τ*:identity" and oracle.arms == (*ARMS, "static")
     assert oracle.chosen == {SMALL: ARMS[0], LARGE: ARMS[2]}
     for budget in (SMALL, LARGE):
         assert oracle.means[budget] == pytest.approx(
-            {arm: bits(records, arm, budget).mean() for arm in ARMS})
+            {arm: bits(records, arm, budget).mean() for arm in (*ARMS, "static")})
 
 
 def hand_regret(records, controller):

@@ -36,16 +36,14 @@ from esper_lightning.app.compare.records import (
     group_by_budget,
     read_records_csv,
 )
-from esper_lightning.app.compare.regret import STACK, best_arm, choose_oracle
+from esper_lightning.app.compare.regret import NEVER_ARM, STACK, best_arm, choose_oracle
 from esper_lightning.controllers.lookup import GrowthLookup
 from esper_lightning.controllers.stack import parse_stack
 from esper_lightning.errors import ConfigError
 
-__all__ = ["NEVER_ARM", "families", "main", "tune_lookup"]
+__all__ = ["families", "main", "tune_lookup"]
 
 PROG = "esper-lightning lookup"
-#: The arm that never grows, the lookup's "never" when it played.
-NEVER_ARM = "static"
 
 
 def families(labels: Iterable[str]) -> dict[str, dict[str, tuple[float, ...]]]:
@@ -102,12 +100,22 @@ def tune_lookup(records: Sequence[EpisodeRecord], base_flops: float, judged: str
     if None in groups:
         raise ConfigError("the comparison's episodes have no budget; accepted: a comparison "
                           "with budget_flops or budget_steps (and budget_scales)")
-    for budget, group in groups.items():
-        absent = [label for label in labels if label not in {r.controller for r in group}]
+    scales = {b: float(b) / base_flops for b in groups}  # type: ignore[arg-type]  # no None
+    played_by = {budget: {label: {r.episode_index for r in group if r.controller == label}
+                          for label in labels} for budget, group in groups.items()}
+    for budget, played in played_by.items():
+        absent = [label for label in labels if not played[label]]
         if absent:
-            scale = float(budget) / base_flops  # type: ignore[arg-type]  # None: refused above
-            raise ConfigError(f"{absent[0]} played no episode at budget scale {scale:g}; a "
-                              "lookup compares every arm of its family at every budget")
+            raise ConfigError(f"{absent[0]} played no episode at budget scale "
+                              f"{scales[budget]:g}; a lookup compares every arm of its family "
+                              "at every budget")
+    for budget, played in played_by.items():
+        every = set.union(*played.values())
+        short = [label for label in labels if played[label] != every]
+        if short:  # the choice would rest on fewer episodes than the file records
+            raise ConfigError(f"{short[0]} played {len(played[short[0]])} of the {len(every)} "
+                              f"episodes at budget scale {scales[budget]:g}; a lookup compares "
+                              "every arm on the same episodes (finish the comparison)")
     oracle = choose_oracle(f"lookup of {name}", labels, mine, judged)
     points = tuple((round(budget / base_flops, 9), arms.get(label))  # static -> None: never
                    for budget, label in sorted(oracle.chosen.items()))  # type: ignore[arg-type]

@@ -3,11 +3,12 @@
 
 A comparison that plays two or more ``stack:`` arms differing only in TAU (the same ``K``,
 ``OPERATOR`` and number of growth times; `tau_families`) holds a grid search over the growth
-time (or times: ``stack:4@0.2,0.5`` grows twice, ``stack:4@0.3,1`` once). Its oracle (`choose_oracle`)
-takes, for each episode budget (`records.group_by_budget`; episodes without one are a single
-group), the arm with the best mean judged metric over that budget's evaluation episodes (ties:
-the smaller TAU). The regret of a controller in episode ``i`` is its judged metric minus the
-oracle arm's in the same episode (paired: same host initialisation, data order and budget),
+time (or times: ``stack:4@0.2,0.5`` grows twice, ``stack:4@0.3,1`` once), with ``static`` as its
+"never" when it played. Its oracle (`choose_oracle`) takes, for each episode budget
+(`records.group_by_budget`; episodes without one are a single group), the arm with the best
+mean judged metric over that budget's evaluation episodes (ties: the smaller TAU). The regret of
+a controller in episode ``i`` is its judged metric minus the oracle arm's in the same episode
+(paired: same host initialisation, data order and budget),
 signed so that a positive regret is worse than the oracle (for ``final_bits``, lower is better,
 it is the controller's bits minus the oracle's). `regrets` reports the mean regret of every
 controller with its t interval (`stats.estimate`), over all episodes and per budget; the oracle
@@ -25,7 +26,8 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +45,8 @@ from esper_lightning.errors import ConfigError
 
 #: The controller kind whose arms form a grid over TAU.
 STACK = "stack:"
+#: The arm that never grows: the never point of every grid (as `app.compare.lookup` counts it).
+NEVER_ARM = "static"
 
 
 @dataclass(frozen=True)
@@ -85,20 +89,24 @@ class Regret:
 
 def tau_families(controllers: Iterable[str]) -> dict[str, tuple[str, ...]]:
     """The ``stack:`` labels grouped by ``(K, OPERATOR, number of growth times)``, TAU
-    ascending (several times: as tuples); only groups with two or more distinct TAU (a grid)
-    are kept. A one-time family is keyed ``stack:K@τ*:OPERATOR``, a two-time one (a grid over
-    both growth events, a later time of 1 meaning never) ``stack:K@τ*,τ*:OPERATOR``. A label
-    that is not of the ``stack:K@TAU[:OPERATOR]`` form belongs to no family.
+    ascending (several times: as tuples), each with ``static`` last when it played: "never
+    grow" is a point of every grid, as the tuned lookup counts it (`NEVER_ARM`), and no
+    ``stack:`` arm can say it. Only groups with two or more distinct TAU (a grid) are kept. A
+    one-time family is keyed ``stack:K@τ*:OPERATOR``, a two-time one (a grid over both growth
+    events, a later time of 1 meaning never) ``stack:K@τ*,τ*:OPERATOR``. A label that is not of
+    the ``stack:K@TAU[:OPERATOR]`` form belongs to no family.
 
     Example::
 
         tau_families(["static", "stack:4@0.25", "stack:4@0.5:copy", "stack:4@0.2,0.5:copy",
                       "stack:4@0.2,1:copy"])
-        # {"stack:4@τ*:copy": ("stack:4@0.25", "stack:4@0.5:copy"),
-        #  "stack:4@τ*,τ*:copy": ("stack:4@0.2,0.5:copy", "stack:4@0.2,1:copy")}
+        # {"stack:4@τ*:copy": ("stack:4@0.25", "stack:4@0.5:copy", "static"),
+        #  "stack:4@τ*,τ*:copy": ("stack:4@0.2,0.5:copy", "stack:4@0.2,1:copy", "static")}
     """
+    labels = list(dict.fromkeys(controllers))
+    never = (NEVER_ARM,) if NEVER_ARM in labels else ()
     groups: dict[tuple[int, str, int], list[tuple[tuple[float, ...], str]]] = {}
-    for label in dict.fromkeys(controllers):
+    for label in labels:
         if not label.startswith(STACK):
             continue
         try:
@@ -109,7 +117,7 @@ def tau_families(controllers: Iterable[str]) -> dict[str, tuple[str, ...]]:
             continue  # random timing is a baseline, not a point of the grid
         groups.setdefault((depth, operator, len(taus)), []).append((taus, label))
     return {f"{STACK}{depth}@{','.join(['τ*'] * events)}:{init}":
-            tuple(label for _, label in sorted(arms))
+            (*(label for _, label in sorted(arms)), *never)
             for (depth, init, events), arms in groups.items() if len({t for t, _ in arms}) > 1}
 
 
@@ -188,9 +196,11 @@ def _regret(controller: list[EpisodeRecord], oracle: Oracle,
 
 
 def regrets(records: Iterable[EpisodeRecord], judged: str, *,
+            groups: Mapping[str, Sequence[str]] | None = None,
             confidence: float = CONFIDENCE) -> tuple[list[Oracle], list[Regret]]:
     """Every TAU family's oracle and every controller's regret to it (controllers in order of
-    first appearance, per oracle); both empty when no family has two TAU.
+    first appearance, then each of ``groups``: a group's episode is its members' mean, on the
+    episodes every member played, per oracle); both empty when no family has two TAU.
 
     Raises:
         ValueError: see `choose_oracle` and `records.group_by_budget`; a controller that shares
@@ -202,14 +212,32 @@ def regrets(records: Iterable[EpisodeRecord], judged: str, *,
         rows[0].overall.mean  # bits per byte lost to the oracle, averaged over episodes
     """
     records = list(records)
-    groups = group_by_budget(records)
+    budgets = group_by_budget(records)
     controllers = group_by_controller(records)
     by_key = {(r.controller, r.episode_index): r for r in records}
     oracles = [choose_oracle(name, arms, records, judged)
                for name, arms in tau_families(controllers).items()]
-    rows = [_regret(episodes, oracle, by_key, groups, judged, confidence)
+    for name, members in (groups or {}).items():
+        controllers[name] = _group_episodes(name, members, controllers, judged)
+    rows = [_regret(episodes, oracle, by_key, budgets, judged, confidence)
             for oracle in oracles for episodes in controllers.values()]
     return oracles, rows
+
+
+def _group_episodes(name: str, members: Sequence[str],
+                    controllers: Mapping[str, list[EpisodeRecord]], judged: str
+                    ) -> list[EpisodeRecord]:
+    """A group's episodes as records of its own: on each episode every member played, the
+    first member's record with the members' mean ``judged`` (the only value it is read for)."""
+    by_member = [{r.episode_index: r for r in controllers[m]} for m in members]
+    common = sorted(set.intersection(*(set(episodes) for episodes in by_member)))
+    if not common:
+        raise ValueError(f"group {name!r}: no episode that every member played")
+    return [dataclasses.replace(
+        by_member[0][i], controller=name,
+        values={**by_member[0][i].values,
+                judged: float(np.mean([episodes[i][judged] for episodes in by_member]))})
+        for i in common]
 
 
 def _fmt(value: Estimate, fmt: str) -> str:
@@ -269,4 +297,5 @@ def as_json(oracles: Sequence[Oracle], rows: Sequence[Regret]) -> list[dict[str,
             for o in oracles]
 
 
-__all__ = ["Oracle", "Regret", "as_json", "choose_oracle", "markdown", "regrets", "tau_families"]
+__all__ = ["NEVER_ARM", "Oracle", "Regret", "as_json", "choose_oracle", "markdown", "regrets",
+           "tau_families"]

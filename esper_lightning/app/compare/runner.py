@@ -566,7 +566,7 @@ class Comparison:
         reference = self.config.speedup_reference or self.config.reference
         speedups = speedup.speedups(records, reference)
         budgets = per_budget(records, self.config.reference, pairs, outcome=self.judged)
-        oracles, regrets = regret.regrets(records, self.judged)
+        oracles, regrets = regret.regrets(records, self.judged, groups=self.config.groups())
         scope = Scope.of(records, bits=self.task.loss_in_bits, example=self.task.example)
         if not scope.budgeted:
             speedups = []  # equal loss at less compute: a question of runs under a budget
