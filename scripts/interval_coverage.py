@@ -12,6 +12,12 @@ False verdicts: tables of three controllers that are all the reference in disgui
 episode's outcome is the episode's own level plus noise, the same distribution for every
 controller), at 10 pairs; the share of tables with at least one "better" or "worse", for the
 old rule (percentile interval alone, at least 6 pairs) and the current one (`app.compare.report`).
+
+Training seeds: a method trained three times (PPO seeds) and played on the same 40 episodes,
+its true mean difference 0, the seeds' own means spread by 0 to 0.01 bits (episodes 0.0075,
+noise 0.003); the share of samples whose interval over seeds and episodes contains 0, for the
+two-level percentile bootstrap the group verdict once read and the crossed random-effects t
+interval it reads now (`app.compare.report.seed_and_episode_interval`).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import argparse
 import numpy as np
 from scipy import stats
 
+from esper_lightning.app.compare.report import seed_and_episode_interval
 from esper_lightning.app.compare.stats import holm, mean_ci, verdict, wilcoxon_p
 
 DRAWS = {
@@ -66,14 +73,43 @@ def false_verdicts(tables: int, rng: np.random.Generator, n: int = 10) -> None:
           f"old rule {old / tables:.3f}, current rule {new / tables:.3f} ({tables} tables)")
 
 
+def two_level_bootstrap(d: np.ndarray, rng: np.random.Generator) -> tuple[float, float]:
+    """The interval the group verdict read before: seeds and episodes resampled, percentile."""
+    n_seeds, n_episodes = d.shape
+    episodes = rng.integers(0, n_episodes, size=(10_000, n_episodes))
+    seeds = rng.integers(0, n_seeds, size=(10_000, n_seeds))
+    per_seed = d[:, episodes].mean(axis=2).T
+    means = np.take_along_axis(per_seed, seeds, axis=1).mean(axis=1)
+    low, high = np.quantile(means, [0.025, 0.975])
+    return float(low), float(high)
+
+
+def seed_coverage(samples: int, rng: np.random.Generator) -> None:
+    print("\n| spread between 3 seeds (bits) | two-level bootstrap | random-effects t |")
+    print("|---:|---:|---:|")
+    for spread in (0.0, 0.002, 0.005, 0.01):
+        hits = np.zeros(2)
+        for _ in range(samples):
+            d = (rng.normal(0.0, spread, (3, 1)) + rng.normal(0.0, 0.0075, (1, 40))
+                 + rng.normal(0.0, 0.003, (3, 40)))
+            for k, (low, high) in enumerate((two_level_bootstrap(d, rng),
+                                             seed_and_episode_interval(d))):
+                hits[k] += low <= 0.0 <= high
+        print(f"| {spread} | {hits[0] / samples:.3f} | {hits[1] / samples:.3f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=4_000, help="samples per cell")
     parser.add_argument("--rng_seed", type=int, default=0)
+    parser.add_argument("--seeds_only", action="store_true",
+                        help="only the training seeds' table (a minute at 1,000 samples)")
     args = parser.parse_args()
-    rng = np.random.default_rng(args.rng_seed)
-    coverage(args.samples, rng)
-    false_verdicts(args.samples, rng)
+    if not args.seeds_only:
+        rng = np.random.default_rng(args.rng_seed)
+        coverage(args.samples, rng)
+        false_verdicts(args.samples, rng)
+    seed_coverage(args.samples, np.random.default_rng(args.rng_seed))  # a stream of its own
 
 
 if __name__ == "__main__":

@@ -720,7 +720,9 @@ def seed_and_episode_interval(differences: np.ndarray, confidence: float = CONFI
     is never narrower than the episodes-only one, and Satterthwaite's degrees of freedom: with
     three members that disagree they fall towards 2 (t 4.3), with members that agree towards
     the episodes' ``E - 1``. A percentile bootstrap over members covered far less than its
-    level with three (a draw of one member thrice is 1 in 27, past a 2.5 % tail).
+    level with three (a draw of one member thrice is 1 in 27, past a 2.5 % tail): simulating
+    3 seeds x 40 episodes (`scripts/interval_coverage.py`, 1,000 samples a cell), it covered
+    78-81 % at seed spreads of 0.005-0.01 bits, this interval 92-95 % at every spread.
 
     Example:
         >>> d = np.array([[-0.02, -0.021, -0.019], [0.0, 0.001, -0.001]])
