@@ -100,22 +100,7 @@ def tune_lookup(records: Sequence[EpisodeRecord], base_flops: float, judged: str
     if None in groups:
         raise ConfigError("the comparison's episodes have no budget; accepted: a comparison "
                           "with budget_flops or budget_steps (and budget_scales)")
-    scales = {b: float(b) / base_flops for b in groups}  # type: ignore[arg-type]  # no None
-    played_by = {budget: {label: {r.episode_index for r in group if r.controller == label}
-                          for label in labels} for budget, group in groups.items()}
-    for budget, played in played_by.items():
-        absent = [label for label in labels if not played[label]]
-        if absent:
-            raise ConfigError(f"{absent[0]} played no episode at budget scale "
-                              f"{scales[budget]:g}; a lookup compares every arm of its family "
-                              "at every budget")
-    for budget, played in played_by.items():
-        every = set.union(*played.values())
-        short = [label for label in labels if played[label] != every]
-        if short:  # the choice would rest on fewer episodes than the file records
-            raise ConfigError(f"{short[0]} played {len(played[short[0]])} of the {len(every)} "
-                              f"episodes at budget scale {scales[budget]:g}; a lookup compares "
-                              "every arm on the same episodes (finish the comparison)")
+    _check_played(groups, labels, base_flops)
     oracle = choose_oracle(f"lookup of {name}", labels, mine, judged)
     points = tuple((round(budget / base_flops, 9), arms.get(label))  # static -> None: never
                    for budget, label in sorted(oracle.chosen.items()))  # type: ignore[arg-type]
@@ -129,6 +114,28 @@ def tune_lookup(records: Sequence[EpisodeRecord], base_flops: float, judged: str
             # The budget-blind rival: the best over every tuning episode, paired like the rest.
             "best_single": best_arm(f"lookup of {name}", labels, mine, judged)[0]}
     return GrowthLookup(operator, int(depth), points, {**(tuning or {}), **cost})
+
+
+def _check_played(groups: dict[float | None, list[EpisodeRecord]], labels: Sequence[str],
+                  base_flops: float) -> None:
+    """Refuse (one line) a tuning where an arm missed a budget, or played other episodes there
+    than the rest (the choice would rest on fewer episodes than the file records)."""
+    scales = {b: float(b) / base_flops for b in groups}  # type: ignore[arg-type]  # no None
+    played_by = {budget: {label: {r.episode_index for r in group if r.controller == label}
+                          for label in labels} for budget, group in groups.items()}
+    for budget, played in played_by.items():
+        absent = [label for label in labels if not played[label]]
+        if absent:
+            raise ConfigError(f"{absent[0]} played no episode at budget scale "
+                              f"{scales[budget]:g}; a lookup compares every arm of its family "
+                              "at every budget")
+    for budget, played in played_by.items():
+        every = set.union(*played.values())
+        short = [label for label in labels if played[label] != every]
+        if short:
+            raise ConfigError(f"{short[0]} played {len(played[short[0]])} of the {len(every)} "
+                              f"episodes at budget scale {scales[budget]:g}; a lookup compares "
+                              "every arm on the same episodes (finish the comparison)")
 
 
 def build_parser() -> argparse.ArgumentParser:
