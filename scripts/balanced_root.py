@@ -21,7 +21,7 @@ def main() -> None:
     parser.add_argument("--start", type=int, required=True, help="the first root to try")
     args = parser.parse_args()
     try:
-        print(balanced_root(sorted(args.scales), args.episodes, args.start))
+        print(balanced_root(args.scales, args.episodes, args.start))
     except ValueError as error:
         parser.error(str(error))
 

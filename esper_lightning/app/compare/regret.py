@@ -8,9 +8,9 @@ time (or times: ``stack:4@0.2,0.5`` grows twice, ``stack:4@0.3,1`` once), with `
 (`records.group_by_budget`; episodes without one are a single group), the arm with the best
 mean judged metric over that budget's evaluation episodes (ties: the smaller TAU). The regret of
 a controller in episode ``i`` is its judged metric minus the oracle arm's in the same episode
-(paired: same host initialisation, data order and budget),
-signed so that a positive regret is worse than the oracle (for ``final_bits``, lower is better,
-it is the controller's bits minus the oracle's). `regrets` reports the mean regret of every
+(paired: same host initialisation, data order and budget), signed so that a positive regret is
+worse than the oracle (for ``final_bits``, lower is better, it is the controller's bits minus
+the oracle's). `regrets` reports the mean regret of every
 controller with its t interval (`stats.estimate`), over all episodes and per budget; the oracle
 arm's own regret on a budget it is chosen for is 0.
 

@@ -145,6 +145,7 @@ def balanced_root(scales: Sequence[float], episodes: int, start: int, tries: int
     if not scales or episodes < 1 or episodes % len(scales):
         raise ValueError(f"episodes={episodes} is not a positive multiple of the "
                          f"{len(scales)} budget scales {list(scales)}")
+    scales = sorted(scales)  # as a comparison keeps them: the draw indexes into this order
     share = episodes // len(scales)
     for root in range(start, start + tries):
         drawn = [draw_budget_scale(scales, evaluation_rng_seed(root, i)) for i in range(episodes)]
