@@ -60,8 +60,8 @@ def test_a_group_is_its_members_mean_paired_by_episode_with_their_spread():
     assert row.spread == pytest.approx(np.std(list(row.member_means.values()), ddof=1))
     assert row.spread == pytest.approx(0.01, abs=0.002)
     lines = group_markdown([row], "test_bits")
-    assert "## Groups of arms" in lines and any(line.startswith("| ppo | policy:a.pt -0.02")
-                                                 for line in lines)
+    assert "## Groups of arms" in lines and any(
+        line.startswith("| ppo − lookup:l.json | policy:a.pt -0.02") for line in lines)
     assert group_json([row])[0]["members"] == list(SEEDS)
     assert group_differences(records, {}, "lookup:l.json", "test_bits") == []
     # Only the episodes every member played are paired.
@@ -92,6 +92,44 @@ def test_the_seeds_and_episodes_interval_is_the_episodes_one_when_seeds_agree_ex
     d = np.stack([episodes, episodes, episodes])  # three identical members
     low, high = seed_and_episode_interval(d)
     assert (low, high) == pytest.approx(mean_ci(episodes))
+
+
+def test_a_pair_of_groups_compares_member_i_with_member_i():
+    # A curriculum's seed i started from the timing policy's seed i: the contrast is seed by
+    # seed. Each "all" seed is 0.004 better than the timing seed it started from, whatever
+    # that seed's own offset (-0.02, -0.01, 0): member by member, the difference is exact.
+    started = {f"policy:all-{k}.pt": OFFSETS[seed] - 0.004 for k, seed in enumerate(SEEDS)}
+    records = _records(offsets={**OFFSETS, **started})
+    groups = {"timing": SEEDS, "all": tuple(started)}
+    rows = group_differences(records, groups, "lookup:l.json", "test_bits",
+                             pairs=[("all", "timing")])
+    assert [(r.group, r.reference) for r in rows] == [
+        ("timing", "lookup:l.json"), ("all", "lookup:l.json"), ("all", "timing")]
+    pair = rows[2]
+    assert pair.difference.mean == pytest.approx(-0.004, abs=0.002)
+    assert list(pair.member_means) == [f"{a} − {b}" for a, b in zip(started, SEEDS, strict=True)]
+    assert pair.spread < 0.002  # the seeds' own offsets cancel, seed by seed
+    assert pair.verdict == "better" and pair.seed_ci[1] < 0  # type: ignore[index]
+    assert all(r.p_holm >= r.p_value for r in rows)  # one Holm family of three
+    lines = group_markdown(rows, "test_bits")
+    assert any(line.startswith("| all − timing | policy:all-0.pt − policy:a.pt -0.00")
+               for line in lines)
+
+
+@pytest.mark.parametrize(("pairs", "message"), [
+    (["all"], "bad group_pairs 'all'; accepted: A=B naming two of the arm_groups (timing, all)"),
+    (["all=lookup"], "bad group_pairs 'all=lookup'"),
+    (["all=all"], "bad group_pairs 'all=all'"),
+])
+def test_bad_group_pairs_are_one_line(pairs, message):
+    controllers = ("static", *SEEDS, "policy:x.pt", "policy:y.pt", "policy:z.pt")
+    groups = (f"timing={','.join(SEEDS)}", "all=policy:x.pt,policy:y.pt,policy:z.pt")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        CompareConfig(controllers=controllers, arm_groups=groups, group_pairs=pairs)
+    with pytest.raises(ConfigError, match="all has 2 members and timing 3; accepted: groups "
+                                          "whose members pair up"):
+        CompareConfig(controllers=controllers, group_pairs=["all=timing"],
+                      arm_groups=(groups[0], "all=policy:x.pt,policy:y.pt"))
 
 
 @pytest.mark.parametrize(("groups", "message"), [
@@ -131,7 +169,7 @@ def test_the_comparison_report_has_the_groups_section(text_file, tmp_path, monke
                            out=str(tmp_path / "out"), progress=False)
     (tmp_path / "out").mkdir()
     text = runner.Comparison(config).report(records)
-    assert "## Groups of arms" in text and "| stacks | stack:2@0.2:identity -0.02" in text
+    assert "## Groups of arms" in text and "| stacks − static | stack:2@0.2:identity -0.02" in text
     (group,) = json.loads((tmp_path / "out" / "summary.json").read_text())["groups"]
     assert group["group"] == "stacks" and group["verdict"].startswith("no detectable")
     assert group["ci"][1] < 0 and group["seed_ci"][1] > group["ci"][1]

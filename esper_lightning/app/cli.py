@@ -162,7 +162,8 @@ def build_parser(command: str, preset: str | None = None,
 _LIST_METAVARS = {name: f"{item} [{item} ...]" for name, item in (
     ("slots", "SLOT"), ("devices", "DEVICE"), ("controllers", "CONTROLLER"), ("ab", "MODE"),
     ("arm_lr", "NAME=LR"), ("tune_lr", "LR"), ("budget_scales", "SCALE"),
-    ("blueprints", "BLUEPRINT"), ("arm_groups", "NAME=ARM,ARM"))} | {"budget_range": "LOW HIGH"}
+    ("blueprints", "BLUEPRINT"), ("arm_groups", "NAME=ARM,ARM"), ("group_pairs", "A=B"))} | {
+        "budget_range": "LOW HIGH"}
 
 
 def parse_config(command: str, argv: Sequence[str]) -> TaskConfig:

@@ -668,42 +668,46 @@ class GroupComparison:
 
 
 def group_differences(records: Iterable[EpisodeRecord], groups: Mapping[str, Sequence[str]],
-                      reference: str, outcome: str,
+                      reference: str, outcome: str, pairs: Sequence[tuple[str, str]] = (),
                       confidence: float = CONFIDENCE) -> list[GroupComparison]:
     """Every group of arms against ``reference`` on ``outcome``, paired by episode (the
-    episodes every member and the reference played); empty without groups.
+    episodes every member and the reference played), then each of ``pairs`` ``(A, B)`` of
+    groups: member i of A minus member i of B (the curriculum's seed i against the seed it
+    started from), on the episodes all of them played; empty without groups. One Holm family.
 
     Raises:
         ValueError: a member or the reference without episodes, or no episode all played.
     """
     by_arm = group_by_controller(records)
     better = METRICS[outcome].better
+    contrasts = [(name, members, reference, [(m, reference) for m in members])
+                 for name, members in groups.items()]
+    contrasts += [(a, groups[a], b, list(zip(groups[a], groups[b], strict=True)))
+                  for a, b in pairs]
     rows = []
-    for name, members in groups.items():
-        missing = [a for a in (*members, reference) if a not in by_arm]
+    for name, members, against, couples in contrasts:
+        arms = list(dict.fromkeys(arm for couple in couples for arm in couple))
+        missing = [arm for arm in arms if arm not in by_arm]
         if missing:
             raise ValueError(f"group {name!r}: {missing[0]!r} has no episodes")
-        values = {a: {r.episode_index: r[outcome] for r in by_arm[a]} for a in
-                  (*members, reference)}
+        values = {arm: {r.episode_index: r[outcome] for r in by_arm[arm]} for arm in arms}
         common = sorted(set.intersection(*(set(v) for v in values.values())))
         if not common:
             raise ValueError(f"group {name!r}: no episode that every member and "
-                             f"{reference!r} played")
-        ref = np.array([values[reference][i] for i in common], dtype=np.float64)
-        own = {a: np.array([values[a][i] for i in common], dtype=np.float64) - ref
-               for a in members}
-        pooled = np.mean(list(own.values()), axis=0)
-        member_means = {a: float(d.mean()) for a, d in own.items()}
-        rows.append((name, tuple(members), pooled, member_means,
+                             f"{against!r} played")
+        column = {arm: np.array([values[arm][i] for i in common], dtype=np.float64)
+                  for arm in arms}
+        own = {(m if r == against else f"{m} − {r}"): column[m] - column[r] for m, r in couples}
+        rows.append((name, tuple(members), against, np.mean(list(own.values()), axis=0),
+                     {k: float(d.mean()) for k, d in own.items()},
                      seed_and_episode_interval(np.stack(list(own.values())), confidence)))
-    p_values = [wilcoxon_p(pooled) for _, _, pooled, _, _ in rows]
+    p_values = [wilcoxon_p(pooled) for _, _, _, pooled, _, _ in rows]
     out = []
-    for (name, members, pooled, means, seed_ci), p, p_holm in zip(
+    for (name, members, against, pooled, means, seed_ci), p, p_holm in zip(
             rows, p_values, holm(p_values), strict=True):
-        difference = estimate(pooled, confidence=confidence)
         out.append(GroupComparison(
-            name, members, reference, len(pooled), difference, p, p_holm,
-            verdict(seed_ci, p_holm, len(pooled), better),  # type: ignore[arg-type]
+            name, members, against, len(pooled), estimate(pooled, confidence=confidence), p,
+            p_holm, verdict(seed_ci, p_holm, len(pooled), better),  # type: ignore[arg-type]
             means, float(np.std(list(means.values()), ddof=1)), seed_ci))
     return out
 
@@ -764,18 +768,19 @@ def group_markdown(rows: Sequence[GroupComparison], outcome: str) -> list[str]:
     lines = ["", "## Groups of arms", "",
              "Each group is one method trained several times (e.g. PPO training seeds): per "
              "episode, the mean of its members' "
-             f"{metric.label} minus the reference's, with its interval over episodes (these "
-             "members) and over training seeds and episodes (the method: a t interval of "
-             "crossed random effects, which the verdict reads); the spread is the standard "
-             "deviation of the members' own mean differences.", "",
-             f"| group | members | pairs | Δ {metric.label}{unit} [95% CI, episodes] | "
+             f"{metric.label} minus the reference's (or, for a pair of groups A − B, member i "
+             "of A minus member i of B), with its interval over episodes (these members) and "
+             "over training seeds and episodes (the method: a t interval of crossed random "
+             "effects, which the verdict reads); the spread is the standard deviation of the "
+             "members' own mean differences.", "",
+             f"| group − against | members | pairs | Δ {metric.label}{unit} [95% CI, episodes] | "
              "[95% CI, seeds and episodes] | p (Holm) | verdict | spread between members |",
              "|---|---|---:|---:|---:|---:|---|---:|"]
     for r in rows:
         members = ", ".join(f"{_cell(a)} {m:+{metric.fmt}}" for a, m in r.member_means.items())
         seed_ci = ("—" if r.seed_ci is None else
                    f"[{r.seed_ci[0]:+{metric.fmt}}, {r.seed_ci[1]:+{metric.fmt}}]")
-        lines.append(f"| {_cell(r.group)} | {members} | {r.n_pairs} | "
+        lines.append(f"| {_cell(r.group)} − {_cell(r.reference)} | {members} | {r.n_pairs} | "
                      f"{_fmt(r.difference, metric.fmt)} | {seed_ci} | {_fmt_p(r.p_holm)} | "
                      f"{r.verdict} | {r.spread:{metric.fmt}} |")
     return lines

@@ -574,7 +574,7 @@ class Comparison:
         table = markdown_table(summaries, comparisons, scope=scope, same=coinciding(records))
         costs = self.arm_costs()
         groups = group_differences(records, self.config.groups(), self.config.reference,
-                                   self.judged)
+                                   self.judged, self.config.paired_groups())
         table += "\n".join([*group_markdown(groups, self.judged),
                             *budget_markdown(budgets, scope),
                             *regret.markdown(oracles, regrets, self.judged),

@@ -48,6 +48,10 @@ class CompareConfig(TaskConfig):
             policy:c.pt: three PPO training seeds): the report compares each group's mean over
             its members, episode by episode, with the reference, and gives the spread between
             its members.
+        group_pairs: groups compared with each other, A=B (all=timing): member i of A minus
+            member i of B, episode by episode, for groups whose members pair up (A's training
+            seed i started from B's seed i: a curriculum); the interval takes the seeds and the
+            episodes as random, as a group's against the reference does.
         progress: show a progress bar.
     """
 
@@ -64,6 +68,7 @@ class CompareConfig(TaskConfig):
     tune_lr: tuple[float, ...] = ()
     speedup_reference: str | None = None
     arm_groups: tuple[str, ...] = ()
+    group_pairs: tuple[str, ...] = ()
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -85,7 +90,7 @@ class CompareConfig(TaskConfig):
                 raise ConfigError(f"{name} {value!r} is not among the controllers; "
                                   f"accepted: {', '.join(self.controllers)}")
         self.arm_lrs()  # checked now
-        self.groups()
+        self.paired_groups()
         for lr in self.tune_lr:
             if not (math.isfinite(lr) and lr > 0):
                 raise ConfigError(f"tune_lr must list learning rates > 0, got {lr!r}")
@@ -113,6 +118,22 @@ class CompareConfig(TaskConfig):
                                   "which every group is compared with")
             groups[name] = members
         return groups
+
+    def paired_groups(self) -> list[tuple[str, str]]:
+        """``group_pairs`` as ``(A, B)`` pairs of group names (checked with the groups)."""
+        groups = self.groups()
+        pairs: list[tuple[str, str]] = []
+        for item in self.group_pairs:
+            a, sep, b = item.partition("=")
+            if not sep or a not in groups or b not in groups or a == b:
+                raise ConfigError(f"bad group_pairs {item!r}; accepted: A=B naming two of the "
+                                  f"arm_groups ({', '.join(groups) or 'none given'})")
+            if len(groups[a]) != len(groups[b]):
+                raise ConfigError(f"group_pairs {item!r}: {a} has {len(groups[a])} members and "
+                                  f"{b} {len(groups[b])}; accepted: groups whose members pair "
+                                  "up, one for one")
+            pairs.append((a, b))
+        return pairs
 
     def arm_lrs(self) -> dict[str, float]:
         """``arm_lr`` as a mapping of controller to learning rate (checked)."""
