@@ -28,6 +28,10 @@ FINAL_SCALES="0.35 0.7 1.4 2.8"
 LOOKUP=lookup:$RESULTS/lookup-grow124.json
 TIMING=(policy:policies/grow124-timing-s1.pt policy:policies/grow124-timing-s2.pt
         policy:policies/grow124-timing-s3.pt)
+#: The nine-blueprint policies (the curriculum from the timing policy of the same seed): they
+#: join final-budgets once all three are shipped (final-plan.md, item 5).
+ALL=(policy:policies/grow124-all-s1.pt policy:policies/grow124-all-s2.pt
+     policy:policies/grow124-all-s3.pt)
 #: The unseen text: the Python standard library's source (Python 3.11.7: 4,932,584 bytes).
 STDLIB=${STDLIB:-runs/stdlib.txt}
 STDLIB_SHA256=b63203f55f9e0c7c5c3d393a0d833d9f4baddb0aedea63f40bd1a355cd3183b4
@@ -125,7 +129,12 @@ case "${1:-}" in
       final-budgets)  # unseen budgets on the training host and text
         args=(--seeds 40 --rng_seed 32676 --data_dir "$TEXT"
               --controllers "$LOOKUP" "${TIMING[@]}" "$best_single" heuristic
-                            stack:4@random:identity static) ;;
+                            stack:4@random:identity static)
+        if [ -f "${ALL[0]#policy:}" ] && [ -f "${ALL[1]#policy:}" ] && [ -f "${ALL[2]#policy:}" ]
+        then
+          args+=("${ALL[@]}" --arm_groups "$group" "all=$(IFS=,; echo "${ALL[*]}")"
+                 --group_pairs all=timing)
+        fi ;;
       final-oracle)  # the per-budget oracle: a 0.2 grid and never, on the first 16 of those
         schedules=()
         for first in 2 4 6 8; do
