@@ -167,13 +167,17 @@ case "${1:-}" in
       [ -f "$rows" ] && done_=$(( $(wc -l < "$rows") - 1 ))
       echo "tune-lookup $scale x: $done_ of $expected episodes"
     done
+    for stage in final-budgets final-oracle final-text final-host; do
+      rows=$RESULTS/$stage/episodes.csv
+      [ -f "$rows" ] && echo "$stage: $(( $(wc -l < "$rows") - 1 )) episode rows"
+    done
     for file in "$RESULTS/lookup-grow124.json" runs/grow124-{timing,all}-s{1,2,3}.pt \
                 policies/grow124-{timing,all}-s{1,2,3}.pt; do
       [ -f "$file" ] && echo "present: $file" || echo "missing: $file"
     done
     ;;
   *)
-    sed -n '2,20p' "$0"
+    sed -n '2,17p' "$0"
     exit 2
     ;;
 esac
