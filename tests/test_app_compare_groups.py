@@ -15,7 +15,7 @@ from esper_lightning.app.compare.report import (
     group_markdown,
     seed_and_episode_interval,
 )
-from esper_lightning.app.compare.stats import mean_ci
+from esper_lightning.app.compare.stats import holm, mean_ci
 from esper_lightning.app.config import CompareConfig
 from esper_lightning.errors import ConfigError
 
@@ -69,8 +69,10 @@ def test_a_group_is_its_members_mean_paired_by_episode_with_their_spread():
     assert group_differences(fewer, {"ppo": SEEDS}, "lookup:l.json", "test_bits")[0].n_pairs == 8
 
 
-@pytest.mark.parametrize("seed_spread", [0.0, 0.005, 0.01])
-def test_the_seeds_and_episodes_interval_covers_a_method_trained_anew(seed_spread):
+@pytest.mark.parametrize(("seed_spread", "episode_sd"), [
+    (0.0, 0.0075), (0.005, 0.0075), (0.01, 0.0075),
+    (0.0, 0.0), (0.01, 0.0)])  # episodes that differ less than the noise: few df
+def test_the_seeds_and_episodes_interval_covers_a_method_trained_anew(seed_spread, episode_sd):
     # Three training seeds crossed with 40 episodes, the method's true mean 0: its interval
     # must cover 0 near 95 % of the time however much the seeds disagree (a percentile
     # bootstrap over the three covered about 78 % at a seed spread of 0.01; this one 92-95 %,
@@ -79,7 +81,7 @@ def test_the_seeds_and_episodes_interval_covers_a_method_trained_anew(seed_sprea
     covered = 0
     trials = 400
     for _ in range(trials):
-        d = (rng.normal(0.0, seed_spread, (3, 1)) + rng.normal(0.0, 0.0075, (1, 40))
+        d = (rng.normal(0.0, seed_spread, (3, 1)) + rng.normal(0.0, episode_sd, (1, 40))
              + rng.normal(0.0, 0.003, (3, 40)))
         low, high = seed_and_episode_interval(d)
         covered += low <= 0.0 <= high
@@ -110,10 +112,25 @@ def test_a_pair_of_groups_compares_member_i_with_member_i():
     assert list(pair.member_means) == [f"{a} − {b}" for a, b in zip(started, SEEDS, strict=True)]
     assert pair.spread < 0.002  # the seeds' own offsets cancel, seed by seed
     assert pair.verdict == "better" and pair.seed_ci[1] < 0  # type: ignore[index]
-    assert all(r.p_holm >= r.p_value for r in rows)  # one Holm family of three
+    assert [r.p_holm for r in rows] == holm([r.p_value for r in rows])  # one family of three
+    assert [g["paired"] for g in group_json(rows)] == [False, False, True]
     lines = group_markdown(rows, "test_bits")
     assert any(line.startswith("| all − timing | policy:all-0.pt − policy:a.pt -0.00")
                for line in lines)
+
+
+def test_the_seeds_and_episodes_interval_in_degenerate_samples():
+    # Differences that vary are never given a zero-width interval (which a verdict would read
+    # as excluding 0), and the interval is never narrower than the episodes-only one.
+    latin = ((np.arange(3)[:, None] + np.arange(3)[None, :]) % 3) + 0.1
+    low, high = seed_and_episode_interval(latin)
+    assert low < 1.1 < high
+    x = np.array([-1.0, 0.0, 1.0])
+    d = x[:, None] + x[None, :] + 0.5
+    low, high = seed_and_episode_interval(d)
+    t_low, t_high = mean_ci(d.mean(axis=0))
+    assert low <= t_low and high >= t_high
+    assert seed_and_episode_interval(np.full((3, 4), 0.25)) == (0.25, 0.25)
 
 
 @pytest.mark.parametrize(("pairs", "message"), [

@@ -118,8 +118,8 @@ def test_tau_families_group_stack_arms_that_differ_only_in_tau():
     labels = ["static", "stack:4@0.5", "stack:4@0.25:copy", "stack:4@0.5:identity",
               "stack:2@0.5", "stack:2@0.5:copy", "stack:nonsense", "heuristic",
               "stack:4@random"]  # random timing is a baseline, not a grid point
-    assert regret.tau_families(labels) == {"stack:4@τ*:copy": ("stack:4@0.25:copy",
-                                                                "stack:4@0.5", "static")}
+    assert regret.tau_families(labels) == {"stack:4@τ*:copy": ("static", "stack:4@0.25:copy",
+                                                                "stack:4@0.5")}
     assert regret.tau_families(["static", ARMS[0]]) == {}  # never and one time: no grid
     assert regret.tau_families(labels[1:]) == {"stack:4@τ*:copy": ("stack:4@0.25:copy",
                                                                     "stack:4@0.5")}
@@ -131,8 +131,8 @@ def test_tau_families_of_several_growth_events_are_grids_over_every_time():
     labels = ["static", "stack:4@0.5,1:identity", "stack:4@0.2,0.5:identity",
               "stack:4@0.2,0.3:identity", "stack:4@0.4:identity", "stack:4@random:identity"]
     assert regret.tau_families(labels) == {
-        "stack:4@τ*,τ*:identity": ("stack:4@0.2,0.3:identity", "stack:4@0.2,0.5:identity",
-                                   "stack:4@0.5,1:identity", "static")}
+        "stack:4@τ*,τ*:identity": ("static", "stack:4@0.2,0.3:identity",
+                                   "stack:4@0.2,0.5:identity", "stack:4@0.5,1:identity")}
 
 
 def test_a_group_of_arms_has_the_regret_of_its_members_mean():
@@ -158,7 +158,7 @@ def test_the_oracle_may_choose_never_to_grow(monkeypatch):
     monkeypatch.setitem(OFFSETS[SMALL], "static", -0.05)
     oracles, rows = regret.regrets(table(), JUDGED)
     (oracle,) = oracles
-    assert oracle.arms == (*ARMS, "static")
+    assert oracle.arms == ("static", *ARMS)
     assert oracle.chosen == {SMALL: "static", LARGE: ARMS[2]}
     assert all(r.overall.mean > 0 for r in rows if r.controller != "static")
     (static,) = [r for r in rows if r.controller == "static"]
@@ -169,7 +169,7 @@ def test_the_oracle_picks_the_best_tau_of_each_budget():
     records = table()
     oracles, _ = regret.regrets(records, JUDGED)
     (oracle,) = oracles
-    assert oracle.name == "stack:4@τ*:identity" and oracle.arms == (*ARMS, "static")
+    assert oracle.name == "stack:4@τ*:identity" and oracle.arms == ("static", *ARMS)
     assert oracle.chosen == {SMALL: ARMS[0], LARGE: ARMS[2]}
     for budget in (SMALL, LARGE):
         assert oracle.means[budget] == pytest.approx(

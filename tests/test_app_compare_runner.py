@@ -495,6 +495,7 @@ def test_balanced_root_is_the_first_root_whose_episodes_draw_each_budget_equally
 
     root = balanced_root(scales, 6, start=500)
     assert counts(root) == [2, 2, 2]
+    assert balanced_root((1.4, 0.35, 0.7), 6, start=500) == root  # given in any order
     assert all(counts(r) != [2, 2, 2] for r in range(500, root))  # the first such root
     with pytest.raises(ValueError, match="episodes=7 is not a positive multiple"):
         balanced_root(scales, 7, start=500)

@@ -6,11 +6,11 @@ A comparison that plays two or more ``stack:`` arms differing only in TAU (the s
 time (or times: ``stack:4@0.2,0.5`` grows twice, ``stack:4@0.3,1`` once), with ``static`` as its
 "never" when it played. Its oracle (`choose_oracle`) takes, for each episode budget
 (`records.group_by_budget`; episodes without one are a single group), the arm with the best
-mean judged metric over that budget's evaluation episodes (ties: the smaller TAU). The regret of
-a controller in episode ``i`` is its judged metric minus the oracle arm's in the same episode
-(paired: same host initialisation, data order and budget), signed so that a positive regret is
-worse than the oracle (for ``final_bits``, lower is better, it is the controller's bits minus
-the oracle's). `regrets` reports the mean regret of every
+mean judged metric over that budget's evaluation episodes (ties: never, then the smaller TAU).
+The regret of a controller in episode ``i`` is its judged metric minus the oracle arm's in the
+same episode (paired: same host initialisation, data order and budget), signed so that a
+positive regret is worse than the oracle (for ``final_bits``, lower is better, it is the
+controller's bits minus the oracle's). `regrets` reports the mean regret of every
 controller with its t interval (`stats.estimate`), over all episodes and per budget; the oracle
 arm's own regret on a budget it is chosen for is 0.
 
@@ -54,8 +54,9 @@ class Oracle:
     """The oracle of one family of ``stack:`` arms that differ only in TAU.
 
     Attributes:
-        name: ``stack:K@τ*:OPERATOR``.
-        arms: the family's controller labels, TAU ascending.
+        name: ``stack:K@τ*:OPERATOR`` (``stack:K@τ*,τ*:OPERATOR`` for two growth times).
+        arms: the family's controller labels: ``static`` first when it played, then TAU
+            ascending.
         chosen: by budget (None: episodes without one), the arm with the best mean judged
             metric over that budget's evaluation episodes.
         means: by budget, each arm's mean judged metric over the episodes every arm played.
@@ -89,19 +90,20 @@ class Regret:
 
 def tau_families(controllers: Iterable[str]) -> dict[str, tuple[str, ...]]:
     """The ``stack:`` labels grouped by ``(K, OPERATOR, number of growth times)``, TAU
-    ascending (several times: as tuples), each with ``static`` last when it played: "never
-    grow" is a point of every grid, as the tuned lookup counts it (`NEVER_ARM`), and no
-    ``stack:`` arm can say it. Only groups with two or more distinct TAU (a grid) are kept. A
-    one-time family is keyed ``stack:K@τ*:OPERATOR``, a two-time one (a grid over both growth
-    events, a later time of 1 meaning never) ``stack:K@τ*,τ*:OPERATOR``. A label that is not of
-    the ``stack:K@TAU[:OPERATOR]`` form belongs to no family.
+    ascending (several times: as tuples), each after ``static`` when it played: "never grow"
+    is a point of every grid, as the tuned lookup counts it (`NEVER_ARM`, first, so it wins a
+    tie there too), and no ``stack:`` arm can say it. Only groups with two or more distinct
+    TAU (a grid) are kept. A one-time family is keyed ``stack:K@τ*:OPERATOR``, a two-time one
+    (a grid over both growth events, a later time of 1 meaning never)
+    ``stack:K@τ*,τ*:OPERATOR``. A label that is not of the ``stack:K@TAU[:OPERATOR]`` form
+    belongs to no family.
 
     Example::
 
         tau_families(["static", "stack:4@0.25", "stack:4@0.5:copy", "stack:4@0.2,0.5:copy",
                       "stack:4@0.2,1:copy"])
-        # {"stack:4@τ*:copy": ("stack:4@0.25", "stack:4@0.5:copy", "static"),
-        #  "stack:4@τ*,τ*:copy": ("stack:4@0.2,0.5:copy", "stack:4@0.2,1:copy", "static")}
+        # {"stack:4@τ*:copy": ("static", "stack:4@0.25", "stack:4@0.5:copy"),
+        #  "stack:4@τ*,τ*:copy": ("static", "stack:4@0.2,0.5:copy", "stack:4@0.2,1:copy")}
     """
     labels = list(dict.fromkeys(controllers))
     never = (NEVER_ARM,) if NEVER_ARM in labels else ()
@@ -117,7 +119,7 @@ def tau_families(controllers: Iterable[str]) -> dict[str, tuple[str, ...]]:
             continue  # random timing is a baseline, not a point of the grid
         groups.setdefault((depth, operator, len(taus)), []).append((taus, label))
     return {f"{STACK}{depth}@{','.join(['τ*'] * events)}:{init}":
-            (*(label for _, label in sorted(arms)), *never)
+            (*never, *(label for _, label in sorted(arms)))
             for (depth, init, events), arms in groups.items() if len({t for t, _ in arms}) > 1}
 
 
@@ -217,7 +219,7 @@ def regrets(records: Iterable[EpisodeRecord], judged: str, *,
     by_key = {(r.controller, r.episode_index): r for r in records}
     oracles = [choose_oracle(name, arms, records, judged)
                for name, arms in tau_families(controllers).items()]
-    for name, members in (groups or {}).items():
+    for name, members in (groups or {}).items() if oracles else ():
         controllers[name] = _group_episodes(name, members, controllers, judged)
     rows = [_regret(episodes, oracle, by_key, budgets, judged, confidence)
             for oracle in oracles for episodes in controllers.values()]
@@ -229,6 +231,9 @@ def _group_episodes(name: str, members: Sequence[str],
                     ) -> list[EpisodeRecord]:
     """A group's episodes as records of its own: on each episode every member played, the
     first member's record with the members' mean ``judged`` (the only value it is read for)."""
+    missing = [m for m in members if m not in controllers]
+    if missing:
+        raise ValueError(f"group {name!r}: {missing[0]!r} has no episodes")
     by_member = [{r.episode_index: r for r in controllers[m]} for m in members]
     common = sorted(set.intersection(*(set(episodes) for episodes in by_member)))
     if not common:

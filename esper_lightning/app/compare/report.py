@@ -636,22 +636,27 @@ def cost_markdown(costs: Mapping[str, Mapping[str, Any]]) -> list[str]:
 @dataclass(frozen=True)
 class GroupComparison:
     """A group of arms (several training seeds of one method) minus the reference: per
-    episode, the mean of the members' judged metric minus the reference's.
+    episode, the mean of the members' judged metric minus the reference's; or, for a pair of
+    groups (``paired``), member i minus member i of the other group, averaged.
 
     Attributes:
-        group, members, reference: the group's name, its arms, the reference.
-        n_pairs: episodes every member and the reference played.
+        group, members, reference: the group's name, its arms, and the reference arm (or, for
+            a pair, the other group's name).
+        n_pairs: episodes every member and the reference (or every member of both) played.
         difference: the mean paired difference and its interval.
         p_value, p_holm: Wilcoxon signed-rank p of the differences, Holm-adjusted over the
             groups of the table.
         verdict: as `PairedComparison.verdict`, read off ``seed_ci``: "better" holds for the
             method, not only for these training seeds.
-        member_means: each member's own mean difference on those episodes.
+        member_means: each member's own mean difference on those episodes (keyed by the
+            member, or ``"A_i − B_i"`` for a pair).
         spread: the standard deviation of ``member_means``: how much the method's result
             depends on which training seed one gets.
         seed_ci: the interval of the mean difference over training seeds *and* episodes (a
             t interval of crossed random effects, `seed_and_episode_interval`); ``difference.ci``
             holds the members fixed.
+        paired: a pair of groups (`CompareConfig.group_pairs`), not a group against the
+            reference.
     """
 
     group: str
@@ -665,6 +670,7 @@ class GroupComparison:
     member_means: dict[str, float]
     spread: float
     seed_ci: tuple[float, float] | None = None
+    paired: bool = False
 
 
 def group_differences(records: Iterable[EpisodeRecord], groups: Mapping[str, Sequence[str]],
@@ -708,7 +714,8 @@ def group_differences(records: Iterable[EpisodeRecord], groups: Mapping[str, Seq
         out.append(GroupComparison(
             name, members, against, len(pooled), estimate(pooled, confidence=confidence), p,
             p_holm, verdict(seed_ci, p_holm, len(pooled), better),  # type: ignore[arg-type]
-            means, float(np.std(list(means.values()), ddof=1)), seed_ci))
+            means, float(np.std(list(means.values()), ddof=1)), seed_ci,
+            paired=against != reference))
     return out
 
 
@@ -720,10 +727,11 @@ def seed_and_episode_interval(differences: np.ndarray, confidence: float = CONFI
 
     The two-way random-effects decomposition ``d[s, e] = mu + a[s] + b[e] + eps`` gives the
     variance of the grand mean from the mean squares of members, episodes and residual
-    (``(MS_a + MS_b - MS_eps) / (S E)``), its between-member part floored at 0 so the interval
-    is never narrower than the episodes-only one, and Satterthwaite's degrees of freedom: with
-    three members that disagree they fall towards 2 (t 4.3), with members that agree towards
-    the episodes' ``E - 1``. A percentile bootstrap over members covered far less than its
+    (``(MS_a + MS_b - MS_eps) / (S E)``), its between-member part floored at 0 (so the interval
+    is never narrower than the episodes-only one) and ``MS_b`` at ``MS_eps`` (its expectation's
+    least), and Satterthwaite's degrees of freedom held within ``[min(S, E) - 1, E - 1]``: with
+    three members that disagree they fall towards 2 (t 4.3), with members that agree exactly
+    they are the episodes' ``E - 1``. A percentile bootstrap over members covered far less than its
     level with three (a draw of one member thrice is 1 in 27, past a 2.5 % tail): simulating
     3 seeds x 40 episodes (`scripts/interval_coverage.py`, 1,000 samples a cell), it covered
     78-81 % at seed spreads of 0.005-0.01 bits, this interval 92-95 % at every spread.
@@ -738,25 +746,29 @@ def seed_and_episode_interval(differences: np.ndarray, confidence: float = CONFI
     if n_members < 2 or n_episodes < 2:
         return None
     d = np.asarray(differences, dtype=np.float64)
-    grand = d.mean()
+    grand = float(d.mean())
+    if np.ptp(d) == 0.0:  # every difference the same: no spread to speak of
+        return grand, grand
+    s, e = n_members, n_episodes
     member_effects = d.mean(axis=1) - grand
     episode_effects = d.mean(axis=0) - grand
     residual = d - grand - member_effects[:, None] - episode_effects[None, :]
-    ms_member = n_episodes * float(np.sum(member_effects**2)) / (n_members - 1)
-    ms_episode = n_members * float(np.sum(episode_effects**2)) / (n_episodes - 1)
-    ms_residual = float(np.sum(residual**2)) / ((n_members - 1) * (n_episodes - 1))
-    between = max(ms_member - ms_residual, 0.0)  # E[MS_a - MS_eps] = E var(a)
+    ms_member = e * float(np.sum(member_effects**2)) / (s - 1)
+    ms_residual = float(np.sum(residual**2)) / ((s - 1) * (e - 1))
+    # E[MS_b] = var(eps) + S var(b) >= E[MS_eps]: an episodes' mean square below the
+    # residual's is noise, and would make a varying sample look exact.
+    ms_episode = max(s * float(np.sum(episode_effects**2)) / (e - 1), ms_residual)
+    between = max(ms_member - ms_residual, 0.0)  # E[MS_a - MS_eps] = E * var(a) >= 0
     numerator = ms_episode + between
-    if numerator <= 0.0:  # every difference the same: no spread to speak of
-        return float(grand), float(grand)
-    if between == 0.0:
-        dof = float(n_episodes - 1)
-    else:
-        dof = numerator**2 / (ms_member**2 / (n_members - 1) + ms_episode**2 / (n_episodes - 1)
-                              + ms_residual**2 / ((n_members - 1) * (n_episodes - 1)))
+    # Satterthwaite over the three mean squares (coefficients 1, 1, -1), kept continuous where
+    # the floor starts, and held between the members' S - 1 (the least a t interval of S seed
+    # means would have) and the episodes' E - 1 (so it is never narrower than theirs).
+    dof = numerator**2 / (ms_member**2 / (s - 1) + ms_episode**2 / (e - 1)
+                          + ms_residual**2 / ((s - 1) * (e - 1)))
+    dof = min(max(dof, float(min(s, e) - 1)), float(e - 1))
     half = float(scipy_stats.t.ppf(0.5 + confidence / 2.0, dof)) * float(
-        np.sqrt(numerator / (n_members * n_episodes)))
-    return float(grand) - half, float(grand) + half
+        np.sqrt(numerator / (s * e)))
+    return grand - half, grand + half
 
 
 def group_markdown(rows: Sequence[GroupComparison], outcome: str) -> list[str]:
@@ -793,4 +805,5 @@ def group_json(rows: Sequence[GroupComparison]) -> list[dict[str, Any]]:
              "ci": None if g.difference.ci is None else list(g.difference.ci),
              "p_value": g.p_value, "p_holm": g.p_holm, "verdict": g.verdict,
              "seed_ci": None if g.seed_ci is None else list(g.seed_ci),
-             "member_means": g.member_means, "spread": g.spread} for g in rows]
+             "member_means": g.member_means, "spread": g.spread, "paired": g.paired}
+            for g in rows]
