@@ -147,6 +147,9 @@ def test_bad_group_pairs_are_one_line(pairs, message):
                                           "whose members pair up"):
         CompareConfig(controllers=controllers, group_pairs=["all=timing"],
                       arm_groups=(groups[0], "all=policy:x.pt,policy:y.pt"))
+    with pytest.raises(ConfigError, match=re.escape("'policy:a.pt' is in both groups")):
+        CompareConfig(controllers=controllers, group_pairs=["all=timing"],
+                      arm_groups=(groups[0], "all=policy:a.pt,policy:y.pt,policy:z.pt"))
 
 
 @pytest.mark.parametrize(("groups", "message"), [

@@ -132,6 +132,10 @@ class CompareConfig(TaskConfig):
                 raise ConfigError(f"group_pairs {item!r}: {a} has {len(groups[a])} members and "
                                   f"{b} {len(groups[b])}; accepted: groups whose members pair "
                                   "up, one for one")
+            shared = [m for m in groups[a] if m in groups[b]]
+            if shared:
+                raise ConfigError(f"group_pairs {item!r}: {shared[0]!r} is in both groups; "
+                                  "accepted: groups of different arms")
             pairs.append((a, b))
         return pairs
 
