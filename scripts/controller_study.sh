@@ -124,7 +124,7 @@ case "${1:-}" in
     read_best='import json, sys; print(json.load(open(sys.argv[1]))["tuning"]["best_single"])'
     best_single=$(python -c "$read_best" "${LOOKUP#lookup:}")
     common=(--preset lm-grow124-cpu --budget_scales $FINAL_SCALES --envs 2 --progress false
-            --reference "$LOOKUP" --arm_groups "$group")
+            --reference "$LOOKUP")
     case "$1" in
       final-budgets)  # unseen budgets on the training host and text
         args=(--seeds 40 --rng_seed 32676 --data_dir "$TEXT"
@@ -134,6 +134,8 @@ case "${1:-}" in
         then
           args+=("${ALL[@]}" --arm_groups "$group" "all=$(IFS=,; echo "${ALL[*]}")"
                  --group_pairs all=timing)
+        else
+          args+=(--arm_groups "$group")
         fi ;;
       final-oracle)  # the per-budget oracle: a 0.2 grid and never, on the first 16 of those
         schedules=()
@@ -143,17 +145,17 @@ case "${1:-}" in
               || schedules+=("stack:4@0.$first,0.$second:identity")
           done
         done
-        args=(--seeds 16 --rng_seed 32676 --data_dir "$TEXT"
+        args=(--seeds 16 --rng_seed 32676 --data_dir "$TEXT" --arm_groups "$group"
               --controllers "$LOOKUP" "${TIMING[@]}" "${schedules[@]}" static) ;;
       final-text)  # the unseen text, neither retrained nor retuned
         [ -f "$STDLIB" ] || python -m esper_lightning.data.stdlib_text "$STDLIB"
         echo "$STDLIB_SHA256  $STDLIB" | sha256sum --check --quiet || {
           echo "$STDLIB is not the pre-registered text (sha256 $STDLIB_SHA256)" >&2; exit 2; }
-        args=(--seeds 24 --rng_seed 31160 --data_dir "$STDLIB"
+        args=(--seeds 24 --rng_seed 31160 --data_dir "$STDLIB" --arm_groups "$group"
               --controllers "$LOOKUP" "${TIMING[@]}" "$best_single" static) ;;
       final-host)  # the unseen host (width 64), neither retrained nor retuned
         args=(--seeds 16 --rng_seed 32004 --data_dir "$TEXT" --host_preset grow124-w64
-              --budget_flops "$W64_BASE" --transfer_policies true
+              --budget_flops "$W64_BASE" --transfer_policies true --arm_groups "$group"
               --controllers "$LOOKUP" "${TIMING[@]}" "$best_single" static) ;;
     esac
     OMP_NUM_THREADS=1 esper-lightning compare "${common[@]}" "${args[@]}" \
