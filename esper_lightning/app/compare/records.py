@@ -475,6 +475,25 @@ def group_by_controller(records: Iterable[EpisodeRecord]) -> dict[str, list[Epis
     return {name: [eps[i] for i in sorted(eps)] for name, eps in groups.items()}
 
 
+def shared_episodes(by_controller: Mapping[str, Sequence[EpisodeRecord]], arms: Sequence[str],
+                    group: str) -> dict[str, list[EpisodeRecord]]:
+    """Each of ``arms``' records on the episodes every one of them played, episode index
+    ascending, so the lists align (a group's pairing; ``by_controller`` as `group_by_controller`
+    gives it).
+
+    Raises:
+        ValueError: naming ``group``: an arm without episodes, or no episode in common.
+    """
+    missing = [arm for arm in arms if arm not in by_controller]
+    if missing:
+        raise ValueError(f"group {group!r}: {missing[0]!r} has no episodes")
+    common = set.intersection(*({r.episode_index for r in by_controller[a]} for a in arms))
+    if not common:
+        raise ValueError(f"group {group!r}: no episode that every one of {', '.join(arms)} "
+                         "played")
+    return {arm: [r for r in by_controller[arm] if r.episode_index in common] for arm in arms}
+
+
 #: The column that says an episode's compute budget (`group_by_budget`).
 BUDGET = "budget_flops"
 

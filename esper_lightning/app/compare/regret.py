@@ -38,6 +38,7 @@ from esper_lightning.app.compare.records import (
     EpisodeRecord,
     group_by_budget,
     group_by_controller,
+    shared_episodes,
 )
 from esper_lightning.app.compare.stats import CONFIDENCE, Estimate, estimate
 from esper_lightning.controllers.stack import parse_stack
@@ -231,18 +232,11 @@ def _group_episodes(name: str, members: Sequence[str],
                     ) -> list[EpisodeRecord]:
     """A group's episodes as records of its own: on each episode every member played, the
     first member's record with the members' mean ``judged`` (the only value it is read for)."""
-    missing = [m for m in members if m not in controllers]
-    if missing:
-        raise ValueError(f"group {name!r}: {missing[0]!r} has no episodes")
-    by_member = [{r.episode_index: r for r in controllers[m]} for m in members]
-    common = sorted(set.intersection(*(set(episodes) for episodes in by_member)))
-    if not common:
-        raise ValueError(f"group {name!r}: no episode that every member played")
+    aligned = list(zip(*shared_episodes(controllers, members, name).values(), strict=True))
     return [dataclasses.replace(
-        by_member[0][i], controller=name,
-        values={**by_member[0][i].values,
-                judged: float(np.mean([episodes[i][judged] for episodes in by_member]))})
-        for i in common]
+        episode[0], controller=name,
+        values={**episode[0].values, judged: float(np.mean([r[judged] for r in episode]))})
+        for episode in aligned]
 
 
 def _fmt(value: Estimate, fmt: str) -> str:

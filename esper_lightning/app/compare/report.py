@@ -38,6 +38,7 @@ from esper_lightning.app.compare.records import (
     Metric,
     group_by_budget,
     group_by_controller,
+    shared_episodes,
 )
 from esper_lightning.app.compare.stats import (
     ALPHA,
@@ -693,16 +694,8 @@ def group_differences(records: Iterable[EpisodeRecord], groups: Mapping[str, Seq
     rows = []
     for name, members, against, couples in contrasts:
         arms = list(dict.fromkeys(arm for couple in couples for arm in couple))
-        missing = [arm for arm in arms if arm not in by_arm]
-        if missing:
-            raise ValueError(f"group {name!r}: {missing[0]!r} has no episodes")
-        values = {arm: {r.episode_index: r[outcome] for r in by_arm[arm]} for arm in arms}
-        common = sorted(set.intersection(*(set(v) for v in values.values())))
-        if not common:
-            raise ValueError(f"group {name!r}: no episode that every member and "
-                             f"{against!r} played")
-        column = {arm: np.array([values[arm][i] for i in common], dtype=np.float64)
-                  for arm in arms}
+        column = {arm: np.array([r[outcome] for r in episodes], dtype=np.float64)
+                  for arm, episodes in shared_episodes(by_arm, arms, name).items()}
         own = {(m if r == against else f"{m} − {r}"): column[m] - column[r] for m, r in couples}
         rows.append((name, tuple(members), against, np.mean(list(own.values()), axis=0),
                      {k: float(d.mean()) for k, d in own.items()},
