@@ -36,9 +36,13 @@ from esper_lightning.app.compare.records import (
     group_by_budget,
     read_records_csv,
 )
-from esper_lightning.app.compare.regret import NEVER_ARM, STACK, best_arm, choose_oracle
+from esper_lightning.app.compare.regret import (
+    NEVER_ARM,
+    best_arm,
+    choose_oracle,
+    stack_families,
+)
 from esper_lightning.controllers.lookup import GrowthLookup
-from esper_lightning.controllers.stack import parse_stack
 from esper_lightning.errors import ConfigError
 
 __all__ = ["families", "main", "tune_lookup"]
@@ -54,14 +58,8 @@ def families(labels: Iterable[str]) -> dict[str, dict[str, tuple[float, ...]]]:
         >>> families(["static", "stack:2@0.2:identity", "stack:2@0.4:identity", "stack:2@random"])
         {'2:identity:1': {'stack:2@0.2:identity': (0.2,), 'stack:2@0.4:identity': (0.4,)}}
     """
-    groups: dict[str, dict[str, tuple[float, ...]]] = {}
-    for label in dict.fromkeys(labels):
-        if not label.startswith(STACK):
-            continue
-        depth, taus, operator = parse_stack(label[len(STACK):])
-        if taus is not None:  # random timing is a baseline, not a point of the grid
-            groups.setdefault(f"{depth}:{operator}:{len(taus)}", {})[label] = taus
-    return groups
+    return {f"{depth}:{operator}:{events}": arms
+            for (depth, operator, events), arms in stack_families(labels).items()}
 
 
 def tune_lookup(records: Sequence[EpisodeRecord], base_flops: float, judged: str = "final_bits",

@@ -89,15 +89,42 @@ class Regret:
     confidence: float = CONFIDENCE
 
 
+def stack_families(labels: Iterable[str], *, strict: bool = True
+                   ) -> dict[tuple[int, str, int], dict[str, tuple[float, ...]]]:
+    """The ``stack:`` arms among ``labels`` with fixed growth times, grouped by ``(K,
+    OPERATOR, number of growth times)``, each label with its taus (random timing is a
+    baseline, not a point of a grid). ``strict``: a ``stack:`` label that does not parse is
+    refused (`ConfigError`); else it is taken for a custom controller's name and left out.
+
+    Example:
+        >>> stack_families(["static", "stack:2@0.2:identity", "stack:2@0.1,0.4", "stack:2@random"])
+        ... # doctest: +NORMALIZE_WHITESPACE
+        {(2, 'identity', 1): {'stack:2@0.2:identity': (0.2,)},
+         (2, 'copy', 2): {'stack:2@0.1,0.4': (0.1, 0.4)}}
+    """
+    groups: dict[tuple[int, str, int], dict[str, tuple[float, ...]]] = {}
+    for label in dict.fromkeys(labels):
+        if not label.startswith(STACK):
+            continue
+        try:
+            depth, taus, operator = parse_stack(label[len(STACK):])
+        except ConfigError:
+            if strict:
+                raise
+            continue
+        if taus is not None:
+            groups.setdefault((depth, operator, len(taus)), {})[label] = taus
+    return groups
+
+
 def tau_families(controllers: Iterable[str]) -> dict[str, tuple[str, ...]]:
-    """The ``stack:`` labels grouped by ``(K, OPERATOR, number of growth times)``, TAU
+    """The `stack_families` of ``controllers`` that are grids (two or more distinct TAU), TAU
     ascending (several times: as tuples), each after ``static`` when it played: "never grow"
     is a point of every grid, as the tuned lookup counts it (`NEVER_ARM`, first, so it wins a
-    tie there too), and no ``stack:`` arm can say it. Only groups with two or more distinct
-    TAU (a grid) are kept. A one-time family is keyed ``stack:K@τ*:OPERATOR``, a two-time one
-    (a grid over both growth events, a later time of 1 meaning never)
-    ``stack:K@τ*,τ*:OPERATOR``. A label that is not of the ``stack:K@TAU[:OPERATOR]`` form
-    belongs to no family.
+    tie there too), and no ``stack:`` arm can say it. A one-time family is keyed
+    ``stack:K@τ*:OPERATOR``, a two-time one (a grid over both growth events, a later time of 1
+    meaning never) ``stack:K@τ*,τ*:OPERATOR``. A label that is not of the
+    ``stack:K@TAU[:OPERATOR]`` form belongs to no family.
 
     Example::
 
@@ -108,20 +135,10 @@ def tau_families(controllers: Iterable[str]) -> dict[str, tuple[str, ...]]:
     """
     labels = list(dict.fromkeys(controllers))
     never = (NEVER_ARM,) if NEVER_ARM in labels else ()
-    groups: dict[tuple[int, str, int], list[tuple[tuple[float, ...], str]]] = {}
-    for label in labels:
-        if not label.startswith(STACK):
-            continue
-        try:
-            depth, taus, operator = parse_stack(label[len(STACK):])
-        except ConfigError:
-            continue  # a custom controller's name, not a stack arm
-        if taus is None:
-            continue  # random timing is a baseline, not a point of the grid
-        groups.setdefault((depth, operator, len(taus)), []).append((taus, label))
     return {f"{STACK}{depth}@{','.join(['τ*'] * events)}:{init}":
-            (*never, *(label for _, label in sorted(arms)))
-            for (depth, init, events), arms in groups.items() if len({t for t, _ in arms}) > 1}
+            (*never, *sorted(arms, key=lambda label: (arms[label], label)))
+            for (depth, init, events), arms in stack_families(labels, strict=False).items()
+            if len(set(arms.values())) > 1}
 
 
 def _sign(judged: str) -> float:
@@ -297,4 +314,4 @@ def as_json(oracles: Sequence[Oracle], rows: Sequence[Regret]) -> list[dict[str,
 
 
 __all__ = ["NEVER_ARM", "Oracle", "Regret", "as_json", "choose_oracle", "markdown", "regrets",
-           "tau_families"]
+           "stack_families", "tau_families"]
