@@ -402,13 +402,15 @@ def write_widths(studies: Sequence[tuple[Plan, Sequence[Mapping[str, Any]]]], fi
     return lines
 
 
-def replace_section(document: Path, name: str, lines: Sequence[str]) -> None:
-    """Replace what is between a document's markers for study ``name`` by ``lines``.
+def replace_section(document: Path, name: str, lines: Sequence[str], owner: str = "frontier"
+                    ) -> None:
+    """Replace what is between a document's markers ``<!-- OWNER:NAME:begin -->`` and
+    ``<!-- OWNER:NAME:end -->`` by ``lines`` (``owner``: the study kind writing them).
 
     Raises:
         ValueError: The document lacks the markers (one line naming them).
     """
-    begin, end = f"<!-- frontier:{name}:begin -->", f"<!-- frontier:{name}:end -->"
+    begin, end = f"<!-- {owner}:{name}:begin -->", f"<!-- {owner}:{name}:end -->"
     text = document.read_text()
     if begin not in text or end not in text:
         raise ValueError(f"{document} has no {begin} ... {end} section to write into")

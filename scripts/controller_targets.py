@@ -1,0 +1,188 @@
+"""The learned-controller study's targets, read off its pre-registered final tables.
+
+    python scripts/controller_targets.py results/controller --docs docs/results.md
+
+One row per target of the study (results/controller/final-plan.md, "What is decided"): the
+timing policies (group ``timing``, three PPO training seeds) against the tuned lookup on the
+unseen budgets, text and host, with `compare`'s own verdict (its crossed random-effects
+interval over seeds and episodes, Holm-adjusted p); their regret to the per-budget oracle
+against half the lookup's; the nine-blueprint policies (group ``all``) against the timing ones;
+then, not tested, each setting per budget and per training seed, and what each arm cost to
+make. A stage not played yet is a row that says so. Nothing is recomputed that ``compare``
+decided: the verdicts are its ``summary.json``'s; the per-budget rows group its
+``episodes.csv`` with the same function (`report.group_differences`) on each budget's
+episodes. ``--docs`` writes the tables between a document's
+``<!-- controller:targets:begin -->`` and ``<!-- controller:targets:end -->`` markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from esper_lightning.app.compare.records import group_by_budget, read_records_csv
+from esper_lightning.app.compare.report import group_differences
+from esper_lightning.app.config import CompareConfig, from_layers, saved_values
+from esper_lightning.app.frontier.report import replace_section
+from esper_lightning.app.task import budget_flops
+
+#: The stages that test the policies against the lookup, and what each holds unseen.
+VERSUS_LOOKUP = {"final-budgets": "budgets 0.35–2.8×", "final-text": "text (Python stdlib)",
+                 "final-host": "host (width 64)"}
+ORACLE_STAGE = "final-oracle"
+#: The groups the plan names: the timing policies and the nine-blueprint ones.
+TIMING, ALL = "timing", "all"
+
+
+def _summary(folder: Path) -> dict[str, Any] | None:
+    file = folder / "summary.json"
+    return json.loads(file.read_text()) if file.is_file() else None
+
+
+def _config(folder: Path) -> CompareConfig:
+    values = json.loads((folder / "compare_config.json").read_text())
+    return from_layers([saved_values(values, CompareConfig)], CompareConfig)
+
+
+def _group(summary: dict[str, Any], group: str, against: str | None = None
+           ) -> dict[str, Any] | None:
+    """The summary's row of ``group`` (against the reference, or the paired group)."""
+    for row in summary.get("groups", []):
+        if row["group"] == group and (against is None) != row["paired"] and (
+                against is None or row["reference"] == against):
+            return row
+    return None
+
+
+def _interval(ci: Sequence[float] | None) -> str:
+    return "—" if ci is None else f"[{ci[0]:+.4f}, {ci[1]:+.4f}]"
+
+
+def versus_lookup_rows(root: Path) -> list[str]:
+    """Target 1: ``timing`` − lookup < 0, the interval excluding 0, on each unseen setting."""
+    lines = []
+    for stage, unseen in VERSUS_LOOKUP.items():
+        summary = _summary(root / stage)
+        row = summary and _group(summary, TIMING)
+        if row is None:
+            lines.append(f"| timing − lookup | {unseen} | not played yet | | | | |")
+            continue
+        met = "**met**" if row["verdict"] == "better" else "not met"
+        lines.append(f"| timing − lookup | {unseen} | {row['difference']:+.4f} | "
+                     f"{_interval(row['seed_ci'])} | {_interval(row['ci'])} | {row['n_pairs']} "
+                     f"| {row['verdict']}: {met} |")
+    return lines
+
+
+def regret_row(root: Path) -> list[str]:
+    """Target 2: ``timing``'s regret to the per-budget oracle ≤ half the lookup's."""
+    summary = _summary(root / ORACLE_STAGE)
+    if summary is None or not summary.get("regret"):
+        return ["| regret: timing ≤ ½ lookup | oracle, budgets 0.35–2.8× | not played yet "
+                "| | | | |"]
+    (oracle,) = summary["regret"]  # the plan's one grid
+    rows = {r["controller"]: r for r in oracle["controllers"]}
+    lookup = rows[_config(root / ORACLE_STAGE).reference]
+    timing = rows[TIMING]
+    if lookup["regret_mean"] <= 0.0:
+        met = "cannot be met: the lookup's regret is not above 0"
+    else:
+        met = ("**met**" if timing["regret_mean"] <= 0.5 * lookup["regret_mean"]
+               else "not met")
+    return [f"| regret: timing ≤ ½ lookup | oracle, budgets 0.35–2.8× | timing "
+            f"{timing['regret_mean']:+.4f}, lookup {lookup['regret_mean']:+.4f} | — | "
+            f"timing {_interval(timing['regret_ci'])}, lookup {_interval(lookup['regret_ci'])} "
+            f"| {timing['n_episodes']} | {met} |"]
+
+
+def curriculum_row(root: Path) -> list[str]:
+    """Target 3: ``all`` − ``timing`` (seed i against seed i) with an interval holding 0."""
+    summary = _summary(root / "final-budgets")
+    row = summary and _group(summary, ALL, against=TIMING)
+    if row is None:
+        return ["| all − timing | budgets 0.35–2.8× | not played yet (the nine-blueprint "
+                "policies are not shipped) | | | | |"]
+    low, high = row["seed_ci"] or (None, None)
+    met = "**met**" if low is not None and low <= 0.0 <= high else "not met"
+    return [f"| all − timing | budgets 0.35–2.8× | {row['difference']:+.4f} | "
+            f"{_interval(row['seed_ci'])} | {_interval(row['ci'])} | {row['n_pairs']} | "
+            f"{row['verdict']}: {met} |"]
+
+
+def per_budget_lines(root: Path) -> list[str]:
+    """``timing`` − lookup per budget and per training seed on each stage (reported, not
+    tested: no Holm family, no verdict)."""
+    lines = []
+    for stage, unseen in VERSUS_LOOKUP.items():
+        folder = root / stage
+        summary = _summary(folder)
+        if summary is None:
+            continue
+        config = _config(folder)
+        groups = {TIMING: config.groups()[TIMING]}
+        base = float(budget_flops(config) or 0.0)
+        for budget, records in sorted(group_by_budget(read_records_csv(
+                folder / "episodes.csv")).items()):
+            (row,) = group_differences(records, groups, config.reference, summary["judged"])
+            seeds = ", ".join(f"{v:+.4f}" for v in row.member_means.values())
+            lines.append(f"| {unseen} | {budget / base:g} | {row.n_pairs} | "
+                         f"{row.difference.mean:+.4f} | {_interval(row.seed_ci)} | {seeds} |")
+    if not lines:
+        return []
+    return ["", "Per budget (not tested; the plan decides on the pooled rows above):", "",
+            "| setting | budget (× base) | episodes | timing − lookup (bits) | "
+            "[95 % CI, seeds and episodes] | each seed |", "|---|---:|---:|---:|---:|---|", *lines]
+
+
+def cost_lines(root: Path) -> list[str]:
+    """What each arm cost to make (the lookup's tuning, each policy's training)."""
+    summary = _summary(root / "final-budgets")
+    if not summary or not summary.get("cost"):
+        return []
+    lines = ["", "| arm | made by | episodes | training FLOPs | wall time (h) |",
+             "|---|---|---:|---:|---:|"]
+    for arm, cost in summary["cost"].items():
+        lines.append(f"| `{arm}` | {cost['made_by']} | {cost.get('episodes', 0):,.0f} | "
+                     f"{cost.get('train_flops', 0.0):.3g} | "
+                     f"{cost.get('wall_seconds', 0.0) / 3600:.1f} |")
+    return lines
+
+
+def targets(root: Path) -> list[str]:
+    """The targets table and the rows reported beside it, as markdown lines."""
+    return ["Generated by `python scripts/controller_targets.py results/controller --docs "
+            "docs/results.md` from the final tables' committed summaries and episodes.", "",
+            "| target | unseen | measured (bits; lower is better) | [95 % CI, seeds and "
+            "episodes] | [95 % CI, episodes] | episodes | verdict: target |",
+            "|---|---|---:|---:|---:|---:|---|",
+            *versus_lookup_rows(root), *regret_row(root), *curriculum_row(root),
+            *per_budget_lines(root), *cost_lines(root)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root", type=Path, help="the study's folder (results/controller)")
+    parser.add_argument("--docs", type=Path, help="a document with the targets' markers")
+    args = parser.parse_args(argv)
+    if not args.root.is_dir():
+        print(f"controller_targets: error: {args.root} is not a folder; accepted: the study's "
+              "folder, e.g. results/controller", file=sys.stderr)
+        return 2
+    lines = targets(args.root)
+    if args.docs is None:
+        print("\n".join(lines))
+        return 0
+    try:
+        replace_section(args.docs, "targets", lines, owner="controller")
+    except (OSError, ValueError) as error:
+        print(f"controller_targets: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

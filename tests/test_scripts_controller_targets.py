@@ -1,0 +1,174 @@
+"""scripts/controller_targets.py: the study's targets read off real comparison reports.
+
+The stage folders are written by `compare`'s own report (`Comparison.report`) from seeded
+synthetic episodes, so the script reads the files `compare` writes, not a copy of their shape.
+Stack arms stand in for the policies (a group is any arms) and ``static`` for the lookup.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from esper_lightning.app.compare.records import EpisodeRecord, append_record_csv
+from esper_lightning.app.config import CompareConfig
+from esper_lightning.app.task import budget_flops
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "controller_targets.py"
+REFERENCE = "static"
+TIMING = ("stack:2@0.2:identity", "stack:2@0.4:identity", "stack:2@0.6:identity")
+ALL = ("stack:2@0.3:identity", "stack:2@0.5:identity", "stack:2@0.7:identity")
+#: Each arm's offset from the reference (bits): the timing seeds agree (-0.011 to -0.009).
+OFFSETS = {REFERENCE: 0.0, TIMING[0]: -0.011, TIMING[1]: -0.010, TIMING[2]: -0.009,
+           ALL[0]: -0.012, ALL[1]: -0.009, ALL[2]: -0.010}
+SCALES = (0.5, 2.0)
+
+
+@pytest.fixture(scope="module")
+def ct():
+    spec = importlib.util.spec_from_file_location("controller_targets", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["controller_targets"] = module
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules["controller_targets"]
+
+
+def _config(text_file: Path, out: Path, arms: dict[str, float], pairs: bool) -> CompareConfig:
+    groups = [f"timing={','.join(TIMING)}"]
+    if ALL[0] in arms:
+        groups.append(f"all={','.join(ALL)}")
+    return CompareConfig(task="lm", host_preset="grow2", slots=("r1c0",), budget_steps=40,
+                         budget_scales=SCALES, controllers=tuple(arms), data_dir=str(text_file),
+                         arm_groups=tuple(groups), group_pairs=("all=timing",) if pairs else (),
+                         out=str(out), progress=False)
+
+
+def _stage(root: Path, stage: str, text_file: Path, arms: dict[str, float], n: int = 12,
+           monkeypatch: pytest.MonkeyPatch | None = None) -> list[EpisodeRecord]:
+    """A stage folder as `compare` leaves it: settings, episodes and its report."""
+    from esper_lightning.app.compare import runner
+
+    config = _config(text_file, root / stage, arms, pairs=ALL[0] in arms)
+    base = float(budget_flops(config))
+    rng = np.random.default_rng(11)
+    records = []
+    for i in range(n):
+        shared = rng.normal(2.5, 0.1)
+        for arm, offset in arms.items():
+            bits = shared + offset * (1 + i % 2) + rng.normal(0.0, 0.001)
+            records.append(EpisodeRecord(arm, i, 100 + i, "grow2", {
+                "outcome": 50.0, "final_accuracy": 50.0, "seed_params": 0,
+                "total_params": 1000, "accuracy_curve": (50.0,), "seeds_germinated": 0,
+                "seeds_fossilized": 0, "seeds_pruned": 0, "wall_seconds": 1.0,
+                "final_bits": bits, "test_bits": bits, "budget_flops": base * SCALES[i % 2]}))
+    comparison = runner.Comparison(config)
+    comparison._write_config()
+    for record in records:
+        append_record_csv(comparison.episodes_csv, record)
+    comparison.report(records)
+    return records
+
+
+@pytest.fixture
+def quiet(monkeypatch):
+    from esper_lightning.app.compare import runner
+
+    monkeypatch.setattr(runner.plots, "save_figures", lambda *args, **kwargs: None)
+    monkeypatch.setattr(runner.plots, "save_figure", lambda *args, **kwargs: None)
+    monkeypatch.setattr(runner, "_log_tensorboard", lambda *args, **kwargs: None)
+
+
+def _row(lines: list[str], start: str) -> list[str]:
+    (line,) = [x for x in lines if x.startswith(start)]
+    return [cell.strip() for cell in line.strip("|").split("|")]
+
+
+def test_each_unseen_setting_gets_compares_own_group_verdict(ct, quiet, text_file, tmp_path):
+    _stage(tmp_path, "final-budgets", text_file, OFFSETS)
+    lines = ct.targets(tmp_path)
+    summary = json.loads((tmp_path / "final-budgets" / "summary.json").read_text())
+    (group,) = [g for g in summary["groups"] if g["group"] == "timing"]
+    row = _row(lines, "| timing − lookup | budgets")
+    assert row[2] == f"{group['difference']:+.4f}" and group["difference"] < -0.01
+    assert row[3] == f"[{group['seed_ci'][0]:+.4f}, {group['seed_ci'][1]:+.4f}]"
+    assert row[5] == "12" and row[6] == "better: **met**"
+    assert _row(lines, "| timing − lookup | text")[2] == "not played yet"
+    assert _row(lines, "| regret")[2] == "not played yet"
+
+
+def test_a_setting_whose_seeds_disagree_does_not_meet_the_target(ct, quiet, text_file,
+                                                                 tmp_path):
+    split = {**OFFSETS, TIMING[0]: -0.03, TIMING[1]: 0.0, TIMING[2]: 0.01}
+    _stage(tmp_path, "final-host", text_file, split)
+    row = _row(ct.targets(tmp_path), "| timing − lookup | host")
+    assert row[6].startswith("no detectable difference at 12 seeds") and row[6].endswith(
+        ": not met")
+
+
+def test_per_budget_rows_are_the_members_mean_difference_on_that_budgets_episodes(
+        ct, quiet, text_file, tmp_path):
+    records = _stage(tmp_path, "final-text", text_file, OFFSETS)
+    lines = ct.targets(tmp_path)
+    bits = {(r.controller, r.episode_index): r["test_bits"] for r in records}
+    for k, scale in enumerate(SCALES):
+        episodes = range(k, 12, 2)
+        expected = np.mean([np.mean([bits[(a, i)] for a in TIMING]) - bits[(REFERENCE, i)]
+                            for i in episodes])
+        row = _row(lines, f"| text (Python stdlib) | {scale:g} |")
+        assert row[2] == "6" and row[3] == f"{expected:+.4f}"
+        seeds = [np.mean([bits[(a, i)] - bits[(REFERENCE, i)] for i in episodes])
+                 for a in TIMING]
+        assert row[5] == ", ".join(f"{s:+.4f}" for s in seeds)
+
+
+@pytest.mark.parametrize(("lookup", "target"), [
+    (0.0, "**met**"),  # regrets about 0.0150 (lookup) and 0.0015 (timing)
+    (-0.0095, "not met"),  # about 0.0012 and 0.0010
+    (-0.02, "cannot be met: the lookup's regret is not above 0"),  # the oracle never grows
+])
+def test_regret_is_met_only_at_half_the_lookups_or_less(ct, quiet, text_file, tmp_path, lookup,
+                                                        target):
+    # The oracle's grid is the stack arms with static as "never"; static plays the lookup.
+    arms = {REFERENCE: lookup, **{k: OFFSETS[k] for k in TIMING}}
+    _stage(tmp_path, "final-oracle", text_file, arms)
+    summary = json.loads((tmp_path / "final-oracle" / "summary.json").read_text())
+    rows = {r["controller"]: r for r in summary["regret"][0]["controllers"]}
+    row = _row(ct.targets(tmp_path), "| regret")
+    assert row[2] == (f"timing {rows['timing']['regret_mean']:+.4f}, "
+                      f"lookup {rows[REFERENCE]['regret_mean']:+.4f}")
+    assert row[5] == "12" and row[6] == target
+
+
+def test_the_curriculum_is_met_when_its_interval_against_timing_holds_zero(ct, quiet,
+                                                                           text_file, tmp_path):
+    _stage(tmp_path, "final-budgets", text_file, OFFSETS)
+    summary = json.loads((tmp_path / "final-budgets" / "summary.json").read_text())
+    (pair,) = [g for g in summary["groups"] if g["paired"]]
+    row = _row(ct.targets(tmp_path), "| all − timing")
+    assert row[2] == f"{pair['difference']:+.4f}"
+    assert pair["seed_ci"][0] <= 0.0 <= pair["seed_ci"][1] and row[6].endswith(": **met**")
+
+
+def test_docs_get_the_tables_between_their_markers_and_bad_input_is_one_line(
+        ct, quiet, text_file, tmp_path, capsys):
+    _stage(tmp_path, "final-budgets", text_file, OFFSETS)
+    docs = tmp_path / "results.md"
+    docs.write_text("# Results\n<!-- controller:targets:begin -->\nold\n"
+                    "<!-- controller:targets:end -->\nkept\n")
+    assert ct.main([str(tmp_path), "--docs", str(docs)]) == 0
+    text = docs.read_text()
+    assert "old" not in text and text.endswith("<!-- controller:targets:end -->\nkept\n")
+    assert "| timing − lookup | budgets 0.35–2.8× | " in text
+    bare = tmp_path / "bare.md"
+    bare.write_text("# nothing\n")
+    assert ct.main([str(tmp_path), "--docs", str(bare)]) == 2
+    assert bare.read_text() == "# nothing\n"
+    assert ct.main([str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "controller:targets:begin" in err[0] and "missing" in err[1]
