@@ -10,6 +10,7 @@
 #   bash scripts/controller_study.sh ship SEED      # that policy, small, into policies/
 #   bash scripts/controller_study.sh train-all SEED # every blueprint, started from that policy
 #   bash scripts/controller_study.sh ship-all SEED  # the curriculum's policy into policies/
+#   bash scripts/controller_study.sh decide-all     # prior 0.1 or none, on tuning episodes
 #   bash scripts/controller_study.sh final-budgets  # the pre-registered tables
 #   bash scripts/controller_study.sh final-oracle   #   (results/controller/final-plan.md),
 #   bash scripts/controller_study.sh final-text     #   each once the lookup and the three
@@ -32,6 +33,10 @@ TIMING=(policy:policies/grow124-timing-s1.pt policy:policies/grow124-timing-s2.p
 #: join final-budgets once all three are shipped (final-plan.md, item 5).
 ALL=(policy:policies/grow124-all-s1.pt policy:policies/grow124-all-s2.pt
      policy:policies/grow124-all-s3.pt)
+#: Item 6's choice between the curriculum with an action prior and without (decide-all):
+#: tuning episodes on the validation split, a root used by nothing else (balanced_root.py
+#: --scales 0.25 0.5 1 2 4 --episodes 20 --start 33100).
+DECIDE_ROOT=33184
 #: The unseen text: the Python standard library's source (Python 3.11.7: 4,932,584 bytes).
 STDLIB=${STDLIB:-runs/stdlib.txt}
 STDLIB_SHA256=b63203f55f9e0c7c5c3d393a0d833d9f4baddb0aedea63f40bd1a355cd3183b4
@@ -111,6 +116,17 @@ case "${1:-}" in
     [ "${PRIOR:-0.1}" = none ] && name=grow124-all-none-s$seed
     esper-lightning ship "runs/$name.pt" --out "policies/$name.pt"
     ;;
+  decide-all)
+    # Which curriculum trains seeds 2 and 3 (issue item 6, decided before either plays): the
+    # seed-1 curriculum with the action prior (0.1) and without, beside the timing policy both
+    # started from, on 20 tuning episodes at the training budgets (4 each); the one with the
+    # lower mean validation loss at the budget (final_bits) continues, whatever the intervals.
+    OMP_NUM_THREADS=1 esper-lightning compare --preset lm-grow124-cpu \
+      --budget_scales $TUNING_SCALES --seeds 20 --envs 2 --rng_seed "$DECIDE_ROOT" \
+      --data_dir "$TEXT" --progress false --reference "${TIMING[0]}" \
+      --controllers "${TIMING[0]}" policy:policies/grow124-all-s1.pt \
+                    policy:policies/grow124-all-none-s1.pt --out "$RESULTS/decide-all"
+    ;;
   final-budgets|final-oracle|final-text|final-host)
     # The pre-registered final tables (results/controller/final-plan.md: arms, budgets, episodes
     # and roots fixed in its commit before any episode). The lookup is the reference; the three
@@ -169,17 +185,18 @@ case "${1:-}" in
       [ -f "$rows" ] && done_=$(( $(wc -l < "$rows") - 1 ))
       echo "tune-lookup $scale x: $done_ of $expected episodes"
     done
-    for stage in final-budgets final-oracle final-text final-host; do
+    for stage in decide-all final-budgets final-oracle final-text final-host; do
       rows=$RESULTS/$stage/episodes.csv
       [ -f "$rows" ] && echo "$stage: $(( $(wc -l < "$rows") - 1 )) episode rows"
     done
     for file in "$RESULTS/lookup-grow124.json" runs/grow124-{timing,all}-s{1,2,3}.pt \
-                policies/grow124-{timing,all}-s{1,2,3}.pt; do
+                policies/grow124-{timing,all}-s{1,2,3}.pt {runs,policies}/grow124-all-none-s1.pt
+    do
       [ -f "$file" ] && echo "present: $file" || echo "missing: $file"
     done
     ;;
   *)
-    sed -n '2,17p' "$0"
+    sed -n '2,18p' "$0"
     exit 2
     ;;
 esac
