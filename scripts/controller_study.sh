@@ -29,10 +29,9 @@ FINAL_SCALES="0.35 0.7 1.4 2.8"
 LOOKUP=lookup:$RESULTS/lookup-grow124.json
 TIMING=(policy:policies/grow124-timing-s1.pt policy:policies/grow124-timing-s2.pt
         policy:policies/grow124-timing-s3.pt)
-#: The nine-blueprint policies (the curriculum from the timing policy of the same seed): they
-#: join final-budgets once all three are shipped (final-plan.md, item 5).
-ALL=(policy:policies/grow124-all-s1.pt policy:policies/grow124-all-s2.pt
-     policy:policies/grow124-all-s3.pt)
+#: The nine-blueprint policies (the curriculum from the timing policy of the same seed), set
+#: by all_group: they join final-budgets once all three are shipped (final-plan.md, item 5).
+ALL=()
 #: Item 6's choice between the curriculum with an action prior and without (decide-all):
 #: tuning episodes on the validation split, a root used by nothing else (balanced_root.py
 #: --scales 0.25 0.5 1 2 4 --episodes 20 --start 33100).
@@ -44,6 +43,27 @@ STDLIB_SHA256=b63203f55f9e0c7c5c3d393a0d833d9f4baddb0aedea63f40bd1a355cd3183b4
 #: w64l4, batch 32, 32 tokens: 1,409,286,144 FLOPs a step), so a scale means what it means
 #: on the host the policies trained on.
 W64_BASE=2113929216000
+
+# The group `all`: the three seeds of the curriculum decide-all chose, with the action prior
+# (grow124-all-sN) or without (grow124-all-none-sN), once all three of one are shipped; none
+# before; both complete is ambiguous and refused.
+all_group() {
+  local variant complete=()
+  for variant in all all-none; do
+    if [ -f "policies/grow124-$variant-s1.pt" ] && [ -f "policies/grow124-$variant-s2.pt" ] &&
+       [ -f "policies/grow124-$variant-s3.pt" ]; then
+      complete+=("$variant")
+    fi
+  done
+  if [ "${#complete[@]}" -gt 1 ]; then
+    echo "policies/ holds three seeds of both curricula (all, all-none); keep the one" \
+         "decide-all chose (final-plan.md, item 5)" >&2
+    exit 2
+  fi
+  ALL=()
+  [ "${#complete[@]}" -eq 1 ] && ALL=(policy:policies/grow124-"${complete[0]}"-s{1,2,3}.pt)
+  return 0
+}
 
 # Two growth events (1 -> 2 -> 4 blocks, host grow124) on a 0.1 grid, the first no later than
 # the second: 45 schedules; one growth only (1 -> 2, the second slot's time 1: never): 9; and
@@ -146,8 +166,8 @@ case "${1:-}" in
         args=(--seeds 40 --rng_seed 32676 --data_dir "$TEXT"
               --controllers "$LOOKUP" "${TIMING[@]}" "$best_single" heuristic
                             stack:4@random:identity static)
-        if [ -f "${ALL[0]#policy:}" ] && [ -f "${ALL[1]#policy:}" ] && [ -f "${ALL[2]#policy:}" ]
-        then
+        all_group
+        if [ "${#ALL[@]}" -eq 3 ]; then
           args+=("${ALL[@]}" --arm_groups "$group" "all=$(IFS=,; echo "${ALL[*]}")"
                  --group_pairs all=timing)
         else
@@ -189,9 +209,8 @@ case "${1:-}" in
       rows=$RESULTS/$stage/episodes.csv
       [ -f "$rows" ] && echo "$stage: $(( $(wc -l < "$rows") - 1 )) episode rows"
     done
-    for file in "$RESULTS/lookup-grow124.json" runs/grow124-{timing,all}-s{1,2,3}.pt \
-                policies/grow124-{timing,all}-s{1,2,3}.pt {runs,policies}/grow124-all-none-s1.pt
-    do
+    for file in "$RESULTS/lookup-grow124.json" {runs,policies}/grow124-timing-s{1,2,3}.pt \
+                {runs,policies}/grow124-{all,all-none}-s{1,2,3}.pt; do
       [ -f "$file" ] && echo "present: $file" || echo "missing: $file"
     done
     ;;

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -39,22 +40,24 @@ def ct():
     del sys.modules["controller_targets"]
 
 
-def _config(text_file: Path, out: Path, arms: dict[str, float], pairs: bool) -> CompareConfig:
+def _config(text_file: Path, out: Path, arms: dict[str, float], **budget: float
+            ) -> CompareConfig:
     groups = [f"timing={','.join(TIMING)}"]
     if ALL[0] in arms:
         groups.append(f"all={','.join(ALL)}")
-    return CompareConfig(task="lm", host_preset="grow2", slots=("r1c0",), budget_steps=40,
-                         budget_scales=SCALES, controllers=tuple(arms), data_dir=str(text_file),
-                         arm_groups=tuple(groups), group_pairs=("all=timing",) if pairs else (),
-                         out=str(out), progress=False)
+    return CompareConfig(task="lm", host_preset="grow2", slots=("r1c0",), **budget or
+                         {"budget_steps": 40}, budget_scales=SCALES, controllers=tuple(arms),
+                         data_dir=str(text_file), arm_groups=tuple(groups),
+                         group_pairs=("all=timing",) if ALL[0] in arms else (), out=str(out),
+                         progress=False)
 
 
 def _stage(root: Path, stage: str, text_file: Path, arms: dict[str, float], n: int = 12,
-           monkeypatch: pytest.MonkeyPatch | None = None) -> list[EpisodeRecord]:
+           **budget: float) -> list[EpisodeRecord]:
     """A stage folder as `compare` leaves it: settings, episodes and its report."""
     from esper_lightning.app.compare import runner
 
-    config = _config(text_file, root / stage, arms, pairs=ALL[0] in arms)
+    config = _config(text_file, root / stage, arms, **budget)
     base = float(budget_flops(config))
     rng = np.random.default_rng(11)
     records = []
@@ -90,37 +93,45 @@ def _row(lines: list[str], start: str) -> list[str]:
 
 
 def test_each_unseen_setting_gets_compares_own_group_verdict(ct, quiet, text_file, tmp_path):
-    _stage(tmp_path, "final-budgets", text_file, OFFSETS)
+    _stage(tmp_path, "final-budgets", text_file, {k: OFFSETS[k] for k in (REFERENCE, *TIMING)})
     lines = ct.targets(tmp_path)
     summary = json.loads((tmp_path / "final-budgets" / "summary.json").read_text())
     (group,) = [g for g in summary["groups"] if g["group"] == "timing"]
-    row = _row(lines, "| timing − lookup | budgets")
+    row = _row(lines, "| timing − static | budgets")
     assert row[2] == f"{group['difference']:+.4f}" and group["difference"] < -0.01
     assert row[3] == f"[{group['seed_ci'][0]:+.4f}, {group['seed_ci'][1]:+.4f}]"
-    assert row[5] == "12" and row[6] == "better: **met**"
+    assert row[4] == f"[{group['ci'][0]:+.4f}, {group['ci'][1]:+.4f}]" and row[5] == "12"
+    seeds = [f"{group['member_means'][a]:+.4f}" for a in TIMING]
+    assert row[6] == f"{', '.join(seeds)} (SD {group['spread']:.4f})"
+    assert row[7] == "better: **met**"
     assert _row(lines, "| timing − lookup | text")[2] == "not played yet"
     assert _row(lines, "| regret")[2] == "not played yet"
+    assert _row(lines, "| all − timing")[2] == (
+        "the nine-blueprint policies have not joined final-budgets")
+    assert any(line.startswith("The nine-blueprint group `all` has not joined") for line in lines)
 
 
 def test_a_setting_whose_seeds_disagree_does_not_meet_the_target(ct, quiet, text_file,
                                                                  tmp_path):
-    split = {**OFFSETS, TIMING[0]: -0.03, TIMING[1]: 0.0, TIMING[2]: 0.01}
+    split = {REFERENCE: 0.0, TIMING[0]: -0.03, TIMING[1]: 0.0, TIMING[2]: 0.01}
     _stage(tmp_path, "final-host", text_file, split)
-    row = _row(ct.targets(tmp_path), "| timing − lookup | host")
-    assert row[6].startswith("no detectable difference at 12 seeds") and row[6].endswith(
+    row = _row(ct.targets(tmp_path), "| timing − static | host")
+    assert row[7].startswith("no detectable difference at 12 seeds") and row[7].endswith(
         ": not met")
 
 
 def test_per_budget_rows_are_the_members_mean_difference_on_that_budgets_episodes(
         ct, quiet, text_file, tmp_path):
-    records = _stage(tmp_path, "final-text", text_file, OFFSETS)
+    # As final-host: a base budget given in FLOPs, which each scale multiplies.
+    arms = {k: OFFSETS[k] for k in (REFERENCE, *TIMING)}
+    records = _stage(tmp_path, "final-host", text_file, arms, budget_flops=3e10)
     lines = ct.targets(tmp_path)
     bits = {(r.controller, r.episode_index): r["test_bits"] for r in records}
     for k, scale in enumerate(SCALES):
         episodes = range(k, 12, 2)
         expected = np.mean([np.mean([bits[(a, i)] for a in TIMING]) - bits[(REFERENCE, i)]
                             for i in episodes])
-        row = _row(lines, f"| text (Python stdlib) | {scale:g} |")
+        row = _row(lines, f"| host (width 64) | {scale:g} |")
         assert row[2] == "6" and row[3] == f"{expected:+.4f}"
         seeds = [np.mean([bits[(a, i)] - bits[(REFERENCE, i)] for i in episodes])
                  for a in TIMING]
@@ -128,8 +139,8 @@ def test_per_budget_rows_are_the_members_mean_difference_on_that_budgets_episode
 
 
 @pytest.mark.parametrize(("lookup", "target"), [
-    (0.0, "**met**"),  # regrets about 0.0150 (lookup) and 0.0015 (timing)
-    (-0.0095, "not met"),  # about 0.0012 and 0.0010
+    (0.0, "**met**"),  # regrets 0.0163 (lookup) and 0.0011 (timing)
+    (-0.0105, "not met"),  # about 0.0005 and 0.0011
     (-0.02, "cannot be met: the lookup's regret is not above 0"),  # the oracle never grows
 ])
 def test_regret_is_met_only_at_half_the_lookups_or_less(ct, quiet, text_file, tmp_path, lookup,
@@ -142,17 +153,25 @@ def test_regret_is_met_only_at_half_the_lookups_or_less(ct, quiet, text_file, tm
     row = _row(ct.targets(tmp_path), "| regret")
     assert row[2] == (f"timing {rows['timing']['regret_mean']:+.4f}, "
                       f"lookup {rows[REFERENCE]['regret_mean']:+.4f}")
-    assert row[5] == "12" and row[6] == target
+    assert row[5] == "12" and row[7] == target
 
 
-def test_the_curriculum_is_met_when_its_interval_against_timing_holds_zero(ct, quiet,
-                                                                           text_file, tmp_path):
-    _stage(tmp_path, "final-budgets", text_file, OFFSETS)
+@pytest.mark.parametrize(("offsets", "target"), [
+    ({ALL[0]: -0.012, ALL[1]: -0.009, ALL[2]: -0.010}, "**met**"),
+    ({ALL[0]: 0.0, ALL[1]: 0.001, ALL[2]: -0.001}, "not met"),  # each seed loses about 0.01
+])
+def test_the_curriculum_is_met_when_its_interval_against_timing_holds_zero(
+        ct, quiet, text_file, tmp_path, offsets, target):
+    _stage(tmp_path, "final-budgets", text_file, {**OFFSETS, **offsets})
     summary = json.loads((tmp_path / "final-budgets" / "summary.json").read_text())
     (pair,) = [g for g in summary["groups"] if g["paired"]]
-    row = _row(ct.targets(tmp_path), "| all − timing")
-    assert row[2] == f"{pair['difference']:+.4f}"
-    assert pair["seed_ci"][0] <= 0.0 <= pair["seed_ci"][1] and row[6].endswith(": **met**")
+    (versus,) = [g for g in summary["groups"] if g["group"] == "all" and not g["paired"]]
+    lines = ct.targets(tmp_path)
+    row = _row(lines, "| all − timing")
+    assert row[2] == f"{pair['difference']:+.4f}" and row[7].endswith(f": {target}")
+    assert (pair["seed_ci"][0] <= 0.0 <= pair["seed_ci"][1]) == (target == "**met**")
+    assert _row(lines, "| all − static")[2] == f"{versus['difference']:+.4f}"
+    assert not any(line.startswith("The nine-blueprint group") for line in lines)
 
 
 def test_docs_get_the_tables_between_their_markers_and_bad_input_is_one_line(
@@ -164,11 +183,17 @@ def test_docs_get_the_tables_between_their_markers_and_bad_input_is_one_line(
     assert ct.main([str(tmp_path), "--docs", str(docs)]) == 0
     text = docs.read_text()
     assert "old" not in text and text.endswith("<!-- controller:targets:end -->\nkept\n")
-    assert "| timing − lookup | budgets 0.35–2.8× | " in text
+    assert "| timing − static | budgets 0.35–2.8× | " in text
     bare = tmp_path / "bare.md"
     bare.write_text("# nothing\n")
     assert ct.main([str(tmp_path), "--docs", str(bare)]) == 2
     assert bare.read_text() == "# nothing\n"
     assert ct.main([str(tmp_path / "missing")]) == 2
+    foreign = tmp_path / "other" / "final-text"  # a comparison without the plan's groups
+    shutil.copytree(tmp_path / "final-budgets", foreign)
+    summary = json.loads((foreign / "summary.json").read_text())
+    (foreign / "summary.json").write_text(json.dumps({**summary, "groups": []}))
+    assert ct.main([str(tmp_path / "other")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and "controller:targets:begin" in err[0] and "missing" in err[1]
+    assert len(err) == 3 and "controller:targets:begin" in err[0] and "missing" in err[1]
+    assert "has no group 'timing'" in err[2]
