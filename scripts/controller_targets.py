@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from esper_lightning.app.compare.lookup import comparison_config
 from esper_lightning.app.compare.records import group_by_budget, read_records_csv
-from esper_lightning.app.compare.report import group_differences
-from esper_lightning.app.config import CompareConfig, from_layers, saved_values
+from esper_lightning.app.compare.report import cost_markdown, group_differences
 from esper_lightning.app.frontier.report import replace_section
 from esper_lightning.app.task import budget_flops
 
@@ -43,11 +43,6 @@ def _summary(folder: Path) -> dict[str, Any] | None:
     return json.loads(file.read_text()) if file.is_file() else None
 
 
-def _config(folder: Path) -> CompareConfig:
-    values = json.loads((folder / "compare_config.json").read_text())
-    return from_layers([saved_values(values, CompareConfig)], CompareConfig)
-
-
 def _group(summary: dict[str, Any], group: str, against: str | None = None
            ) -> dict[str, Any] | None:
     """The summary's row of ``group`` (against the reference, or the paired group)."""
@@ -60,7 +55,7 @@ def _group(summary: dict[str, Any], group: str, against: str | None = None
 
 def _reference(folder: Path) -> str:
     """The stage's reference as the table names it: "lookup" for the tuned lookup."""
-    label = _config(folder).reference
+    label = comparison_config(folder).reference
     return "lookup" if label.startswith("lookup:") else label
 
 
@@ -103,7 +98,7 @@ def regret_row(root: Path) -> list[str]:
         return [f"{head} not played yet | | | | | |"]
     (oracle,) = summary["regret"]  # the plan's one grid (none: the stage is not the plan's)
     rows = {r["controller"]: r for r in oracle["controllers"]}
-    lookup = rows[_config(root / ORACLE_STAGE).reference]
+    lookup = rows[comparison_config(root / ORACLE_STAGE).reference]
     timing = rows[TIMING]
     if lookup["regret_mean"] <= 0.0:
         met = "cannot be met: the lookup's regret is not above 0"
@@ -141,7 +136,7 @@ def per_budget_lines(root: Path) -> list[str]:
         summary = _summary(folder)
         if summary is None:
             continue
-        config = _config(folder)
+        config = comparison_config(folder)
         groups = {TIMING: config.groups()[TIMING]}
         base = float(budget_flops(config) or 0.0)
         for budget, records in sorted(group_by_budget(read_records_csv(
@@ -158,17 +153,10 @@ def per_budget_lines(root: Path) -> list[str]:
 
 
 def cost_lines(root: Path) -> list[str]:
-    """What each arm cost to make (the lookup's tuning, each policy's training)."""
+    """What each arm cost to make and the settings a policy's training amortises over, as
+    final-budgets' own report gives them (`report.cost_markdown`)."""
     summary = _summary(root / "final-budgets")
-    if not summary or not summary.get("cost"):
-        return []
-    lines = ["", "| arm | made by | episodes | training FLOPs | wall time (h) |",
-             "|---|---|---:|---:|---:|"]
-    for arm, cost in summary["cost"].items():
-        lines.append(f"| `{arm}` | {cost['made_by']} | {cost.get('episodes', 0):,.0f} | "
-                     f"{cost.get('train_flops', 0.0):.3g} | "
-                     f"{cost.get('wall_seconds', 0.0) / 3600:.1f} |")
-    return lines
+    return cost_markdown(summary["cost"]) if summary else []
 
 
 def targets(root: Path) -> list[str]:

@@ -45,7 +45,7 @@ from esper_lightning.app.compare.regret import (
 from esper_lightning.controllers.lookup import GrowthLookup
 from esper_lightning.errors import ConfigError
 
-__all__ = ["families", "main", "tune_lookup"]
+__all__ = ["comparison_config", "families", "main", "tune_lookup"]
 
 PROG = "esper-lightning lookup"
 
@@ -189,7 +189,7 @@ def _pooled(folders: Sequence[Path]) -> tuple[list[EpisodeRecord], float, dict[s
 
     settings = []
     for folder in folders:
-        config = _comparison_config(folder)
+        config = comparison_config(folder)
         settings.append((folder, config, float(budget_flops(config) or 0.0)))
     first, config, base = settings[0]
     for folder, other, other_base in settings[1:]:
@@ -234,8 +234,10 @@ def _played(folder: Path, config: Any, base: float) -> list[EpisodeRecord]:
     return records
 
 
-def _comparison_config(folder: Path) -> Any:
-    """The settings the folder's episodes were played with (its ``compare_config.json``)."""
+def comparison_config(folder: Path) -> Any:
+    """The settings a budgeted comparison's episodes were played with (the folder's
+    ``compare_config.json``), as a `CompareConfig`; one-line `ConfigError` when the folder
+    holds no comparison or one without a budget."""
     from esper_lightning.app.config import CompareConfig, from_layers, saved_values
 
     file = folder / "compare_config.json"
