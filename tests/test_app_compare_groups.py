@@ -51,7 +51,7 @@ def test_a_group_is_its_members_mean_paired_by_episode_with_their_spread():
     # not shown to be: one training seed in three gains nothing (its draws of seeds reach 0).
     assert row.difference.ci[1] < 0  # type: ignore[index]
     assert row.seed_ci is not None and row.seed_ci[0] < -0.017 and row.seed_ci[1] > -0.002
-    assert row.verdict.startswith("no detectable difference at 12 seeds")
+    assert row.verdict.startswith("no detectable difference at 12 episodes")
     agreeing = {**OFFSETS, SEEDS[0]: -0.011, SEEDS[1]: -0.01, SEEDS[2]: -0.009}
     (firm,) = group_differences(_records(offsets=agreeing), {"ppo": SEEDS}, "lookup:l.json",
                                 "test_bits")

@@ -116,7 +116,7 @@ def test_paired_differences_are_a_forest_plot_with_zero_line_and_verdicts():
             "seeds_pruned": 0, "wall_seconds": 1.0}) for i, v in enumerate(reference)]
     comparisons = paired_differences(records)
     assert [c.verdict for c in comparisons] == ["better", "worse",
-                                               "no detectable difference at 10 seeds"]
+                                               "no detectable difference at 10 episodes"]
     fig = differences_figure(comparisons, "outcome", param_cost=1.0)
     (ax,) = fig.axes
     assert [t.get_text() for t in ax.get_yticklabels()] == [

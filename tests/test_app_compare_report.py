@@ -45,7 +45,7 @@ def test_identical_controllers_differ_by_exactly_zero():
     assert comparison.differences["outcome"].mean == 0.0
     assert comparison.differences["outcome"].ci == (0.0, 0.0)
     assert comparison.p_value == 1.0
-    assert comparison.verdict == "no detectable difference at 8 seeds"
+    assert comparison.verdict == "no detectable difference at 8 episodes"
     assert comparison.differences["total_params"].mean == 4_000.0
     assert comparison.differences["total_params"].ci == (4_000.0, 4_000.0)
     assert comparison.differences["val_loss"] is None  # no losses recorded
@@ -72,7 +72,7 @@ def test_noisy_small_difference_is_not_detected():
     low, high = comparison.differences["outcome"].ci
     assert low < 0.0 < high
     assert comparison.p_value > 0.05
-    assert comparison.verdict == "no detectable difference at 10 seeds"
+    assert comparison.verdict == "no detectable difference at 10 episodes"
 
 
 def test_too_few_pairs_get_no_verdict_even_when_the_interval_excludes_zero():
@@ -81,7 +81,7 @@ def test_too_few_pairs_get_no_verdict_even_when_the_interval_excludes_zero():
     (few,) = paired_differences(paired_table(reference[:5], reference[:5] + 5.0 + steps[:5]))
     assert few.differences["outcome"].ci[0] > 0.0
     assert few.p_value == pytest.approx(2 / 2**5)  # the smallest p five pairs can give
-    assert few.verdict == "no detectable difference at 5 seeds (p >= 0.05)"
+    assert few.verdict == "no detectable difference at 5 episodes (p >= 0.05)"
     (enough,) = paired_differences(paired_table(reference, reference + 5.0 + steps))
     assert enough.verdict == "better"
 
@@ -100,7 +100,7 @@ def test_an_interval_that_excludes_zero_without_a_significant_test_is_no_verdict
     assert grower.p_value == pytest.approx(2 * 25 / 2**10)
     assert grower.p_holm == pytest.approx(2 * grower.p_value)
     assert grower.p_holm == pytest.approx(holm([grower.p_value, random.p_value])[0])
-    assert grower.verdict == "no detectable difference at 10 seeds (p >= 0.05)"
+    assert grower.verdict == "no detectable difference at 10 episodes (p >= 0.05)"
     (alone,) = paired_differences(paired_table(reference, reference + gains))
     assert alone.p_holm == alone.p_value and alone.verdict == "better"
 
@@ -216,7 +216,7 @@ def test_markdown_and_json_reports():
     assert ("| controller | reference | pairs | Δ outcome (pp) [95% CI] | p (Wilcoxon) | "
             "p (Holm) | verdict | MDE (pp) | Δ total params [95% CI] |\n"
             "|---|---|---:|---:|---:|---:|---|---:|---:|") in text
-    assert "| better |" in text and "| no detectable difference at 8 seeds |" in text
+    assert "| better |" in text and "| no detectable difference at 8 episodes |" in text
     assert "n/a" in text and "104,000" in text and "+4,000 [+4,000, +4,000]" in text
     assert text.count("\n|---") == 2 and "Validation loss" not in text  # no losses recorded
 

@@ -128,10 +128,10 @@ def test_wilcoxon_matches_an_exact_enumeration():
     ("ci", "better", "expected"),
     [((0.5, 2.0), "higher", "better"), ((-2.0, -0.5), "higher", "worse"),
      ((0.5, 2.0), "lower", "worse"), ((-2.0, -0.5), "lower", "better"),
-     ((-0.5, 2.0), "higher", "no detectable difference at 8 seeds (the interval includes 0)"),
-     ((-2.0, 0.5), "lower", "no detectable difference at 8 seeds (the interval includes 0)"),
-     ((0.0, 2.0), "higher", "no detectable difference at 8 seeds (the interval includes 0)"),
-     (None, "higher", "no detectable difference at 8 seeds")],
+     ((-0.5, 2.0), "higher", "no detectable difference at 8 episodes (the interval includes 0)"),
+     ((-2.0, 0.5), "lower", "no detectable difference at 8 episodes (the interval includes 0)"),
+     ((0.0, 2.0), "higher", "no detectable difference at 8 episodes (the interval includes 0)"),
+     (None, "higher", "no detectable difference at 8 episodes")],
 )
 def test_verdict_follows_the_interval_in_the_better_direction(ci, better, expected):
     assert verdict(ci, 0.01, 8, better) == expected
@@ -140,11 +140,11 @@ def test_verdict_follows_the_interval_in_the_better_direction(ci, better, expect
 def test_verdict_needs_the_adjusted_test_too():
     # The interval excludes zero, yet the (Holm-adjusted) test is not significant: no verdict,
     # and the verdict says why.
-    assert verdict((0.03, 0.21), 0.07, 10) == "no detectable difference at 10 seeds (p >= 0.05)"
-    assert verdict((0.03, 0.21), 0.05, 10) == "no detectable difference at 10 seeds (p >= 0.05)"
+    assert verdict((0.03, 0.21), 0.07, 10) == "no detectable difference at 10 episodes (p >= 0.05)"
+    assert verdict((0.03, 0.21), 0.05, 10) == "no detectable difference at 10 episodes (p >= 0.05)"
     assert verdict((0.03, 0.21), 0.049, 10) == "better"
     assert verdict((0.03, 0.21), 0.049, 10, alpha=0.01) == (
-        "no detectable difference at 10 seeds (p >= 0.01)")
-    assert verdict((-0.1, 0.2), 0.5, 10) == "no detectable difference at 10 seeds"
+        "no detectable difference at 10 episodes (p >= 0.01)")
+    assert verdict((-0.1, 0.2), 0.5, 10) == "no detectable difference at 10 episodes"
     with pytest.raises(ValueError, match="better must be 'higher' or 'lower', got None"):
         verdict((1.0, 2.0), 0.01, 8, None)

@@ -116,7 +116,7 @@ def test_a_setting_whose_seeds_disagree_does_not_meet_the_target(ct, quiet, text
     split = {REFERENCE: 0.0, TIMING[0]: -0.03, TIMING[1]: 0.0, TIMING[2]: 0.01}
     _stage(tmp_path, "final-host", text_file, split)
     row = _row(ct.targets(tmp_path), "| timing − static | host")
-    assert row[7].startswith("no detectable difference at 12 seeds") and row[7].endswith(
+    assert row[7].startswith("no detectable difference at 12 episodes") and row[7].endswith(
         ": not met")
 
 

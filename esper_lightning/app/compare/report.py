@@ -86,7 +86,7 @@ class PairedComparison:
         p_holm: ``p_value`` Holm-adjusted over every comparison of the table (`stats.holm`).
         mde: minimum detectable effect of the outcome at this many pairs and this spread of
             differences (`stats.min_detectable_effect`); None below two pairs.
-        verdict: ``"better"``, ``"worse"`` or ``"no detectable difference at N seeds"``
+        verdict: ``"better"``, ``"worse"`` or ``"no detectable difference at N episodes"``
             (`stats.verdict`: the interval excludes zero and ``p_holm`` < `stats.ALPHA`; the
             reason in brackets when only one of the two holds).
         confidence: level of the intervals.

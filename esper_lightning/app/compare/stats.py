@@ -38,7 +38,7 @@ Statistical choices, one place each:
   one of them "better" or "worse" in 24.1 % of the tables; the rule below in 4.0 %.
 - The verdict (`verdict`) says ``"better"`` or ``"worse"`` (in the metric's better direction)
   only when the interval of the mean difference excludes zero *and* the Holm-adjusted p-value
-  is below `ALPHA`; otherwise ``"no detectable difference at N seeds"``, with the reason in
+  is below `ALPHA`; otherwise ``"no detectable difference at N episodes"``, with the reason in
   brackets when only one of the two holds. Below six pairs no
   verdict is possible: the exact two-sided Wilcoxon p is at least 2 / 2**n = 0.0625.
 - The minimum detectable effect (`min_detectable_effect`) is the mean difference a paired t test
@@ -211,15 +211,15 @@ def verdict(ci: tuple[float, float] | None, p_adjusted: float, n_pairs: int,
             better: Literal["higher", "lower"] = "higher", *, alpha: float = ALPHA) -> str:
     """``"better"`` / ``"worse"`` when the interval of the mean difference excludes zero and
     the (Holm-adjusted) p-value is below ``alpha``, else ``"no detectable difference at N
-    seeds"`` (N = ``n_pairs``; here "seeds" are episode RNG seeds), saying why when the two
+    episodes"`` (N = ``n_pairs``, the paired episodes), saying why when the two
     disagree: the interval includes zero, or the p-value is not below ``alpha``. ``better``
     says which sign is better: ``"higher"`` (an accuracy) or ``"lower"`` (a loss).
 
     Example::
 
         verdict((0.8, 2.1), 0.01, 10)  # "better"
-        verdict((0.8, 2.1), 0.07, 10)  # "no detectable difference at 10 seeds (p >= 0.05)"
-        verdict((-0.1, 2.1), 0.01, 10)  # "... at 10 seeds (the interval includes 0)"
+        verdict((0.8, 2.1), 0.07, 10)  # "no detectable difference at 10 episodes (p >= 0.05)"
+        verdict((-0.1, 2.1), 0.01, 10)  # "... at 10 episodes (the interval includes 0)"
         verdict((0.8, 2.1), 0.01, 10, better="lower")  # "worse"
     """
     if better not in ("higher", "lower"):
@@ -228,7 +228,7 @@ def verdict(ci: tuple[float, float] | None, p_adjusted: float, n_pairs: int,
     significant = p_adjusted < alpha
     if excludes_zero and significant:
         return "better" if (ci[0] > 0.0) == (better == "higher") else "worse"  # type: ignore
-    none = f"no detectable difference at {n_pairs} seeds"
+    none = f"no detectable difference at {n_pairs} episode{'' if n_pairs == 1 else 's'}"
     if significant and ci is not None:
         return f"{none} (the interval includes 0)"
     if excludes_zero:
