@@ -7,8 +7,9 @@ timing policies (group ``timing``, three PPO training seeds) against the tuned l
 unseen budgets, text and host, with `compare`'s own verdict (its crossed random-effects
 interval over seeds and episodes, Holm-adjusted p); their regret to the per-budget oracle
 against half the lookup's; the nine-blueprint policies (group ``all``) against the timing ones;
-then, not tested, each setting per budget and per training seed, and what each arm cost to
-make. A stage not played yet is a row that says so. Nothing is recomputed that ``compare``
+then, not tested, each setting per budget and per training seed, when the lookup and each
+seed grew there (`app.compare.growth`: a failed target's measured reason), and what each arm
+cost to make. A stage not played yet is a row that says so. Nothing is recomputed that ``compare``
 decided: the verdicts are its ``summary.json``'s; the per-budget rows group its
 ``episodes.csv`` with the same function (`report.group_differences`) on each budget's
 episodes. ``--docs`` writes the tables between a document's
@@ -24,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from esper_lightning.app.compare.growth import GrowthRow, growth_rows
 from esper_lightning.app.compare.lookup import comparison_config
 from esper_lightning.app.compare.records import group_by_budget, read_records_csv
 from esper_lightning.app.compare.report import cost_markdown, group_differences
@@ -152,6 +154,39 @@ def per_budget_lines(root: Path) -> list[str]:
             "[95 % CI, seeds and episodes] | each seed |", "|---|---:|---:|---:|---:|---|", *lines]
 
 
+def _when(row: GrowthRow) -> str:
+    """``first, second (grew k of n)``: mean shares of the budget at each growth."""
+    shares = ", ".join("—" if x is None else f"{x:.2f}" for x in (row.first, row.second))
+    return f"{shares} ({row.episodes - row.grew[0]} of {row.episodes} grew)"
+
+
+def growth_lines(root: Path) -> list[str]:
+    """When the lookup and each timing seed grew, per stage and budget (`growth_rows`):
+    whether a policy lost or won by growing earlier, later or not at all."""
+    lines, members = [], 0
+    for stage, unseen in VERSUS_LOOKUP.items():
+        folder = root / stage
+        if _summary(folder) is None:
+            continue
+        config = comparison_config(folder)
+        arms = [config.reference, *config.groups()[TIMING]]
+        members = max(members, len(arms) - 1)
+        base = float(budget_flops(config) or 0.0)
+        rows = [r for r in growth_rows(read_records_csv(folder / "episodes.csv"))
+                if r.controller in arms]
+        for budget in sorted({r.budget for r in rows}):  # type: ignore[type-var]
+            by_arm = {r.controller: r for r in rows if r.budget == budget}
+            if len(by_arm) == len(arms):  # curves recorded for every arm
+                lines.append(f"| {unseen} | {budget / base:g} | "  # type: ignore[operator]
+                             + " | ".join(_when(by_arm[a]) for a in arms) + " |")
+    if not lines:
+        return []
+    return ["", "When they grew (mean share of the budget at the first and the second growth; "
+            "not tested):", "", "| setting | budget (× base) | lookup | "
+            + " | ".join(f"timing seed {i + 1}" for i in range(members)) + " |",
+            "|---|---:|---|" + "---|" * members, *lines]
+
+
 def cost_lines(root: Path) -> list[str]:
     """What each arm cost to make and the settings a policy's training amortises over, as
     final-budgets' own report gives them (`report.cost_markdown`)."""
@@ -167,7 +202,8 @@ def targets(root: Path) -> list[str]:
             "episodes] | [95 % CI, episodes] | episodes | each training seed | verdict: "
             "target |", "|---|---|---:|---:|---:|---:|---|---|",
             *versus_lookup_rows(root), *regret_row(root), *curriculum_rows(root),
-            *_provisional(root), *per_budget_lines(root), *cost_lines(root)]
+            *_provisional(root), *per_budget_lines(root), *growth_lines(root),
+            *cost_lines(root)]
 
 
 def _provisional(root: Path) -> list[str]:

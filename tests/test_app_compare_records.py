@@ -51,7 +51,7 @@ def test_metrics_read_their_values_from_a_played_episode():
     reports = tuple(SimpleNamespace(
         epoch=t, val_accuracy=a, val_loss=v, train_loss=tr, host_params=1000,
         accuracy_history=tuple(e[0] for e in epochs[:t + 1]), seed_params_history=seeds[:t + 1],
-        train_flops=1e6 * (t + 1), budget_flops=4e6,
+        train_flops=1e6 * (t + 1), budget_flops=4e6, seed_params=seeds[t],
     ) for t, (a, v, tr) in enumerate(epochs))
     episode = Episode(reports, 3.5, seed_params=300, host_params=1000,  # type: ignore[arg-type]
                       events={"germinated": 2, "pruned": 1}, param_cost=1.0, wall_seconds=9.0,
@@ -68,6 +68,7 @@ def test_metrics_read_their_values_from_a_played_episode():
     assert r["final_bits"] == pytest.approx(1.5 / math.log(2.0))  # nats -> bits
     assert r["train_flops_curve"] == (1e6, 2e6, 3e6, 4e6) and r["train_flops"] == 4e6
     assert r["data_passes"] == 0.25 and r["budget_flops"] == 4e6
+    assert r["seed_params_curve"] == (0.0, 600.0, 600.0, 300.0)
     one_missing = tuple(SimpleNamespace(**{**vars(x), "val_loss": None if x.epoch == 2 else
                                             x.val_loss}) for x in reports)
     no_loss = dataclasses.replace(episode, reports=one_missing)

@@ -28,6 +28,8 @@ ALL = ("stack:2@0.3:identity", "stack:2@0.5:identity", "stack:2@0.7:identity")
 OFFSETS = {REFERENCE: 0.0, TIMING[0]: -0.011, TIMING[1]: -0.010, TIMING[2]: -0.009,
            ALL[0]: -0.012, ALL[1]: -0.009, ALL[2]: -0.010}
 SCALES = (0.5, 2.0)
+#: Epochs of a synthetic episode: a stack arm's seed parameters rise at its TAU of them.
+EPOCHS = 10
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +54,14 @@ def _config(text_file: Path, out: Path, arms: dict[str, float], **budget: float
                          progress=False)
 
 
+def _curves(arm: str, budget: float) -> dict[str, tuple[float, ...]]:
+    """Per-epoch curves of an episode in which a stack arm grows at its TAU, static never."""
+    rise = round(float(arm.split("@")[1].split(":")[0]) * EPOCHS) if "@" in arm else EPOCHS
+    return {"accuracy_curve": (50.0,) * EPOCHS,
+            "seed_params_curve": tuple(0.0 if t < rise else 500.0 for t in range(EPOCHS)),
+            "train_flops_curve": tuple(budget * (t + 1) / EPOCHS for t in range(EPOCHS))}
+
+
 def _stage(root: Path, stage: str, text_file: Path, arms: dict[str, float], n: int = 12,
            **budget: float) -> list[EpisodeRecord]:
     """A stage folder as `compare` leaves it: settings, episodes and its report."""
@@ -65,11 +75,12 @@ def _stage(root: Path, stage: str, text_file: Path, arms: dict[str, float], n: i
         shared = rng.normal(2.5, 0.1)
         for arm, offset in arms.items():
             bits = shared + offset * (1 + i % 2) + rng.normal(0.0, 0.001)
+            budget = base * SCALES[i % 2]
             records.append(EpisodeRecord(arm, i, 100 + i, "grow2", {
                 "outcome": 50.0, "final_accuracy": 50.0, "seed_params": 0,
-                "total_params": 1000, "accuracy_curve": (50.0,), "seeds_germinated": 0,
-                "seeds_fossilized": 0, "seeds_pruned": 0, "wall_seconds": 1.0,
-                "final_bits": bits, "test_bits": bits, "budget_flops": base * SCALES[i % 2]}))
+                "total_params": 1000, "seeds_germinated": 0, "seeds_fossilized": 0,
+                "seeds_pruned": 0, "wall_seconds": 1.0, "final_bits": bits, "test_bits": bits,
+                "budget_flops": budget, **_curves(arm, budget)}))
     comparison = runner.Comparison(config)
     comparison._write_config()
     for record in records:
@@ -126,6 +137,7 @@ def test_per_budget_rows_are_the_members_mean_difference_on_that_budgets_episode
     arms = {k: OFFSETS[k] for k in (REFERENCE, *TIMING)}
     records = _stage(tmp_path, "final-host", text_file, arms, budget_flops=3e10)
     lines = ct.targets(tmp_path)
+    lines = lines[:[x.startswith("When they grew") for x in lines].index(True)]  # per budget
     bits = {(r.controller, r.episode_index): r["test_bits"] for r in records}
     for k, scale in enumerate(SCALES):
         episodes = range(k, 12, 2)
@@ -136,6 +148,17 @@ def test_per_budget_rows_are_the_members_mean_difference_on_that_budgets_episode
         seeds = [np.mean([bits[(a, i)] - bits[(REFERENCE, i)] for i in episodes])
                  for a in TIMING]
         assert row[5] == ", ".join(f"{s:+.4f}" for s in seeds)
+
+
+def test_growth_rows_say_when_the_lookup_and_each_seed_grew(ct, quiet, text_file, tmp_path):
+    _stage(tmp_path, "final-text", text_file, {k: OFFSETS[k] for k in (REFERENCE, *TIMING)})
+    lines = ct.targets(tmp_path)
+    start = lines.index("| setting | budget (× base) | lookup | timing seed 1 | timing seed 2 "
+                        "| timing seed 3 |")
+    for scale in SCALES:
+        row = _row(lines[start:], f"| text (Python stdlib) | {scale:g} |")
+        assert row[2:] == ["—, — (0 of 6 grew)", "0.20, — (6 of 6 grew)",
+                           "0.40, — (6 of 6 grew)", "0.60, — (6 of 6 grew)"]
 
 
 @pytest.mark.parametrize(("lookup", "target"), [

@@ -324,6 +324,10 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("train_flops_curve", lambda e: tuple(r.train_flops for r in e.reports),
            "training FLOPs", kind="curve", summary=None, optional=True, shown="compute",
            description="cumulative training FLOPs at the end of each epoch"),
+    Metric("seed_params_curve", lambda e: tuple(float(r.seed_params) for r in e.reports),
+           "seed parameters", kind="curve", summary=None, optional=True,
+           description="parameters of the seeds present at the end of each epoch: when an arm "
+                       "grew (`app.compare.growth`)"),
     Metric("seeds_germinated", _events("germinated"), "germinated", dtype=int, summary=None),
     Metric("seeds_fossilized", _events("fossilized"), "fossilized", dtype=int, summary=None),
     Metric("seeds_pruned", _events("pruned"), "pruned", dtype=int, summary=None),

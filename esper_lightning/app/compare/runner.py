@@ -49,7 +49,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from esper_lightning import blueprints as blueprint_registry
-from esper_lightning.app.compare import plots, regret, speedup
+from esper_lightning.app.compare import growth, plots, regret, speedup
 from esper_lightning.app.compare.arms import (
     ARM_KINDS,
     ControllerSpec,
@@ -573,12 +573,14 @@ class Comparison:
             speedups = []  # equal loss at less compute: a question of runs under a budget
         table = markdown_table(summaries, comparisons, scope=scope, same=coinciding(records))
         costs = self.arm_costs()
+        grown = growth.growth_rows(records)
         groups = group_differences(records, self.config.groups(), self.config.reference,
                                    self.judged, self.config.paired_groups())
         table += "\n".join([*group_markdown(groups, self.judged),
                             *budget_markdown(budgets, scope),
                             *regret.markdown(oracles, regrets, self.judged),
-                            *speedup.markdown(speedups, reference), *cost_markdown(costs), ""])
+                            *speedup.markdown(speedups, reference), *growth.markdown(grown),
+                            *cost_markdown(costs), ""])
         (self.out / "summary.md").write_text(self.header(len(summaries)) + table + "\n")
         summary = summary_json(summaries, comparisons)
         summary["per_budget"] = budget_json(budgets)
@@ -588,6 +590,7 @@ class Comparison:
         summary["arm_lr"] = self.arm_lrs
         summary["speedup"] = speedup.as_json(speedups, reference)
         summary["cost"] = costs
+        summary["growth"] = growth.as_json(grown)
         summary["groups"] = group_json(groups)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         plots.save_figures(records, summaries, comparisons, self.out,

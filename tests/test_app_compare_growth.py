@@ -1,0 +1,91 @@
+"""`app.compare.growth`: when each arm grew, read from its seed parameters per epoch."""
+
+import json
+
+import pytest
+
+from esper_lightning.app.compare.growth import as_json, growth_rows, growth_times, markdown
+from esper_lightning.app.compare.records import EpisodeRecord
+
+
+def record(controller, index, seeds, budget=8.0, flops=None):
+    """An episode of ``len(seeds)`` epochs, each spending an equal share of ``budget`` FLOPs."""
+    flops = flops or tuple(budget * (t + 1) / len(seeds) for t in range(len(seeds)))
+    return EpisodeRecord(controller, index, 100 + index, "grow124", {
+        "outcome": 0.0, "final_accuracy": 50.0, "total_params": 100, "seed_params": 0,
+        "accuracy_curve": (50.0,) * len(seeds), "seeds_germinated": 0, "seeds_fossilized": 0,
+        "seeds_pruned": 0, "wall_seconds": 1.0, "budget_flops": budget,
+        "train_flops_curve": flops, "seed_params_curve": tuple(map(float, seeds))})
+
+
+def test_a_growth_is_dated_by_the_decision_before_the_rise():
+    # Epoch j's report shows the seed germinated at the decision that ended epoch j - 1: the
+    # rise at index 2 happened when the FLOPs of index 1 (2 of 5) were spent.
+    assert growth_times([0, 0, 10, 10, 30], [1, 2, 3, 4, 5], 5.0) == (0.4, 0.8)
+    assert growth_times([7, 7, 7], [1, 2, 3], 3.0) == (0.0,)  # present from the start
+    assert growth_times([0, 0, 0], [1, 2, 3], 3.0) == ()
+    # Pruned, then another seed germinated: two decisions that added parameters.
+    assert growth_times([0, 5, 0, 5], [1, 2, 3, 4], 4.0) == (0.25, 0.75)
+    # A seed that only shrinks (its blend's parameters fall) is no growth.
+    assert growth_times([0, 9, 4, 4], [1, 2, 3, 4], 4.0) == (0.25,)
+    # Without a budget: the share of the epochs, the FLOPs not read.
+    assert growth_times([0, 3, 3, 3], [], None) == (0.25,)
+
+
+def test_growth_times_refuses_curves_that_do_not_match():
+    with pytest.raises(ValueError, match="3 seed-parameter points against 2 FLOP points"):
+        growth_times([0, 1, 2], [1, 2], 2.0)
+    with pytest.raises(ValueError, match="budget_flops must be positive, got 0"):
+        growth_times([0, 1], [1, 2], 0.0)
+
+
+def test_rows_count_episodes_and_average_each_growth_per_budget():
+    records = [
+        record("static", 0, [0] * 8), record("static", 1, [0] * 8, budget=16.0),
+        # Budget 8: one episode grows at 3/8 and 6/8, the other once at 5/8.
+        record("stack", 0, [0, 0, 0, 5, 5, 5, 15, 15]),
+        record("stack", 2, [0, 0, 0, 0, 0, 5, 5, 5]),
+        record("stack", 1, [0, 5, 5, 5, 5, 5, 5, 5], budget=16.0),
+        record("static", 2, [0] * 8),
+    ]
+    rows = {(r.budget, r.controller): r for r in growth_rows(records)}
+    assert list(rows) == [(8.0, "static"), (8.0, "stack"), (16.0, "static"), (16.0, "stack")]
+    stack8 = rows[8.0, "stack"]
+    assert (stack8.episodes, stack8.grew) == (2, (0, 1, 1))
+    assert stack8.first == (3 / 8 + 5 / 8) / 2 and stack8.second == 6 / 8
+    assert rows[16.0, "stack"].first == 1 / 8 and rows[16.0, "stack"].second is None
+    assert rows[8.0, "static"].grew == (2, 0, 0) and rows[8.0, "static"].first is None
+    text = "\n".join(markdown(list(rows.values())))
+    assert "## When each arm grew" in text
+    assert "| 8 | stack | 2 | 0 / 1 / 1 | 0.50 | 0.75 |" in text
+    assert "| 16 | static | 1 | 1 / 0 / 0 | — | — |" in text
+    data = json.loads(json.dumps(as_json(list(rows.values()))))
+    assert data[1] == {"controller": "stack", "budget": 8.0, "episodes": 2, "grew": [0, 1, 1],
+                       "first": 0.5, "second": 0.75}
+
+
+def test_nothing_to_say_without_curves_or_without_growth():
+    old = EpisodeRecord("static", 0, 1, "grow124", {
+        **record("static", 0, [0, 0]).values, "seed_params_curve": ()})
+    assert growth_rows([old]) == []  # a table written before the curve was recorded
+    assert markdown(growth_rows([record("static", 0, [0, 0])])) == []
+
+
+def test_a_comparison_reports_the_time_a_stack_arm_grew(tmp_path, text_file, monkeypatch):
+    """End to end: a stack arm told to grow at half its budget is reported growing at 0.5
+    (decisions every quarter of it), the static arm never."""
+    from esper_lightning.app.compare import runner
+    from esper_lightning.app.config import CompareConfig
+
+    monkeypatch.setattr(runner.plots, "save_figures", lambda *args, **kwargs: None)
+    monkeypatch.setattr(runner, "_log_tensorboard", lambda *args, **kwargs: None)
+    config = CompareConfig(task="lm", host_preset="grow2", slots=("r1c0",), budget_steps=8,
+                           episode_length=4, batch_size=8, block_size=16, val_subset=8, envs=2,
+                           data_dir=str(text_file), progress=False,
+                           controllers=("static", "stack:2@0.5:identity"), seeds=1,
+                           rng_seed=4401, out=str(tmp_path / "cmp"))
+    runner.Comparison(config).run()
+    growth = json.loads((tmp_path / "cmp" / "summary.json").read_text())["growth"]
+    assert [(g["controller"], g["grew"], g["first"]) for g in growth] == [
+        ("static", [1, 0, 0], None), ("stack:2@0.5:identity", [0, 1, 0], pytest.approx(0.5))]
+    assert "## When each arm grew" in (tmp_path / "cmp" / "summary.md").read_text()
