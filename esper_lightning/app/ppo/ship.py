@@ -3,8 +3,9 @@
 A PPO checkpoint holds the whole training state (the policy optimizer, the reward and value
 normalisers, the random-number states); a policy that a results table was measured with needs
 only what acts (`rl.checkpoint.policy_entries`), what it was trained with (``config``) and how
-(``commands``, ``training_cost``). `ship_policy` writes that much, a file of tens of kilobytes
-that ``policy:PATH`` and `PolicyController` read like any checkpoint, and records it in the
+(``commands``, ``training_cost``). `ship_policy` writes that much (343 KB for the grow124
+timing policy, a third of its checkpoint), which ``policy:PATH`` and `PolicyController` read
+like any checkpoint, and records it in the
 folder's ``manifest.json``: its SHA-256, the command lines that trained it, what training cost
 (rounds, episodes, their training FLOPs, wall time) and the code that shipped it. A policy
 table then reproduces without retraining, and a shipped file is checked against its entry with
