@@ -162,25 +162,40 @@ def _when(row: GrowthRow) -> str:
 
 def growth_lines(root: Path) -> list[str]:
     """When the lookup and each timing seed grew, per stage and budget (`growth_rows`):
-    whether a policy lost or won by growing earlier, later or not at all."""
-    lines, members = [], 0
+    whether a policy lost or won by growing earlier, later or not at all. A stage whose
+    episodes predate the germination curve is a row that says so.
+
+    Raises:
+        ValueError: the stages' timing groups differ in size, or an arm has no episode at a
+            budget the others played.
+    """
+    lines, sizes = [], {}
     for stage, unseen in VERSUS_LOOKUP.items():
         folder = root / stage
         if _summary(folder) is None:
             continue
         config = comparison_config(folder)
         arms = [config.reference, *config.groups()[TIMING]]
-        members = max(members, len(arms) - 1)
+        sizes[stage] = len(arms) - 1
         base = float(budget_flops(config) or 0.0)
-        rows = [r for r in growth_rows(read_records_csv(folder / "episodes.csv"))
-                if r.controller in arms]
+        rows = growth_rows(read_records_csv(folder / "episodes.csv"))
+        if rows is None:
+            lines.append(f"| {unseen} | — | not recorded ({stage}'s episodes predate "
+                         "germinated_curve) |")
+            continue
         for budget in sorted({r.budget for r in rows}):  # type: ignore[type-var]
             by_arm = {r.controller: r for r in rows if r.budget == budget}
-            if len(by_arm) == len(arms):  # curves recorded for every arm
-                lines.append(f"| {unseen} | {budget / base:g} | "  # type: ignore[operator]
-                             + " | ".join(_when(by_arm[a]) for a in arms) + " |")
+            missing = [a for a in arms if a not in by_arm]
+            if missing:
+                raise ValueError(f"{stage}: {missing[0]} played no episode at budget "
+                                 f"{budget:.3g} FLOPs")
+            lines.append(f"| {unseen} | {budget / base:g} | "  # type: ignore[operator]
+                         + " | ".join(_when(by_arm[a]) for a in arms) + " |")
     if not lines:
         return []
+    if len(set(sizes.values())) > 1:
+        raise ValueError(f"the stages' timing groups differ in size: {sizes}")
+    members = next(iter(sizes.values()))
     return ["", "When they grew (mean share of the budget at the first and the second growth; "
             "not tested):", "", "| setting | budget (× base) | lookup | "
             + " | ".join(f"timing seed {i + 1}" for i in range(members)) + " |",

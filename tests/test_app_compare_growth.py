@@ -1,39 +1,54 @@
-"""`app.compare.growth`: when each arm grew, read from its seed parameters per epoch."""
+"""`app.compare.growth`: when each arm grew, read from the seeds it germinated per epoch."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
 from esper_lightning.app.compare.growth import as_json, growth_rows, growth_times, markdown
-from esper_lightning.app.compare.records import EpisodeRecord
+from esper_lightning.app.compare.records import EpisodeRecord, germinated_curve
 
 
-def record(controller, index, seeds, budget=8.0, flops=None):
-    """An episode of ``len(seeds)`` epochs, each spending an equal share of ``budget`` FLOPs."""
-    flops = flops or tuple(budget * (t + 1) / len(seeds) for t in range(len(seeds)))
+def record(controller, index, seeds, budget=8.0):
+    """An episode of ``len(seeds)`` epochs (``seeds``: germinated so far at each), each
+    spending an equal share of ``budget`` FLOPs."""
+    flops = tuple(budget * (t + 1) / len(seeds) for t in range(len(seeds)))
     return EpisodeRecord(controller, index, 100 + index, "grow124", {
         "outcome": 0.0, "final_accuracy": 50.0, "total_params": 100, "seed_params": 0,
         "accuracy_curve": (50.0,) * len(seeds), "seeds_germinated": 0, "seeds_fossilized": 0,
         "seeds_pruned": 0, "wall_seconds": 1.0, "budget_flops": budget,
-        "train_flops_curve": flops, "seed_params_curve": tuple(map(float, seeds))})
+        "train_flops_curve": flops, "germinated_curve": tuple(map(float, seeds))})
 
 
 def test_a_growth_is_dated_by_the_decision_before_the_rise():
     # Epoch j's report shows the seed germinated at the decision that ended epoch j - 1: the
     # rise at index 2 happened when the FLOPs of index 1 (2 of 5) were spent.
-    assert growth_times([0, 0, 10, 10, 30], [1, 2, 3, 4, 5], 5.0) == (0.4, 0.8)
-    assert growth_times([7, 7, 7], [1, 2, 3], 3.0) == (0.0,)  # present from the start
+    assert growth_times([0, 0, 1, 1, 2], [1, 2, 3, 4, 5], 5.0) == (0.4, 0.8)
+    assert growth_times([1, 1, 1], [1, 2, 3], 3.0) == ()  # implanted before any decision
+    assert growth_times([1, 1, 2], [1, 2, 3], 3.0) == (2 / 3,)
     assert growth_times([0, 0, 0], [1, 2, 3], 3.0) == ()
-    # Pruned, then another seed germinated: two decisions that added parameters.
-    assert growth_times([0, 5, 0, 5], [1, 2, 3, 4], 4.0) == (0.25, 0.75)
-    # A seed that only shrinks (its blend's parameters fall) is no growth.
-    assert growth_times([0, 9, 4, 4], [1, 2, 3, 4], 4.0) == (0.25,)
+    assert growth_times([0, 2, 2, 2], [1, 2, 3, 4], 4.0) == (0.25, 0.25)  # two at one decision
     # Without a budget: the share of the epochs, the FLOPs not read.
-    assert growth_times([0, 3, 3, 3], [], None) == (0.25,)
+    assert growth_times([0, 1, 1, 1], [], None) == (0.25,)
+
+
+def test_the_curve_counts_germinations_not_parameters():
+    """A gated blend's gate adds parameters and a prune elsewhere removes some: neither is a
+    germination; a new seed id is, also where the parameters fall."""
+    def report(*seed_ids):
+        return SimpleNamespace(slots=tuple(SimpleNamespace(seed_id=i) for i in seed_ids))
+
+    reports = (report(None, None), report("r1c0:seed0", None),  # germinated
+               report("r1c0:seed0", None),  # its gate built: more parameters, the same seed
+               report(None, "r1c1:seed0"),  # r1c0 pruned as r1c1 germinated: a growth
+               report(None, "r1c1:seed0"))
+    episode = SimpleNamespace(reports=reports)
+    assert germinated_curve(episode) == (0.0, 1.0, 1.0, 2.0, 2.0)
+    assert growth_times(germinated_curve(episode), [1, 2, 3, 4, 5], 5.0) == (0.2, 0.6)
 
 
 def test_growth_times_refuses_curves_that_do_not_match():
-    with pytest.raises(ValueError, match="3 seed-parameter points against 2 FLOP points"):
+    with pytest.raises(ValueError, match="3 germination points against 2 FLOP points"):
         growth_times([0, 1, 2], [1, 2], 2.0)
     with pytest.raises(ValueError, match="budget_flops must be positive, got 0"):
         growth_times([0, 1], [1, 2], 0.0)
@@ -43,9 +58,9 @@ def test_rows_count_episodes_and_average_each_growth_per_budget():
     records = [
         record("static", 0, [0] * 8), record("static", 1, [0] * 8, budget=16.0),
         # Budget 8: one episode grows at 3/8 and 6/8, the other once at 5/8.
-        record("stack", 0, [0, 0, 0, 5, 5, 5, 15, 15]),
-        record("stack", 2, [0, 0, 0, 0, 0, 5, 5, 5]),
-        record("stack", 1, [0, 5, 5, 5, 5, 5, 5, 5], budget=16.0),
+        record("stack", 0, [0, 0, 0, 1, 1, 1, 2, 2]),
+        record("stack", 2, [0, 0, 0, 0, 0, 1, 1, 1]),
+        record("stack", 1, [0, 1, 1, 1, 1, 1, 1, 1], budget=16.0),
         record("static", 2, [0] * 8),
     ]
     rows = {(r.budget, r.controller): r for r in growth_rows(records)}
@@ -64,11 +79,14 @@ def test_rows_count_episodes_and_average_each_growth_per_budget():
                        "first": 0.5, "second": 0.75}
 
 
-def test_nothing_to_say_without_curves_or_without_growth():
+def test_a_table_without_the_curve_or_without_growth_says_so():
     old = EpisodeRecord("static", 0, 1, "grow124", {
-        **record("static", 0, [0, 0]).values, "seed_params_curve": ()})
-    assert growth_rows([old]) == []  # a table written before the curve was recorded
-    assert markdown(growth_rows([record("static", 0, [0, 0])])) == []
+        **record("static", 0, [0, 0]).values, "germinated_curve": ()})
+    assert growth_rows([old, record("stack", 0, [0, 1])]) is None  # a row written before it
+    assert markdown(None)[-1].startswith("Not recorded: some episodes have no `germinated_curve`")
+    assert as_json(None) is None
+    assert markdown(growth_rows([record("static", 0, [0, 0])]))[-1] == (
+        "No arm germinated a seed in any episode.")
 
 
 def test_a_comparison_reports_the_time_a_stack_arm_grew(tmp_path, text_file, monkeypatch):

@@ -48,10 +48,13 @@ def record(controller="static", index=0, outcome=61.0, **values):
 def test_metrics_read_their_values_from_a_played_episode():
     epochs = [(40.0, 2.0, 2.5), (50.0, 1.8, 2.0), (56.0, 1.6, 1.7), (58.0, 1.5, 1.5)]
     seeds = (0, 600, 600, 300)  # present at each epoch; a seed shrank before the last one
+    # What the slots hold: seed 0 germinated after epoch 0, pruned and seed 1 there by epoch 3.
+    held = ((None, None), ("r1c0:seed0", None), ("r1c0:seed0", None), (None, "r1c1:seed0"))
+    slots = [tuple(SimpleNamespace(seed_id=i) for i in ids) for ids in held]
     reports = tuple(SimpleNamespace(
         epoch=t, val_accuracy=a, val_loss=v, train_loss=tr, host_params=1000,
         accuracy_history=tuple(e[0] for e in epochs[:t + 1]), seed_params_history=seeds[:t + 1],
-        train_flops=1e6 * (t + 1), budget_flops=4e6, seed_params=seeds[t],
+        train_flops=1e6 * (t + 1), budget_flops=4e6, slots=slots[t],
     ) for t, (a, v, tr) in enumerate(epochs))
     episode = Episode(reports, 3.5, seed_params=300, host_params=1000,  # type: ignore[arg-type]
                       events={"germinated": 2, "pruned": 1}, param_cost=1.0, wall_seconds=9.0,
@@ -68,7 +71,7 @@ def test_metrics_read_their_values_from_a_played_episode():
     assert r["final_bits"] == pytest.approx(1.5 / math.log(2.0))  # nats -> bits
     assert r["train_flops_curve"] == (1e6, 2e6, 3e6, 4e6) and r["train_flops"] == 4e6
     assert r["data_passes"] == 0.25 and r["budget_flops"] == 4e6
-    assert r["seed_params_curve"] == (0.0, 600.0, 600.0, 300.0)
+    assert r["germinated_curve"] == (0.0, 1.0, 1.0, 2.0)  # distinct seed ids seen so far
     one_missing = tuple(SimpleNamespace(**{**vars(x), "val_loss": None if x.epoch == 2 else
                                             x.val_loss}) for x in reports)
     no_loss = dataclasses.replace(episode, reports=one_missing)

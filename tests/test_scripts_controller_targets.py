@@ -28,7 +28,7 @@ ALL = ("stack:2@0.3:identity", "stack:2@0.5:identity", "stack:2@0.7:identity")
 OFFSETS = {REFERENCE: 0.0, TIMING[0]: -0.011, TIMING[1]: -0.010, TIMING[2]: -0.009,
            ALL[0]: -0.012, ALL[1]: -0.009, ALL[2]: -0.010}
 SCALES = (0.5, 2.0)
-#: Epochs of a synthetic episode: a stack arm's seed parameters rise at its TAU of them.
+#: Epochs of a synthetic episode: a stack arm germinates at its TAU of them.
 EPOCHS = 10
 
 
@@ -58,13 +58,14 @@ def _curves(arm: str, budget: float) -> dict[str, tuple[float, ...]]:
     """Per-epoch curves of an episode in which a stack arm grows at its TAU, static never."""
     rise = round(float(arm.split("@")[1].split(":")[0]) * EPOCHS) if "@" in arm else EPOCHS
     return {"accuracy_curve": (50.0,) * EPOCHS,
-            "seed_params_curve": tuple(0.0 if t < rise else 500.0 for t in range(EPOCHS)),
+            "germinated_curve": tuple(0.0 if t < rise else 1.0 for t in range(EPOCHS)),
             "train_flops_curve": tuple(budget * (t + 1) / EPOCHS for t in range(EPOCHS))}
 
 
 def _stage(root: Path, stage: str, text_file: Path, arms: dict[str, float], n: int = 12,
-           **budget: float) -> list[EpisodeRecord]:
-    """A stage folder as `compare` leaves it: settings, episodes and its report."""
+           curves: bool = True, **budget: float) -> list[EpisodeRecord]:
+    """A stage folder as `compare` leaves it: settings, episodes and its report (``curves``
+    False: episodes without a germination curve, as written before it was recorded)."""
     from esper_lightning.app.compare import runner
 
     config = _config(text_file, root / stage, arms, **budget)
@@ -80,7 +81,8 @@ def _stage(root: Path, stage: str, text_file: Path, arms: dict[str, float], n: i
                 "outcome": 50.0, "final_accuracy": 50.0, "seed_params": 0,
                 "total_params": 1000, "seeds_germinated": 0, "seeds_fossilized": 0,
                 "seeds_pruned": 0, "wall_seconds": 1.0, "final_bits": bits, "test_bits": bits,
-                "budget_flops": budget, **_curves(arm, budget)}))
+                "budget_flops": budget,
+                **(_curves(arm, budget) if curves else {"accuracy_curve": (50.0,)})}))
     comparison = runner.Comparison(config)
     comparison._write_config()
     for record in records:
@@ -159,6 +161,37 @@ def test_growth_rows_say_when_the_lookup_and_each_seed_grew(ct, quiet, text_file
         row = _row(lines[start:], f"| text (Python stdlib) | {scale:g} |")
         assert row[2:] == ["—, — (0 of 6 grew)", "0.20, — (6 of 6 grew)",
                            "0.40, — (6 of 6 grew)", "0.60, — (6 of 6 grew)"]
+
+
+def test_growth_rows_say_what_they_cannot_show(ct, quiet, text_file, tmp_path):
+    arms = {k: OFFSETS[k] for k in (REFERENCE, *TIMING)}
+    _stage(tmp_path, "final-host", text_file, arms, curves=False)
+    assert "| host (width 64) | — | not recorded (final-host's episodes predate " \
+           "germinated_curve) |" in ct.targets(tmp_path)
+    # A timing group of two in one stage and of three in another: no table of one width.
+    _stage(tmp_path, "final-text", text_file, arms)
+    summary = json.loads((tmp_path / "final-text" / "summary.json").read_text())
+    config = json.loads((tmp_path / "final-host" / "compare_config.json").read_text())
+    config["arm_groups"] = [f"timing={TIMING[0]},{TIMING[1]}"]
+    (tmp_path / "final-host" / "compare_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="the stages' timing groups differ in size"):
+        ct.growth_lines(tmp_path)
+    assert summary["growth"][0]["controller"] == REFERENCE
+
+
+def test_growth_rows_refuse_an_arm_missing_at_a_budget(ct, quiet, text_file, tmp_path):
+    records = _stage(tmp_path, "final-text", text_file, {k: OFFSETS[k] for k in
+                                                          (REFERENCE, *TIMING)})
+    from esper_lightning.app.compare.records import append_record_csv
+
+    csv = tmp_path / "final-text" / "episodes.csv"
+    csv.unlink()
+    for r in records:  # the third seed never played the 2x episodes
+        if not (r.controller == TIMING[2] and r.episode_index % 2):
+            append_record_csv(csv, r)
+    with pytest.raises(ValueError, match=r"final-text: stack:2@0\.6:identity played no "
+                                         r"episode at budget"):
+        ct.growth_lines(tmp_path)
 
 
 @pytest.mark.parametrize(("lookup", "target"), [

@@ -1,13 +1,14 @@
-"""When each arm grew: the share of its budget spent at each growth decision, per budget.
+"""When each arm grew: the share of its budget spent at each germination, per budget.
 
-An episode's report after epoch ``j`` holds the parameters of the seeds present then
-(``seed_params_curve``). A growth is an epoch whose seed parameters exceed the epoch's before
-(0 before the first): its seed was germinated at the decision that ended the epoch before, so
-the growth happened when ``train_flops_curve[j - 1]`` of the budget was spent (`growth_times`:
-that over the episode's budget; at 0 for seeds present from the first epoch, e.g. implanted by
-``matched:``). Without a budget the share is of the episode's epochs instead. A seed pruned and
-another germinated later counts twice: the table counts decisions to add parameters, not seeds
-at the end.
+An episode's report after epoch ``j`` says which seeds the slots hold; ``germinated_curve[j]``
+counts the distinct seeds seen up to it (`records.germinated_curve`: each germination is a new
+seed id). A rise at ``j >= 1`` is a germination at the decision that ended epoch ``j - 1``, so
+it happened when ``train_flops_curve[j - 1]`` of the budget was spent (`growth_times`: that over
+the episode's budget; without a budget the share of the episode's epochs, ``j / len``). Seeds
+already there at the first report were implanted before any decision (``matched:``): they are
+no growth. What moves seed parameters without germinating (a gated blend's gate, a prune in
+another slot in the same decision) does not move the count; a germination that a governor's
+rollback undid before the next report is not seen.
 
 Why it is here: a timing arm's loss says whether it beat another, not why; its growth times say
 whether it grew earlier, later or not at all where the other did (the learned controller's
@@ -17,7 +18,7 @@ growth over the episodes that made one.
 
 Example::
 
-    rows = growth_rows(records)
+    rows = growth_rows(records)  # None: a table written before the curve was recorded
     print("\\n".join(markdown(rows)))
 """
 
@@ -36,13 +37,14 @@ from esper_lightning.app.compare.records import (
     group_by_controller,
 )
 
-SEEDS, FLOPS = "seed_params_curve", "train_flops_curve"
+GERMINATED, FLOPS = "germinated_curve", "train_flops_curve"
 
 
-def growth_times(seed_params: Sequence[float], train_flops: Sequence[float],
+def growth_times(germinated: Sequence[float], train_flops: Sequence[float],
                  budget_flops: float | None) -> tuple[float, ...]:
-    """The share of the episode spent at each growth decision (module docstring): of the
-    budget under one, else of the epochs (``train_flops`` is then not read).
+    """The share of the episode spent at each germination (module docstring): of the budget
+    under one, else of the epochs (``train_flops`` is then not read); a rise by two is two
+    germinations at one decision.
 
     Raises:
         ValueError: under a budget, curves that differ in length or a budget that is not
@@ -50,24 +52,21 @@ def growth_times(seed_params: Sequence[float], train_flops: Sequence[float],
 
     Example::
 
-        growth_times([0, 0, 10, 10, 30], [1, 2, 3, 4, 5], 5.0)  # (0.4, 0.8)
+        growth_times([0, 0, 1, 1, 2], [1, 2, 3, 4, 5], 5.0)  # (0.4, 0.8)
     """
     if budget_flops is not None:
-        if len(seed_params) != len(train_flops):
-            raise ValueError(f"{len(seed_params)} seed-parameter points against "
+        if len(germinated) != len(train_flops):
+            raise ValueError(f"{len(germinated)} germination points against "
                              f"{len(train_flops)} FLOP points")
         if budget_flops <= 0:
             raise ValueError(f"budget_flops must be positive, got {budget_flops}")
-    times, before = [], 0.0
-    for j, params in enumerate(seed_params):
-        if params > before:
-            if j == 0:
-                times.append(0.0)
-            elif budget_flops is None:
-                times.append(j / len(seed_params))
-            else:
-                times.append(float(train_flops[j - 1]) / budget_flops)
-        before = params
+    times: list[float] = []
+    for j in range(1, len(germinated)):
+        new = round(germinated[j] - germinated[j - 1])
+        if new > 0:
+            share = (j / len(germinated) if budget_flops is None
+                     else float(train_flops[j - 1]) / budget_flops)
+            times += [share] * new
     return tuple(times)
 
 
@@ -95,16 +94,17 @@ def _mean(values: list[float]) -> float | None:
     return float(np.mean(values)) if values else None
 
 
-def growth_rows(records: Iterable[EpisodeRecord]) -> list[GrowthRow]:
-    """`GrowthRow` per budget (smallest first) and controller (in playing order); empty when
-    the episodes recorded no seed parameters per epoch (tables written before they were)."""
+def growth_rows(records: Iterable[EpisodeRecord]) -> list[GrowthRow] | None:
+    """`GrowthRow` per budget (smallest first) and controller (in playing order); None when
+    some episode recorded no germinations per epoch (a table, or the rows of one, written
+    before they were)."""
     records = list(records)
-    if not records or not all(r[SEEDS] for r in records):
-        return []
+    if not records or not all(r[GERMINATED] for r in records):
+        return None
     rows = []
     for budget, episodes in group_by_budget(records).items():
         for name, own in group_by_controller(episodes).items():
-            times = [growth_times(r[SEEDS], r[FLOPS], r[BUDGET]) for r in own]
+            times = [growth_times(r[GERMINATED], r[FLOPS], r[BUDGET]) for r in own]
             counts = [len(t) for t in times]
             grew = (counts.count(0), counts.count(1), sum(c >= 2 for c in counts))
             rows.append(GrowthRow(name, budget, len(own), grew,  # type: ignore[arg-type]
@@ -117,16 +117,21 @@ def _share(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}"
 
 
-def markdown(rows: Sequence[GrowthRow]) -> list[str]:
-    """A Markdown section of the growth times (nothing without rows, or where no arm grew)."""
-    if not rows or all(r.grew[0] == r.episodes for r in rows):
-        return []
-    lines = ["", "## When each arm grew", "",
-             "Per budget: the episodes that grew no, one and two or more times (a growth: the "
-             "seed parameters rose after a decision), and the mean share of the budget spent "
-             "at the first and the second growth over the episodes that made one.", "",
-             "| budget (FLOPs) | controller | episodes | grew 0 / 1 / 2+ | first growth | "
-             "second growth |", "|---:|---|---:|---:|---:|---:|"]
+def markdown(rows: Sequence[GrowthRow] | None) -> list[str]:
+    """A Markdown section of the growth times; one line saying why where there is no table
+    (not recorded, or no arm grew)."""
+    lines = ["", "## When each arm grew", ""]
+    if rows is None:
+        return [*lines, f"Not recorded: some episodes have no `{GERMINATED}` (their rows were "
+                        "written before it was)."]
+    if all(r.grew[0] == r.episodes for r in rows):
+        return [*lines, "No arm germinated a seed in any episode."]
+    lines += ["Per budget: the episodes that grew no, one and two or more times (a growth: a "
+              "seed germinated at a decision; seeds implanted before the first are none), and "
+              "the mean share of the budget spent at the first and the second growth over the "
+              "episodes that made one.", "",
+              "| budget (FLOPs) | controller | episodes | grew 0 / 1 / 2+ | first growth | "
+              "second growth |", "|---:|---|---:|---:|---:|---:|"]
     for r in rows:
         budget = "—" if r.budget is None else f"{r.budget:.3g}"
         lines.append(f"| {budget} | {r.controller.replace('|', chr(92) + '|')} | {r.episodes} "
@@ -135,8 +140,10 @@ def markdown(rows: Sequence[GrowthRow]) -> list[str]:
     return lines
 
 
-def as_json(rows: Sequence[GrowthRow]) -> list[dict[str, Any]]:
-    """The growth times as plain data (``summary.json``'s ``growth``)."""
+def as_json(rows: Sequence[GrowthRow] | None) -> list[dict[str, Any]] | None:
+    """The growth times as plain data (``summary.json``'s ``growth``; None: not recorded)."""
+    if rows is None:
+        return None
     return [{"controller": r.controller, "budget": r.budget, "episodes": r.episodes,
              "grew": list(r.grew), "first": r.first, "second": r.second} for r in rows]
 

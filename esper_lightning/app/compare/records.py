@@ -262,6 +262,18 @@ def _events(kind: str) -> Callable[[Episode], int]:
     return lambda e: e.events.get(kind, 0)
 
 
+def germinated_curve(episode: Episode) -> tuple[float, ...]:
+    """Distinct seeds seen in the reports up to each epoch: every germination is a new seed id
+    (``slot:seedN``), so the count rises at the epoch after each germinating decision, and a
+    change of blend style or a prune in another slot cannot move it (seed parameters can)."""
+    seen: set[str] = set()
+    curve = []
+    for report in episode.reports:
+        seen.update(s.seed_id for s in report.slots if s.seed_id is not None)
+        curve.append(float(len(seen)))
+    return tuple(curve)
+
+
 def test_outcome(episode: Episode) -> float | None:
     """Test accuracy at the end minus the parameter price of the seeds present then (None:
     no test accuracy recorded)."""
@@ -324,10 +336,10 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("train_flops_curve", lambda e: tuple(r.train_flops for r in e.reports),
            "training FLOPs", kind="curve", summary=None, optional=True, shown="compute",
            description="cumulative training FLOPs at the end of each epoch"),
-    Metric("seed_params_curve", lambda e: tuple(float(r.seed_params) for r in e.reports),
-           "seed parameters", kind="curve", summary=None, optional=True,
-           description="parameters of the seeds present at the end of each epoch: when an arm "
-                       "grew (`app.compare.growth`)"),
+    Metric("germinated_curve", germinated_curve, "seeds germinated", kind="curve",
+           summary=None, optional=True,
+           description="seeds seen so far at the end of each epoch (distinct seed ids): when "
+                       "an arm grew (`app.compare.growth`)"),
     Metric("seeds_germinated", _events("germinated"), "germinated", dtype=int, summary=None),
     Metric("seeds_fossilized", _events("fossilized"), "fossilized", dtype=int, summary=None),
     Metric("seeds_pruned", _events("pruned"), "pruned", dtype=int, summary=None),
