@@ -107,3 +107,4 @@ def test_a_comparison_reports_the_time_a_stack_arm_grew(tmp_path, text_file, mon
     assert [(g["controller"], g["grew"], g["first"]) for g in growth] == [
         ("static", [1, 0, 0], None), ("stack:2@0.5:identity", [0, 1, 0], pytest.approx(0.5))]
     assert "## When each arm grew" in (tmp_path / "cmp" / "summary.md").read_text()
+    assert (tmp_path / "cmp" / "growth_times.png").stat().st_size > 0

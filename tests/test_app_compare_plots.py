@@ -11,11 +11,13 @@ from esper_lightning.app.compare.plots import (
     curves_figure,
     differences_figure,
     dodge,
+    growth_figure,
     regret_figure,
     save_figure,
     save_figures,
     vs_params_figure,
 )
+from esper_lightning.app.compare.growth import GrowthRow
 from esper_lightning.app.compare.records import METRICS, EpisodeRecord, Metric
 from esper_lightning.app.compare.regret import regrets
 from esper_lightning.app.compare.report import paired_differences, summarize
@@ -323,3 +325,31 @@ def test_regret_is_a_forest_plot_of_every_controller_overall_and_per_budget(tmp_
     assert save_figure(fig, tmp_path / "regret.png").stat().st_size > 0
     with pytest.raises(ValueError, match="at least one controller"):
         regret_figure([], "final_bits")
+
+
+def test_growth_times_are_drawn_against_the_budget(tmp_path):
+    rows = [GrowthRow("lookup", 1e12, 4, (0, 4, 0), 0.5, None),
+            GrowthRow("lookup", 4e12, 4, (0, 0, 4), 0.1, 0.3),
+            GrowthRow("policy", 1e12, 4, (1, 3, 0), 0.45, None),
+            GrowthRow("policy", 4e12, 4, (0, 2, 2), 0.2, 0.6),
+            GrowthRow("static", 1e12, 4, (4, 0, 0), None, None),
+            GrowthRow("static", 4e12, 4, (4, 0, 0), None, None)]
+    fig = growth_figure(rows)
+    (ax,) = fig.axes
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert list(lines) == ["lookup, first growth", "lookup, second growth",
+                           "policy, first growth", "policy, second growth"]
+    assert list(lines["policy, first growth"].get_xdata()) == [1e12, 4e12]
+    assert list(lines["policy, first growth"].get_ydata()) == [0.45, 0.2]
+    # A second growth only where one was made, dashed and hollow.
+    second = lines["lookup, second growth"]
+    assert list(second.get_xdata()) == [4e12] and list(second.get_ydata()) == [0.3]
+    assert second.get_linestyle() == "--" and second.get_markerfacecolor() == "white"
+    assert ax.get_xscale() == "log" and "never grew: static" in ax.get_title()
+    assert list(ax.get_xticks()) == [1e12, 4e12]  # ticks at the budgets played
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1e+12", "4e+12"]
+    assert save_figure(fig, tmp_path / "growth_times.png").stat().st_size > 0
+    with pytest.raises(ValueError, match="a controller that grew under a budget"):
+        growth_figure(rows[4:])
+    with pytest.raises(ValueError, match="a controller that grew under a budget"):
+        growth_figure([GrowthRow("stack", None, 2, (0, 2, 0), 0.5, None)])

@@ -20,6 +20,9 @@
 - `regret_figure` (``regret.png``, written by `esper_lightning.app.compare.runner` when a grid of
   growth times was played): each controller's regret to the per-budget best growth time, over
   all episodes and per budget.
+- `growth_figure` (``growth_times.png``, written by the runner when an arm grew under a budget):
+  when each controller grew against the episode's budget (`app.compare.growth`): whether a
+  policy's growth times follow the budget, and where they part from a lookup's.
 
 `save_figures` writes every metric with ``plot=True`` (a paired one also as a forest plot), and
 the loss against FLOPs when the episodes recorded both.
@@ -48,8 +51,9 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.text import Text
-from matplotlib.ticker import EngFormatter, MaxNLocator, StrMethodFormatter
+from matplotlib.ticker import EngFormatter, MaxNLocator, NullLocator, StrMethodFormatter
 
+from esper_lightning.app.compare.growth import GrowthRow
 from esper_lightning.app.compare.records import METRICS, EpisodeRecord, Metric, group_by_controller
 from esper_lightning.app.compare.regret import Regret
 from esper_lightning.app.compare.report import (
@@ -204,6 +208,53 @@ def regret_figure(rows: Sequence[Regret], judged: str) -> Figure:
                  f"{rows[0].confidence:.0%} t intervals)", fontsize="medium")
     ax.grid(axis="x", alpha=0.3)
     ax.legend(fontsize="small", loc="best")
+    return fig
+
+
+def growth_figure(rows: Sequence[GrowthRow]) -> Figure:
+    """When each controller grew, against the budget (`growth.growth_rows`, log budget axis):
+    per controller its own marker and colour, the mean share of the budget at the first growth
+    filled and joined by a solid line, at the second hollow and joined by a dashed one, over
+    the episodes that made it; a controller that never grew is left out of the plot and named
+    in the title's note.
+
+    Raises:
+        ValueError: no row under a budget, or no controller grew.
+
+    Example::
+
+        save_figure(growth_figure(growth_rows(records)), "compare/growth_times.png")
+    """
+    budgeted = [r for r in rows if r.budget is not None]
+    controllers = list(dict.fromkeys(r.controller for r in budgeted))
+    grew = [c for c in controllers if any(r.first is not None for r in budgeted
+                                          if r.controller == c)]
+    if not grew:
+        raise ValueError("growth_figure needs a controller that grew under a budget")
+    fig, ax = _new_axes(width=9.0)
+    for k, name in enumerate(grew):
+        own = sorted((r for r in budgeted if r.controller == name), key=lambda r: r.budget)
+        colour, marker = f"C{k % 10}", MARKERS[k % len(MARKERS)]
+        for attr, style, face in (("first", "-", colour), ("second", "--", "white")):
+            points = [(r.budget, getattr(r, attr)) for r in own if getattr(r, attr) is not None]
+            if points:
+                xs, ys = zip(*points, strict=True)
+                ax.plot(xs, ys, linestyle=style, marker=marker, color=colour,
+                        markerfacecolor=face, label=f"{name}, {attr} growth")
+    ax.set_xscale("log")
+    budgets = sorted({r.budget for r in budgeted})  # type: ignore[type-var]
+    ax.xaxis.set_minor_locator(NullLocator())  # ticks at the budgets played, no others
+    ax.set_xticks(budgets, [f"{b:.3g}" for b in budgets])  # type: ignore[union-attr]
+    ax.set_xlabel("the episode's compute budget (training FLOPs)")
+    ax.set_ylabel("share of the budget spent at the growth")
+    ax.set_ylim(-0.02, 1.02)
+    never = [c for c in controllers if c not in grew]
+    note = f"; never grew: {', '.join(never)}" if never else ""
+    ax.set_title("\n".join(textwrap.wrap(
+        f"When each controller grew (mean over the episodes that grew){note}", 90)),
+        fontsize="medium")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="x-small", loc="center left", bbox_to_anchor=(1.01, 0.5))
     return fig
 
 

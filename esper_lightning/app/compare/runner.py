@@ -597,6 +597,8 @@ class Comparison:
                            param_cost=self.config.param_cost, scope=scope)
         if regrets:
             plots.save_figure(plots.regret_figure(regrets, self.judged), self.out / "regret.png")
+        if grown and any(r.first is not None and r.budget is not None for r in grown):
+            plots.save_figure(plots.growth_figure(grown), self.out / "growth_times.png")
         _log_tensorboard(self.out, self.config, table, summaries, self.judged)
         return table
 
