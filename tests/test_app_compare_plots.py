@@ -7,6 +7,7 @@ from matplotlib.collections import PolyCollection
 from matplotlib.container import ErrorbarContainer
 from matplotlib.text import Text
 
+from esper_lightning.app.compare.growth import GrowthRow
 from esper_lightning.app.compare.plots import (
     curves_figure,
     differences_figure,
@@ -17,7 +18,6 @@ from esper_lightning.app.compare.plots import (
     save_figures,
     vs_params_figure,
 )
-from esper_lightning.app.compare.growth import GrowthRow
 from esper_lightning.app.compare.records import METRICS, EpisodeRecord, Metric
 from esper_lightning.app.compare.regret import regrets
 from esper_lightning.app.compare.report import paired_differences, summarize
