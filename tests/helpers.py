@@ -15,6 +15,7 @@ import logging
 import multiprocessing
 import random
 import socket
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -178,6 +179,20 @@ def example_module(name: str) -> Iterator[ModuleType]:
     for handler in logger.handlers[len(handlers):]:  # the example attaches one: take it off
         logger.removeHandler(handler)
     logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def script_module(name: str) -> Iterator[ModuleType]:
+    """``scripts/<name>.py`` loaded as the module ``name``, registered in ``sys.modules`` while
+    in use (dataclasses resolve their module by name) and taken out again afterwards."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules[name]
 
 
 @contextlib.contextmanager

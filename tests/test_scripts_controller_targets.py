@@ -7,20 +7,18 @@ Stack arms stand in for the policies (a group is any arms) and ``static`` for th
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import script_module
 
 from esper_lightning.app.compare.records import EpisodeRecord, append_record_csv
 from esper_lightning.app.config import CompareConfig
 from esper_lightning.app.task import budget_flops
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "controller_targets.py"
 REFERENCE = "static"
 TIMING = ("stack:2@0.2:identity", "stack:2@0.4:identity", "stack:2@0.6:identity")
 ALL = ("stack:2@0.3:identity", "stack:2@0.5:identity", "stack:2@0.7:identity")
@@ -34,12 +32,8 @@ EPOCHS = 10
 
 @pytest.fixture(scope="module")
 def ct():
-    spec = importlib.util.spec_from_file_location("controller_targets", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["controller_targets"] = module
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules["controller_targets"]
+    with script_module("controller_targets") as module:
+        yield module
 
 
 def _config(text_file: Path, out: Path, arms: dict[str, float], **budget: float

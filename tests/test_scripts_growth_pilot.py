@@ -3,28 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import re
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "growth_pilot.py"
+from helpers import script_module
 
 
 @pytest.fixture(scope="module")
 def gp():
-    spec = importlib.util.spec_from_file_location("growth_pilot", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["growth_pilot"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules["growth_pilot"]
+    with script_module("growth_pilot") as module:
+        yield module
 
 
 def test_flops_per_step_counts_every_matrix_product_including_attention(gp):

@@ -3,25 +3,18 @@ from the CSV of rounds it writes."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import script_module
 from torch.utils.tensorboard import SummaryWriter
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "ppo_learning_summary.py"
 
 
 @pytest.fixture(scope="module")
 def pls():
-    spec = importlib.util.spec_from_file_location("ppo_learning_summary", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["ppo_learning_summary"] = module
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules["ppo_learning_summary"]
+    with script_module("ppo_learning_summary") as module:
+        yield module
 
 
 def _run(folder: Path, rounds: int = 10, resumed_at: int | None = None) -> dict[str, list]:
