@@ -21,13 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from esper_lightning.app.compare.growth import GrowthRow, growth_rows
 from esper_lightning.app.compare.lookup import comparison_config
-from esper_lightning.app.compare.records import group_by_budget, read_records_csv
+from esper_lightning.app.compare.records import EpisodeRecord, group_by_budget, read_records_csv
 from esper_lightning.app.compare.report import cost_markdown, group_differences
 from esper_lightning.app.frontier.report import replace_section
 from esper_lightning.app.task import budget_flops
@@ -129,20 +129,26 @@ def curriculum_rows(root: Path) -> list[str]:
             + _cells(versus, _better(versus))]  # type: ignore[arg-type]
 
 
+def _played(root: Path) -> Iterator[tuple[str, str, dict[str, Any], Any, float,
+                                             list[EpisodeRecord]]]:
+    """Each stage against the lookup that was played: its name, what it holds unseen, its
+    summary, settings, base budget in FLOPs and episodes."""
+    for stage, unseen in VERSUS_LOOKUP.items():
+        folder = root / stage
+        summary = _summary(folder)
+        if summary is not None:
+            config = comparison_config(folder)
+            yield (stage, unseen, summary, config, float(budget_flops(config) or 0.0),
+                   read_records_csv(folder / "episodes.csv"))
+
+
 def per_budget_lines(root: Path) -> list[str]:
     """``timing`` − lookup per budget and per training seed on each stage (reported, not
     tested: no Holm family, no verdict)."""
     lines = []
-    for stage, unseen in VERSUS_LOOKUP.items():
-        folder = root / stage
-        summary = _summary(folder)
-        if summary is None:
-            continue
-        config = comparison_config(folder)
+    for _, unseen, summary, config, base, played in _played(root):
         groups = {TIMING: config.groups()[TIMING]}
-        base = float(budget_flops(config) or 0.0)
-        for budget, records in sorted(group_by_budget(read_records_csv(
-                folder / "episodes.csv")).items()):
+        for budget, records in sorted(group_by_budget(played).items()):
             (row,) = group_differences(records, groups, config.reference, summary["judged"])
             seeds = ", ".join(f"{v:+.4f}" for v in row.member_means.values())
             lines.append(f"| {unseen} | {budget / base:g} | {row.n_pairs} | "
@@ -170,15 +176,10 @@ def growth_lines(root: Path) -> list[str]:
             budget the others played.
     """
     lines, sizes = [], {}
-    for stage, unseen in VERSUS_LOOKUP.items():
-        folder = root / stage
-        if _summary(folder) is None:
-            continue
-        config = comparison_config(folder)
+    for stage, unseen, _, config, base, played in _played(root):
         arms = [config.reference, *config.groups()[TIMING]]
         sizes[stage] = len(arms) - 1
-        base = float(budget_flops(config) or 0.0)
-        rows = growth_rows(read_records_csv(folder / "episodes.csv"))
+        rows = growth_rows(played)
         if rows is None:
             lines.append(f"| {unseen} | — | not recorded ({stage}'s episodes predate "
                          "germinated_curve) |")

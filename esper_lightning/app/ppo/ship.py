@@ -5,11 +5,10 @@ normalisers, the random-number states); a policy that a results table was measur
 only what acts (`rl.checkpoint.policy_entries`), what it was trained with (``config``) and how
 (``commands``, ``training_cost``). `ship_policy` writes that much (343 KB for the grow124
 timing policy, a third of its checkpoint), which ``policy:PATH`` and `PolicyController` read
-like any checkpoint, and records it in the
-folder's ``manifest.json``: its SHA-256, the command lines that trained it, what training cost
-(rounds, episodes, their training FLOPs, wall time) and the code that shipped it. A policy
-table then reproduces without retraining, and a shipped file is checked against its entry with
-``sha256sum``.
+like any checkpoint, and records it in the folder's ``manifest.json``: its SHA-256, the
+command lines that trained it, what training cost (rounds, episodes, their training FLOPs, wall
+time) and the code that shipped it. A policy table then reproduces without retraining, and a
+shipped file is checked against its entry with ``sha256sum``.
 """
 
 from __future__ import annotations
