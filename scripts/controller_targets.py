@@ -8,12 +8,13 @@ unseen budgets, text and host, with `compare`'s own verdict (its crossed random-
 interval over seeds and episodes, Holm-adjusted p); their regret to the per-budget oracle
 against half the lookup's; the nine-blueprint policies (group ``all``) against the timing ones;
 then, not tested, each setting per budget and per training seed, when the lookup and each
-seed grew there (`app.compare.growth`: a failed target's measured reason), and what each arm
-cost to make. A stage not played yet is a row that says so. Nothing is recomputed that ``compare``
-decided: the verdicts are its ``summary.json``'s; the per-budget rows group its
-``episodes.csv`` with the same function (`report.group_differences`) on each budget's
-episodes. ``--docs`` writes the tables between a document's
-``<!-- controller:targets:begin -->`` and ``<!-- controller:targets:end -->`` markers.
+seed grew there (`app.compare.growth`: a failed target's measured reason), whether
+final-oracle replays final-budgets' episodes bit for bit, and what each arm cost to make. A
+stage not played yet is a row that says so. Nothing is recomputed that ``compare`` decided:
+the verdicts are its ``summary.json``'s; the per-budget rows group its ``episodes.csv`` with
+the same function (`report.group_differences`) on each budget's episodes. ``--docs`` writes
+the tables between a document's ``<!-- controller:targets:begin -->`` and
+``<!-- controller:targets:end -->`` markers.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ VERSUS_LOOKUP = {"final-budgets": "budgets 0.35–2.8×", "final-text": "text (P
 ORACLE_STAGE = "final-oracle"
 #: The groups the plan names: the timing policies and the nine-blueprint ones.
 TIMING, ALL = "timing", "all"
+#: What the replay check compares: the verdict's metric and the validation loss beside it.
+REPLAYED = ("test_bits", "final_bits")
 
 
 def _summary(folder: Path) -> dict[str, Any] | None:
@@ -129,6 +132,39 @@ def curriculum_rows(root: Path) -> list[str]:
             + _cells(versus, _better(versus))]  # type: ignore[arg-type]
 
 
+def replay_lines(root: Path) -> list[str]:
+    """The plan's reproducibility check (item 3): final-oracle plays the first 16 episodes of
+    final-budgets again, so every arm both play (the lookup and the timing policies) must give
+    there, bit for bit, the losses it gave in final-budgets. Reported, whatever it shows."""
+    folders = [root / stage / "episodes.csv" for stage in ("final-budgets", ORACLE_STAGE)]
+    if not all(file.is_file() for file in folders):
+        return []
+    budgets, oracle = (read_records_csv(file) for file in folders)
+    first = {(r.controller, r.episode_index): r for r in budgets}
+    arms = {r.controller for r in budgets}
+    replayed = [r for r in oracle if r.controller in arms]
+    waiting = [r for r in replayed if (r.controller, r.episode_index) not in first]
+    differ = []
+    for r in replayed:
+        twin = first.get((r.controller, r.episode_index))
+        if twin is not None and (twin.episode_rng_seed != r.episode_rng_seed or any(
+                twin[m] != r[m] for m in REPLAYED)):
+            differ.append((abs(twin["test_bits"] - r["test_bits"]), r))
+    done = len(replayed) - len(waiting)
+    line = (f"Replay check: final-oracle's {done} rows of the arms final-budgets also plays "
+            f"({len({r.controller for r in replayed})} arms) ")
+    if not differ:
+        line += ("equal final-budgets' on the same episodes (episode seed, test and validation "
+                 "bits, exactly)")
+    else:
+        gap, worst = max(differ, key=lambda x: x[0])
+        line += (f"differ from final-budgets' in {len(differ)} of {done} (largest |Δ test bits| "
+                 f"{gap:.3g}: {worst.controller}, episode {worst.episode_index})")
+    if waiting:
+        line += f"; {len(waiting)} more not played in final-budgets yet"
+    return ["", line + "."]
+
+
 def _played(root: Path) -> Iterator[tuple[str, str, dict[str, Any], Any, float,
                                              list[EpisodeRecord]]]:
     """Each stage against the lookup that was played: its name, what it holds unseen, its
@@ -218,8 +254,8 @@ def targets(root: Path) -> list[str]:
             "episodes] | [95 % CI, episodes] | episodes | each training seed | verdict: "
             "target |", "|---|---|---:|---:|---:|---:|---|---|",
             *versus_lookup_rows(root), *regret_row(root), *curriculum_rows(root),
-            *_provisional(root), *per_budget_lines(root), *growth_lines(root),
-            *cost_lines(root)]
+            *_provisional(root), *replay_lines(root), *per_budget_lines(root),
+            *growth_lines(root), *cost_lines(root)]
 
 
 def _provisional(root: Path) -> list[str]:

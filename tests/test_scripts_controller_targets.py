@@ -206,6 +206,31 @@ def test_regret_is_met_only_at_half_the_lookups_or_less(ct, quiet, text_file, tm
     assert row[5] == "12" and row[7] == target
 
 
+def test_replay_check_compares_the_oracles_episodes_with_final_budgets_bit_for_bit(
+        ct, quiet, text_file, tmp_path):
+    arms = {k: OFFSETS[k] for k in (REFERENCE, *TIMING)}
+    _stage(tmp_path, "final-budgets", text_file, arms, n=6)
+    assert not any(line.startswith("Replay check") for line in ct.targets(tmp_path))
+    oracle = _stage(tmp_path, "final-oracle", text_file, arms, n=8)  # one generator: the
+    csv = tmp_path / "final-oracle" / "episodes.csv"  # same first 6 episodes, and 2 more
+    for r in oracle:  # and an arm final-budgets does not play, which is not compared
+        append_record_csv(csv, EpisodeRecord("stack:2@0.8:identity", r.episode_index,
+                                             r.episode_rng_seed, r.host, r.values))
+    (line,) = [x for x in ct.targets(tmp_path) if x.startswith("Replay check")]
+    assert line == ("Replay check: final-oracle's 24 rows of the arms final-budgets also plays "
+                    "(4 arms) equal final-budgets' on the same episodes (episode seed, test and "
+                    "validation bits, exactly); 8 more not played in final-budgets yet.")
+    csv.unlink()
+    for r in oracle:  # one row of the first seed is off by 1e-9 bits
+        if r.controller == TIMING[0] and r.episode_index == 3:
+            r = EpisodeRecord(r.controller, 3, r.episode_rng_seed, r.host,
+                              {**r.values, "test_bits": r["test_bits"] + 1e-9})
+        append_record_csv(csv, r)
+    (line,) = [x for x in ct.targets(tmp_path) if x.startswith("Replay check")]
+    assert "differ from final-budgets' in 1 of 24 (largest |Δ test bits| 1e-09: " \
+           f"{TIMING[0]}, episode 3)" in line
+
+
 @pytest.mark.parametrize(("offsets", "target"), [
     ({ALL[0]: -0.012, ALL[1]: -0.009, ALL[2]: -0.010}, "**met**"),
     ({ALL[0]: 0.0, ALL[1]: 0.001, ALL[2]: -0.001}, "not met"),  # each seed loses about 0.01
