@@ -11,6 +11,7 @@
 #   bash scripts/controller_study.sh train-all SEED # every blueprint, started from that policy
 #   bash scripts/controller_study.sh ship-all SEED  # the curriculum's policy into policies/
 #   bash scripts/controller_study.sh decide-all     # prior 0.1 or none, on tuning episodes
+#   bash scripts/controller_study.sh chosen-all     # its choice: "0.1" or "none" (PRIOR=...)
 #   bash scripts/controller_study.sh final-budgets  # the pre-registered tables
 #   bash scripts/controller_study.sh final-oracle   #   (results/controller/final-plan.md),
 #   bash scripts/controller_study.sh final-text     #   each once the lookup and the three
@@ -147,6 +148,26 @@ case "${1:-}" in
       --controllers "${TIMING[0]}" policy:policies/grow124-all-s1.pt \
                     policy:policies/grow124-all-none-s1.pt --out "$RESULTS/decide-all"
     ;;
+  chosen-all)
+    # decide-all's choice, as the plan fixed it: the curriculum whose seed-1 policy had the
+    # lower mean validation loss at the budget over decide-all's 20 episodes, whatever the
+    # intervals. Prints its PRIOR for train-all 2 and 3: PRIOR=$(bash $0 chosen-all).
+    summary=$RESULTS/decide-all/summary.json
+    [ -f "$summary" ] || { echo "no $summary: run decide-all first" >&2; exit 2; }
+    python - "$summary" <<'PY'
+import json, sys
+rows = {r["controller"]: r for r in json.load(open(sys.argv[1]))["controllers"]}
+arms = {"0.1": "policy:policies/grow124-all-s1.pt",
+        "none": "policy:policies/grow124-all-none-s1.pt"}
+played = {prior: rows.get(arm, {}).get("n_episodes", 0) for prior, arm in arms.items()}
+if any(n != 20 for n in played.values()):
+    sys.exit(f"decide-all has not played both curricula on its 20 episodes: {played}")
+bits = {prior: rows[arm]["final_bits_mean"] for prior, arm in arms.items()}
+print(f"mean validation bits: prior 0.1 {bits['0.1']:.4f}, none {bits['none']:.4f}",
+      file=sys.stderr)
+print(min(bits, key=bits.get))
+PY
+    ;;
   final-budgets|final-oracle|final-text|final-host)
     # The pre-registered final tables (results/controller/final-plan.md: arms, budgets, episodes
     # and roots fixed in its commit before any episode). The lookup is the reference; the three
@@ -215,7 +236,7 @@ case "${1:-}" in
     done
     ;;
   *)
-    sed -n '2,18p' "$0"
+    sed -n '2,19p' "$0"
     exit 2
     ;;
 esac
