@@ -1,0 +1,149 @@
+"""scripts/controller_study.sh: the pre-registered command lines and the choices it makes.
+
+The script runs in a copy of the study's layout under ``tmp_path`` with an ``esper-lightning``
+on ``PATH`` that writes its arguments down instead of training or playing anything, so what is
+checked is the command each stage would run: that it still carries the arms, budgets, episodes
+and roots results/controller/final-plan.md fixed before the first episode.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from helpers import ROOT
+
+TIMING = [f"policy:policies/grow124-timing-s{i}.pt" for i in (1, 2, 3)]
+LOOKUP = "lookup:results/controller/lookup-grow124.json"
+BEST_SINGLE = "stack:4@0.5,1:identity"
+FINAL_SCALES = ["0.35", "0.7", "1.4", "2.8"]
+
+
+@pytest.fixture
+def study(tmp_path: Path) -> Path:
+    """The study's files as the final stages find them, and a recording esper-lightning."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "controller_study.sh", tmp_path / "scripts")
+    (tmp_path / "results" / "controller").mkdir(parents=True)
+    (tmp_path / "results" / "controller" / "lookup-grow124.json").write_text(
+        json.dumps({"tuning": {"best_single": BEST_SINGLE}}))
+    (tmp_path / "policies").mkdir()
+    for arm in TIMING:
+        (tmp_path / arm.removeprefix("policy:")).write_bytes(b"")
+    (tmp_path / "bin").mkdir()
+    fake = tmp_path / "bin" / "esper-lightning"
+    fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$CALLS"\n')
+    fake.chmod(0o755)
+    return tmp_path
+
+
+def _run(study: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {**os.environ, "PATH": f"{study / 'bin'}:{os.environ['PATH']}",
+               "CALLS": str(study / "calls.txt"), **env}
+    return subprocess.run(["bash", "scripts/controller_study.sh", *args], cwd=study, env=environ,
+                          capture_output=True, text=True, timeout=60)
+
+
+def _argv(study: Path) -> list[str]:
+    return (study / "calls.txt").read_text().splitlines()
+
+
+def _after(argv: list[str], flag: str) -> list[str]:
+    """The values of ``flag``: every argument up to the next flag."""
+    start = argv.index(flag) + 1
+    end = next((i for i in range(start, len(argv)) if argv[i].startswith("--")), len(argv))
+    return argv[start:end]
+
+
+def test_final_budgets_plays_the_plans_arms_budgets_episodes_and_root(study):
+    assert _run(study, "final-budgets").returncode == 0
+    argv = _argv(study)
+    assert argv[0] == "compare" and _after(argv, "--budget_scales") == FINAL_SCALES
+    assert _after(argv, "--seeds") == ["40"] and _after(argv, "--rng_seed") == ["32676"]
+    assert _after(argv, "--reference") == [LOOKUP]
+    assert _after(argv, "--controllers") == [LOOKUP, *TIMING, BEST_SINGLE, "heuristic",
+                                             "stack:4@random:identity", "static"]
+    assert _after(argv, "--arm_groups") == [f"timing={','.join(TIMING)}"]
+    assert "--group_pairs" not in argv  # no nine-blueprint group before its three seeds
+
+
+def test_the_oracle_is_the_first_16_episodes_on_a_02_grid_with_never(study):
+    assert _run(study, "final-oracle").returncode == 0
+    argv = _argv(study)
+    assert _after(argv, "--seeds") == ["16"] and _after(argv, "--rng_seed") == ["32676"]
+    schedules = _after(argv, "--controllers")[4:]
+    assert schedules[-1] == "static" and len(schedules) == 15
+    times = [s.split("@")[1].split(":")[0].split(",") for s in schedules[:-1]]
+    assert all(float(a) <= float(b) for a, b in times) and len({tuple(t) for t in times}) == 14
+    assert ["0.2", "1"] in times and ["0.8", "0.8"] in times
+
+
+def test_the_host_and_text_stages_are_the_plans(study, tmp_path):
+    assert _run(study, "final-host").returncode == 0
+    argv = _argv(study)
+    assert _after(argv, "--host_preset") == ["grow124-w64"]
+    assert _after(argv, "--budget_flops") == ["2113929216000"]
+    assert _after(argv, "--seeds") == ["16"] and _after(argv, "--rng_seed") == ["32004"]
+    assert _after(argv, "--transfer_policies") == ["true"]
+    other = tmp_path / "other.txt"  # a text that is not the pre-registered one is refused
+    other.write_text("print('hello')\n")
+    (study / "calls.txt").unlink()
+    result = _run(study, "final-text", STDLIB=str(other))
+    assert result.returncode == 2 and "is not the pre-registered text" in result.stderr
+    assert not (study / "calls.txt").exists()
+
+
+def test_a_final_stage_refuses_to_start_without_every_policy(study):
+    (study / TIMING[2].removeprefix("policy:")).unlink()
+    result = _run(study, "final-budgets")
+    assert result.returncode == 2 and "missing policies/grow124-timing-s3.pt" in result.stderr
+    assert not (study / "calls.txt").exists()
+
+
+def test_the_chosen_curriculum_joins_final_budgets_as_a_group_paired_with_timing(study):
+    for seed in (1, 2, 3):
+        (study / "policies" / f"grow124-all-none-s{seed}.pt").write_bytes(b"")
+    (study / "policies" / "grow124-all-s1.pt").write_bytes(b"")  # the other: seed 1 only
+    assert _run(study, "final-budgets").returncode == 0
+    argv = _argv(study)
+    curriculum = [f"policy:policies/grow124-all-none-s{i}.pt" for i in (1, 2, 3)]
+    assert _after(argv, "--controllers")[-3:] == curriculum
+    assert _after(argv, "--arm_groups") == [f"timing={','.join(TIMING)}",
+                                            f"all={','.join(curriculum)}"]
+    assert _after(argv, "--group_pairs") == ["all=timing"]
+    for seed in (2, 3):  # three seeds of both: ambiguous, refused
+        (study / "policies" / f"grow124-all-s{seed}.pt").write_bytes(b"")
+    result = _run(study, "final-budgets")
+    assert result.returncode == 2 and "three seeds of both curricula" in result.stderr
+
+
+@pytest.mark.parametrize(("prior_bits", "none_bits", "chosen"), [
+    (2.7000, 2.7100, "0.1"), (2.7100, 2.7000, "none")])
+def test_chosen_all_is_the_curriculum_with_the_lower_mean_validation_loss(
+        study, prior_bits, none_bits, chosen):
+    assert _run(study, "chosen-all").returncode == 2  # decide-all not played
+    folder = study / "results" / "controller" / "decide-all"
+    folder.mkdir()
+    rows = [{"controller": TIMING[0], "n_episodes": 20, "final_bits_mean": 2.6},
+            {"controller": "policy:policies/grow124-all-s1.pt", "n_episodes": 20,
+             "final_bits_mean": prior_bits},
+            {"controller": "policy:policies/grow124-all-none-s1.pt", "n_episodes": 12,
+             "final_bits_mean": none_bits}]
+    (folder / "summary.json").write_text(json.dumps({"controllers": rows}))
+    result = _run(study, "chosen-all")
+    assert result.returncode == 1 and "{'0.1': 20, 'none': 12}" in result.stderr
+    rows[2]["n_episodes"] = 20
+    (folder / "summary.json").write_text(json.dumps({"controllers": rows}))
+    result = _run(study, "chosen-all")
+    assert result.returncode == 0 and result.stdout == f"{chosen}\n"
+    assert f"prior 0.1 {prior_bits:.4f}, none {none_bits:.4f}" in result.stderr
+
+
+def test_no_stage_is_usage_and_exit_2(study):
+    result = _run(study)
+    assert result.returncode == 2 and "chosen-all" in result.stdout
+    assert result.stdout.splitlines()[-1].endswith("what each stage has done so far")
