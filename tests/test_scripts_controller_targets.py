@@ -231,6 +231,19 @@ def test_replay_check_compares_the_oracles_episodes_with_final_budgets_bit_for_b
            f"{TIMING[0]}, episode 3)" in line
 
 
+def test_each_finished_stage_gets_its_summed_wall_time(ct, quiet, text_file, tmp_path):
+    arms = {k: OFFSETS[k] for k in (REFERENCE, *TIMING)}
+    records = _stage(tmp_path, "final-text", text_file, arms)
+    csv = tmp_path / "final-text" / "episodes.csv"
+    csv.unlink()
+    for r in records:  # 48 rows of 90 s: 1.2 hours on one thread
+        append_record_csv(csv, EpisodeRecord(r.controller, r.episode_index, r.episode_rng_seed,
+                                             r.host, {**r.values, "wall_seconds": 90.0}))
+    lines = ct.targets(tmp_path)
+    start = lines.index("| stage | episode rows | wall time (hours) |")
+    assert lines[start + 2:] == ["| final-text | 48 | 1.20 |"]  # only the played stage
+
+
 @pytest.mark.parametrize(("offsets", "target"), [
     ({ALL[0]: -0.012, ALL[1]: -0.009, ALL[2]: -0.010}, "**met**"),
     ({ALL[0]: 0.0, ALL[1]: 0.001, ALL[2]: -0.001}, "not met"),  # each seed loses about 0.01
