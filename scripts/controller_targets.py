@@ -134,8 +134,8 @@ def curriculum_rows(root: Path) -> list[str]:
 
 def replay_lines(root: Path) -> list[str]:
     """The plan's reproducibility check (item 3): final-oracle plays the first 16 episodes of
-    final-budgets again, so every arm both play (the lookup and the timing policies) must give
-    there, bit for bit, the losses it gave in final-budgets. Reported, whatever it shows."""
+    final-budgets again, so every arm both play (the lookup, the timing policies, static) must
+    give there, bit for bit, the losses it gave in final-budgets. Reported, whatever it shows."""
     folders = [root / stage / "episodes.csv" for stage in ("final-budgets", ORACLE_STAGE)]
     if not all(file.is_file() for file in folders):
         return []
