@@ -37,6 +37,9 @@ ALL=()
 #: tuning episodes on the validation split, a root used by nothing else (balanced_root.py
 #: --scales 0.25 0.5 1 2 4 --episodes 20 --start 33100).
 DECIDE_ROOT=33184
+DECIDE_EPISODES=20
+#: The two seed-1 curricula decide-all plays: with the action prior (0.1) and without.
+CURRICULA=(policy:policies/grow124-all-s1.pt policy:policies/grow124-all-none-s1.pt)
 #: The unseen text: the Python standard library's source (Python 3.11.7: 4,932,584 bytes).
 STDLIB=${STDLIB:-runs/stdlib.txt}
 STDLIB_SHA256=b63203f55f9e0c7c5c3d393a0d833d9f4baddb0aedea63f40bd1a355cd3183b4
@@ -143,25 +146,24 @@ case "${1:-}" in
     # started from, on 20 tuning episodes at the training budgets (4 each); the one with the
     # lower mean validation loss at the budget (final_bits) continues, whatever the intervals.
     OMP_NUM_THREADS=1 esper-lightning compare --preset lm-grow124-cpu \
-      --budget_scales $TUNING_SCALES --seeds 20 --envs 2 --rng_seed "$DECIDE_ROOT" \
-      --data_dir "$TEXT" --progress false --reference "${TIMING[0]}" \
-      --controllers "${TIMING[0]}" policy:policies/grow124-all-s1.pt \
-                    policy:policies/grow124-all-none-s1.pt --out "$RESULTS/decide-all"
+      --budget_scales $TUNING_SCALES --seeds "$DECIDE_EPISODES" --envs 2 \
+      --rng_seed "$DECIDE_ROOT" --data_dir "$TEXT" --progress false --reference "${TIMING[0]}" \
+      --controllers "${TIMING[0]}" "${CURRICULA[@]}" --out "$RESULTS/decide-all"
     ;;
   chosen-all)
     # decide-all's choice, as the plan fixed it: the curriculum whose seed-1 policy had the
-    # lower mean validation loss at the budget over decide-all's 20 episodes, whatever the
+    # lower mean validation loss at the budget over decide-all's episodes, whatever the
     # intervals. Prints its PRIOR for train-all 2 and 3: PRIOR=$(bash $0 chosen-all).
     summary=$RESULTS/decide-all/summary.json
     [ -f "$summary" ] || { echo "no $summary: run decide-all first" >&2; exit 2; }
-    python - "$summary" <<'PY'
+    python - "$summary" "$DECIDE_EPISODES" "${CURRICULA[@]}" <<'PY'
 import json, sys
-rows = {r["controller"]: r for r in json.load(open(sys.argv[1]))["controllers"]}
-arms = {"0.1": "policy:policies/grow124-all-s1.pt",
-        "none": "policy:policies/grow124-all-none-s1.pt"}
+summary, episodes, with_prior, without = sys.argv[1:]
+rows = {r["controller"]: r for r in json.load(open(summary))["controllers"]}
+arms = {"0.1": with_prior, "none": without}
 played = {prior: rows.get(arm, {}).get("n_episodes", 0) for prior, arm in arms.items()}
-if any(n != 20 for n in played.values()):
-    sys.exit(f"decide-all has not played both curricula on its 20 episodes: {played}")
+if any(n != int(episodes) for n in played.values()):
+    sys.exit(f"decide-all has not played both curricula on its {episodes} episodes: {played}")
 bits = {prior: rows[arm]["final_bits_mean"] for prior, arm in arms.items()}
 print(f"mean validation bits: prior 0.1 {bits['0.1']:.4f}, none {bits['none']:.4f}",
       file=sys.stderr)
