@@ -4,16 +4,27 @@
 #      fp32 vs bf16-mixed vs 16-mixed (each env's own GradScaler), the host's epoch time;
 #   2. bench_counterfactual.py on CUDA: fused counterfactual validation vs K separate passes;
 #   3. the tests that skip without CUDA;
-#   4. the width-128 frontier tuning study (resumable; whatever units finish are kept).
+#   4. the width-128 frontier tuning study (resumable; whatever units finish are kept);
+#   5. (pool512) bench_env_pool.py again at batch 512, where kernels outlast their launches.
 #
-#   bash benchmarks/gpu_checks.sh DATA_DIR TEXT OUT_DIR SECONDS
+#   bash benchmarks/gpu_checks.sh DATA_DIR TEXT OUT_DIR SECONDS [PARTS]
 #
 # DATA_DIR: a CIFAR-10 folder; TEXT: the frontier's text; OUT_DIR: logs and the study's rows;
 # SECONDS: the wall-clock deadline of the whole script (each part gets what is left of it).
+# PARTS: which parts run, in this order whatever the order given (default
+# "pool counterfactual tests frontier"; add pool512, or leave parts out).
 # The timed benchmarks run first, on a quiet machine; the frontier study runs last with one
 # worker process per CPU core but one, all on the one GPU.
 set -u
 DATA_DIR=$1 TEXT=$2 OUT_DIR=$3 DEADLINE=$(( $(date +%s) + $4 ))
+PARTS=" ${5:-pool counterfactual tests frontier} "
+for p in $PARTS; do
+    case $p in pool|pool512|counterfactual|tests|frontier) ;;
+    *) echo "gpu_checks.sh: unknown part '$p' (accepted: pool pool512 counterfactual tests" \
+            "frontier)" >&2; exit 2 ;;
+    esac
+done
+wants() { [[ $PARTS == *" $1 "* ]]; }
 mkdir -p "$OUT_DIR"
 left() { echo $(( DEADLINE - $(date +%s) )); }
 part() {  # part SECONDS LOG COMMAND...: run COMMAND for at most SECONDS (and what is left)
@@ -28,11 +39,14 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the ch
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0))"
   nproc; } > "$OUT_DIR/machine.txt" 2>&1
-part 170 bench_env_pool.log python3 benchmarks/bench_env_pool.py --device cuda \
+wants pool && part 170 bench_env_pool.log python3 benchmarks/bench_env_pool.py --device cuda \
     --data-dir "$DATA_DIR" --train-subset 0 --val-subset 0
-part 50 bench_counterfactual.log python3 benchmarks/bench_counterfactual.py --device cuda \
-    --seeds 1 2 3 --batch-sizes 500 2000
-part 60 gpu_tests.log python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests
+wants pool512 && part 150 bench_env_pool_b512.log python3 benchmarks/bench_env_pool.py \
+    --device cuda --data-dir "$DATA_DIR" --train-subset 0 --val-subset 0 --batch-size 512
+wants counterfactual && part 50 bench_counterfactual.log python3 \
+    benchmarks/bench_counterfactual.py --device cuda --seeds 1 2 3 --batch-sizes 500 2000
+wants tests && part 150 gpu_tests.log python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests
+wants frontier || exit 0
 STUDY="$OUT_DIR/w128-tuning"
 mkdir -p "$STUDY" && cp results/frontier/w128-tuning/plan.json "$STUDY/"
 [ -f results/frontier/w128-tuning/rows.csv ] && cp results/frontier/w128-tuning/rows.csv "$STUDY/"

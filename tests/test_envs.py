@@ -38,6 +38,11 @@ def test_each_env_has_its_own_fabric_and_no_stream_on_cpu(data):
     assert all(env.stream is None for env in pool.envs)
 
 
+def test_cuda_streams_on_a_cpu_device_are_refused(data):
+    with pytest.raises(ValueError, match=r"cuda_stream=True needs a CUDA device, got device='cpu'"):
+        EnvPool(SPEC, *data, ["cpu"], cuda_streams=True)
+
+
 def test_lockstep_pool_equals_envs_run_one_after_another(data):
     pool = EnvPool(SPEC, *data, ["cpu", "cpu"])
     seeds = [episode_rng_seed(0, 0, i) for i in range(2)]

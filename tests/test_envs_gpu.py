@@ -19,7 +19,7 @@ def test_each_env_has_its_own_stream_and_scaler(cifar_dir, precision):
     spec = EnvSpec(slots=("r0c1",), batch_size=16, precision=precision,
                    gate_config=GateConfig(min_training_epochs=0))
     data = load_cifar10(cifar_dir, True), load_cifar10(cifar_dir, False)
-    pool = EnvPool(spec, *data, ["cuda", "cuda"])
+    pool = EnvPool(spec, *data, ["cuda", "cuda"], cuda_streams=True)
     streams = [env.stream for env in pool.envs]
     assert all(isinstance(s, torch.cuda.Stream) for s in streams) and streams[0] != streams[1]
     scalers = [getattr(env.fabric.strategy.precision, "scaler", None) for env in pool.envs]
@@ -35,3 +35,12 @@ def test_each_env_has_its_own_stream_and_scaler(cifar_dir, precision):
     for obs in observations:
         assert obs.rollback_reason is None and obs.train_loss is not None
         assert obs.report.slots[0].alpha > 0
+
+
+def test_no_stream_by_default_on_cuda(cifar_dir):
+    spec = EnvSpec(slots=("r0c1",), batch_size=16)
+    data = load_cifar10(cifar_dir, True), load_cifar10(cifar_dir, False)
+    pool = EnvPool(spec, *data, ["cuda"])
+    assert pool.envs[0].stream is None and pool.envs[0].device.type == "cuda"
+    pool.reset([1])
+    assert pool.step([Action()])[0].observation.train_loss is not None

@@ -7,9 +7,11 @@ all envs, `execute` (the controller's action, then the epoch tick), `train_batch
 the observation, the reward of the transition (`rl.rewards.compute_reward` under the episode's
 `RewardConfig`) and whether the episode ended (`rl.episodes.is_terminal`), as CleanRL's
 ``env.step`` returns them. Whoever plays the env, PPO or `compare`, reads the same numbers.
-Inside those calls every kernel of this env runs on its own CUDA stream (None on CPU), and
-nothing is copied to the host until `observe`, which synchronises that stream once and reads all
-of the epoch's numbers in one transfer.
+Nothing is copied to the host until `observe`, which reads all of the epoch's numbers in one
+transfer. On request (``cuda_stream=True``) every kernel of a CUDA env runs on a stream of its
+own, synchronised once in `observe`; off by default, because on an H100 and an H200 the streams
+made a four-env pool's epoch 1-18 % slower in each of six runs (docs/benchmarks.md): these
+hosts are launch-bound, so there is nothing for streams to overlap.
 
 Every training step is metered (`core.flops.FlopMeter`, once per architecture, on meta tensors:
 training numerics are untouched) into the env's `core.compute.ComputeLedger` (``env.ledger``,
@@ -228,6 +230,11 @@ class MorphogenesisEnv:
         train, val: the task's training and validation data (`Task.load`), on any device.
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
         test: the task's test split (`Task.load_test`), None without one (`test`).
+        cuda_stream: run this env's kernels on a CUDA stream of its own (a CUDA device only;
+            off by default: the module docstring says why).
+
+    Raises:
+        ValueError: ``cuda_stream`` on a device that is not CUDA.
     """
 
     def __init__(
@@ -238,13 +245,16 @@ class MorphogenesisEnv:
         val: Any,
         device: str = "cpu",
         test: Any = None,
+        cuda_stream: bool = False,
     ) -> None:
         self.index, self.spec = index, spec
         kind, _, number = device.partition(":")
+        if cuda_stream and kind != "cuda":
+            raise ValueError(f"cuda_stream=True needs a CUDA device, got device={device!r}")
         devices: list[int] | int = [int(number)] if number else 1
         self.fabric = Fabric(accelerator=kind, devices=devices, precision=spec.precision)
         self.device = self.fabric.device
-        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.stream = torch.cuda.Stream(self.device) if cuda_stream else None
         self.task = spec.task
         self.loader = self.task.train_loader(train, spec.batch_size, self.device)
         self.val_batches = self.task.validation_batches(val, self.device)

@@ -1,10 +1,11 @@
 """`EnvPool`: many `MorphogenesisEnv`s driven in lockstep from one thread.
 
-The inverted loop: for each batch index, every env takes its optimizer step (each inside its own
-CUDA stream, so the GPU overlaps them), instead of one env finishing its epoch before the next
-starts. Streams are synchronised once per env per epoch, in `observe`. Under a compute budget
-an epoch is a slice of FLOPs (`MorphogenesisEnv`): an env whose slice is spent waits while the
-others finish theirs (a host that grew takes fewer, dearer batches).
+The inverted loop: for each batch index, every env takes its optimizer step, instead of one env
+finishing its epoch before the next starts. On request each CUDA env steps on a stream of its own
+(``cuda_streams=True``, synchronised once per env per epoch, in `observe`); off by default,
+since the streams were measured slower on the hosts these envs train (`MorphogenesisEnv`).
+Under a compute budget an epoch is a slice of FLOPs (`MorphogenesisEnv`): an env whose slice is
+spent waits while the others finish theirs (a host that grew takes fewer, dearer batches).
 """
 
 from __future__ import annotations
@@ -52,11 +53,12 @@ class EnvPool:
         val: Any,
         devices: Sequence[str],
         test: Any = None,
+        cuda_streams: bool = False,
     ) -> None:
         if not devices:
             raise ValueError("an env pool needs at least one device")
         self.spec = spec
-        self.envs = [MorphogenesisEnv(i, spec, train, val, d, test)
+        self.envs = [MorphogenesisEnv(i, spec, train, val, d, test, cuda_streams)
                      for i, d in enumerate(devices)]
 
     def __len__(self) -> int:
