@@ -16,6 +16,8 @@
 #   bash scripts/controller_study.sh final-oracle   #   (results/controller/final-plan.md),
 #   bash scripts/controller_study.sh final-text     #   each once the lookup and the three
 #   bash scripts/controller_study.sh final-host     #   shipped timing policies exist
+#   bash scripts/controller_study.sh reproduce STAGE N  # a final stage's first N episodes
+#                                                   #   again, compared with its rows
 #   bash scripts/controller_study.sh status         # what each stage has done so far
 set -euo pipefail
 
@@ -217,8 +219,29 @@ PY
               --budget_flops "$W64_BASE" --transfer_policies true --arm_groups "$group"
               --controllers "$LOOKUP" "${TIMING[@]}" "$best_single" static) ;;
     esac
+    # reproduce's rerun: the same command on the first episodes only (compare's last --seeds
+    # wins), into a folder of its own.
+    if [ -n "${REPRODUCE_SEEDS:-}" ]; then args+=(--seeds "$REPRODUCE_SEEDS"); fi
     OMP_NUM_THREADS=1 esper-lightning compare "${common[@]}" "${args[@]}" \
-      --out "$RESULTS/${1}"
+      --out "${REPRODUCE_OUT:-$RESULTS/$1}"
+    ;;
+  reproduce)
+    # A final stage's pre-registered command rerun from the shipped policies and lookup on its
+    # first N episodes (an episode's seed and budget depend on its index alone, so they are
+    # the stage's own), into runs/reproduce/STAGE, then compared with the committed rows bit
+    # for bit (controller_targets.py --replay: exit 1 where any differs).
+    stage=${2:-} n=${3:-}
+    case "$stage" in
+      final-budgets|final-oracle|final-text|final-host) ;;
+      *) echo "reproduce: unknown stage '$stage'; accepted: final-budgets final-oracle" \
+              "final-text final-host" >&2; exit 2 ;;
+    esac
+    [[ "$n" =~ ^[1-9][0-9]*$ ]] || {
+      echo "reproduce: N must be a number of episodes (1 or more), got '$n'" >&2; exit 2; }
+    [ -f "$RESULTS/$stage/episodes.csv" ] || {
+      echo "no $RESULTS/$stage/episodes.csv: nothing committed to reproduce" >&2; exit 2; }
+    REPRODUCE_SEEDS=$n REPRODUCE_OUT=runs/reproduce/$stage bash "$0" "$stage"
+    python "$(dirname "$0")/controller_targets.py" "$RESULTS" --replay "runs/reproduce/$stage"
     ;;
   status)
     expected=$(( $(grid | wc -w) * 2 ))  # every schedule on 2 tuning episodes
@@ -238,7 +261,7 @@ PY
     done
     ;;
   *)
-    sed -n '2,19p' "$0"
+    sed -n '2,21p' "$0"
     exit 2
     ;;
 esac

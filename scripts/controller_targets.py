@@ -1,6 +1,7 @@
 """The learned-controller study's targets, read off its pre-registered final tables.
 
     python scripts/controller_targets.py results/controller --docs docs/results.md
+    python scripts/controller_targets.py results/controller --replay runs/reproduce/final-budgets
 
 One row per target of the study (results/controller/final-plan.md, "What is decided"): the
 timing policies (group ``timing``, three PPO training seeds) against the tuned lookup on the
@@ -15,6 +16,9 @@ that ``compare`` decided: the verdicts are its ``summary.json``'s; the per-budge
 its ``episodes.csv`` with the same function (`report.group_differences`) on each budget's
 episodes. ``--docs`` writes the tables between a document's
 ``<!-- controller:targets:begin -->`` and ``<!-- controller:targets:end -->`` markers.
+``--replay FOLDER`` instead checks that a rerun of a stage's command from the shipped policies
+(``bash scripts/controller_study.sh reproduce STAGE N``) gave that stage's committed rows, bit
+for bit (exit 1 where any differs).
 """
 
 from __future__ import annotations
@@ -140,29 +144,61 @@ def replay_lines(root: Path) -> list[str]:
     if not all(file.is_file() for file in folders):
         return []
     budgets, oracle = (read_records_csv(file) for file in folders)
-    first = {(r.controller, r.episode_index): r for r in budgets}
-    arms = {r.controller for r in budgets}
-    replayed = [r for r in oracle if r.controller in arms]
-    waiting = [r for r in replayed if (r.controller, r.episode_index) not in first]
+    line, _ = replay_sentence(ORACLE_STAGE, oracle, "final-budgets", budgets)
+    return ["", f"Replay check: {line}."]
+
+
+def replay_sentence(again_name: str, again: Sequence[EpisodeRecord], first_name: str,
+                    first: Sequence[EpisodeRecord]) -> tuple[str, bool]:
+    """Whether the rows ``again`` played of the arms ``first`` also played equal those, bit for
+    bit (episode seed, and `REPLAYED` exactly), on the same episodes: a sentence, and True when
+    none differs. Rows of other arms are not compared; rows ``first`` has not played yet are
+    counted apart."""
+    by_episode = {(r.controller, r.episode_index): r for r in first}
+    arms = {r.controller for r in first}
+    replayed = [r for r in again if r.controller in arms]
+    waiting = [r for r in replayed if (r.controller, r.episode_index) not in by_episode]
     differ = []
     for r in replayed:
-        twin = first.get((r.controller, r.episode_index))
+        twin = by_episode.get((r.controller, r.episode_index))
         if twin is not None and (twin.episode_rng_seed != r.episode_rng_seed or any(
                 twin[m] != r[m] for m in REPLAYED)):
             differ.append((abs(twin["test_bits"] - r["test_bits"]), r))
     done = len(replayed) - len(waiting)
-    line = (f"Replay check: final-oracle's {done} rows of the arms final-budgets also plays "
+    line = (f"{_possessive(again_name)} {done} rows of the arms {first_name} also plays "
             f"({len({r.controller for r in replayed})} arms) ")
     if not differ:
-        line += ("equal final-budgets' on the same episodes (episode seed, test and validation "
-                 "bits, exactly)")
+        line += (f"equal {_possessive(first_name)} on the same episodes (episode seed, test and "
+                 "validation bits, exactly)")
     else:
         gap, worst = max(differ, key=lambda x: x[0])
-        line += (f"differ from final-budgets' in {len(differ)} of {done} (largest |Δ test bits| "
-                 f"{gap:.3g}: {worst.controller}, episode {worst.episode_index})")
+        line += (f"differ from {_possessive(first_name)} in {len(differ)} of {done} (largest "
+                 f"|Δ test bits| {gap:.3g}: {worst.controller}, episode {worst.episode_index})")
     if waiting:
-        line += f"; {len(waiting)} more not played in final-budgets yet"
-    return ["", line + "."]
+        line += f"; {len(waiting)} more not played in {first_name} yet"
+    return line, not differ
+
+
+def _possessive(name: str) -> str:
+    return f"{name}'" if name.endswith("s") else f"{name}'s"
+
+
+def reproduce(root: Path, again: Path) -> int:
+    """``--replay``: the rows a rerun of a stage's command wrote in ``again`` (a folder named
+    as the stage) against the committed ones in ``root``; prints the sentence, 0 when equal, 1
+    when any differs, 2 when there is nothing to compare."""
+    files = [root / again.name / "episodes.csv", again / "episodes.csv"]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        print(f"controller_targets: error: no {' or '.join(missing)}; accepted: a folder named "
+              "as a stage of the study, holding a rerun's episodes.csv", file=sys.stderr)
+        return 2
+    first, rerun = (read_records_csv(f) for f in files)
+    line, equal = replay_sentence(str(again), rerun, again.name, first)
+    if not [r for r in rerun if r.controller in {f.controller for f in first}]:
+        line, equal = f"{again} holds no row of an arm {again.name} plays", False
+    print(f"Reproduced: {line}." if equal else f"NOT reproduced: {line}.")
+    return 0 if equal else 1
 
 
 def _played(root: Path) -> Iterator[tuple[str, str, dict[str, Any], Any, float,
@@ -287,11 +323,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root", type=Path, help="the study's folder (results/controller)")
     parser.add_argument("--docs", type=Path, help="a document with the targets' markers")
+    parser.add_argument("--replay", type=Path, metavar="FOLDER",
+                        help="instead: compare a rerun's rows (a folder named as the stage, "
+                             "e.g. runs/reproduce/final-budgets) with the stage's, bit for bit")
     args = parser.parse_args(argv)
     if not args.root.is_dir():
         print(f"controller_targets: error: {args.root} is not a folder; accepted: the study's "
               "folder, e.g. results/controller", file=sys.stderr)
         return 2
+    if args.replay is not None:
+        return reproduce(args.root, args.replay)
     try:
         lines = targets(args.root)
         if args.docs is not None:

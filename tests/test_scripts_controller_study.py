@@ -143,6 +143,51 @@ def test_chosen_all_is_the_curriculum_with_the_lower_mean_validation_loss(
     assert f"prior 0.1 {prior_bits:.4f}, none {none_bits:.4f}" in result.stderr
 
 
+def _rows(csv: Path, test_bits: float) -> None:
+    """Two episode rows of two arms, as `compare` writes them."""
+    from esper_lightning.app.compare.records import EpisodeRecord, append_record_csv
+
+    csv.parent.mkdir(parents=True, exist_ok=True)
+    for arm in (LOOKUP, TIMING[0]):
+        for episode in (0, 1):
+            append_record_csv(csv, EpisodeRecord(arm, episode, 100 + episode, "grow124", {
+                "outcome": 50.0, "final_accuracy": 50.0, "seed_params": 0, "total_params": 1,
+                "seeds_germinated": 0, "seeds_fossilized": 0, "seeds_pruned": 0,
+                "wall_seconds": 1.0, "final_bits": 2.5, "test_bits": test_bits,
+                "budget_flops": 1e12, "accuracy_curve": (50.0,)}))
+
+
+@pytest.mark.parametrize(("rerun_bits", "code", "verdict"), [
+    (2.5, 0, "Reproduced: "), (2.5 + 1e-12, 1, "NOT reproduced: ")])
+def test_reproduce_reruns_a_stages_first_episodes_and_compares_them(study, rerun_bits, code,
+                                                                    verdict):
+    shutil.copy(ROOT / "scripts" / "controller_targets.py", study / "scripts")
+    _rows(study / "results" / "controller" / "final-budgets" / "episodes.csv", 2.5)
+    _rows(study / "rerun.csv", rerun_bits)
+    fake = study / "bin" / "esper-lightning"  # the rerun: its rows into the last --out
+    fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$CALLS"\n'
+                    'out=${*: -1}; mkdir -p "$out"; cp "$ROWS" "$out/episodes.csv"\n')
+    result = _run(study, "reproduce", "final-budgets", "2", ROWS=str(study / "rerun.csv"))
+    assert result.returncode == code and result.stdout.startswith(verdict)
+    argv = _argv(study)  # the stage's own command, on its first 2 episodes, out of results/
+    assert _after(argv, "--controllers")[:4] == [LOOKUP, *TIMING]
+    assert _after(argv, "--rng_seed") == ["32676"] and argv.count("--seeds") == 2
+    assert argv[len(argv) - argv[::-1].index("--seeds")] == "2"
+    assert _after(argv, "--out") == ["runs/reproduce/final-budgets"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("final-sizes", "2"), "reproduce: unknown stage 'final-sizes'; accepted: final-budgets"),
+    (("final-text", "0"), "reproduce: N must be a number of episodes (1 or more), got '0'"),
+    (("final-text",), "reproduce: N must be a number of episodes (1 or more), got ''"),
+    (("final-host", "4"), "no results/controller/final-host/episodes.csv: nothing committed"),
+])
+def test_reproduce_refuses_what_it_cannot_rerun_before_playing(study, args, message):
+    result = _run(study, "reproduce", *args)
+    assert result.returncode == 2 and result.stderr.startswith(message)
+    assert not (study / "calls.txt").exists()
+
+
 def test_no_stage_is_usage_and_exit_2(study):
     result = _run(study)
     assert result.returncode == 2 and "chosen-all" in result.stdout

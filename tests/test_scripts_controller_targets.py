@@ -231,6 +231,46 @@ def test_replay_check_compares_the_oracles_episodes_with_final_budgets_bit_for_b
            f"{TIMING[0]}, episode 3)" in line
 
 
+def test_replay_reproduces_a_stage_from_a_rerun_of_its_first_episodes(ct, quiet, text_file,
+                                                                      tmp_path, capsys):
+    arms = {k: OFFSETS[k] for k in (REFERENCE, *TIMING)}
+    _stage(tmp_path / "results", "final-text", text_file, arms, n=6)
+    rerun = _stage(tmp_path / "rerun", "final-text", text_file, arms, n=2)  # its first 2
+    results, again = tmp_path / "results", tmp_path / "rerun" / "final-text"
+    assert ct.main([str(results), "--replay", str(again)]) == 0
+    assert capsys.readouterr().out == (
+        f"Reproduced: {again}'s 8 rows of the arms final-text also plays (4 arms) equal "
+        "final-text's on the same episodes (episode seed, test and validation bits, exactly).\n")
+    csv = again / "episodes.csv"
+    csv.unlink()
+    for r in rerun:  # one row's validation loss off by 1e-12: not reproduced
+        if r.controller == TIMING[1] and r.episode_index == 1:
+            r = EpisodeRecord(r.controller, 1, r.episode_rng_seed, r.host,
+                              {**r.values, "final_bits": r["final_bits"] + 1e-12})
+        append_record_csv(csv, r)
+    assert ct.main([str(results), "--replay", str(again)]) == 1
+    assert capsys.readouterr().out.startswith(
+        f"NOT reproduced: {again}'s 8 rows of the arms final-text also plays (4 arms) differ "
+        "from final-text's in 1 of 8 (largest |Δ test bits| 0: ")
+
+
+def test_replay_refuses_a_folder_that_is_no_stages_rerun(ct, quiet, text_file, tmp_path,
+                                                         capsys):
+    arms = {k: OFFSETS[k] for k in (REFERENCE, *TIMING)}
+    (record, *_) = _stage(tmp_path / "results", "final-text", text_file, arms, n=2)
+    assert ct.main([str(tmp_path / "results"), "--replay", str(tmp_path / "final-host")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("controller_targets: error: no ") and "final-host" in err
+    other = EpisodeRecord("stack:2@0.9:identity", 0, record.episode_rng_seed, record.host,
+                          record.values)  # an arm final-text does not play
+    (tmp_path / "rerun" / "final-text").mkdir(parents=True)
+    append_record_csv(tmp_path / "rerun" / "final-text" / "episodes.csv", other)
+    assert ct.main([str(tmp_path / "results"), "--replay",
+                    str(tmp_path / "rerun" / "final-text")]) == 1
+    assert capsys.readouterr().out == (f"NOT reproduced: {tmp_path / 'rerun' / 'final-text'} "
+                                       "holds no row of an arm final-text plays.\n")
+
+
 def test_each_finished_stage_gets_its_summed_wall_time(ct, quiet, text_file, tmp_path):
     arms = {k: OFFSETS[k] for k in (REFERENCE, *TIMING)}
     records = _stage(tmp_path, "final-text", text_file, arms)
