@@ -248,8 +248,13 @@ def test_replay_reproduces_a_stage_from_a_rerun_of_its_first_episodes(ct, quiet,
             r = EpisodeRecord(r.controller, 1, r.episode_rng_seed, r.host,
                               {**r.values, "final_bits": r["final_bits"] + 1e-12})
         append_record_csv(csv, r)
+        if r.controller == TIMING[2]:  # and an arm the committed rows do not hold
+            append_record_csv(csv, EpisodeRecord("stack:2@0.9:identity", r.episode_index,
+                                                 r.episode_rng_seed, r.host, r.values))
     assert ct.main([str(results), "--replay", str(again)]) == 1
-    assert capsys.readouterr().out.startswith(
+    out = capsys.readouterr().out
+    assert out.endswith("; 2 rows of arms final-text holds no row of, not compared.\n")
+    assert out.startswith(
         f"NOT reproduced: {again}'s 8 rows of the arms final-text also plays (4 arms) differ "
         "from final-text's in 1 of 8 (largest |Δ test bits| 0: ")
 
