@@ -240,6 +240,8 @@ PY
       echo "reproduce: N must be a number of episodes (1 or more), got '$n'" >&2; exit 2; }
     [ -f "$RESULTS/$stage/episodes.csv" ] || {
       echo "no $RESULTS/$stage/episodes.csv: nothing committed to reproduce" >&2; exit 2; }
+    # A fresh folder: compare resumes what it finds, and a reproduction must play every row.
+    rm -rf "runs/reproduce/$stage"
     REPRODUCE_SEEDS=$n REPRODUCE_OUT=runs/reproduce/$stage bash "$0" "$stage"
     python "$(dirname "$0")/controller_targets.py" "$RESULTS" --replay "runs/reproduce/$stage"
     ;;

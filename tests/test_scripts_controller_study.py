@@ -167,8 +167,12 @@ def test_reproduce_reruns_a_stages_first_episodes_and_compares_them(study, rerun
     fake = study / "bin" / "esper-lightning"  # the rerun: its rows into the last --out
     fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$CALLS"\n'
                     'out=${*: -1}; mkdir -p "$out"; cp "$ROWS" "$out/episodes.csv"\n')
+    stale = study / "runs" / "reproduce" / "final-budgets" / "old.txt"  # an earlier rerun's
+    stale.parent.mkdir(parents=True)  # folder: replaced, never resumed
+    stale.write_text("")
     result = _run(study, "reproduce", "final-budgets", "2", ROWS=str(study / "rerun.csv"))
     assert result.returncode == code and result.stdout.startswith(verdict)
+    assert not stale.exists()
     argv = _argv(study)  # the stage's own command, on its first 2 episodes, out of results/
     assert _after(argv, "--controllers")[:4] == [LOOKUP, *TIMING]
     assert _after(argv, "--rng_seed") == ["32676"] and argv.count("--seeds") == 2
