@@ -152,8 +152,8 @@ def replay_sentence(again_name: str, again: Sequence[EpisodeRecord], first_name:
                     first: Sequence[EpisodeRecord]) -> tuple[str, bool]:
     """Whether the rows ``again`` played of the arms ``first`` also played equal those, bit for
     bit (episode seed, and `REPLAYED` exactly), on the same episodes: a sentence, and True when
-    none differs. Rows of other arms are not compared; rows ``first`` has not played yet are
-    counted apart."""
+    at least one row was compared and none differs. Rows of other arms are not compared; rows
+    ``first`` has not played yet are counted apart."""
     by_episode = {(r.controller, r.episode_index): r for r in first}
     arms = {r.controller for r in first}
     replayed = [r for r in again if r.controller in arms]
@@ -176,7 +176,7 @@ def replay_sentence(again_name: str, again: Sequence[EpisodeRecord], first_name:
                  f"|Δ test bits| {gap:.3g}: {worst.controller}, episode {worst.episode_index})")
     if waiting:
         line += f"; {len(waiting)} more not played in {first_name} yet"
-    return line, not differ
+    return line, done > 0 and not differ
 
 
 def _possessive(name: str) -> str:
@@ -335,6 +335,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               "folder, e.g. results/controller", file=sys.stderr)
         return 2
     if args.replay is not None:
+        if args.docs is not None:
+            parser.error("--replay checks a rerun and writes no document: leave out --docs")
         return reproduce(args.root, args.replay)
     try:
         lines = targets(args.root)

@@ -274,6 +274,13 @@ def test_replay_refuses_a_folder_that_is_no_stages_rerun(ct, quiet, text_file, t
                     str(tmp_path / "rerun" / "final-text")]) == 1
     assert capsys.readouterr().out == (f"NOT reproduced: {tmp_path / 'rerun' / 'final-text'} "
                                        "holds no row of an arm final-text plays.\n")
+    rerun = tmp_path / "rerun" / "final-text" / "episodes.csv"  # an episode not committed:
+    append_record_csv(rerun, EpisodeRecord(record.controller, 7, 1, record.host, record.values))
+    assert ct.main([str(tmp_path / "results"), "--replay", str(rerun.parent)]) == 1  # none
+    assert capsys.readouterr().out.startswith(f"NOT reproduced: {rerun.parent}'s 0 rows ")
+    with pytest.raises(SystemExit) as exit_:  # --replay writes no document: refused
+        ct.main([str(tmp_path / "results"), "--replay", str(rerun.parent), "--docs", "x.md"])
+    assert exit_.value.code == 2 and "leave out --docs" in capsys.readouterr().err
 
 
 def test_each_finished_stage_gets_its_summed_wall_time(ct, quiet, text_file, tmp_path):
