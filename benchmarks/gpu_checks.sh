@@ -4,8 +4,9 @@
 #      fp32 vs bf16-mixed vs 16-mixed (each env's own GradScaler), the host's epoch time;
 #   2. bench_counterfactual.py on CUDA: fused counterfactual validation vs K separate passes;
 #   3. the tests that skip without CUDA;
-#   4. the width-128 frontier tuning study (resumable; whatever units finish are kept);
-#   5. (pool512) bench_env_pool.py again at batch 512, where kernels outlast their launches.
+#   1b. (pool512, runs after 1) bench_env_pool.py again at batch 512: whether kernels then
+#      outlast their launches;
+#   4. the width-128 frontier tuning study (resumable; whatever units finish are kept).
 #
 #   bash benchmarks/gpu_checks.sh DATA_DIR TEXT OUT_DIR SECONDS [PARTS]
 #
@@ -17,14 +18,16 @@
 # worker process per CPU core but one, all on the one GPU.
 set -u
 DATA_DIR=$1 TEXT=$2 OUT_DIR=$3 DEADLINE=$(( $(date +%s) + $4 ))
-PARTS=" ${5:-pool counterfactual tests frontier} "
-for p in $PARTS; do
-    case $p in pool|pool512|counterfactual|tests|frontier) ;;
+# Split on any whitespace, newlines too, without globbing (read stops at the end: status 1).
+read -ra asked -d '' <<< "${5:-pool counterfactual tests frontier}" || true
+declare -A PARTS=()
+for p in "${asked[@]}"; do
+    case $p in pool|pool512|counterfactual|tests|frontier) PARTS[$p]=1 ;;
     *) echo "gpu_checks.sh: unknown part '$p' (accepted: pool pool512 counterfactual tests" \
             "frontier)" >&2; exit 2 ;;
     esac
 done
-wants() { [[ $PARTS == *" $1 "* ]]; }
+wants() { [[ -n ${PARTS[$1]:-} ]]; }
 mkdir -p "$OUT_DIR"
 left() { echo $(( DEADLINE - $(date +%s) )); }
 part() {  # part SECONDS LOG COMMAND...: run COMMAND for at most SECONDS (and what is left)

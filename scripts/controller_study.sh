@@ -88,6 +88,62 @@ grid() {
   echo "$arms"
 }
 
+# The final tables' episodes (final-plan.md); final-oracle's are the first 16 of final-budgets.
+declare -A FINAL_EPISODES=([final-budgets]=40 [final-oracle]=16 [final-text]=24 [final-host]=16)
+
+# play_final STAGE EPISODES OUT: a pre-registered final table (results/controller/final-plan.md:
+# arms, budgets, episodes and roots fixed in its commit before any episode) on its first
+# EPISODES episodes, its rows into OUT. The lookup is the reference; the three timing policies
+# are pooled as one arm (their mean, episode by episode) and reported one by one with their
+# spread.
+play_final() {
+  local stage=$1 episodes=$2 out=$3 file group read_best best_single first second
+  local -a common args schedules
+  for file in "${LOOKUP#lookup:}" "${TIMING[@]#policy:}"; do
+    [ -f "$file" ] || { echo "missing $file: the final tables play it" >&2; exit 2; }
+  done
+  group="timing=$(IFS=,; echo "${TIMING[*]}")"
+  # The budget-blind rival: the best single schedule over every tuning episode.
+  read_best='import json, sys; print(json.load(open(sys.argv[1]))["tuning"]["best_single"])'
+  best_single=$(python -c "$read_best" "${LOOKUP#lookup:}")
+  common=(--preset lm-grow124-cpu --budget_scales $FINAL_SCALES --envs 2 --progress false
+          --reference "$LOOKUP")
+  case "$stage" in
+    final-budgets)  # unseen budgets on the training host and text
+      args=(--seeds "$episodes" --rng_seed 32676 --data_dir "$TEXT"
+            --controllers "$LOOKUP" "${TIMING[@]}" "$best_single" heuristic
+                          stack:4@random:identity static)
+      all_group
+      if [ "${#ALL[@]}" -eq 3 ]; then
+        args+=("${ALL[@]}" --arm_groups "$group" "all=$(IFS=,; echo "${ALL[*]}")"
+               --group_pairs all=timing)
+      else
+        args+=(--arm_groups "$group")
+      fi ;;
+    final-oracle)  # the per-budget oracle: a 0.2 grid and never, on the first 16 of those
+      schedules=()
+      for first in 2 4 6 8; do
+        for second in $(seq "$first" 2 8) 10; do
+          [ "$second" = 10 ] && schedules+=("stack:4@0.$first,1:identity") \
+            || schedules+=("stack:4@0.$first,0.$second:identity")
+        done
+      done
+      args=(--seeds "$episodes" --rng_seed 32676 --data_dir "$TEXT" --arm_groups "$group"
+            --controllers "$LOOKUP" "${TIMING[@]}" "${schedules[@]}" static) ;;
+    final-text)  # the unseen text, neither retrained nor retuned
+      [ -f "$STDLIB" ] || python -m esper_lightning.data.stdlib_text "$STDLIB"
+      echo "$STDLIB_SHA256  $STDLIB" | sha256sum --check --quiet || {
+        echo "$STDLIB is not the pre-registered text (sha256 $STDLIB_SHA256)" >&2; exit 2; }
+      args=(--seeds "$episodes" --rng_seed 31160 --data_dir "$STDLIB" --arm_groups "$group"
+            --controllers "$LOOKUP" "${TIMING[@]}" "$best_single" static) ;;
+    final-host)  # the unseen host (width 64), neither retrained nor retuned
+      args=(--seeds "$episodes" --rng_seed 32004 --data_dir "$TEXT" --host_preset grow124-w64
+            --budget_flops "$W64_BASE" --transfer_policies true --arm_groups "$group"
+            --controllers "$LOOKUP" "${TIMING[@]}" "$best_single" static) ;;
+  esac
+  OMP_NUM_THREADS=1 esper-lightning compare "${common[@]}" "${args[@]}" --out "$out"
+}
+
 case "${1:-}" in
   tune-lookup)
     # LANES comparisons at once (default 2, one thread each), one per budget, smallest first;
@@ -173,57 +229,7 @@ print(min(bits, key=bits.get))
 PY
     ;;
   final-budgets|final-oracle|final-text|final-host)
-    # The pre-registered final tables (results/controller/final-plan.md: arms, budgets, episodes
-    # and roots fixed in its commit before any episode). The lookup is the reference; the three
-    # timing policies are pooled as one arm (their mean, episode by episode) and reported one
-    # by one with their spread.
-    for file in "${LOOKUP#lookup:}" "${TIMING[@]#policy:}"; do
-      [ -f "$file" ] || { echo "missing $file: the final tables play it" >&2; exit 2; }
-    done
-    group="timing=$(IFS=,; echo "${TIMING[*]}")"
-    # The budget-blind rival: the best single schedule over every tuning episode.
-    read_best='import json, sys; print(json.load(open(sys.argv[1]))["tuning"]["best_single"])'
-    best_single=$(python -c "$read_best" "${LOOKUP#lookup:}")
-    common=(--preset lm-grow124-cpu --budget_scales $FINAL_SCALES --envs 2 --progress false
-            --reference "$LOOKUP")
-    case "$1" in
-      final-budgets)  # unseen budgets on the training host and text
-        args=(--seeds 40 --rng_seed 32676 --data_dir "$TEXT"
-              --controllers "$LOOKUP" "${TIMING[@]}" "$best_single" heuristic
-                            stack:4@random:identity static)
-        all_group
-        if [ "${#ALL[@]}" -eq 3 ]; then
-          args+=("${ALL[@]}" --arm_groups "$group" "all=$(IFS=,; echo "${ALL[*]}")"
-                 --group_pairs all=timing)
-        else
-          args+=(--arm_groups "$group")
-        fi ;;
-      final-oracle)  # the per-budget oracle: a 0.2 grid and never, on the first 16 of those
-        schedules=()
-        for first in 2 4 6 8; do
-          for second in $(seq "$first" 2 8) 10; do
-            [ "$second" = 10 ] && schedules+=("stack:4@0.$first,1:identity") \
-              || schedules+=("stack:4@0.$first,0.$second:identity")
-          done
-        done
-        args=(--seeds 16 --rng_seed 32676 --data_dir "$TEXT" --arm_groups "$group"
-              --controllers "$LOOKUP" "${TIMING[@]}" "${schedules[@]}" static) ;;
-      final-text)  # the unseen text, neither retrained nor retuned
-        [ -f "$STDLIB" ] || python -m esper_lightning.data.stdlib_text "$STDLIB"
-        echo "$STDLIB_SHA256  $STDLIB" | sha256sum --check --quiet || {
-          echo "$STDLIB is not the pre-registered text (sha256 $STDLIB_SHA256)" >&2; exit 2; }
-        args=(--seeds 24 --rng_seed 31160 --data_dir "$STDLIB" --arm_groups "$group"
-              --controllers "$LOOKUP" "${TIMING[@]}" "$best_single" static) ;;
-      final-host)  # the unseen host (width 64), neither retrained nor retuned
-        args=(--seeds 16 --rng_seed 32004 --data_dir "$TEXT" --host_preset grow124-w64
-              --budget_flops "$W64_BASE" --transfer_policies true --arm_groups "$group"
-              --controllers "$LOOKUP" "${TIMING[@]}" "$best_single" static) ;;
-    esac
-    # reproduce's rerun: the same command on the first episodes only (compare's last --seeds
-    # wins), into a folder of its own.
-    if [ -n "${REPRODUCE_SEEDS:-}" ]; then args+=(--seeds "$REPRODUCE_SEEDS"); fi
-    OMP_NUM_THREADS=1 esper-lightning compare "${common[@]}" "${args[@]}" \
-      --out "${REPRODUCE_OUT:-$RESULTS/$1}"
+    play_final "$1" "${FINAL_EPISODES[$1]}" "$RESULTS/$1"
     ;;
   reproduce)
     # A final stage's pre-registered command rerun from the shipped policies and lookup on its
@@ -236,14 +242,22 @@ PY
       *) echo "reproduce: unknown stage '$stage'; accepted: final-budgets final-oracle" \
               "final-text final-host" >&2; exit 2 ;;
     esac
-    [[ "$n" =~ ^[1-9][0-9]*$ ]] || {
-      echo "reproduce: N must be a number of episodes (1 or more), got '$n'" >&2; exit 2; }
+    [[ "$n" =~ ^[1-9][0-9]*$ ]] && (( n <= FINAL_EPISODES[$stage] )) || {
+      echo "reproduce: N must be a number of $stage's episodes, 1 to" \
+           "${FINAL_EPISODES[$stage]}, got '$n'" >&2; exit 2; }
     [ -f "$RESULTS/$stage/episodes.csv" ] || {
       echo "no $RESULTS/$stage/episodes.csv: nothing committed to reproduce" >&2; exit 2; }
     # A fresh folder: compare resumes what it finds, and a reproduction must play every row.
     rm -rf "runs/reproduce/$stage"
-    REPRODUCE_SEEDS=$n REPRODUCE_OUT=runs/reproduce/$stage bash "$0" "$stage"
-    python "$(dirname "$0")/controller_targets.py" "$RESULTS" --replay "runs/reproduce/$stage"
+    # In a subshell with -e of its own (a function called under || would run without it).
+    set +e
+    (set -e; play_final "$stage" "$n" "runs/reproduce/$stage")
+    played=$?
+    set -e
+    (( played == 0 )) || {
+      echo "reproduce: the rerun of $stage failed (above); nothing compared" >&2; exit 2; }
+    python "$(dirname "$0")/controller_targets.py" "$RESULTS" --replay "runs/reproduce/$stage" \
+      --episodes "$n"
     ;;
   status)
     expected=$(( $(grid | wc -w) * 2 ))  # every schedule on 2 tuning episodes

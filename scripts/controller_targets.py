@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -43,8 +44,9 @@ VERSUS_LOOKUP = {"final-budgets": "budgets 0.35–2.8×", "final-text": "text (P
 ORACLE_STAGE = "final-oracle"
 #: The groups the plan names: the timing policies and the nine-blueprint ones.
 TIMING, ALL = "timing", "all"
-#: What the replay check compares: the verdict's metric and the validation loss beside it.
-REPLAYED = ("test_bits", "final_bits")
+#: What the replay check compares, and its words for them: the verdict's metric and the
+#: validation loss beside it.
+REPLAYED = {"test_bits": "test bits", "final_bits": "validation bits"}
 
 
 def _summary(folder: Path) -> dict[str, Any] | None:
@@ -150,7 +152,7 @@ def replay_lines(root: Path) -> list[str]:
 
 def replay_sentence(again_name: str, again: Sequence[EpisodeRecord], first_name: str,
                     first: Sequence[EpisodeRecord]) -> tuple[str, bool]:
-    """Whether the rows ``again`` played of the arms ``first`` also played equal those, bit for
+    """Whether the rows ``again`` played of the arms ``first`` has played equal those, bit for
     bit (episode seed, and `REPLAYED` exactly), on the same episodes: a sentence, and True when
     at least one row was compared and none differs. Rows of other arms are not compared; rows
     ``first`` has not played yet are counted apart."""
@@ -161,45 +163,70 @@ def replay_sentence(again_name: str, again: Sequence[EpisodeRecord], first_name:
     differ = []
     for r in replayed:
         twin = by_episode.get((r.controller, r.episode_index))
-        if twin is not None and (twin.episode_rng_seed != r.episode_rng_seed or any(
-                twin[m] != r[m] for m in REPLAYED)):
-            differ.append((abs(twin["test_bits"] - r["test_bits"]), r))
+        if twin is None:
+            continue
+        gaps = {m: _gap(twin[m], r[m]) for m in REPLAYED}
+        if twin.episode_rng_seed != r.episode_rng_seed or any(gaps.values()):
+            metric = max(gaps, key=lambda m: gaps[m])
+            differ.append((gaps[metric], metric, r))
     done = len(replayed) - len(waiting)
-    line = (f"{_possessive(again_name)} {done} rows of the arms {first_name} also plays "
+    line = (f"{_possessive(again_name)} {done} rows of arms {first_name} has played "
             f"({len({r.controller for r in replayed})} arms) ")
     if not differ:
         line += (f"equal {_possessive(first_name)} on the same episodes (episode seed, test and "
                  "validation bits, exactly)")
     else:
-        gap, worst = max(differ, key=lambda x: x[0])
+        gap, metric, worst = max(differ, key=lambda x: x[0])
         line += (f"differ from {_possessive(first_name)} in {len(differ)} of {done} (largest "
-                 f"|Δ test bits| {gap:.3g}: {worst.controller}, episode {worst.episode_index})")
+                 f"|Δ {REPLAYED[metric]}| {gap:.3g}: {worst.controller}, episode "
+                 f"{worst.episode_index})")
     if waiting:
         line += f"; {len(waiting)} more not played in {first_name} yet"
     return line, done > 0 and not differ
+
+
+def _gap(a: float | None, b: float | None) -> float:
+    """|a − b|; 0 where both are missing, inf where one is (records hold no NaN)."""
+    if a is None or b is None:
+        return 0.0 if a is None and b is None else math.inf
+    return abs(a - b)
 
 
 def _possessive(name: str) -> str:
     return f"{name}'" if name.endswith("s") else f"{name}'s"
 
 
-def reproduce(root: Path, again: Path) -> int:
+def reproduce(root: Path, again: Path, episodes: int | None = None) -> int:
     """``--replay``: the rows a rerun of a stage's command wrote in ``again`` (a folder named
-    as the stage) against the committed ones in ``root``; prints the sentence, 0 when equal, 1
-    when any differs, 2 when there is nothing to compare."""
-    files = [root / again.name / "episodes.csv", again / "episodes.csv"]
+    as the stage, not the stage's own) against the committed ones in ``root``, on the first
+    ``episodes`` episodes (None: up to the rerun's last); prints the sentence, 0 when equal,
+    1 when any differs, nothing was compared or a committed row of those episodes is missing
+    from the rerun, 2 when a folder is missing or is the stage's own."""
+    stage = root / again.name
+    files = [stage / "episodes.csv", again / "episodes.csv"]
     missing = [str(f) for f in files if not f.is_file()]
-    if missing:
-        print(f"controller_targets: error: no {' or '.join(missing)}; accepted: a folder named "
-              "as a stage of the study, holding a rerun's episodes.csv", file=sys.stderr)
+    if missing or stage.resolve() == again.resolve():
+        what = f"no {' or '.join(missing)}" if missing else f"{again} is the stage's own folder"
+        print(f"controller_targets: error: {what}; accepted: a folder named as a stage of the "
+              "study, holding a rerun's episodes.csv", file=sys.stderr)
         return 2
     first, rerun = (read_records_csv(f) for f in files)
     line, equal = replay_sentence(str(again), rerun, again.name, first)
     unheld = len([r for r in rerun if r.controller not in {f.controller for f in first}])
     if unheld == len(rerun):
-        line, equal = f"{again} holds no row of an arm {again.name} plays", False
-    elif unheld:
-        line += f"; {unheld} rows of arms {again.name} holds no row of, not compared"
+        print(f"NOT reproduced: {again} holds no row of an arm {again.name} has played.")
+        return 1
+    if unheld:
+        line += f"; {unheld} rows of arms {again.name} has not played, not compared"
+    last = max(r.episode_index for r in rerun) + 1 if episodes is None else episodes
+    played = {(r.controller, r.episode_index) for r in rerun}
+    absent = [r for r in first if r.episode_index < last
+              and (r.controller, r.episode_index) not in played]
+    if absent:
+        line += (f"; {len(absent)} of {again.name}'s rows of its first {last} episodes are not "
+                 f"in the rerun (first: {absent[0].controller}, episode "
+                 f"{absent[0].episode_index})")
+        equal = False
     print(f"Reproduced: {line}." if equal else f"NOT reproduced: {line}.")
     return 0 if equal else 1
 
@@ -329,6 +356,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--replay", type=Path, metavar="FOLDER",
                         help="instead: compare a rerun's rows (a folder named as the stage, "
                              "e.g. runs/reproduce/final-budgets) with the stage's, bit for bit")
+    parser.add_argument("--episodes", type=int, metavar="N",
+                        help="with --replay: the rerun played the stage's first N episodes, "
+                             "so every committed row of those must be in it")
     args = parser.parse_args(argv)
     if not args.root.is_dir():
         print(f"controller_targets: error: {args.root} is not a folder; accepted: the study's "
@@ -337,7 +367,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.replay is not None:
         if args.docs is not None:
             parser.error("--replay checks a rerun and writes no document: leave out --docs")
-        return reproduce(args.root, args.replay)
+        if args.episodes is not None and args.episodes < 1:
+            parser.error(f"--episodes {args.episodes}: accepted: 1 or more")
+        return reproduce(args.root, args.replay, args.episodes)
+    if args.episodes is not None:
+        parser.error("--episodes goes with --replay (the episodes a rerun played)")
     try:
         lines = targets(args.root)
         if args.docs is not None:

@@ -175,15 +175,25 @@ def test_reproduce_reruns_a_stages_first_episodes_and_compares_them(study, rerun
     assert not stale.exists()
     argv = _argv(study)  # the stage's own command, on its first 2 episodes, out of results/
     assert _after(argv, "--controllers")[:4] == [LOOKUP, *TIMING]
-    assert _after(argv, "--rng_seed") == ["32676"] and argv.count("--seeds") == 2
-    assert argv[len(argv) - argv[::-1].index("--seeds")] == "2"
+    assert _after(argv, "--rng_seed") == ["32676"] and _after(argv, "--seeds") == ["2"]
     assert _after(argv, "--out") == ["runs/reproduce/final-budgets"]
+
+
+def test_reproduce_says_so_when_the_rerun_itself_fails(study):
+    _rows(study / "results" / "controller" / "final-budgets" / "episodes.csv", 2.5)
+    (study / "bin" / "esper-lightning").write_text("#!/usr/bin/env bash\nexit 1\n")
+    result = _run(study, "reproduce", "final-budgets", "2")
+    assert result.returncode == 2
+    assert "reproduce: the rerun of final-budgets failed (above); nothing compared" in \
+        result.stderr
 
 
 @pytest.mark.parametrize(("args", "message"), [
     (("final-sizes", "2"), "reproduce: unknown stage 'final-sizes'; accepted: final-budgets"),
-    (("final-text", "0"), "reproduce: N must be a number of episodes (1 or more), got '0'"),
-    (("final-text",), "reproduce: N must be a number of episodes (1 or more), got ''"),
+    (("final-text", "0"), "reproduce: N must be a number of final-text's episodes, 1 to 24, "
+                          "got '0'"),
+    (("final-text",), "reproduce: N must be a number of final-text's episodes, 1 to 24, got ''"),
+    (("final-oracle", "17"), "reproduce: N must be a number of final-oracle's episodes, 1 to 16"),
     (("final-host", "4"), "no results/controller/final-host/episodes.csv: nothing committed"),
 ])
 def test_reproduce_refuses_what_it_cannot_rerun_before_playing(study, args, message):

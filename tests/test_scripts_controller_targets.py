@@ -217,7 +217,7 @@ def test_replay_check_compares_the_oracles_episodes_with_final_budgets_bit_for_b
         append_record_csv(csv, EpisodeRecord("stack:2@0.8:identity", r.episode_index,
                                              r.episode_rng_seed, r.host, r.values))
     (line,) = [x for x in ct.targets(tmp_path) if x.startswith("Replay check")]
-    assert line == ("Replay check: final-oracle's 24 rows of the arms final-budgets also plays "
+    assert line == ("Replay check: final-oracle's 24 rows of arms final-budgets has played "
                     "(4 arms) equal final-budgets' on the same episodes (episode seed, test and "
                     "validation bits, exactly); 8 more not played in final-budgets yet.")
     csv.unlink()
@@ -239,7 +239,7 @@ def test_replay_reproduces_a_stage_from_a_rerun_of_its_first_episodes(ct, quiet,
     results, again = tmp_path / "results", tmp_path / "rerun" / "final-text"
     assert ct.main([str(results), "--replay", str(again)]) == 0
     assert capsys.readouterr().out == (
-        f"Reproduced: {again}'s 8 rows of the arms final-text also plays (4 arms) equal "
+        f"Reproduced: {again}'s 8 rows of arms final-text has played (4 arms) equal "
         "final-text's on the same episodes (episode seed, test and validation bits, exactly).\n")
     csv = again / "episodes.csv"
     csv.unlink()
@@ -253,10 +253,11 @@ def test_replay_reproduces_a_stage_from_a_rerun_of_its_first_episodes(ct, quiet,
                                                  r.episode_rng_seed, r.host, r.values))
     assert ct.main([str(results), "--replay", str(again)]) == 1
     out = capsys.readouterr().out
-    assert out.endswith("; 2 rows of arms final-text holds no row of, not compared.\n")
+    assert out.endswith("; 2 rows of arms final-text has not played, not compared.\n")
     assert out.startswith(
-        f"NOT reproduced: {again}'s 8 rows of the arms final-text also plays (4 arms) differ "
-        "from final-text's in 1 of 8 (largest |Δ test bits| 0: ")
+        f"NOT reproduced: {again}'s 8 rows of arms final-text has played (4 arms) differ "
+        f"from final-text's in 1 of 8 (largest |Δ validation bits| 1e-12: {TIMING[1]}, "
+        "episode 1)")
 
 
 def test_replay_refuses_a_folder_that_is_no_stages_rerun(ct, quiet, text_file, tmp_path,
@@ -273,7 +274,7 @@ def test_replay_refuses_a_folder_that_is_no_stages_rerun(ct, quiet, text_file, t
     assert ct.main([str(tmp_path / "results"), "--replay",
                     str(tmp_path / "rerun" / "final-text")]) == 1
     assert capsys.readouterr().out == (f"NOT reproduced: {tmp_path / 'rerun' / 'final-text'} "
-                                       "holds no row of an arm final-text plays.\n")
+                                       "holds no row of an arm final-text has played.\n")
     rerun = tmp_path / "rerun" / "final-text" / "episodes.csv"  # an episode not committed:
     append_record_csv(rerun, EpisodeRecord(record.controller, 7, 1, record.host, record.values))
     assert ct.main([str(tmp_path / "results"), "--replay", str(rerun.parent)]) == 1  # none
@@ -281,6 +282,30 @@ def test_replay_refuses_a_folder_that_is_no_stages_rerun(ct, quiet, text_file, t
     with pytest.raises(SystemExit) as exit_:  # --replay writes no document: refused
         ct.main([str(tmp_path / "results"), "--replay", str(rerun.parent), "--docs", "x.md"])
     assert exit_.value.code == 2 and "leave out --docs" in capsys.readouterr().err
+    own = tmp_path / "results" / "final-text"  # the stage against itself: refused
+    assert ct.main([str(tmp_path / "results"), "--replay", str(own)]) == 2
+    assert "is the stage's own folder" in capsys.readouterr().err
+
+
+def test_replay_fails_when_the_rerun_lacks_a_committed_row_of_its_episodes(ct, quiet, text_file,
+                                                                           tmp_path, capsys):
+    arms = {k: OFFSETS[k] for k in (REFERENCE, *TIMING)}
+    records = _stage(tmp_path / "results", "final-text", text_file, arms, n=4)
+    again = tmp_path / "rerun" / "final-text"
+    again.mkdir(parents=True)
+    for r in records:  # the first 2 episodes, one arm left out
+        if r.episode_index < 2 and r.controller != TIMING[2]:
+            append_record_csv(again / "episodes.csv", r)
+    assert ct.main([str(tmp_path / "results"), "--replay", str(again)]) == 1
+    assert capsys.readouterr().out.endswith(
+        f"equal final-text's on the same episodes (episode seed, test and validation bits, "
+        f"exactly); 2 of final-text's rows of its first 2 episodes are not in the rerun (first: "
+        f"{TIMING[2]}, episode 0).\n")
+    assert ct.main([str(tmp_path / "results"), "--replay", str(again), "--episodes", "3"]) == 1
+    assert "; 6 of final-text's rows of its first 3 episodes" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # --episodes is the rerun's: without --replay, refused
+        ct.main([str(tmp_path / "results"), "--episodes", "3"])
+    assert "--episodes goes with --replay" in capsys.readouterr().err
 
 
 def test_each_finished_stage_gets_its_summed_wall_time(ct, quiet, text_file, tmp_path):

@@ -450,8 +450,8 @@ class MorphogenesisEnv:
             engine.counterfactual_flops += every - main
 
     def observe(self) -> Observation:
-        """Synchronise this env's stream once, read the epoch's numbers, consult the governor
-        and return the state the controller sees next."""
+        """Synchronise this env's stream once (where it has one of its own), read the epoch's
+        numbers, consult the governor and return the state the controller sees next."""
         engine, accumulator = self._engine(), self._accumulator
         assert accumulator is not None, "validate() before observe()"
         assert self._loss_sum is not None, "train an epoch before observe()"

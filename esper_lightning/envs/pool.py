@@ -38,6 +38,9 @@ class EnvPool:
         devices: one device per env (``["cpu", "cpu"]``, ``["cuda:0", "cuda:1"]``, ...).
         test: the task's test split (`Task.load_test`), for final tables (`test`); None: the
             pool never reads one (PPO training).
+        cuda_streams: each env's kernels on a CUDA stream of its own (every device must be
+            CUDA; off by default, `MorphogenesisEnv` says why). Reachable from Python only:
+            `compare` and `PPOTrainer` build their pools with the default.
 
     Example:
         >>> pool = EnvPool(EnvSpec(), train, val, ["cpu", "cpu"])  # doctest: +SKIP
