@@ -237,11 +237,9 @@ PY
     # the stage's own), into runs/reproduce/STAGE, then compared with the committed rows bit
     # for bit (controller_targets.py --replay: exit 1 where any differs).
     stage=${2:-} n=${3:-}
-    case "$stage" in
-      final-budgets|final-oracle|final-text|final-host) ;;
-      *) echo "reproduce: unknown stage '$stage'; accepted: final-budgets final-oracle" \
-              "final-text final-host" >&2; exit 2 ;;
-    esac
+    [[ -n "$stage" && -v "FINAL_EPISODES[$stage]" ]] || {
+      echo "reproduce: unknown stage '$stage'; accepted:" \
+           $(printf '%s\n' "${!FINAL_EPISODES[@]}" | sort) >&2; exit 2; }
     [[ "$n" =~ ^[1-9][0-9]*$ ]] && (( n <= FINAL_EPISODES[$stage] )) || {
       echo "reproduce: N must be a number of $stage's episodes, 1 to" \
            "${FINAL_EPISODES[$stage]}, got '$n'" >&2; exit 2; }

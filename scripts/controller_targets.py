@@ -212,7 +212,8 @@ def reproduce(root: Path, again: Path, episodes: int | None = None) -> int:
         return 2
     first, rerun = (read_records_csv(f) for f in files)
     line, equal = replay_sentence(str(again), rerun, again.name, first)
-    unheld = len([r for r in rerun if r.controller not in {f.controller for f in first}])
+    arms = {r.controller for r in first}
+    unheld = len([r for r in rerun if r.controller not in arms])
     if unheld == len(rerun):
         print(f"NOT reproduced: {again} holds no row of an arm {again.name} has played.")
         return 1
