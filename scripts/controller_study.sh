@@ -176,13 +176,14 @@ case "${1:-}" in
     ;;
   train-all)
     # The curriculum for the full action space: every blueprint the growth slots accept, the
-    # policy started from the timing policy of the same seed (its cost and command carried),
+    # policy started from the shipped timing policy of the same seed (its cost and command
+    # carried; the file a checkout has, where the training checkpoint in runs/ may be gone),
     # the blueprints new to it at PRIOR together (default 0.1; PRIOR=none: no action prior,
     # the control, saved as grow124-all-none-sSEED).
     seed=${2:?the PPO training seed (1, 2, 3)}
     prior=${PRIOR:-0.1}
     name=grow124-all-s$seed
-    start=(--init_policy "runs/grow124-timing-s$seed.pt")
+    start=(--init_policy "policies/grow124-timing-s$seed.pt")
     if [ "$prior" = none ]; then
       name=grow124-all-none-s$seed
     else

@@ -155,6 +155,32 @@ def test_a_run_starts_from_another_runs_policy_with_more_blueprints(cifar_dir, t
         PPOTrainer(_config(cifar_dir, tmp_path / "d", init_policy=str(first), policy_hidden=16))
 
 
+def test_a_shipped_policy_starts_a_curriculum_as_its_checkpoint_does(cifar_dir, tmp_path):
+    """``esper-lightning ship`` keeps what ``init_policy`` reads (weights, observation
+    normaliser, cost, commands), so a curriculum starts from the committed file as from the
+    training checkpoint (which lives outside the repository and may be gone)."""
+    from esper_lightning.app.ppo.ship import ship_policy
+
+    first = tmp_path / "first.pt"
+    stage_one = ["esper-lightning", "ppo", "--blueprints", "norm"]
+    PPOTrainer(_config(cifar_dir, tmp_path / "a", save=str(first), blueprints=["norm"],
+                       rounds=1), command=stage_one).train()
+    shipped = tmp_path / "policies" / "first.pt"
+    shipped.parent.mkdir()
+    ship_policy(first, shipped)
+    starts = [PPOTrainer(_config(cifar_dir, tmp_path / name, init_policy=str(path),
+                                 new_blueprint_share=0.1),
+                         command=["esper-lightning", "ppo", "--init_policy", str(path)])
+              for name, path in (("b", first), ("c", shipped))]
+    from_checkpoint, from_shipped = (start.learners[0] for start in starts)
+    assert _policy(starts[0]).keys() == _policy(starts[1]).keys()
+    assert all(torch.equal(v, _policy(starts[1])[k]) for k, v in _policy(starts[0]).items())
+    assert torch.equal(from_checkpoint.obs_rms.mean, from_shipped.obs_rms.mean)
+    assert torch.equal(from_checkpoint.obs_rms.var, from_shipped.obs_rms.var)
+    assert from_shipped.cost == from_checkpoint.cost == read_checkpoint(first)["training_cost"]
+    assert from_shipped.commands[0] == stage_one
+
+
 def test_resume_continues_exactly(cifar_dir, tmp_path):
     straight = PPOTrainer(_config(cifar_dir, tmp_path / "a", rounds=3))
     straight.train()

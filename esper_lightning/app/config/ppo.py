@@ -31,10 +31,11 @@ class PPORunConfig(TaskConfig):
         resume: checkpoint to continue from (the same TensorBoard run continues). On the
             command line the run takes the checkpoint's configuration; flags given override it.
         overwrite: let a run replace the file at ``save`` that it did not resume from.
-        init_policy: a PPO checkpoint whose policy weights and observation normaliser the new
-            policy starts from (a curriculum: a policy trained with blueprints [block_identity]
-            starting a run that allows every blueprint); its slots, policy_hidden and heads
-            must be this run's. The policy optimizer, the reward and value normalisers and the
+        init_policy: a PPO checkpoint, or a policy shipped from one (``esper-lightning
+            ship``), whose policy weights and observation normaliser the new policy starts
+            from (a curriculum: a policy trained with blueprints [block_identity] starting a
+            run that allows every blueprint); its slots, policy_hidden and heads must be this
+            run's. The policy optimizer, the reward and value normalisers and the
             rounds start afresh. A resumed run takes its weights from the resumed checkpoint.
         new_blueprint_share: with ``init_policy`` trained on fewer blueprints than this run
             allows, the probability the blueprints it could not choose start with together (an
