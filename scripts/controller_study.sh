@@ -23,6 +23,9 @@ set -euo pipefail
 
 TEXT=${TEXT:-../shared/data/shakespeare/shakespeare.txt}
 RESULTS=results/controller
+#: Where PPO training writes its checkpoints and TensorBoard logs (CHECKPOINTS=DIR: e.g. a
+#: folder that outlives the machine, for a training longer than one sitting).
+CHECKPOINTS=${CHECKPOINTS:-runs}
 #: The tuning episodes' root rng seed, used by nothing else.
 TUNING_ROOT=30301
 #: The budgets the policies train over (log-uniform 0.25-4 x) and the lookup is tuned at.
@@ -162,22 +165,23 @@ case "${1:-}" in
     ;;
   train)
     seed=${2:?the PPO training seed (1, 2, 3)}
-    mkdir -p runs
+    checkpoint=$CHECKPOINTS/grow124-timing-s$seed.pt
+    mkdir -p "$CHECKPOINTS"
     resume=()
-    [ -f "runs/grow124-timing-s$seed.pt" ] && resume=(--resume "runs/grow124-timing-s$seed.pt")
+    [ -f "$checkpoint" ] && resume=(--resume "$checkpoint")
     esper-lightning ppo --preset lm-grow124-cpu --blueprints '[block_identity]' \
       --rng_seed "$seed" --data_dir "$TEXT" --strategy ddp --devices 2 \
-      --save "runs/grow124-timing-s$seed.pt" --logdir runs/logs "${resume[@]}"
+      --save "$checkpoint" --logdir "$CHECKPOINTS/logs" "${resume[@]}"
     ;;
   ship)
     seed=${2:?the PPO training seed}
-    esper-lightning ship "runs/grow124-timing-s$seed.pt" \
+    esper-lightning ship "$CHECKPOINTS/grow124-timing-s$seed.pt" \
       --out "policies/grow124-timing-s$seed.pt"
     ;;
   train-all)
     # The curriculum for the full action space: every blueprint the growth slots accept, the
     # policy started from the shipped timing policy of the same seed (its cost and command
-    # carried; the file a checkout has, where the training checkpoint in runs/ may be gone),
+    # carried; the file every checkout has, where the training checkpoint may be gone),
     # the blueprints new to it at PRIOR together (default 0.1; PRIOR=none: no action prior,
     # the control, saved as grow124-all-none-sSEED).
     seed=${2:?the PPO training seed (1, 2, 3)}
@@ -189,15 +193,17 @@ case "${1:-}" in
     else
       start+=(--new_blueprint_share "$prior")
     fi
-    [ -f "runs/$name.pt" ] && start=(--resume "runs/$name.pt")
+    mkdir -p "$CHECKPOINTS"
+    [ -f "$CHECKPOINTS/$name.pt" ] && start=(--resume "$CHECKPOINTS/$name.pt")
     esper-lightning ppo --preset lm-grow124-cpu --rng_seed "$seed" --data_dir "$TEXT" \
-      --strategy ddp --devices 2 --save "runs/$name.pt" --logdir runs/logs "${start[@]}"
+      --strategy ddp --devices 2 --save "$CHECKPOINTS/$name.pt" --logdir "$CHECKPOINTS/logs" \
+      "${start[@]}"
     ;;
   ship-all)
     seed=${2:?the PPO training seed}
     name=grow124-all-s$seed
     [ "${PRIOR:-0.1}" = none ] && name=grow124-all-none-s$seed
-    esper-lightning ship "runs/$name.pt" --out "policies/$name.pt"
+    esper-lightning ship "$CHECKPOINTS/$name.pt" --out "policies/$name.pt"
     ;;
   decide-all)
     # Which curriculum trains seeds 2 and 3 (issue item 6, decided before either plays): the
@@ -270,8 +276,9 @@ PY
       rows=$RESULTS/$stage/episodes.csv
       [ -f "$rows" ] && echo "$stage: $(( $(wc -l < "$rows") - 1 )) episode rows"
     done
-    for file in "$RESULTS/lookup-grow124.json" {runs,policies}/grow124-timing-s{1,2,3}.pt \
-                {runs,policies}/grow124-{all,all-none}-s{1,2,3}.pt; do
+    for file in "$RESULTS/lookup-grow124.json" \
+                {"$CHECKPOINTS",policies}/grow124-timing-s{1,2,3}.pt \
+                {"$CHECKPOINTS",policies}/grow124-{all,all-none}-s{1,2,3}.pt; do
       [ -f "$file" ] && echo "present: $file" || echo "missing: $file"
     done
     ;;
