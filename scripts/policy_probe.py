@@ -1,0 +1,196 @@
+"""Why a timing policy grows when it does: the probability its op head gives GERMINATE at
+every decision of episodes it plays by argmax (as the final tables play it).
+
+A policy played by argmax germinates only where GERMINATE is the most probable op; sampled,
+as in its PPO training, it germinates with that probability. Until the first germination both
+plays see the same host, observations and LSTM state (the host's training does not depend on
+the controller's draws), so along an argmax episode that never grows, the chance that sampled
+play would have grown at least once is exactly ``1 - prod(1 - p_germinate)``; where argmax
+grows, the same product over the decisions before its first germination is the chance that
+sampled play waits that long. Decides nothing (a diagnostic of the final tables' policies, on
+episodes of its own root)::
+
+    python scripts/policy_probe.py policies/grow124-timing-s{1,2,3}.pt \\
+        --budget_scales 0.35 0.7 1.4 2.8 --episodes 4 --rng_seed 34103 \\
+        --data_dir ../shared/data/shakespeare/shakespeare.txt \\
+        --csv results/controller/probe-timing/decisions.csv \\
+        > results/controller/probe-timing/table.md
+
+writes one row per decision (policy, episode, budget, decision, share of the budget spent,
+P(wait), P(germinate), the op played and its probability) and prints per policy and budget
+the largest P(germinate) before the first germination and the chance that sampled play grows
+first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+import tempfile
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from esper_lightning.app.cli import parse_config
+from esper_lightning.app.compare.arms import EpisodePlan
+from esper_lightning.app.compare.runner import evaluation_rng_seed, play_episodes
+from esper_lightning.app.config import CompareConfig
+from esper_lightning.app.task import env_spec, load_splits, make_task
+from esper_lightning.controllers import PolicyController
+from esper_lightning.core.actions import LifecycleOp
+from esper_lightning.core.report import EpochReport
+from esper_lightning.envs import EnvPool
+from esper_lightning.errors import ConfigError
+from esper_lightning.rl.distributions import MaskedCategorical, fit_blueprint_head
+from esper_lightning.rl.observations import encode_reports
+
+FIELDS = ("policy", "episode", "rng_seed", "budget_scale", "decision", "budget_spent",
+          "p_wait", "p_germinate", "op", "p_op")
+
+
+class ProbedPolicy(PolicyController):
+    """A `PolicyController` (argmax) that records its op head's probabilities before each
+    decision."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path, deterministic=True)
+        #: Per decision: P(wait), P(germinate), the op played, its probability, budget spent.
+        self.probes: list[tuple[float, float, str, float, float]] = []
+        self.scale = math.nan  # the episode's budget over the base, read off its reports
+
+    def decide(self, report: EpochReport) -> object:
+        probs = self._op_probabilities(report)
+        action = super().decide(report)
+        self.scale = report.budget_scale
+        spent = report.budget_fraction
+        self.probes.append((float(probs[LifecycleOp.WAIT]), float(probs[LifecycleOp.GERMINATE]),
+                            action.op.name, float(probs[action.op]),
+                            math.nan if spent is None else spent))
+        return action
+
+    @torch.no_grad()
+    def _op_probabilities(self, report: EpochReport) -> torch.Tensor:
+        """What `PolicyController.decide` computes, up to the op head's distribution; the
+        LSTM state is read, not advanced (decide advances it)."""
+        report = self._playable(report)
+        _, obs, blueprints, masks = encode_reports([report], self.obs_rms, self.horizon,
+                                                   self.compact)
+        masks = fit_blueprint_head(masks, len(self.bundle.blueprints))
+        starts = torch.tensor([[self._episode_start]])
+        core, _ = self.policy._core(self.policy._embed(obs, blueprints)[:, None], self.hidden,
+                                    starts)
+        dist = MaskedCategorical(self.policy._logits(core[:, 0])["op"], masks.op)
+        return dist.log_probs_all.exp()[0]  # [ops]: 0 where masked
+
+
+def episodes_config(args: argparse.Namespace, compare_flags: Sequence[str]) -> CompareConfig:
+    """The episodes' configuration, built and checked as ``esper-lightning compare`` builds it
+    (the policies as its arms; nothing is written)."""
+    with tempfile.TemporaryDirectory() as out:
+        return parse_config("compare", [
+            "--preset", args.preset, "--budget_scales", *map(str, args.budget_scales),
+            "--seeds", str(args.episodes), "--rng_seed", str(args.rng_seed), "--envs", "1",
+            "--data_dir", args.data_dir, "--progress", "false", "--out", out,
+            "--reference", f"policy:{args.policies[0]}",
+            "--controllers", *(f"policy:{p}" for p in args.policies), *compare_flags])
+
+
+def make_pool(config: CompareConfig) -> EnvPool:
+    """One env on the data and test split `compare` would play the episodes on."""
+    train, val = load_splits(config, False)
+    test = make_task(config).load_test(config.data_dir, rng_seed=config.rng_seed)
+    return EnvPool(env_spec(config), train, val, config.devices_for(1), test)
+
+
+def probe(argv: Sequence[str]) -> list[dict[str, object]]:
+    args, compare_flags = build_parser().parse_known_args(argv)
+    config = episodes_config(args, compare_flags)
+    pool = make_pool(config)
+    rows: list[dict[str, object]] = []
+    for path in args.policies:
+        for index in range(args.episodes):
+            rng_seed = evaluation_rng_seed(args.rng_seed, index)
+            controller = ProbedPolicy(path)
+            play_episodes(pool, [EpisodePlan(path, index, rng_seed)], [controller], config)
+            scale = controller.scale
+            for decision, probe_row in enumerate(controller.probes):
+                p_wait, p_germinate, op, p_op, spent = probe_row
+                rows.append({"policy": path, "episode": index, "rng_seed": rng_seed,
+                             "budget_scale": scale, "decision": decision,
+                             "budget_spent": spent, "p_wait": p_wait,
+                             "p_germinate": p_germinate, "op": op, "p_op": p_op})
+            grew = sum(probe_row[2] == "GERMINATE" for probe_row in controller.probes)
+            print(f"{path} episode {index}: budget {scale}x, {grew} germination(s) by argmax",
+                  file=sys.stderr)
+    return rows
+
+
+def first_growth(rows: Sequence[dict[str, object]]) -> list[dict[str, object]]:
+    """Per policy and budget: the decisions before each episode's first argmax germination
+    (all of them where it never grows), the largest P(germinate) there and the mean chance
+    that sampled play germinates somewhere in them."""
+    episodes: dict[tuple, list[dict[str, object]]] = defaultdict(list)
+    for row in rows:
+        episodes[(row["policy"], row["budget_scale"], row["episode"])].append(row)
+    table: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for (policy, scale, _), decisions in episodes.items():
+        before = []
+        for row in sorted(decisions, key=lambda r: int(r["decision"])):
+            if row["op"] == "GERMINATE":
+                break
+            before.append(float(row["p_germinate"]))
+        cell = table[(policy, scale)]
+        cell["grew"].append(float(len(before) < len(decisions)))
+        cell["max"].append(max(before, default=math.nan))
+        cell["sampled"].append(1 - math.prod(1 - p for p in before))
+    return [{"policy": policy, "budget_scale": scale, "episodes": len(cell["grew"]),
+             "argmax_grew": sum(cell["grew"]) / len(cell["grew"]),
+             "max_p_germinate": max(cell["max"]),
+             "sampled_grows_first": sum(cell["sampled"]) / len(cell["sampled"])}
+            for (policy, scale), cell in sorted(table.items())]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="Other flags go to the episodes' compare configuration (e.g. --budget_steps 60).")
+    parser.add_argument("policies", nargs="+", help="shipped policies or PPO checkpoints")
+    parser.add_argument("--preset", default="lm-grow124-cpu")
+    parser.add_argument("--budget_scales", nargs="+", type=float, required=True)
+    parser.add_argument("--episodes", type=int, required=True)
+    parser.add_argument("--rng_seed", type=int, required=True,
+                        help="the episodes' root random-number seed")
+    parser.add_argument("--data_dir", required=True)
+    parser.add_argument("--csv", type=Path, help="write every decision's row here")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        rows = probe(argv)
+    except ConfigError as err:
+        print(f"policy_probe.py: {err}", file=sys.stderr)
+        return 2
+    args, _ = build_parser().parse_known_args(argv)
+    if args.csv is not None:
+        with args.csv.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, FIELDS)
+            writer.writeheader()
+            writer.writerows(rows)
+    print("| policy | budget (x base) | episodes | argmax grew | max P(germinate) before its "
+          "first growth | P(sampled play grows first) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for cell in first_growth(rows):
+        print(f"| {cell['policy']} | {cell['budget_scale']} | {cell['episodes']} | "
+              f"{cell['argmax_grew']:.2f} | {cell['max_p_germinate']:.3f} | "
+              f"{cell['sampled_grows_first']:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

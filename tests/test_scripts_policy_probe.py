@@ -1,0 +1,97 @@
+"""scripts/policy_probe.py: the op head's probabilities along argmax play, without changing it."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import pytest
+from helpers import script_module
+
+from esper_lightning.app.compare.arms import EpisodePlan
+from esper_lightning.app.compare.runner import evaluation_rng_seed, play_episodes
+from esper_lightning.controllers import PolicyController
+
+ROOT = Path(__file__).resolve().parents[1]
+#: A committed policy (the final tables' timing policy, seed 2) on a tiny budget of the text
+#: fixture: a real episode of the task it was trained on, in seconds.
+POLICY = str(ROOT / "policies" / "grow124-timing-s2.pt")
+SMALL = ["--budget_steps", "40", "--val_subset", "32"]
+
+
+@pytest.fixture(scope="module")
+def pp():
+    with script_module("policy_probe") as module:
+        yield module
+
+
+def _row(decision: int, p_germinate: float, op: str = "WAIT", episode: int = 0,
+         scale: float = 1.0) -> dict[str, object]:
+    return {"policy": "p.pt", "budget_scale": scale, "episode": episode, "decision": decision,
+            "p_germinate": p_germinate, "op": op}
+
+
+def test_first_growth_takes_the_decisions_before_argmax_first_grows(pp):
+    never = [_row(0, 0.1), _row(1, 0.3), _row(2, 0.2)]
+    grows = [_row(0, 0.4, episode=1), _row(1, 0.6, "GERMINATE", episode=1),
+             _row(2, 0.9, episode=1)]
+    (cell,) = pp.first_growth(never + grows)
+    assert cell["episodes"] == 2 and cell["argmax_grew"] == 0.5
+    assert cell["max_p_germinate"] == pytest.approx(0.4)  # 0.9 comes after the growth
+    # Sampled play's chance to germinate before argmax would (never: the whole episode).
+    assert cell["sampled_grows_first"] == pytest.approx(((1 - 0.9 * 0.7 * 0.8) + 0.4) / 2)
+
+
+def test_probing_changes_no_action_and_reads_the_argmax(pp, text_file, tmp_path):
+    args, flags = pp.build_parser().parse_known_args(
+        [POLICY, "--budget_scales", "1", "--episodes", "1", "--rng_seed", "5",
+         "--data_dir", str(text_file), *SMALL])
+    config = pp.episodes_config(args, flags)
+    plan = EpisodePlan("p", 0, evaluation_rng_seed(5, 0))
+    probed = pp.ProbedPolicy(POLICY)
+    acted = []  # the op's probability as the policy's own act() computed it
+    act = probed.policy.act
+
+    def recording_act(*args, **kwargs):
+        out = act(*args, **kwargs)
+        acted.append(float(out.log_probs[0, 0].exp()))
+        return out
+
+    probed.policy.act = recording_act
+    (with_probe,) = play_episodes(pp.make_pool(config), [plan], [probed], config)
+    (plain,) = play_episodes(pp.make_pool(config), [plan], [PolicyController(POLICY)], config)
+    # Every metric of the episode, bit for bit, but its wall time.
+    timed = {k for k in plain.values if "second" in k}
+    assert timed and {k: v for k, v in with_probe.values.items() if k not in timed} == {
+        k: v for k, v in plain.values.items() if k not in timed}
+    assert [p_op for _, _, _, p_op, _ in probed.probes] == pytest.approx(acted, abs=1e-6)
+    for p_wait, p_germinate, op, p_op, spent in probed.probes:
+        assert 0 <= p_germinate <= 1 and p_wait + p_germinate <= 1 + 1e-6
+        assert p_op >= max(p_wait, p_germinate) - 1e-7  # argmax: the most probable op
+        assert p_op == (p_wait if op == "WAIT" else p_germinate if op == "GERMINATE" else p_op)
+        assert 0 < spent <= 1.0 + 1e-9
+
+
+def test_main_writes_a_row_per_decision_and_a_table(pp, text_file, tmp_path, capsys):
+    out = tmp_path / "probe.csv"
+    assert pp.main([POLICY, "--budget_scales", "1", "--episodes", "1", "--rng_seed", "5",
+                    "--data_dir", str(text_file), *SMALL, "--csv", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert rows and tuple(rows[0]) == pp.FIELDS
+    assert [int(r["decision"]) for r in rows] == list(range(len(rows)))
+    assert {r["budget_scale"] for r in rows} == {"1.0"}
+    table = capsys.readouterr().out
+    assert f"| {POLICY} | 1.0 | 1 |" in table
+    if all(r["op"] == "WAIT" for r in rows):
+        chance = 1 - math.prod(1 - float(r["p_germinate"]) for r in rows)
+        assert f"| 0.00 | {max(float(r['p_germinate']) for r in rows):.3f} | {chance:.3f} |" \
+            in table
+
+
+def test_bad_input_is_one_line_and_exit_2(pp, text_file, capsys):
+    code = pp.main([POLICY, "--budget_scales", "-1", "--episodes", "1", "--rng_seed", "5",
+                    "--data_dir", str(text_file)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("policy_probe.py: ") and err.count("\n") == 1
+    assert "-1" in err
