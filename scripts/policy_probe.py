@@ -18,8 +18,10 @@ episodes of its own root)::
 
 writes one row per decision (policy, episode, budget, decision, share of the budget spent,
 P(wait), P(germinate), the op played and its probability) and prints per policy and budget
-the largest P(germinate) before the first germination and the chance that sampled play grows
-first.
+the largest P(germinate) before argmax's first germination, the chance that sampled play
+germinates before it, and the largest P(germinate) after it where argmax waited;
+``python scripts/policy_probe.py --table results/controller/probe-timing/decisions.csv``
+prints that table again from the rows.
 """
 
 from __future__ import annotations
@@ -135,21 +137,26 @@ def first_growth(rows: Sequence[dict[str, object]]) -> list[dict[str, object]]:
     that sampled play germinates somewhere in them."""
     episodes: dict[tuple, list[dict[str, object]]] = defaultdict(list)
     for row in rows:
-        episodes[(row["policy"], row["budget_scale"], row["episode"])].append(row)
+        # Read off a CSV every value is text: the keys as numbers, so budgets sort as such.
+        episodes[(row["policy"], float(row["budget_scale"]), int(row["episode"]))].append(row)
     table: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for (policy, scale, _), decisions in episodes.items():
-        before = []
-        for row in sorted(decisions, key=lambda r: int(r["decision"])):
-            if row["op"] == "GERMINATE":
-                break
-            before.append(float(row["p_germinate"]))
+        ordered = sorted(decisions, key=lambda r: int(r["decision"]))
+        ops = [row["op"] for row in ordered]
+        first = ops.index("GERMINATE") if "GERMINATE" in ops else len(ops)
+        before = [float(row["p_germinate"]) for row in ordered[:first]]
         cell = table[(policy, scale)]
-        cell["grew"].append(float(len(before) < len(decisions)))
-        cell["max"].append(max(before, default=math.nan))
+        cell["grew"].append(float(first < len(ops)))
+        if before:  # else it grew at the first decision
+            cell["max"].append(max(before))
+        # After it: the chance of growing again (argmax grows again only above the rest).
+        cell["after"].extend(float(row["p_germinate"]) for row in ordered[first + 1:]
+                             if row["op"] != "GERMINATE")
         cell["sampled"].append(1 - math.prod(1 - p for p in before))
     return [{"policy": policy, "budget_scale": scale, "episodes": len(cell["grew"]),
              "argmax_grew": sum(cell["grew"]) / len(cell["grew"]),
-             "max_p_germinate": max(cell["max"]),
+             "max_p_germinate": max(cell["max"], default=None),
+             "max_p_germinate_after": max(cell["after"], default=None),
              "sampled_grows_first": sum(cell["sampled"]) / len(cell["sampled"])}
             for (policy, scale), cell in sorted(table.items())]
 
@@ -170,7 +177,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Probe and print the table, or (``--table CSV``) print it from a probe's rows."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--table"]:
+        if len(argv) != 2 or not Path(argv[1]).is_file():
+            print(f"policy_probe.py: --table takes one probe CSV, got {argv[1:]}",
+                  file=sys.stderr)
+            return 2
+        with open(argv[1], newline="") as handle:
+            print_table(list(csv.DictReader(handle)))
+        return 0
     try:
         rows = probe(argv)
     except ConfigError as err:
@@ -182,13 +198,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             writer = csv.DictWriter(handle, FIELDS)
             writer.writeheader()
             writer.writerows(rows)
-    print("| policy | budget (x base) | episodes | argmax grew | max P(germinate) before its "
-          "first growth | P(sampled play grows first) |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print_table(rows)
+    return 0
+
+
+def print_table(rows: Sequence[dict[str, object]]) -> None:
+    print("| policy | budget (x base) | episodes | argmax grew | max P(germinate) before the "
+          "first argmax growth | P(sampled play germinates before it) | max P(germinate) after "
+          "it, where argmax waited |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+
+    def shown(value: float | None) -> str:
+        return "—" if value is None else f"{value:.3f}"
+
     for cell in first_growth(rows):
         print(f"| {cell['policy']} | {cell['budget_scale']} | {cell['episodes']} | "
-              f"{cell['argmax_grew']:.2f} | {cell['max_p_germinate']:.3f} | "
-              f"{cell['sampled_grows_first']:.3f} |")
+              f"{cell['argmax_grew']:.2f} | {shown(cell['max_p_germinate'])} | "
+              f"{cell['sampled_grows_first']:.3f} | {shown(cell['max_p_germinate_after'])} |")
     return 0
 
 

@@ -36,11 +36,34 @@ def test_first_growth_takes_the_decisions_before_argmax_first_grows(pp):
     never = [_row(0, 0.1), _row(1, 0.3), _row(2, 0.2)]
     grows = [_row(0, 0.4, episode=1), _row(1, 0.6, "GERMINATE", episode=1),
              _row(2, 0.9, episode=1)]
-    (cell,) = pp.first_growth(never + grows)
+    at_once = [_row(0, 0.7, "GERMINATE", scale=2.0), _row(1, 0.2, scale=2.0)]
+    cell, doubled = pp.first_growth(never + grows + at_once)
     assert cell["episodes"] == 2 and cell["argmax_grew"] == 0.5
     assert cell["max_p_germinate"] == pytest.approx(0.4)  # 0.9 comes after the growth
     # Sampled play's chance to germinate before argmax would (never: the whole episode).
     assert cell["sampled_grows_first"] == pytest.approx(((1 - 0.9 * 0.7 * 0.8) + 0.4) / 2)
+    assert cell["max_p_germinate_after"] == pytest.approx(0.9)
+    assert doubled["max_p_germinate"] is None and doubled["sampled_grows_first"] == 0
+    assert doubled["max_p_germinate_after"] == pytest.approx(0.2)
+
+
+def test_the_table_reads_back_from_the_csv_as_printed_after_probing(pp, tmp_path, capsys):
+    rows = [{**_row(d, p, op, episode=e, scale=s), "rng_seed": 1, "budget_spent": 0.1,
+             "p_wait": 1 - p, "p_op": max(p, 1 - p)}
+            for e, s in ((0, 10.0), (1, 2.0))
+            for d, p, op in ((0, 0.2, "WAIT"), (1, 0.6, "GERMINATE"), (2, 0.1, "WAIT"))]
+    pp.print_table(rows)
+    printed = capsys.readouterr().out
+    out = tmp_path / "rows.csv"
+    with out.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, pp.FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    assert pp.main(["--table", str(out)]) == 0
+    assert capsys.readouterr().out == printed
+    assert printed.index("| p.pt | 2.0 |") < printed.index("| p.pt | 10.0 |")  # as numbers
+    assert pp.main(["--table", str(tmp_path / "none.csv")]) == 2
+    assert "--table takes one probe CSV" in capsys.readouterr().err
 
 
 def test_probing_changes_no_action_and_reads_the_argmax(pp, text_file, tmp_path):
