@@ -20,8 +20,9 @@ writes one row per decision (policy, episode, budget, decision, share of the bud
 P(wait), P(germinate), the op played and its probability) and prints per policy and budget
 the largest P(germinate) before argmax's first germination, the chance that sampled play
 germinates before it, and the largest P(germinate) after it where argmax waited;
-``python scripts/policy_probe.py --table results/controller/probe-timing/decisions.csv``
-prints that table again from the rows.
+``python scripts/policy_probe.py --table results/controller/probe-timing/decisions.csv
+--plot docs/images/probe-timing.png`` prints that table again from the rows and draws
+P(germinate) at every decision.
 """
 
 from __future__ import annotations
@@ -36,9 +37,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
 from esper_lightning.app.cli import parse_config
 from esper_lightning.app.compare.arms import EpisodePlan
+from esper_lightning.app.compare.plots import save_figure
 from esper_lightning.app.compare.runner import evaluation_rng_seed, play_episodes
 from esper_lightning.app.config import CompareConfig
 from esper_lightning.app.task import env_spec, load_splits, make_task
@@ -180,12 +184,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Probe and print the table, or (``--table CSV``) print it from a probe's rows."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--table"]:
-        if len(argv) != 2 or not Path(argv[1]).is_file():
-            print(f"policy_probe.py: --table takes one probe CSV, got {argv[1:]}",
-                  file=sys.stderr)
+        plot = argv[3] if len(argv) == 4 and argv[2] == "--plot" else None
+        if len(argv) not in (2, 4) or not Path(argv[1]).is_file() or (
+                len(argv) == 4 and (plot is None or not plot.endswith(".png"))):
+            print(f"policy_probe.py: --table takes one probe CSV and optionally --plot PNG, "
+                  f"got {argv[1:]}", file=sys.stderr)
             return 2
         with open(argv[1], newline="") as handle:
-            print_table(list(csv.DictReader(handle)))
+            rows = list(csv.DictReader(handle))
+        print_table(rows)
+        if plot is not None:
+            save_figure(probability_figure(rows), plot)
         return 0
     try:
         rows = probe(argv)
@@ -200,6 +209,37 @@ def main(argv: Sequence[str] | None = None) -> int:
             writer.writerows(rows)
     print_table(rows)
     return 0
+
+
+def probability_figure(rows: Sequence[dict[str, object]]) -> Figure:
+    """P(germinate) against the share of the budget spent, a panel per budget and a line per
+    policy and episode; a dot where argmax germinated."""
+    scales = sorted({float(r["budget_scale"]) for r in rows})
+    policies = sorted({str(r["policy"]) for r in rows})
+    fig = Figure(figsize=(3.2 * len(scales), 3.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(scales), sharey=True, squeeze=False)[0]
+    for ax, scale in zip(axes, scales, strict=True):
+        for colour, policy in enumerate(policies):
+            mine = [r for r in rows if r["policy"] == policy and float(r["budget_scale"]) == scale]
+            for episode in sorted({int(r["episode"]) for r in mine}):
+                line = sorted((r for r in mine if int(r["episode"]) == episode),
+                              key=lambda r: int(r["decision"]))
+                x = [float(r["budget_spent"]) for r in line]
+                y = [float(r["p_germinate"]) for r in line]
+                first = episode == min(int(r["episode"]) for r in mine)  # labelled once
+                ax.plot(x, y, color=f"C{colour}", label=Path(policy).stem if first else None)
+                grew = [(a, b) for a, b, r in zip(x, y, line, strict=True)
+                        if r["op"] == "GERMINATE"]
+                if grew:
+                    ax.plot(*zip(*grew, strict=True), "o", color=f"C{colour}")
+        ax.axhline(0.5, color="grey", linestyle=":", linewidth=1)
+        ax.set_title(f"budget {scale:g}x base")
+        ax.set_xlabel("share of the budget spent")
+        ax.set_ylim(0, 1)
+    axes[0].set_ylabel("P(germinate) before the decision")
+    axes[0].legend(fontsize="small", title="dot: argmax germinated", title_fontsize="small")
+    return fig
 
 
 def print_table(rows: Sequence[dict[str, object]]) -> None:

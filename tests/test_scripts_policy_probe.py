@@ -64,6 +64,14 @@ def test_the_table_reads_back_from_the_csv_as_printed_after_probing(pp, tmp_path
     assert printed.index("| p.pt | 2.0 |") < printed.index("| p.pt | 10.0 |")  # as numbers
     assert pp.main(["--table", str(tmp_path / "none.csv")]) == 2
     assert "--table takes one probe CSV" in capsys.readouterr().err
+    figure = tmp_path / "p.png"
+    assert pp.main(["--table", str(out), "--plot", str(figure)]) == 0
+    assert figure.read_bytes().startswith(b"\x89PNG")
+    fig = pp.probability_figure(rows)
+    assert [ax.get_title() for ax in fig.axes] == ["budget 2x base", "budget 10x base"]
+    # One line per episode and a dot where argmax germinated, on each budget's panel.
+    assert [len(ax.lines) for ax in fig.axes] == [3, 3]  # the line, its dot, the 0.5 mark
+    assert pp.main(["--table", str(out), "--plot", str(tmp_path / "p.svg")]) == 2
 
 
 def test_probing_changes_no_action_and_reads_the_argmax(pp, text_file, tmp_path):
