@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 
 import pytest
+import torch
 
 from esper_lightning.app import cli
 from esper_lightning.app.compare.arms import (
@@ -23,7 +25,7 @@ from esper_lightning.controllers import RandomController, StaticController
 from esper_lightning.errors import ConfigError
 
 BUILT_IN = ("static", "heuristic", "random", "grower:BLUEPRINT[:all][:hold]", "policy:PATH",
-            "matched:NAME", "stack:K@TAU[:OPERATOR]", "lookup:PATH", "born:K")
+            "sampled:PATH", "matched:NAME", "stack:K@TAU[:OPERATOR]", "lookup:PATH", "born:K")
 
 
 @pytest.fixture
@@ -43,6 +45,7 @@ def test_the_built_in_kinds_are_registered_in_order():
 @pytest.mark.parametrize("text, kind, argument", [
     ("static", "static", None), ("random", "random", None),
     ("grower:norm:all", "grower", "norm:all"), ("policy:runs/a:b.pt", "policy", "runs/a:b.pt"),
+    ("sampled:runs/a.pt", "sampled", "runs/a.pt"),
     ("stack:4@0.25:identity", "stack", "4@0.25:identity"), ("born:4", "born", "4"),
     ("lookup:lookups/grow2.json", "lookup", "lookups/grow2.json"),
 ])
@@ -103,6 +106,38 @@ def test_compare_help_lists_every_registered_kind(scratch_arms, capsys):
     with pytest.raises(SystemExit) as done:  # argparse's --help exits
         cli.main(["compare", "--help"])
     assert done.value.code == 0
-    text = " ".join(capsys.readouterr().out.split())
+    # Without whitespace: argparse wraps the help, also inside a hyphenated word.
+    text = "".join(capsys.readouterr().out.split())
     for kind in ARM_KINDS.values():
-        assert f"{kind.usage}: {kind.about}" in text
+        assert "".join(f"{kind.usage}: {kind.about}".split()) in text
+
+
+def test_a_sampled_policy_draws_from_a_generator_seeded_by_the_episode(tmp_path):
+    """``sampled:PATH`` plays the policy of ``policy:PATH`` with its actions sampled, as in
+    training, from a generator seeded by the episode (a rerun draws the same); it is its own
+    arm, identified by kind, file and content."""
+    from helpers import train_smoke_policy
+
+    data, save = train_smoke_policy(tmp_path / "policy")
+    config = CompareConfig(controllers=("static", f"policy:{save}", f"sampled:{save}"),
+                           data_dir=str(data), slots=("r0c1", "r0c2"),
+                           out=str(tmp_path / "out"), progress=False)
+    comparison = Comparison(config)
+    argmax = comparison._make_controller(EpisodePlan(f"policy:{save}", 0, rng_seed=11))
+    sampled = comparison._make_controller(EpisodePlan(f"sampled:{save}", 0, rng_seed=11))
+    assert argmax.deterministic and argmax.generator is None
+    assert not sampled.deterministic
+    assert torch.equal(sampled.generator.get_state(),
+                       torch.Generator().manual_seed(11).get_state())
+    assert sampled.bundle is comparison.prepared[f"sampled:{save}"]  # loaded once, checked
+    assert comparison.fingerprints[f"sampled:{save}"] == {
+        **comparison.fingerprints[f"policy:{save}"], "kind": "sampled"}
+    # Played twice, from different global generator states: the same episodes, bit for bit.
+    played = []
+    for k in range(2):
+        torch.manual_seed(k)
+        rerun = Comparison(replace(config, controllers=("static", f"sampled:{save}"), seeds=1,
+                                   episode_length=3, batch_size=16,
+                                   out=str(tmp_path / f"run{k}")))
+        played.append([r.values | {"wall_seconds": None} for r in rerun.run()])
+    assert played[0] == played[1]

@@ -67,6 +67,29 @@ def test_state_round_trip_continues_the_recurrent_state(checkpoint, tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(controller.hidden, other.hidden, strict=True))
 
 
+def test_a_sampling_policy_with_an_rng_seed_draws_the_same_and_resumes_its_draws(
+        checkpoint, tmp_path):
+    data, save = checkpoint
+    runs = [Recorder(save, deterministic=False, rng_seed=3) for _ in range(2)]
+    for k, controller in enumerate(runs):
+        torch.manual_seed(100 + k)  # the global generator differs; the policy's own does not
+        _fit(data, controller, tmp_path / str(k))
+    assert runs[0].actions == runs[1].actions
+    assert not torch.equal(runs[0].generator.get_state(),
+                           torch.Generator().manual_seed(3).get_state())  # it drew
+    state = torch_round_trip(runs[0].state_dict())
+    other = PolicyController(save, deterministic=False, rng_seed=99)
+    other.load_state_dict(state)
+    assert torch.equal(other.generator.get_state(), runs[0].generator.get_state())
+    with pytest.raises(ValueError, match=r"unknown keys \['generator'\]"):
+        PolicyController(save).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"missing keys \['generator'\]"):
+        other.load_state_dict(PolicyController(save).state_dict())
+    with pytest.raises(ValueError, match="rng_seed=3 seeds sampled actions; a deterministic "
+                                         "policy draws none"):
+        PolicyController(save, rng_seed=3)
+
+
 def test_slot_mismatch_is_a_clear_error(checkpoint, tmp_path):
     data, save = checkpoint
     torch.manual_seed(0)

@@ -21,7 +21,9 @@ class PolicyController:
 
     The observation is built exactly as in training (same features, the training episode length
     as horizon, the saved observation normaliser) and the LSTM state carries over from epoch to
-    epoch. Actions are the argmax of each head by default (``deterministic=False`` samples).
+    epoch. Actions are the argmax of each head by default (``deterministic=False`` samples, as
+    in training: from ``rng_seed``'s own generator when given, which runs on across `reset` so
+    successive episodes differ and is kept in `state_dict`; else from torch's global one).
 
     The policy acts in any run whose blueprints all have an entry in its blueprint head, also
     after more blueprints were registered; at the first decision a run that allows a blueprint
@@ -34,6 +36,8 @@ class PolicyController:
         checkpoint: path of a PPO checkpoint (loaded with ``weights_only=True``), or a
             `PolicyBundle` already loaded (many controllers can share one policy read-only).
         deterministic: argmax actions instead of sampling.
+        rng_seed: with ``deterministic=False``, seed of the generator the actions are drawn
+            from (None: torch's global generator).
 
     Example:
         >>> controller = PolicyController("runs/ckpt.pt")  # doctest: +SKIP
@@ -41,14 +45,19 @@ class PolicyController:
     """
 
     def __init__(
-        self, checkpoint: str | os.PathLike[str] | PolicyBundle, deterministic: bool = True
+        self, checkpoint: str | os.PathLike[str] | PolicyBundle, deterministic: bool = True,
+        rng_seed: int | None = None,
     ) -> None:
+        if deterministic and rng_seed is not None:
+            raise ValueError(f"rng_seed={rng_seed} seeds sampled actions; a deterministic "
+                             "policy draws none (accepted: deterministic=False, or no rng_seed)")
         bundle = (checkpoint if isinstance(checkpoint, PolicyBundle)
                   else load_policy_file(checkpoint))
         self.bundle = bundle
         self.policy, self.obs_rms = bundle.policy, bundle.obs_rms
         self.slot_ids, self.horizon, self.compact = bundle.slot_ids, bundle.horizon, bundle.compact
         self.deterministic = deterministic
+        self.generator = None if rng_seed is None else torch.Generator().manual_seed(rng_seed)
         self._checked: tuple[str, ...] | None = None  # the run blueprints found fitting
         self.reset()
 
@@ -67,8 +76,9 @@ class PolicyController:
                                                    self.compact)
         masks = fit_blueprint_head(masks, len(self.bundle.blueprints))
         starts = torch.tensor([self._episode_start])
+        generators = None if self.generator is None else [self.generator]
         out = self.policy.act(obs, blueprints, masks, self.hidden, self.deterministic,
-                              episode_starts=starts)
+                              episode_starts=starts, generators=generators)
         self.hidden, self._episode_start = out.hidden, False
         return Action.from_indices(out.actions[0].tolist())
 
@@ -88,12 +98,18 @@ class PolicyController:
 
     def state_dict(self) -> dict[str, Any]:
         h, c = self.hidden
-        return {**state_header("policy"), "hidden_h": h.flatten().tolist(),
-                "hidden_c": c.flatten().tolist(), "episode_start": self._episode_start}
+        state = {**state_header("policy"), "hidden_h": h.flatten().tolist(),
+                 "hidden_c": c.flatten().tolist(), "episode_start": self._episode_start}
+        if self.generator is not None:  # a sampling policy resumes its draws exactly
+            state["generator"] = self.generator.get_state().tolist()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_state(state, "policy", ("hidden_h", "hidden_c", "episode_start"))
+        own_draws = () if self.generator is None else ("generator",)
+        check_state(state, "policy", ("hidden_h", "hidden_c", "episode_start", *own_draws))
         shape = self.hidden[0].shape
         self.hidden = (torch.tensor(state["hidden_h"]).view(shape),
                        torch.tensor(state["hidden_c"]).view(shape))
         self._episode_start = bool(state["episode_start"])
+        if self.generator is not None:
+            self.generator.set_state(torch.tensor(state["generator"], dtype=torch.uint8))

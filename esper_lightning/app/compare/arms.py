@@ -344,6 +344,18 @@ def _policy(arena: Any, spec: ControllerSpec, plan: EpisodePlan, bundle: PolicyB
     return PolicyController(bundle)
 
 
+def _sampled(arena: Any, spec: ControllerSpec, plan: EpisodePlan, bundle: PolicyBundle
+             ) -> Controller:
+    from esper_lightning.controllers import PolicyController
+
+    # Seeded by the episode: a rerun draws the same actions, and each episode its own.
+    return PolicyController(bundle, deterministic=False, rng_seed=plan.rng_seed)
+
+
+def _prepare_policy(arena: Any, spec: ControllerSpec) -> PolicyBundle:
+    return check_policy(str(spec.argument), arena.config, arena.config.transfer_policies)
+
+
 register_arm(ArmKind("static", "static", "always WAIT: the host as it is", _static))
 register_arm(ArmKind(
     "heuristic", "heuristic", "the plateau heuristic (tuned with --tune_heuristic)",
@@ -358,11 +370,12 @@ register_arm(ArmKind(
     lambda arena, spec, plan, prepared: make_grower(str(spec.argument), arena.topology),
     prepare=lambda arena, spec: make_grower(str(spec.argument), arena.topology)))
 register_arm(ArmKind(
-    "policy", "policy:PATH", "a PPO checkpoint's policy",
-    _policy,
-    prepare=lambda arena, spec: check_policy(str(spec.argument), arena.config,
-                                             arena.config.transfer_policies),
-    identity=_file_identity, cost=_policy_cost))
+    "policy", "policy:PATH", "a PPO checkpoint's policy (argmax actions)",
+    _policy, prepare=_prepare_policy, identity=_file_identity, cost=_policy_cost))
+register_arm(ArmKind(
+    "sampled", "sampled:PATH",
+    "a PPO checkpoint's policy, its actions sampled as in training (seeded by the episode)",
+    _sampled, prepare=_prepare_policy, identity=_file_identity, cost=_policy_cost))
 register_arm(ArmKind(
     "matched", "matched:NAME",
     "the host born in each episode with the seeds NAME had at the end of that episode (the "

@@ -27,12 +27,12 @@ class CompareConfig(TaskConfig):
             are refused).
         reference: the controller every other one is compared with.
         all_pairs: also compare every pair of controllers.
-        transfer_policies: let a policy:PATH play a host preset other than the one it was
-            trained on (same task and slots; its observation is relative to the run: fractions
-            of the budget, normalised statistics), e.g. a policy trained on lm-grow-cpu's
-            grow2 evaluated on lm-grow's grow4; and a lookup:FILE play a host or base budget
-            other than the one it was tuned at (its budget scales read against this
-            comparison's base, as a policy's are).
+        transfer_policies: let a policy:PATH (or sampled:PATH) play a host preset other than
+            the one it was trained on (same task and slots; its observation is relative to the
+            run: fractions of the budget, normalised statistics), e.g. a policy trained on
+            lm-grow-cpu's grow2 evaluated on lm-grow's grow4; and a lookup:FILE play a host or
+            base budget other than the one it was tuned at (its budget scales read against
+            this comparison's base, as a policy's are).
         tune_heuristic: first tune the heuristic's main knobs on tuning episodes (disjoint from
             the evaluation episodes) and compare with the chosen configuration.
         tuning_seeds: tuning episodes per heuristic configuration (and per learning rate of
