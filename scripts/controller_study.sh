@@ -16,6 +16,7 @@
 #   bash scripts/controller_study.sh final-oracle   #   (results/controller/final-plan.md),
 #   bash scripts/controller_study.sh final-text     #   each once the lookup and the three
 #   bash scripts/controller_study.sh final-host     #   shipped timing policies exist
+#   bash scripts/controller_study.sh dev-sampled    # the timing policies sampled, a dev check
 #   bash scripts/controller_study.sh reproduce STAGE N  # a final stage's first N episodes
 #                                                   #   again, compared with its rows
 #   bash scripts/controller_study.sh status         # what each stage has done so far
@@ -45,6 +46,9 @@ DECIDE_ROOT=33184
 DECIDE_EPISODES=20
 #: The two seed-1 curricula decide-all plays: with the action prior (0.1) and without.
 CURRICULA=(policy:policies/grow124-all-s1.pt policy:policies/grow124-all-none-s1.pt)
+#: dev-sampled's tuning episodes (validation split, the training budgets, 4 each), a root used
+#: by nothing else (balanced_root.py --scales 0.25 0.5 1 2 4 --episodes 20 --start 35000).
+DEV_ROOT=35034
 #: The unseen text: the Python standard library's source (Python 3.11.7: 4,932,584 bytes).
 STDLIB=${STDLIB:-runs/stdlib.txt}
 STDLIB_SHA256=b63203f55f9e0c7c5c3d393a0d833d9f4baddb0aedea63f40bd1a355cd3183b4
@@ -215,6 +219,20 @@ case "${1:-}" in
       --rng_seed "$DECIDE_ROOT" --data_dir "$TEXT" --progress false --reference "${TIMING[0]}" \
       --controllers "${TIMING[0]}" "${CURRICULA[@]}" --out "$RESULTS/decide-all"
     ;;
+  dev-sampled)
+    # A development check after the final tables, deciding nothing they decided: the three
+    # timing policies played by argmax (as the tables play them) and sampled (as PPO trained
+    # them; seeded by the episode), beside the lookup, on 20 tuning episodes at the training
+    # budgets. Read on the validation loss at the budget (final_bits); a sampled arm that
+    # earns a final table gets one of its own, pre-registered on a fresh root.
+    sampled=("${TIMING[@]/#policy:/sampled:}")
+    OMP_NUM_THREADS=1 esper-lightning compare --preset lm-grow124-cpu \
+      --budget_scales $TUNING_SCALES --seeds "$DECIDE_EPISODES" --envs 2 \
+      --rng_seed "$DEV_ROOT" --data_dir "$TEXT" --progress false --reference "$LOOKUP" \
+      --controllers "$LOOKUP" "${TIMING[@]}" "${sampled[@]}" \
+      --arm_groups "timing=$(IFS=,; echo "${TIMING[*]}")" "sampled=$(IFS=,; echo "${sampled[*]}")" \
+      --group_pairs sampled=timing --out "$RESULTS/dev-sampled"
+    ;;
   chosen-all)
     # decide-all's choice, as the plan fixed it: the curriculum whose seed-1 policy had the
     # lower mean validation loss at the budget over decide-all's episodes, whatever the
@@ -272,7 +290,7 @@ PY
       [ -f "$rows" ] && done_=$(( $(wc -l < "$rows") - 1 ))
       echo "tune-lookup $scale x: $done_ of $expected episodes"
     done
-    for stage in decide-all final-budgets final-oracle final-text final-host; do
+    for stage in decide-all final-budgets final-oracle final-text final-host dev-sampled; do
       rows=$RESULTS/$stage/episodes.csv
       [ -f "$rows" ] && echo "$stage: $(( $(wc -l < "$rows") - 1 )) episode rows"
     done
@@ -283,7 +301,7 @@ PY
     done
     ;;
   *)
-    sed -n '2,21p' "$0"
+    sed -n '2,22p' "$0"
     exit 2
     ;;
 esac

@@ -206,3 +206,18 @@ def test_no_stage_is_usage_and_exit_2(study):
     result = _run(study)
     assert result.returncode == 2 and "chosen-all" in result.stdout
     assert result.stdout.splitlines()[-1].endswith("what each stage has done so far")
+
+
+def test_dev_sampled_plays_each_timing_policy_by_argmax_and_sampled_on_tuning_episodes(study):
+    assert _run(study, "dev-sampled").returncode == 0
+    argv = _argv(study)
+    sampled = [arm.replace("policy:", "sampled:", 1) for arm in TIMING]
+    assert argv[:1] == ["compare"]
+    assert _after(argv, "--controllers") == [LOOKUP, *TIMING, *sampled]
+    assert _after(argv, "--reference") == [LOOKUP]
+    assert _after(argv, "--budget_scales") == ["0.25", "0.5", "1", "2", "4"]  # training's
+    assert _after(argv, "--seeds") == ["20"] and _after(argv, "--rng_seed") == ["35034"]
+    assert _after(argv, "--arm_groups") == [f"timing={','.join(TIMING)}",
+                                            f"sampled={','.join(sampled)}"]
+    assert _after(argv, "--group_pairs") == ["sampled=timing"]
+    assert _after(argv, "--out") == ["results/controller/dev-sampled"]
