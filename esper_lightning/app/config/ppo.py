@@ -35,8 +35,8 @@ class PPORunConfig(TaskConfig):
             ship``), whose policy weights and observation normaliser the new policy starts
             from (a curriculum: a policy trained with blueprints [block_identity] starting a
             run that allows every blueprint); its slots, policy_hidden and heads must be this
-            run's. The policy optimizer, the reward and value normalisers and the
-            rounds start afresh. A resumed run takes its weights from the resumed checkpoint.
+            run's. The policy optimizer, the reward and value normalisers and the rounds
+            start afresh. A resumed run takes its weights from the resumed checkpoint.
         new_blueprint_share: with ``init_policy`` trained on fewer blueprints than this run
             allows, the probability the blueprints it could not choose start with together (an
             action prior, set on the blueprint head's bias; the rest stays on those it was
