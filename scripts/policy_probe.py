@@ -47,7 +47,7 @@ from esper_lightning.app.compare.runner import evaluation_rng_seed, play_episode
 from esper_lightning.app.config import CompareConfig
 from esper_lightning.app.task import env_spec, load_splits, make_task
 from esper_lightning.controllers import PolicyController
-from esper_lightning.core.actions import LifecycleOp
+from esper_lightning.core.actions import Action, LifecycleOp
 from esper_lightning.core.report import EpochReport
 from esper_lightning.envs import EnvPool
 from esper_lightning.errors import ConfigError
@@ -68,7 +68,7 @@ class ProbedPolicy(PolicyController):
         self.probes: list[tuple[float, float, str, float, float]] = []
         self.scale = math.nan  # the episode's budget over the base, read off its reports
 
-    def decide(self, report: EpochReport) -> object:
+    def decide(self, report: EpochReport) -> Action:
         probs = self._op_probabilities(report)
         action = super().decide(report)
         self.scale = report.budget_scale
