@@ -110,6 +110,26 @@ def test_causal_with_blending_seeds(blueprint: str, algorithm: AlphaAlgorithm):
     _assert_causal(host, idx)
 
 
+@pytest.mark.parametrize("blueprint", [b for b in TRANSFORMER_BLUEPRINTS if not operator_of(b)])
+def test_any_blueprint_grows_in_a_growth_slot(blueprint: str):
+    """A growth slot (after a block of the stack) takes every transformer blueprint, not only
+    the growth ones: the nine-blueprint policy germinates them there (a LoRA seed once got the
+    block's call replayed into it and crashed)."""
+    torch.manual_seed(0)
+    host = GPTHost(GPTConfig(block_size=128, n_layer=2, n_head=4, n_embd=64,
+                             growth_slots=2)).eval()
+    slot = host.slots["r1c0"]
+    assert slot.growth is not None and slot.context_error(blueprint) is None
+    idx = _tokens((2, 10), rng_seed=1)
+    with torch.no_grad():
+        plain = host(idx)
+    _to_blending(slot, blueprint, AlphaAlgorithm.ADD)
+    _make_visible(slot)
+    with torch.no_grad():
+        assert not torch.allclose(host(idx), plain)
+    _assert_causal(host, idx)
+
+
 @pytest.mark.parametrize("blueprint", INCUBATING)
 def test_incubating_seed_leaves_host_gradients_bitwise_identical(blueprint: str):
     torch.manual_seed(0)

@@ -267,7 +267,10 @@ class SeedSlot(nn.Module):
         if self.seed is None or stage not in ACTIVE_STAGES:
             return h
         x = h.detach() if self._isolated(stage) else h
-        s = (self.seed(x) if self.growth is None else self.seed(x, call)).to(h.dtype)
+        # Only a growth seed replays the block's call; any other seed in a growth slot (a LoRA
+        # after a block, say) sees the activation alone, as in any slot.
+        grows = self.growth is not None and operator_of(self.state.blueprint) is not None
+        s = (self.seed(x, call) if grows else self.seed(x)).to(h.dtype)
         if stage == SeedStage.TRAINING and override is None:
             return h + (s - s.detach())
         if override is None and self._replaces(h):
