@@ -51,8 +51,7 @@ from esper_lightning.core.actions import Action, LifecycleOp
 from esper_lightning.core.report import EpochReport
 from esper_lightning.envs import EnvPool
 from esper_lightning.errors import ConfigError
-from esper_lightning.rl.distributions import MaskedCategorical, fit_blueprint_head
-from esper_lightning.rl.observations import encode_reports
+from esper_lightning.rl.distributions import MaskedCategorical
 
 FIELDS = ("policy", "episode", "rng_seed", "budget_scale", "decision", "budget_spent",
           "p_wait", "p_germinate", "op", "p_op")
@@ -82,10 +81,7 @@ class ProbedPolicy(PolicyController):
     def _op_probabilities(self, report: EpochReport) -> torch.Tensor:
         """What `PolicyController.decide` computes, up to the op head's distribution; the
         LSTM state is read, not advanced (decide advances it)."""
-        report = self._playable(report)
-        _, obs, blueprints, masks = encode_reports([report], self.obs_rms, self.horizon,
-                                                   self.compact)
-        masks = fit_blueprint_head(masks, len(self.bundle.blueprints))
+        obs, blueprints, masks = self.inputs(report)
         starts = torch.tensor([[self._episode_start]])
         core, _ = self.policy._core(self.policy._embed(obs, blueprints)[:, None], self.hidden,
                                     starts)

@@ -12,7 +12,7 @@ from esper_lightning.controllers.base import check_state, state_header
 from esper_lightning.core.actions import Action, compute_masks
 from esper_lightning.core.report import EpochReport
 from esper_lightning.rl.checkpoint import PolicyBundle, check_blueprints, load_policy_file
-from esper_lightning.rl.distributions import fit_blueprint_head
+from esper_lightning.rl.distributions import MaskBatch, fit_blueprint_head
 from esper_lightning.rl.observations import encode_reports
 
 
@@ -71,16 +71,20 @@ class PolicyController:
         if allowed != self._checked:
             check_blueprints(self.bundle, allowed)
             self._checked = allowed
-        report = self._playable(report)
-        _, obs, blueprints, masks = encode_reports([report], self.obs_rms, self.horizon,
-                                                   self.compact)
-        masks = fit_blueprint_head(masks, len(self.bundle.blueprints))
+        obs, blueprints, masks = self.inputs(report)
         starts = torch.tensor([self._episode_start])
         generators = None if self.generator is None else [self.generator]
         out = self.policy.act(obs, blueprints, masks, self.hidden, self.deterministic,
                               episode_starts=starts, generators=generators)
         self.hidden, self._episode_start = out.hidden, False
         return Action.from_indices(out.actions[0].tolist())
+
+    def inputs(self, report: EpochReport) -> tuple[torch.Tensor, torch.Tensor, MaskBatch]:
+        """What the policy acts on for ``report``: normalised observation ``[1, D]``, blueprint
+        indices ``[1, S]`` and masks, exactly as in training."""
+        _, obs, blueprints, masks = encode_reports([self._playable(report)], self.obs_rms,
+                                                   self.horizon, self.compact)
+        return obs, blueprints, fit_blueprint_head(masks, len(self.bundle.blueprints))
 
     def _playable(self, report: EpochReport) -> EpochReport:
         """The report with its masks recomputed for the blueprints the policy plays (the

@@ -32,7 +32,13 @@ import torch
 from torch import Tensor, nn
 
 from esper_lightning import blueprints
-from esper_lightning.blueprints.growth import BlockCall, GatedBlock, GrowthSite, operator_of
+from esper_lightning.blueprints.growth import (
+    BlockCall,
+    GatedBlock,
+    GrownBlocks,
+    GrowthSite,
+    operator_of,
+)
 from esper_lightning.core.alpha import AlphaAlgorithm, AlphaController, AlphaCurve, AlphaMode
 from esper_lightning.core.lifecycle import (
     ACTIVE_STAGES,
@@ -267,10 +273,10 @@ class SeedSlot(nn.Module):
         if self.seed is None or stage not in ACTIVE_STAGES:
             return h
         x = h.detach() if self._isolated(stage) else h
-        # Only a growth seed replays the block's call; any other seed in a growth slot (a LoRA
+        # Only grown blocks replay the block's call; any other seed in a growth slot (a LoRA
         # after a block, say) sees the activation alone, as in any slot.
-        grows = self.growth is not None and operator_of(self.state.blueprint) is not None
-        s = (self.seed(x, call) if grows else self.seed(x)).to(h.dtype)
+        s = (self.seed(x, call) if isinstance(self.seed, GrownBlocks) else self.seed(x))
+        s = s.to(h.dtype)
         if stage == SeedStage.TRAINING and override is None:
             return h + (s - s.detach())
         if override is None and self._replaces(h):
