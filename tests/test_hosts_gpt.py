@@ -18,6 +18,7 @@ from esper_lightning.blueprints.block import init_residual_projections
 from esper_lightning.blueprints.growth import GrownBlocks, operator_of
 from esper_lightning.blueprints.registry import LayerScale
 from esper_lightning.core.alpha import AlphaAlgorithm
+from esper_lightning.core.depth import materialize
 from esper_lightning.core.lifecycle import SeedStage
 from esper_lightning.core.slots import SeedSlot, find_slots
 from esper_lightning.data.text import TextDataModule
@@ -128,6 +129,45 @@ def test_any_blueprint_grows_in_a_growth_slot(blueprint: str):
     with torch.no_grad():
         assert not torch.allclose(host(idx), plain)
     _assert_causal(host, idx)
+
+
+def _fossilize(slot: SeedSlot) -> None:
+    """Blend a blending seed to alpha 1, hold it and fossilize it."""
+    while slot.alpha < 1.0:
+        slot.tick()
+    assert slot.advance().passed and slot.stage == SeedStage.HOLDING
+    metrics = slot.state.metrics
+    metrics.gradient_health, metrics.has_exploding = 1.0, False
+    slot.record_contribution(0.01)
+    assert slot.fossilize().passed and slot.stage == SeedStage.FOSSILIZED
+
+
+@pytest.mark.parametrize("blueprint", [b for b in TRANSFORMER_BLUEPRINTS if not operator_of(b)])
+def test_a_growth_seed_after_a_non_growth_seed_copies_the_hosts_blocks(blueprint: str):
+    """A non-growth seed fossilized in the first growth slot is no block: the growth seed in the
+    second is made from the host's blocks alone (train-all 1 crashed in its third round here:
+    'LoRA' object is not iterable), and the host hands back only blocks: such a seed is
+    refused in one line, not dropped."""
+    torch.manual_seed(0)
+    host = GPTHost(GPTConfig(block_size=128, n_layer=2, n_head=4, n_embd=64,
+                             growth_slots=2)).eval()
+    first, second = host.slots["r1c0"], host.slots["r1c1"]
+    _to_blending(first, blueprint, AlphaAlgorithm.ADD)
+    _fossilize(first)
+    assert host.blocks_before("r1c1") == list(host.blocks)
+    second.germinate("block_copy", algorithm=AlphaAlgorithm.ADD, tempo=3)
+    sources = second.growth.sources()
+    assert sources and all(any(s is b for b in host.blocks) for s in sources)
+    for block, source in zip(second.seed, sources, strict=True):
+        assert block is not source and all(
+            torch.equal(a, b) for a, b in zip(block.state_dict().values(),
+                                              source.state_dict().values(), strict=True))
+    _assert_causal(host, _tokens((2, 10), rng_seed=1))
+    _fossilize(second)
+    with pytest.raises(ValueError, match=rf"^growth slot 'r1c0' holds a fossilized {blueprint} "
+                                         r"seed, not blocks"):
+        materialize(host)
+    assert len(host.blocks) == 2 and set(host.slots) >= {"r1c0", "r1c1"}  # nothing moved
 
 
 @pytest.mark.parametrize("blueprint", INCUBATING)

@@ -32,7 +32,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from esper_lightning.blueprints.growth import GatedBlock, GrowthSite, residual_projections
+from esper_lightning.blueprints.growth import (
+    GatedBlock,
+    GrownBlocks,
+    GrowthSite,
+    residual_projections,
+)
 from esper_lightning.blueprints.growth.identity import identity_block
 from esper_lightning.blueprints.growth.site import MOMENTS, BlockCall
 from esper_lightning.core.lifecycle import ACTIVE_STAGES, SeedStage
@@ -203,10 +208,11 @@ def site_of(growth: DepthGrowth, blocks: int, stack: Callable[[], list[nn.Module
 
 def present_blocks(slot: Any) -> list[nn.Module]:
     """The blocks a growth slot's seed adds to the forward now (none while it is empty,
-    pruned or not yet blending)."""
+    pruned or not yet blending, and none for a seed that is not grown blocks: a LoRA in a
+    growth slot adapts the activation and is no block a later growth seed copies)."""
     if slot.seed is None or slot.stage not in ACTIVE_STAGES:
         return []
-    return list(slot.seed)
+    return list(slot.seed) if isinstance(slot.seed, GrownBlocks) else []
 
 
 # --- the first activation: shapes and identity ---------------------------------------------
@@ -336,6 +342,14 @@ def materialize(model: nn.Module) -> list[str]:
     if live:
         raise ValueError(f"growth slot {live[0]!r} holds a live seed; fossilize or prune it "
                          "before handing the model back")
+    # A fossilized seed that is not grown blocks (a LoRA after a block) has no place in a plain
+    # stack: removing its slot would silently change what the model computes.
+    kept = [s for s in slots if s.seed is not None and s.stage == SeedStage.FOSSILIZED
+            and not isinstance(s.seed, GrownBlocks)]
+    if kept:
+        raise ValueError(f"growth slot {kept[0].slot_id!r} holds a fossilized "
+                         f"{kept[0].state.blueprint} seed, not blocks; only growth seeds go "
+                         "into the stack (keep the slots to use the model as it is)")
     moved = []
     for path in dict.fromkeys(s.growth_place["stack"] for s in slots):
         container = modules[path]

@@ -39,7 +39,7 @@ from esper_lightning.blueprints.block import (
     init_residual_projections,
 )
 from esper_lightning.blueprints.growth import GrowthSite
-from esper_lightning.core.lifecycle import ACTIVE_STAGES
+from esper_lightning.core.depth import present_blocks
 from esper_lightning.core.slots import SeedSlot
 from esper_lightning.hosts.base import SlottedHost
 from esper_lightning.hosts.presets import GPT_PRESETS as PRESETS
@@ -147,9 +147,7 @@ class GPTHost(SlottedHost):
         blocks = list(self.blocks)
         growth = self.config.growth_slot_ids
         for earlier in (s for s in growth[:growth.index(slot_id)] if s in self.slots):
-            slot = self.slots[earlier]
-            if slot.seed is not None and slot.stage in ACTIVE_STAGES:
-                blocks.extend(slot.seed)
+            blocks.extend(present_blocks(self.slots[earlier]))
         return blocks
 
     # --- steps --------------------------------------------------------------------------------
