@@ -2,6 +2,7 @@
 
     python benchmarks/bench_grown_step.py
     python benchmarks/bench_grown_step.py --widths 32 128 --steps 30 --rounds 7
+    python benchmarks/bench_grown_step.py --device cuda --precision bf16 --widths 128 512 1024
 
 For a user's own nanoGPT-style model and for Hugging Face GPT-2 (built from a config), at each
 width: ``native`` is the model born with 4 blocks; ``grown`` is the 1-block model whose growth
@@ -9,8 +10,11 @@ slot (``DepthGrowth(blocks=3)``) holds three ``identity`` blocks, fossilized, st
 through the slot's hook and its `GrownBlocks`; ``handed back`` is the grown model after
 `core.depth.materialize` (its blocks moved into the stack). Each trains a step (forward,
 cross-entropy, backward, AdamW) on the same batches, in interleaved rounds so machine noise
-hits them alike, one thread. Prints the median seconds per step and the ratio to ``native``
-(goal: grown <= 1.05, the wrappers' cost on a fossilized growth).
+hits them alike, one CPU thread. Prints the median seconds per step and the ratio to ``native``
+(goal: grown <= 1.05, the wrappers' cost on a fossilized growth). On CUDA each timed run ends in
+a synchronize, so it counts the GPU's work, not only its launches; there a small model's step is
+bound by Python launching kernels, which is where the slot's hook could show; ``--precision
+bf16`` runs the forward and loss under autocast, as Lightning's ``bf16-mixed`` does.
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ class UserGPT(nn.Module):
         self.head = nn.Linear(width, VOCAB)
 
     def forward(self, idx: Tensor) -> Tensor:
-        x = self.emb(idx) + self.pos(torch.arange(idx.shape[1]))
+        x = self.emb(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
         for block in self.blocks:
             x = block(x)
         return self.head(x)
@@ -100,32 +104,41 @@ def grown(kind: str, width: int) -> nn.Module:
     return model
 
 
-def step_seconds(model: nn.Module, batches: list[tuple[Tensor, Tensor]]) -> float:
+def step_seconds(model: nn.Module, batches: list[tuple[Tensor, Tensor]],
+                 precision: str) -> float:
+    device = batches[0][0].device
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else lambda: None
+    synchronize()
     started = time.perf_counter()
     for x, y in batches:
-        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        with autocast:
+            loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+    synchronize()  # the GPU's queued work is part of the step
     return (time.perf_counter() - started) / len(batches)
 
 
-def measure(kind: str, width: int, steps: int, rounds: int) -> dict[str, float]:
+def measure(kind: str, width: int, steps: int, rounds: int, device: str,
+            precision: str) -> dict[str, float]:
     torch.manual_seed(0)
     models = {"native": KINDS[kind][0](4, width), "grown": grown(kind, width)}
     models["handed back"] = copy.deepcopy(models["grown"])
     materialize(models["handed back"])
+    models = {name: model.to(device) for name, model in models.items()}
     generator = torch.Generator().manual_seed(1)
-    batches = [(torch.randint(0, VOCAB, (BATCH, BLOCK), generator=generator),
-                torch.randint(0, VOCAB, (BATCH, BLOCK), generator=generator))
+    batches = [(torch.randint(0, VOCAB, (BATCH, BLOCK), generator=generator).to(device),
+                torch.randint(0, VOCAB, (BATCH, BLOCK), generator=generator).to(device))
                for _ in range(steps)]
     for model in models.values():  # warm up: allocator, first-call overheads
-        step_seconds(model, batches[:3])
+        step_seconds(model, batches[:3], precision)
     times: dict[str, list[float]] = {name: [] for name in models}
     for _ in range(rounds):
         for name, model in models.items():
-            times[name].append(step_seconds(model, batches))
+            times[name].append(step_seconds(model, batches, precision))
     return {name: statistics.median(values) for name, values in times.items()}
 
 
@@ -134,15 +147,22 @@ def main() -> None:
     parser.add_argument("--widths", type=int, nargs="+", default=[32, 128])
     parser.add_argument("--steps", type=int, default=20, help="steps per timed run")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved runs per model")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--precision", choices=["32", "bf16"], default="32",
+                        help="bf16: forward and loss under bfloat16 autocast")
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: this machine has no CUDA device; accepted here: cpu")
     torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, 1 thread, "
+    where = (torch.cuda.get_device_name(0) if args.device == "cuda"
+             else platform.processor() or platform.machine())
+    print(f"torch {torch.__version__}, {where}, precision {args.precision}, 1 CPU thread, "
           f"batch {BATCH} x {BLOCK} tokens, {args.rounds} rounds of {args.steps} steps")
     print(f"{'model':6s} {'width':>5s} {'native ms':>10s} {'grown ms':>9s} {'grown/native':>13s} "
           f"{'handed back/native':>19s}")
     for kind in KINDS:
         for width in args.widths:
-            t = measure(kind, width, args.steps, args.rounds)
+            t = measure(kind, width, args.steps, args.rounds, args.device, args.precision)
             print(f"{kind:6s} {width:5d} {1e3 * t['native']:10.2f} {1e3 * t['grown']:9.2f} "
                   f"{t['grown'] / t['native']:13.3f} {t['handed back'] / t['native']:19.3f}")
 

@@ -6,6 +6,8 @@
 #   3. the tests that skip without CUDA;
 #   1b. (pool512, runs after 1) bench_env_pool.py again at batch 512: whether kernels then
 #      outlast their launches;
+#   grown (runs after 2): bench_grown_step.py on CUDA, fp32 and bf16: whether a fossilized
+#      growth's hook costs a launch-bound GPU step what it does not cost a CPU one;
 #   4. the width-128 frontier tuning study (resumable; whatever units finish are kept).
 #
 #   bash benchmarks/gpu_checks.sh DATA_DIR TEXT OUT_DIR SECONDS [PARTS]
@@ -13,7 +15,7 @@
 # DATA_DIR: a CIFAR-10 folder; TEXT: the frontier's text; OUT_DIR: logs and the study's rows;
 # SECONDS: the wall-clock deadline of the whole script (each part gets what is left of it).
 # PARTS: which parts run, in this order whatever the order given (default
-# "pool counterfactual tests frontier"; add pool512, or leave parts out).
+# "pool counterfactual tests frontier"; add pool512 or grown, or leave parts out).
 # The timed benchmarks run first, on a quiet machine; the frontier study runs last with one
 # worker process per CPU core but one, all on the one GPU.
 set -u
@@ -22,9 +24,9 @@ DATA_DIR=$1 TEXT=$2 OUT_DIR=$3 DEADLINE=$(( $(date +%s) + $4 ))
 read -ra asked -d '' <<< "${5:-pool counterfactual tests frontier}" || true
 declare -A PARTS=()
 for p in "${asked[@]}"; do
-    case $p in pool|pool512|counterfactual|tests|frontier) PARTS[$p]=1 ;;
-    *) echo "gpu_checks.sh: unknown part '$p' (accepted: pool pool512 counterfactual tests" \
-            "frontier)" >&2; exit 2 ;;
+    case $p in pool|pool512|counterfactual|grown|tests|frontier) PARTS[$p]=1 ;;
+    *) echo "gpu_checks.sh: unknown part '$p' (accepted: pool pool512 counterfactual grown" \
+            "tests frontier)" >&2; exit 2 ;;
     esac
 done
 wants() { [[ -n ${PARTS[$1]:-} ]]; }
@@ -48,6 +50,10 @@ wants pool512 && part 150 bench_env_pool_b512.log python3 benchmarks/bench_env_p
     --device cuda --data-dir "$DATA_DIR" --train-subset 0 --val-subset 0 --batch-size 512
 wants counterfactual && part 50 bench_counterfactual.log python3 \
     benchmarks/bench_counterfactual.py --device cuda --seeds 1 2 3 --batch-sizes 500 2000
+wants grown && part 90 bench_grown_step.log python3 benchmarks/bench_grown_step.py \
+    --device cuda --widths 128 512 1024
+wants grown && part 90 bench_grown_step_bf16.log python3 benchmarks/bench_grown_step.py \
+    --device cuda --precision bf16 --widths 128 512 1024
 wants tests && part 150 gpu_tests.log python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests
 wants frontier || exit 0
 STUDY="$OUT_DIR/w128-tuning"

@@ -641,7 +641,7 @@ def _step_flops(kind: str, n_layer: int = 1) -> int:
 
 def _grow_fit(tmp_path: Path, text_file: Path, *, epochs: int = -1, ckpt_path: str | None = None,
               module: L.LightningModule | None = None, governor: bool = False,
-              kind: str = "nanogpt"):
+              kind: str = "nanogpt", extra: tuple[L.Callback, ...] = (), **trainer_kwargs):
     from user_models import STACKS, user_model
 
     from esper_lightning.callbacks import ComputeBudget, GovernorCallback
@@ -656,8 +656,8 @@ def _grow_fit(tmp_path: Path, text_file: Path, *, epochs: int = -1, ckpt_path: s
     budget = ComputeBudget(150 * _step_flops(kind), "wsd", warmup_fraction=0.05)
     saver = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
     callbacks = [GovernorCallback()] if governor else []
-    trainer = _trainer(tmp_path, epochs, [*callbacks, morpho, budget, saver],
-                       enable_checkpointing=True)
+    trainer = _trainer(tmp_path, epochs, [*callbacks, morpho, budget, saver, *extra],
+                       enable_checkpointing=True, **trainer_kwargs)
     trainer.fit(model, datamodule=_text_dm(text_file), ckpt_path=ckpt_path)
     return model, morpho, budget
 
@@ -709,6 +709,31 @@ def test_the_governor_rolls_a_grown_block_back(text_file, tmp_path):
     # No optimizer group is left for a pruned seed.
     for name in seed_group_names(morpho.engine.optimizer):
         assert morpho.engine.slots[name.split("/")[1]].seed is not None, name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kind", ["nanogpt", "gpt2", "llama"])
+def test_a_users_model_grows_on_cuda_in_bf16_mixed(kind, text_file, tmp_path):
+    from user_models import stack_of
+
+    grown_where: set[tuple[str, torch.dtype]] = set()
+
+    class GrownWhere(L.Callback):  # read while training: Trainer.fit moves the model back
+        def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+            for slot in pl_module.esper_slots.values():
+                grown_where.update((p.device.type, p.dtype) for p in slot.seed_parameters())
+
+    model, morpho, budget = _grow_fit(tmp_path, text_file, kind=kind, extra=(GrownWhere(),),
+                                      accelerator="gpu", devices=1, precision="bf16-mixed",
+                                      deterministic=False)
+    assert [e.kind for e in morpho.engine.events] == ["germinated"] * 2 + ["fossilized"] * 2
+    assert budget.ledger.exhausted
+    # The grown blocks trained on the GPU with fp32 master weights (autocast computes in bf16).
+    assert grown_where == {("cuda", torch.float32)}
+    assert morpho.engine.seed_params == 3 * sum(p.numel() for p in stack_of(model, kind)[0]
+                                                .parameters())
+    assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
 @pytest.mark.parametrize(("kind", "slot"), [("nanogpt", "blocks.0"),
