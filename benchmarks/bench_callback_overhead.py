@@ -1,6 +1,7 @@
 """Fit time with `MorphogenesisCallback` over fit time without it, measured side by side.
 
     python benchmarks/bench_callback_overhead.py --data-dir ../shared/data/cifar10-subset
+    python benchmarks/bench_callback_overhead.py --accelerator gpu  # a generated fixture
 
 Three configurations of the baseline host train for the same epochs on the same data, in
 interleaved repeats so machine noise hits them alike:
@@ -45,7 +46,8 @@ def seed_script() -> ScriptedController:
     })
 
 
-def fit_seconds(config: str, data_dir: str, epochs: int, batch_size: int) -> float:
+def fit_seconds(config: str, data_dir: str, epochs: int, batch_size: int,
+                accelerator: str) -> float:
     torch.manual_seed(0)
     callbacks = []
     if config == "callback":
@@ -56,6 +58,7 @@ def fit_seconds(config: str, data_dir: str, epochs: int, batch_size: int) -> flo
     trainer = L.Trainer(
         max_epochs=epochs, callbacks=callbacks, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        accelerator=accelerator, devices=1,
     )
     datamodule = CIFAR10DataModule(data_dir, batch_size=batch_size)
     start = time.perf_counter()
@@ -70,15 +73,20 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--accelerator", choices=["cpu", "gpu"], default="cpu")
     args = parser.parse_args()
+    if args.accelerator == "gpu" and not torch.cuda.is_available():
+        parser.error("--accelerator gpu: this machine has no CUDA device; accepted here: cpu")
     data_dir = args.data_dir or str(write_cifar10_fixture("/tmp/esper_bench_fixture", 2000, 500))
-    fit_seconds("plain", data_dir, 1, args.batch_size)  # warm-up: imports, allocator
+    fit_seconds("plain", data_dir, 1, args.batch_size, args.accelerator)  # warm-up: imports
     times: dict[str, list[float]] = {c: [] for c in CONFIGS}
     for _ in range(args.repeats):
         for config in CONFIGS:
-            times[config].append(fit_seconds(config, data_dir, args.epochs, args.batch_size))
+            times[config].append(fit_seconds(config, data_dir, args.epochs, args.batch_size,
+                                             args.accelerator))
     median = {c: statistics.median(t) for c, t in times.items()}
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+    gpu = f", {torch.cuda.get_device_name(0)}" if args.accelerator == "gpu" else ""
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs{gpu}, "
           f"torch {torch.__version__}, lightning {L.__version__}, threads "
           f"{torch.get_num_threads()}")
     print(f"data: {data_dir}, {args.epochs} epochs x {args.repeats} repeats, "

@@ -8,6 +8,8 @@
 #      outlast their launches;
 #   grown (runs after 2): bench_grown_step.py on CUDA, fp32 and bf16: whether a fossilized
 #      growth's hook costs a launch-bound GPU step what it does not cost a CPU one;
+#   overhead (runs after grown): bench_callback_overhead.py on the GPU: the callback's share of a
+#      fit whose steps are short;
 #   4. the width-128 frontier tuning study (resumable; whatever units finish are kept).
 #
 #   bash benchmarks/gpu_checks.sh DATA_DIR TEXT OUT_DIR SECONDS [PARTS]
@@ -15,7 +17,7 @@
 # DATA_DIR: a CIFAR-10 folder; TEXT: the frontier's text; OUT_DIR: logs and the study's rows;
 # SECONDS: the wall-clock deadline of the whole script (each part gets what is left of it).
 # PARTS: which parts run, in this order whatever the order given (default
-# "pool counterfactual tests frontier"; add pool512 or grown, or leave parts out).
+# "pool counterfactual tests frontier"; add pool512, grown or overhead, or leave parts out).
 # The timed benchmarks run first, on a quiet machine; the frontier study runs last with one
 # worker process per CPU core but one, all on the one GPU.
 set -u
@@ -24,9 +26,9 @@ DATA_DIR=$1 TEXT=$2 OUT_DIR=$3 DEADLINE=$(( $(date +%s) + $4 ))
 read -ra asked -d '' <<< "${5:-pool counterfactual tests frontier}" || true
 declare -A PARTS=()
 for p in "${asked[@]}"; do
-    case $p in pool|pool512|counterfactual|grown|tests|frontier) PARTS[$p]=1 ;;
+    case $p in pool|pool512|counterfactual|grown|overhead|tests|frontier) PARTS[$p]=1 ;;
     *) echo "gpu_checks.sh: unknown part '$p' (accepted: pool pool512 counterfactual grown" \
-            "tests frontier)" >&2; exit 2 ;;
+            "overhead tests frontier)" >&2; exit 2 ;;
     esac
 done
 wants() { [[ -n ${PARTS[$1]:-} ]]; }
@@ -54,6 +56,8 @@ wants grown && part 90 bench_grown_step.log python3 benchmarks/bench_grown_step.
     --device cuda --widths 128 512 1024
 wants grown && part 90 bench_grown_step_bf16.log python3 benchmarks/bench_grown_step.py \
     --device cuda --precision bf16 --widths 128 512 1024
+wants overhead && part 120 bench_callback_overhead.log python3 \
+    benchmarks/bench_callback_overhead.py --accelerator gpu --repeats 7
 wants tests && part 150 gpu_tests.log python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests
 wants frontier || exit 0
 STUDY="$OUT_DIR/w128-tuning"
