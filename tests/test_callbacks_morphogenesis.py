@@ -173,19 +173,26 @@ def test_resume_continues_exactly(cifar_dir, tmp_path):
     assert straight_cb.state_dict() == resumed_cb.state_dict()
 
 
+class _SeedsWhere(L.Callback):
+    """The devices and dtypes of the seeds' parameters, read while training (Trainer.fit moves
+    the model back to the CPU at teardown)."""
+
+    def __init__(self, slots_of) -> None:
+        self.slots_of, self.seen = slots_of, set()
+
+    def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+        for slot in self.slots_of(pl_module):
+            self.seen.update((p.device.type, p.dtype) for p in slot.seed_parameters())
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_16_mixed_on_cuda_with_a_live_seed(cifar_dir, tmp_path):
     torch.manual_seed(0)
     script = ScriptedController({0: germinate(), 1: advance(), 2: advance()})
     callback = MorphogenesisCallback(script, slots=["r0c1"], gate_config=FAST_GATES)
-    seen: set[tuple[str, torch.dtype]] = set()
-
-    class SeedWhere(L.Callback):  # read while training: Trainer.fit moves the model to the CPU
-        def on_train_batch_end(self, trainer, pl_module, *args) -> None:
-            seen.update((p.device.type, p.dtype) for p in pl_module.slots["r0c1"].seed_parameters())
-
-    trainer = _trainer(tmp_path, 5, [callback, SeedWhere()], precision="16-mixed",
+    seeds_where = _SeedsWhere(lambda host: [host.slots["r0c1"]])
+    trainer = _trainer(tmp_path, 5, [callback, seeds_where], precision="16-mixed",
                        accelerator="gpu", devices=1, deterministic=False)
     host = CifarCNNHost("baseline", slots=["r0c1"])
     trainer.fit(host, datamodule=_dm(cifar_dir))
@@ -193,7 +200,7 @@ def test_16_mixed_on_cuda_with_a_live_seed(cifar_dir, tmp_path):
     assert slot.stage == SeedStage.BLENDING and slot.alpha > 0
     # The seed trained on the GPU in float32 (mixed precision keeps fp32 master weights), and
     # left with the host at teardown.
-    assert seen == {("cuda", torch.float32)}
+    assert seeds_where.seen == {("cuda", torch.float32)}
     assert all(p.device.type == "cpu" for p in slot.seed_parameters())
     assert all(torch.isfinite(p).all() for p in host.parameters())
 
@@ -717,20 +724,14 @@ def test_the_governor_rolls_a_grown_block_back(text_file, tmp_path):
 def test_a_users_model_grows_on_cuda_in_bf16_mixed(kind, text_file, tmp_path):
     from user_models import stack_of
 
-    grown_where: set[tuple[str, torch.dtype]] = set()
-
-    class GrownWhere(L.Callback):  # read while training: Trainer.fit moves the model back
-        def on_train_batch_end(self, trainer, pl_module, *args) -> None:
-            for slot in pl_module.esper_slots.values():
-                grown_where.update((p.device.type, p.dtype) for p in slot.seed_parameters())
-
-    model, morpho, budget = _grow_fit(tmp_path, text_file, kind=kind, extra=(GrownWhere(),),
+    grown_where = _SeedsWhere(lambda model: model.esper_slots.values())
+    model, morpho, budget = _grow_fit(tmp_path, text_file, kind=kind, extra=(grown_where,),
                                       accelerator="gpu", devices=1, precision="bf16-mixed",
                                       deterministic=False)
     assert [e.kind for e in morpho.engine.events] == ["germinated"] * 2 + ["fossilized"] * 2
     assert budget.ledger.exhausted
     # The grown blocks trained on the GPU with fp32 master weights (autocast computes in bf16).
-    assert grown_where == {("cuda", torch.float32)}
+    assert grown_where.seen == {("cuda", torch.float32)}
     assert morpho.engine.seed_params == 3 * sum(p.numel() for p in stack_of(model, kind)[0]
                                                 .parameters())
     assert all(torch.isfinite(p).all() for p in model.parameters())
