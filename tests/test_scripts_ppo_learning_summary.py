@@ -73,3 +73,46 @@ def test_tags_of_different_lengths_are_refused(pls, tmp_path):
     writer.close()
     with pytest.raises(ValueError, match="the tags hold different numbers of rounds"):
         pls.read_rounds(tmp_path / "run")
+
+
+def _paired_run(folder: Path, returns: list[float], flops: list[float]) -> None:
+    writer = SummaryWriter(str(folder))
+    for r, (ret, spent) in enumerate(zip(returns, flops, strict=True)):
+        writer.add_scalar("charts/episodic_return", ret, r)
+        writer.add_scalar("morpho/train_flops", spent, r)
+    writer.close()
+
+
+def test_two_runs_of_one_rng_seed_are_compared_round_by_round(pls, tmp_path, capsys):
+    # The budgets swing the return by 20 a round; the second run is 0.5 better in every
+    # round: paired by round the difference is exact, where the runs' spreads would hide it.
+    flops = [1e11, 8e11, 3e11, 6e11, 2e11, 7e11]
+    base = [-280.0 + 20.0 * (i % 2) for i in range(6)]
+    _paired_run(tmp_path / "a", base, flops)
+    _paired_run(tmp_path / "b", [b + 0.5 for b in base], flops)
+    assert pls.main([str(tmp_path / "a"), "--against", str(tmp_path / "b"), "--csv",
+                     str(tmp_path / "a.csv")]) == 0
+    table = capsys.readouterr().out
+    (ret,) = [line for line in table.splitlines() if line.startswith("| charts/episodic")]
+    assert ret == ("| charts/episodic_return | -270.000 | -269.500 | "
+                   "+0.500 [+0.500, +0.500] higher |")
+    assert "train_flops" not in table  # the pairing's check, not a result
+    assert "paired over 6 rounds" in table
+    # The CSV it wrote pairs as its run folder did.
+    assert pls.main([str(tmp_path / "a.csv"), "--against", str(tmp_path / "b")]) == 0
+    assert ret in capsys.readouterr().out
+
+
+def test_runs_that_drew_different_budgets_are_not_paired(pls, tmp_path, capsys):
+    _paired_run(tmp_path / "a", [-1.0, -2.0, -3.0], [1e11, 2e11, 3e11])
+    _paired_run(tmp_path / "b", [-1.0, -2.0, -3.0], [1e11, 2.5e11, 3e11])
+    _paired_run(tmp_path / "short", [-1.0, -2.0], [1e11, 2e11])
+    _run(tmp_path / "no-flops", rounds=3)
+    assert pls.main([str(tmp_path / "a"), "--against", str(tmp_path / "b")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "ppo_learning_summary: error: round 2 drew different budgets (2e+11 and 2.5e+11 "
+        "training FLOPs): not trainings of one --rng_seed")
+    assert pls.main([str(tmp_path / "a"), "--against", str(tmp_path / "short")]) == 2
+    assert "the runs hold 3 and 2 rounds" in capsys.readouterr().err
+    assert pls.main([str(tmp_path / "no-flops"), "--against", str(tmp_path / "a")]) == 2
+    assert "lacks morpho/train_flops" in capsys.readouterr().err
