@@ -126,7 +126,10 @@ def test_round_stats_of_every_rank_merge_into_one_runs():
     a.reward_sums["pbrs"] = -1.0
     b = RoundStats(returns=[3.0], steps=4, env_seconds=3.0, ppo={"approx_kl": 0.1})
     b.reward_sums["pbrs"] = -2.0
+    a.germinated.update(["lora", "mlp"])
+    b.germinated.update(["lora"])
     merged = merge_stats([a, b])
+    assert merged.germinated == {"lora": 2, "mlp": 1}
     assert merged.returns == [1.0, 3.0] and merged.steps == 8 and merged.rollbacks == 1
     assert merged.env_seconds == 3.0  # ranks run side by side: the slowest rank's time
     assert merged.reward_sums["pbrs"] == -3.0 and merged.ppo == {"approx_kl": 0.1}

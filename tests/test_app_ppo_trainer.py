@@ -11,6 +11,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from esper_lightning.app.compare.arms import ARM_KINDS, parse_controller
 from esper_lightning.app.config import ConfigError, load_config
 from esper_lightning.app.ppo.trainer import TIMELINE_TAG, PPOTrainer
+from esper_lightning.app.task import germinable_blueprints
 from esper_lightning.controllers import PolicyController
 from esper_lightning.core.divergence import Governor
 from esper_lightning.rl.checkpoint import read_checkpoint
@@ -70,6 +71,13 @@ def test_smoke_round_logs_spec_tags_and_writes_a_checkpoint(cifar_dir, tmp_path)
     fractions = sum(events.Scalars(f"actions/{op}")[0].value for op in
                     ("wait", "germinate", "prune", "fossilize", "advance", "set_alpha_target"))
     assert fractions == pytest.approx(1.0)
+    # Which blueprints were germinated: every germinable one has a tag each round (0 where
+    # none was), and they add up to the round's germinations.
+    by_blueprint = {f"germinated/{b}" for b in germinable_blueprints(trainer.config)}
+    assert {t for t in tags if t.startswith("germinated/")} == by_blueprint
+    totals = [sum(events.Scalars(tag)[r].value for tag in by_blueprint) for r in range(2)]
+    assert totals == [e.value for e in events.Scalars("morpho/seeds_germinated")]
+    assert sum(totals) > 0  # the untrained policy germinates: the check has something to add
     hparams = (tmp_path / "logs" / "ppo" / "version_0" / "hparams.yaml").read_text()
     assert "episode_length: 3" in hparams
     state = read_checkpoint(save)  # weights_only=True
@@ -86,6 +94,10 @@ def test_a_run_with_a_subset_of_blueprints_germinates_only_those_and_saves_them(
         assert env.engine.mask_context.blueprints == ("norm",)
         assert {entry.blueprint for entry in env.engine.timeline} <= {None, "norm"}
     assert read_checkpoint(save)["allowed_blueprints"] == ["norm"]
+    events = EventAccumulator(str(tmp_path / "logs" / "ppo" / "version_0"))
+    events.Reload()
+    assert [t for t in events.Tags()["scalars"] if t.startswith("germinated/")] == [
+        "germinated/norm"]
     assert PolicyController(save).bundle.allowed_blueprints == ("norm",)
     with pytest.raises(ConfigError, match="unknown blueprint 'block_identity' for the slots of "
                        "task 'cifar'; accepted: norm, "):

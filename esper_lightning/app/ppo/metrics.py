@@ -25,6 +25,8 @@ class RoundStats:
         returns: return of every episode of the round (a rollback does not end one).
         final_accuracies, seed_params, train_flops: of every episode, at its end.
         ops: executed ops by name; events: lifecycle events by kind over finished episodes.
+        germinated: germinations by blueprint over finished episodes (which seeds the policy
+            chose, where ``events`` says only how many).
         reward_sums: every reward component summed over all steps.
         rollbacks: governor rollbacks; steps: env steps (= env epochs) collected.
         env_seconds, controller_seconds, update_seconds: where the round's time went.
@@ -35,6 +37,7 @@ class RoundStats:
     final_accuracies: list[float] = field(default_factory=list)
     ops: Counter[str] = field(default_factory=Counter)
     events: Counter[str] = field(default_factory=Counter)
+    germinated: Counter[str] = field(default_factory=Counter)
     reward_sums: Counter[str] = field(default_factory=Counter)
     seed_params: list[float] = field(default_factory=list)
     train_flops: list[float] = field(default_factory=list)
@@ -71,9 +74,20 @@ def merge_stats(parts: list[RoundStats]) -> RoundStats:
     return merged
 
 
-def round_metrics(stats: RoundStats, round_index: int, learning_rate: float) -> dict[str, float]:
+def round_metrics(stats: RoundStats, round_index: int, learning_rate: float,
+                  blueprints: Sequence[str] = ()) -> dict[str, float]:
     """The scalars logged after round ``round_index`` (1-based), CleanRL names for the PPO
-    ones; ``learning_rate`` is the policy's step size in the update."""
+    ones; ``learning_rate`` is the policy's step size in the update. ``germinated/<name>``
+    for each of ``blueprints`` (the run's germinable ones: a round that germinated none of
+    one logs 0, so every tag has every round) and any other germinated.
+
+    Example:
+        >>> from collections import Counter
+        >>> stats = RoundStats(germinated=Counter(lora=2), steps=4)
+        >>> m = round_metrics(stats, 1, 3e-4, blueprints=("lora", "mlp"))
+        >>> m["germinated/lora"], m["germinated/mlp"]
+        (2.0, 0.0)
+    """
     total = stats.env_seconds + stats.controller_seconds + stats.update_seconds
     steps = max(stats.steps, 1)
     metrics = {
@@ -91,6 +105,8 @@ def round_metrics(stats: RoundStats, round_index: int, learning_rate: float) -> 
     for op in LifecycleOp:
         name = op.name.lower()
         metrics[f"actions/{name}"] = stats.ops[name] / steps
+    for blueprint in dict.fromkeys([*blueprints, *sorted(stats.germinated)]):
+        metrics[f"germinated/{blueprint}"] = float(stats.germinated[blueprint])
     for component, value in stats.reward_sums.items():
         metrics[f"rewards/{component}"] = value / steps
     for key, value in stats.ppo.items():

@@ -50,7 +50,7 @@ from esper_lightning.app.ppo.checkpoint import (
 from esper_lightning.app.ppo.learner import Learner
 from esper_lightning.app.ppo.metrics import RoundStats, mean, merge_stats, round_metrics
 from esper_lightning.app.ppo.ranks import Ranks
-from esper_lightning.app.task import env_spec, load_splits, reward_config
+from esper_lightning.app.task import env_spec, germinable_blueprints, load_splits, reward_config
 from esper_lightning.core.actions import Action
 from esper_lightning.core.report import EpochReport
 from esper_lightning.envs import EnvPool, Observation, Step, episode_rng_seed
@@ -255,8 +255,9 @@ class PPOTrainer:
         if self.round == 1:  # hparams.yaml keeps real lists: it can be fed back with --config
             learner.logger.log_hyperparams(learner.config.to_dict())
         learning_rate = float(learner.optimizer.param_groups[0]["lr"])
-        learner.logger.log_metrics(round_metrics(stats, self.round, learning_rate),
-                                   step=self.global_step(learner))
+        learner.logger.log_metrics(
+            round_metrics(stats, self.round, learning_rate, germinable_blueprints(learner.config)),
+            step=self.global_step(learner))
         self._log_timeline(learner)
         learner.logger.save()
         ops = " ".join(f"{name}={count}" for name, count in sorted(stats.ops.items()))
@@ -404,6 +405,7 @@ class PPOTrainer:
             report, engine = steps[i].observation.report, self.pool.envs[i].engine
             assert engine is not None and rollout.decisions[k] >= self.decisions_per_episode
             stats.events.update(engine.event_counts())
+            stats.germinated.update(e.blueprint for e in engine.events if e.kind == "germinated")
             stats.returns.append(rollout.returns[k])
             stats.final_accuracies.append(report.val_accuracy or 0.0)
             stats.seed_params.append(float(report.seed_params))
