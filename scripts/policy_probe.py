@@ -17,9 +17,13 @@ episodes of its own root)::
         > results/controller/probe-timing/table.md
 
 writes one row per decision (policy, episode, budget, decision, share of the budget spent,
-P(wait), P(germinate), the op played and its probability) and prints per policy and budget
-the largest P(germinate) before argmax's first germination, the chance that sampled play
-germinates before it, and the largest P(germinate) after it where argmax waited;
+P(wait), P(germinate), the op played and its probability, the probability that a germination
+there would be of a growth blueprint, and the blueprint argmax germinated) and prints per
+policy and budget the largest P(germinate) before argmax's first germination (of any
+blueprint), the chance that sampled play germinates before it, the largest P(germinate) after
+it where argmax waited, the mean P(a growth blueprint | germinate) over the decisions (1 for
+a timing policy, whose only blueprint grows) and the growth blueprints' share of argmax's
+germinations;
 ``python scripts/policy_probe.py --table results/controller/probe-timing/decisions.csv
 --plot docs/images/probe-timing.png`` prints that table again from the rows and draws
 P(germinate) at every decision.
@@ -46,6 +50,7 @@ from esper_lightning.app.compare.plots import save_figure
 from esper_lightning.app.compare.runner import evaluation_rng_seed, play_episodes
 from esper_lightning.app.config import CompareConfig
 from esper_lightning.app.task import env_spec, load_splits, make_task
+from esper_lightning.blueprints.growth import operator_of
 from esper_lightning.controllers import PolicyController
 from esper_lightning.core.actions import Action, LifecycleOp
 from esper_lightning.core.report import EpochReport
@@ -54,7 +59,7 @@ from esper_lightning.errors import ConfigError
 from esper_lightning.rl.distributions import MaskedCategorical
 
 FIELDS = ("policy", "episode", "rng_seed", "budget_scale", "decision", "budget_spent",
-          "p_wait", "p_germinate", "op", "p_op")
+          "p_wait", "p_germinate", "op", "p_op", "p_growth", "blueprint")
 
 
 class ProbedPolicy(PolicyController):
@@ -63,30 +68,40 @@ class ProbedPolicy(PolicyController):
 
     def __init__(self, path: str) -> None:
         super().__init__(path, deterministic=True)
-        #: Per decision: P(wait), P(germinate), the op played, its probability, budget spent.
-        self.probes: list[tuple[float, float, str, float, float]] = []
+        #: Per decision: P(wait), P(germinate), the op played, its probability, budget spent,
+        #: P(a growth blueprint | germinate), the blueprint germinated ("" for another op).
+        self.probes: list[tuple[float, float, str, float, float, float, str]] = []
         self.scale = math.nan  # the episode's budget over the base, read off its reports
+        #: Which indices of the policy's blueprint head a growth operator makes.
+        self._growth = torch.tensor([name is not None and operator_of(name) is not None
+                                     for name in self.policy.config.blueprints])
 
     def decide(self, report: EpochReport) -> Action:
-        probs = self._op_probabilities(report)
+        probs, blueprint_probs = self._probabilities(report)
         action = super().decide(report)
         self.scale = report.budget_scale
         spent = report.budget_fraction
         self.probes.append((float(probs[LifecycleOp.WAIT]), float(probs[LifecycleOp.GERMINATE]),
                             action.op.name, float(probs[action.op]),
-                            math.nan if spent is None else spent))
+                            math.nan if spent is None else spent,
+                            float(blueprint_probs[self._growth].sum()),
+                            action.blueprint if action.op == LifecycleOp.GERMINATE else ""))
         return action
 
     @torch.no_grad()
-    def _op_probabilities(self, report: EpochReport) -> torch.Tensor:
-        """What `PolicyController.decide` computes, up to the op head's distribution; the
-        LSTM state is read, not advanced (decide advances it)."""
+    def _probabilities(self, report: EpochReport) -> tuple[torch.Tensor, torch.Tensor]:
+        """What `PolicyController.decide` computes, up to the op head's distribution and the
+        blueprint head's where the op is GERMINATE; the LSTM state is read, not advanced
+        (decide advances it)."""
         obs, blueprints, masks = self.inputs(report)
         starts = torch.tensor([[self._episode_start]])
         core, _ = self.policy._core(self.policy._embed(obs, blueprints)[:, None], self.hidden,
                                     starts)
-        dist = MaskedCategorical(self.policy._logits(core[:, 0])["op"], masks.op)
-        return dist.log_probs_all.exp()[0]  # [ops]: 0 where masked
+        logits = self.policy._logits(core[:, 0])
+        op = MaskedCategorical(logits["op"], masks.op)
+        germinate = torch.tensor([int(LifecycleOp.GERMINATE)])
+        blueprint = MaskedCategorical(logits["blueprint"], masks.head("blueprint", germinate))
+        return op.log_probs_all.exp()[0], blueprint.log_probs_all.exp()[0]  # 0 where masked
 
 
 def episodes_config(args: argparse.Namespace, compare_flags: Sequence[str]) -> CompareConfig:
@@ -120,11 +135,12 @@ def probe(argv: Sequence[str]) -> list[dict[str, object]]:
             play_episodes(pool, [EpisodePlan(path, index, rng_seed)], [controller], config)
             scale = controller.scale
             for decision, probe_row in enumerate(controller.probes):
-                p_wait, p_germinate, op, p_op, spent = probe_row
+                p_wait, p_germinate, op, p_op, spent, p_growth, blueprint = probe_row
                 rows.append({"policy": path, "episode": index, "rng_seed": rng_seed,
                              "budget_scale": scale, "decision": decision,
                              "budget_spent": spent, "p_wait": p_wait,
-                             "p_germinate": p_germinate, "op": op, "p_op": p_op})
+                             "p_germinate": p_germinate, "op": op, "p_op": p_op,
+                             "p_growth": p_growth, "blueprint": blueprint})
             grew = sum(probe_row[2] == "GERMINATE" for probe_row in controller.probes)
             print(f"{path} episode {index}: budget {scale}x, {grew} germination(s) by argmax",
                   file=sys.stderr)
@@ -153,12 +169,22 @@ def first_growth(rows: Sequence[dict[str, object]]) -> list[dict[str, object]]:
         cell["after"].extend(float(row["p_germinate"]) for row in ordered[first + 1:]
                              if row["op"] != "GERMINATE")
         cell["sampled"].append(1 - math.prod(1 - p for p in before))
+        # What it would germinate (rows of probes older than these columns have none).
+        cell["p_growth"].extend(float(r["p_growth"]) for r in ordered if r.get("p_growth"))
+        cell["growth"].extend(float(operator_of(str(r["blueprint"])) is not None)
+                              for r in ordered if r["op"] == "GERMINATE" and r.get("blueprint"))
     return [{"policy": policy, "budget_scale": scale, "episodes": len(cell["grew"]),
              "argmax_grew": sum(cell["grew"]) / len(cell["grew"]),
              "max_p_germinate": max(cell["max"], default=None),
              "max_p_germinate_after": max(cell["after"], default=None),
-             "sampled_grows_first": sum(cell["sampled"]) / len(cell["sampled"])}
+             "sampled_grows_first": sum(cell["sampled"]) / len(cell["sampled"]),
+             "mean_p_growth": _mean(cell["p_growth"]),
+             "argmax_growth_share": _mean(cell["growth"])}
             for (policy, scale), cell in sorted(table.items())]
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -241,8 +267,9 @@ def probability_figure(rows: Sequence[dict[str, object]]) -> Figure:
 def print_table(rows: Sequence[dict[str, object]]) -> None:
     print("| policy | budget (x base) | episodes | argmax grew | max P(germinate) before the "
           "first argmax growth | P(sampled play germinates before it) | max P(germinate) after "
-          "it, where argmax waited |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+          "it, where argmax waited | mean P(a growth blueprint \\| germinate) | growth share "
+          "of argmax germinations |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 
     def shown(value: float | None) -> str:
         return "—" if value is None else f"{value:.3f}"
@@ -250,7 +277,8 @@ def print_table(rows: Sequence[dict[str, object]]) -> None:
     for cell in first_growth(rows):
         print(f"| {cell['policy']} | {cell['budget_scale']} | {cell['episodes']} | "
               f"{cell['argmax_grew']:.2f} | {shown(cell['max_p_germinate'])} | "
-              f"{cell['sampled_grows_first']:.3f} | {shown(cell['max_p_germinate_after'])} |")
+              f"{cell['sampled_grows_first']:.3f} | {shown(cell['max_p_germinate_after'])} | "
+              f"{shown(cell['mean_p_growth'])} | {shown(cell['argmax_growth_share'])} |")
     return 0
 
 

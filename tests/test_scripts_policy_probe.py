@@ -11,6 +11,7 @@ from helpers import script_module
 
 from esper_lightning.app.compare.arms import EpisodePlan
 from esper_lightning.app.compare.runner import evaluation_rng_seed, play_episodes
+from esper_lightning.app.task import germinable_blueprints
 from esper_lightning.controllers import PolicyController
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,6 +46,17 @@ def test_first_growth_takes_the_decisions_before_argmax_first_grows(pp):
     assert cell["max_p_germinate_after"] == pytest.approx(0.9)
     assert doubled["max_p_germinate"] is None and doubled["sampled_grows_first"] == 0
     assert doubled["max_p_germinate_after"] == pytest.approx(0.2)
+
+
+def test_first_growth_reads_what_a_nine_blueprint_policy_would_germinate(pp):
+    rows = [{**_row(0, 0.2), "p_growth": 0.25, "blueprint": ""},
+            {**_row(1, 0.6, "GERMINATE"), "p_growth": 0.75, "blueprint": "lora"},
+            {**_row(2, 0.7, "GERMINATE"), "p_growth": 0.5, "blueprint": "block_copy"}]
+    (cell,) = pp.first_growth(rows)
+    assert cell["mean_p_growth"] == pytest.approx(0.5)
+    assert cell["argmax_growth_share"] == pytest.approx(0.5)  # block_copy grows, lora not
+    (old,) = pp.first_growth([_row(0, 0.2)])  # a probe's rows from before these columns
+    assert old["mean_p_growth"] is None and old["argmax_growth_share"] is None
 
 
 def test_the_table_reads_back_from_the_csv_as_printed_after_probing(pp, tmp_path, capsys):
@@ -96,12 +108,48 @@ def test_probing_changes_no_action_and_reads_the_argmax(pp, text_file, tmp_path)
     timed = {k for k in plain.values if "second" in k}
     assert timed and {k: v for k, v in with_probe.values.items() if k not in timed} == {
         k: v for k, v in plain.values.items() if k not in timed}
-    assert [p_op for _, _, _, p_op, _ in probed.probes] == pytest.approx(acted, abs=1e-6)
-    for p_wait, p_germinate, op, p_op, spent in probed.probes:
+    assert [probe[3] for probe in probed.probes] == pytest.approx(acted, abs=1e-6)
+    for p_wait, p_germinate, op, p_op, spent, p_growth, blueprint in probed.probes:
+        # The timing policy plays block_identity alone: any germination of it grows.
+        assert p_growth == pytest.approx(1.0) and blueprint in ("", "block_identity")
         assert 0 <= p_germinate <= 1 and p_wait + p_germinate <= 1 + 1e-6
         assert p_op >= max(p_wait, p_germinate) - 1e-7  # argmax: the most probable op
         assert p_op == (p_wait if op == "WAIT" else p_germinate if op == "GERMINATE" else p_op)
         assert 0 < spent <= 1.0 + 1e-9
+
+
+def test_a_nine_blueprint_policy_spreads_its_germinations_over_growth_and_others(pp,
+                                                                                text_file):
+    """P(a growth blueprint | germinate) is the blueprint head's mass on the growth operators'
+    blueprints, computed as the policy's own act() computes that head."""
+    policy = str(ROOT / "policies" / "grow124-all-s1.pt")
+    args, flags = pp.build_parser().parse_known_args(
+        [policy, "--budget_scales", "1", "--episodes", "1", "--rng_seed", "5",
+         "--data_dir", str(text_file), *SMALL])
+    config = pp.episodes_config(args, flags)
+    probed = pp.ProbedPolicy(policy)
+    heads = []  # the blueprint head's probabilities where act() germinated or not
+    logits_of = probed.policy._logits
+
+    def recording_logits(core):
+        logits = logits_of(core)
+        heads.append(logits["blueprint"].softmax(-1)[0])
+        return logits
+
+    probed.policy._logits = recording_logits
+    play_episodes(pp.make_pool(config), [EpisodePlan("p", 0, evaluation_rng_seed(5, 0))],
+                  [probed], config)
+    names = probed.policy.config.blueprints
+    growth = [i for i, n in enumerate(names) if n in ("block_copy", "block_identity",
+                                                       "block_random")]
+    p_growth = [probe[5] for probe in probed.probes]
+    assert all(0.0 < p < 1.0 for p in p_growth)  # nine blueprints allowed, none certain
+    # Each decision computes the head twice (the probe, then act): the same distribution.
+    # The head spans every topology's blueprints; the mask leaves the task's nine.
+    allowed = [names.index(n) for n in germinable_blueprints(config)]
+    assert len(allowed) == 9
+    for p, head in zip(p_growth, heads[::2], strict=True):
+        assert p == pytest.approx(float(head[growth].sum() / head[allowed].sum()), abs=1e-6)
 
 
 def test_main_writes_a_row_per_decision_and_a_table(pp, text_file, tmp_path, capsys):
