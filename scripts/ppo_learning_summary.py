@@ -34,7 +34,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from esper_lightning.app.compare.stats import CONFIDENCE, mean_ci
 
-#: The tag that says which budgets a round drew (its envs' training FLOPs, summed).
+#: The tag that says which budgets a round drew (its episodes' mean training FLOPs).
 BUDGET_TAG = "morpho/train_flops"
 TAGS = ("charts/episodic_return", "charts/final_accuracy", "morpho/seed_params", BUDGET_TAG,
         "actions/wait", "actions/germinate", "actions/advance", "actions/fossilize",
