@@ -170,7 +170,8 @@ def first_growth(rows: Sequence[dict[str, object]]) -> list[dict[str, object]]:
                              if row["op"] != "GERMINATE")
         cell["sampled"].append(1 - math.prod(1 - p for p in before))
         # What it would germinate (rows of probes older than these columns have none).
-        cell["p_growth"].extend(float(r["p_growth"]) for r in ordered if r.get("p_growth"))
+        cell["p_growth"].extend(float(r["p_growth"]) for r in ordered
+                                if r.get("p_growth") not in (None, ""))  # 0.0 counts
         cell["growth"].extend(float(operator_of(str(r["blueprint"])) is not None)
                               for r in ordered if r["op"] == "GERMINATE" and r.get("blueprint"))
     return [{"policy": policy, "budget_scale": scale, "episodes": len(cell["grew"]),

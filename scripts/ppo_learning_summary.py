@@ -173,5 +173,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\n{footer}")
     return 0
 
+
 if __name__ == "__main__":
     sys.exit(main())
