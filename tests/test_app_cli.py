@@ -110,6 +110,7 @@ for command in ("ppo", "compare"):
         assert main([command, "--bogus", "1"]) == 2
         assert main([command, "--slots", "r9c9"]) == 2
         assert main([command, "--task", "lm", "--block_size", "999"]) == 2
+        assert main(["compare", "--controllers", "static", "bogus"]) == 2
 heavy = ("torch", "lightning", "pytorch_lightning", "torchmetrics")
 print(sorted({m.split(".")[0] for m in sys.modules} & set(heavy)))
 """

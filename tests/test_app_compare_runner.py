@@ -9,8 +9,6 @@ import hashlib
 import json
 import logging
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +18,7 @@ from helpers import scripted_step, train_smoke_policy
 from torch import nn
 
 from esper_lightning import blueprints as blueprint_registry
+from esper_lightning.app.cli import main
 from esper_lightning.app.compare import runner as compare_module
 from esper_lightning.app.compare.arms import EpisodePlan, check_policy, parse_controller
 from esper_lightning.app.compare.records import METRICS, Metric
@@ -42,8 +41,6 @@ from esper_lightning.envs import Observation, Step
 from esper_lightning.errors import ConfigError
 from esper_lightning.rl.checkpoint import read_checkpoint, write_checkpoint
 from esper_lightning.rl.rewards import RewardConfig
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def fixture_config(cifar_dir: Path, out: Path, **changes) -> CompareConfig:
@@ -545,9 +542,21 @@ def test_unknown_controller_names(text):
         parse_controller(text)
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "esper_lightning.app.cli", "compare", *args],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """``esper-lightning compare ARGS`` in this process: its exit status and its stderr. (The
+    command in a fresh process, as a user runs it, is tests/test_app_cli.py's: each one here
+    would pay ~12 s of importing torch and Lightning again.) The package's logger starts
+    without handlers, as in a fresh process, so the command's own log lines land on stderr."""
+    logger = logging.getLogger("esper_lightning")
+    handlers, level = list(logger.handlers), logger.level
+    logger.handlers.clear()
+    capsys.readouterr()
+    try:
+        status = main(["compare", *args])
+    finally:
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+    return status, capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")
@@ -576,7 +585,7 @@ def trained_policy(tmp_path_factory):
     ],
 )
 def test_cli_errors_are_one_line_and_leave_out_untouched(trained_policy, tmp_path, extra,
-                                                         message):
+                                                         message, capsys):
     data, policy = trained_policy
     unreadable = tmp_path / "bad.pt"
     unreadable.write_text("not a checkpoint")
@@ -585,17 +594,18 @@ def test_cli_errors_are_one_line_and_leave_out_untouched(trained_policy, tmp_pat
     (out / "episodes.csv").write_text("keep me\n")
     extra = [a.replace("POLICY", str(policy)).replace("UNREADABLE", str(unreadable))
              for a in extra]
-    result = run_cli("--preset", "smoke", "--data-dir", str(data), "--out", str(out), *extra)
-    assert result.returncode == 2, result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    status, stderr = run_cli(capsys, "--preset", "smoke", "--data-dir", str(data), "--out",
+                             str(out), *extra)
+    assert status == 2, stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
     assert message in lines[0]
     assert (out / "episodes.csv").read_text() == "keep me\n"
 
 
 @pytest.mark.parametrize("case", ["no settings", "retrained policy", "moved policy",
                                   "cut table"])
-def test_cli_refuses_to_mix_results_in_one_line(trained_policy, tmp_path, case):
+def test_cli_refuses_to_mix_results_in_one_line(trained_policy, tmp_path, case, capsys):
     data, trained = trained_policy
     policy, out = tmp_path / "ckpt.pt", tmp_path / "out"
     policy.write_bytes(trained.read_bytes())
@@ -619,11 +629,11 @@ def test_cli_refuses_to_mix_results_in_one_line(trained_policy, tmp_path, case):
         (out / "episodes.csv").write_bytes(table[:len(table) - 40])
         message = "malformed records file"
     before = checksums(out)
-    result = run_cli("--preset", "smoke", "--data-dir", str(data), "--out", str(out),
-                     "--seeds", "1", "--controllers", *controllers)
-    assert result.returncode == 2, result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    status, stderr = run_cli(capsys, "--preset", "smoke", "--data-dir", str(data), "--out",
+                             str(out), "--seeds", "1", "--controllers", *controllers)
+    assert status == 2, stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
     assert message in lines[0]
     assert checksums(out) == before
 

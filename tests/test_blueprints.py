@@ -312,6 +312,28 @@ def test_available_lists_builtins_sorted_by_size() -> None:
     assert available("cnn")[0] == "norm" and available("cnn")[-1] == "conv_heavy"
 
 
+def test_available_builds_each_spec_once_and_a_name_registered_again_anew() -> None:
+    """`available` sorts by each seed's size, counted once per registered spec: a name
+    registered again with another factory takes its new size's place."""
+    builds: list[int] = []
+
+    def linear(width: int) -> Callable[[int], nn.Module]:
+        def factory(channels: int) -> nn.Module:
+            builds.append(width)
+            return nn.Linear(channels, width)
+        return factory
+
+    with scratch_registry():
+        register(BlueprintSpec("tmp", "linear", linear(1), "one output"))
+        assert available("linear")[0] == "tmp"  # 128 * 1 + 1 parameters: the smallest
+        available("linear")
+        assert builds == [1]
+        unregister("tmp", "linear")
+        register(BlueprintSpec("tmp", "linear", linear(10_000), "many outputs"))
+        assert available("linear")[-1] == "tmp"
+        assert builds == [1, 10_000]
+
+
 def test_no_batchnorm_and_no_running_statistics() -> None:
     for topology in TOPOLOGIES:
         for name in available(topology):

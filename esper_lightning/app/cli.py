@@ -62,13 +62,15 @@ VERSION = f"{PROG} {__version__}"
 @dataclass(frozen=True)
 class Command:
     """One ``esper-lightning`` command: its config class, its one-line summary, what runs it,
-    and what ``--help`` adds from the command's registries (None: nothing; it may import torch,
-    so it runs for ``--help`` only)."""
+    what ``--help`` adds from the command's registries (None: nothing; it may import torch,
+    so it runs for ``--help`` only), and what it refuses before it imports what it runs (None:
+    nothing beyond the config's own checks; torch-free, so a bad name is one line at once)."""
 
     config: type[TaskConfig]
     summary: str
     run: Callable[[TaskConfig, Sequence[str]], int]
     describe: Callable[[ArgumentParser], None] | None = None
+    check: Callable[[TaskConfig], None] | None = None
 
 
 def run_ppo(config: TaskConfig, argv: Sequence[str] = ()) -> int:
@@ -113,10 +115,20 @@ def describe_arms(parser: ArgumentParser) -> None:
     parser._option_string_actions["--controllers"].help = f"controllers to compare. {kinds}"
 
 
+def check_arms(config: TaskConfig) -> None:
+    """Every ``--controllers`` entry is a registered arm kind written as it takes (`Comparison`
+    checks each argument when it builds the arm, after torch and Lightning have loaded)."""
+    from esper_lightning.app.compare.arms import parse_controller  # the registry imports no torch
+
+    assert isinstance(config, CompareConfig)
+    for text in config.controllers:
+        parse_controller(text)
+
+
 COMMANDS = {
     "ppo": Command(PPORunConfig, "learn the lifecycle controller with PPO", run_ppo),
     "compare": Command(CompareConfig, "compare controllers on paired episodes", run_compare,
-                       describe_arms),
+                       describe_arms, check_arms),
 }
 #: Commands with a parser of their own (their input is a folder, not a configuration): the
 #: summary, and the module whose ``build_parser()`` and ``main(argv)`` they are.
@@ -355,8 +367,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: unknown command {command!r}; accepted: {accepted}",
               file=sys.stderr)
         return 2
+    check = COMMANDS[command].check
     try:
         config = parse_config(command, argv[1:])
+        if check is not None:
+            check(config)
     except (ConfigError, argparse.ArgumentError) as err:
         return _fail(command, err)
     attach_log_handler()
