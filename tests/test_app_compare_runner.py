@@ -559,6 +559,15 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     return status, capsys.readouterr().err
 
 
+def cli_error_line(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """The one line ``compare ARGS`` fails with (exit status 2, no traceback)."""
+    status, stderr = run_cli(capsys, *args)
+    assert status == 2, stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    return lines[0]
+
+
 @pytest.fixture(scope="module")
 def trained_policy(tmp_path_factory):
     """A one-round PPO checkpoint on slots r0c1 r0c2 of the baseline host."""
@@ -594,12 +603,9 @@ def test_cli_errors_are_one_line_and_leave_out_untouched(trained_policy, tmp_pat
     (out / "episodes.csv").write_text("keep me\n")
     extra = [a.replace("POLICY", str(policy)).replace("UNREADABLE", str(unreadable))
              for a in extra]
-    status, stderr = run_cli(capsys, "--preset", "smoke", "--data-dir", str(data), "--out",
-                             str(out), *extra)
-    assert status == 2, stderr
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in stderr, stderr
-    assert message in lines[0]
+    line = cli_error_line(capsys, "--preset", "smoke", "--data-dir", str(data), "--out",
+                          str(out), *extra)
+    assert message in line
     assert (out / "episodes.csv").read_text() == "keep me\n"
 
 
@@ -629,12 +635,9 @@ def test_cli_refuses_to_mix_results_in_one_line(trained_policy, tmp_path, case, 
         (out / "episodes.csv").write_bytes(table[:len(table) - 40])
         message = "malformed records file"
     before = checksums(out)
-    status, stderr = run_cli(capsys, "--preset", "smoke", "--data-dir", str(data), "--out",
-                             str(out), "--seeds", "1", "--controllers", *controllers)
-    assert status == 2, stderr
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in stderr, stderr
-    assert message in lines[0]
+    line = cli_error_line(capsys, "--preset", "smoke", "--data-dir", str(data), "--out",
+                          str(out), "--seeds", "1", "--controllers", *controllers)
+    assert message in line
     assert checksums(out) == before
 
 
