@@ -346,8 +346,14 @@ def _provisional(root: Path) -> list[str]:
     summary = _summary(root / "final-budgets")
     if summary is None or _group(summary, ALL) is not None:
         return []
+    # It joins with as many members as the timing group (one per training seed).
+    arms, joined = len(summary["comparisons"]), len(_group(summary, TIMING)["members"])
+    per_budget = len(summary["per_budget"])
     return ["", "The nine-blueprint group `all` has not joined final-budgets: when it does, that "
-            "stage's Holm family grows from one row to three and its verdict is recomputed."]
+            "stage's group family grows from one row to three (the verdicts above are "
+            "recomputed; their intervals do not change), and so do its families of arms against "
+            f"the lookup ({arms} to {arms + joined}) and per budget ({arms * per_budget} to "
+            f"{(arms + joined) * per_budget})."]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
