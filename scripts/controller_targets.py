@@ -8,8 +8,10 @@ timing policies (group ``timing``, three PPO training seeds) against the tuned l
 unseen budgets, text and host, with `compare`'s own verdict (its crossed random-effects
 interval over seeds and episodes, Holm-adjusted p); their regret to the per-budget oracle
 against half the lookup's; the nine-blueprint policies (group ``all``) against the timing ones;
-then, not tested, each setting per budget and per training seed, when the lookup and each
-seed grew there (`app.compare.growth`: a failed target's measured reason), whether
+then, not tested, each setting per budget and per training seed (each group against the
+lookup, and ``all`` − ``timing``), when the lookup and each seed grew there
+(`app.compare.growth`: a growth is a growth blueprint's germination; a failed target's measured
+reason), what each nine-blueprint seed germinated by blueprint, whether
 final-oracle replays final-budgets' episodes bit for bit, what each arm cost to make and what
 each stage took to play. A stage not played yet is a row that says so. Nothing is recomputed
 that ``compare`` decided: the verdicts are its ``summary.json``'s; the per-budget rows group
@@ -27,16 +29,23 @@ import argparse
 import json
 import math
 import sys
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from esper_lightning.app.compare.growth import GrowthRow, growth_rows
+from esper_lightning.app.compare.growth import GrowthRow, germinated_blueprints, growth_rows
 from esper_lightning.app.compare.lookup import comparison_config
-from esper_lightning.app.compare.records import EpisodeRecord, group_by_budget, read_records_csv
+from esper_lightning.app.compare.records import (
+    EpisodeRecord,
+    group_by_budget,
+    group_by_controller,
+    read_records_csv,
+)
 from esper_lightning.app.compare.report import cost_markdown, group_differences
 from esper_lightning.app.frontier.report import replace_section
 from esper_lightning.app.task import budget_flops
+from esper_lightning.blueprints.growth.registry import operator_of
 
 #: The stages that test the policies against the lookup, and what each holds unseen.
 VERSUS_LOOKUP = {"final-budgets": "budgets 0.35–2.8×", "final-text": "text (Python stdlib)",
@@ -246,21 +255,27 @@ def _played(root: Path) -> Iterator[tuple[str, str, dict[str, Any], Any, float,
 
 
 def per_budget_lines(root: Path) -> list[str]:
-    """``timing`` − lookup per budget and per training seed on each stage (reported, not
-    tested: no Holm family, no verdict)."""
+    """Each group against the lookup (``timing``; ``all`` where it played) and ``all`` −
+    ``timing``, per budget and per training seed on each stage (reported, not tested: no Holm
+    family, no verdict)."""
     lines = []
     for _, unseen, summary, config, base, played in _played(root):
-        groups = {TIMING: config.groups()[TIMING]}
+        groups = {name: config.groups()[name] for name in (TIMING, ALL)
+                  if name in config.groups()}
         for budget, records in sorted(group_by_budget(played).items()):
-            (row,) = group_differences(records, groups, config.reference, summary["judged"])
-            seeds = ", ".join(f"{v:+.4f}" for v in row.member_means.values())
-            lines.append(f"| {unseen} | {budget / base:g} | {row.n_pairs} | "
-                         f"{row.difference.mean:+.4f} | {_interval(row.seed_ci)} | {seeds} |")
+            for row in group_differences(records, groups, config.reference, summary["judged"],
+                                         config.paired_groups()):
+                against = row.reference if row.paired else "lookup"
+                seeds = ", ".join(f"{v:+.4f}" for v in row.member_means.values())
+                lines.append(f"| {unseen} | {budget / base:g} | {row.group} − {against} | "
+                             f"{row.n_pairs} | {row.difference.mean:+.4f} | "
+                             f"{_interval(row.seed_ci)} | {seeds} |")
     if not lines:
         return []
     return ["", "Per budget (not tested; the plan decides on the pooled rows above):", "",
-            "| setting | budget (× base) | episodes | timing − lookup (bits) | "
-            "[95 % CI, seeds and episodes] | each seed |", "|---|---:|---:|---:|---:|---|", *lines]
+            "| setting | budget (× base) | difference | episodes | bits | "
+            "[95 % CI, seeds and episodes] | each seed |", "|---|---:|---|---:|---:|---:|---|",
+            *lines]
 
 
 def _when(row: GrowthRow) -> str:
@@ -269,19 +284,26 @@ def _when(row: GrowthRow) -> str:
     return f"{shares} ({row.episodes - row.grew[0]} of {row.episodes} grew)"
 
 
+def _group_arms(config: Any, name: str) -> list[str]:
+    return list(config.groups().get(name, ()))
+
+
 def growth_lines(root: Path) -> list[str]:
-    """When the lookup and each timing seed grew, per stage and budget (`growth_rows`):
-    whether a policy lost or won by growing earlier, later or not at all. A stage whose
-    episodes predate the germination curve is a row that says so.
+    """When the lookup and each seed of the timing (and, where it played, the nine-blueprint)
+    policies grew, per stage and budget (`growth_rows`: a growth is a growth blueprint's
+    germination): whether a policy lost or won by growing earlier, later or not at all. A stage
+    whose episodes predate the germination curve is a row that says so.
 
     Raises:
         ValueError: the stages' timing groups differ in size, or an arm has no episode at a
             budget the others played.
     """
-    lines, sizes = [], {}
+    lines, sizes, counted = [], {}, set()  # counted: columns that count every germination
+    joined = max((len(_group_arms(c, ALL)) for *_, c, _, _ in _played(root)), default=0)
     for stage, unseen, _, config, base, played in _played(root):
-        arms = [config.reference, *config.groups()[TIMING]]
-        sizes[stage] = len(arms) - 1
+        timing, every = _group_arms(config, TIMING), _group_arms(config, ALL)
+        arms = [config.reference, *timing, *every]
+        sizes[stage] = len(timing)
         rows = growth_rows(played)
         if rows is None:
             lines.append(f"| {unseen} | — | not recorded ({stage}'s episodes predate "
@@ -293,17 +315,58 @@ def growth_lines(root: Path) -> list[str]:
             if missing:
                 raise ValueError(f"{stage}: {missing[0]} played no episode at budget "
                                  f"{budget:.3g} FLOPs")
+            counted |= {i for i, a in enumerate(arms) if not by_arm[a].blueprints}
+            absent = ["not played"] * (joined - len(every))
             lines.append(f"| {unseen} | {budget / base:g} | "  # type: ignore[operator]
-                         + " | ".join(_when(by_arm[a]) for a in arms) + " |")
+                         + " | ".join([*(_when(by_arm[a]) for a in arms), *absent]) + " |")
     if not lines:
         return []
     if len(set(sizes.values())) > 1:
         raise ValueError(f"the stages' timing groups differ in size: {sizes}")
     members = next(iter(sizes.values()))
-    return ["", "When they grew (mean share of the budget at the first and the second growth; "
-            "not tested):", "", "| setting | budget (× base) | lookup | "
-            + " | ".join(f"timing seed {i + 1}" for i in range(members)) + " |",
-            "|---|---:|---|" + "---|" * members, *lines]
+    names = ["lookup", *(f"timing seed {i + 1}" for i in range(members)),
+             *(f"all seed {i + 1}" for i in range(joined))]
+    names = [f"{n} †" if i in counted else n for i, n in enumerate(names)]
+    note = (" † marks arms whose episodes were written before the blueprints germinated were "
+            "recorded (`germinated_seeds`): there every germination counts, and these arms "
+            "germinate block_identity alone." if counted else "")
+    return ["", "When they grew (mean share of the budget at the first and the second growth, "
+            f"a growth being a growth blueprint's germination; not tested).{note}", "",
+            "| setting | budget (× base) | " + " | ".join(names) + " |",
+            "|---|---:|" + "---|" * len(names), *lines]
+
+
+def germination_lines(root: Path) -> list[str]:
+    """What each nine-blueprint policy germinated in final-budgets, by blueprint (from the
+    seeds its episodes named, `germinated_seeds`; those implanted before the first decision
+    are none): whether it grew, or spent its germinations on other seeds. Nothing before the
+    group ``all`` joins; a member whose episodes did not name their seeds raises."""
+    folder = root / "final-budgets"
+    if _summary(folder) is None:
+        return []
+    config = comparison_config(folder)
+    members = _group_arms(config, ALL)
+    if not members:
+        return []
+    played = group_by_controller(read_records_csv(folder / "episodes.csv"))
+    lines = []
+    for i, arm in enumerate(members):
+        counts: Counter[str] = Counter()
+        for record in played[arm]:
+            blueprints = germinated_blueprints(record)
+            if blueprints is None:
+                raise ValueError(f"final-budgets: {arm} episode {record.episode_index} did not "
+                                 "record germinated_seeds")
+            counts.update(blueprints)
+        total = sum(counts.values())
+        growth = sum(n for b, n in counts.items() if operator_of(b) is not None)
+        top = ", ".join(f"{b} {n}" for b, n in counts.most_common(3)) or "—"
+        share = f"{growth / total:.0%}" if total else "—"
+        lines.append(f"| all seed {i + 1} | {len(played[arm])} | {total} | {growth} | {share} "
+                     f"| {top} |")
+    return ["", "What the nine-blueprint policies germinated in final-budgets (every budget; "
+            "not tested):", "", "| policy | episodes | germinations | growth | growth share | "
+            "most germinated |", "|---|---:|---:|---:|---:|---|", *lines]
 
 
 def cost_lines(root: Path) -> list[str]:
@@ -338,7 +401,8 @@ def targets(root: Path) -> list[str]:
             "target |", "|---|---|---:|---:|---:|---:|---|---|",
             *versus_lookup_rows(root), *regret_row(root), *curriculum_rows(root),
             *_provisional(root), *replay_lines(root), *per_budget_lines(root),
-            *growth_lines(root), *cost_lines(root), *wall_lines(root)]
+            *growth_lines(root), *germination_lines(root), *cost_lines(root),
+            *wall_lines(root)]
 
 
 def _provisional(root: Path) -> list[str]:

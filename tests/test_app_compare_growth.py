@@ -5,19 +5,30 @@ from types import SimpleNamespace
 
 import pytest
 
-from esper_lightning.app.compare.growth import as_json, growth_rows, growth_times, markdown
+from esper_lightning.app.compare.growth import (
+    as_json,
+    episode_growth_times,
+    growth_rows,
+    growth_times,
+    markdown,
+)
 from esper_lightning.app.compare.records import EpisodeRecord, germinated_curve
 
 
-def record(controller, index, seeds, budget=8.0):
+def record(controller, index, seeds, budget=8.0, blueprints="block_identity"):
     """An episode of ``len(seeds)`` epochs (``seeds``: germinated so far at each), each
-    spending an equal share of ``budget`` FLOPs."""
+    spending an equal share of ``budget`` FLOPs; ``blueprints`` names each seed in order (one
+    name for all; None: not recorded)."""
     flops = tuple(budget * (t + 1) / len(seeds) for t in range(len(seeds)))
+    if isinstance(blueprints, str):
+        blueprints = [blueprints] * (seeds[-1] if seeds else 0)
+    named = None if blueprints is None else tuple((f"r1c{i}", b) for i, b in enumerate(blueprints))
     return EpisodeRecord(controller, index, 100 + index, "grow124", {
         "outcome": 0.0, "final_accuracy": 50.0, "total_params": 100, "seed_params": 0,
         "accuracy_curve": (50.0,) * len(seeds), "seeds_germinated": 0, "seeds_fossilized": 0,
         "seeds_pruned": 0, "wall_seconds": 1.0, "budget_flops": budget,
-        "train_flops_curve": flops, "germinated_curve": tuple(map(float, seeds))})
+        "train_flops_curve": flops, "germinated_curve": tuple(map(float, seeds)),
+        "germinated_seeds": named})
 
 
 def test_a_growth_is_dated_by_the_decision_before_the_rise():
@@ -76,7 +87,26 @@ def test_rows_count_episodes_and_average_each_growth_per_budget():
     assert "| 16 | static | 1 | 1 / 0 / 0 | — | — |" in text
     data = json.loads(json.dumps(as_json(list(rows.values()))))
     assert data[1] == {"controller": "stack", "budget": 8.0, "episodes": 2, "grew": [0, 1, 1],
-                       "first": 0.5, "second": 0.75}
+                       "first": 0.5, "second": 0.75, "blueprints": True}
+    assert "†" not in text
+
+
+def test_only_a_growth_blueprint_grows_and_older_rows_say_they_count_every_germination():
+    # A seed implanted before the first decision, then a LoRA at 2/8 and a block at 5/8.
+    mixed = record("all", 0, [1, 1, 2, 2, 2, 3, 3, 3],
+                   blueprints=["block_identity", "lora", "block_identity"])
+    assert episode_growth_times(mixed) == (5 / 8,)
+    only_lora = record("all", 1, [0, 1, 1, 1], blueprints=["lora"])
+    older = record("timing", 0, [0, 1, 1, 1], blueprints=None)
+    rows = {r.controller: r for r in growth_rows([mixed, only_lora, older])}
+    assert (rows["all"].grew, rows["all"].first, rows["all"].blueprints) == (
+        (1, 1, 0), 5 / 8, True)
+    assert (rows["timing"].grew, rows["timing"].blueprints) == ((0, 1, 0), False)
+    text = "\n".join(markdown(list(rows.values())))
+    assert "| 8 | timing † | 1 | 0 / 1 / 0 | 0.25 | — |" in text
+    assert "Rows marked † hold episodes written before `germinated_seeds`" in text
+    with pytest.raises(ValueError, match="'all' episode 2: 2 germinated seeds against 1"):
+        episode_growth_times(record("all", 2, [0, 1], blueprints=["lora", "lora"]))
 
 
 def test_a_table_without_the_curve_or_without_growth_says_so():
@@ -104,7 +134,8 @@ def test_a_comparison_reports_the_time_a_stack_arm_grew(tmp_path, text_file, mon
                            rng_seed=4401, out=str(tmp_path / "cmp"))
     runner.Comparison(config).run()
     growth = json.loads((tmp_path / "cmp" / "summary.json").read_text())["growth"]
-    assert [(g["controller"], g["grew"], g["first"]) for g in growth] == [
-        ("static", [1, 0, 0], None), ("stack:2@0.5:identity", [0, 1, 0], pytest.approx(0.5))]
+    assert [(g["controller"], g["grew"], g["first"], g["blueprints"]) for g in growth] == [
+        ("static", [1, 0, 0], None, True),
+        ("stack:2@0.5:identity", [0, 1, 0], pytest.approx(0.5), True)]
     assert "## When each arm grew" in (tmp_path / "cmp" / "summary.md").read_text()
     assert (tmp_path / "cmp" / "growth_times.png").stat().st_size > 0

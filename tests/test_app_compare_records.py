@@ -50,7 +50,8 @@ def test_metrics_read_their_values_from_a_played_episode():
     seeds = (0, 600, 600, 300)  # present at each epoch; a seed shrank before the last one
     # What the slots hold: seed 0 germinated after epoch 0, pruned and seed 1 there by epoch 3.
     held = ((None, None), ("r1c0:seed0", None), ("r1c0:seed0", None), (None, "r1c1:seed0"))
-    slots = [tuple(SimpleNamespace(seed_id=i) for i in ids) for ids in held]
+    slots = [tuple(SimpleNamespace(slot_id=f"r1c{k}", seed_id=i, blueprint=i and "lora")
+                   for k, i in enumerate(ids)) for ids in held]
     reports = tuple(SimpleNamespace(
         epoch=t, val_accuracy=a, val_loss=v, train_loss=tr, host_params=1000,
         accuracy_history=tuple(e[0] for e in epochs[:t + 1]), seed_params_history=seeds[:t + 1],
@@ -72,6 +73,7 @@ def test_metrics_read_their_values_from_a_played_episode():
     assert r["train_flops_curve"] == (1e6, 2e6, 3e6, 4e6) and r["train_flops"] == 4e6
     assert r["data_passes"] == 0.25 and r["budget_flops"] == 4e6
     assert r["germinated_curve"] == (0.0, 1.0, 1.0, 2.0)  # distinct seed ids seen so far
+    assert r["germinated_seeds"] == (("r1c0", "lora"), ("r1c1", "lora"))
     one_missing = tuple(SimpleNamespace(**{**vars(x), "val_loss": None if x.epoch == 2 else
                                             x.val_loss}) for x in reports)
     no_loss = dataclasses.replace(episode, reports=one_missing)
@@ -187,6 +189,55 @@ def test_a_new_optional_metric_reads_as_missing_in_older_tables(tmp_path, monkey
     monkeypatch.setitem(METRICS, extra.name, required)
     with pytest.raises(ConfigError, match=r"header .* \(no column 'train_loss'\)"):
         read_records_csv(path)
+
+
+def test_a_mixed_metric_joins_an_older_table_when_it_resumes(tmp_path, monkeypatch):
+    path = tmp_path / "episodes.csv"
+    append_record_csv(path, record("static", 0))
+    header = path.read_text().splitlines()[0]
+    extra = Metric("train_loss", lambda e: None, "train loss", optional=True, mixed=True)
+    monkeypatch.setitem(METRICS, extra.name, extra)
+    before = read_records_csv(path)
+    append_record_csv(path, record("static", 1, train_loss=0.5))  # the table gains the column
+    assert path.read_text().splitlines()[0] == header + ",train_loss"
+    assert read_records_csv(path)[:1] == before  # nothing written is lost
+    assert [r["train_loss"] for r in read_records_csv(path)] == [None, 0.5]
+    assert [p.name for p in tmp_path.iterdir()] == ["episodes.csv"]  # no partial file left
+    with pytest.raises(ValueError, match="only an optional metric can be mixed"):
+        Metric("x", lambda e: 0.0, "x", mixed=True)
+
+
+def test_a_cut_table_is_refused_before_it_gains_a_column(tmp_path, monkeypatch):
+    path = tmp_path / "episodes.csv"
+    for i in range(2):
+        append_record_csv(path, record("static", i))
+    header, first, second = path.read_text().splitlines()
+    path.write_text("\n".join([header, first, second[:25]]) + "\n")
+    extra = Metric("train_loss", lambda e: None, "train loss", optional=True, mixed=True)
+    monkeypatch.setitem(METRICS, extra.name, extra)
+    before = path.read_text()
+    with pytest.raises(ConfigError, match=r"episodes\.csv: line 3: row has the wrong number"):
+        append_record_csv(path, record("static", 2))
+    assert path.read_text() == before
+
+
+def test_germinated_seeds_list_every_seed_in_the_order_the_curve_counts_them():
+    def slot(slot_id, seed_id=None, blueprint=None):
+        return SimpleNamespace(slot_id=slot_id, seed_id=seed_id, blueprint=blueprint)
+
+    reports = (SimpleNamespace(slots=(slot("r1c0"), slot("r1c1", "r1c1:seed0", "lora"))),
+               SimpleNamespace(slots=(slot("r1c0", "r1c0:seed0", "block_identity"),
+                                      slot("r1c1", "r1c1:seed0", "lora"))),
+               SimpleNamespace(slots=(slot("r1c0", "r1c0:seed0", "block_identity"),
+                                      slot("r1c1"))),  # r1c1's lora pruned
+               SimpleNamespace(slots=(slot("r1c0", "r1c0:seed0", "block_identity"),
+                                      slot("r1c1", "r1c1:seed1", "lora"))))
+    episode = SimpleNamespace(reports=reports)
+    assert records_module.germinated_curve(episode) == (1.0, 2.0, 2.0, 3.0)
+    assert records_module.germinated_seeds(episode) == (
+        ("r1c1", "lora"), ("r1c0", "block_identity"), ("r1c1", "lora"))
+    assert record(germinated_seeds=records_module.germinated_seeds(episode))[
+        "germinated_seeds"][1] == ("r1c0", "block_identity")
 
 
 def write_lines(path, lines):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -48,18 +49,27 @@ def _config(text_file: Path, out: Path, arms: dict[str, float], **budget: float
                          progress=False)
 
 
-def _curves(arm: str, budget: float) -> dict[str, tuple[float, ...]]:
-    """Per-epoch curves of an episode in which a stack arm grows at its TAU, static never."""
+#: What each arm germinates at its TAU (block_identity where not named): the second
+#: nine-blueprint seed germinates a LoRA, which is no growth.
+GERMINATES = {ALL[1]: "lora"}
+
+
+def _curves(arm: str, budget: float, named: bool) -> dict[str, Any]:
+    """Per-epoch curves of an episode in which a stack arm germinates at its TAU, static never
+    (``named`` False: without ``germinated_seeds``, as written before it was recorded)."""
     rise = round(float(arm.split("@")[1].split(":")[0]) * EPOCHS) if "@" in arm else EPOCHS
+    seeds = (("r1c0", GERMINATES.get(arm, "block_identity")),) if rise < EPOCHS else ()
     return {"accuracy_curve": (50.0,) * EPOCHS,
             "germinated_curve": tuple(0.0 if t < rise else 1.0 for t in range(EPOCHS)),
-            "train_flops_curve": tuple(budget * (t + 1) / EPOCHS for t in range(EPOCHS))}
+            "train_flops_curve": tuple(budget * (t + 1) / EPOCHS for t in range(EPOCHS)),
+            "germinated_seeds": seeds if named else None}
 
 
 def _stage(root: Path, stage: str, text_file: Path, arms: dict[str, float], n: int = 12,
-           curves: bool = True, **budget: float) -> list[EpisodeRecord]:
+           curves: bool = True, named: bool = True, **budget: float) -> list[EpisodeRecord]:
     """A stage folder as `compare` leaves it: settings, episodes and its report (``curves``
-    False: episodes without a germination curve, as written before it was recorded)."""
+    False: episodes without a germination curve, as written before it was recorded;
+    ``named`` False: without the seeds germinated)."""
     from esper_lightning.app.compare import runner
 
     config = _config(text_file, root / stage, arms, **budget)
@@ -76,7 +86,7 @@ def _stage(root: Path, stage: str, text_file: Path, arms: dict[str, float], n: i
                 "total_params": 1000, "seeds_germinated": 0, "seeds_fossilized": 0,
                 "seeds_pruned": 0, "wall_seconds": 1.0, "final_bits": bits, "test_bits": bits,
                 "budget_flops": budget,
-                **(_curves(arm, budget) if curves else {"accuracy_curve": (50.0,)})}))
+                **(_curves(arm, budget, named) if curves else {"accuracy_curve": (50.0,)})}))
     comparison = runner.Comparison(config)
     comparison._write_config()
     for record in records:
@@ -140,10 +150,10 @@ def test_per_budget_rows_are_the_members_mean_difference_on_that_budgets_episode
         expected = np.mean([np.mean([bits[(a, i)] for a in TIMING]) - bits[(REFERENCE, i)]
                             for i in episodes])
         row = _row(lines, f"| host (width 64) | {scale:g} |")
-        assert row[2] == "6" and row[3] == f"{expected:+.4f}"
+        assert row[2:5] == ["timing − lookup", "6", f"{expected:+.4f}"]
         seeds = [np.mean([bits[(a, i)] - bits[(REFERENCE, i)] for i in episodes])
                  for a in TIMING]
-        assert row[5] == ", ".join(f"{s:+.4f}" for s in seeds)
+        assert row[6] == ", ".join(f"{s:+.4f}" for s in seeds)
 
 
 def test_growth_rows_say_when_the_lookup_and_each_seed_grew(ct, quiet, text_file, tmp_path):
@@ -155,6 +165,38 @@ def test_growth_rows_say_when_the_lookup_and_each_seed_grew(ct, quiet, text_file
         row = _row(lines[start:], f"| text (Python stdlib) | {scale:g} |")
         assert row[2:] == ["—, — (0 of 6 grew)", "0.20, — (6 of 6 grew)",
                            "0.40, — (6 of 6 grew)", "0.60, — (6 of 6 grew)"]
+
+
+def test_the_nine_blueprint_seeds_get_their_growth_germinations_and_budget_rows(
+        ct, quiet, text_file, tmp_path):
+    """Where the group `all` played (final-budgets), its seeds get growth columns (a LoRA is
+    no growth), a germination table and per-budget rows against the lookup and the timing
+    seeds; a stage it did not play says so in its columns."""
+    records = _stage(tmp_path, "final-budgets", text_file, OFFSETS)
+    _stage(tmp_path, "final-text", text_file, {k: OFFSETS[k] for k in (REFERENCE, *TIMING)})
+    lines = ct.targets(tmp_path)
+    start = lines.index("| setting | budget (× base) | lookup | timing seed 1 | timing seed 2 "
+                        "| timing seed 3 | all seed 1 | all seed 2 | all seed 3 |")
+    row = _row(lines[start:], "| budgets 0.35–2.8× | 0.5 |")
+    assert row[6:] == ["0.30, — (6 of 6 grew)", "—, — (0 of 6 grew)", "0.70, — (6 of 6 grew)"]
+    assert _row(lines[start:], "| text (Python stdlib) | 2 |")[6:] == ["not played"] * 3
+    assert _row(lines, "| all seed 2 | 12 |") == ["all seed 2", "12", "12", "0", "0%", "lora 12"]
+    assert _row(lines, "| all seed 1 | 12 |")[2:] == ["12", "12", "100%", "block_identity 12"]
+    bits = {(r.controller, r.episode_index): r["test_bits"] for r in records}
+    pair = np.mean([np.mean([bits[(a, i)] - bits[(t, i)] for a, t in zip(ALL, TIMING, strict=True)])
+                    for i in range(0, 12, 2)])
+    assert _row(lines, "| budgets 0.35–2.8× | 0.5 | all − timing |")[4] == f"{pair:+.4f}"
+    assert _row(lines, "| budgets 0.35–2.8× | 2 | all − lookup |")[3] == "6"
+
+
+def test_growth_columns_counted_from_every_germination_are_marked(ct, quiet, text_file,
+                                                                  tmp_path):
+    _stage(tmp_path, "final-text", text_file, {k: OFFSETS[k] for k in (REFERENCE, *TIMING)},
+           named=False)
+    lines = ct.targets(tmp_path)
+    assert "| setting | budget (× base) | lookup † | timing seed 1 † | timing seed 2 † | " \
+           "timing seed 3 † |" in lines
+    assert any("† marks arms whose episodes were written before" in x for x in lines)
 
 
 def test_growth_rows_say_what_they_cannot_show(ct, quiet, text_file, tmp_path):

@@ -8,7 +8,10 @@ the episode's budget; without a budget the share of the episode's epochs, ``j / 
 already there at the first report were implanted before any decision (``matched:``): they are
 no growth. What moves seed parameters without germinating (a gated blend's gate, a prune in
 another slot in the same decision) does not move the count; a germination that a governor's
-rollback undid before the next report is not seen.
+rollback undid before the next report is not seen. A growth is a germination of a growth
+operator's blueprint (`blueprints.growth.operator_of`): ``germinated_seeds`` names the seeds the
+curve counts, in its order, so a LoRA germinated in a growth slot is no growth. An episode
+written before that column counts every germination (a row of the table says so).
 
 Why it is here: a timing arm's loss says whether it beat another, not why; its growth times say
 whether it grew earlier, later or not at all where the other did (the learned controller's
@@ -36,8 +39,9 @@ from esper_lightning.app.compare.records import (
     group_by_budget,
     group_by_controller,
 )
+from esper_lightning.blueprints.growth.registry import operator_of
 
-GERMINATED, FLOPS = "germinated_curve", "train_flops_curve"
+GERMINATED, FLOPS, SEEDS = "germinated_curve", "train_flops_curve", "germinated_seeds"
 
 
 def growth_times(germinated: Sequence[float], train_flops: Sequence[float],
@@ -70,6 +74,34 @@ def growth_times(germinated: Sequence[float], train_flops: Sequence[float],
     return tuple(times)
 
 
+def germinated_blueprints(record: EpisodeRecord) -> tuple[str, ...] | None:
+    """The blueprint of each germination of one episode, in order (None: written before
+    ``germinated_seeds``); the seeds of the first report were implanted, not germinated."""
+    seeds = record[SEEDS]
+    if seeds is None or not record[GERMINATED]:
+        return None
+    return tuple(blueprint for _, blueprint in seeds[round(record[GERMINATED][0]):])
+
+
+def episode_growth_times(record: EpisodeRecord) -> tuple[float, ...]:
+    """The share of the budget at each growth of one episode (`growth_times`), keeping the
+    germinations of growth blueprints where ``germinated_seeds`` names them; every germination
+    where the episode was written before it.
+
+    Raises:
+        ValueError: seeds that do not match the curve's count (a programming error).
+    """
+    times = growth_times(record[GERMINATED], record[FLOPS], record[BUDGET])
+    blueprints = germinated_blueprints(record)
+    if blueprints is None:
+        return times
+    if len(blueprints) != len(times):
+        raise ValueError(f"{record.controller!r} episode {record.episode_index}: "
+                         f"{len(blueprints)} germinated seeds against {len(times)} germinations")
+    return tuple(t for t, blueprint in zip(times, blueprints, strict=True)
+                 if operator_of(blueprint) is not None)
+
+
 @dataclass(frozen=True)
 class GrowthRow:
     """When one controller grew on one budget's episodes.
@@ -80,6 +112,8 @@ class GrowthRow:
         grew: episodes that grew 0, 1 and 2 or more times.
         first, second: mean share of the budget at the first and the second growth, over the
             episodes that made one (None where none did).
+        blueprints: whether every episode named its germinations' blueprints (``False``:
+            some were written before, and there every germination counts as a growth).
     """
 
     controller: str
@@ -88,6 +122,7 @@ class GrowthRow:
     grew: tuple[int, int, int]
     first: float | None
     second: float | None
+    blueprints: bool = True
 
 
 def _mean(values: list[float]) -> float | None:
@@ -104,12 +139,13 @@ def growth_rows(records: Iterable[EpisodeRecord]) -> list[GrowthRow] | None:
     rows = []
     for budget, episodes in group_by_budget(records).items():
         for name, own in group_by_controller(episodes).items():
-            times = [growth_times(r[GERMINATED], r[FLOPS], r[BUDGET]) for r in own]
+            times = [episode_growth_times(r) for r in own]
             counts = [len(t) for t in times]
             grew = (counts.count(0), counts.count(1), sum(c >= 2 for c in counts))
             rows.append(GrowthRow(name, budget, len(own), grew,  # type: ignore[arg-type]
                                   _mean([t[0] for t in times if t]),
-                                  _mean([t[1] for t in times if len(t) > 1])))
+                                  _mean([t[1] for t in times if len(t) > 1]),
+                                  all(r[SEEDS] is not None for r in own)))
     return rows
 
 
@@ -127,14 +163,18 @@ def markdown(rows: Sequence[GrowthRow] | None) -> list[str]:
     if all(r.grew[0] == r.episodes for r in rows):
         return [*lines, "No arm germinated a seed in any episode."]
     lines += ["Per budget: the episodes that grew no, one and two or more times (a growth: a "
-              "seed germinated at a decision; seeds implanted before the first are none), and "
-              "the mean share of the budget spent at the first and the second growth over the "
-              "episodes that made one.", "",
+              "seed of a growth operator's blueprint germinated at a decision; seeds implanted "
+              "before the first are none), and the mean share of the budget spent at the first "
+              "and the second growth over the episodes that made one."
+              + ("" if all(r.blueprints for r in rows) else
+                 f" Rows marked † hold episodes written before `{SEEDS}` named the blueprints: "
+                 "there every germination counts."), "",
               "| budget (FLOPs) | controller | episodes | grew 0 / 1 / 2+ | first growth | "
               "second growth |", "|---:|---|---:|---:|---:|---:|"]
     for r in rows:
         budget = "—" if r.budget is None else f"{r.budget:.3g}"
-        lines.append(f"| {budget} | {r.controller.replace('|', chr(92) + '|')} | {r.episodes} "
+        name = r.controller.replace("|", chr(92) + "|") + ("" if r.blueprints else " †")
+        lines.append(f"| {budget} | {name} | {r.episodes} "
                      f"| {' / '.join(map(str, r.grew))} | {_share(r.first)} | "
                      f"{_share(r.second)} |")
     return lines
@@ -145,7 +185,9 @@ def as_json(rows: Sequence[GrowthRow] | None) -> list[dict[str, Any]] | None:
     if rows is None:
         return None
     return [{"controller": r.controller, "budget": r.budget, "episodes": r.episodes,
-             "grew": list(r.grew), "first": r.first, "second": r.second} for r in rows]
+             "grew": list(r.grew), "first": r.first, "second": r.second,
+             "blueprints": r.blueprints} for r in rows]
 
 
-__all__ = ["GrowthRow", "as_json", "growth_rows", "growth_times", "markdown"]
+__all__ = ["GrowthRow", "as_json", "episode_growth_times", "germinated_blueprints", "growth_rows",
+           "growth_times", "markdown"]

@@ -15,8 +15,9 @@ The CSV (``episodes.csv``) has one row per `EpisodeRecord`: a ``schema`` column
 then one column per metric. Tables of earlier layouts still read: `LAYOUTS` holds their headers
 and `UPGRADES` turns their rows into current ones. A new metric is a new column and needs no new
 version: a table without the column reads the metric as missing when it is ``optional`` and is
-refused, naming the column, when it is not. Bump `SCHEMA_VERSION` (and add an upgrade) only when
-the meaning of an existing column changes.
+refused, naming the column, when it is not; appending to it adds the column (empty in its
+earlier rows) only where the metric is ``mixed``. Bump `SCHEMA_VERSION` (and add an upgrade)
+only when the meaning of an existing column changes.
 
 Example::
 
@@ -146,6 +147,10 @@ class Metric:
         shown: when a report shows it (`Scope.shows`): ``"always"``; ``"budget"``, under a
             compute budget; ``"compute"``, under a budget or when the controllers' training
             FLOPs differ; ``"bits"``, on a task whose loss is read in bits (text).
+        mixed: whether a table may hold it in some rows and not in others, so a table written
+            before it gains its column when resumed (an optional metric that nothing pairs or
+            groups by: each row is read on its own). Other new columns are left out of an
+            older table: a budget known for some episodes and not others would pair nothing.
     """
 
     name: str
@@ -164,8 +169,11 @@ class Metric:
     plot: bool = False
     priced: bool = False
     shown: Literal["always", "budget", "compute", "bits"] = "always"
+    mixed: bool = False
 
     def __post_init__(self) -> None:
+        if self.mixed and not self.optional:
+            raise ValueError(f"metric {self.name!r}: only an optional metric can be mixed")
         if self.kind not in ("scalar", "curve", "seeds") or self.dtype not in (int, float):
             raise ValueError(f"metric {self.name!r}: bad kind {self.kind!r} or dtype {self.dtype}")
         if self.kind == "seeds" and (self.summary or self.paired or self.plot):
@@ -274,6 +282,20 @@ def germinated_curve(episode: Episode) -> tuple[float, ...]:
     return tuple(curve)
 
 
+def germinated_seeds(episode: Episode) -> Seeds:
+    """Every seed the reports showed, ``(slot id, blueprint)`` in the order they appeared
+    (epoch, then slot): the seeds `germinated_curve` counts, in its order, so each of its rises
+    is known by blueprint (a growth operator's or another: `app.compare.growth`)."""
+    seen: set[str] = set()
+    seeds = []
+    for report in episode.reports:
+        for s in report.slots:
+            if s.seed_id is not None and s.seed_id not in seen:
+                seen.add(s.seed_id)
+                seeds.append((s.slot_id, s.blueprint))
+    return tuple(seeds)
+
+
 def test_outcome(episode: Episode) -> float | None:
     """Test accuracy at the end minus the parameter price of the seeds present then (None:
     no test accuracy recorded)."""
@@ -340,6 +362,9 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
            summary=None, optional=True,
            description="seeds seen so far at the end of each epoch (distinct seed ids): when "
                        "an arm grew (`app.compare.growth`)"),
+    Metric("germinated_seeds", germinated_seeds, "seeds in order", kind="seeds", summary=None,
+           optional=True, mixed=True, description="slot:blueprint of every seed seen, in the order "
+                                      "germinated_curve counts them: which rises grew the host"),
     Metric("seeds_germinated", _events("germinated"), "germinated", dtype=int, summary=None),
     Metric("seeds_fossilized", _events("fossilized"), "fossilized", dtype=int, summary=None),
     Metric("seeds_pruned", _events("pruned"), "pruned", dtype=int, summary=None),
@@ -621,11 +646,33 @@ def read_records_csv(path: str | os.PathLike[str]) -> list[EpisodeRecord]:
     return records
 
 
+def _add_columns(path: Path, columns: Sequence[str]) -> None:
+    """Rewrite a current-layout table with ``columns`` (its own and new ones, empty in its
+    rows), atomically: a crash leaves the old file or the new one, never half of either."""
+    with path.open(newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        rows = []
+        for row in reader:
+            if None in row or None in row.values():
+                raise ConfigError(f"malformed records file {path}: line {reader.line_num}: "
+                                  "row has the wrong number of fields")
+            rows.append(row)
+    partial = path.with_name(path.name + ".partial")
+    with partial.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, lineterminator="\n", restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(partial, path)
+
+
 def append_record_csv(path: str | os.PathLike[str], record: EpisodeRecord) -> None:
     """Append one record (header first when the file is new or empty), flushed to disk so the
-    episodes finished before a crash are kept. A table of an earlier layout, or one written
-    before an optional metric existed, keeps its columns (the record's others are left out),
-    so an earlier comparison resumes where it stopped.
+    episodes finished before a crash are kept. A table written before a ``mixed`` metric
+    existed gains its column first (empty in its earlier rows: not recorded); otherwise a
+    table of an earlier layout, or one written before an optional metric existed, keeps its
+    columns (the record's others are left out), so it resumes where it stopped.
 
     Raises:
         ConfigError: the existing file is not an episode table.
@@ -640,8 +687,12 @@ def append_record_csv(path: str | os.PathLike[str], record: EpisodeRecord) -> No
     if not new:
         with path.open(newline="", encoding="utf-8") as f:
             header = next(csv.reader(f), None)
-        _layout(path, header)
-        columns = header or ()
+        columns = tuple(header or ())
+        if _layout(path, header) is None:
+            added = [m.name for m in METRICS.values() if m.mixed and m.name not in columns]
+            if added:
+                columns = (*columns, *added)
+                _add_columns(path, columns)
     row = record.to_row()
     if any(name not in row for name in columns):  # an upgrade that removed a column
         raise RuntimeError(f"cannot append to {path}: its columns {list(columns)} are not all "
