@@ -260,11 +260,13 @@ def per_budget_lines(root: Path) -> list[str]:
     family, no verdict)."""
     lines = []
     for _, unseen, summary, config, base, played in _played(root):
-        groups = {name: config.groups()[name] for name in (TIMING, ALL)
-                  if name in config.groups()}
+        groups = {TIMING: config.groups()[TIMING]}
+        if _joined(summary, config):
+            groups[ALL] = config.groups()[ALL]
+        pairs = [(a, b) for a, b in config.paired_groups() if a in groups and b in groups]
         for budget, records in sorted(group_by_budget(played).items()):
             for row in group_differences(records, groups, config.reference, summary["judged"],
-                                         config.paired_groups()):
+                                         pairs):
                 against = row.reference if row.paired else "lookup"
                 seeds = ", ".join(f"{v:+.4f}" for v in row.member_means.values())
                 lines.append(f"| {unseen} | {budget / base:g} | {row.group} − {against} | "
@@ -284,8 +286,10 @@ def _when(row: GrowthRow) -> str:
     return f"{shares} ({row.episodes - row.grew[0]} of {row.episodes} grew)"
 
 
-def _group_arms(config: Any, name: str) -> list[str]:
-    return list(config.groups().get(name, ()))
+def _joined(summary: dict[str, Any], config: Any) -> list[str]:
+    """The members of the group ``all`` where its stage's report holds it; none before (also
+    while it plays: the settings name it from its first episode, the report from its last)."""
+    return list(config.groups()[ALL]) if _group(summary, ALL) is not None else []
 
 
 def growth_lines(root: Path) -> list[str]:
@@ -299,9 +303,9 @@ def growth_lines(root: Path) -> list[str]:
             budget the others played.
     """
     lines, sizes, counted = [], {}, set()  # counted: columns that count every germination
-    joined = max((len(_group_arms(c, ALL)) for *_, c, _, _ in _played(root)), default=0)
-    for stage, unseen, _, config, base, played in _played(root):
-        timing, every = _group_arms(config, TIMING), _group_arms(config, ALL)
+    joined = max((len(_joined(s, c)) for _, _, s, c, _, _ in _played(root)), default=0)
+    for stage, unseen, summary, config, base, played in _played(root):
+        timing, every = list(config.groups()[TIMING]), _joined(summary, config)
         arms = [config.reference, *timing, *every]
         sizes[stage] = len(timing)
         rows = growth_rows(played)
@@ -342,10 +346,8 @@ def germination_lines(root: Path) -> list[str]:
     are none): whether it grew, or spent its germinations on other seeds. Nothing before the
     group ``all`` joins; a member whose episodes did not name their seeds raises."""
     folder = root / "final-budgets"
-    if _summary(folder) is None:
-        return []
-    config = comparison_config(folder)
-    members = _group_arms(config, ALL)
+    summary = _summary(folder)
+    members = [] if summary is None else _joined(summary, comparison_config(folder))
     if not members:
         return []
     played = group_by_controller(read_records_csv(folder / "episodes.csv"))

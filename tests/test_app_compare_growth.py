@@ -116,7 +116,7 @@ def test_a_table_without_the_curve_or_without_growth_says_so():
     assert markdown(None)[-1].startswith("Not recorded: some episodes have no `germinated_curve`")
     assert as_json(None) is None
     assert markdown(growth_rows([record("static", 0, [0, 0])]))[-1] == (
-        "No arm germinated a seed in any episode.")
+        "No arm germinated a growth blueprint's seed in any episode.")
 
 
 def test_a_comparison_reports_the_time_a_stack_arm_grew(tmp_path, text_file, monkeypatch):

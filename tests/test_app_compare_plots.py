@@ -328,12 +328,12 @@ def test_regret_is_a_forest_plot_of_every_controller_overall_and_per_budget(tmp_
 
 
 def test_growth_times_are_drawn_against_the_budget(tmp_path):
-    rows = [GrowthRow("lookup", 1e12, 4, (0, 4, 0), 0.5, None),
-            GrowthRow("lookup", 4e12, 4, (0, 0, 4), 0.1, 0.3),
-            GrowthRow("policy", 1e12, 4, (1, 3, 0), 0.45, None),
-            GrowthRow("policy", 4e12, 4, (0, 2, 2), 0.2, 0.6),
-            GrowthRow("static", 1e12, 4, (4, 0, 0), None, None),
-            GrowthRow("static", 4e12, 4, (4, 0, 0), None, None)]
+    rows = [GrowthRow("lookup", 1e12, 4, (0, 4, 0), 0.5, None, True),
+            GrowthRow("lookup", 4e12, 4, (0, 0, 4), 0.1, 0.3, True),
+            GrowthRow("policy", 1e12, 4, (1, 3, 0), 0.45, None, True),
+            GrowthRow("policy", 4e12, 4, (0, 2, 2), 0.2, 0.6, True),
+            GrowthRow("static", 1e12, 4, (4, 0, 0), None, None, True),
+            GrowthRow("static", 4e12, 4, (4, 0, 0), None, None, True)]
     fig = growth_figure(rows)
     (ax,) = fig.axes
     lines = {line.get_label(): line for line in ax.get_lines()}
@@ -352,4 +352,4 @@ def test_growth_times_are_drawn_against_the_budget(tmp_path):
     with pytest.raises(ValueError, match="a controller that grew under a budget"):
         growth_figure(rows[4:])
     with pytest.raises(ValueError, match="a controller that grew under a budget"):
-        growth_figure([GrowthRow("stack", None, 2, (0, 2, 0), 0.5, None)])
+        growth_figure([GrowthRow("stack", None, 2, (0, 2, 0), 0.5, None, True)])

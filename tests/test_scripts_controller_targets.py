@@ -189,6 +189,23 @@ def test_the_nine_blueprint_seeds_get_their_growth_germinations_and_budget_rows(
     assert _row(lines, "| budgets 0.35–2.8× | 2 | all − lookup |")[3] == "6"
 
 
+def test_the_tables_read_while_the_nine_blueprint_seeds_play(ct, quiet, text_file, tmp_path):
+    """From its first episode the settings name the group `all`, from its last the report:
+    in between the tables are those before it joined, not an error."""
+    _stage(tmp_path, "final-budgets", text_file, {k: OFFSETS[k] for k in (REFERENCE, *TIMING)})
+    before = ct.targets(tmp_path)
+    settings = tmp_path / "final-budgets" / "compare_config.json"
+    config = json.loads(settings.read_text())
+    config["controllers"] += list(ALL)
+    config["arm_groups"] += [f"all={','.join(ALL)}"]
+    config["group_pairs"] = ["all=timing"]
+    settings.write_text(json.dumps(config))
+    assert ct.targets(tmp_path) == before
+    assert _row(before, "| all − timing")[2] == (
+        "the nine-blueprint policies have not joined final-budgets")
+    assert not any(x.startswith("| all seed") or "| all − lookup |" in x for x in before)
+
+
 def test_growth_columns_counted_from_every_germination_are_marked(ct, quiet, text_file,
                                                                   tmp_path):
     _stage(tmp_path, "final-text", text_file, {k: OFFSETS[k] for k in (REFERENCE, *TIMING)},

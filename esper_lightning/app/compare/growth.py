@@ -122,7 +122,7 @@ class GrowthRow:
     grew: tuple[int, int, int]
     first: float | None
     second: float | None
-    blueprints: bool = True
+    blueprints: bool
 
 
 def _mean(values: list[float]) -> float | None:
@@ -161,7 +161,7 @@ def markdown(rows: Sequence[GrowthRow] | None) -> list[str]:
         return [*lines, f"Not recorded: some episodes have no `{GERMINATED}` (their rows were "
                         "written before it was)."]
     if all(r.grew[0] == r.episodes for r in rows):
-        return [*lines, "No arm germinated a seed in any episode."]
+        return [*lines, "No arm germinated a growth blueprint's seed in any episode."]
     lines += ["Per budget: the episodes that grew no, one and two or more times (a growth: a "
               "seed of a growth operator's blueprint germinated at a decision; seeds implanted "
               "before the first are none), and the mean share of the budget spent at the first "

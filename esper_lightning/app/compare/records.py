@@ -658,13 +658,21 @@ def _add_columns(path: Path, columns: Sequence[str]) -> None:
                                   "row has the wrong number of fields")
             rows.append(row)
     partial = path.with_name(path.name + ".partial")
-    with partial.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=columns, lineterminator="\n", restval="")
-        writer.writeheader()
-        writer.writerows(rows)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(partial, path)
+    try:
+        with partial.open("w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=columns, lineterminator="\n", restval="")
+            writer.writeheader()
+            writer.writerows(rows)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:  # the rename itself reaches the disk
+        os.fsync(folder)
+    finally:
+        os.close(folder)
 
 
 def append_record_csv(path: str | os.PathLike[str], record: EpisodeRecord) -> None:
