@@ -303,6 +303,7 @@ def growth_lines(root: Path) -> list[str]:
             budget the others played.
     """
     lines, sizes, counted = [], {}, set()  # counted: columns that count every germination
+    unnamed: list[EpisodeRecord] = []
     joined = max((len(_joined(s, c)) for _, _, s, c, _, _ in _played(root)), default=0)
     for stage, unseen, summary, config, base, played in _played(root):
         timing, every = list(config.groups()[TIMING]), _joined(summary, config)
@@ -320,6 +321,7 @@ def growth_lines(root: Path) -> list[str]:
                 raise ValueError(f"{stage}: {missing[0]} played no episode at budget "
                                  f"{budget:.3g} FLOPs")
             counted |= {i for i, a in enumerate(arms) if not by_arm[a].blueprints}
+            unnamed += [r for r in played if r.controller in arms and r["germinated_seeds"] is None]
             absent = ["not played"] * (joined - len(every))
             lines.append(f"| {unseen} | {budget / base:g} | "  # type: ignore[operator]
                          + " | ".join([*(_when(by_arm[a]) for a in arms), *absent]) + " |")
@@ -332,12 +334,23 @@ def growth_lines(root: Path) -> list[str]:
              *(f"all seed {i + 1}" for i in range(joined))]
     names = [f"{n} †" if i in counted else n for i, n in enumerate(names)]
     note = (" † marks arms whose episodes were written before the blueprints germinated were "
-            "recorded (`germinated_seeds`): there every germination counts, and these arms "
-            "germinate block_identity alone." if counted else "")
+            "recorded (`germinated_seeds`): there every germination counts"
+            + (", and each is a growth: every seed these arms germinated is there at the end, "
+               "a growth blueprint's (`final_seeds`)." if _all_growth(unnamed) else ".")
+            if counted else "")
     return ["", "When they grew (mean share of the budget at the first and the second growth, "
             f"a growth being a growth blueprint's germination; not tested).{note}", "",
             "| setting | budget (× base) | " + " | ".join(names) + " |",
             "|---|---:|" + "---|" * len(names), *lines]
+
+
+def _all_growth(records: Sequence[EpisodeRecord]) -> bool:
+    """Whether every seed these episodes germinated is a growth blueprint's, as far as their
+    seeds at the end tell: each was kept (as many as the curve counts) and is one."""
+    return all(r["final_seeds"] is not None and r["germinated_curve"]
+               and len(r["final_seeds"]) == round(r["germinated_curve"][-1])
+               and all(operator_of(b) is not None for _, b in r["final_seeds"])
+               for r in records)
 
 
 def germination_lines(root: Path) -> list[str]:

@@ -208,12 +208,21 @@ def test_the_tables_read_while_the_nine_blueprint_seeds_play(ct, quiet, text_fil
 
 def test_growth_columns_counted_from_every_germination_are_marked(ct, quiet, text_file,
                                                                   tmp_path):
-    _stage(tmp_path, "final-text", text_file, {k: OFFSETS[k] for k in (REFERENCE, *TIMING)},
-           named=False)
+    records = _stage(tmp_path, "final-text", text_file,
+                     {k: OFFSETS[k] for k in (REFERENCE, *TIMING)}, named=False)
     lines = ct.targets(tmp_path)
+
+    def ending(blueprint):  # each episode's seeds at the end: the one it germinated, kept
+        return [EpisodeRecord(r.controller, r.episode_index, r.episode_rng_seed, r.host, {
+            **r.values, "final_seeds": (("r1c0", blueprint),) * round(
+                r["germinated_curve"][-1])}) for r in records]
+
+    assert ct._all_growth(ending("block_identity")) and not ct._all_growth(ending("lora"))
+    assert not ct._all_growth(records)  # seeds at the end not recorded
     assert "| setting | budget (× base) | lookup † | timing seed 1 † | timing seed 2 † | " \
            "timing seed 3 † |" in lines
-    assert any("† marks arms whose episodes were written before" in x for x in lines)
+    (note,) = [x for x in lines if "† marks arms whose episodes were written before" in x]
+    assert note.endswith("there every germination counts.")  # no final seeds tell more
 
 
 def test_growth_rows_say_what_they_cannot_show(ct, quiet, text_file, tmp_path):
