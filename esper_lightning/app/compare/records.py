@@ -30,6 +30,7 @@ Example::
 from __future__ import annotations
 
 import csv
+import itertools
 import math
 import operator
 import os
@@ -270,30 +271,30 @@ def _events(kind: str) -> Callable[[Episode], int]:
     return lambda e: e.events.get(kind, 0)
 
 
+def _new_seeds(episode: Episode) -> list[list[Any]]:
+    """Per report, the slots whose seed it shows first (slot order): the one walk that
+    `germinated_curve` counts and `germinated_seeds` names, so the two line up."""
+    seen: set[str] = set()
+    new = []
+    for report in episode.reports:
+        first = [s for s in report.slots if s.seed_id is not None and s.seed_id not in seen]
+        seen.update(s.seed_id for s in first)
+        new.append(first)
+    return new
+
+
 def germinated_curve(episode: Episode) -> tuple[float, ...]:
     """Distinct seeds seen in the reports up to each epoch: every germination is a new seed id
     (``slot:seedN``), so the count rises at the epoch after each germinating decision, and a
     change of blend style or a prune in another slot cannot move it (seed parameters can)."""
-    seen: set[str] = set()
-    curve = []
-    for report in episode.reports:
-        seen.update(s.seed_id for s in report.slots if s.seed_id is not None)
-        curve.append(float(len(seen)))
-    return tuple(curve)
+    return tuple(float(n) for n in itertools.accumulate(len(f) for f in _new_seeds(episode)))
 
 
 def germinated_seeds(episode: Episode) -> Seeds:
     """Every seed the reports showed, ``(slot id, blueprint)`` in the order they appeared
     (epoch, then slot): the seeds `germinated_curve` counts, in its order, so each of its rises
     is known by blueprint (a growth operator's or another: `app.compare.growth`)."""
-    seen: set[str] = set()
-    seeds = []
-    for report in episode.reports:
-        for s in report.slots:
-            if s.seed_id is not None and s.seed_id not in seen:
-                seen.add(s.seed_id)
-                seeds.append((s.slot_id, s.blueprint))
-    return tuple(seeds)
+    return tuple((s.slot_id, s.blueprint) for first in _new_seeds(episode) for s in first)
 
 
 def test_outcome(episode: Episode) -> float | None:
