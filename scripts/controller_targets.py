@@ -314,6 +314,7 @@ def growth_lines(root: Path) -> list[str]:
             lines.append(f"| {unseen} | — | not recorded ({stage}'s episodes predate "
                          "germinated_curve) |")
             continue
+        unnamed += [r for r in played if r.controller in arms and r["germinated_seeds"] is None]
         for budget in sorted({r.budget for r in rows}):  # type: ignore[type-var]
             by_arm = {r.controller: r for r in rows if r.budget == budget}
             missing = [a for a in arms if a not in by_arm]
@@ -321,7 +322,6 @@ def growth_lines(root: Path) -> list[str]:
                 raise ValueError(f"{stage}: {missing[0]} played no episode at budget "
                                  f"{budget:.3g} FLOPs")
             counted |= {i for i, a in enumerate(arms) if not by_arm[a].blueprints}
-            unnamed += [r for r in played if r.controller in arms and r["germinated_seeds"] is None]
             absent = ["not played"] * (joined - len(every))
             lines.append(f"| {unseen} | {budget / base:g} | "  # type: ignore[operator]
                          + " | ".join([*(_when(by_arm[a]) for a in arms), *absent]) + " |")
