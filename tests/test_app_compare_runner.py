@@ -79,8 +79,9 @@ def test_identical_controllers_give_identical_episodes(cifar_dir, tmp_path):
     assert text.startswith("# Comparison of 2 controllers on cifar (smoke)\n\n| setting |")
     for row in ("| preset | smoke |", "| budget | none: 3 epochs |",
                 "root rng seed 0 |", "| controllers | static (the reference), twin |",
-                "| code | esper-lightning ", "| command | `esper-lightning compare --preset smoke "
-                "--out 'my out'` |", "twin played exactly as static in every episode"):
+                "| code | esper-lightning ", "| machine | ",
+                "| command | `esper-lightning compare --preset smoke --out 'my out'` |",
+                "twin played exactly as static in every episode"):
         assert row in text
     for absent in ("## Compute", "## Speed-up", "final loss (bits)", "test loss (bits)",
                    "byte"):

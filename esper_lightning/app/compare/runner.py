@@ -91,7 +91,7 @@ from esper_lightning.app.config import (
     check_hardware,
 )
 from esper_lightning.app.logs import label_engine
-from esper_lightning.app.provenance import code_version
+from esper_lightning.app.provenance import code_version, machine_description
 from esper_lightning.app.task import env_spec, load_splits, make_task
 from esper_lightning.controllers import (
     Controller,
@@ -505,7 +505,7 @@ class Comparison:
     def header(self, n_controllers: int) -> str:
         """The report's title and a table of the settings a reader needs to judge or rerun it:
         task, preset, budget, learning rates, episodes and root rng seed, controllers, what
-        the verdict judges, the code and the command."""
+        the verdict judges, the code, the machine and the command."""
         c = self.config
         preset = next((b for a, b in itertools.pairwise(self.command) if a == "--preset"),
                       next((a.partition("=")[2] for a in self.command
@@ -538,6 +538,7 @@ class Comparison:
             ("judged", f"{judged.label} on the test split; tuning decides on validation "
                        f"({METRICS[self.decides].label})"),
             ("code", code_version()),
+            ("machine", machine_description()),
         ]
         if self.command:
             rows.append(("command", "`" + " ".join(shlex.quote(a) for a in self.command) + "`"))
