@@ -54,7 +54,7 @@ def code_version() -> str:
 def machine_description() -> str:
     """The CPU model, torch's version, the instruction set its CPU kernels use and its thread
     count, and the GPU where one is visible: what a CPU result's rounding depends on."""
-    import torch  # here, not at the top: the CLI reads the commit before torch loads
+    import torch  # here, not at the top: code_version must not load torch
 
     threads = torch.get_num_threads()
     text = (f"{cpu_model()}; torch {torch.__version__}, kernels "
