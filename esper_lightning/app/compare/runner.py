@@ -505,7 +505,8 @@ class Comparison:
     def header(self, n_controllers: int) -> str:
         """The report's title and a table of the settings a reader needs to judge or rerun it:
         task, preset, budget, learning rates, episodes and root rng seed, controllers, what
-        the verdict judges, the code, the machine and the command."""
+        the verdict judges, the code, the machine and the command. Code and machine are this
+        run's: a resumed table's earlier rows may have been played by others."""
         c = self.config
         preset = next((b for a, b in itertools.pairwise(self.command) if a == "--preset"),
                       next((a.partition("=")[2] for a in self.command
