@@ -61,6 +61,28 @@ def test_a_kind_written_wrong_is_refused_with_every_accepted_form(text):
                               f"{', '.join(BUILT_IN)}, mine")
 
 
+@pytest.mark.parametrize("controllers", [["statik"], ["static", "statik"], ["heuristik"]])
+def test_a_misspelt_controller_is_named_before_the_reference(controllers, capsys):
+    # statik leaves the default reference (static) out, or not: the misspelt name is the error.
+    assert cli.main(["compare", "--controllers", *controllers, "--out", "unused"]) == 2
+    bad = next(c for c in controllers if c not in BUILT_IN)
+    assert capsys.readouterr().err == (f"esper-lightning compare: error: unknown controller "
+                                       f"{bad!r}; accepted: {', '.join(BUILT_IN)}\n")
+    if "static" not in controllers:  # the config (also built in Python) checks it first
+        with pytest.raises(ConfigError, match=f"^unknown controller {bad!r}; accepted: static, "):
+            CompareConfig(controllers=tuple(controllers))
+
+
+def test_a_reference_left_out_of_valid_controllers_is_still_named():
+    with pytest.raises(ConfigError) as err:
+        CompareConfig(controllers=("heuristic", "random"))
+    assert str(err.value) == ("reference 'static' is not among the controllers; accepted: "
+                              "heuristic, random")
+    with pytest.raises(ConfigError) as err:
+        CompareConfig(controllers=("static", "heuristic"), speedup_reference="random")
+    assert str(err.value).startswith("speedup_reference 'random' is not among the controllers")
+
+
 def test_a_registered_kind_is_named_on_the_command_line_and_played(scratch_arms, tmp_path):
     register_arm(ArmKind("idle", "idle", "the host as it is",
                          lambda arena, spec, plan, prepared: StaticController()))

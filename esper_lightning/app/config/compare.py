@@ -87,6 +87,9 @@ class CompareConfig(TaskConfig):
         for name in ("reference", "speedup_reference"):
             value = getattr(self, name)
             if value is not None and value not in self.controllers:
+                # A misspelt controller (statik) leaves the default reference (static) out: the
+                # controller is the mistake to name, with the forms accepted.
+                _check_arm_kinds(self.controllers)
                 raise ConfigError(f"{name} {value!r} is not among the controllers; "
                                   f"accepted: {', '.join(self.controllers)}")
         self.arm_lrs()  # checked now
@@ -177,3 +180,14 @@ def _split_arms(text: str, controllers: Sequence[str]) -> tuple[str, ...]:
         elif piece:
             arms.append(piece)
     return tuple(arms)
+
+
+def _check_arm_kinds(controllers: Sequence[str]) -> None:
+    """Refuse the first of ``controllers`` that is no registered arm kind as written (one line
+    naming it and every accepted form: `arms.parse_controller`)."""
+    # Imported here: the arms registry imports this package.
+    from esper_lightning.app.compare.arms import parse_controller
+
+    for text in controllers:
+        parse_controller(text)
+
