@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter, deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -72,6 +72,8 @@ log = logging.getLogger(__name__)
 _WAIT = Action()
 #: Optimizer steps between gradient-health measurements (each epoch's first step is measured too).
 GRAD_STATS_EVERY = 25
+#: The prune reason of a seed whose output or gradients were not finite (`prune_nonfinite`).
+SEED_NONFINITE = "seed_nonfinite"
 
 
 @dataclass(frozen=True)
@@ -215,6 +217,9 @@ class MorphogenesisEngine:
         #: Every slot's stage and alpha after each decision (appended by `tick`).
         self.timeline: list[TimelineEntry] = []
         self._pending_group_order: list[str] | None = None
+        #: Optimizer steps whose gradients a non-finite seed spoiled, which did not move the
+        #: host (`prune_nonfinite`); the governor does not count their losses as the host's.
+        self.dropped_steps = 0
 
     # --- slots --------------------------------------------------------------------------------
     def _set_slot_settings(self, gate_mode: GateMode | str | None, gate_config: GateConfig | None,
@@ -411,6 +416,96 @@ class MorphogenesisEngine:
         self._note_changes(before, reason)
         self._sync_optimizer()
         self.last_action, self.last_action_success = _WAIT, False
+        return pruned
+
+    @torch.no_grad()
+    def prune_nonfinite(self, scaled: bool = False,
+                        reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[str]:
+        """Prune every live seed whose output or gradients are not finite, before the
+        optimizer steps (after backward, before clipping), so its inf or NaN never reaches the
+        step nor a global gradient norm. Returns the ids of the pruned slots.
+
+        A seed is blamed when a training forward gave a non-finite output
+        (`SeedSlot.take_nonfinite_output`), or when its gradients are not finite and either the
+        rest of the model's are finite or the seed is in the host's forward (BLENDING,
+        HOLDING) and no loss scaler owns the gradients. An incubating seed (TRAINING) whose
+        gradients are NaN because the host's are is not blamed: it cannot change the host, and
+        a diverging host is the governor's. When a blamed seed was in the host's forward and
+        the host's gradients are not finite, the step is dropped: every gradient is set to
+        None, so neither weights nor optimizer state move (under a loss scaler the gradients
+        are left to it: it skips a step whose gradients are not finite); `dropped_steps`
+        counts these steps and a warning says so.
+
+        Reads one flag vector back from the device while a live seed runs in the forward (a
+        second only when a seed's gradients are not finite), nothing otherwise.
+
+        Args:
+            scaled: A loss scaler (fp16 mixed precision) owns the gradients: non-finite
+                gradients of the seed and of the rest of the model together may be its
+                overflow (which it skips while lowering its scale), so they prune no seed.
+            reduce: Sums a flag tensor over the data-parallel ranks (every rank calls this
+                method at the same step): a seed's output differs by rank, so this keeps every
+                rank's lifecycle equal. None: one process.
+        """
+        live = [s for s in self.slots.values() if s.stage in LIVE_STAGES and s.seed is not None]
+        if not live:
+            return []
+        flags: list[tuple[torch.Tensor | None, torch.Tensor | None]] = []
+        for slot in live:
+            grads = [p.grad for p in slot.seed_parameters() if p.grad is not None]
+            flags.append((slot.take_nonfinite_output(), _nonfinite(grads)))
+        present = [f for pair in flags for f in pair if f is not None]
+        if not present:  # no seed ran in a training forward (GERMINATED only)
+            return []
+        device = present[0].device
+        zero = torch.zeros((), dtype=torch.bool, device=device)
+        vector = torch.stack([zero if f is None else f.to(device) for pair in flags for f in pair])
+        read = (vector if reduce is None else reduce(vector.float())).tolist()  # the one sync
+        bad_output, bad_grads = read[0::2], read[1::2]
+        if not any(bad_output) and not any(bad_grads):
+            return []
+        live_ids = {id(p) for slot in live for p in slot.seed_parameters()}
+        host_finite: bool | None = None  # the rest of the model's gradients, read once if asked
+
+        def rest_finite() -> bool:
+            nonlocal host_finite
+            if host_finite is None:
+                rest = [p.grad for p in self.model.parameters()
+                        if id(p) not in live_ids and p.grad is not None]
+                flag = _nonfinite(rest)
+                if flag is None:
+                    host_finite = True
+                else:
+                    flag = flag.float()
+                    host_finite = not bool(flag if reduce is None else reduce(flag))
+            return host_finite
+
+        blamed: list[SeedSlot] = []
+        for slot, output, grads in zip(live, bad_output, bad_grads, strict=True):
+            incubating = slot.stage == SeedStage.TRAINING
+            if output or (grads and (rest_finite() or (not incubating and not scaled))):
+                blamed.append(slot)
+        if not blamed:
+            return []
+        # Whether the seed could have spoiled the host's gradients (it is in the forward).
+        drop = (any(s.stage != SeedStage.TRAINING for s in blamed) and not rest_finite())
+        before = self._stages()
+        for slot in blamed:
+            slot.prune(SEED_NONFINITE)
+        self._note_changes(before, SEED_NONFINITE)
+        self._sync_optimizer()
+        pruned = [s.slot_id for s in blamed]
+        if drop:
+            self.dropped_steps += 1
+            if not scaled:
+                for p in self.model.parameters():
+                    p.grad = None
+        self.log.warning(
+            "epoch %d: pruned %s: seed output or gradients not finite; %s",
+            self.epoch, ", ".join(pruned),
+            ("the step's gradients were dropped: the host does not move this step" if drop
+             and not scaled else "the loss scaler skips this step" if drop
+             else "the host's gradients are its own and it steps as usual"))
         return pruned
 
     @torch.no_grad()
@@ -647,6 +742,16 @@ def legacy_train_flops(state: Mapping[str, Any]) -> float | None:
     """The training FLOPs an engine state saved before they were the ledger's, if any."""
     train = state.get("flops", {}).get("train")
     return None if train is None else float(train)
+
+
+def _nonfinite(grads: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """Whether any of ``grads`` holds an inf or NaN (a bool tensor on their device, no sync;
+    None without gradients). Their largest magnitudes are compared, which never overflow as a
+    sum of squares might in half precision."""
+    if not grads:
+        return None
+    peaks = torch._foreach_norm(list(grads), float("inf"))
+    return ~torch.isfinite(torch.stack([p.float() for p in peaks])).all()
 
 
 def _all_finite(host_norm: float | None, seeds: list[list[nn.Parameter]]) -> bool:

@@ -3,9 +3,10 @@
 Forward semantics at a slot with host activation ``h`` and seed output ``s = seed(x)``:
 
 * empty slot, GERMINATED, PRUNED, EMBARGOED, RESETTING: identity, the seed is not run;
-* TRAINING: the incubator ``h + (s − stopgrad(s))`` on a detached input ``x = h.detach()``. The
-  value equals ``h`` exactly, the seed learns from the gradient that reaches ``h``, and the host's
-  gradients are bitwise those of a host without the seed;
+* TRAINING: the incubator on a detached input ``x = h.detach()``: its value is ``h``'s own (no
+  arithmetic on ``s``, so an inf or NaN seed output never reaches the host), its backward hands
+  the gradient that reaches ``h`` to the host unchanged and to the seed, so the seed learns from
+  it and the host's gradients are bitwise those of a host without the seed;
 * BLENDING onwards: ``blend(h, s, alpha)`` (ADD, MULTIPLY or GATE). The seed's input is the host
   activation itself (``blend_gradient="through"``, the default), so host layers before the slot
   learn through the seed as it blends in. ``"detached"`` keeps it detached while BLENDING: those
@@ -234,6 +235,9 @@ class SeedSlot(nn.Module):
         self._override: Tensor | None = None
         self._frozen: list[nn.Parameter] = []
         self._alpha_cache: tuple[float, torch.device, torch.dtype, Tensor] | None = None
+        #: Whether a training forward of a live seed gave a non-finite output since the engine
+        #: last looked (`take_nonfinite_output`); a flag on the device, so nothing syncs here.
+        self._nonfinite_output: Tensor | None = None
         # Follows .to()/.half() so seeds are built on the host's device and dtype.
         self.register_buffer("_anchor", torch.zeros(0), persistent=False)
 
@@ -277,12 +281,32 @@ class SeedSlot(nn.Module):
         # after a block, say) sees the activation alone, as in any slot.
         s = (self.seed(x, call) if isinstance(self.seed, GrownBlocks) else self.seed(x))
         s = s.to(h.dtype)
+        if stage in LIVE_STAGES and torch.is_grad_enabled() and not s.is_meta:
+            self._note_output(s)
         if stage == SeedStage.TRAINING and override is None:
-            return h + (s - s.detach())
+            if s.shape != h.shape:  # the incubator hands h's gradient to s as it is
+                raise RuntimeError(f"slot {self.slot_id!r}: seed output shape {tuple(s.shape)} "
+                                   f"!= activation shape {tuple(h.shape)}")
+            return _Incubator.apply(h, s)
         if override is None and self._replaces(h):
             return s  # h + 1·(s − h), exactly: the grown host computes the deeper host
         a = self._alpha_tensor(h) if override is None else _per_sample(override, h)
         return self._blend(h, s, x, a)
+
+    def _note_output(self, s: Tensor) -> None:
+        """Fold whether ``s`` is all finite into the device flag the engine reads once per
+        optimizer step (`take_nonfinite_output`): a seed whose output overflows may still have
+        finite gradients (a linear layer's weight gradient never sees its output)."""
+        bad = ~torch.isfinite(s.detach()).all()
+        flag = self._nonfinite_output
+        self._nonfinite_output = bad if flag is None else flag | bad
+
+    def take_nonfinite_output(self) -> Tensor | None:
+        """Whether a training forward of this slot's live seed gave an inf or NaN output since
+        the last call (a bool tensor on the seed's device; None: no such forward ran), and
+        forget it."""
+        flag, self._nonfinite_output = self._nonfinite_output, None
+        return flag
 
     def _replaces(self, h: Tensor) -> bool:
         """Whether the output is the seed's own: an ADD blend at alpha exactly 1."""
@@ -490,6 +514,7 @@ class SeedSlot(nn.Module):
         state.transition(SeedStage.PRUNED, reason)
         self.seed = None
         self.gate = None
+        self._nonfinite_output = None  # the removed seed's
         self.alpha_controller = AlphaController()
 
     def tick(self) -> None:
@@ -782,6 +807,27 @@ class SeedSlot(nn.Module):
         for p in self._frozen:
             p.requires_grad_(True)
         self._frozen = []
+
+
+class _Incubator(torch.autograd.Function):
+    """The TRAINING forward: ``h``'s value exactly, with the seed's output ``s`` in the graph.
+
+    The backward gives the gradient reaching the output to ``h`` unchanged (the host's gradients
+    are those of a host without the seed) and to ``s`` (the seed learns what the host's loss
+    asks of this activation). Nothing is computed from ``s`` in the forward, so an inf or NaN
+    seed output cannot reach the host's output (``h + (s − s)`` would be NaN there).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, h: Tensor, s: Tensor) -> Tensor:
+        # A tensor of its own: a view of h would forbid the host's in-place ops after the slot
+        # (ReLU(inplace=True)) on the output of a custom Function.
+        return h.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        return (grad if ctx.needs_input_grad[0] else None,
+                grad if ctx.needs_input_grad[1] else None)
 
 
 def check_topology(topology: str | None) -> str | None:
