@@ -51,12 +51,12 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.callbacks import ProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch import Tensor, nn
 
 from esper_lightning.callbacks import ComputeBudget, MorphogenesisCallback
-from esper_lightning.core.depth import DepthGrowth
 from esper_lightning.data import ByteTokenizer, DataError, TextDataModule, find_text_file
 from esper_lightning.errors import ConfigError
 from esper_lightning.viz import save_timeline
@@ -173,10 +173,28 @@ class TinyGPT(L.LightningModule):
         ], lr=hp.lr, betas=(0.9, 0.95))
 
 
-def _growth(blocks: int) -> DepthGrowth | None:
+def _growth(blocks: int) -> dict[str, Any] | None:
     """A growth slot on top of ``self.blocks`` adding ``blocks`` blocks in one event (None for a
-    bad ``--grow``, which `GrowCLI.before_instantiate_classes` refuses in one line)."""
-    return DepthGrowth("blocks", blocks=blocks) if blocks >= 1 else None
+    bad ``--grow``, which `GrowCLI.before_instantiate_classes` refuses in one line).
+
+    The `DepthGrowth` arguments, not the instance: jsonargparse instantiates the dataclass from
+    them, and LightningCLI's dump of the config (the model's hyperparameters, config.yaml) can
+    write them back, where an instance would print a JsonargparseWarning on every run."""
+    return {"stack": "blocks", "blocks": blocks} if blocks >= 1 else None
+
+
+class BudgetProgressBar(TQDMProgressBar):
+    """The progress bar of a fit the compute budget ends: the epoch without a total (the Trainer's
+    ``max_epochs`` is -1, which Lightning's default bar shows as ``Epoch 58/-2``) and the share
+    of the budget spent beside the loss."""
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule
+                    ) -> dict[str, int | str | float | dict[str, float]]:
+        metrics = super().get_metrics(trainer, pl_module)
+        budget = next((c for c in trainer.callbacks if isinstance(c, ComputeBudget)), None)
+        if budget is not None:
+            metrics["budget"] = f"{budget.budget_fraction:.0%}"
+        return metrics
 
 
 class GrowCLI(LightningCLI):
@@ -234,6 +252,12 @@ class GrowCLI(LightningCLI):
         if self.config.get("trainer", {}).get("logger") is None:  # the default: TensorBoard
             kwargs["logger"] = TensorBoardLogger(self.config["logdir"], name="",
                                                  default_hp_metric=False)
+        trainer = self.config_init.get("trainer", {})  # callbacks instantiated
+        given = trainer.get("callbacks") or []
+        given = given if isinstance(given, list) else [given]
+        if trainer.get("enable_progress_bar") is not False and not any(
+                isinstance(c, ProgressBar) for c in given):  # a bar of the user's own stays
+            kwargs["callbacks"] = [*given, BudgetProgressBar()]
         return super().instantiate_trainer(**kwargs)
 
 

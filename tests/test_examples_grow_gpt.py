@@ -3,9 +3,12 @@ compute budget, WSD, loss against FLOPs in TensorBoard) on a tiny text fixture, 
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from helpers import example_module
+from lightning.pytorch.callbacks import RichProgressBar
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from esper_lightning import load_grown
@@ -115,6 +118,54 @@ def test_bad_input_is_one_line(example, text_file, tmp_path, capsys):
                              "--logdir", str(tmp_path / "runs")]) == 2
         assert capsys.readouterr().err == f"error: {message}\n"
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_bad_model_argument_prints_one_line_and_no_serialization_warning(
+        example, text_file, tmp_path, capsys):
+    # The model's class refuses n_head=5 after LightningCLI dumped the whole config, --grow's
+    # DepthGrowth included: the dump must write it without a JsonargparseWarning.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        status = example.main(["--text", str(text_file), "--model.n_head", "5", "--grow", "2",
+                               "--logdir", str(tmp_path / "runs")])
+    assert status == 2
+    assert capsys.readouterr().err == "error: n_head=5 must divide the width 32\n"
+    assert not [w for w in caught if w.category.__name__ == "JsonargparseWarning"
+                or "serialize" in str(w.message)]
+
+
+def _cli(example, text_file, tmp_path, *flags: str):
+    return example.GrowCLI(example.TinyGPT, example.TextDataModule, run=False,
+                           seed_everything_default=0, args=[
+                               "--text", str(text_file), "--logdir", str(tmp_path / "runs"),
+                               "--data.block_size", str(BLOCK), "--data.train_blocks", "8",
+                               "--data.val_blocks", "8", "--grow", "2", *flags])
+
+
+def test_growth_is_instantiated_from_grow_and_dumped_as_its_arguments(
+        example, text_file, tmp_path):
+    cli = _cli(example, text_file, tmp_path)
+    morpho = next(c for c in cli.trainer.callbacks if isinstance(c, MorphogenesisCallback))
+    growth = morpho._engine_kwargs["growth"]
+    assert (growth.stack, growth.events) == ("blocks", (2,))
+    assert cli.config_dump["morpho"]["growth"] == {"stack": "blocks", "blocks": 2}
+
+
+def test_the_progress_bar_has_no_epoch_total_and_shows_the_budget_spent(
+        example, text_file, tmp_path):
+    cli = _cli(example, text_file, tmp_path)
+    bar = cli.trainer.progress_bar_callback
+    # The budget ends the fit (max_epochs=-1): Lightning's RichProgressBar says "Epoch 58/-2".
+    assert cli.trainer.max_epochs == -1 and isinstance(bar, example.BudgetProgressBar)
+    budget = next(c for c in cli.trainer.callbacks if isinstance(c, ComputeBudget))
+    budget.ledger.train_flops = 0.25 * budget.budget_flops
+    assert bar.get_metrics(cli.trainer, cli.model)["budget"] == "25%"
+    # A bar of the user's own is kept, and no bar is added to a fit without one.
+    own = _cli(example, text_file, tmp_path, "--trainer.callbacks",
+               "lightning.pytorch.callbacks.RichProgressBar")
+    assert isinstance(own.trainer.progress_bar_callback, RichProgressBar)
+    off = _cli(example, text_file, tmp_path, "--trainer.enable_progress_bar", "false")
+    assert off.trainer.progress_bar_callback is None
 
 
 def test_a_block_seed_blends_at_germination_so_a_late_growth_is_not_too_short(
