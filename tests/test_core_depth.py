@@ -254,6 +254,45 @@ def test_a_module_that_is_not_a_stack_is_refused():
         "blocks", 1)
 
 
+class Wider(UserBlock):
+    """A UserBlock with one more parameter than its class has."""
+
+    def __init__(self, width: int = 8) -> None:
+        super().__init__(width, 2)
+        self.scale = nn.Parameter(torch.ones(width))
+
+
+@pytest.mark.parametrize(("blocks", "path", "problem"), [
+    ([UserBlock(8, 2), UserBlock(16, 2)], "blocks",
+     "block 1's ln_1.weight is (16,), block 0's (8,)"),
+    ([UserBlock(8, 2), UserBlock(8, 2), UserBlock(16, 2)], "blocks.1",
+     "block 2's ln_1.weight is (16,), block 0's (8,)"),
+    ([UserBlock(8, 2), PostNorm()], "blocks", "block 1 is a PostNorm, block 0 a UserBlock"),
+    ([UserBlock(8, 2), nn.Sequential()], "blocks", "block 1 is a Sequential, block 0 a UserBlock"),
+    ([Wider(), Wider(), nn.Linear(8, 8)], "blocks", "block 2 is a Linear, block 0 a Wider"),
+    ([], "blocks", "it holds no block"),
+])
+def test_a_container_of_unlike_blocks_is_refused_naming_the_block_that_differs(
+        blocks, path, problem):
+    with pytest.raises(ValueError) as err:
+        find_stack(Holder(blocks), path)
+    assert _first_line(err).startswith(f"DepthGrowth: 'blocks' is a ModuleList but not a stack "
+                                       f"of same-shape blocks: {problem}; accepted: a ")
+
+
+def test_a_parameter_one_block_lacks_or_adds_is_named():
+    holder = Holder([UserBlock(8, 2)])
+    holder.blocks.append(Wider())
+    holder.blocks[1].__class__ = UserBlock  # one class, one more parameter
+    with pytest.raises(ValueError) as err:
+        find_stack(holder, "blocks")
+    assert "block 1 has a parameter 'scale', which block 0 has not" in _first_line(err)
+    holder.blocks = nn.ModuleList([holder.blocks[1], UserBlock(8, 2)])
+    with pytest.raises(ValueError) as err:
+        find_stack(holder, "blocks")
+    assert "block 1 has no parameter 'scale', which block 0 has" in _first_line(err)
+
+
 def test_a_block_that_changes_the_shape_is_refused_at_its_first_activation():
     model = Holder([nn.Linear(8, 16)], head=nn.Linear(16, 8))
     MorphogenesisEngine(model, growth=DepthGrowth("blocks"))

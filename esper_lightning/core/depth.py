@@ -122,13 +122,39 @@ def growth_slot_id(block_path: str, order: int) -> str:
 
 def _is_stack(module: nn.Module) -> bool:
     """A ``ModuleList`` or ``Sequential`` of blocks of one class and one parameter shape."""
-    if not isinstance(module, nn.ModuleList | nn.Sequential) or len(module) == 0:
-        return False
-    first = module[0]
-    shapes = [tuple(p.shape) for p in first.parameters()]
-    return bool(shapes) and all(
-        type(b) is type(first) and [tuple(p.shape) for p in b.parameters()] == shapes
-        for b in module)
+    return isinstance(module, nn.ModuleList | nn.Sequential) and _unlike_blocks(module) is None
+
+
+def _unlike_blocks(container: nn.Module) -> str | None:
+    """Why the blocks of ``container`` (a ``ModuleList`` or ``Sequential``) are no stack: the
+    first block that differs from block 0 (its class, a parameter it lacks or adds, or a
+    parameter's shape), or None when they are one.
+
+    Example:
+        >>> _unlike_blocks(nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 8)]))
+        "block 1's weight is (8, 4), block 0's (4, 4)"
+    """
+    if len(container) == 0:
+        return "it holds no block"
+    blocks = list(container)
+    first = dict(blocks[0].named_parameters())
+    if not first:
+        return f"block 0 ({type(blocks[0]).__name__}) has no parameters"
+    for index, block in enumerate(blocks[1:], start=1):
+        if type(block) is not type(blocks[0]):
+            return (f"block {index} is a {type(block).__name__}, block 0 a "
+                    f"{type(blocks[0]).__name__}")
+        params = dict(block.named_parameters())
+        for name, p in first.items():
+            if name not in params:
+                return f"block {index} has no parameter {name!r}, which block 0 has"
+            if params[name].shape != p.shape:
+                return (f"block {index}'s {name} is {tuple(params[name].shape)}, block 0's "
+                        f"{tuple(p.shape)}")
+        extra = [name for name in params if name not in first]
+        if extra:
+            return f"block {index} has a parameter {extra[0]!r}, which block 0 has not"
+    return None
 
 
 def find_stack(model: nn.Module, path: str | None) -> tuple[str, nn.Module, int | None]:
@@ -157,6 +183,14 @@ def find_stack(model: nn.Module, path: str | None) -> tuple[str, nn.Module, int 
     parent, _, index = path.rpartition(".")
     if index.isdigit() and parent in modules and _is_stack(modules[parent]):
         return parent, modules[parent], int(index)
+    # A container of blocks that are not alike (or a block of one): say which block differs,
+    # and how, rather than what the container is.
+    for name in (parent if index.isdigit() else None, path):
+        container = modules.get(name) if name is not None else None
+        if isinstance(container, nn.ModuleList | nn.Sequential):
+            raise ValueError(f"DepthGrowth: {name!r} is a {type(container).__name__} but not a "
+                             f"stack of same-shape blocks: {_unlike_blocks(container)}; "
+                             f"{accepted}")
     raise ValueError(f"DepthGrowth: {path!r} is a {type(modules[path]).__name__}, not a stack "
                      f"of blocks or one of its blocks; {accepted}")
 
