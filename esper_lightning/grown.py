@@ -68,7 +68,11 @@ def load_grown(
         >>> shipped = esper_lightning.core.export(model.eval(), example)  # doctest: +SKIP
     """
     if not (isinstance(cls, type) and issubclass(cls, L.LightningModule)):
-        raise TypeError(f"load_grown needs a LightningModule subclass, got {cls!r}")
+        # Named by its type: an instance's repr is the whole module, many lines long.
+        what = (f"the class {cls.__qualname__}" if isinstance(cls, type)
+                else f"an instance of {type(cls).__qualname__}")
+        raise TypeError(f"load_grown needs a LightningModule subclass (the class, e.g. "
+                        f"load_grown(MyModule, path)), got {what}")
     if "strict" in kwargs:
         raise ValueError(f"load_grown always loads strictly; drop strict={kwargs['strict']!r}")
     checkpoint = _read_checkpoint(Path(checkpoint_path), kwargs.get("weights_only"))

@@ -177,8 +177,16 @@ def test_errors_are_one_line(tmp_path):
     text.write_text("not a checkpoint")
     with pytest.raises(ValueError, match=r"^cannot read '.*notes\.ckpt' as a torch checkpoint: "):
         load_grown(UserModule, text)
-    with pytest.raises(TypeError, match="needs a LightningModule subclass, got <class"):
+    with pytest.raises(TypeError) as err:
         load_grown(nn.Linear, plain)
+    assert str(err.value) == ("load_grown needs a LightningModule subclass (the class, e.g. "
+                              "load_grown(MyModule, path)), got the class Linear")
+    with pytest.raises(TypeError) as err:  # an instance: named by its class, not its repr
+        load_grown(UserModule(), plain)
+    assert str(err.value).endswith("got an instance of UserModule")
+    for path in (plain, str(plain)):  # the arguments swapped: a path where the class goes
+        with pytest.raises(TypeError, match=r"got an instance of (PosixPath|str)$"):
+            load_grown(path, UserModule)
     with pytest.raises(ValueError, match="load_grown always loads strictly; drop strict=False"):
         load_grown(UserModule, plain, strict=False)
 
