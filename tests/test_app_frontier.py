@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -330,7 +331,15 @@ def test_the_report_joins_a_study_of_the_same_episodes_and_refuses_another(tmp_p
         f"esper-lightning frontier: error: --with {tmp_path / 'sizes'}: its rng_seed is 5, "
         "this study's 6; only studies of the same episodes join\n")
     assert main(["report", str(tmp_path / "sizes"), "--with", str(tmp_path / "again")]) == 2
-    assert "arm 'S2' is in both studies" in capsys.readouterr().err
+    assert "arm 'S2' at lr 0.002 and budget 1 is in both studies" in capsys.readouterr().err
+    # The same arm at other rates joins (a later study trying new rates of it).
+    (tmp_path / "rates").mkdir()
+    (tmp_path / "rates" / PLAN_FILE).write_text(json.dumps(_plan(name="rates", **final)))
+    _append(tmp_path / "rates" / ROWS_FILE,
+            [{**row, "lr_phases": (1e-3, 2e-3)} for row in _rows({"G1-2@0.5:identity": 1.5},
+                                                                  lrs=(2e-3,))])
+    assert main(["report", str(tmp_path / "growth"), "--with", str(tmp_path / "sizes"),
+                 "--with", str(tmp_path / "rates")]) == 0
     other_text = [{**row, "text_sha256": "y"} for row in _rows({"G1-2@0.25:identity": 1.5},
                                                                lrs=(2e-3,))]
     (tmp_path / "text").mkdir()
@@ -391,3 +400,178 @@ def test_a_random_growth_draws_from_its_units_own_stream(corpus):
     (second,) = train_unit(unit, plan, corpus)
     assert first["final_depth"] == 2
     assert second["validation_nats"] == first["validation_nats"]
+
+
+# --- a learning rate per phase ----------------------------------------------------------------
+def test_lr_phases_takes_the_three_forms_of_lr_and_adds_to_it():
+    """One phase rate for every budget, a grid of them, or a map from budget to either; with
+    ``lr`` beside it the arm trains both kinds, one unit per rate, the phase rates last."""
+    arm = "G1-2@0.5:identity"
+    forms = {"one": [1e-3, 2e-3], "grid": [[1e-3, 2e-3], [2e-3, 2e-3]],
+             "map": {"1": [1e-3, 2e-3], "2": [[1e-3, 2e-3], [2e-3, 2e-3]], "3": [2e-3, 2e-3]}}
+    units = {name: list(parse_plan(_plan(arms=[{"arm": arm, "lr_phases": form}])).units())
+             for name, form in forms.items()}
+    assert [(u.lr, u.phases, len(u.budgets)) for u in units["one"]] == [(1e-3, (1e-3, 2e-3), 3)]
+    assert [(u.phases, len(u.budgets)) for u in units["grid"]] == [((1e-3, 2e-3), 3),
+                                                                  ((2e-3, 2e-3), 3)]
+    assert [(u.phases, [b / 2e7 for b in u.budgets]) for u in units["map"]] == [
+        ((1e-3, 2e-3), [1, 2]), ((2e-3, 2e-3), [2, 3])]
+    both = list(parse_plan(_plan(arms=[{"arm": arm, "lr": {"1": 4e-3, "2": 4e-3},
+                                        "lr_phases": {"3": [1e-3, 2e-3]}}])).units())
+    assert [(u.rate, len(u.budgets)) for u in both] == [(4e-3, 2), ((1e-3, 2e-3), 1)]
+    assert both[0].key != both[1].key and both[1].key == (arm, (1e-3, 2e-3), 0)
+
+
+@pytest.mark.parametrize(("arm", "message"), [
+    ({"arm": "S2", "lr_phases": [1e-3, 2e-3]}, "S2: lr_phases is for a growing arm (one rate "
+                                               "per phase); a fixed size takes lr"),
+    ({"arm": "G1-2@0.5:copy", "lr_phases": [1e-3]}, "G1-2@0.5:copy: lr_phases needs one rate "
+                                                    "per phase (2: 1 -> 2 blocks)"),
+    ({"arm": "G1-2-4@0.2,0.5:copy", "lr_phases": [[1e-3, 2e-3]]}, "needs one rate per phase (3"),
+    ({"arm": "G1-2@0.5:copy", "lr_phases": []}, "needs one rate per phase (2: 1 -> 2 blocks), "
+                                                "or a list of such lists; got []"),
+    ({"arm": "G1-2@0.5:copy", "lr_phases": [1e-3, 0]}, "lr_phases must be a number > 0, got 0"),
+    ({"arm": "G1-2@0.5:copy", "lr_phases": {"7": [1e-3, 1e-3]}}, "lr for budget '7', which"),
+    ({"arm": "G1-2@0.5:copy", "lr": {"1": [1e-3, 2e-3], "2": 1e-3, "3": 1e-3}},
+     "lr for budget '1' is a list, [0.001, 0.002]; an lr map takes one rate per budget, and a "
+     "rate per phase goes in lr_phases"),
+    ({"arm": "G1-2@0.5:copy", "lr": {"1": 1e-3}, "lr_phases": {"2": [1e-3, 1e-3]}},
+     "G1-2@0.5:copy: no lr for budget 3"),
+    ({"arm": "G1-2@0.5:copy"}, "each arm is an object with 'arm' and 'lr' (or 'lr_phases')"),
+    ({"arm": "G1-2@0.5:copy", "lr": 1e-3, "lr_phase": [1e-3, 1e-3]},
+     "unknown arm key 'lr_phase'; accepted: arm, lr, lr_phases, budgets"),
+])
+def test_bad_phase_rates_are_refused_in_one_line(arm, message):
+    with pytest.raises(ConfigError) as err:
+        parse_plan(_plan(arms=[arm]))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def _rates_seen(monkeypatch, unit, plan, corpus) -> tuple[list[tuple], dict]:
+    """Train ``unit`` and return, for every step, (the multiplier the schedule applied, every
+    group's rate, the optimizer's parameter count), and the row."""
+    from esper_lightning.app.frontier import train
+
+    seen = []
+
+    def spy(groups, multiplier):
+        train_apply(groups, multiplier)
+        seen.append((multiplier, [g["lr"] for g in groups],
+                     sum(len(g["params"]) for g in groups)))
+
+    train_apply = train.apply_multiplier
+    monkeypatch.setattr(train, "apply_multiplier", spy)
+    (row,) = train_unit(unit, plan, corpus)
+    return seen, row
+
+
+def test_each_phase_trains_at_its_rate_and_the_second_rewarms_to_it(monkeypatch, corpus):
+    """Before the growth every group's rate is the first phase's times the schedule; after it
+    the second phase's times the schedule, re-warmed linearly from 0 over the warmup compute
+    (equal steps of the multiplier from one step's share of it up to 1)."""
+    plan = parse_plan(_plan(arms=[{"arm": "G1-2@0.5:identity", "lr_phases": [1e-2, 3e-3]}],
+                            budgets=[1], warmup_flops=4e6))  # a re-warm of several steps
+    (unit,) = plan.units()
+    seen, row = _rates_seen(monkeypatch, unit, plan, corpus)
+    grown = next(i for i, (_, _, n) in enumerate(seen) if n > seen[0][2])
+    assert 0 < grown < len(seen) == row["steps"] and row["lr_phases"] == (1e-2, 3e-3)
+    for i, (multiplier, rates, _) in enumerate(seen):
+        expected = (1e-2 if i < grown else 3e-3) * multiplier
+        assert rates == pytest.approx([expected] * len(rates), rel=1e-12), i
+    assert seen[grown - 1][0] == 1.0  # the stable phase: the first rate at its peak
+    ramp = [m for m, _, _ in seen[grown:]]
+    top = ramp.index(1.0)
+    steps = np.diff(ramp[:top])
+    assert top >= 4 and ramp[0] == pytest.approx(steps[0] / 2)  # from 0, at the batches' middles
+    assert steps == pytest.approx(np.full(len(steps), steps[0]), rel=1e-9)
+    assert steps[0] * seen[grown][1][0] > 0  # it trains from the first step after growth
+
+
+def test_equal_phase_rates_are_the_rewarmed_arm_at_that_rate(corpus):
+    """A phase rate [r, r] is the arm with ``+rewarm`` at r, to the last bit: the same re-warm,
+    the same base rate; another second rate is another run."""
+    plan = parse_plan(_plan(arms=[{"arm": "G1-2@0.5:identity", "lr_phases": [[1e-2, 1e-2],
+                                                                            [1e-2, 3e-3]]},
+                                  {"arm": "G1-2@0.5:identity+rewarm", "lr": 1e-2}],
+                            budgets=[1]))
+    lower, equal, rewarmed = (train_unit(u, plan, corpus)[0] for u in plan.units())
+    assert (lower["lr_phases"], equal["lr_phases"]) == ((1e-2, 3e-3), (1e-2, 1e-2))
+    assert equal["lr"] == lower["lr"] == rewarmed["lr"] == 1e-2
+    assert equal["validation_nats"] == rewarmed["validation_nats"]
+    assert lower["validation_nats"] != equal["validation_nats"]
+    assert rewarmed["lr_phases"] is None
+
+
+def _old_rows_file(folder: Path, rows: list[dict]) -> None:
+    """A rows file as written before phase rates existed (no lr_phases column)."""
+    from esper_lightning.app.frontier.train import ROW_FIELDS
+
+    fields = [f for f in ROW_FIELDS if f != "lr_phases"]
+    lines = [",".join(fields)] + [",".join("" if r.get(f) is None else str(r[f]) for f in fields)
+                                  for r in rows]
+    (folder / ROWS_FILE).write_text("\n".join(lines) + "\n")
+
+
+def test_old_rows_files_load_and_take_phase_rows(tmp_path: Path):
+    """A rows file without lr_phases loads (every row one rate); rows without phase rates are
+    appended under its columns, and the first with phase rates rewrites it with the column, every
+    row kept; a unit of phase rates is pending until its own rows are in, whatever rows of
+    one rate the arm has."""
+    from esper_lightning.app.frontier.study import _append, pending_units
+
+    rows = _rows({"S1": 1.0, "G1-2@0.5:identity": 1.5}, lrs=(2e-3,), episodes=(0,))
+    _old_rows_file(tmp_path, rows[:4])
+    old = read_rows(tmp_path)
+    assert len(old) == 4 and all(r["lr_phases"] is None for r in old)
+    assert old[0]["lr"] == 2e-3 and old[0]["validation_nats"] == rows[0]["validation_nats"]
+    _append(tmp_path / ROWS_FILE, rows[4:5])
+    assert "lr_phases" not in (tmp_path / ROWS_FILE).read_text().splitlines()[0]
+    phased = [{**r, "lr_phases": (1e-3, 2e-3), "lr": 1e-3} for r in rows[4:]]
+    _append(tmp_path / ROWS_FILE, phased)
+    assert (tmp_path / ROWS_FILE).read_text().splitlines()[0].endswith(",lr_phases")
+    back = read_rows(tmp_path)
+    assert [r["lr_phases"] for r in back] == [None] * 5 + [(1e-3, 2e-3)] * 4
+    assert _no_clock(back[:5]) == _no_clock(old + read_rows(tmp_path)[4:5])
+    plan = parse_plan(_plan(budgets=[1, 2, 4, 8], base_flops=1e12, warmup_flops=1e10, arms=[
+        {"arm": "G1-2@0.5:identity", "lr": {"1": 2e-3},
+         "lr_phases": [[1e-3, 2e-3], [2e-3, 2e-3]]}]))
+    assert [u.rate for u in pending_units(plan, back)] == [(2e-3, 2e-3)]
+
+
+def test_every_committed_study_still_loads():
+    """The committed results (written before lr_phases existed) load as rows of one rate."""
+    from esper_lightning.app.frontier.report import at_chosen_rates
+
+    folders = sorted(Path(__file__).parents[1].glob("results/frontier/*/" + PLAN_FILE))
+    if not folders:
+        pytest.skip("no committed frontier results in this checkout")
+    for plan_file in folders:
+        read_plan(plan_file)
+        rows = read_rows(plan_file.parent)
+        assert rows and at_chosen_rates(rows), plan_file
+
+
+def test_select_prints_a_winning_phase_rate_as_lr_phases(tmp_path, capsys):
+    """Where a phase rate has the lowest validation loss ``select`` names it under lr_phases,
+    the other budgets under lr, and the arm it prints is a plan's arm again."""
+    from esper_lightning.app.frontier.command import main
+    from esper_lightning.app.frontier.report import at_chosen_rates, select_lrs
+    from esper_lightning.app.frontier.study import _append
+
+    arm = "G1-2@0.5:identity"
+    rows = _rows({arm: 1.5}, lrs=(2e-3,), episodes=(0, 1))
+    phased = [{**r, "lr": 1e-3, "lr_phases": (1e-3, 4e-3), "validation_nats":
+               r["validation_nats"] + (-0.02 if r["budget"] == 8.0 else 0.02)} for r in rows]
+    chosen = select_lrs(rows + phased, arm)
+    assert chosen[8.0] == ((1e-3, 4e-3), False) and chosen[1.0] == (2e-3, False)
+    assert {r["lr_phases"] for r in at_chosen_rates(rows + phased) if r["budget"] == 8.0} == {
+        (1e-3, 4e-3)}
+    final = dict(budgets=[1, 2, 4, 8], base_flops=1e12, warmup_flops=1e10)
+    (tmp_path / PLAN_FILE).write_text(json.dumps(_plan(**final)))
+    _append(tmp_path / ROWS_FILE, rows + phased)
+    assert main(["select", str(tmp_path)]) == 0
+    (printed,) = json.loads(capsys.readouterr().out)
+    assert printed == {"arm": arm, "lr": {"1": 2e-3, "2": 2e-3, "4": 2e-3},
+                       "lr_phases": {"8": [1e-3, 4e-3]}}
+    (again,) = parse_plan(_plan(arms=[printed], **final)).arms
+    assert again.lrs[8.0] == ((1e-3, 4e-3),) and again.lrs[1.0] == (2e-3,)

@@ -11,11 +11,13 @@
 
 ``run`` trains the pending units of the study in the folder (its ``plan.json``; `study`) and
 can be stopped and started again at any time. ``select`` prints, for a tuning study, each arm's
-best rate per budget on the validation split, as the ``lr`` maps a final plan takes. ``report``
+best rate per budget on the validation split, as the ``lr`` maps a final plan takes (and its
+``lr_phases`` maps, for a budget whose best is a phase rate). ``report``
 writes ``report.md`` and the figures from the rows alone, and with ``--docs`` the study's marked
 section of a document; ``--with`` adds the rows of another study of the same episodes (same
-purpose, root rng seed, episodes, shape and budgets schedule; other arms), so arms registered at
-different times (each before its own first episode) make one table. ``widths`` puts the growing
+purpose, root rng seed, episodes, shape and budgets schedule; other arms, or other rates of an
+arm), so arms and rates registered at different times (each before its own first episode) make
+one table. ``widths`` puts the growing
 arms' speed-ups of studies at several widths side by side (a table, and a figure beside the
 document or in the first study's folder), each study written ``STUDY[+JOINED...]``. Every bad
 input is one line and exit status 2.
@@ -123,7 +125,14 @@ def _selected(folder: str) -> list[dict[str, Any]]:
     for arm in dict.fromkeys(r["arm"] for r in rows):
         chosen = select_lrs(rows, arm)
         edges = [f"{b:g}" for b, (_, edge) in chosen.items() if edge]
-        entry: dict[str, Any] = {"arm": arm, "lr": {f"{b:g}": lr for b, (lr, _) in chosen.items()}}
+        entry: dict[str, Any] = {"arm": arm}
+        one = {f"{b:g}": rate for b, (rate, _) in chosen.items() if not isinstance(rate, tuple)}
+        phased = {f"{b:g}": list(rate) for b, (rate, _) in chosen.items()
+                  if isinstance(rate, tuple)}
+        if one:
+            entry["lr"] = one
+        if phased:  # a budget whose best is a phase rate (plan's lr_phases)
+            entry["lr_phases"] = phased
         if edges:
             entry["at_grid_edge"] = edges
         arms.append(entry)
@@ -167,6 +176,8 @@ _SHARED = ("purpose", "rng_seed", "episodes", "first_episode", "shape", "base_fl
 
 def _joined(plan: Any, rows: list[dict[str, Any]], folder: str) -> list[dict[str, Any]]:
     """The rows of the study in ``folder``, checked to be of ``plan``'s episodes."""
+    from esper_lightning.app.frontier.plan import rate_order, rate_text, row_rate
+
     other, more = _loaded(folder)
     for key in _SHARED:
         if getattr(other, key) != getattr(plan, key):
@@ -177,10 +188,15 @@ def _joined(plan: Any, rows: list[dict[str, Any]], folder: str) -> list[dict[str
     if texts:
         raise ConfigError(f"--with {folder}: its rows were trained on another text (SHA-256 "
                           f"{sorted(texts)[0][:12]}...); only studies of the same text join")
-    both = {r["arm"] for r in rows} & {r["arm"] for r in more}
+    # An arm may come from two studies at different rates (a later study trying new rates of
+    # it, e.g. phase rates); one rate of an arm at one budget comes from one study.
+    both = ({(r["arm"], row_rate(r), r["budget"]) for r in rows}
+            & {(r["arm"], row_rate(r), r["budget"]) for r in more})
     if both:
-        raise ConfigError(f"--with {folder}: arm {sorted(both)[0]!r} is in both studies; "
-                          "each arm comes from one")
+        arm, rate, budget = sorted(both, key=lambda k: (k[0], rate_order(k[1]), k[2]))[0]
+        raise ConfigError(f"--with {folder}: arm {arm!r} at lr {rate_text(rate)} and budget "
+                          f"{budget:g} is in both studies; each arm's rate at a budget comes "
+                          "from one")
     return more
 
 

@@ -24,6 +24,14 @@ An arm's ``lr`` is one rate, a list (a grid: every rate at every budget, for tun
 from budget (as written in ``budgets``) to its rate (a tuned plan). ``budgets`` are multiples
 of ``base_flops``; an arm may list its own. A ``tuning`` study evaluates the validation split
 only; a ``final`` study evaluates validation and test, and its tables read test alone.
+
+A growing arm may instead, or as well, take ``lr_phases``: a *phase rate*, one rate per phase
+(``[before growth, after growth]`` for one growth), in the same three forms: one phase rate for
+every budget (``[8e-3, 8e-3]``), a list of them (a grid: ``[[4e-3, 8e-3], [8e-3, 8e-3]]``) or a
+map from budget to one phase rate or a list of them (``{"1": [8e-3, 8e-3], "2": [[4e-3, 8e-3],
+[8e-3, 8e-3]]}``). Its peak rate changes at each growth and re-warms linearly from 0 over the
+plan's ``warmup_flops`` after it (`train`). With both keys an arm trains every rate of either,
+and every budget needs one from one of them; a unit is one arm at one rate or one phase rate.
 """
 
 from __future__ import annotations
@@ -39,7 +47,8 @@ import numpy as np
 from esper_lightning.app.frontier.arms import ArmSpec, parse_arm
 from esper_lightning.errors import ConfigError, read_json_file
 
-__all__ = ["PURPOSES", "ArmPlan", "Plan", "Shape", "Unit", "episode_rng_seed", "read_plan"]
+__all__ = ["PURPOSES", "ArmPlan", "Plan", "Rate", "Shape", "Unit", "episode_rng_seed",
+           "rate_text", "read_plan", "row_rate"]
 
 #: What a study is for: ``tuning`` decides (validation split), ``final`` reports (test split).
 PURPOSES = ("tuning", "final")
@@ -47,6 +56,31 @@ PURPOSES = ("tuning", "final")
 SPLITS = {"tuning": ("validation",), "final": ("validation", "test")}
 #: Mixed into the root rng seed for the episodes' seeds (apart from every other stream).
 _EPISODE_STREAM = 0xF407
+
+#: What a unit trains at: one rate throughout (a number) or one per phase (a tuple, `lr_phases`).
+Rate = float | tuple[float, ...]
+
+
+def rate_order(rate: Rate) -> tuple[int, tuple[float, ...]]:
+    """A sort key over rates: the single rates by value, then the phase rates."""
+    return (1, rate) if isinstance(rate, tuple) else (0, (rate,))
+
+
+def rate_text(rate: Rate) -> str:
+    """A rate as tables print it: ``0.004``, or a phase rate ``0.004→0.008``.
+
+    Example:
+        >>> rate_text(0.004), rate_text((0.004, 0.008))
+        ('0.004', '0.004→0.008')
+    """
+    return "→".join(f"{r:g}" for r in rate) if isinstance(rate, tuple) else f"{rate:g}"
+
+
+def row_rate(row: Mapping[str, Any]) -> Rate:
+    """The rate a row was trained at: its ``lr_phases`` where it has them (a row of an older
+    study has none), else its ``lr``."""
+    phases = row.get("lr_phases")
+    return tuple(phases) if phases else row["lr"]
 
 
 @dataclass(frozen=True)
@@ -70,27 +104,37 @@ class Shape:
 class ArmPlan:
     """One arm of a plan: its spec, its budgets (multiples of the base) and the rate at each.
 
-    ``lrs`` maps each budget to the rates it trains at (one, or a tuning grid)."""
+    ``lrs`` maps each budget to the rates it trains at (one, or a tuning grid; each a number or
+    a phase rate, `Rate`), in `rate_order`."""
 
     spec: ArmSpec
     budgets: tuple[float, ...]
-    lrs: Mapping[float, tuple[float, ...]]
+    lrs: Mapping[float, tuple[Rate, ...]]
 
 
 @dataclass(frozen=True)
 class Unit:
     """What one worker trains in one go: one arm, one rate, one episode, and every budget of the
-    arm at that rate (branched from one run when the arm allows it, `ArmSpec.branches`)."""
+    arm at that rate (branched from one run when the arm allows it, `ArmSpec.branches`).
+
+    ``lr`` is the rate the run is born with; ``phases``, when given, the rate of each of its
+    phases (``lr`` is then the first)."""
 
     arm: ArmSpec
     lr: float
     episode: int
     rng_seed: int
     budgets: tuple[float, ...]
+    phases: tuple[float, ...] = ()
 
     @property
-    def key(self) -> tuple[str, float, int]:
-        return (self.arm.name, self.lr, self.episode)
+    def rate(self) -> Rate:
+        """The unit's `Rate`: its phase rate, or its one rate."""
+        return self.phases or self.lr
+
+    @property
+    def key(self) -> tuple[str, Rate, int]:
+        return (self.arm.name, self.rate, self.episode)
 
 
 @dataclass(frozen=True)
@@ -122,10 +166,14 @@ class Plan:
         """Every unit, episode by episode (an interrupted study has whole episodes done)."""
         for episode, rng_seed in enumerate(self.episode_rng_seeds(), self.first_episode):
             for arm in self.arms:
-                for lr in sorted({r for rates in arm.lrs.values() for r in rates}):
-                    budgets = tuple(b for b in arm.budgets if lr in arm.lrs[b])
-                    yield Unit(arm.spec, lr, episode, rng_seed,
-                               tuple(b * self.base_flops for b in budgets))
+                for rate in sorted({r for rates in arm.lrs.values() for r in rates},
+                                   key=rate_order):
+                    budgets = tuple(b * self.base_flops for b in arm.budgets
+                                    if rate in arm.lrs[b])
+                    if isinstance(rate, tuple):
+                        yield Unit(arm.spec, rate[0], episode, rng_seed, budgets, rate)
+                    else:
+                        yield Unit(arm.spec, rate, episode, rng_seed, budgets)
 
 
 def episode_rng_seed(root: int, episode: int) -> int:
@@ -199,27 +247,73 @@ def parse_plan(data: Mapping[str, Any]) -> Plan:
 
 
 def _arm(item: Any, budgets: tuple[float, ...]) -> ArmPlan:
-    if not isinstance(item, dict) or "arm" not in item or "lr" not in item:
-        raise ConfigError(f"each arm is an object with 'arm' and 'lr', got {item!r}")
-    extra = sorted(set(item) - {"arm", "lr", "budgets"})
+    if not isinstance(item, dict) or "arm" not in item or not {"lr", "lr_phases"} & set(item):
+        raise ConfigError(f"each arm is an object with 'arm' and 'lr' (or 'lr_phases'), got "
+                          f"{item!r}")
+    extra = sorted(set(item) - {"arm", "lr", "lr_phases", "budgets"})
     if extra:
-        raise ConfigError(f"unknown arm key {extra[0]!r}; accepted: arm, lr, budgets")
+        raise ConfigError(f"unknown arm key {extra[0]!r}; accepted: arm, lr, lr_phases, budgets")
     spec = parse_arm(str(item["arm"]))
     own = _budgets(f"{spec.name}: budgets", item["budgets"]) if "budgets" in item else budgets
-    lr = item["lr"]
+    rates: dict[float, set[Rate]] = {b: set() for b in own}
+    if "lr" in item:
+        for budget, grid in _lr(spec, item["lr"], own).items():
+            rates[budget].update(grid)
+    if "lr_phases" in item:
+        for budget, grid in _lr_phases(spec, item["lr_phases"], own).items():
+            rates[budget].update(grid)
+    missing = [b for b in own if not rates[b]]
+    if missing:
+        raise ConfigError(f"{spec.name}: no lr for budget {missing[0]:g}; the lr map needs "
+                          f"one rate per budget ({', '.join(f'{b:g}' for b in own)})")
+    return ArmPlan(spec, own, {b: tuple(sorted(r, key=rate_order)) for b, r in rates.items()})
+
+
+def _lr(spec: ArmSpec, lr: Any, own: tuple[float, ...]) -> dict[float, tuple[float, ...]]:
+    """``lr``'s rates per budget: one rate, a grid (a list) or a map from budget to a rate."""
     if isinstance(lr, dict):
-        rates = {_budget_key(spec.name, key, own): (_positive(f"{spec.name}: lr", value),)
-                 for key, value in lr.items()}
-        missing = [b for b in own if b not in rates]
-        if missing:
-            raise ConfigError(f"{spec.name}: no lr for budget {missing[0]:g}; the lr map needs "
-                              f"one rate per budget ({', '.join(f'{b:g}' for b in own)})")
-    else:
-        grid = lr if isinstance(lr, list) else [lr]
-        if not grid:
-            raise ConfigError(f"{spec.name}: lr is an empty list")
-        rates = {b: tuple(sorted({_positive(f'{spec.name}: lr', r) for r in grid})) for b in own}
-    return ArmPlan(spec, own, rates)
+        rates = {}
+        for key, value in lr.items():
+            if isinstance(value, list) and not spec.fixed:  # the likely meaning of a list here
+                raise ConfigError(f"{spec.name}: lr for budget {key!r} is a list, {value!r}; an "
+                                  f"lr map takes one rate per budget, and a rate per phase goes "
+                                  f"in lr_phases")
+            rates[_budget_key(spec.name, key, own)] = (_positive(f"{spec.name}: lr", value),)
+        return rates
+    grid = lr if isinstance(lr, list) else [lr]
+    if not grid:
+        raise ConfigError(f"{spec.name}: lr is an empty list")
+    return {b: tuple({_positive(f"{spec.name}: lr", r) for r in grid}) for b in own}
+
+
+def _lr_phases(spec: ArmSpec, value: Any,
+               own: tuple[float, ...]) -> dict[float, tuple[tuple[float, ...], ...]]:
+    """``lr_phases``'s phase rates per budget: one phase rate (a list of numbers, one per
+    phase), a grid of them (a list of such lists), or a map from budget to either."""
+    if spec.fixed:
+        raise ConfigError(f"{spec.name}: lr_phases is for a growing arm (one rate per phase); "
+                          f"a fixed size takes lr")
+    if isinstance(value, dict):
+        return {_budget_key(spec.name, key, own): _phase_grid(spec, v)
+                for key, v in value.items()}
+    grid = _phase_grid(spec, value)
+    return {b: grid for b in own}
+
+
+def _phase_grid(spec: ArmSpec, value: Any) -> tuple[tuple[float, ...], ...]:
+    """One phase rate, or a non-empty list of them, as a tuple of phase rates."""
+    if isinstance(value, list) and value and all(isinstance(v, list) for v in value):
+        return tuple(dict.fromkeys(_phase_rate(spec, v) for v in value))
+    return (_phase_rate(spec, value),)
+
+
+def _phase_rate(spec: ArmSpec, value: Any) -> tuple[float, ...]:
+    phases = len(spec.depths)
+    if not isinstance(value, list) or len(value) != phases:
+        raise ConfigError(f"{spec.name}: lr_phases needs one rate per phase ({phases}: "
+                          f"{' -> '.join(map(str, spec.depths))} blocks), or a list of such "
+                          f"lists; got {value!r}")
+    return tuple(_positive(f"{spec.name}: lr_phases", r) for r in value)
 
 
 def _budget_key(arm: str, key: str, budgets: tuple[float, ...]) -> float:

@@ -34,7 +34,7 @@ from esper_lightning.app.frontier.fit import (
     token_ceiling,
     token_value,
 )
-from esper_lightning.app.frontier.plan import Plan
+from esper_lightning.app.frontier.plan import Plan, Rate, rate_order, rate_text, row_rate
 
 __all__ = ["loss_key", "select_lrs", "speedups", "write_report"]
 
@@ -166,21 +166,34 @@ def _wall_reach(row: Mapping[str, Any], loss: str, front: Curve) -> float:
     return float(front.flops[-1]) if reach is None else reach
 
 
-def select_lrs(rows: Sequence[Mapping[str, Any]], arm: str) -> dict[float, tuple[float, bool]]:
-    """For each budget of ``arm``: the rate of its tuning grid with the lowest mean validation
-    loss over the episodes, and whether it sits at an end of the grid (the grid should then be
-    widened)."""
+def select_lrs(rows: Sequence[Mapping[str, Any]], arm: str) -> dict[float, tuple[Rate, bool]]:
+    """For each budget of ``arm``: the rate of its tuning grid (one rate or a phase rate,
+    `plan.row_rate`) with the lowest mean validation loss over the episodes, and whether it
+    sits at an end of the grid (the grid should then be widened): a rate at an end of the
+    single rates tried, a phase rate with a phase's rate at an end of those tried for it."""
     chosen = {}
     mine = [r for r in rows if r["arm"] == arm]
     for budget in sorted({r["budget"] for r in mine}):
-        by_lr: dict[float, list[float]] = {}
+        by_rate: dict[Rate, list[float]] = {}
         for r in mine:
             if r["budget"] == budget:
-                by_lr.setdefault(r["lr"], []).append(r["validation_nats"])
-        grid = sorted(by_lr)
-        best = min(grid, key=lambda lr: float(np.mean(by_lr[lr])))
-        chosen[budget] = (best, best in (grid[0], grid[-1]) and len(grid) > 1)
+                by_rate.setdefault(row_rate(r), []).append(r["validation_nats"])
+        best = min(sorted(by_rate, key=rate_order), key=lambda rate: float(np.mean(by_rate[rate])))
+        chosen[budget] = (best, _at_edge(best, list(by_rate)))
     return chosen
+
+
+def _at_edge(best: Rate, grid: Sequence[Rate]) -> bool:
+    """Whether ``best`` is at an end of the rates of its kind in ``grid`` (module `select_lrs`)."""
+    if not isinstance(best, tuple):
+        singles = sorted(r for r in grid if not isinstance(r, tuple))
+        return len(singles) > 1 and best in (singles[0], singles[-1])
+    phased = [r for r in grid if isinstance(r, tuple) and len(r) == len(best)]
+    for phase, rate in enumerate(best):
+        tried = sorted({r[phase] for r in phased})
+        if len(tried) > 1 and rate in (tried[0], tried[-1]):
+            return True
+    return False
 
 
 # --- tables -------------------------------------------------------------------------------------
@@ -254,7 +267,8 @@ def arm_table(rows: Sequence[Mapping[str, Any]], loss: str) -> list[str]:
         for budget in sorted({r["budget"] for r in rows if r["arm"] == arm}):
             at = [r for r in rows if r["arm"] == arm and r["budget"] == budget]
             mean, low, high = _mean_ci([r[loss] * BITS for r in at])
-            lrs = ", ".join(f"{lr:g}" for lr in sorted({r["lr"] for r in at}))
+            lrs = ", ".join(rate_text(rate) for rate in sorted({row_rate(r) for r in at},
+                                                               key=rate_order))
             lines.append(f"| {arm} | {budget:g} | {len(at)} | "
                          f"{_with_ci(mean, low, high, len(at), '.4f')} | {lrs} |")
     return lines
@@ -265,10 +279,10 @@ def at_chosen_rates(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]
     (on the validation split), a final study's one."""
     kept = []
     for arm in dict.fromkeys(r["arm"] for r in rows):
-        chosen = select_lrs(rows, arm) if len({r["lr"] for r in rows if r["arm"] == arm}) > 1 \
-            else None
+        rates = {row_rate(r) for r in rows if r["arm"] == arm}
+        chosen = select_lrs(rows, arm) if len(rates) > 1 else None
         kept += [r for r in rows if r["arm"] == arm
-                 and (chosen is None or r["lr"] == chosen[r["budget"]][0])]
+                 and (chosen is None or row_rate(r) == chosen[r["budget"]][0])]
     return kept
 
 

@@ -1,7 +1,10 @@
 """Running a frontier study: a plan's units on worker processes, resumably.
 
 A study is a folder holding its plan (``plan.json``, see `plan`) and its rows (``rows.csv``, one
-per arm, rate, episode and budget; `train.ROW_FIELDS`). `run_study` trains the units whose rows
+per arm, rate, episode and budget; `train.ROW_FIELDS`). Rows written before phase rates existed
+lack the last column, ``lr_phases``; they are read as rows of one rate, and a study of them
+keeps their columns until a row with phase rates joins it (the file is then rewritten whole with
+the new column). `run_study` trains the units whose rows
 are missing, a whole unit at a time on each of ``workers`` processes (one thread each; on the
 CPU, or all on one CUDA device, which several processes keep busy where one run of these small
 models waits on kernel launches), and appends a unit's rows as soon as it is done: an
@@ -22,7 +25,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from esper_lightning.app.frontier.plan import Plan, Unit, read_plan
+from esper_lightning.app.frontier.plan import Plan, Unit, rate_text, read_plan, row_rate
 from esper_lightning.errors import ConfigError
 
 __all__ = ["PLAN_FILE", "ROWS_FILE", "check_device", "pending_units", "read_rows", "run_study"]
@@ -40,26 +43,40 @@ def read_rows(folder: str | Path) -> list[dict[str, Any]]:
         return []
     with path.open(newline="") as handle:
         reader = csv.DictReader(handle)
-        if reader.fieldnames is None or tuple(reader.fieldnames) != ROW_FIELDS:
+        if reader.fieldnames is None or tuple(reader.fieldnames) not in (ROW_FIELDS,
+                                                                         _old_fields()):
             raise ConfigError(f"'{path}' has columns {reader.fieldnames}; expected "
-                              f"{', '.join(ROW_FIELDS)}")
-        return [{k: _number(k, v) for k, v in row.items()} for row in reader]
+                              f"{', '.join(ROW_FIELDS)} (lr_phases may be missing)")
+        return [{"lr_phases": None, **{k: _number(k, v) for k, v in row.items()}}
+                for row in reader]
+
+
+def _old_fields() -> tuple[str, ...]:
+    """The columns of a study written before phase rates existed."""
+    from esper_lightning.app.frontier.train import ROW_FIELDS
+
+    return tuple(f for f in ROW_FIELDS if f != "lr_phases")
 
 
 def _number(key: str, value: str) -> Any:
+    from esper_lightning.app.frontier.train import PHASE_SEPARATOR
+
     if key in ("arm", "text_sha256"):
         return value
     if value == "":
         return None
+    if key == "lr_phases":
+        return tuple(float(v) for v in value.split(PHASE_SEPARATOR))
     return int(value) if key in ("episode", "rng_seed", "steps", "params", "final_depth",
                                  "tokens") else float(value)
 
 
 def pending_units(plan: Plan, rows: list[dict[str, Any]]) -> list[Unit]:
     """The units of ``plan`` whose rows are not all in ``rows``."""
-    done: dict[tuple[str, float, int], set[float]] = {}
+    done: dict[tuple[Any, ...], set[float]] = {}
     for row in rows:
-        done.setdefault((row["arm"], row["lr"], row["episode"]), set()).add(row["budget_flops"])
+        done.setdefault((row["arm"], row_rate(row), row["episode"]), set()).add(
+            row["budget_flops"])
     return [u for u in plan.units() if not set(u.budgets) <= done.get(u.key, set())]
 
 
@@ -101,7 +118,8 @@ def run_study(folder: str | Path, text: str | Path, workers: int = 1,
         _append(folder / ROWS_FILE, new)
         rows.extend(new)
         bar.update(unit_flops(unit, plan) / 1e12)
-        bar.set_postfix_str(f"{unit.arm.name} lr {unit.lr:g} episode {unit.episode}")
+        bar.set_postfix_str(f"{unit.arm.name} lr {rate_text(unit.rate)} episode "
+                            f"{unit.episode}")
     bar.close()
     return rows
 
@@ -170,14 +188,46 @@ def _train(unit: Unit) -> list[dict[str, Any]]:
 
 
 def _append(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Append ``rows`` (with the header for a new file) and flush them to disk."""
-    from esper_lightning.app.frontier.train import ROW_FIELDS
+    """Append ``rows`` (with the header for a new file) and flush them to disk. A file of the
+    old columns (no ``lr_phases``) keeps them while the new rows have no phase rates, and is
+    rewritten whole with the new column (atomically) when one does."""
+    from esper_lightning.app.frontier.train import PHASE_SEPARATOR, ROW_FIELDS
 
+    rows = [{**row, "lr_phases": PHASE_SEPARATOR.join(map(str, row["lr_phases"]))
+             if row.get("lr_phases") else None} for row in rows]
     new = not path.is_file()
+    fields = ROW_FIELDS
+    if not new:
+        with path.open(newline="") as handle:
+            header = tuple(next(csv.reader(handle), ()))
+        if header == _old_fields():
+            if any(row["lr_phases"] for row in rows):
+                _upgrade(path)
+            else:
+                fields = header
     with path.open("a", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=ROW_FIELDS)
+        # The old columns drop only lr_phases, empty in every row written under them.
+        writer = csv.DictWriter(handle, fieldnames=fields,
+                                extrasaction="raise" if fields == ROW_FIELDS else "ignore")
         if new:
             writer.writeheader()
         writer.writerows(rows)
         handle.flush()
         os.fsync(handle.fileno())
+
+
+def _upgrade(path: Path) -> None:
+    """Rewrite a rows file of the old columns with the ``lr_phases`` column (empty: every old
+    row trained at one rate), through a temporary file so an interruption loses nothing."""
+    from esper_lightning.app.frontier.train import ROW_FIELDS
+
+    with path.open(newline="") as handle:
+        old = list(csv.DictReader(handle))
+    temporary = path.with_suffix(".csv.tmp")
+    with temporary.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=ROW_FIELDS)
+        writer.writeheader()
+        writer.writerows(old)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)

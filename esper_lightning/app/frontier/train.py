@@ -13,6 +13,12 @@ fraction ``τ`` of that budget it grows (`core.depth.grow`: new blocks on top, m
 operator, joining the optimizer in their sources' param groups, with their sources' moments
 under ``+moments``), and under ``+rewarm`` its rate re-warms linearly from 0 over the study's
 warmup compute after each growth. It is born with its final depth's residual-projection init.
+A unit with a phase rate (``lr_phases``, `plan.Unit.phases`) trains each phase at its own peak
+rate: at each growth every param group's base rate becomes the next phase's, and the rate
+re-warms from 0 over the warmup compute, as under ``+rewarm`` (the new blocks' AdamW moments
+start at zero, so their first steps at a full new rate would be the largest of the run). The
+schedule's shape (warmup, stable phase, decay over the last ``decay_fraction`` of the budget)
+multiplies whichever base rate the phase has.
 
 A fixed size trains each of its budgets as a **branched cooldown**: one run to its largest
 budget, and at the step where a smaller budget's decay would begin the run's state (weights,
@@ -55,15 +61,17 @@ from esper_lightning.data.text import (
 from esper_lightning.hosts.gpt import GPTConfig, GPTHost
 from esper_lightning.schedule import BudgetSchedule, LRSchedule, apply_multiplier, set_base_lrs
 
-__all__ = ["ROW_FIELDS", "Corpus", "build_host", "evaluate", "growth_rng_seed", "load_corpus",
-           "train_unit"]
+__all__ = ["PHASE_SEPARATOR", "ROW_FIELDS", "Corpus", "build_host", "evaluate", "growth_rng_seed",
+           "load_corpus", "train_unit"]
 
 #: Blocks per evaluation forward.
 EVAL_BATCH = 256
 #: The columns of a frontier row (`study.ROWS`), in order.
 ROW_FIELDS = ("arm", "episode", "rng_seed", "lr", "budget", "budget_flops", "spent_flops",
               "steps", "params", "final_depth", "tokens", "data_passes", "wall_s",
-              "validation_nats", "test_nats", "text_sha256")
+              "validation_nats", "test_nats", "text_sha256", "lr_phases")
+#: How a row writes its phase rates (``lr`` is then the first's; empty for one rate throughout).
+PHASE_SEPARATOR = ";"
 
 
 @dataclass(frozen=True)
@@ -244,13 +252,17 @@ def _train_growing(unit: Unit, plan: Plan, corpus: Corpus, meter: FlopMeter,
             grow(run.host, DepthGrowth("blocks", blocks=blocks, init=init, moments=moments),
                  str(arm.operator), run.optimizer)
         run.grown_at = run.spent
+        if unit.phases:  # the next phase's peak rate; the schedule multiplies it as before
+            rate = unit.phases[len(arm.events(budget)) - len(events)]
+            for group in run.optimizer.param_groups:
+                group["initial_lr"] = rate
         return True
 
     run = start_run(plan.shape, arm.depths[0], unit.lr, unit.rng_seed, arm.final_depth,
                     device=corpus.train.device)
     batches = StepBatches(corpus.train, plan.shape.block_size, plan.shape.batch_size,
                           unit.rng_seed)
-    rewarm = plan.warmup_flops if "rewarm" in arm.options else None
+    rewarm = plan.warmup_flops if "rewarm" in arm.options or unit.phases else None
     train_until(run, batches, meter, schedule_of(plan), budget, grow=grow_due, rewarm=rewarm)
     return _row(unit, plan, corpus, run, budget)
 
@@ -266,4 +278,5 @@ def _row(unit: Unit, plan: Plan, corpus: Corpus, run: Run, budget: float) -> dic
         "data_passes": tokens / len(corpus.train), "wall_s": run.seconds,
         "validation_nats": losses.get("validation_nats"), "test_nats": losses.get("test_nats"),
         "text_sha256": corpus.sha256,
+        "lr_phases": unit.phases or None,
     }
