@@ -12,32 +12,42 @@ Example:
     (4, torch.Size([16, 3, 32, 32]))
 """
 
-from esper_lightning.data.cifar10 import (
-    CIFAR10_MEAN,
-    CIFAR10_STD,
-    download_cifar10,
-    load_cifar10,
-    load_cifar10_subset,
-)
-from esper_lightning.data.datamodule import CIFAR10DataModule
-from esper_lightning.data.files import DataError, default_data_dir
-from esper_lightning.data.fixture import write_cifar10_fixture
-from esper_lightning.data.tensor_loader import TensorLoader
-from esper_lightning.data.text import (
-    HELD_OUT_FRACTION,
-    TINYSTORIES_VALID_SHA256,
-    TINYSTORIES_VALID_URL,
-    ByteTokenizer,
-    TextDataModule,
-    TextSplits,
-    TextTensorLoader,
-    download_tinystories,
-    find_text_file,
-    load_text_tokens,
-    split_text,
-    split_tokens,
-    validation_blocks,
-)
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: Every public name -> its module, imported on first use (PEP 562): the torch-free modules
+#: (`files`, `locate`) stay torch-free when imported through this package, so the command line
+#: checks a data path, and reads `DataError`, before torch and Lightning load.
+_LAZY = {
+    **dict.fromkeys(("CIFAR10_MEAN", "CIFAR10_STD", "download_cifar10", "load_cifar10",
+                     "load_cifar10_subset"), "esper_lightning.data.cifar10"),
+    "CIFAR10DataModule": "esper_lightning.data.datamodule",
+    "DataError": "esper_lightning.data.files",
+    "default_data_dir": "esper_lightning.data.files",
+    "write_cifar10_fixture": "esper_lightning.data.fixture",
+    "TensorLoader": "esper_lightning.data.tensor_loader",
+    "find_text_file": "esper_lightning.data.locate",
+    **dict.fromkeys(("HELD_OUT_FRACTION", "TINYSTORIES_VALID_SHA256", "TINYSTORIES_VALID_URL",
+                     "ByteTokenizer", "TextDataModule", "TextSplits", "TextTensorLoader",
+                     "download_tinystories", "load_text_tokens", "split_text", "split_tokens",
+                     "validation_blocks"), "esper_lightning.data.text"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'esper_lightning.data' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "CIFAR10_MEAN",

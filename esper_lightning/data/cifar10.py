@@ -48,6 +48,15 @@ from esper_lightning.data.files import (
     one_line,
     resolve_data_dir,
 )
+from esper_lightning.data.locate import (
+    FOLDER_NAME,
+    TEST_FILES,
+    TRAIN_FILES,
+    cifar10_not_found,
+    cifar10_present,
+    find_batches_dir,
+    missing_files,
+)
 
 __all__ = [
     "ARCHIVE_NAME",
@@ -73,9 +82,6 @@ __all__ = [
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 CIFAR10_MD5 = "c58f30108f718f92721af3b95e74349a"
 ARCHIVE_NAME = "cifar-10-python.tar.gz"
-FOLDER_NAME = "cifar-10-batches-py"
-TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
-TEST_FILES = ("test_batch",)
 CIFAR10_CLASSES = (
     "airplane",
     "automobile",
@@ -94,42 +100,6 @@ CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 
 _IMAGE_SHAPE = (3, 32, 32)
 _ROW_BYTES = 3 * 32 * 32
-
-
-def _missing_files(folder: Path) -> list[str]:
-    return [name for name in (*TRAIN_FILES, *TEST_FILES) if not (folder / name).is_file()]
-
-
-def find_batches_dir(data_dir: PathLike | None) -> Path | None:
-    """Locate the folder holding the batch files, or ``None`` when there is no complete copy.
-
-    Args:
-        data_dir: Either the folder that contains ``cifar-10-batches-py/`` or that folder itself;
-            ``None`` means :func:`default_data_dir`.
-    """
-    root = resolve_data_dir(data_dir)
-    for candidate in (root / FOLDER_NAME, root):
-        if candidate.is_dir() and not _missing_files(candidate):
-            return candidate
-    return None
-
-
-def cifar10_present(data_dir: PathLike | None) -> bool:
-    """Whether ``data_dir`` holds a complete CIFAR-10 copy (all batch files exist)."""
-    return find_batches_dir(data_dir) is not None
-
-
-def _not_found(root: Path) -> DataError:
-    partial = root / FOLDER_NAME if (root / FOLDER_NAME).is_dir() else root
-    missing = _missing_files(partial) if partial.is_dir() else []
-    # Listing every file is noise when none is there; name the gaps of a partial copy only.
-    partly_there = 0 < len(missing) < len(TRAIN_FILES) + len(TEST_FILES)
-    detail = f" (missing {', '.join(missing)})" if partly_there else ""
-    return DataError(
-        f"CIFAR-10 not found in '{root}': expected {FOLDER_NAME}/ with data_batch_1..5 and "
-        f"test_batch{detail}; pass download=True (or --download) or point --data-dir / "
-        "ESPER_DATA_DIR at an existing copy"
-    )
 
 
 def _corrupt(path: Path, reason: object) -> DataError:
@@ -199,7 +169,7 @@ def load_cifar10(data_dir: PathLike | None, train: bool) -> tuple[torch.Tensor, 
     root = resolve_data_dir(data_dir)
     folder = find_batches_dir(root)
     if folder is None:
-        raise _not_found(root)
+        raise cifar10_not_found(root)
     parts = [_read_batch(folder / name) for name in (TRAIN_FILES if train else TEST_FILES)]
     # concatenate always copies, so the tensors never alias pickle-owned (possibly read-only) memory
     data = np.concatenate([p[0] for p in parts]).reshape(-1, *_IMAGE_SHAPE)
@@ -319,7 +289,7 @@ def _install_folder(archive: Path, root: Path) -> None:
     try:
         safe_extract(archive, staging)
         extracted = staging / FOLDER_NAME
-        missing = _missing_files(extracted) if extracted.is_dir() else [FOLDER_NAME]
+        missing = missing_files(extracted) if extracted.is_dir() else [FOLDER_NAME]
         if missing:
             raise DataError(
                 f"archive '{archive}' lacks {', '.join(missing)}; delete it and download again"
@@ -373,7 +343,7 @@ def download_cifar10(
     if cifar10_present(root):
         return root
     if (root / FOLDER_NAME).exists():
-        missing = ", ".join(_missing_files(root / FOLDER_NAME))
+        missing = ", ".join(missing_files(root / FOLDER_NAME))
         raise DataError(
             f"'{root / FOLDER_NAME}' exists but is incomplete (missing {missing}); delete it and "
             "download again"

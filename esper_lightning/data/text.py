@@ -40,6 +40,7 @@ from esper_lightning.data.files import (
     require_setup,
     resolve_data_dir,
 )
+from esper_lightning.data.locate import TINYSTORIES_VALID_NAME, find_text_file
 from esper_lightning.data.sampling import EpochSeededSampler, mixed_rng_seed
 
 __all__ = [
@@ -67,7 +68,6 @@ __all__ = [
 #: **test** split (final tables only): `split_text`, the one definition every text task uses.
 HELD_OUT_FRACTION = 0.1
 
-TINYSTORIES_VALID_NAME = "TinyStories-valid.txt"
 TINYSTORIES_VALID_URL = (
     "https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main/TinyStories-valid.txt"
 )
@@ -283,41 +283,6 @@ def validation_blocks(
 
 
 # --------------------------------------------------------------------------------------- download
-
-
-def find_text_file(path: PathLike | None) -> Path:
-    """The text file a user pointed at: a file as is, or the one file a folder holds.
-
-    A folder holds its text when it has ``TinyStories-valid.txt`` (what
-    :func:`download_tinystories` writes) or else exactly one ``*.txt`` file.
-
-    Args:
-        path: A text file or a folder; ``None`` means :func:`default_data_dir`.
-
-    Raises:
-        DataError: No such file or folder, or a folder with no text file or several.
-
-    Example:
-        >>> import tempfile
-        >>> with tempfile.TemporaryDirectory() as tmp:
-        ...     _ = (Path(tmp) / "plays.txt").write_text("To be, or not to be")
-        ...     find_text_file(tmp).name
-        'plays.txt'
-    """
-    target = resolve_data_dir(path)
-    if target.is_file():
-        return target
-    hint = ("pass a text file or a folder holding one, or download=True (--download) for the "
-            "TinyStories validation split")
-    if not target.is_dir():
-        raise DataError(f"text file or folder '{target}' not found; {hint}")
-    if (target / TINYSTORIES_VALID_NAME).is_file():
-        return target / TINYSTORIES_VALID_NAME
-    found = sorted(p for p in target.glob("*.txt") if p.is_file())
-    if len(found) != 1:
-        what = "no *.txt file" if not found else f"{len(found)} *.txt files"
-        raise DataError(f"folder '{target}' holds {what}; {hint}")
-    return found[0]
 
 
 def download_tinystories(
