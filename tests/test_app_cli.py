@@ -244,9 +244,12 @@ def test_bad_input_is_one_line_and_leaves_the_outputs(outputs, args, message):
 ])
 def test_a_bad_checkpoint_is_one_complete_line_and_stays_as_it_was(tmp_path, kind, args):
     bad = bad_checkpoints(tmp_path / "files")[kind]
-    before = checksums(tmp_path)
+    # compare checks its data folder before torch loads, so it must hold data for the
+    # policy file to be read.
     output = ["--logdir", str(tmp_path / "logs")] if args[0] == "ppo" else [
-        "--out", str(tmp_path / "cmp")]
+        "--out", str(tmp_path / "cmp"),
+        "--data_dir", str(write_cifar10_fixture(tmp_path / "data", n_train=64, n_test=32))]
+    before = checksums(tmp_path)
     result = cli(*[a.replace("BAD", str(bad)) for a in args], *output, "--no-progress")
     assert_one_line_error(result, f"'{bad}'")
     assert BAD_FILE_REASONS[kind] in result.stderr

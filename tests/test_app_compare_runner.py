@@ -588,7 +588,8 @@ def trained_policy(tmp_path_factory):
           "--slots", "r0c1", "r0c2"], "was trained with host_preset='baseline'; the comparison "
                                       "uses host_preset='impaired'; --transfer_policies lets it "
                                       "play another host of the same task"),
-        (["--controllers", "static", "policy:POLICY", "--task", "lm", "--slots", "r0c0", "r0c1"],
+        (["--controllers", "static", "policy:POLICY", "--task", "lm", "--slots", "r0c0", "r0c1",
+          "--data-dir", "TEXT"],  # the text is there: the command checks it before the policy
          "was trained with task='cifar'; the comparison uses task='lm'"),
         (["--controllers", "static", "grower:lora"],
          "grower: blueprint 'lora' does not exist for topology 'cnn'; accepted: norm, attention"),
@@ -602,8 +603,10 @@ def test_cli_errors_are_one_line_and_leave_out_untouched(trained_policy, tmp_pat
     out = tmp_path / "out"
     out.mkdir()
     (out / "episodes.csv").write_text("keep me\n")
+    text = tmp_path / "plays.txt"
+    text.write_text("To be, or not to be, that is the question. " * 200)
     extra = [a.replace("POLICY", str(policy)).replace("UNREADABLE", str(unreadable))
-             for a in extra]
+             .replace("TEXT", str(text)) for a in extra]
     line = cli_error_line(capsys, "--preset", "smoke", "--data-dir", str(data), "--out",
                           str(out), *extra)
     assert message in line

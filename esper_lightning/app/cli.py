@@ -19,8 +19,9 @@ one value (``--slots=r0c1``) or a bracketed list (``--slots [r0c1,r0c2]``).
 Every user mistake (bad flag, unknown config key, bad slot, missing or too short data,
 incompatible checkpoint, unknown controller) prints one line naming the bad value and what is
 accepted and exits with status 2; nothing already written is touched. Parsing and checking the
-configuration import neither torch nor Lightning, so ``--help`` and these errors come at once;
-a command imports what it runs after its configuration is known to be good.
+configuration, and the paths it names (data, ``--resume``, ``init_policy``: `check_paths`),
+import neither torch nor Lightning, so ``--help`` and these errors come at once; a command
+imports what it runs after its configuration is known to be good.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from esper_lightning.app.config import (
     read_config_file,
     saved_values,
 )
+from esper_lightning.data.files import DataError, resolve_data_dir  # plain Python: no torch
 from esper_lightning.errors import ConfigError
 
 PROG = "esper-lightning"
@@ -242,10 +244,18 @@ def _parse_values(command: str, preset: str | None, argv: list[str],
 
 def saved_run(resume: str, ab: Sequence[str]) -> dict[str, Any]:
     """The configuration a checkpoint's run was started with (`saved_values`). An A/B run saved
-    one checkpoint per reward mode (``ckpt.shaped.pt``): ``resume`` names them by ``ckpt.pt``."""
+    one checkpoint per reward mode (``ckpt.shaped.pt``): ``resume`` names them by ``ckpt.pt``.
+
+    Raises:
+        ConfigError: no such checkpoint (before torch loads), or one that cannot be read.
+    """
+    candidates = [Path(resume), *(policy_checkpoint(resume, mode) for mode in ab or REWARD_MODES)]
+    if not any(p.exists() for p in candidates):  # checked here: reading one imports torch
+        per_mode = ", ".join(f"'{p}'" for p in candidates[1:])
+        raise ConfigError(f"checkpoint '{resume}' does not exist (nor an A/B run's {per_mode}); "
+                          "pass --resume the --save path of an earlier run")
     from esper_lightning.rl.checkpoint import read_checkpoint  # imports torch: resuming only
 
-    candidates = [Path(resume), *(policy_checkpoint(resume, mode) for mode in ab or REWARD_MODES)]
     state = read_checkpoint(next((p for p in candidates if p.is_file()), resume))
     return saved_values(state.get("run_config", state["config"]), PPORunConfig)
 
@@ -333,6 +343,40 @@ def _pop_preset(argv: Sequence[str]) -> tuple[str | None, list[str]]:
     return preset, rest
 
 
+def check_paths(config: TaskConfig) -> None:
+    """The files a run reads, checked before torch and Lightning load, with the error the run
+    would raise on reading them: the task's data (unless it is to be downloaded) and a PPO
+    run's ``init_policy``. What needs torch to check (a file's content) the run checks.
+
+    Raises:
+        DataError: no data where ``data_dir`` points.
+        ConfigError: no file at ``init_policy``.
+    """
+    if not config.download:
+        DATA_CHECKS[config.task](config.data_dir)
+    init = getattr(config, "init_policy", None)
+    if init is not None and getattr(config, "resume", None) is None and not Path(init).exists():
+        raise ConfigError(f"init_policy '{init}' does not exist; accepted: a PPO checkpoint or "
+                          f"a policy shipped from one ({PROG} ship)")
+
+
+def _check_cifar10(data_dir: str | None) -> None:
+    from esper_lightning.data.locate import cifar10_not_found, find_batches_dir
+
+    if find_batches_dir(data_dir) is None:
+        raise cifar10_not_found(resolve_data_dir(data_dir))
+
+
+def _check_text(data_dir: str | None) -> None:
+    from esper_lightning.data.locate import find_text_file
+
+    find_text_file(data_dir)
+
+
+#: Each task's data check (`check_paths`), by the name `TaskConfig.task` takes; torch-free.
+DATA_CHECKS: dict[str, Callable[[str | None], None]] = {"cifar": _check_cifar10, "lm": _check_text}
+
+
 def attach_log_handler() -> None:
     """One line per lifecycle event and per round on stderr (the package logs on
     ``esper_lightning``; a user's own logging setup takes precedence)."""
@@ -372,12 +416,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = parse_config(command, argv[1:])
         if check is not None:
             check(config)
-    except (ConfigError, argparse.ArgumentError) as err:
+        check_paths(config)
+    except (ConfigError, DataError, argparse.ArgumentError) as err:
         return _fail(command, err)
     attach_log_handler()
     from tqdm.contrib.logging import logging_redirect_tqdm
-
-    from esper_lightning.data.files import DataError  # imports torch, as the run does anyway
 
     try:  # log lines go above the progress bar, never onto its line
         with logging_redirect_tqdm(loggers=[logging.getLogger("esper_lightning")]):
