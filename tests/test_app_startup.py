@@ -60,6 +60,10 @@ def test_bad_paths_are_one_line_before_torch_loads(tmp_path):
             f"init_policy '{missing}/p.pt' does not exist; accepted: a PPO checkpoint",
         ("compare", "--controllers", "static", "heuristic", "--data_dir", f"{missing}/nope"):
             f"CIFAR-10 not found in '{missing}/nope'",
+        ("ship", f"{missing}/ckpt.pt", "--out", f"{tmp_path}/policy.pt"):
+            f"checkpoint '{missing}/ckpt.pt' does not exist; accepted: a PPO checkpoint",
+        ("ship", str(tmp_path), "--out", f"{tmp_path}/policy.pt"):
+            f"checkpoint '{tmp_path}' is a folder",
     }
     results = run_cases([list(argv) for argv in cases])
     assert len(results) == len(cases)

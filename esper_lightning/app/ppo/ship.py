@@ -41,6 +41,15 @@ def ship_policy(checkpoint: str | Path, out: str | Path) -> dict[str, Any]:
             (trained before they were recorded, or from Python rather than the command line),
             ``out`` a folder or holding another policy already, an unreadable manifest.
     """
+    source, target = Path(checkpoint), Path(out)
+    # Checked before the imports below load torch, so these mistakes are one line at once.
+    if not source.is_file():
+        what = "is a folder" if source.is_dir() else "does not exist"
+        raise ConfigError(f"checkpoint '{checkpoint}' {what}; accepted: a PPO checkpoint (what "
+                          "esper-lightning ppo --save wrote)")
+    if target.is_dir():
+        raise ConfigError(f"--out '{target}' is a folder; accepted: a file path such as "
+                          f"{target / 'NAME.pt'}")
     from esper_lightning.app.provenance import code_version
     from esper_lightning.errors import read_json_file
     from esper_lightning.rl.checkpoint import POLICY_ENTRY_KEYS, read_checkpoint, write_checkpoint
@@ -52,10 +61,6 @@ def ship_policy(checkpoint: str | Path, out: str | Path) -> dict[str, Any]:
                           f"{missing[0] if missing else 'command line'} (trained before it was "
                           "recorded, or not by esper-lightning ppo); a shipped policy says how "
                           "it was trained")
-    target = Path(out)
-    if target.is_dir():
-        raise ConfigError(f"--out '{target}' is a folder; accepted: a file path such as "
-                          f"{target / 'NAME.pt'}")
     manifest_path = target.parent / MANIFEST
     manifest = read_json_file(manifest_path, "manifest") if manifest_path.is_file() else {}
     shipped = {k: state[k] for k in (*POLICY_ENTRY_KEYS, *_KEPT) if k in state}
