@@ -17,7 +17,8 @@ from tensorboard.plugins.custom_scalar import layout_pb2
 from torch import nn
 
 from esper_lightning.callbacks import MorphogenesisCallback
-from esper_lightning.callbacks.morphogenesis import EVENTS_TAG, TIMELINE_TAG, planned_epochs
+from esper_lightning.callbacks._cadence import run_plan
+from esper_lightning.callbacks.morphogenesis import EVENTS_TAG, TIMELINE_TAG
 from esper_lightning.controllers import (
     ControllerBase,
     HeuristicConfig,
@@ -431,12 +432,12 @@ def test_a_run_too_short_for_any_seed_to_blend_is_warned_about(cifar_dir, tmp_pa
     # earliest, then 1 + 10 (G2's default incubation) epochs before a seed may blend.
     assert messages == [
         "MorphogenesisCallback: max_epochs=12 is too short for any seed to reach blending: the "
-        "controller germinates at epoch 1 at the earliest (timing knobs at this length: "
+        "controller germinates at decision 1 at the earliest (timing knobs at this length: "
         "plateau_epochs_to_germinate=1, min_epochs_before_germinate=1, stabilization_epochs=1, "
-        "embargo_epochs_after_prune=1, min_epochs_before_prune=1), then a seed needs 1 epoch to "
-        "start training and min_training_epochs=10 epochs of training before G2 lets it blend, "
-        "13 epochs in all; lower the controller's timing knobs, "
-        "gate_config=GateConfig(min_training_epochs=...), or train longer"
+        "embargo_epochs_after_prune=1, min_epochs_before_prune=1), then a seed needs 1 decision "
+        "to start training and 10 decisions of training before G2 lets it blend, 13 decisions "
+        "in all; lower the controller's timing knobs or the incubation "
+        "(timing=SeedTiming(incubation=...)), validate more often, or train longer"
     ]
     callback = MorphogenesisCallback(HeuristicController(), slots=["net.3"],
                                      gate_config=GateConfig(min_training_epochs=9))
@@ -455,33 +456,34 @@ def test_a_run_bounded_by_max_steps_has_its_length_in_epochs(cifar_dir, tmp_path
     messages = _fit_warnings(trainer, PlainModule(), _dm(cifar_dir))
     assert trainer.max_epochs == -1 and seen == [12] * 12  # 60 steps / 5 per epoch
     assert messages == [
-        "MorphogenesisCallback: a run of 12 epochs (max_steps=60, 5 batches per epoch) is too "
-        "short for any seed to reach blending: the controller germinates at epoch 1 at the "
-        "earliest (timing knobs at this length: plateau_epochs_to_germinate=1, "
-        "min_epochs_before_germinate=1, stabilization_epochs=1, embargo_epochs_after_prune=1, "
-        "min_epochs_before_prune=1), then a seed needs 1 epoch to start training and "
-        "min_training_epochs=10 epochs of training before G2 lets it blend, 13 epochs in all; "
-        "lower the controller's timing knobs, gate_config=GateConfig(min_training_epochs=...), "
-        "or train longer"
+        "MorphogenesisCallback: a run of 12 decisions (60 steps, one per epoch; max_steps=60, 5 "
+        "batches per epoch) is too short for any seed to reach blending: the controller "
+        "germinates at decision 1 at the earliest (timing knobs at this length: "
+        "plateau_epochs_to_germinate=1, min_epochs_before_germinate=1, stabilization_epochs=1, "
+        "embargo_epochs_after_prune=1, min_epochs_before_prune=1), then a seed needs 1 decision "
+        "to start training and 10 decisions of training before G2 lets it blend, 13 decisions "
+        "in all; lower the controller's timing knobs or the incubation "
+        "(timing=SeedTiming(incubation=...)), validate more often, or train longer"
     ]
     # Gradient accumulation: 3 optimizer steps per epoch of 5 batches; max_epochs ends first.
     trainer = _trainer(tmp_path, 4, [StopAtTrainStart()], max_steps=60,
                        accumulate_grad_batches=2)
     trainer.fit(PlainModule(), datamodule=_dm(cifar_dir))
-    assert planned_epochs(trainer) == 4
+    assert run_plan(trainer, None).decisions == 4
     trainer = _trainer(tmp_path, 100, [StopAtTrainStart()], max_steps=60,
                        accumulate_grad_batches=2)
     trainer.fit(PlainModule(), datamodule=_dm(cifar_dir))
-    assert planned_epochs(trainer) == 20
+    assert run_plan(trainer, None).decisions == 20
 
 
 def test_a_run_of_unknown_length_is_warned_about_in_one_line(cifar_dir, tmp_path):
     callback = MorphogenesisCallback(HeuristicController(), slots=["net.3"])
     trainer = _trainer(tmp_path, -1, [callback, StopAtTrainStart()])
     assert _fit_warnings(trainer, PlainModule(), _dm(cifar_dir)) == [
-        "MorphogenesisCallback: the run's length in epochs is unknown (max_epochs=-1, "
+        "MorphogenesisCallback: the run's length is unknown (max_epochs=-1, "
         "max_steps=-1, 5 batches per epoch), so the controller's timing knobs are used as given, "
-        "not scaled to the run; set max_epochs (or a max_steps with a sized training loader)"
+        "not scaled to the run; set max_epochs, max_steps (with a sized training loader) or a "
+        "ComputeBudget"
     ]
     fixed = MorphogenesisCallback(HeuristicController(HeuristicConfig.fixed_timing()),
                                   slots=["net.3"])
@@ -560,10 +562,11 @@ def test_a_user_controller_hooks_reach_the_event_log_and_the_warning(kind, cifar
     assert event.reason == "UserGrower: my rule fires at epoch 1"
     assert messages == [
         "MorphogenesisCallback: max_epochs=3 is too short for any seed to reach blending: the "
-        "controller germinates at epoch 1 at the earliest (timing knobs at this length: "
-        "epoch=1), then a seed needs 1 epoch to start training and min_training_epochs=10 "
-        "epochs of training before G2 lets it blend, 13 epochs in all; lower the controller's "
-        "timing knobs, gate_config=GateConfig(min_training_epochs=...), or train longer"
+        "controller germinates at decision 1 at the earliest (timing knobs at this length: "
+        "epoch=1), then a seed needs 1 decision to start training and 10 decisions of training "
+        "before G2 lets it blend, 13 decisions in all; lower the controller's timing knobs or "
+        "the incubation (timing=SeedTiming(incubation=...)), validate more often, or train "
+        "longer"
     ]
 
 
@@ -673,9 +676,10 @@ def test_a_users_model_grows_one_to_two_to_four_under_a_budget_and_resumes_exact
         text_file, tmp_path):
     model, morpho, budget = _grow_fit(tmp_path / "whole", text_file)
     events = [(e.slot_id, e.kind, e.blueprint) for e in morpho.engine.events]
+    # Each growth at the first step past its tau, blended and fossilized before the next.
     assert events == [("blocks.0+1", "germinated", "block_copy"),
-                      ("blocks.0+2", "germinated", "block_copy"),
                       ("blocks.0+1", "fossilized", "block_copy"),
+                      ("blocks.0+2", "germinated", "block_copy"),
                       ("blocks.0+2", "fossilized", "block_copy")]
     assert morpho.engine.seed_params == 3 * sum(p.numel() for p in model.blocks[0].parameters())
     assert budget.ledger.exhausted and morpho.ledger is budget.ledger
@@ -711,7 +715,7 @@ def test_the_governor_rolls_a_grown_block_back(text_file, tmp_path):
     model, morpho, _ = _grow_fit(tmp_path, text_file, module=Diverging(), governor=True)
     pruned = [(e.slot_id, e.reason) for e in morpho.engine.events if e.kind == "pruned"]
     assert model.diverged and pruned
-    assert all(reason == "governor_nan" for _, reason in pruned)
+    assert all(reason == "governor_nan" for _, reason in pruned), morpho.engine.events
     assert all(torch.isfinite(p).all() for p in model.parameters())  # the snapshot's weights
     # No optimizer group is left for a pruned seed.
     for name in seed_group_names(morpho.engine.optimizer):
@@ -728,7 +732,7 @@ def test_a_users_model_grows_on_cuda_in_bf16_mixed(kind, text_file, tmp_path):
     model, morpho, budget = _grow_fit(tmp_path, text_file, kind=kind, extra=(grown_where,),
                                       accelerator="gpu", devices=1, precision="bf16-mixed",
                                       deterministic=False)
-    assert [e.kind for e in morpho.engine.events] == ["germinated"] * 2 + ["fossilized"] * 2
+    assert [e.kind for e in morpho.engine.events] == ["germinated", "fossilized"] * 2
     assert budget.ledger.exhausted
     # The grown blocks trained on the GPU with fp32 master weights (autocast computes in bf16).
     assert grown_where.seen == {("cuda", torch.float32)}
@@ -764,7 +768,7 @@ def test_a_hugging_face_model_grows_under_a_budget_and_saves_at_its_new_depth(
     from esper_lightning.core.depth import materialize
 
     lm, morpho, budget = _grow_fit(tmp_path, text_file, kind=kind)
-    assert [e.kind for e in morpho.engine.events] == ["germinated"] * 2 + ["fossilized"] * 2
+    assert [e.kind for e in morpho.engine.events] == ["germinated", "fossilized"] * 2
     assert budget.ledger.exhausted
     idx = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
     lm.eval()

@@ -117,7 +117,7 @@ def test_stack_without_a_budget_reads_the_epochs_and_refuses_an_unknown_run_leng
     assert episode.decisions[1][:3:2] == (0.25, "r1c0")  # the second epoch's report: 2 / 8
     blind = Episode(StackController(tau=0.25), budget=None, max_epochs=None,
                     preset="grow2")
-    with pytest.raises(ConfigError, match="needs a compute budget or a planned number of epochs"):
+    with pytest.raises(ConfigError, match="needs a compute budget or a planned run length"):
         blind.epoch(spent=0.0)
 
 

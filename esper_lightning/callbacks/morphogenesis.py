@@ -19,7 +19,9 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 from typing_extensions import override
 
+from esper_lightning.blueprints.growth import operator_of
 from esper_lightning.callbacks import _distributed as dist
+from esper_lightning.callbacks._cadence import RunPlan, run_fraction, run_plan
 from esper_lightning.callbacks._metering import metering_errors, step_cost
 from esper_lightning.callbacks.compute_budget import ComputeBudget
 from esper_lightning.controllers.base import (
@@ -27,15 +29,18 @@ from esper_lightning.controllers.base import (
     ExplainsDecisions,
     NamesBlueprints,
     PlansGermination,
+    SchedulesDecisions,
 )
+from esper_lightning.controllers.stack import StackController
 from esper_lightning.core.compute import ComputeLedger
 from esper_lightning.core.counterfactual import (
     CounterfactualAccumulator,
     LogitsError,
     check_mode,
     default_mode,
-    make_plan,
     probe_plan,
+    validation_plan,
+    validation_reads,
 )
 from esper_lightning.core.depth import DepthGrowth
 from esper_lightning.core.engine import (
@@ -44,10 +49,18 @@ from esper_lightning.core.engine import (
     StepOutcome,
     legacy_train_flops,
 )
-from esper_lightning.core.lifecycle import PRESENT_STAGES, GateConfig, GateMode, QualityGates
+from esper_lightning.core.lifecycle import (
+    PRESENT_STAGES,
+    GateConfig,
+    GateMode,
+    QualityGates,
+    SeedStage,
+    blend_complete,
+)
 from esper_lightning.core.optim import SeedOptimConfig
 from esper_lightning.core.slots import check_blend_gradient, check_topology
 from esper_lightning.core.telemetry import morpho_metrics, slot_layout, stage_changes
+from esper_lightning.core.timing import SeedTiming
 from esper_lightning.viz.timeline import log_timeline
 
 log = logging.getLogger(__name__)
@@ -75,14 +88,22 @@ SUPPORTED_MODELS = ("classifiers only (logits [B, C], C >= 2, for class-index ta
 
 
 class MorphogenesisCallback(Callback):
-    r"""Let a controller germinate, blend, fossilize and prune seeds once per epoch.
+    r"""Let a controller germinate, blend, fossilize and prune seeds where your loop decides.
 
-    After each validation epoch (never during the sanity check) the callback measures every
-    blending seed's counterfactual contribution (validation accuracy with the seed at its alpha
-    minus accuracy with that slot's alpha at 0), builds an `EpochReport`, asks the controller
-    for an action, executes it (illegal actions become WAIT with a reason) and ticks every
-    slot. Seeds join the optimizer as param groups named ``seed/<slot>`` (the host's unnamed
-    groups are named ``host`` so LR-monitor tags stay put); LR schedulers schedule them too.
+    A decision follows every validation run of the fit (``val_check_interval``,
+    ``check_val_every_n_epoch``; never the sanity check), or every ``every_n_train_steps``
+    optimizer steps when that is given; an epoch in which no decision fell decides at its end.
+    A controller that knows when it is due (`controllers.base.SchedulesDecisions`: a
+    `StackController`'s ``tau``) decides at the first training step past that point, whatever
+    the cadence. At a decision the callback measures every blending seed's counterfactual
+    contribution on the last validation run (validation accuracy with the seed at its alpha
+    minus accuracy with that slot's alpha at 0), builds an `EpochReport` (its ``epoch`` counts
+    decisions, its ``max_epochs`` is the decisions the run plans), asks the controller for an
+    action, executes it (illegal actions become WAIT with a reason) and ticks every slot: the
+    lifecycle's durations count decisions, and ``timing`` gives them in steps, epochs or a
+    share of the run instead. Seeds join the optimizer as param groups named ``seed/<slot>``
+    (the host's unnamed groups are named ``host`` so LR-monitor tags stay put); LR schedulers
+    schedule them too.
     Every training step's FLOPs (host and every live seed, forward and backward) are metered
     once per architecture on meta tensors (`core.flops`, no effect on training) into the fit's
     `core.compute.ComputeLedger` (`ledger`), logged as ``morpho/train_flops`` and reported to
@@ -156,6 +177,12 @@ class MorphogenesisCallback(Callback):
         rng_seed: a new seed's initial weights come from a generator seeded with (``rng_seed``,
             epoch), as in the RL envs, so a policy meets the seeds it was trained with. None:
             ``torch.initial_seed()`` at setup (the value `seed_everything` set).
+        every_n_train_steps: decide every this many optimizer steps instead of after each
+            validation run (a run without validation, say); validation results still reach
+            the next decision. None: after each validation run.
+        timing: lifecycle durations (incubation, blend, hold, embargo) in steps, epochs or a
+            share of the run (`core.timing.SeedTiming`), turned into decisions at fit start;
+            None keeps the slots' own (counted in decisions).
         meter_flops: meter the FLOPs of every training step (the forward of ``logits_fn`` on
             the inputs ``batch_to_xy`` reads from the training batch, and its backward: a
             ``training_step`` that computes more is counted as that forward) and validation
@@ -196,9 +223,20 @@ class MorphogenesisCallback(Callback):
         grad_stats_every: int = GRAD_STATS_EVERY,
         rng_seed: int | None = None,
         meter_flops: bool = True,
+        every_n_train_steps: int | None = None,
+        timing: SeedTiming | None = None,
     ) -> None:
         gate_mode = _check_options(controller, grad_stats_every, topology, blend_gradient,
                                    growth, gate_mode)
+        if every_n_train_steps is not None and (isinstance(every_n_train_steps, bool) or not
+                                                isinstance(every_n_train_steps, int)
+                                                or every_n_train_steps < 1):
+            raise ValueError(f"every_n_train_steps must be an int >= 1 or None, got "
+                             f"{every_n_train_steps!r}")
+        if timing is not None and not isinstance(timing, SeedTiming):
+            raise TypeError(f"timing must be a SeedTiming, got {type(timing).__name__}")
+        self.every_n_train_steps = every_n_train_steps
+        self.timing = timing
         self.controller = controller
         self._engine_kwargs: dict[str, Any] = {
             "slots": None if slots is None else [slots] if isinstance(slots, str) else list(slots),
@@ -227,20 +265,30 @@ class MorphogenesisCallback(Callback):
         self.last_outcome: StepOutcome | None = None
         self._accumulator: CounterfactualAccumulator | None = None
         self._pending_state: dict[str, Any] | None = None
-        self._decided_epoch = -1
+        self._forget_decisions()
         self._start_fit()
 
+    def _forget_decisions(self) -> None:
+        """The decision bookkeeping a checkpoint carries (`state_dict`)."""
+        self._decided_step = -1  # global step of the last decision
+        self._decided_epoch = -1  # epoch of the last decision
+        #: The spent fraction at which the controller's next decision is due (None: the cadence).
+        self._due: float | None = None
+        #: The last validation run's (accuracy, loss, contributions), for the next decision.
+        self._validation: tuple[float | None, float | None, dict[str, float]] | None = None
+        self._train_loss: Tensor | None = None  # [loss sum, batches] since the last decision
+        self._budget_steps: int | None = None  # the steps a compute budget allows (estimated)
+
     def _start_fit(self) -> None:
-        """Forget what the last fit left behind (all but `_decided_epoch`, which a resumed
+        """Forget what the last fit left behind (not the decision bookkeeping, which a resumed
         fit takes from its checkpoint)."""
         self.last_outcome = None
-        self._validated_epoch = -1
         self._stats_epoch = -1
         self._probed = False
-        self._planned_epochs: int | None = None
+        self._plan: RunPlan | None = None
+        self._warned_length = False
         self._checked_keys: set[str] = set()
         self._accumulator = None
-        self._train_loss: Tensor | None = None  # [loss sum, batches] of the epoch
 
     @property
     @override
@@ -282,7 +330,7 @@ class MorphogenesisCallback(Callback):
             self._pending_state = None
         else:  # a fresh fit: forget any earlier run (a recurrent policy's state, trackers)
             self.controller.reset()
-            self._decided_epoch = -1
+            self._forget_decisions()
         schedulers = [config.scheduler for config in trainer.lr_scheduler_configs]
         # Runs before Lightning restores the optimizer state, so saved seed groups line up.
         engine.attach_optimizer(trainer.optimizers[0], schedulers)
@@ -294,15 +342,16 @@ class MorphogenesisCallback(Callback):
             if batch is not None:
                 self._probe(trainer, pl_module, batch)
         self._check_controller()
-        # The training batches are counted by now: a run bounded by max_steps has a length.
-        self._planned_epochs = planned_epochs(trainer)
-        self._warn_if_too_short(trainer)
+        # The training batches are counted by now: a run bounded by max_steps has a length (a
+        # budget's is known after its first step: `_plan_budget`).
+        self._make_plan(trainer)
         layout = slot_layout(self._require_engine().slot_ids)
         for logger in _tensorboards(trainer):
             logger.experiment.add_custom_scalars(layout)
 
     @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._finish_due(trainer)
         # Here, not in on_fit_end: the loggers are finalized before that hook.
         engine = self._require_engine()
         title = f"seed timeline of {type(pl_module).__name__}"
@@ -310,6 +359,53 @@ class MorphogenesisCallback(Callback):
             log_timeline(logger.experiment, engine.timeline, trainer.global_step, TIMELINE_TAG,
                          slot_ids=engine.slot_ids, title=title)
             logger.experiment.flush()
+
+    # --- the run's plan ------------------------------------------------------------------------
+    def _make_plan(self, trainer: L.Trainer) -> None:
+        """The run in steps and decisions; the lifecycle's durations in decisions from it."""
+        self._plan = plan = run_plan(trainer, self.every_n_train_steps, self._budget_steps)
+        if self.timing is not None:
+            try:
+                durations = self.timing.resolve(plan.for_durations())
+            except ValueError as err:
+                raise MisconfigurationException(f"MorphogenesisCallback: {err}") from None
+            self._require_engine().set_timing(durations)
+        self._warn_if_too_short(trainer)
+
+    def _plan_budget(self, trainer: L.Trainer) -> None:
+        """Under a compute budget, the steps it allows once a step's cost is known (the first
+        step's; growth makes later steps dearer, so this bounds the run from above), then the
+        check that a growth schedule can finish in them."""
+        budget = self.ledger.budget_flops
+        if budget is None or self._plan is None or trainer.global_step < 1:
+            return
+        if self._budget_steps is None:
+            per_step = self.ledger.train_flops / trainer.global_step
+            self._budget_steps = math.ceil(budget / per_step) if per_step > 0 else None
+            self._make_plan(trainer)
+            check_growth_schedule(self, trainer)
+
+    @override
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                             batch: Any, batch_idx: int) -> None:
+        if self._budget_steps is None and self.ledger.budget_flops is not None:
+            self._plan_budget(trainer)
+        elif trainer.global_step == 0 and batch_idx == 0:
+            check_growth_schedule(self, trainer)
+        # A growth at tau: decided before the first step past it, so that step trains grown.
+        if self._due is not None:
+            spent = self._spent_fraction(trainer)
+            if spent is not None and spent >= self._due:
+                self._decide(trainer)
+
+    def _spent_fraction(self, trainer: L.Trainer) -> float | None:
+        """`EpochReport.spent_fraction` as the next report would say it."""
+        if self.ledger.budget_flops is not None:
+            return self.ledger.fraction
+        return self._run_fraction(trainer)
+
+    def _run_fraction(self, trainer: L.Trainer) -> float | None:
+        return None if self._plan is None else run_fraction(trainer, self._plan)
 
     # --- training -----------------------------------------------------------------------------
     @override
@@ -320,11 +416,16 @@ class MorphogenesisCallback(Callback):
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if isinstance(loss, Tensor):  # summed on the device: no host sync per batch
             step = torch.stack([loss.detach().float(), loss.new_ones((), dtype=torch.float)])
-            self._train_loss = step if self._train_loss is None else self._train_loss + step
+            # (A resumed interval's sum comes from the checkpoint on the CPU.)
+            total = self._train_loss
+            self._train_loss = step if total is None else total.to(step.device) + step
         if self.meter_flops and self._owns_ledger:  # a ComputeBudget charges its own
             self.ledger.charge(step_cost(self.ledger, trainer, pl_module,
                                          self.batch_to_xy(batch)[0], self.logits_fn,
                                          "MorphogenesisCallback", _METER_REMEDY))
+        every = self.every_n_train_steps
+        if every is not None and trainer.global_step % every == 0:
+            self._decide(trainer)
 
     def _metered(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                  kind: str, plan: Any = None) -> int:
@@ -346,7 +447,6 @@ class MorphogenesisCallback(Callback):
 
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._train_loss = None
         engine = self._require_engine()
         present = sum(s.stage in PRESENT_STAGES for s in engine.slots.values())
         pl_module.log("seeds", float(present), prog_bar=True, logger=False, on_epoch=True,
@@ -358,7 +458,14 @@ class MorphogenesisCallback(Callback):
         # scaler unscales them: a seed-only overflow then reaches every rank's scaler, and every
         # rank skips the step together (averaging after the unscale would let one rank skip
         # while the others stepped on its inf). Linear, so it holds under accumulation too.
-        dist.average_gradients(trainer, self._require_engine().seed_parameters())
+        engine = self._require_engine()
+        dist.average_gradients(trainer, engine.seed_parameters())
+        if getattr(trainer.precision_plugin, "scaler", None) is not None:
+            # Here, before the scaler unscales (and records a found inf for the step), so a
+            # non-finite seed pruned now leaves the host's step as it would be without it.
+            # Summed over the ranks: a seed's output differs by rank, its decision must not.
+            engine.prune_nonfinite(scaled=True, reduce=dist.all_reduce_sum
+                                   if dist.is_distributed(trainer) else None)
 
     @override
     def on_before_optimizer_step(
@@ -367,6 +474,12 @@ class MorphogenesisCallback(Callback):
         # Gradients are already unscaled here under AMP. Measure at least once per epoch so the
         # gates always have fresh gradient health.
         engine = self._require_engine()
+        if getattr(trainer.precision_plugin, "scaler", None) is None:
+            # Before clipping and the step: a non-finite seed leaves with its param group, so
+            # its inf or NaN reaches neither the global norm nor the host's weights (under a
+            # loss scaler this ran in on_after_backward, before the unscale).
+            engine.prune_nonfinite(reduce=dist.all_reduce_sum
+                                   if dist.is_distributed(trainer) else None)
         first_of_epoch = self._stats_epoch != trainer.current_epoch
         if engine.gradient_stats_due(trainer.global_step, first_of_epoch):
             self._stats_epoch = trainer.current_epoch
@@ -376,13 +489,19 @@ class MorphogenesisCallback(Callback):
     # --- validation: counterfactual measurement -----------------------------------------------
     @override
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Plan this validation run's measurement (`core.counterfactual.validation_plan`): the
+        counterfactual while a seed is live (or fossils are, for a controller that reads their
+        contributions); else the accuracy alone for a controller that reads it, unless
+        ``accuracy_key`` was logged by the last validation run (the first of a fit cannot know
+        yet: Lightning clears the sanity check's metrics); else nothing: no forward besides
+        ``validation_step``'s own."""
         self._accumulator = None
         if trainer.sanity_checking:
             return
         engine = self._require_engine()
-        plan = make_plan(engine.slots)
+        plan, accuracy_only = validation_plan(engine.slots, validation_reads(self.controller))
         logged = self.accuracy_key is not None and self.accuracy_key in trainer.callback_metrics
-        if plan.slot_ids or not logged:  # otherwise the logged accuracy is enough
+        if plan is not None and not (accuracy_only and logged):
             self._accumulator = CounterfactualAccumulator(plan, self.counterfactual)
 
     @override
@@ -445,32 +564,52 @@ class MorphogenesisCallback(Callback):
     @override
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Before ModelCheckpoint (always ordered last) saves, so a checkpoint holds the decision.
-        if not trainer.sanity_checking and trainer.state.fn == TrainerFn.FITTING:
-            self._validated_epoch = trainer.current_epoch
+        if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
+            return
+        accuracy, contributions = self._measurements(trainer)
+        loss = dist.mean_over_ranks(trainer, trainer.callback_metrics.get(self.loss_key))
+        self._validation = (accuracy, loss, contributions)
+        self._check_keys(trainer, validated=True)
+        if self.every_n_train_steps is None:
             self._decide(trainer)
 
     @override
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._decide(trainer)  # epochs without validation still decide (no counterfactual)
+        # An epoch in which no decision fell (no validation in it) still decides at its end.
+        if self.every_n_train_steps is None and self._decided_epoch != trainer.current_epoch:
+            self._decide(trainer)
+
+    def _finish_due(self, trainer: L.Trainer) -> None:
+        """At the end of the fit, let a controller finish what is due now and changes nothing
+        the model computes (a growth seed blended in, still to be held and fossilized), so
+        `core.depth.materialize` finds no growth seed half-born. A seed still ramping is left
+        as it is (its ramp would move alpha without training)."""
+        engine = self._require_engine()
+        for _ in range(2 * len(engine.slots) + 2):
+            ramping = any(s.stage == SeedStage.BLENDING
+                          and not blend_complete(s.report().alpha_view)
+                          for s in engine.slots.values())
+            spent = self._spent_fraction(trainer)
+            if self._due is None or ramping or spent is None or spent < self._due:
+                return
+            self._decide(trainer, force=True)
 
     # --- the decision -------------------------------------------------------------------------
-    def _decide(self, trainer: L.Trainer) -> None:
-        if self._decided_epoch == trainer.current_epoch:
+    def _decide(self, trainer: L.Trainer, force: bool = False) -> None:
+        """One decision: record what was measured since the last, report, act, tick. At most
+        one per optimizer step (``force``: the fit's end, where no step follows)."""
+        if self._decided_step == trainer.global_step and not force:
             return
-        self._decided_epoch = trainer.current_epoch
+        self._decided_step, self._decided_epoch = trainer.global_step, trainer.current_epoch
         engine = self._require_engine()
-        train_loss = self._epoch_train_loss(trainer)
-        validated = self._validated_epoch == trainer.current_epoch
-        accuracy, contributions = self._measurements(trainer) if validated else (None, {})
-        metrics = trainer.callback_metrics
-        self._check_keys(trainer, validated)
-        engine.record_epoch(  # without validation this epoch, no stale validation numbers
-            accuracy,
-            dist.mean_over_ranks(trainer, metrics.get(self.loss_key)) if validated else None,
-            train_loss,
-            contributions,
-        )
-        report = engine.report(max_epochs=self._planned_epochs)
+        train_loss = self._interval_train_loss(trainer)
+        accuracy, loss, contributions = self._validation or (None, None, {})
+        self._validation = None  # measured once, reported once: never a stale reading
+        self._check_keys(trainer, validated=False)
+        engine.record_epoch(accuracy, loss, train_loss, contributions)
+        plan = self._plan
+        report = engine.report(max_epochs=None if plan is None else plan.decisions,
+                               run_fraction=self._run_fraction(trainer))
         action = self.controller.decide(report)
         controller = self.controller
         reason = controller.last_reason if isinstance(controller, ExplainsDecisions) else None
@@ -480,14 +619,27 @@ class MorphogenesisCallback(Callback):
         engine.tick()
         if action.op != 0:  # lifecycle events themselves are logged at INFO by the engine
             verdict = "done" if outcome.success else f"refused ({outcome.reason})"
-            log.debug("epoch %d: %s %s", trainer.current_epoch,
+            log.debug("decision %d (step %d): %s %s", engine.epoch - 1, trainer.global_step,
                       action.describe(engine.slot_ids), verdict)
         self._log(trainer, contributions)
+        self._schedule_next(trainer)
         changes = stage_changes(before, engine.slots, trainer.current_epoch)
         for logger in _tensorboards(trainer) if changes else ():
             logger.experiment.add_text(EVENTS_TAG, "  \n".join(changes), trainer.global_step)
 
-    def _epoch_train_loss(self, trainer: L.Trainer) -> float | None:
+    def _schedule_next(self, trainer: L.Trainer) -> None:
+        """When the controller's next decision is due, if sooner than the cadence
+        (`SchedulesDecisions`), asked with the state this decision left."""
+        if not isinstance(self.controller, SchedulesDecisions):
+            return
+        plan = self._plan
+        report = self._require_engine().report(
+            max_epochs=None if plan is None else plan.decisions,
+            run_fraction=self._run_fraction(trainer))
+        due = self.controller.next_decision(report)
+        self._due = due if due is None else float(due)
+
+    def _interval_train_loss(self, trainer: L.Trainer) -> float | None:
         if self.train_loss_key is not None:
             return dist.mean_over_ranks(trainer, trainer.callback_metrics.get(self.train_loss_key))
         total, self._train_loss = self._train_loss, None
@@ -495,12 +647,13 @@ class MorphogenesisCallback(Callback):
             none = torch.zeros(2, device=trainer.strategy.root_device)
             total = dist.reduce_sum(trainer, none if total is None else total)
             total = None if float(total[1]) == 0 else total
-        return None if total is None else float(total[0] / total[1])  # one host sync per epoch
+        return None if total is None else float(total[0] / total[1])  # one sync per decision
 
     # --- warnings, once per fit ---------------------------------------------------------------
     def _check_keys(self, trainer: L.Trainer, validated: bool) -> None:
         """Warn once per fit about configured metric keys the module does not log: the
-        training key at the first decision, the validation keys at the first validated one."""
+        training key at the first decision, the validation keys at the first validation
+        run."""
         groups = {"train": ("train_loss_key",)}
         if validated:
             groups["validation"] = ("loss_key", "accuracy_key")
@@ -535,18 +688,20 @@ class MorphogenesisCallback(Callback):
         """Warn when no seed can reach blending before the run ends (controllers that know
         their earliest germination: `PlansGermination`, such as `HeuristicController`), or
         when the run's length is unknown, so the controller's timing cannot follow it."""
-        controller, max_epochs = self.controller, self._planned_epochs
-        if not isinstance(controller, PlansGermination):
+        controller, plan = self.controller, self._plan
+        max_epochs = None if plan is None else plan.decisions
+        if not isinstance(controller, PlansGermination) or self._warned_length:
             return
+        self._warned_length = True
         if max_epochs is None:
             # Knobs that scale with the run length differ between an unknown and a long run.
             if controller.timing(None) != controller.timing(_LONG_RUN):
                 rank_zero_warn(
-                    f"MorphogenesisCallback: the run's length in epochs is unknown "
+                    f"MorphogenesisCallback: the run's length is unknown "
                     f"(max_epochs={trainer.max_epochs}, max_steps={trainer.max_steps}, "
                     f"{_batches_text(trainer)}), so the controller's timing knobs are used as "
-                    f"given, not scaled to the run; set max_epochs (or a max_steps with a "
-                    f"sized training loader)"
+                    f"given, not scaled to the run; set max_epochs, max_steps (with a sized "
+                    f"training loader) or a ComputeBudget"
                 )
             return
         earliest = controller.earliest_germination(max_epochs)
@@ -559,17 +714,18 @@ class MorphogenesisCallback(Callback):
         # Germinate, advance, incubate, then the G2 decision; a seed without incubation (block
         # seeds) is BLENDING from the decision that germinates it.
         needed = first + 1 if incubation == 0 else first + 2 + incubation
-        if max_epochs >= needed:
+        if plan is None or max_epochs >= needed:
             return
         timing = controller.timing(max_epochs)
         knobs = ", ".join(f"{k}={v}" for k, v in timing.items())
         rank_zero_warn(
-            f"MorphogenesisCallback: {_length_text(trainer, max_epochs)} is too short for any "
-            f"seed to reach blending: the controller germinates at epoch {first} at the earliest"
+            f"MorphogenesisCallback: {_length_text(trainer, plan)} is too short for any seed to "
+            f"reach blending: the controller germinates at decision {first} at the earliest"
             f"{f' (timing knobs at this length: {knobs})' if knobs else ''}, then a seed needs 1 "
-            f"epoch to start training and min_training_epochs={incubation} epochs of training "
-            f"before G2 lets it blend, {needed} epochs in all; lower the controller's timing "
-            f"knobs, gate_config=GateConfig(min_training_epochs=...), or train longer"
+            f"decision to start training and {incubation} decisions of training before G2 lets "
+            f"it blend, {needed} decisions in all; lower the controller's timing knobs or the "
+            f"incubation (timing=SeedTiming(incubation=...)), validate more often, or train "
+            f"longer"
         )
 
     def _measurements(self, trainer: L.Trainer) -> tuple[float | None, dict[str, float]]:
@@ -599,10 +755,18 @@ class MorphogenesisCallback(Callback):
     @override
     def state_dict(self) -> dict[str, Any]:
         engine = self._require_engine()
+        loss = self._train_loss
         state = {
             "engine": engine.state_dict(),
             "controller": self.controller.state_dict(),
             "decided_epoch": self._decided_epoch,
+            "decided_step": self._decided_step,
+            "due": self._due,
+            # A checkpoint between decisions (every_n_train_steps, mid-epoch) resumes the
+            # interval's training loss and the last validation's readings exactly.
+            "train_loss": None if loss is None else [float(v) for v in loss.tolist()],
+            "validation": None if self._validation is None else list(self._validation),
+            "budget_steps": self._budget_steps,
         }
         if self._owns_ledger:  # a ComputeBudget saves the ledger it owns
             state["compute"] = self.ledger.state_dict()
@@ -611,7 +775,16 @@ class MorphogenesisCallback(Callback):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.controller.load_state_dict(state_dict["controller"])
+        self._forget_decisions()  # a checkpoint written before decisions fell at steps: these
         self._decided_epoch = int(state_dict["decided_epoch"])
+        self._decided_step = int(state_dict.get("decided_step", -1))
+        self._due = state_dict.get("due")
+        loss, validation = state_dict.get("train_loss"), state_dict.get("validation")
+        self._train_loss = None if loss is None else torch.tensor(loss, dtype=torch.float)
+        if validation is not None:
+            accuracy, val_loss, contributions = validation
+            self._validation = (accuracy, val_loss, dict(contributions))
+        self._budget_steps = state_dict.get("budget_steps")
         if self.engine is not None:  # seeds just rebuilt from the checkpoint: not DDP's to sync
             dist.keep_slots_out_of_ddp(self.engine.model)
         # The engine adopts its state in on_fit_start, next to the optimizer it re-groups.
@@ -664,19 +837,41 @@ def _check_options(controller: Any, grad_stats_every: int, topology: str | None,
     return None if gate_mode is None else QualityGates(gate_mode).mode
 
 
-def planned_epochs(trainer: L.Trainer) -> int | None:
-    """The epochs the fit will run: ``max_epochs``, or fewer when ``max_steps`` ends it first
-    (optimizer steps per epoch: the training batches over ``accumulate_grad_batches``, the
-    last partial accumulation stepping too). None when neither bounds it, or ``max_steps``
-    does with a training loader of unknown length."""
-    bounds = []
-    if trainer.max_epochs is not None and trainer.max_epochs >= 1:
-        bounds.append(trainer.max_epochs)
-    batches = trainer.num_training_batches
-    if trainer.max_steps >= 1 and math.isfinite(batches) and batches >= 1:
-        steps_per_epoch = math.ceil(batches / trainer.accumulate_grad_batches)
-        bounds.append(math.ceil(trainer.max_steps / steps_per_epoch))
-    return min(bounds, default=None)
+def check_growth_schedule(callback: MorphogenesisCallback, trainer: L.Trainer) -> None:
+    """Refuse, in one line, a `StackController` schedule the run cannot finish: after its last
+    ``tau`` it needs a decision (one step each) per germination, per tick of the blend and for
+    the advance and the fossilization (`StackController.decisions_after_tau`); the steps left
+    after ``tau`` are counted at the grown model's cost, bounded by the depth it grows to.
+    Runs bounded by time alone are not checked (their steps are unknown)."""
+    controller, plan = callback.controller, callback._plan
+    engine = callback._require_engine()
+    if not isinstance(controller, StackController) or plan is None or plan.steps is None:
+        return
+    sites = [s.growth for s in engine.slots.values() if s.growth is not None]
+    if not sites:
+        return  # the controller says so itself, at its first decision
+    ticks = _blend_ticks(controller.blueprint)
+    needed = controller.decisions_after_tau(ticks, len(sites))
+    tau = controller.last_tau
+    left = (1.0 - tau) * plan.steps
+    what = f"max_steps={trainer.max_steps}" if trainer.max_steps == plan.steps else "the run"
+    if callback.ledger.budget_flops is not None and plan.steps == callback._budget_steps:
+        depth = max(len(site.stack()) for site in sites)
+        grown = depth + sum(site.blocks for site in sites)
+        left /= grown / depth  # a grown step costs at most depth-fold more
+        what = f"the budget ({callback.ledger.budget_flops:g} FLOPs, at the grown cost)"
+    if left < needed:
+        raise MisconfigurationException(
+            f"MorphogenesisCallback: the growth schedule cannot finish: StackController(tau="
+            f"{tau:g}) needs >= {needed} steps after tau (a germination per slot, "
+            f"{ticks} blend step(s), the advance and the fossilization), {what} leaves about "
+            f"{int(left)}; lower tau or train longer")
+
+
+def _blend_ticks(blueprint: str) -> int:
+    """The blend ticks of a growth blueprint (its operator's tempo)."""
+    operator = operator_of(blueprint)
+    return 0 if operator is None else operator.tempo
 
 
 def _batches_text(trainer: L.Trainer) -> str:
@@ -684,12 +879,15 @@ def _batches_text(trainer: L.Trainer) -> str:
     return f"{batches} batches per epoch" if math.isfinite(batches) else "batches per epoch unknown"
 
 
-def _length_text(trainer: L.Trainer, epochs: int) -> str:
-    """How the run's length was set, for messages."""
-    if trainer.max_epochs == epochs:
-        return f"max_epochs={epochs}"
-    length = f"{epochs} epoch{'s' if epochs != 1 else ''}"
-    return f"a run of {length} (max_steps={trainer.max_steps}, {_batches_text(trainer)})"
+def _length_text(trainer: L.Trainer, plan: RunPlan) -> str:
+    """How the run's length in decisions was set, for messages."""
+    decisions = plan.decisions
+    per_epoch = plan.steps_per_decision == plan.steps_per_epoch
+    if per_epoch and trainer.max_epochs == decisions:
+        return f"max_epochs={decisions}"
+    every = "one per epoch" if per_epoch else f"one every {plan.steps_per_decision:g} steps"
+    return (f"a run of {decisions} decision{'s' if decisions != 1 else ''} ({plan.steps} steps, "
+            f"{every}; max_steps={trainer.max_steps}, {_batches_text(trainer)})")
 
 
 def _pair(batch: Any) -> tuple[Tensor, Tensor]:

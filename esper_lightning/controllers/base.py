@@ -6,7 +6,8 @@ WAIT with a recorded reason, so a controller never breaks the lifecycle, it only
 
 Besides the four methods of `Controller`, a controller may offer optional hooks that the callback
 uses: `ExplainsDecisions` (``last_reason``), `PlansGermination` (``earliest_germination``,
-``timing``) and `NamesBlueprints` (``check_blueprints``). `ControllerBase` has all of them at
+``timing``), `NamesBlueprints` (``check_blueprints``) and `SchedulesDecisions`
+(``next_decision``). `ControllerBase` has all of them at
 their defaults, ready to subclass.
 
 Controller state must be plain data (ints, floats, strings, bools, None, lists and dicts of
@@ -86,6 +87,23 @@ class PlansGermination(Protocol):
     def timing(self, max_epochs: int | None) -> Mapping[str, int]:
         """The controller's knobs counted in epochs, as a run of ``max_epochs`` epochs uses them
         (named in the warning, so the user knows what to lower; may be empty)."""
+        ...
+
+
+@runtime_checkable
+class SchedulesDecisions(Protocol):
+    """Optional hook: a controller whose decisions are due at points of the run it knows in
+    advance (a growth at ``tau`` of the budget), sooner than the adapter's own cadence.
+
+    The Trainer callback asks it after every decision, with the report of the state the
+    decision left, and polls the answer at every training step: when the run's spent fraction
+    (`EpochReport.spent_fraction`) reaches it, the callback decides before that step. So a
+    growth at ``tau`` happens at the first step past ``tau``, not at the next validation run.
+    """
+
+    def next_decision(self, report: EpochReport) -> float | None:
+        """The spent fraction at which the next decision is due: the report's own (or less)
+        for "at the next step", None for "at the adapter's cadence"."""
         ...
 
 
@@ -202,6 +220,10 @@ class ControllerBase:
 
     def check_blueprints(self, topology: str, allowed: Sequence[str]) -> None:
         """Names no blueprint of its own by default: nothing to check."""
+
+    def next_decision(self, report: EpochReport) -> float | None:
+        """No decision of its own between the adapter's (`SchedulesDecisions`)."""
+        return None
 
 
 def check_state(state: Mapping[str, Any], kind: str, keys: Iterable[str]) -> None:

@@ -152,16 +152,41 @@ class StackController(ControllerBase):
 
     def decide(self, report: EpochReport) -> Action:
         self._blueprint_check(self, report)
+        action, self.last_reason = self._rule(report)
+        return action
+
+    def next_decision(self, report: EpochReport) -> float | None:
+        """Due at the next step while a growth event is under way (something to do now, or a
+        blend ramping: its alpha moves once per decision), else at the next ``tau`` still
+        ahead (`SchedulesDecisions`); None once every growth slot has grown."""
+        action, _ = self._rule(report)
+        fraction = self._fraction(report)
+        indices = self._slot_indices(report)
+        ramping = any(report.slots[i].stage == SeedStage.BLENDING for i in indices)
+        if action.op != LifecycleOp.WAIT or ramping:
+            return fraction
+        ahead = [self._tau_of(k) for k, i in enumerate(indices)
+                 if report.slots[i].stage == SeedStage.DORMANT
+                 and fraction < self._tau_of(k) < NEVER]
+        return min(ahead, default=None)
+
+    def _fraction(self, report: EpochReport) -> float:
         fraction = report.spent_fraction
         if fraction is None:
             raise ConfigError(f"stack: growth at tau={self.tau} needs a compute budget or a "
-                              "planned number of epochs, and this run has neither")
+                              "planned run length (max_steps, max_epochs or max_time), and this "
+                              "run has none")
+        return fraction
+
+    def _rule(self, report: EpochReport) -> tuple[Action, str]:
+        """The action ``report`` calls for and why (no side effect: `next_decision` asks it
+        too)."""
+        fraction = self._fraction(report)
         indices = self._slot_indices(report)
         due = [i for k, i in enumerate(indices)
                if self._tau_of(k) < NEVER and fraction >= self._tau_of(k)]
         if not due:
-            self.last_reason = f"{fraction:.3f} of the run spent < tau {self.tau}"
-            return WAIT
+            return WAIT, f"{fraction:.3f} of the run spent < tau {self.tau}"
         for op, stages in _ORDER:
             for index in due:
                 slot = report.slots[index]
@@ -171,11 +196,28 @@ class StackController(ControllerBase):
                 action = canonicalize(Action(op, slot=index, blueprint=self.blueprint,
                                              tempo=Tempo.FAST))
                 if report.masks.allows(action):
-                    self.last_reason = (f"grow with {self.operator} at {fraction:.3f} of the "
-                                        f"run: {op.name.lower()} {report.slot_ids[index]}")
-                    return action
-        self.last_reason = "nothing to do now"
-        return WAIT
+                    return action, (f"grow with {self.operator} at {fraction:.3f} of the "
+                                    f"run: {op.name.lower()} {report.slot_ids[index]}")
+        return WAIT, "nothing to do now"
+
+    def decisions_after_tau(self, blend_ticks: int, slots: int) -> int:
+        """Decisions a fit must still make after the last growth slot's ``tau`` for its growth
+        to be fossilized: one germination per slot grown then (one per decision), the blend's
+        ``blend_ticks`` ramp, then the advance to HOLDING and the fossilization.
+
+        Example:
+            >>> StackController(0.5, "identity").decisions_after_tau(blend_ticks=0, slots=1)
+            3
+        """
+        last = max(t for t in self.taus if t < NEVER)
+        at_last = sum(1 for k in range(slots) if self._tau_of(k) == last) if len(
+            self.taus) > 1 else slots
+        return max(1, at_last) + blend_ticks + 2
+
+    @property
+    def last_tau(self) -> float:
+        """The last growth time that comes (a slot's 1 never does)."""
+        return max(t for t in self.taus if t < NEVER)
 
     def _tau_of(self, k: int) -> float:
         return self.taus[k] if len(self.taus) > 1 else self.taus[0]

@@ -14,8 +14,10 @@ The Lightning callback and the Fabric RL environments both drive one engine per 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
+import weakref
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -60,6 +62,7 @@ from esper_lightning.core.optim import (
 )
 from esper_lightning.core.report import HISTORY_WINDOW, EpochReport
 from esper_lightning.core.slots import (
+    BLEND_GUARDS,
     SeedSlot,
     check_blend_gradient,
     check_layer_scale_init,
@@ -220,6 +223,13 @@ class MorphogenesisEngine:
         #: Optimizer steps whose gradients a non-finite seed spoiled, which did not move the
         #: host (`prune_nonfinite`); the governor does not count their losses as the host's.
         self.dropped_steps = 0
+        #: The host's buffers (and their values) before this step's first blending forward.
+        self._kept_buffers: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        for slot in self.slots.values():
+            BLEND_GUARDS[slot] = weakref.WeakMethod(self._keep_buffers)
+        #: The blend ramp, in decisions, of seeds germinated from now on (None: the action's
+        #: tempo); `set_timing` sets it.
+        self.blend_ticks: int | None = None
 
     # --- slots --------------------------------------------------------------------------------
     def _set_slot_settings(self, gate_mode: GateMode | str | None, gate_config: GateConfig | None,
@@ -233,6 +243,26 @@ class MorphogenesisEngine:
                 slot.blend_gradient = blend_gradient
             if layer_scale_init is not None:
                 slot.layer_scale_init = check_layer_scale_init(layer_scale_init)
+
+    def set_timing(self, durations: Mapping[str, int]) -> None:
+        """Lifecycle durations in decisions for every slot (`core.timing.SeedTiming.resolve`):
+        ``incubation`` (G2's ``min_training_epochs``), ``hold`` (G3's ``min_blending_epochs``),
+        ``blend`` (the ramp of seeds germinated from now on, unless their blueprint paces
+        itself) and ``embargo`` (decisions a pruned slot stays EMBARGOED)."""
+        unknown = set(durations) - {"incubation", "hold", "blend", "embargo"}
+        if unknown:
+            raise ValueError(f"unknown lifecycle durations {sorted(unknown)}; accepted: "
+                             "incubation, hold, blend, embargo")
+        gates = {"incubation": "min_training_epochs", "hold": "min_blending_epochs"}
+        changes = {gates[k]: v for k, v in durations.items() if k in gates}
+        for slot in self.slots.values():
+            if changes:
+                slot.gates = QualityGates(slot.gates.mode,
+                                          dataclasses.replace(slot.gates.config, **changes))
+            if "embargo" in durations:
+                slot.embargo_ticks = int(durations["embargo"])
+        if "blend" in durations:
+            self.blend_ticks = int(durations["blend"])
 
     @property
     def topology(self) -> str | None:
@@ -319,7 +349,10 @@ class MorphogenesisEngine:
             if slot.seed is not None:
                 slot.record_contribution(contribution)
 
-    def report(self, max_epochs: int | None = None) -> EpochReport:
+    def report(self, max_epochs: int | None = None,
+               run_fraction: float | None = None) -> EpochReport:
+        """What a controller sees now: ``max_epochs`` the decisions the run plans,
+        ``run_fraction`` how far a run without a budget is (`EpochReport.run_fraction`)."""
         reports = tuple(s.report() for s in self.slots.values())
         acc, loss = self.accuracy_history, self.loss_history
         return EpochReport(
@@ -343,6 +376,7 @@ class MorphogenesisEngine:
             train_flops=self.train_flops,
             budget_flops=self.budget_flops,
             budget_scale=self.budget_scale,
+            run_fraction=run_fraction,
         )
 
     def execute(self, action: Action, reason: str | None = None) -> StepOutcome:
@@ -360,7 +394,7 @@ class MorphogenesisEngine:
             name = self.controller_name
             why = f"{name}: {reason}" if reason else name
             with self._seed_rng(self.epoch):
-                gate = execute_on_slot(slot, action, why)
+                gate = execute_on_slot(slot, action, why, tempo=self.blend_ticks)
             passed = gate is None or gate.passed
             reason = None if passed else gate.message  # type: ignore[union-attr]
             outcome = StepOutcome(action, action, passed, reason, gate)
@@ -425,16 +459,18 @@ class MorphogenesisEngine:
         optimizer steps (after backward, before clipping), so its inf or NaN never reaches the
         step nor a global gradient norm. Returns the ids of the pruned slots.
 
-        A seed is blamed when a training forward gave a non-finite output
-        (`SeedSlot.take_nonfinite_output`), or when its gradients are not finite and either the
-        rest of the model's are finite or the seed is in the host's forward (BLENDING,
-        HOLDING) and no loss scaler owns the gradients. An incubating seed (TRAINING) whose
-        gradients are NaN because the host's are is not blamed: it cannot change the host, and
-        a diverging host is the governor's. When a blamed seed was in the host's forward and
-        the host's gradients are not finite, the step is dropped: every gradient is set to
-        None, so neither weights nor optimizer state move (under a loss scaler the gradients
-        are left to it: it skips a step whose gradients are not finite); `dropped_steps`
-        counts these steps and a warning says so.
+        A seed is blamed when a training forward gave it a finite input and it returned a
+        non-finite output (`SeedSlot.take_nonfinite`), or when its gradients are not finite
+        and either the rest of the model's are finite or the seed is in the host's forward
+        (BLENDING, HOLDING) and no loss scaler owns the gradients. A seed whose input was not
+        finite, or an incubating one (TRAINING) whose gradients are NaN because the host's
+        are, is not blamed: a diverging host is the governor's. When a blamed seed was in the
+        host's forward and the host's gradients are not finite, the step is dropped: every
+        gradient is set to None, so neither weights nor optimizer state move (under a loss
+        scaler the gradients are left to it: it skips a step whose gradients are not finite),
+        and the model's buffers go back to where they were when the step's first blending
+        forward reached the slot (BatchNorm statistics after it had taken in the NaN);
+        `dropped_steps` counts these steps and a warning says so.
 
         Reads one flag vector back from the device while a live seed runs in the forward (a
         second only when a seed's gradients are not finite), nothing otherwise.
@@ -447,21 +483,27 @@ class MorphogenesisEngine:
                 method at the same step): a seed's output differs by rank, so this keeps every
                 rank's lifecycle equal. None: one process.
         """
+        kept, self._kept_buffers = self._kept_buffers, None  # the next step keeps its own
         live = [s for s in self.slots.values() if s.stage in LIVE_STAGES and s.seed is not None]
         if not live:
             return []
         flags: list[tuple[torch.Tensor | None, torch.Tensor | None]] = []
         for slot in live:
             grads = [p.grad for p in slot.seed_parameters() if p.grad is not None]
-            flags.append((slot.take_nonfinite_output(), _nonfinite(grads)))
+            flags.append((slot.take_nonfinite(), _nonfinite(grads)))
         present = [f for pair in flags for f in pair if f is not None]
         if not present:  # no seed ran in a training forward (GERMINATED only)
             return []
         device = present[0].device
-        zero = torch.zeros((), dtype=torch.bool, device=device)
-        vector = torch.stack([zero if f is None else f.to(device) for pair in flags for f in pair])
+        parts = []
+        for forward, grads in flags:  # [output, input, gradients] per slot
+            parts.append(torch.zeros(2, dtype=torch.bool, device=device) if forward is None
+                         else forward.to(device))
+            parts.append((torch.zeros((), dtype=torch.bool, device=device) if grads is None
+                          else grads.to(device)).view(1))
+        vector = torch.cat(parts)
         read = (vector if reduce is None else reduce(vector.float())).tolist()  # the one sync
-        bad_output, bad_grads = read[0::2], read[1::2]
+        bad_output, bad_input, bad_grads = read[0::3], read[1::3], read[2::3]
         if not any(bad_output) and not any(bad_grads):
             return []
         live_ids = {id(p) for slot in live for p in slot.seed_parameters()}
@@ -481,8 +523,11 @@ class MorphogenesisEngine:
             return host_finite
 
         blamed: list[SeedSlot] = []
-        for slot, output, grads in zip(live, bad_output, bad_grads, strict=True):
+        for slot, output, given, grads in zip(live, bad_output, bad_input, bad_grads,
+                                              strict=True):
             incubating = slot.stage == SeedStage.TRAINING
+            if given:  # the host handed it inf or NaN
+                continue
             if output or (grads and (rest_finite() or (not incubating and not scaled))):
                 blamed.append(slot)
         if not blamed:
@@ -500,6 +545,10 @@ class MorphogenesisEngine:
             if not scaled:
                 for p in self.model.parameters():
                     p.grad = None
+            # The spoiled forward also moved the buffers after the slot (BatchNorm's running
+            # statistics): they go back to where they were before it.
+            for buffer, value in kept or ():
+                buffer.copy_(value)
         self.log.warning(
             "epoch %d: pruned %s: seed output or gradients not finite; %s",
             self.epoch, ", ".join(pruned),
@@ -507,6 +556,14 @@ class MorphogenesisEngine:
              and not scaled else "the loss scaler skips this step" if drop
              else "the host's gradients are its own and it steps as usual"))
         return pruned
+
+    def _keep_buffers(self) -> None:
+        """Keep the host's buffers as they are before the step's first forward of a seed in
+        the host's forward (a copy per step only while one trains; `prune_nonfinite` puts
+        them back when that seed spoils them)."""
+        if self._kept_buffers is None:
+            with torch.no_grad():
+                self._kept_buffers = [(b, b.clone()) for b in self.model.buffers()]
 
     @torch.no_grad()
     def capture_gradient_stats(self, scaled: bool = False) -> None:
@@ -701,11 +758,12 @@ def _check_blueprints(names: Sequence[str] | None, topology: str,
 
 
 def execute_on_slot(
-    slot: SeedSlot, action: Action, reason: str = "policy_prune"
+    slot: SeedSlot, action: Action, reason: str = "policy_prune", tempo: int | None = None
 ) -> GateResult | None:
     """Carry out ``action`` on ``slot`` (whose index the caller resolved). Check legality first
     with `actions.action_error`: an illegal action raises here. ``reason`` is recorded on a
-    prune. Returns the gate result for germinate, advance and fossilize."""
+    prune; ``tempo`` (decisions) replaces a germination's blend tempo. Returns the gate result
+    for germinate, advance and fossilize."""
     op = action.op
     if op == LifecycleOp.WAIT:
         return None
@@ -715,7 +773,7 @@ def execute_on_slot(
             action.blueprint,
             algorithm=style.algorithm,
             curve=style.curve,
-            tempo=action.tempo.epochs,
+            tempo=action.tempo.epochs if tempo is None else tempo,
             alpha_target=action.alpha_target.alpha,
         )
     if op == LifecycleOp.ADVANCE:

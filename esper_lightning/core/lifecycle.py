@@ -286,8 +286,9 @@ class SeedState:
         if target == SeedStage.BLENDING and self.metrics.accuracy_at_blending_start is None:
             self.metrics.accuracy_at_blending_start = self.metrics.current_accuracy
 
-    def tick(self) -> bool:
-        """Advance the counters by one epoch; move through the embargo pipeline.
+    def tick(self, embargo_ticks: int = EMBARGO_TICKS) -> bool:
+        """Advance the counters by one decision; move through the embargo pipeline (EMBARGOED
+        for ``embargo_ticks`` decisions).
 
         Returns True when the RESETTING dwell is over and the slot should be emptied.
         """
@@ -300,7 +301,7 @@ class SeedState:
         m.previous_gradient_health = m.gradient_health
         if m.contribution_age is not None:
             m.contribution_age += 1
-        if self.stage == SeedStage.EMBARGOED and m.epochs_in_stage >= EMBARGO_TICKS:
+        if self.stage == SeedStage.EMBARGOED and m.epochs_in_stage >= embargo_ticks:
             self.transition(SeedStage.RESETTING, "embargo_over")
         elif self.stage == SeedStage.RESETTING and m.epochs_in_stage >= RESETTING_TICKS:
             self.transition(SeedStage.DORMANT, "reset")

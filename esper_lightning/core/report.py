@@ -1,4 +1,4 @@
-"""`EpochReport`: what a controller sees once per epoch.
+"""`EpochReport`: what a controller sees at each decision (once per epoch in the RL envs).
 
 The engine builds one report after validation; the heuristic, the random and scripted controllers,
 the PPO observation builder and the rewards all read this one type.
@@ -46,6 +46,13 @@ class EpochReport:
             as long as its epochs).
         budget_scale: the episode's budget over the run's base budget when budgets vary by
             episode (`esper_lightning.envs.EnvSpec.budget_scales`), else 1.
+        run_fraction: how far a run without a budget is, measured by its adapter in what
+            bounds it (the Trainer callback: optimizer steps done over the planned steps, or
+            time over ``max_time``); None: counted in decisions (``(epoch + 1) / max_epochs``).
+
+    A decision is what ``epoch`` counts: once per epoch in the RL envs; after every validation
+    run (or every N optimizer steps) in the Trainer callback, where ``max_epochs`` is then the
+    decisions the run plans.
     """
 
     epoch: int
@@ -68,6 +75,7 @@ class EpochReport:
     train_flops: float = 0.0
     budget_flops: float | None = None
     budget_scale: float = 1.0
+    run_fraction: float | None = None
 
     @property
     def budget_fraction(self) -> float | None:
@@ -76,10 +84,13 @@ class EpochReport:
 
     @property
     def spent_fraction(self) -> float | None:
-        """How far the run is: the budget fraction under a compute budget, else the epochs done
-        over the planned epochs (None when neither is known)."""
+        """How far the run is: the budget fraction under a compute budget, else the adapter's
+        ``run_fraction``, else the decisions done over the planned ones (None when none is
+        known)."""
         if self.budget_flops is not None:
             return self.budget_fraction
+        if self.run_fraction is not None:
+            return self.run_fraction
         return None if not self.max_epochs else (self.epoch + 1) / self.max_epochs
 
     def count(self, *stages: SeedStage) -> int:

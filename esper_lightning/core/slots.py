@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Iterator
+import weakref
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +46,7 @@ from esper_lightning.core.lifecycle import (
     ACTIVE_STAGES,
     ALPHA_TOLERANCE,
     DEFAULT_BLEND_TEMPO,
+    EMBARGO_TICKS,
     GRADIENT_EMA_DECAY,
     LIVE_STAGES,
     AlphaView,
@@ -71,6 +73,12 @@ DEFAULT_BLEND_GRADIENT = "through"
 #: What a manifest written before ``blend_gradient`` existed meant, per topology (CNN seeds
 #: were detached while BLENDING), so an old checkpoint resumes exactly.
 _LEGACY_BLEND_GRADIENT = {"cnn": "detached"}
+#: Slot -> what its engine calls before a live seed in the host's forward runs in a training
+#: forward (`MorphogenesisEngine` keeps the host's buffers then, to put them back when the
+#: seed's output spoiled them). Weak both ways, and off the module, so copying or saving a
+#: model never drags its engine along.
+BLEND_GUARDS: weakref.WeakKeyDictionary[nn.Module, Callable[[], Callable[[], None] | None]] = (
+    weakref.WeakKeyDictionary())
 
 
 @dataclass(frozen=True)
@@ -226,6 +234,8 @@ class SeedSlot(nn.Module):
         #: How ``identity`` makes a copy return its input here, once checked (`core.depth`).
         self.identity_mode: str | None = None
         self.gates = QualityGates(gate_mode, gate_config)
+        #: Decisions a pruned seed's slot stays EMBARGOED (`core.timing.SeedTiming.embargo`).
+        self.embargo_ticks = EMBARGO_TICKS
         self.seed: nn.Module | None = None
         self.gate: GatedBlend | None = None
         self.state: SeedState | None = None
@@ -235,9 +245,10 @@ class SeedSlot(nn.Module):
         self._override: Tensor | None = None
         self._frozen: list[nn.Parameter] = []
         self._alpha_cache: tuple[float, torch.device, torch.dtype, Tensor] | None = None
-        #: Whether a training forward of a live seed gave a non-finite output since the engine
-        #: last looked (`take_nonfinite_output`); a flag on the device, so nothing syncs here.
-        self._nonfinite_output: Tensor | None = None
+        #: Whether a training forward of a live seed gave a non-finite output from a finite
+        #: input, and whether its input was not finite, since the engine last looked
+        #: (`take_nonfinite`); flags on the device, so nothing syncs here.
+        self._nonfinite: Tensor | None = None
         # Follows .to()/.half() so seeds are built on the host's device and dtype.
         self.register_buffer("_anchor", torch.zeros(0), persistent=False)
 
@@ -279,10 +290,15 @@ class SeedSlot(nn.Module):
         x = h.detach() if self._isolated(stage) else h
         # Only grown blocks replay the block's call; any other seed in a growth slot (a LoRA
         # after a block, say) sees the activation alone, as in any slot.
+        if stage != SeedStage.TRAINING and stage in LIVE_STAGES and torch.is_grad_enabled():
+            guard = BLEND_GUARDS.get(self)
+            keep = None if guard is None or h.is_meta else guard()
+            if keep is not None:
+                keep()
         s = (self.seed(x, call) if isinstance(self.seed, GrownBlocks) else self.seed(x))
         s = s.to(h.dtype)
         if stage in LIVE_STAGES and torch.is_grad_enabled() and not s.is_meta:
-            self._note_output(s)
+            self._note_forward(x, s)
         if stage == SeedStage.TRAINING and override is None:
             if s.shape != h.shape:  # the incubator hands h's gradient to s as it is
                 raise RuntimeError(f"slot {self.slot_id!r}: seed output shape {tuple(s.shape)} "
@@ -293,20 +309,22 @@ class SeedSlot(nn.Module):
         a = self._alpha_tensor(h) if override is None else _per_sample(override, h)
         return self._blend(h, s, x, a)
 
-    def _note_output(self, s: Tensor) -> None:
-        """Fold whether ``s`` is all finite into the device flag the engine reads once per
-        optimizer step (`take_nonfinite_output`): a seed whose output overflows may still have
-        finite gradients (a linear layer's weight gradient never sees its output)."""
-        bad = ~torch.isfinite(s.detach()).all()
-        flag = self._nonfinite_output
-        self._nonfinite_output = bad if flag is None else flag | bad
+    def _note_forward(self, x: Tensor, s: Tensor) -> None:
+        """Fold whether the seed's output ``s`` is not finite while its input ``x`` is (its own
+        doing: a seed whose output overflows may still have finite gradients, as a linear
+        layer's weight gradient never sees its output), and whether ``x`` is not (the host's
+        doing), into the device flags the engine reads once per optimizer step."""
+        bad_input = ~torch.isfinite(x.detach()).all()
+        bad_output = ~torch.isfinite(s.detach()).all() & ~bad_input
+        flags = torch.stack([bad_output, bad_input])
+        self._nonfinite = flags if self._nonfinite is None else self._nonfinite | flags
 
-    def take_nonfinite_output(self) -> Tensor | None:
-        """Whether a training forward of this slot's live seed gave an inf or NaN output since
-        the last call (a bool tensor on the seed's device; None: no such forward ran), and
-        forget it."""
-        flag, self._nonfinite_output = self._nonfinite_output, None
-        return flag
+    def take_nonfinite(self) -> Tensor | None:
+        """Since the last call, whether a training forward of this slot's live seed gave an inf
+        or NaN output from a finite input, and whether its input was inf or NaN (a bool tensor
+        ``[output, input]`` on the seed's device; None: no such forward ran); forgets them."""
+        flags, self._nonfinite = self._nonfinite, None
+        return flags
 
     def _replaces(self, h: Tensor) -> bool:
         """Whether the output is the seed's own: an ADD blend at alpha exactly 1."""
@@ -514,7 +532,7 @@ class SeedSlot(nn.Module):
         state.transition(SeedStage.PRUNED, reason)
         self.seed = None
         self.gate = None
-        self._nonfinite_output = None  # the removed seed's
+        self._nonfinite = None  # the removed seed's
         self.alpha_controller = AlphaController()
 
     def tick(self) -> None:
@@ -522,7 +540,7 @@ class SeedSlot(nn.Module):
         state = self.state
         if state is None:
             return
-        if state.tick():
+        if state.tick(self.embargo_ticks):
             self.state, self.blend = None, None
             return
         ramp_done = state.stage == SeedStage.BLENDING and self.alpha_controller.step()

@@ -1,0 +1,102 @@
+"""Where `MorphogenesisCallback` decides in a Trainer's loop, and how long the run is.
+
+A decision follows every validation run (``val_check_interval``, ``check_val_every_n_epoch``),
+or every ``every_n_train_steps`` optimizer steps; an epoch that validated nowhere decides at its
+end. This module reads the Trainer for what that means in optimizer steps (`run_plan`) and how
+far the run is (`run_fraction`), so the lifecycle's durations (`core.timing`) and a
+controller's growth times follow the loop the user runs: ``max_steps``, ``max_epochs``,
+``max_time`` or a compute budget.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import lightning as L
+from lightning.pytorch.callbacks import Timer
+
+from esper_lightning.core.timing import DecisionPlan
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """The run in optimizer steps, as far as the Trainer tells.
+
+    Attributes:
+        steps: optimizer steps the run plans (``max_steps``, ``max_epochs`` times the steps per
+            epoch, or a budget over the cost of a step; the least of those known), None when
+            unbounded or unknown.
+        steps_per_epoch: optimizer steps in an epoch (None: a loader of unknown length).
+        steps_per_decision: optimizer steps between two regular decisions (None: unknown).
+    """
+
+    steps: int | None
+    steps_per_epoch: int | None
+    steps_per_decision: float | None
+
+    @property
+    def decisions(self) -> int | None:
+        """Regular decisions the run makes (None: unknown)."""
+        if self.steps is None or not self.steps_per_decision:
+            return None
+        return max(1, math.ceil(self.steps / self.steps_per_decision))
+
+    def for_durations(self) -> DecisionPlan:
+        """What `core.timing.Duration` needs to count in decisions."""
+        return DecisionPlan(self.steps_per_decision, self.steps_per_epoch, self.decisions)
+
+
+def run_plan(trainer: L.Trainer, every_n_train_steps: int | None,
+             budget_steps: int | None = None) -> RunPlan:
+    """The plan of ``trainer``'s fit (call once the training loader is set up: at
+    ``on_train_start`` or later). ``budget_steps``: the steps a compute budget allows, when
+    known."""
+    batches = trainer.num_training_batches
+    accumulate = trainer.accumulate_grad_batches
+    per_epoch = (math.ceil(batches / accumulate) if math.isfinite(batches) and batches >= 1
+                 else None)
+    bounds = []
+    if trainer.max_steps >= 1:
+        bounds.append(trainer.max_steps)
+    if trainer.max_epochs is not None and trainer.max_epochs >= 1 and per_epoch is not None:
+        bounds.append(trainer.max_epochs * per_epoch)
+    if budget_steps is not None:
+        bounds.append(budget_steps)
+    return RunPlan(min(bounds, default=None), per_epoch,
+                   _steps_per_decision(trainer, every_n_train_steps, per_epoch))
+
+
+def _steps_per_decision(trainer: L.Trainer, every_n_train_steps: int | None,
+                        per_epoch: int | None) -> float | None:
+    if every_n_train_steps is not None:
+        return float(every_n_train_steps)
+    validates = trainer.enable_validation and _has_validation(trainer)
+    interval = getattr(trainer, "val_check_batch", None)
+    if validates and isinstance(interval, int | float) and math.isfinite(interval):
+        within_epoch = per_epoch is None or trainer.check_val_every_n_epoch is None or (
+            interval < trainer.num_training_batches)
+        if within_epoch:  # validation inside the epoch: a decision every val_check_interval
+            return max(1.0, interval / trainer.accumulate_grad_batches)
+    return None if per_epoch is None else float(per_epoch)  # a decision per epoch
+
+
+def _has_validation(trainer: L.Trainer) -> bool:
+    batches = trainer.num_val_batches
+    return any(b > 0 for b in batches) if isinstance(batches, list) else bool(batches)
+
+
+def run_fraction(trainer: L.Trainer, plan: RunPlan) -> float | None:
+    """How far a run without a compute budget is: optimizer steps over the planned ones, or the
+    training time over ``max_time``, whichever is further (the run ends at the first limit it
+    reaches); None when neither bounds it."""
+    fractions = []
+    if plan.steps:
+        fractions.append(trainer.global_step / plan.steps)
+    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    if timer is not None and timer._duration:  # max_time: Lightning's own Timer
+        elapsed = timer.time_elapsed("train") / timer._duration
+        # Clocks differ between ranks: rank 0's, so every rank decides alike (as the Timer
+        # itself broadcasts its stop).
+        fractions.append(float(trainer.strategy.broadcast(elapsed)))
+    return max(fractions, default=None)
