@@ -236,17 +236,23 @@ def test_growth_seeds_blend_at_once_and_a_nonfinite_one_drops_the_step(blueprint
         assert torch.equal(p, before[name]), name
 
 
-def test_a_nonfinite_host_with_an_incubating_seed_is_the_governors_not_the_seeds():
+@pytest.mark.parametrize(("stage", "layer"), [(SeedStage.TRAINING, "out"),
+                                             (SeedStage.TRAINING, "inp"),
+                                             (SeedStage.BLENDING, "inp")])
+def test_a_host_that_diverges_on_its_own_is_the_governors_not_the_seeds(stage: SeedStage,
+                                                                       layer: str):
+    """A NaN host weight after an incubating seed (its gradients inherit the NaN) or before
+    any seed (its input is NaN) prunes nothing and drops nothing."""
     model = _host("cnn")
-    engine, _ = _engine(model, "conv_light", SeedStage.TRAINING)
+    engine, _ = _engine(model, "conv_light", stage)
     x, target = _batch("cnn")
     with torch.no_grad():
-        model.out.weight[0, 0] = float("nan")  # the host diverged on its own
+        getattr(model, layer).weight[0, 0] = float("nan")
     _loss(model(x), target).backward()
     seed_grads = [p.grad for p in engine.slots["s"].seed_parameters()]
     assert any(not torch.isfinite(g).all() for g in seed_grads)  # inherited from the host
     assert engine.prune_nonfinite() == []
-    assert engine.slots["s"].stage == SeedStage.TRAINING and engine.dropped_steps == 0
+    assert engine.slots["s"].stage == stage and engine.dropped_steps == 0
     assert model.out.weight.grad is not None  # nothing dropped: the governor decides
 
 
@@ -299,10 +305,11 @@ def test_the_decision_is_reduced_over_the_ranks():
 
     def other_rank_saw_inf(flags: Tensor) -> Tensor:
         seen.append(flags.clone())
-        return flags + torch.tensor([1.0, 0.0], device=flags.device)  # its output was inf
+        # [output, input, gradients]: its output was inf
+        return flags + torch.tensor([1.0, 0.0, 0.0], device=flags.device)
 
     assert engine.prune_nonfinite(reduce=other_rank_saw_inf) == ["s"]
-    assert len(seen) == 1 and seen[0].tolist() == [0.0, 0.0]
+    assert len(seen) == 1 and seen[0].tolist() == [0.0, 0.0, 0.0]
 
 
 def test_validation_forwards_raise_no_flag_and_a_flag_is_read_once():
@@ -313,10 +320,11 @@ def test_validation_forwards_raise_no_flag_and_a_flag_is_read_once():
     x, _ = _batch("cnn")
     with torch.no_grad():
         model(x)  # validation: the seed's output never reaches the host; no flag
-    assert slot.take_nonfinite_output() is None
+    assert slot.take_nonfinite() is None
     model(x)
-    flag = slot.take_nonfinite_output()
-    assert flag is not None and bool(flag) and slot.take_nonfinite_output() is None
+    flags = slot.take_nonfinite()
+    assert flags is not None and flags.tolist() == [True, False]  # [output, input]
+    assert slot.take_nonfinite() is None
 
 
 def test_the_incubator_returns_a_tensor_of_its_own_and_refuses_another_shape():
@@ -332,3 +340,29 @@ def test_the_incubator_returns_a_tensor_of_its_own_and_refuses_another_shape():
                                            r"activation shape \(3, 16\)$"):
         slot(h)
 
+
+
+def test_a_dropped_step_puts_back_the_buffers_its_forward_spoiled():
+    """A BatchNorm after a blending slot updates its running statistics from the NaN output
+    in the same forward: the dropped step puts them back as they were when the slot ran."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, WIDTH, 3, padding=1), nn.BatchNorm2d(WIDTH),
+                          SeedSlot("s", WIDTH, "cnn"), nn.BatchNorm2d(WIDTH), nn.ReLU(),
+                          nn.Conv2d(WIDTH, 4, 1))
+    engine, optimizer = _engine(model, "conv_light", SeedStage.BLENDING)
+    x, target = _batch("cnn")
+    _loss(model(x), target).backward()  # a healthy blending step
+    assert engine.prune_nonfinite() == []
+    optimizer.step()
+    optimizer.zero_grad()
+    before = {n: b.clone() for n, b in model.named_buffers()}
+    poison(engine.slots["s"].seed, "nan_output")
+    _loss(model(x), target).backward()
+    assert model[3].running_mean.isnan().all()  # spoiled by the forward
+    assert engine.prune_nonfinite() == ["s"] and engine.dropped_steps == 1
+    for name, value in model.named_buffers():
+        if name.startswith("3."):  # after the slot: back as they were
+            assert torch.equal(value, before[name]), name
+        else:  # before it: this forward's update from the host's own activations stays
+            assert torch.isfinite(value.float()).all(), name
+    assert not torch.equal(model[1].running_mean, before["1.running_mean"])

@@ -32,7 +32,10 @@ class GovernorCallback(Callback):
     fossilized seeds, the optimizer state and the grad scaler from an in-memory CPU snapshot
     (same Parameter objects, so the optimizer stays valid), drops the gradients, logs
     ``governor/rollbacks`` and lets training continue. Snapshots are taken every
-    ``config.snapshot_every`` healthy epochs and after each fossilization.
+    ``config.snapshot_every`` healthy epochs and after each fossilization. The losses of an
+    optimizer step that a non-finite seed spoiled and the engine dropped
+    (`MorphogenesisEngine.prune_nonfinite`: the seed is pruned, the host did not move) are not
+    the host's, so they roll nothing back.
 
     It must come before `MorphogenesisCallback` in ``callbacks=[...]``, so a diverged epoch is
     rolled back before the controller decides (the other order is refused at setup).
@@ -68,6 +71,11 @@ class GovernorCallback(Callback):
         self.governor = Governor(config)
         self.check_every_n_steps = check_every_n_steps
         self._nonfinite: torch.Tensor | None = None
+        #: Non-finite losses of the batches since the last optimizer step: they join
+        #: ``_nonfinite`` once that step was taken, not when a non-finite seed spoiled it.
+        self._window: torch.Tensor | None = None
+        self._window_step = 0  # trainer.global_step when the window opened
+        self._window_dropped = 0  # the engine's dropped_steps when the window opened
         self.monitor = monitor
         self.num_classes = num_classes
         self.snapshot: Snapshot | None = None
@@ -101,7 +109,7 @@ class GovernorCallback(Callback):
             self.governor.reset()
         self._resumed = False
         self._warned_monitor = False
-        self._nonfinite = None
+        self._nonfinite = self._window = None
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -109,6 +117,7 @@ class GovernorCallback(Callback):
         growth = [c for c in trainer.callbacks if isinstance(c, MorphogenesisCallback)]
         self._growth = growth[0] if growth else None  # the lifecycle's owner prunes for us
         self._fossilized_seen = self._fossilized()
+        self._window_step, self._window_dropped = trainer.global_step, self._dropped_steps()
         self._snapshot(trainer, pl_module)
 
     @override
@@ -124,9 +133,24 @@ class GovernorCallback(Callback):
         if not isinstance(loss, torch.Tensor):
             return
         bad = ~torch.isfinite(loss.detach())  # stays on the device
-        self._nonfinite = bad if self._nonfinite is None else self._nonfinite | bad
+        self._window = bad if self._window is None else self._window | bad
+        if trainer.global_step != self._window_step:  # this batch ended an optimizer step
+            self._close_window(trainer.global_step)
         if (batch_idx + 1) % self.check_every_n_steps == 0:
             self._check_train_losses(trainer, pl_module)
+
+    def _close_window(self, step: int) -> None:
+        """Count the losses since the last optimizer step as the host's, unless the engine
+        dropped that step for a non-finite seed (every rank alike: its decision is reduced)."""
+        dropped = self._dropped_steps()
+        window, self._window = self._window, None
+        if dropped == self._window_dropped and window is not None:
+            self._nonfinite = window if self._nonfinite is None else self._nonfinite | window
+        self._window_step, self._window_dropped = step, dropped
+
+    def _dropped_steps(self) -> int:
+        engine = None if self._growth is None else self._growth.engine
+        return 0 if engine is None else engine.dropped_steps
 
     def _check_train_losses(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         flag, self._nonfinite = self._nonfinite, None
@@ -155,6 +179,7 @@ class GovernorCallback(Callback):
 
     @override
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._close_window(trainer.global_step)  # the epoch's last step has been taken
         self._check_train_losses(trainer, pl_module)
         fossilized = self._fossilized()
         new_fossil = fossilized > self._fossilized_seen

@@ -8,10 +8,12 @@ the observation, the reward of the transition (`rl.rewards.compute_reward` under
 `RewardConfig`) and whether the episode ended (`rl.episodes.is_terminal`), as CleanRL's
 ``env.step`` returns them. Whoever plays the env, PPO or `compare`, reads the same numbers.
 Nothing is copied to the host until `observe`, which reads all of the epoch's numbers in one
-transfer. On request (``cuda_stream=True``) every kernel of a CUDA env runs on a stream of its
-own, synchronised once in `observe`; off by default, because on an H100 and an H200 the streams
-made a four-env pool's epoch 1-18 % slower in each of six runs (docs/benchmarks.md): these
-hosts are launch-bound, so there is nothing for streams to overlap.
+transfer (but for the gradient health at its cadence and, while a live seed runs, one flag per
+step that catches a non-finite seed before the step, `train_batch`). On request
+(``cuda_stream=True``) every kernel of a CUDA env runs on a stream of its own, synchronised
+once in `observe`; off by default, because on an H100 and an H200 the streams made a four-env
+pool's epoch 1-18 % slower in each of six runs (docs/benchmarks.md): these hosts are
+launch-bound, so there is nothing for streams to overlap.
 
 Every training step is metered (`core.flops.FlopMeter`, once per architecture, on meta tensors:
 training numerics are untouched) into the env's `core.compute.ComputeLedger` (``env.ledger``,
@@ -280,6 +282,7 @@ class MorphogenesisEnv:
         self._first_of_epoch = True
         self._epoch = 0  # epochs started this episode
         self._epoch_batches = 0
+        self._spoiled_batches = 0  # this epoch's batches whose step a non-finite seed spoiled
         self._samples_seen = 0
 
     # --- episode ------------------------------------------------------------------------------
@@ -381,7 +384,7 @@ class MorphogenesisEnv:
             self._batches = self._stream if budgeted else iter(self.loader)
             self._loss_sum = torch.zeros((), device=self.device)
         self._first_of_epoch = True
-        self._epoch_batches = 0
+        self._epoch_batches = self._spoiled_batches = 0
         self.model.train()
         self._arch = structure(self.host)  # the architecture is fixed until the next decision
         return None if budgeted else len(self.loader)
@@ -405,7 +408,9 @@ class MorphogenesisEnv:
 
     def train_batch(self) -> None:
         """One optimizer step on the next batch, metered. Nothing is read back to the host,
-        except the gradient health at the engine's cadence (the same as in a Trainer)."""
+        except the gradient health at the engine's cadence (the same as in a Trainer) and, while
+        a live seed runs, one flag vector per step: a seed whose output or gradients are not
+        finite is pruned before the step (`MorphogenesisEngine.prune_nonfinite`)."""
         engine = self._engine()
         with self._on_stream():
             x, y = next(self._batches)
@@ -417,14 +422,22 @@ class MorphogenesisEnv:
             self.optimizer.zero_grad(set_to_none=True)
             loss = self.task.loss(self.model(x), y)
             self.fabric.backward(loss)
+            scaled = getattr(self.fabric.strategy.precision, "scaler", None) is not None
+            dropped = engine.dropped_steps
+            # Before the step (and the scaler's unscale): a non-finite seed leaves with its
+            # param group, so the host steps as it would without it.
+            engine.prune_nonfinite(scaled=scaled)
+            spoiled = engine.dropped_steps != dropped  # the host did not move on this batch
             self.optimizer.step()  # unscales the gradients under 16-mixed before stepping
             # The step index before counting this one, as a Trainer's global_step.
             if engine.gradient_stats_due(self._steps, self._first_of_epoch):
-                scaled = getattr(self.fabric.strategy.precision, "scaler", None) is not None
                 engine.capture_gradient_stats(scaled=scaled)
             self._steps += 1
             self._first_of_epoch = False
-            self._loss_sum = self._loss_sum + loss.detach().float()
+            if spoiled:  # a seed's NaN, not the host's loss: the governor must not read it
+                self._spoiled_batches += 1
+            else:
+                self._loss_sum = self._loss_sum + loss.detach().float()
         self.ledger.charge(cost)
         self._samples_seen += self.task.batch_units(x)
         self._epoch_batches += 1
@@ -458,7 +471,7 @@ class MorphogenesisEnv:
         if self.stream is not None:
             self.stream.synchronize()
         accuracies, val_loss, extra = accumulator.read(self._loss_sum)  # one transfer
-        batches = self._epoch_batches
+        batches = self._epoch_batches - self._spoiled_batches  # the host's own losses
         train_loss = float(extra[0]) / batches if batches else None
         contributions = accumulator.contributions(accuracies)
         engine.record_epoch(accuracies["main"], val_loss, train_loss, contributions)
