@@ -336,6 +336,137 @@ def test_bad_depth_growth_settings_are_one_line(kwargs, message):
     assert _first_line(err).startswith(message)
 
 
+# --- identity finds a block's residual projections by running it ------------------------------
+class RenamedBlock(nn.Module):
+    """A pre-norm block of no known layout: its attention's output is ``mix.out`` and its MLP a
+    ``Sequential`` ending in ``ff.2`` (only running it tells which layers feed the residual)."""
+
+    def __init__(self, width: int = 32, n_head: int = 4) -> None:
+        super().__init__()
+        self.n_head = n_head
+        self.pre_mix, self.pre_ff = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.mix = nn.ModuleDict({"qkv": nn.Linear(width, 3 * width),
+                                  "out": nn.Linear(width, width)})
+        self.ff = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(),
+                                nn.Linear(2 * width, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.mix["qkv"](self.pre_mix(x)).chunk(3, dim=-1)
+        q, k, v = (t.unflatten(-1, (self.n_head, -1)).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).flatten(2)
+        x = x + self.mix["out"](y)
+        return x + self.ff(self.pre_ff(x))
+
+
+def _renamed_model(rng_seed: int = 0) -> nn.Module:
+    from user_models import NanoGPT
+
+    torch.manual_seed(rng_seed)
+    return NanoGPT(1, block=RenamedBlock).eval()
+
+
+@pytest.mark.parametrize("gate", [True, False])
+def test_identity_of_a_block_of_no_known_layout_finds_its_projections(gate):
+    model = _renamed_model()
+    engine = MorphogenesisEngine(model, growth=DepthGrowth("blocks", blocks=3, gate=gate))
+    idx = _tokens((3, 12), rng_seed=2)
+    with torch.no_grad():
+        before = model(idx)  # the first activation: the projections are found here
+    slot = engine.slots["blocks.0+1"]
+    assert slot.identity_mode == "projections" and slot.growth.projections == ("mix.out", "ff.2")
+    _germinate(engine, "identity")
+    assert [type(b) for b in slot.seed] == [RenamedBlock] * 3  # the block's own class, no gate
+    with torch.no_grad():
+        assert torch.equal(model(idx), before)
+    source = dict(model.blocks[0].named_parameters())
+    for block in slot.seed:  # only the two projections are zero; the rest is the source's
+        for name, p in block.named_parameters():
+            if name.startswith(("mix.out.", "ff.2.")):
+                assert not p.any(), name
+            else:
+                assert torch.equal(p, source[name]), name
+
+
+def test_grow_finds_the_projections_of_a_block_of_no_known_layout_without_an_activation():
+    model = _renamed_model(rng_seed=3)
+    idx = _tokens((2, 10), rng_seed=4)
+    with torch.no_grad():
+        before = model(idx)
+    new = grow(model, DepthGrowth("blocks", blocks=2), "identity")
+    assert [type(b) for b in new] == [RenamedBlock] * 2 and len(model.blocks) == 3
+    with torch.no_grad():
+        assert torch.equal(model(idx), before)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_projections_found_by_running_a_block_are_its_layouts_and_keep_the_logits(
+        kind, monkeypatch):
+    # With no layout known, every user model's block (its own class, timm's names, GPT-2's
+    # Conv1D, Llama's rotary call) has its projections found on the first activation: the
+    # same layers its layout names, and the logits bitwise equal after identity growth.
+    from esper_lightning.blueprints.growth import layouts
+
+    expected = layouts.layout_names(stack_of(user_model(kind), kind)[0])
+    monkeypatch.setattr(layouts, "LAYOUTS", {})
+    model, engine = _grow(kind, "identity")
+    slot = next(iter(engine.slots.values()))
+    assert slot.identity_mode == "projections" and slot.growth.projections == expected
+    idx = _tokens((3, 12), rng_seed=2)
+    with torch.no_grad():
+        before = model(idx)
+    _germinate(engine, "identity")
+    assert all(type(b) is type(stack_of(model, kind)[0]) for b in slot.seed)
+    with torch.no_grad():
+        assert torch.equal(model(idx), before)
+
+
+def test_a_resumed_slot_finds_the_projections_again_when_it_germinates():
+    # The manifest keeps the mode ("projections"), not the names: a fresh model's slot, loaded
+    # before any activation, finds them by running the block on a random hidden state.
+    model = _renamed_model(rng_seed=5)
+    MorphogenesisEngine(model, growth=DepthGrowth("blocks", blocks=2))
+    idx = _tokens((2, 10), rng_seed=6)
+    with torch.no_grad():
+        model(idx)
+    fresh = _renamed_model(rng_seed=7)
+    engine = MorphogenesisEngine(fresh, growth=DepthGrowth("blocks", blocks=2))
+    fresh.load_state_dict(model.state_dict())
+    slot = engine.slots["blocks.0+1"]
+    assert slot.identity_mode == "projections" and slot.growth.projections is None
+    _germinate(engine, "identity")
+    with torch.no_grad():
+        assert torch.equal(fresh(idx), model(idx))
+    assert [type(b) for b in slot.seed] == [RenamedBlock] * 2
+    assert all(not b.mix["out"].weight.any() and not b.ff[2].weight.any() for b in slot.seed)
+
+
+def test_a_post_norm_block_of_no_known_layout_is_gated_or_refused():
+    class Renamed(PostNorm):  # the same block, its projections of no known layout
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = self.attn.c_proj, self.mlp.c_proj
+            del self.attn, self.mlp
+
+        def forward(self, x):
+            return self.norm(x + self.a(x) + self.b(x))
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8)
+    engine = MorphogenesisEngine(gated := Holder([Renamed()]), growth=DepthGrowth("blocks"))
+    with torch.no_grad():
+        gated(x)
+    assert engine.slots["blocks.0+1"].identity_mode == "gate"
+    strict = Holder([Renamed()])
+    MorphogenesisEngine(strict, growth=DepthGrowth("blocks", gate=False))
+    with pytest.raises(ValueError) as err:
+        strict(x)
+    assert _first_line(err) == (
+        "growth slot 'blocks.0+1': Renamed with its residual projections at zero does not "
+        "return its input: no set of its layers at zero does (a post-norm block?), and "
+        "gate=False; accepted: gate=True, or DepthGrowth(projections=[...]) naming the right "
+        "ones")
+
+
 # --- the functional form ------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", KINDS)
 def test_grow_adds_blocks_to_the_stack_and_the_optimizer_in_their_sources_groups(kind):

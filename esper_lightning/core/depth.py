@@ -32,14 +32,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from esper_lightning.blueprints.growth import (
-    GatedBlock,
-    GrownBlocks,
-    GrowthSite,
-    residual_projections,
-)
+from esper_lightning.blueprints.growth import GatedBlock, GrownBlocks, GrowthSite
 from esper_lightning.blueprints.growth.identity import identity_block
-from esper_lightning.blueprints.growth.site import MOMENTS, BlockCall
+from esper_lightning.blueprints.growth.layouts import find_projections, layout_names
+from esper_lightning.blueprints.growth.site import MOMENTS, BlockCall, hidden_of
 from esper_lightning.core.lifecycle import ACTIVE_STAGES, SeedStage
 
 __all__ = ["PLACES", "DepthGrowth", "find_stack", "grow", "growth_slot_id", "materialize"]
@@ -61,7 +57,8 @@ class DepthGrowth:
         at: ``"top"`` (after the last block), ``"interleave"`` (after every block, each
             growing copies of its own block) or an int ``i`` (after block ``i``).
         projections: Names inside a block of its residual branches' output projections, which
-            the ``identity`` operator zeroes; None: found for the common layouts.
+            the ``identity`` operator zeroes; None: the common layouts', else found by running
+            the block (the last layer of each residual branch).
         gate: Let ``identity`` fall back to a zero-initialised gate on the block's residual
             update where zeroed projections do not make a copy return its input; False
             refuses such a block at fit start instead.
@@ -255,6 +252,12 @@ def check_first_activation(slot: Any, block: nn.Module, before: Tensor, after: T
     """Check a growth slot on its first activation: its block keeps the hidden state's shape,
     and how ``identity`` makes a copy return its input here. Returns the identity mode.
 
+    The projections the user named, or the block's layout's, are zeroed in a copy and must make
+    it return its input; without a name (or with a layout's that do not), they are found by
+    running the block on this activation (`blueprints.growth.layouts.find_projections`) and
+    kept in the slot's site for the seeds built there. Where no layers do it, the copy is gated
+    (``gate=True``) or the slot refused.
+
     Raises:
         ValueError: One line naming the block and what is accepted.
     """
@@ -264,23 +267,33 @@ def check_first_activation(slot: Any, block: nn.Module, before: Tensor, after: T
                          f"{tuple(before.shape)} to {tuple(after.shape)}; a stack that grows "
                          "needs blocks that keep its shape")
     site = slot.growth
-    if residual_projections(block, site.projections) is None:
-        if not site.gate:
-            raise ValueError(f"growth slot {slot.slot_id!r}: {name}'s residual output "
-                             "projections are not of a known layout and gate=False; accepted: "
-                             "DepthGrowth(projections=[names in the block]) or gate=True")
-        return "gate"
-    trial = identity_block(block, dataclasses.replace(site, identity="projections"))
-    with torch.no_grad():
-        out = call.run(trial, after) if call is not None else trial(after)
-    if torch.equal(out, after):
+
+    def run(trial: nn.Module) -> Tensor:
+        return call.run(trial, after) if call is not None else hidden_of(trial(after))
+
+    names = site.projections or layout_names(block)
+    if names is not None:
+        trial = identity_block(block, dataclasses.replace(site, projections=names,
+                                                          identity="projections"))
+        with torch.no_grad():
+            if torch.equal(run(trial), after):
+                slot.growth = dataclasses.replace(site, projections=names)
+                return "projections"
+    found = None if site.projections is not None else find_projections(block, run, after)
+    if found is not None:
+        slot.growth = dataclasses.replace(site, projections=found)
         return "projections"
     if site.gate:
         return "gate"
+    if site.projections is not None:
+        raise ValueError(f"growth slot {slot.slot_id!r}: {name} with its residual projections "
+                         f"{', '.join(site.projections)} at zero does not return its input and "
+                         "gate=False; accepted: gate=True, or DepthGrowth(projections=[...]) "
+                         "naming the right ones")
     raise ValueError(f"growth slot {slot.slot_id!r}: {name} with its residual projections at "
-                     "zero does not return its input (a post-norm block?) and gate=False; "
-                     "accepted: gate=True, or DepthGrowth(projections=[...]) naming the right "
-                     "ones")
+                     "zero does not return its input: no set of its layers at zero does (a "
+                     "post-norm block?), and gate=False; accepted: gate=True, or "
+                     "DepthGrowth(projections=[...]) naming the right ones")
 
 
 # --- the functional form ---------------------------------------------------------------------
