@@ -7,6 +7,7 @@ at its new depth, and what cannot grow is refused in one line."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -64,6 +65,16 @@ def test_identity_growth_leaves_the_logits_equal(kind):
         assert torch.equal(model(idx), before)
     source = stack_of(model, kind)[0]
     assert all(type(b) is type(source) for b in slot.seed)  # the user's own block class
+
+
+def test_the_docs_say_what_identity_growth_measures():
+    # test_identity_growth_leaves_the_logits_equal compares the logits with torch.equal: the
+    # README and the tutorial claim exactly that, in the same words.
+    root = Path(__file__).resolve().parent.parent
+    for page in ("README.md", "docs/tutorials/grow-a-transformer.md"):
+        text = " ".join((root / page).read_text().split())
+        assert "zero, so the model's logits stay the same, bit for bit)" in text, page
+        assert "up to float rounding" not in text, page
 
 
 @pytest.mark.parametrize("kind", KINDS)
