@@ -7,8 +7,7 @@ from typing import Any
 
 import torch
 
-from esper_lightning.app.config import TaskConfig
-from esper_lightning.app.config.task import smallest_budget_scale
+from esper_lightning.app.config.task import TaskConfig, smallest_budget_scale
 from esper_lightning.core.divergence import GovernorConfig
 from esper_lightning.core.flops import FlopMeter
 from esper_lightning.core.lifecycle import GateConfig

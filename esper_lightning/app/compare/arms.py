@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from esper_lightning.app.config import ADDED_KEY_DEFAULTS, TaskConfig
+from esper_lightning.app.config.layers import ADDED_KEY_DEFAULTS
+from esper_lightning.app.config.task import TaskConfig
 from esper_lightning.errors import ConfigError
 
 if TYPE_CHECKING:  # the registry imports no torch: ``compare --help`` lists it at once
