@@ -424,12 +424,14 @@ class StopAtTrainStart(L.Callback):
 
 
 def test_a_run_too_short_for_any_seed_to_blend_is_warned_about(cifar_dir, tmp_path):
-    callback = MorphogenesisCallback(HeuristicController(), slots=["net.3"])
+    # The user's own incubation of 10 (the heuristic alone would scale it to 2 at this length).
+    callback = MorphogenesisCallback(HeuristicController(), slots=["net.3"],
+                                     gate_config=GateConfig(min_training_epochs=10))
     trainer = _trainer(tmp_path, 12, [callback, StopAtTrainStart()], limit_train_batches=1,
                        limit_val_batches=1)
     messages = _fit_warnings(trainer, PlainModule(), _dm(cifar_dir))
     # At 12 epochs the default knobs scale to 1 epoch each: germination at epoch 1 at the
-    # earliest, then 1 + 10 (G2's default incubation) epochs before a seed may blend.
+    # earliest, then 1 + 10 epochs of incubation before a seed may blend.
     assert messages == [
         "MorphogenesisCallback: max_epochs=12 is too short for any seed to reach blending: the "
         "controller germinates at decision 1 at the earliest (timing knobs at this length: "

@@ -25,6 +25,7 @@ from esper_lightning.controllers import (
     ScriptedController,
     StaticController,
 )
+from esper_lightning.controllers.heuristic import decisions_to_judge
 from esper_lightning.core.actions import (
     Action,
     AlphaSpeed,
@@ -36,7 +37,7 @@ from esper_lightning.core.actions import (
     compute_masks,
 )
 from esper_lightning.core.engine import MorphogenesisEngine, execute_on_slot
-from esper_lightning.core.lifecycle import GateConfig, SeedStage
+from esper_lightning.core.lifecycle import GateConfig, QualityGates, SeedStage
 from esper_lightning.core.report import HISTORY_WINDOW, EpochReport
 from esper_lightning.core.slots import SeedSlot
 from esper_lightning.errors import ConfigError
@@ -574,7 +575,9 @@ def test_timing_knobs_scale_with_the_run_length():
 
 def test_a_short_run_germinates_sooner_than_a_long_one():
     def first_germination(max_epochs: int) -> int:
-        controller = HeuristicController()
+        # The knobs alone: the slots' 10-decision incubation leaves a 10-decision run no seed
+        # it could judge (finish_by_end, tested below).
+        controller = HeuristicController(HeuristicConfig(finish_by_end=False))
         slots = make_slots(1)
         for epoch in range(max_epochs):
             report = dataclasses.replace(make_report(slots, epoch, [50.0] * (epoch + 1),
@@ -606,7 +609,8 @@ def _reaches_blending(controller: HeuristicController, max_epochs: int, incubati
     return any(e.stage == "BLENDING" for e in engine.timeline)
 
 
-@pytest.mark.parametrize("config", [HeuristicConfig(), HeuristicConfig.fixed_timing()],
+@pytest.mark.parametrize("config", [HeuristicConfig(finish_by_end=False),
+                                    HeuristicConfig.fixed_timing(finish_by_end=False)],
                          ids=["scaled", "fixed"])
 def test_earliest_germination_says_when_a_run_is_long_enough_to_blend(config):
     controller = HeuristicController(config)
@@ -615,6 +619,57 @@ def test_earliest_germination_says_when_a_run_is_long_enough_to_blend(config):
             needed = controller.earliest_germination(max_epochs) + 2 + incubation
             reached = _reaches_blending(controller, max_epochs, incubation)
             assert reached == (max_epochs >= needed), (incubation, max_epochs, needed)
+
+
+def _germinations(accs: Sequence[float], max_epochs: int, incubation: int = 2):
+    """(epoch, reason) of every germination the heuristic asks for in a run of ``max_epochs``
+    decisions on slots incubating ``incubation`` decisions, the host's loss flat (stable)."""
+    controller = HeuristicController()
+    slots = make_slots(1)
+    for slot in slots:
+        slot.gates = QualityGates(slot.gates.mode, GateConfig(min_training_epochs=incubation))
+    found = []
+    for epoch in range(max_epochs):
+        report = dataclasses.replace(make_report(slots, epoch, accs[:epoch + 1],
+                                                 [1.0] * (epoch + 1)), max_epochs=max_epochs)
+        if controller.decide(report).op == Op.GERMINATE:
+            found.append((epoch, controller.last_reason))
+    return found
+
+
+def test_the_heuristic_germinates_at_its_last_chance_when_no_plateau_comes():
+    # A seed needs 1 + 2 (incubation) + 5 (blend) + 2 = 10 decisions to be judged: in a run of
+    # 20, decision 9 is the last that leaves them; the host gains 1 point a decision (never a
+    # plateau), so the heuristic germinates there, and nowhere else.
+    climbing = [50.0 + epoch for epoch in range(20)]
+    assert decisions_to_judge(_slot_with_incubation(2).report()) == 10
+    assert _germinations(climbing, 20) == [
+        (9, "last decision a seed can still be judged by: germinate conv_light")]
+
+
+def test_the_heuristic_never_germinates_a_seed_too_late_to_be_judged():
+    controller = HeuristicController(HeuristicConfig(stabilization_epochs=0))  # stable at once
+    slots = make_slots(1)
+    report = dataclasses.replace(make_report(slots, 15, [50.0] * 16, [1.0] * 16), max_epochs=20)
+    controller.decide(report)
+    assert controller.last_reason == ("too late to germinate: 4 decision(s) left, a seed needs "
+                                      "18 to incubate, blend and be judged")
+    fixed = HeuristicController(HeuristicConfig(stabilization_epochs=0,
+                                                plateau_epochs_to_germinate=0, finish_by_end=False))
+    assert fixed.decide(report).op == Op.GERMINATE  # the rule is the config's
+
+
+def _slot_with_incubation(incubation: int) -> SeedSlot:
+    slot = SeedSlot("r0c0", channels=4)
+    slot.gates = QualityGates(slot.gates.mode, GateConfig(min_training_epochs=incubation))
+    return slot
+
+
+def test_the_incubation_the_heuristic_asks_for_scales_with_the_run():
+    assert HeuristicController().lifecycle(50) == {"incubation": 10}
+    assert HeuristicController().lifecycle(20) == {"incubation": 4}
+    assert HeuristicController().lifecycle(None) == {"incubation": 10}
+    assert HeuristicController(HeuristicConfig(incubation_epochs=None)).lifecycle(20) == {}
 
 
 # --- random ------------------------------------------------------------------------------------

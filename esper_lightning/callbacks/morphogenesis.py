@@ -29,6 +29,7 @@ from esper_lightning.controllers.base import (
     ExplainsDecisions,
     NamesBlueprints,
     PlansGermination,
+    PlansLifecycle,
     SchedulesDecisions,
 )
 from esper_lightning.controllers.stack import StackController
@@ -283,10 +284,11 @@ class MorphogenesisCallback(Callback):
         """Forget what the last fit left behind (not the decision bookkeeping, which a resumed
         fit takes from its checkpoint)."""
         self.last_outcome = None
-        self._stats_epoch = -1
+        self._stats_decision = -1  # decisions made when gradient health was last measured
         self._probed = False
         self._plan: RunPlan | None = None
         self._warned_length = False
+        self._scheduled = False  # asked the controller when it is due, this fit
         self._checked_keys: set[str] = set()
         self._accumulator = None
 
@@ -364,11 +366,17 @@ class MorphogenesisCallback(Callback):
     def _make_plan(self, trainer: L.Trainer) -> None:
         """The run in steps and decisions; the lifecycle's durations in decisions from it."""
         self._plan = plan = run_plan(trainer, self.every_n_train_steps, self._budget_steps)
+        durations: dict[str, int] = {}
+        if isinstance(self.controller, PlansLifecycle):  # what it asks, where the user set none
+            durations.update(self.controller.lifecycle(plan.decisions))
+            if self._engine_kwargs["gate_config"] is not None:
+                durations.pop("incubation", None)
         if self.timing is not None:
             try:
-                durations = self.timing.resolve(plan.for_durations())
+                durations.update(self.timing.resolve(plan.for_durations()))
             except ValueError as err:
                 raise MisconfigurationException(f"MorphogenesisCallback: {err}") from None
+        if durations:
             self._require_engine().set_timing(durations)
         self._warn_if_too_short(trainer)
 
@@ -392,6 +400,12 @@ class MorphogenesisCallback(Callback):
             self._plan_budget(trainer)
         elif trainer.global_step == 0 and batch_idx == 0:
             check_growth_schedule(self, trainer)
+        if not self._scheduled and self._require_engine().topology is not None:
+            # Ask the controller when it is first due, once the slots know their shape (a
+            # sanity check or the first step's forward tells them): a run that never validates
+            # still grows at tau.
+            self._scheduled = True
+            self._schedule_next(trainer)
         # A growth at tau: decided before the first step past it, so that step trains grown.
         if self._due is not None:
             spent = self._spent_fraction(trainer)
@@ -471,8 +485,7 @@ class MorphogenesisCallback(Callback):
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        # Gradients are already unscaled here under AMP. Measure at least once per epoch so the
-        # gates always have fresh gradient health.
+        # Gradients are already unscaled here under AMP.
         engine = self._require_engine()
         if getattr(trainer.precision_plugin, "scaler", None) is None:
             # Before clipping and the step: a non-finite seed leaves with its param group, so
@@ -480,9 +493,11 @@ class MorphogenesisCallback(Callback):
             # loss scaler this ran in on_after_backward, before the unscale).
             engine.prune_nonfinite(reduce=dist.all_reduce_sum
                                    if dist.is_distributed(trainer) else None)
-        first_of_epoch = self._stats_epoch != trainer.current_epoch
-        if engine.gradient_stats_due(trainer.global_step, first_of_epoch):
-            self._stats_epoch = trainer.current_epoch
+        # The first step after each decision is measured, so a seed the decision changed has
+        # its gradients' health by the next one (a growth seed's G5 reads it).
+        first = self._stats_decision != engine.epoch
+        if engine.gradient_stats_due(trainer.global_step, first):
+            self._stats_decision = engine.epoch
             scaled = getattr(trainer.precision_plugin, "scaler", None) is not None
             engine.capture_gradient_stats(scaled=scaled)
 

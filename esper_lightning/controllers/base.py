@@ -91,6 +91,18 @@ class PlansGermination(Protocol):
 
 
 @runtime_checkable
+class PlansLifecycle(Protocol):
+    """Optional hook: a controller that asks the run for lifecycle durations of its own (the
+    heuristic's incubation, scaled with the run length). The Trainer callback applies them at
+    fit start where its own ``timing`` and ``gate_config`` set none."""
+
+    def lifecycle(self, max_epochs: int | None) -> Mapping[str, int]:
+        """Durations in decisions (``incubation``, ``blend``, ``hold``, ``embargo``: the keys of
+        `core.timing.SeedTiming`) for a run of ``max_epochs`` decisions."""
+        ...
+
+
+@runtime_checkable
 class SchedulesDecisions(Protocol):
     """Optional hook: a controller whose decisions are due at points of the run it knows in
     advance (a growth at ``tau`` of the budget), sooner than the adapter's own cadence.

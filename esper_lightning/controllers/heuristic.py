@@ -39,6 +39,7 @@ from esper_lightning.core.actions import (
     Action,
     AlphaTargetChoice,
     LifecycleOp,
+    Tempo,
     action_error,
     canonicalize,
     slot_op_error,
@@ -132,6 +133,13 @@ class HeuristicConfig:
             spent" a knob of the rules.
         germinate_until_fraction: no germination once this fraction of the run is spent (a
             seed born later cannot pay for itself); None: no limit.
+        incubation_epochs: the G2 incubation this controller asks of the run's slots, scaled
+            with the run length like the timing knobs (a Trainer callback applies it unless
+            its ``timing`` or ``gate_config`` sets one; `lifecycle`); None: the slots' own.
+        finish_by_end: germinate only while the planned run leaves a seed the decisions to
+            incubate, blend and be judged (`decisions_to_judge`), and, once stable, germinate at
+            that last chance even without a plateau: a seed born too late to be judged costs
+            compute and teaches nothing. Needs the run's length (no effect without one).
 
     Example:
         >>> HeuristicConfig(embargo_epochs_after_prune=8).embargo_epochs_after_prune
@@ -163,14 +171,17 @@ class HeuristicConfig:
     reference_epochs: int | None = 50
     germinate_from_fraction: float | None = None
     germinate_until_fraction: float | None = None
+    incubation_epochs: int | None = MIN_TRAINING_EPOCHS
+    finish_by_end: bool = True
 
     def __post_init__(self) -> None:
         if self.blueprint_rotation is not None:
             object.__setattr__(self, "blueprint_rotation", tuple(self.blueprint_rotation))
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int)
-                                    or value < 0):
+            optional = f.type == "int | None" and value is None
+            if f.type in ("int", "int | None") and not optional and (
+                    isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise ValueError(f"HeuristicConfig.{f.name} must be an int >= 0, got {value!r}")
         if not 0.0 <= self.min_training_gradient_health <= 1.0:
             raise ValueError(
@@ -226,6 +237,8 @@ class HeuristicConfig:
         if ref is None or max_epochs is None or max_epochs < 1:
             return dataclasses.replace(self, reference_epochs=None)
         scaled = {name: _scale(getattr(self, name), max_epochs, ref) for name in TIMING_KNOBS}
+        if self.incubation_epochs is not None:
+            scaled["incubation_epochs"] = _scale(self.incubation_epochs, max_epochs, ref)
         return dataclasses.replace(self, reference_epochs=None, **scaled)
 
 
@@ -315,6 +328,17 @@ class HeuristicController:
         """
         cfg = self.config.scaled_to(max_epochs)
         return {name: getattr(cfg, name) for name in TIMING_KNOBS}
+
+    def lifecycle(self, max_epochs: int | None) -> dict[str, int]:
+        """The lifecycle durations (in decisions) this controller asks of a run of
+        ``max_epochs`` decisions: its scaled G2 ``incubation`` (`HeuristicConfig`).
+
+        Example:
+            >>> HeuristicController().lifecycle(30)  # 10 decisions of 50, scaled to 30
+            {'incubation': 6}
+        """
+        incubation = self.config.scaled_to(max_epochs).incubation_epochs
+        return {} if incubation is None else {"incubation": incubation}
 
     def earliest_germination(self, max_epochs: int | None) -> int:
         """The first epoch (0-based) at which the rules can germinate in a run of
@@ -455,9 +479,17 @@ class HeuristicController:
             return WAIT, f"epoch {epoch} < {cfg.min_epochs_before_germinate} before germinating"
         if not report.empty_slots:
             return WAIT, "no empty slot"
-        if self._plateau_epochs < cfg.plateau_epochs_to_germinate:
-            return WAIT, f"no plateau ({self._plateau_epochs} epoch(s))"
         slot = report.empty_slots[0]
+        last_chance = False
+        if cfg.finish_by_end and report.max_epochs:
+            left = report.max_epochs - epoch - 1  # decisions after this one
+            needed = decisions_to_judge(report.slots[slot])
+            if left < needed:
+                return WAIT, (f"too late to germinate: {left} decision(s) left, a seed needs "
+                              f"{needed} to incubate, blend and be judged")
+            last_chance = left == needed
+        if self._plateau_epochs < cfg.plateau_epochs_to_germinate and not last_chance:
+            return WAIT, f"no plateau ({self._plateau_epochs} epoch(s))"
         # Check before picking, so a masked germination does not advance the rotation.
         if not report.masks.head("slot", LifecycleOp.GERMINATE)[slot]:
             error = slot_op_error(LifecycleOp.GERMINATE, slot, report.slots, report.mask_context)
@@ -473,6 +505,8 @@ class HeuristicController:
             alpha_target=AlphaTargetChoice.FULL,
         )
         plateau = f"{self._plateau_epochs} epoch{'s' if self._plateau_epochs != 1 else ''}"
+        if last_chance and self._plateau_epochs < cfg.plateau_epochs_to_germinate:
+            return action, f"last decision a seed can still be judged by: germinate {blueprint}"
         return action, f"plateau of {plateau}: germinate {blueprint}"
 
     def _outside_window(self, report: EpochReport) -> str | None:
@@ -581,6 +615,20 @@ class HeuristicController:
         error = action_error(action, report.slots, report.mask_context) or "not in the masks"
         self.last_reason = f"{reason}; {action.op.name} masked ({error}): wait"
         return WAIT
+
+
+def decisions_to_judge(slot: SlotReport) -> int:
+    """Decisions a seed germinated in ``slot`` needs before the heuristic can judge it: one to
+    start training, its incubation, its blend (the heuristic germinates at the standard tempo
+    unless the slot sets its own), one to move to HOLDING and one to be judged.
+
+    Example:
+        >>> from esper_lightning.core.slots import SeedSlot
+        >>> decisions_to_judge(SeedSlot("s", channels=4).report())  # 1 + 10 + 5 + 1 + 1
+        18
+    """
+    blend = slot.blend_ticks if slot.blend_ticks is not None else Tempo.STANDARD.epochs
+    return 1 + slot.incubation + blend + 2
 
 
 def _prune(index: int) -> Action:

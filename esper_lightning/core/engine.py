@@ -227,9 +227,6 @@ class MorphogenesisEngine:
         self._kept_buffers: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         for slot in self.slots.values():
             BLEND_GUARDS[slot] = weakref.WeakMethod(self._keep_buffers)
-        #: The blend ramp, in decisions, of seeds germinated from now on (None: the action's
-        #: tempo); `set_timing` sets it.
-        self.blend_ticks: int | None = None
 
     # --- slots --------------------------------------------------------------------------------
     def _set_slot_settings(self, gate_mode: GateMode | str | None, gate_config: GateConfig | None,
@@ -261,8 +258,8 @@ class MorphogenesisEngine:
                                           dataclasses.replace(slot.gates.config, **changes))
             if "embargo" in durations:
                 slot.embargo_ticks = int(durations["embargo"])
-        if "blend" in durations:
-            self.blend_ticks = int(durations["blend"])
+            if "blend" in durations:
+                slot.blend_ticks = int(durations["blend"])
 
     @property
     def topology(self) -> str | None:
@@ -394,7 +391,7 @@ class MorphogenesisEngine:
             name = self.controller_name
             why = f"{name}: {reason}" if reason else name
             with self._seed_rng(self.epoch):
-                gate = execute_on_slot(slot, action, why, tempo=self.blend_ticks)
+                gate = execute_on_slot(slot, action, why)
             passed = gate is None or gate.passed
             reason = None if passed else gate.message  # type: ignore[union-attr]
             outcome = StepOutcome(action, action, passed, reason, gate)
@@ -758,12 +755,11 @@ def _check_blueprints(names: Sequence[str] | None, topology: str,
 
 
 def execute_on_slot(
-    slot: SeedSlot, action: Action, reason: str = "policy_prune", tempo: int | None = None
+    slot: SeedSlot, action: Action, reason: str = "policy_prune"
 ) -> GateResult | None:
     """Carry out ``action`` on ``slot`` (whose index the caller resolved). Check legality first
     with `actions.action_error`: an illegal action raises here. ``reason`` is recorded on a
-    prune; ``tempo`` (decisions) replaces a germination's blend tempo. Returns the gate result
-    for germinate, advance and fossilize."""
+    prune. Returns the gate result for germinate, advance and fossilize."""
     op = action.op
     if op == LifecycleOp.WAIT:
         return None
@@ -773,7 +769,7 @@ def execute_on_slot(
             action.blueprint,
             algorithm=style.algorithm,
             curve=style.curve,
-            tempo=action.tempo.epochs if tempo is None else tempo,
+            tempo=action.tempo.epochs,
             alpha_target=action.alpha_target.alpha,
         )
     if op == LifecycleOp.ADVANCE:

@@ -408,7 +408,9 @@ class QualityGates:
         None: the config's ``min_training_epochs``). A blueprint that needs no incubation (0:
         block seeds) is asked G2 at germination (`SeedSlot.germinate`), before the seed ever
         ran: there is nothing to measure then, and G2 records that with its one check,
-        ``no_incubation``. Should such a seed have run in TRAINING (a checkpoint written before
+        ``no_incubation``; at G5 a permissive gate keeps such a seed on its gradients' health
+        alone (it grows on a schedule, not on a measured contribution). Should such a seed have
+        run in TRAINING (a checkpoint written before
         seeds without incubation germinated straight to BLENDING), G2 judges what it can: its
         gradients measured and not exploding, without the health threshold (an identity
         block's branches are closed at birth, so most of its gradients vanish by
@@ -421,12 +423,13 @@ class QualityGates:
         if gate == Gate.G2:
             epochs = self.config.min_training_epochs if incubation is None else incubation
             checks = self._g2(state, epochs, never_incubates=incubation == 0)
+        elif gate == Gate.G5:
+            checks = self._g5(state, alpha, scheduled=incubation == 0)
         else:
             checks = {
                 Gate.G0: self._g0,
                 Gate.G1: self._g1,
                 Gate.G3: self._g3,
-                Gate.G5: self._g5,
             }[gate](state, alpha)
         passed = tuple(name for name, ok in checks if ok)
         failed = tuple(name for name, ok in checks if not ok)
@@ -474,9 +477,14 @@ class QualityGates:
             checks.append(("min_blending_epochs", blended))
         return checks
 
-    def _g5(self, state: SeedState, alpha: AlphaView) -> list[tuple[str, bool]]:
+    def _g5(self, state: SeedState, alpha: AlphaView,
+            scheduled: bool = False) -> list[tuple[str, bool]]:
         m = state.metrics
         contribution = m.counterfactual_contribution
+        if scheduled and not self.strict:
+            # A seed without incubation (a growth seed) is kept on its schedule, between two
+            # validation runs or in a run without any: permissive G5 asks its gradients only.
+            return [("healthy", m.is_healthy is True)]
         checks = [
             ("counterfactual_measured", contribution is not None),
             ("healthy", m.is_healthy is True),

@@ -159,6 +159,11 @@ class SlotReport:
     history: tuple[StageEvent, ...]
     #: Blocks a seed here adds to a stack (a growth slot); 0 for any other slot.
     growth_blocks: int = 0
+    #: Decisions a seed germinated here incubates before G2 (its gates' ``min_training_epochs``;
+    #: a blueprint without incubation skips it).
+    incubation: int = 0
+    #: The blend ramp, in decisions, of a seed germinated here (None: the action's tempo).
+    blend_ticks: int | None = None
 
     @property
     def epochs_total(self) -> int:
@@ -236,6 +241,9 @@ class SeedSlot(nn.Module):
         self.gates = QualityGates(gate_mode, gate_config)
         #: Decisions a pruned seed's slot stays EMBARGOED (`core.timing.SeedTiming.embargo`).
         self.embargo_ticks = EMBARGO_TICKS
+        #: The blend ramp, in decisions, of seeds germinated here from now on, replacing the
+        #: action's tempo (`core.timing.SeedTiming.blend`); None: the action's.
+        self.blend_ticks: int | None = None
         self.seed: nn.Module | None = None
         self.gate: GatedBlend | None = None
         self.state: SeedState | None = None
@@ -410,6 +418,8 @@ class SeedSlot(nn.Module):
         if not 0.0 < alpha_target <= 1.0:
             raise ValueError(f"alpha target must be in (0, 1], got {alpha_target}")
         spec = self._spec(blueprint)
+        if self.blend_ticks is not None:
+            tempo = self.blend_ticks
         # A blueprint with a pace of its own blends at it (block seeds: at once or in one epoch).
         if spec.blend_tempo is not None:
             tempo = spec.blend_tempo
@@ -475,7 +485,8 @@ class SeedSlot(nn.Module):
     def fossilize(self) -> GateResult:
         """Try G5 from HOLDING; a fossilized seed stays at alpha 1 for good."""
         state = self._require(SeedStage.HOLDING)
-        result = self.gates.check(SeedStage.FOSSILIZED, state, self._alpha_view())
+        result = self.gates.check(SeedStage.FOSSILIZED, state, self._alpha_view(),
+                                  incubation=self._spec(state.blueprint).incubation)
         state.last_gate = result
         if result.passed:
             state.transition(SeedStage.FOSSILIZED, result.message)
@@ -623,6 +634,8 @@ class SeedSlot(nn.Module):
             prune_reason=None if state is None else state.prune_reason,
             history=() if state is None else tuple(state.history),
             growth_blocks=0 if self.growth is None else self.growth.blocks,
+            incubation=self.gates.config.min_training_epochs,
+            blend_ticks=self.blend_ticks,
         )
 
     # --- state --------------------------------------------------------------------------------

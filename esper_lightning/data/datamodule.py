@@ -17,7 +17,7 @@ from esper_lightning.data.cifar10 import (
     load_cifar10_subset,
 )
 from esper_lightning.data.files import check_bool, check_int, require_setup, resolve_data_dir
-from esper_lightning.data.sampling import EpochSeededSampler
+from esper_lightning.data.sampling import EpochSeededSampler, ResumableLoader
 from esper_lightning.data.tensor_loader import (
     PAD,
     crop_flip,
@@ -222,7 +222,9 @@ class CIFAR10DataModule(L.LightningDataModule):
         return _KeyedImages(images.contiguous(), labels)
 
     def _loader(self, dataset: _KeyedImages, sampler: Sampler[Any], augment: bool) -> DataLoader:
-        return DataLoader(
+        # An epoch-seeded sampler's loader resumes mid-epoch exactly (`ResumableLoader`).
+        loader = ResumableLoader if isinstance(sampler, EpochSeededSampler) else DataLoader
+        return loader(
             dataset,
             batch_size=self.batch_size,
             sampler=sampler,

@@ -19,13 +19,14 @@ Example:
 
 from __future__ import annotations
 
-from typing import TypeVar
+from collections.abc import Iterator
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import DataLoader, Sampler
 
-__all__ = ["EpochSeededSampler", "mixed_rng_seed"]
+__all__ = ["EpochSeededSampler", "ResumableLoader", "mixed_rng_seed"]
 
 _T = TypeVar("_T")
 
@@ -77,3 +78,56 @@ class EpochSeededSampler(Sampler[_T]):
     def generator(self) -> torch.Generator:
         """A fresh CPU generator seeded with :meth:`epoch_rng_seed`."""
         return torch.Generator().manual_seed(self.epoch_rng_seed())
+
+
+class ResumableLoader(DataLoader):
+    """A training `DataLoader` over an `EpochSeededSampler` that resumes mid-epoch exactly.
+
+    Lightning saves a loader's ``state_dict()`` in its checkpoints and hands it back with
+    ``load_state_dict`` before the resumed epoch starts (its ``_Stateful`` protocol); without
+    it, a fit resumed from a mid-epoch checkpoint (``ModelCheckpoint(every_n_train_steps=...)``,
+    a one-epoch language-model run) starts its epoch's batches over. Since every epoch's order
+    is a function of ``(rng_seed, epoch)``, this loader only counts the batches it handed out
+    and, resumed, skips that many of the same epoch before yielding again.
+
+    Example:
+        >>> class Ordered(EpochSeededSampler[int]):
+        ...     def epoch_rng_seed(self) -> int:
+        ...         return self.epoch
+        ...     def __iter__(self):
+        ...         return iter(torch.randperm(len(self), generator=self.generator()).tolist())
+        >>> loader = ResumableLoader(list(range(8)), batch_size=2, sampler=Ordered(8, 0))
+        >>> batches = iter(loader)
+        >>> first = [next(batches).tolist() for _ in range(2)]
+        >>> state = loader.state_dict()
+        >>> again = ResumableLoader(list(range(8)), batch_size=2, sampler=Ordered(8, 0))
+        >>> again.load_state_dict(state)
+        >>> [b.tolist() for b in again] == [b.tolist() for b in batches]
+        True
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._yielded = 0  # batches handed out in the epoch now running
+        self._skip = 0  # batches a resumed epoch skips
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._batches()  # a generator: the sampler runs once its epoch is set
+
+    def _batches(self) -> Iterator[Any]:
+        skip, self._skip = self._skip, 0
+        iterator = super().__iter__()
+        for _ in range(skip):  # the same epoch's order: drawn again, handed out once
+            next(iterator, None)
+        self._yielded = skip
+        for batch in iterator:
+            self._yielded += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, int]:
+        """The batches of the running epoch handed out so far."""
+        return {"batches": self._yielded}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Skip ``state["batches"]`` batches of the next epoch this loader runs."""
+        self._skip = int(state["batches"])

@@ -41,7 +41,7 @@ from esper_lightning.data.files import (
     resolve_data_dir,
 )
 from esper_lightning.data.locate import TINYSTORIES_VALID_NAME, find_text_file
-from esper_lightning.data.sampling import EpochSeededSampler, mixed_rng_seed
+from esper_lightning.data.sampling import EpochSeededSampler, ResumableLoader, mixed_rng_seed
 
 __all__ = [
     "HELD_OUT_FRACTION",
@@ -481,7 +481,9 @@ class TextDataModule(L.LightningDataModule):
         self.train_tokens, self.val_tokens, self.test_tokens = parts
 
     def _loader(self, dataset: _Blocks, sampler: Sampler[int] | None) -> DataLoader:
-        return DataLoader(
+        # The training loader (the one with a sampler) resumes mid-epoch exactly.
+        loader = DataLoader if sampler is None else ResumableLoader
+        return loader(
             dataset,
             batch_size=self.batch_size,
             sampler=sampler,
