@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from esper_lightning.blueprints.block import Block
-from esper_lightning.core.counterfactual import make_plan
+from esper_lightning.core.counterfactual import evaluate, make_plan
 from esper_lightning.core.engine import MorphogenesisEngine
 from esper_lightning.core.flops import FlopMeter
 from esper_lightning.core.lifecycle import GateConfig
@@ -102,6 +102,29 @@ def test_each_architecture_is_measured_once_and_stage_changes_measure_again():
     assert meter.measurements == 3  # another batch shape
 
 
+def test_a_blended_seed_holding_or_fossilized_costs_no_new_measurement():
+    meter = FlopMeter()
+    tokens = torch.zeros(B, T, dtype=torch.long)
+    host, engine = _host_with_seed("BLENDING")
+    slot = engine.slots["r0c0"]
+    blending = meter.training_step(host, tokens)
+    host.eval()
+    forward = meter.forward(host, tokens)
+    host.train()
+    while slot.alpha < 1.0:
+        slot.tick()
+    assert slot.advance().passed and slot.stage.name == "HOLDING"
+    assert slot.state is not None
+    slot.state.metrics.counterfactual_contribution = 1.0  # G5 wants a measured contribution
+    assert slot.fossilize().passed and slot.stage.name == "FOSSILIZED"
+    # The same matrix products as while blending (only elementwise work differs): cached.
+    assert meter.training_step(host, tokens) == blending
+    host.eval()
+    assert meter.forward(host, tokens) == forward
+    assert meter.measurements == 2
+    assert FlopMeter().training_step(host.train(), tokens) == blending  # measured afresh: equal
+
+
 def test_counterfactual_counts_each_configuration():
     meter = FlopMeter()
     host, engine = _host_with_seed("BLENDING")
@@ -112,6 +135,11 @@ def test_counterfactual_counts_each_configuration():
     assert plan.configs == ("main", "off:r0c0")
     one = meter.forward(host, tokens)
     assert meter.counterfactual(host, tokens, engine.slots, plan, "separate") == 2 * one
+    assert meter.measurements == 1  # a blending slot's configurations: forwards, not measured
+    # Measured the long way (both configurations on meta tensors), the count is the same.
+    long_way = meter._measure(host, tokens, lambda m, xm: evaluate(
+        m, xm, engine.slots, plan, "separate"), backward=False)
+    assert long_way == 2 * one
 
 
 def _train(host: nn.Module, steps: int, meter: FlopMeter | None) -> list[torch.Tensor]:

@@ -8,8 +8,8 @@ for meta copies of the same shapes (`torch.func.functional_call`), the input bec
 tensor, and a forward and its backward run without touching a byte of real data. So metering
 cannot change training: no real weight, buffer (BatchNorm statistics) or gradient is read or
 written, no kernel runs and no random number is drawn; and it costs one meta forward/backward
-per *architecture signature* (`signature`: every parameter's shape and ``requires_grad``, each
-slot's stage, blend algorithm and input detachment, the train/eval mode and the batch's shape),
+per *architecture signature* (`signature`: every parameter's shape and ``requires_grad``, what
+each slot's seed runs (`slot_signature`), the train/eval mode and the batch's shape),
 cached for the rest of the run; a step then costs one dictionary lookup. A deep copy would cost
 a copy of every weight, and a copy of a LightningModule drags its Trainer along.
 
@@ -43,6 +43,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from esper_lightning.core.counterfactual import CounterfactualPlan, evaluate
+from esper_lightning.core.lifecycle import ACTIVE_STAGES, SeedStage
 from esper_lightning.core.slots import SeedSlot
 
 Forward = Callable[[nn.Module, Tensor], Tensor]
@@ -66,10 +67,16 @@ class _Apply(nn.Module):
 
 
 def slot_signature(slot: SeedSlot) -> tuple[Any, ...]:
-    """What of a slot shapes the graph of a step: its stage, whether its seed's input is
-    detached, its blend algorithm and whether a gate runs (alpha's value never does)."""
-    blend = slot.blend
-    return (slot.slot_id, int(slot.stage), slot._isolated(slot.stage),
+    """What of a slot shapes the counted graph of a step: whether its seed runs (an active
+    stage), whether it runs as an incubator (TRAINING) or blends, whether its input is
+    detached, its blend algorithm and whether a gate runs. Not the stage itself: BLENDING,
+    HOLDING and FOSSILIZED seeds run the same matrix products (`SeedSlot.forward` differs
+    between them in elementwise work only, which is not counted), so a seed's stage changes
+    cost no new meta pass; nor alpha's value."""
+    blend, stage = slot.blend, slot.stage
+    runs = slot.seed is not None and stage in ACTIVE_STAGES
+    role = "off" if not runs else "incubate" if stage == SeedStage.TRAINING else "blend"
+    return (slot.slot_id, role, runs and slot._isolated(stage),
             None if blend is None else int(blend.algorithm), slot.gate is not None)
 
 
@@ -128,9 +135,16 @@ class FlopMeter:
                        arch: tuple[Any, ...] | None = None) -> int:
         """FLOPs of evaluating every configuration of ``plan`` on a batch like ``x`` the
         ``mode`` way (`core.counterfactual.evaluate`); a plan of the main configuration alone
-        is one `forward`."""
+        is one `forward`, and so is each configuration of a ``"separate"`` plan whose measured
+        slots all blend: an alpha override changes what such a slot blends with, elementwise,
+        never which matrix products run (an incubating slot's differs: its override blends
+        where the plain forward hands the activation on, with a gate's products, so it is
+        measured)."""
         if plan.size == 1:
             return self.forward(module, x, forward, arch)
+        if mode == "separate" and all(slot_signature(slots[sid])[1] == "blend"
+                                      for sid in plan.slot_ids):
+            return plan.size * self.forward(module, x, forward, arch)
         key = signature(module, x, "counterfactual", (plan.configs, mode), arch)
         if key not in self._cache:
             fn = forward or _call
