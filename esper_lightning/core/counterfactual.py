@@ -9,6 +9,10 @@ The model is evaluated in K configurations, each with its own alpha per measured
 ``contribution(slot) = acc(main) − acc(off:slot)`` in percentage points. A slot is measured when
 its seed runs with alpha > 0 (BLENDING after the first tick, HOLDING, FOSSILIZED).
 
+Whether a validation run measures at all depends on who reads it (`validation_plan`): a live
+seed is always measured; fossils alone only for a controller that reads their contributions;
+the host's accuracy alone only for one that reads the accuracy (`validation_reads`).
+
 Two ways to run the K configurations give the same numbers:
 
 * ``"separate"``: K forwards of the unchanged batch, each with scalar alpha overrides. It asks
@@ -30,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from esper_lightning.core.lifecycle import ACTIVE_STAGES
+from esper_lightning.core.lifecycle import ACTIVE_STAGES, LIVE_STAGES
 from esper_lightning.core.slots import SeedSlot
 
 MAIN = "main"
@@ -120,6 +124,70 @@ def make_plan(slots: Mapping[str, SeedSlot]) -> CounterfactualPlan:
             [0.0 if c in (f"off:{sid}", ALL_OFF) else current for c in configs]
         )
     return CounterfactualPlan(measured, tuple(configs), alphas)
+
+
+#: What a controller's decisions may read of a validation run: the host's accuracy, and the
+#: counterfactual contributions of seeds that are no longer live (fossils). A live seed's
+#: contribution is always measured: the lifecycle is about it.
+ACCURACY, FOSSIL_CONTRIBUTIONS = "accuracy", "fossil_contributions"
+VALIDATION_READS = frozenset({ACCURACY, FOSSIL_CONTRIBUTIONS})
+#: What the built-in controllers read (`validation_reads`), by class path; a subclass inherits
+#: its base's entry. The heuristic tracks the accuracy (plateaus, prunes) and reads the
+#: contributions of HOLDING seeds only; a policy observes every present seed's contribution, as
+#: in the env it was trained in; the growth schedules, the baselines and scripts read neither.
+_BUILTIN_READS = {
+    "esper_lightning.controllers.heuristic.HeuristicController": frozenset({ACCURACY}),
+    "esper_lightning.controllers.policy.PolicyController": VALIDATION_READS,
+    "esper_lightning.controllers.stack.StackController": frozenset(),
+    "esper_lightning.controllers.baselines.StaticController": frozenset(),
+    "esper_lightning.controllers.baselines.RandomController": frozenset(),
+    "esper_lightning.controllers.baselines.GrowerController": frozenset(),
+    "esper_lightning.controllers.baselines.ScriptedController": frozenset(),
+}
+
+
+def validation_reads(controller: object) -> frozenset[str]:
+    """What ``controller`` reads of a validation run (a subset of `VALIDATION_READS`): its own
+    ``validation_reads`` attribute when it has one, else the built-in class's (or its nearest
+    built-in base's), else everything: a controller that does not say is measured as before.
+
+    Example:
+        >>> sorted(validation_reads(object()))
+        ['accuracy', 'fossil_contributions']
+    """
+    reads = getattr(controller, "validation_reads", None)
+    if reads is None:
+        for cls in type(controller).__mro__:
+            known = _BUILTIN_READS.get(f"{cls.__module__}.{cls.__qualname__}")
+            if known is not None:
+                return known
+        return VALIDATION_READS
+    reads = frozenset(reads)
+    if not reads <= VALIDATION_READS:
+        raise ValueError(f"{type(controller).__name__}.validation_reads names "
+                         f"{sorted(reads - VALIDATION_READS)}; accepted: "
+                         f"{', '.join(sorted(VALIDATION_READS))}")
+    return reads
+
+
+def validation_plan(slots: Mapping[str, SeedSlot],
+                    reads: frozenset[str]) -> tuple[CounterfactualPlan | None, bool]:
+    """What a validation run must measure for a reader of ``reads`` (`validation_reads`), as
+    ``(plan, accuracy_only)``:
+
+    * a measured slot holds a live seed: every measured slot (`make_plan`), fossils included;
+    * else fossils are measured and their contributions are read: the same plan;
+    * else the accuracy is read: the main configuration alone, ``accuracy_only`` (one forward a
+      batch, which a logged accuracy makes unnecessary: the caller knows whether it is logged);
+    * else None: no forward at all.
+    """
+    plan = make_plan(slots)
+    live = any(slots[sid].stage in LIVE_STAGES for sid in plan.slot_ids)
+    if live or (plan.slot_ids and FOSSIL_CONTRIBUTIONS in reads):
+        return plan, False
+    if ACCURACY in reads:
+        return make_plan({}), True
+    return None, False
 
 
 def probe_plan(slots: Mapping[str, SeedSlot]) -> CounterfactualPlan:
