@@ -210,3 +210,47 @@ def test_a_checkpoint_of_another_budget_is_refused_in_one_line():
                        r"written under budget_flops=2e\+09, this fit has 1e\+09; resume with "
                        r"the same budget$"):
         ComputeBudget(1e9).load_state_dict({"spent": 4e8, "budget_flops": 2e9})
+
+
+class CountsLogs(UserModule):
+    """UserModule counting its ``log`` calls by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log_calls: dict[str, int] = {}
+
+    def log(self, name: str, *args: Any, **kwargs: Any) -> None:
+        self.log_calls[name] = self.log_calls.get(name, 0) + 1
+        super().log(name, *args, **kwargs)
+
+
+@pytest.mark.parametrize("schedule", ["constant", "wsd"])
+def test_the_budget_logs_at_the_trainers_cadence_and_at_the_last_step(cifar_dir, tmp_path,
+                                                                      schedule):
+    import csv
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    step = step_flops()
+    budget = ComputeBudget(7.5 * step, schedule, warmup_fraction=0.1 if schedule == "wsd" else 0)
+    module = CountsLogs()
+    logger = CSVLogger(tmp_path, name="csv", version=0)
+    rates = LearningRates()
+    fit(tmp_path, cifar_dir, [budget, rates], module=module, logger=logger, log_every_n_steps=3)
+    # Steps 3 and 6 (Lightning writes them as steps 2 and 5) and the eighth, which ends the fit.
+    with open(tmp_path / "csv" / "version_0" / "metrics.csv") as f:
+        rows = [row for row in csv.DictReader(f) if row.get("compute/train_flops")]
+    assert [int(row["step"]) for row in rows] == [2, 5, 7]
+    assert [float(row["compute/train_flops"]) for row in rows] == [3 * step, 6 * step, 8 * step]
+    assert [float(row["compute/budget_fraction"]) for row in rows] == pytest.approx(
+        [k / 7.5 for k in (3, 6, 8)])
+    names = ["compute/train_flops", "compute/budget_fraction"]
+    if schedule == "wsd":  # the multiplier the step trained at
+        names.append("compute/lr_multiplier")
+        assert [float(row["compute/lr_multiplier"]) for row in rows] == pytest.approx(
+            [rates.lrs[k - 1] / 0.05 for k in (3, 6, 8)])
+    else:
+        assert "compute/lr_multiplier" not in rows[0]
+    # Straight to the loggers on those steps alone: never through the module's `log`.
+    assert not any(name.startswith("compute/") for name in module.log_calls)
+    assert module.log_calls["train_loss"] == 8  # (the module's own, every step)

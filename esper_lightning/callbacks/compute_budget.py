@@ -49,8 +49,11 @@ class ComputeBudget(Callback):
     ``logits_fn`` here say how to read the inputs and compute logits (defaults: ``(x, y)``
     batches, ``module(x)``).
 
-    Logged with the module's ``log`` (step-wise, every ``log_every_n_steps``):
-    ``compute/train_flops``, ``compute/budget_fraction``, ``compute/lr_multiplier``. After each
+    Logged to every logger on the steps the Trainer writes its own step metrics (every
+    ``log_every_n_steps`` and the step that ends the fit, at Lightning's step numbers):
+    ``compute/train_flops``, ``compute/budget_fraction`` and, with a schedule,
+    ``compute/lr_multiplier``; straight to the loggers, so ``trainer.callback_metrics`` does not
+    hold them (`spent` and `budget_fraction` say the same, always current). After each
     validation of the fit, the logged validation loss (``loss_key``) goes to every logger again
     as ``compute/<loss_key>_vs_flops`` with the training FLOPs spent, unrounded, as its step
     (`FLOPS_PER_STEP`): TensorBoard's chart of that tag is the loss against training compute, so
@@ -101,6 +104,7 @@ class ComputeBudget(Callback):
         self.loss_key = loss_key
         self._warned = False
         self._step_cost = 0
+        self._multiplier = 1.0  # the schedule's for the step in progress
         self._metering: MetersSteps | None = None
 
     @property
@@ -136,20 +140,32 @@ class ComputeBudget(Callback):
         self._step_cost = self._cost(trainer, pl_module, batch)
         if self.schedule.kind == "constant":
             return
-        multiplier = self.ledger.lr_multiplier(self._step_cost)
+        self._multiplier = self.ledger.lr_multiplier(self._step_cost)
         for optimizer in trainer.optimizers:
-            apply_multiplier(optimizer.param_groups, multiplier)
-        pl_module.log("compute/lr_multiplier", multiplier, on_step=True, on_epoch=False)
+            apply_multiplier(optimizer.param_groups, self._multiplier)
 
     @override
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:
         self.ledger.charge(self._step_cost)
-        pl_module.log("compute/train_flops", self.spent, on_step=True, on_epoch=False)
-        pl_module.log("compute/budget_fraction", self.budget_fraction, on_step=True,
-                      on_epoch=False)
         if self.ledger.exhausted:
             trainer.should_stop = True
+        if _logs_this_step(trainer):
+            self._log(trainer)
+
+    def _log(self, trainer: L.Trainer) -> None:
+        """Write the budget's scalars to every logger, at the step Lightning writes this step's
+        own metrics at. Straight to the loggers, not through ``LightningModule.log``: one
+        ``log`` call costs about a millisecond (Lightning moves its whole result record to the
+        value's device), as much as a small model's optimizer step, for values only loggers
+        read; the Trainer saves the loggers right after this hook."""
+        metrics = {"compute/train_flops": self.spent,
+                   "compute/budget_fraction": self.budget_fraction}
+        if self.schedule.kind != "constant":
+            metrics["compute/lr_multiplier"] = self._multiplier
+        step = trainer.fit_loop.epoch_loop._batches_that_stepped
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
 
     @override
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -198,6 +214,13 @@ class ComputeBudget(Callback):
             self.ledger.load_state_dict(state_dict["ledger"])
         else:  # written before the ledger: the FLOPs spent
             self.ledger.train_flops = float(state_dict["spent"])
+
+
+def _logs_this_step(trainer: L.Trainer) -> bool:
+    """Whether the Trainer writes this training step's metrics to its loggers: Lightning's own
+    rule (every ``log_every_n_steps``, the step that stops the fit, every step of a
+    ``fast_dev_run``), asked of its logger connector so the two cannot drift apart."""
+    return bool(trainer._logger_connector.should_update_logs or trainer.fast_dev_run)
 
 
 def _inputs(batch: Any) -> tuple[Tensor, Any]:
