@@ -1,0 +1,268 @@
+"""What Lightning and the growth callbacks cost `examples/grow_gpt.py`'s fit over a bare loop.
+
+    python benchmarks/bench_fit_tax.py --text ../shared/data/shakespeare/shakespeare.txt
+    python benchmarks/bench_fit_tax.py --text ... --gflops 480 --repeats 5   # the example's size
+
+Two fits of the same work, each in a fresh subprocess, alternating (``lightning, bare`` on even
+repeats, ``bare, lightning`` on odd ones) so machine noise hits both alike:
+
+* ``lightning``: the example as a user runs it (`examples/grow_gpt.py`'s ``fit``: LightningCLI,
+  `MorphogenesisCallback` with a `StackController` growing ``self.blocks`` from 1 to 4 with the
+  ``identity`` operator at half the budget, `ComputeBudget` metering every step, scheduling the
+  learning rate and ending the fit, the example's TensorBoard logger), with the progress bar off
+  unless ``--progress-bar``;
+* ``bare``: plain PyTorch over the same `TinyGPT` class, the same `TextDataModule` batches (its
+  sampler re-seeded per epoch as Lightning does), the same AdamW and weight-decay groups, the
+  same warmup-stable-decay multiplier at the middle of each step's share of the budget, the same
+  number of steps, the same growth at the same step done by hand (`core.depth.grow` with the
+  ``identity`` operator: new blocks in the AdamW groups of their sources), and a validation
+  pass after every epoch of ``train_blocks / batch_size`` steps and after the last step, as the
+  Trainer runs them.
+
+The bare loop takes its step count and growth step from the first Lightning fit: the steps are
+the Trainer's ``global_step``; the growth step solves ``n1 c1 + n4 c4 = spent``,
+``n1 + n4 = steps`` with the one- and four-block step costs ``c1``, ``c4`` from the FLOP meter
+(metered before its timer starts). Each fit's time is the ``Trainer.fit`` call's (the example's
+own ``wall time``, the CLI built as its ``fit`` builds it) or the bare loop's from building its
+optimizer to its last validation; module imports and the CLI's parsing are outside both. Both
+children set ``torch.set_num_threads`` (and ``OMP_NUM_THREADS``) to ``--threads``. The bare
+loop's final validation loss equals the Lightning fit's (printed beside each fit): the same work.
+
+Prints every fit, then the median ratio ``lightning / bare`` over the repeats (each repeat's
+pair) and its range, by wall time and by the process's CPU time (`time.process_time`, which a
+machine shared with other jobs disturbs far less than the wall clock; with one torch thread it is
+the fit's own work). Short by default (a budget of 96 GFLOP: 12 epochs, about 470 steps, a
+growth at step ~350), so the fit's fixed costs (the sanity check, the meter's first pass per
+shape, the timeline image at the end) weigh more than in the example's 480 GFLOP fit; pass
+``--gflops 480`` for the example's own length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "grow_gpt.py"
+GFLOP = 1e9
+#: The example's defaults that the bare loop mirrors (examples/grow_gpt.py's GrowCLI).
+BLOCK_SIZE, BATCH_SIZE, TRAIN_BLOCKS, VAL_BLOCKS, SEED = 32, 32, 1280, 256, 0
+TAU, OPERATOR, GROW_BLOCKS = 0.5, "identity", 3
+WARMUP, DECAY = 0.03, 0.2
+KINDS = ("lightning", "bare")
+
+
+def load_example() -> ModuleType:
+    """`examples/grow_gpt.py` as a module (it is a script, not a package member)."""
+    spec = importlib.util.spec_from_file_location("grow_gpt", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["grow_gpt"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_lightning(args: argparse.Namespace) -> dict[str, Any]:
+    """One fit of the example as a user runs it; its seconds, steps and FLOPs."""
+    import logging
+
+    gpt = load_example()
+    logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
+    with tempfile.TemporaryDirectory() as logdir:
+        argv = ["--text", args.text, "--gflops", str(args.gflops), "--logdir", logdir,
+                "--trainer.enable_progress_bar", str(args.progress_bar).lower()]
+        cli = gpt.GrowCLI(gpt.TinyGPT, gpt.TextDataModule, run=False, args=argv,
+                          seed_everything_default=SEED, save_config_kwargs={"overwrite": True})
+        start, cpu = time.perf_counter(), time.process_time()
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)  # what the example's fit() times
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+        budget = next(c for c in cli.trainer.callbacks if isinstance(c, gpt.ComputeBudget))
+        val_loss = float(cli.trainer.callback_metrics["val_loss"])
+        steps = int(cli.trainer.global_step)
+    return {"seconds": seconds, "cpu": cpu, "steps": steps, "spent": budget.spent,
+            "val_loss": val_loss}
+
+
+def step_costs(gpt: ModuleType) -> tuple[int, int]:
+    """Training FLOPs of a step of the one-block model and of the grown four-block one."""
+    import torch
+
+    from esper_lightning.core.flops import FlopMeter
+
+    x = torch.zeros(BATCH_SIZE, BLOCK_SIZE, dtype=torch.long)
+    meter = FlopMeter()
+    small = gpt.TinyGPT(n_layer=1, block_size=BLOCK_SIZE)
+    big = gpt.TinyGPT(n_layer=1 + GROW_BLOCKS, block_size=BLOCK_SIZE)
+    return meter.training_step(small, x), meter.training_step(big, x)
+
+
+def growth_step(steps: int, spent: float, small: int, big: int) -> int:
+    """Steps the Lightning fit took before it grew, from what it spent (module docstring)."""
+    n1 = (big * steps - spent) / (big - small)
+    if abs(n1 - round(n1)) > 1e-6 or not 0 <= n1 <= steps:
+        raise SystemExit(f"the Lightning fit's {steps} steps and {spent:.0f} FLOPs are not one "
+                         f"growth from {small} to {big} FLOPs a step (n1 = {n1})")
+    return round(n1)
+
+
+def run_bare(args: argparse.Namespace) -> dict[str, Any]:
+    """The same work in plain PyTorch (module docstring); its seconds and what it spent."""
+    import torch
+
+    from esper_lightning.core.depth import DepthGrowth, grow
+    from esper_lightning.data import TextDataModule
+    from esper_lightning.schedule import LRSchedule, batch_fraction
+
+    gpt = load_example()
+    small_cost, big_cost = step_costs(gpt)  # outside the timer: the schedule's input only
+    torch.manual_seed(SEED)  # what seed_everything(0) does before the CLI builds the model
+    model = gpt.TinyGPT(n_layer=1, block_size=BLOCK_SIZE)
+    data = TextDataModule(args.text, block_size=BLOCK_SIZE, batch_size=BATCH_SIZE,
+                          train_blocks=TRAIN_BLOCKS, val_blocks=VAL_BLOCKS, rng_seed=SEED)
+    data.prepare_data()
+    data.setup("fit")
+    budget = args.gflops * GFLOP
+    schedule = LRSchedule("wsd", WARMUP, DECAY, 0.0)
+
+    start, cpu = time.perf_counter(), time.process_time()
+    optimizer = model.configure_optimizers()
+    base = [group["lr"] for group in optimizer.param_groups]
+    train, val = data.train_dataloader(), data.val_dataloader()
+
+    def validate() -> float:
+        model.eval()
+        total, count = 0.0, 0
+        with torch.inference_mode():
+            for batch in val:
+                loss, _ = model._loss(batch)  # loss and accuracy, as validation_step
+                total, count = total + float(loss) * len(batch[0]), count + len(batch[0])
+        model.train()
+        return total / count
+
+    spent, step, epoch, val_loss = 0.0, 0, 0, float("nan")
+    cost = small_cost
+    while step < args.steps:
+        train.sampler.set_epoch(epoch)  # type: ignore[attr-defined]  # as the Trainer does
+        for batch in train:
+            if step == args.grow_at:
+                grow(model, DepthGrowth("blocks", blocks=GROW_BLOCKS), OPERATOR, optimizer)
+                base.extend(group["lr"] for group in optimizer.param_groups[len(base):])
+                cost = big_cost
+            multiplier = schedule.multiplier(batch_fraction(spent, cost, budget))
+            for group, lr in zip(optimizer.param_groups, base, strict=True):
+                group["lr"] = lr * multiplier
+            optimizer.zero_grad(set_to_none=True)
+            loss, _ = model._loss(batch)
+            loss.backward()
+            optimizer.step()
+            spent += cost
+            step += 1
+            if step == args.steps:
+                break
+        val_loss = validate()
+        epoch += 1
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return {"seconds": seconds, "cpu": cpu, "steps": step, "spent": spent, "val_loss": val_loss,
+            "grow_at": args.grow_at}
+
+
+def child(kind: str, args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
+    """Run one fit in a fresh interpreter; its JSON result line."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+    cmd = [sys.executable, __file__, "--child", kind, "--text", args.text,
+           "--gflops", str(args.gflops), "--threads", str(args.threads), *extra]
+    if args.progress_bar:
+        cmd.append("--progress-bar")
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{kind} fit failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--text", default=str(ROOT.parent / "shared/data/shakespeare/"
+                                              "shakespeare.txt"), help="the example's text file")
+    parser.add_argument("--gflops", type=float, default=96.0,
+                        help="the budget (the example's default: 480)")
+    parser.add_argument("--repeats", type=int, default=3, help="pairs of fits")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads in each fit")
+    parser.add_argument("--progress-bar", action="store_true",
+                        help="run the Lightning fit with the example's progress bar")
+    parser.add_argument("--child", choices=["lightning", "bare"], help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--grow-at", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.child is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        result = run_lightning(args) if args.child == "lightning" else run_bare(args)
+        print(json.dumps(result))
+        return
+
+    import lightning
+    import torch
+
+    print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs, load average "
+          f"{os.getloadavg()[0]:.2f}; torch {torch.__version__}, lightning "
+          f"{lightning.__version__}, {args.threads} torch thread(s); budget {args.gflops:g} "
+          f"GFLOP, progress bar {'on' if args.progress_bar else 'off'}")
+    clocks = ("seconds", "cpu")  # wall time, and the process's CPU time (less shared-noise)
+    times: dict[tuple[str, str], list[float]] = {(k, c): [] for k in KINDS for c in clocks}
+    ratios: dict[str, list[float]] = {c: [] for c in clocks}
+    plan: list[str] | None = None
+    for repeat in range(args.repeats):
+        order = KINDS if repeat % 2 == 0 else KINDS[::-1]
+        pair: dict[str, dict[str, Any]] = {}
+        for kind in order:
+            assert kind == "lightning" or plan is not None  # the first fit is Lightning's
+            result = child(kind, args, plan if kind == "bare" and plan is not None else [])
+            if kind == "lightning" and plan is None:
+                small, big = step_costs(load_example())
+                grow_at = growth_step(result["steps"], result["spent"], small, big)
+                plan = ["--steps", str(result["steps"]), "--grow-at", str(grow_at)]
+                print(f"the Lightning fit: {result['steps']} steps, grown after step {grow_at}")
+            pair[kind] = result
+            for clock in clocks:
+                times[kind, clock].append(result[clock])
+            print(f"repeat {repeat}: {kind:<9} wall {result['seconds']:7.2f} s  cpu "
+                  f"{result['cpu']:7.2f} s  steps {result['steps']}  val_loss "
+                  f"{result['val_loss']:.6f}", flush=True)
+        for clock in clocks:
+            ratios[clock].append(pair["lightning"][clock] / pair["bare"][clock])
+    for clock, name in zip(clocks, ("wall", "cpu"), strict=True):
+        line = [f"{name:>4}:"]
+        for kind in KINDS:
+            t = times[kind, clock]
+            line.append(f"{kind} median {statistics.median(t):.2f} s ({min(t):.2f}-{max(t):.2f})")
+        r = ratios[clock]
+        line.append(f"ratio lightning / bare median {statistics.median(r):.3f} "
+                    f"(range {min(r):.3f}-{max(r):.3f}, {len(r)} pairs)")
+        print("  ".join(line))
+    print(f"load average now {os.getloadavg()[0]:.2f}")
+
+if __name__ == "__main__":
+    main()
