@@ -22,7 +22,7 @@ from torch import nn
 from user_models import NanoGPT
 
 from esper_lightning.callbacks import ComputeBudget, MorphogenesisCallback
-from esper_lightning.data import CIFAR10DataModule, TextDataModule, write_cifar10_fixture
+from esper_lightning.data import CIFAR10DataModule, write_cifar10_fixture
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("README.md", "docs/tutorials/grow-a-transformer.md")

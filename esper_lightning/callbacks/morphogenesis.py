@@ -19,7 +19,6 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 from typing_extensions import override
 
-from esper_lightning.blueprints.growth import operator_of
 from esper_lightning.callbacks import _distributed as dist
 from esper_lightning.callbacks._cadence import RunPlan, run_fraction, run_plan
 from esper_lightning.callbacks._metering import metering_errors, step_cost
@@ -229,15 +228,8 @@ class MorphogenesisCallback(Callback):
     ) -> None:
         gate_mode = _check_options(controller, grad_stats_every, topology, blend_gradient,
                                    growth, gate_mode)
-        if every_n_train_steps is not None and (isinstance(every_n_train_steps, bool) or not
-                                                isinstance(every_n_train_steps, int)
-                                                or every_n_train_steps < 1):
-            raise ValueError(f"every_n_train_steps must be an int >= 1 or None, got "
-                             f"{every_n_train_steps!r}")
-        if timing is not None and not isinstance(timing, SeedTiming):
-            raise TypeError(f"timing must be a SeedTiming, got {type(timing).__name__}")
-        self.every_n_train_steps = every_n_train_steps
-        self.timing = timing
+        _check_cadence(every_n_train_steps, timing)
+        self.every_n_train_steps, self.timing = every_n_train_steps, timing
         self.controller = controller
         self._engine_kwargs: dict[str, Any] = {
             "slots": None if slots is None else [slots] if isinstance(slots, str) else list(slots),
@@ -251,9 +243,8 @@ class MorphogenesisCallback(Callback):
             "seed_optim": SeedOptimConfig(seed_lr, seed_momentum, seed_weight_decay),
             "grad_stats_every": grad_stats_every,
         }
-        self.rng_seed = rng_seed
+        self.rng_seed, self.logits_fn = rng_seed, logits_fn
         self.batch_to_xy = batch_to_xy or _pair
-        self.logits_fn = logits_fn
         self.counterfactual = None if counterfactual is None else check_mode(counterfactual)
         self.accuracy_key = accuracy_key
         self.loss_key, self.train_loss_key = loss_key, train_loss_key
@@ -852,6 +843,15 @@ def _check_options(controller: Any, grad_stats_every: int, topology: str | None,
     return None if gate_mode is None else QualityGates(gate_mode).mode
 
 
+def _check_cadence(every_n_train_steps: Any, timing: Any) -> None:
+    """Refuse a bad decision cadence or timing at construction, in one line."""
+    every = every_n_train_steps
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+        raise ValueError(f"every_n_train_steps must be an int >= 1 or None, got {every!r}")
+    if timing is not None and not isinstance(timing, SeedTiming):
+        raise TypeError(f"timing must be a SeedTiming, got {type(timing).__name__}")
+
+
 def check_growth_schedule(callback: MorphogenesisCallback, trainer: L.Trainer) -> None:
     """Refuse, in one line, a `StackController` schedule the run cannot finish: after its last
     ``tau`` it needs a decision (one step each) per germination, per tick of the blend and for
@@ -865,7 +865,7 @@ def check_growth_schedule(callback: MorphogenesisCallback, trainer: L.Trainer) -
     sites = [s.growth for s in engine.slots.values() if s.growth is not None]
     if not sites:
         return  # the controller says so itself, at its first decision
-    ticks = _blend_ticks(controller.blueprint)
+    ticks = controller.blend_ticks
     needed = controller.decisions_after_tau(ticks, len(sites))
     tau = controller.last_tau
     left = (1.0 - tau) * plan.steps
@@ -881,12 +881,6 @@ def check_growth_schedule(callback: MorphogenesisCallback, trainer: L.Trainer) -
             f"{tau:g}) needs >= {needed} steps after tau (a germination per slot, "
             f"{ticks} blend step(s), the advance and the fossilization), {what} leaves about "
             f"{int(left)}; lower tau or train longer")
-
-
-def _blend_ticks(blueprint: str) -> int:
-    """The blend ticks of a growth blueprint (its operator's tempo)."""
-    operator = operator_of(blueprint)
-    return 0 if operator is None else operator.tempo
 
 
 def _batches_text(trainer: L.Trainer) -> str:

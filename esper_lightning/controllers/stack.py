@@ -42,7 +42,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from esper_lightning.blueprints import available
-from esper_lightning.blueprints.growth import growth_blueprint, operators
+from esper_lightning.blueprints.growth import growth_blueprint, operator_of, operators
 from esper_lightning.controllers.base import (
     WAIT,
     BlueprintCheck,
@@ -213,6 +213,13 @@ class StackController(ControllerBase):
         at_last = sum(1 for k in range(slots) if self._tau_of(k) == last) if len(
             self.taus) > 1 else slots
         return max(1, at_last) + blend_ticks + 2
+
+    @property
+    def blend_ticks(self) -> int:
+        """The decisions its growth seeds take to blend in (the operator's tempo: 0 for one that
+        preserves the function)."""
+        operator = operator_of(self.blueprint)
+        return 0 if operator is None else operator.tempo
 
     @property
     def last_tau(self) -> float:

@@ -49,6 +49,7 @@ from esper_lightning.core.lifecycle import (
     QualityGates,
     SeedStage,
 )
+from esper_lightning.core.nonfinite import blamed_seeds, gradients_nonfinite, read_flags
 from esper_lightning.core.optim import (
     SeedOptimConfig,
     add_seed_group,
@@ -179,10 +180,7 @@ class MorphogenesisEngine:
         growth: DepthGrowth | None = None,
         compute: ComputeLedger | None = None,
     ) -> None:
-        if max_seeds is not None and (isinstance(max_seeds, bool) or max_seeds < 1):
-            raise ValueError(f"max_seeds must be an int >= 1 or None, got {max_seeds!r}")
-        if isinstance(grad_stats_every, bool) or grad_stats_every < 1:
-            raise ValueError(f"grad_stats_every must be an int >= 1, got {grad_stats_every!r}")
+        _check_counts(max_seeds, grad_stats_every)
         self.model = model
         self.rng_seed = rng_seed
         self.grad_stats_every = grad_stats_every
@@ -220,6 +218,10 @@ class MorphogenesisEngine:
         #: Every slot's stage and alpha after each decision (appended by `tick`).
         self.timeline: list[TimelineEntry] = []
         self._pending_group_order: list[str] | None = None
+        self._guard_blends()
+
+    def _guard_blends(self) -> None:
+        """Watch for seeds that spoil a step (`prune_nonfinite`)."""
         #: Optimizer steps whose gradients a non-finite seed spoiled, which did not move the
         #: host (`prune_nonfinite`); the governor does not count their losses as the host's.
         self.dropped_steps = 0
@@ -456,18 +458,12 @@ class MorphogenesisEngine:
         optimizer steps (after backward, before clipping), so its inf or NaN never reaches the
         step nor a global gradient norm. Returns the ids of the pruned slots.
 
-        A seed is blamed when a training forward gave it a finite input and it returned a
-        non-finite output (`SeedSlot.take_nonfinite`), or when its gradients are not finite
-        and either the rest of the model's are finite or the seed is in the host's forward
-        (BLENDING, HOLDING) and no loss scaler owns the gradients. A seed whose input was not
-        finite, or an incubating one (TRAINING) whose gradients are NaN because the host's
-        are, is not blamed: a diverging host is the governor's. When a blamed seed was in the
-        host's forward and the host's gradients are not finite, the step is dropped: every
-        gradient is set to None, so neither weights nor optimizer state move (under a loss
-        scaler the gradients are left to it: it skips a step whose gradients are not finite),
-        and the model's buffers go back to where they were when the step's first blending
-        forward reached the slot (BatchNorm statistics after it had taken in the NaN);
-        `dropped_steps` counts these steps and a warning says so.
+        Which seeds are blamed is `core.nonfinite.blamed_seeds`'s rule (never one the host
+        handed inf or NaN, nor an incubating seed whose gradients are NaN because the host's
+        are: a diverging host is the governor's). When a blamed seed was in the host's forward
+        and the host's gradients are not finite, the step is dropped (`_drop_step`: no
+        gradient moves the host, the buffers go back); `dropped_steps` counts these steps and
+        a warning says so.
 
         Reads one flag vector back from the device while a live seed runs in the forward (a
         second only when a seed's gradients are not finite), nothing otherwise.
@@ -482,55 +478,21 @@ class MorphogenesisEngine:
         """
         kept, self._kept_buffers = self._kept_buffers, None  # the next step keeps its own
         live = [s for s in self.slots.values() if s.stage in LIVE_STAGES and s.seed is not None]
-        if not live:
+        flags = read_flags(live, reduce) if live else None
+        if flags is None or not any(f.output or f.gradients for f in flags):
             return []
-        flags: list[tuple[torch.Tensor | None, torch.Tensor | None]] = []
-        for slot in live:
-            grads = [p.grad for p in slot.seed_parameters() if p.grad is not None]
-            flags.append((slot.take_nonfinite(), _nonfinite(grads)))
-        present = [f for pair in flags for f in pair if f is not None]
-        if not present:  # no seed ran in a training forward (GERMINATED only)
-            return []
-        device = present[0].device
-        parts = []
-        for forward, grads in flags:  # [output, input, gradients] per slot
-            parts.append(torch.zeros(2, dtype=torch.bool, device=device) if forward is None
-                         else forward.to(device))
-            parts.append((torch.zeros((), dtype=torch.bool, device=device) if grads is None
-                          else grads.to(device)).view(1))
-        vector = torch.cat(parts)
-        read = (vector if reduce is None else reduce(vector.float())).tolist()  # the one sync
-        bad_output, bad_input, bad_grads = read[0::3], read[1::3], read[2::3]
-        if not any(bad_output) and not any(bad_grads):
-            return []
-        live_ids = {id(p) for slot in live for p in slot.seed_parameters()}
-        host_finite: bool | None = None  # the rest of the model's gradients, read once if asked
+        host: list[bool] = []  # the rest of the model's gradients, read once if asked
 
-        def rest_finite() -> bool:
-            nonlocal host_finite
-            if host_finite is None:
-                rest = [p.grad for p in self.model.parameters()
-                        if id(p) not in live_ids and p.grad is not None]
-                flag = _nonfinite(rest)
-                if flag is None:
-                    host_finite = True
-                else:
-                    flag = flag.float()
-                    host_finite = not bool(flag if reduce is None else reduce(flag))
-            return host_finite
+        def host_nonfinite() -> bool:
+            if not host:
+                host.append(gradients_nonfinite(self.model, live, reduce))
+            return host[0]
 
-        blamed: list[SeedSlot] = []
-        for slot, output, given, grads in zip(live, bad_output, bad_input, bad_grads,
-                                              strict=True):
-            incubating = slot.stage == SeedStage.TRAINING
-            if given:  # the host handed it inf or NaN
-                continue
-            if output or (grads and (rest_finite() or (not incubating and not scaled))):
-                blamed.append(slot)
+        blamed = blamed_seeds(live, flags, scaled, host_nonfinite)
         if not blamed:
             return []
-        # Whether the seed could have spoiled the host's gradients (it is in the forward).
-        drop = (any(s.stage != SeedStage.TRAINING for s in blamed) and not rest_finite())
+        # Whether a seed could have spoiled the host's gradients (it is in the forward).
+        drop = any(s.stage != SeedStage.TRAINING for s in blamed) and host_nonfinite()
         before = self._stages()
         for slot in blamed:
             slot.prune(SEED_NONFINITE)
@@ -538,14 +500,7 @@ class MorphogenesisEngine:
         self._sync_optimizer()
         pruned = [s.slot_id for s in blamed]
         if drop:
-            self.dropped_steps += 1
-            if not scaled:
-                for p in self.model.parameters():
-                    p.grad = None
-            # The spoiled forward also moved the buffers after the slot (BatchNorm's running
-            # statistics): they go back to where they were before it.
-            for buffer, value in kept or ():
-                buffer.copy_(value)
+            self._drop_step(kept, scaled)
         self.log.warning(
             "epoch %d: pruned %s: seed output or gradients not finite; %s",
             self.epoch, ", ".join(pruned),
@@ -553,6 +508,18 @@ class MorphogenesisEngine:
              and not scaled else "the loss scaler skips this step" if drop
              else "the host's gradients are its own and it steps as usual"))
         return pruned
+
+    def _drop_step(self, kept: list[tuple[torch.Tensor, torch.Tensor]] | None,
+                   scaled: bool) -> None:
+        """A step a seed spoiled: no gradient moves the host (a loss scaler skips the step
+        itself), and the buffers the spoiled forward moved after the slot (BatchNorm's running
+        statistics) go back to where they were before it."""
+        self.dropped_steps += 1
+        if not scaled:
+            for p in self.model.parameters():
+                p.grad = None
+        for buffer, value in kept or ():
+            buffer.copy_(value)
 
     def _keep_buffers(self) -> None:
         """Keep the host's buffers as they are before the step's first forward of a seed in
@@ -705,6 +672,14 @@ class MorphogenesisEngine:
         self._pending_group_order = list(state["seed_group_order"])
 
 
+def _check_counts(max_seeds: Any, grad_stats_every: Any) -> None:
+    """Refuse a bad seed limit or gradient cadence, in one line."""
+    if max_seeds is not None and (isinstance(max_seeds, bool) or max_seeds < 1):
+        raise ValueError(f"max_seeds must be an int >= 1 or None, got {max_seeds!r}")
+    if isinstance(grad_stats_every, bool) or grad_stats_every < 1:
+        raise ValueError(f"grad_stats_every must be an int >= 1, got {grad_stats_every!r}")
+
+
 def _plain(action: Action) -> dict[str, int | str | None]:
     """``action`` as plain data: head name -> index, the blueprint head -> blueprint name."""
     return {head: action.blueprint if head == "blueprint" else int(getattr(action, head))
@@ -796,16 +771,6 @@ def legacy_train_flops(state: Mapping[str, Any]) -> float | None:
     """The training FLOPs an engine state saved before they were the ledger's, if any."""
     train = state.get("flops", {}).get("train")
     return None if train is None else float(train)
-
-
-def _nonfinite(grads: Sequence[torch.Tensor]) -> torch.Tensor | None:
-    """Whether any of ``grads`` holds an inf or NaN (a bool tensor on their device, no sync;
-    None without gradients). Their largest magnitudes are compared, which never overflow as a
-    sum of squares might in half precision."""
-    if not grads:
-        return None
-    peaks = torch._foreach_norm(list(grads), float("inf"))
-    return ~torch.isfinite(torch.stack([p.float() for p in peaks])).all()
 
 
 def _all_finite(host_norm: float | None, seeds: list[list[nn.Parameter]]) -> bool:

@@ -31,7 +31,7 @@ UNITS = {
     "epochs": "training epochs",
     "run": "a share of the run (of the compute budget under one, else of the planned steps)",
 }
-_SPEC = re.compile(r"\s*(?P<value>[0-9]*\.?[0-9]+(?:e[+-]?\d+)?)\s*(?P<unit>%|[a-z]+)?\s*")
+_DURATION = re.compile(r"\s*(?P<value>[0-9]*\.?[0-9]+(?:e[+-]?\d+)?)\s*(?P<unit>%|[a-z]+)?\s*")
 _ALIASES = {"decision": "decisions", "step": "steps", "epoch": "epochs", "%": "run",
             "ticks": "decisions", "tick": "decisions"}
 _ACCEPTED = ("an int (decisions), '<N> steps', '<N> epochs', '<N> decisions', '<P>%' or "
@@ -86,7 +86,7 @@ class Duration:
             return spec
         if isinstance(spec, int) and not isinstance(spec, bool):
             return cls(spec, "decisions")
-        match = _SPEC.fullmatch(spec.lower()) if isinstance(spec, str) else None
+        match = _DURATION.fullmatch(spec.lower()) if isinstance(spec, str) else None
         if match is None:
             raise ValueError(f"bad duration {spec!r}; accepted: {_ACCEPTED}")
         unit = _ALIASES.get(match["unit"] or "decisions", match["unit"] or "decisions")
