@@ -28,6 +28,11 @@ optimizer to its last validation; module imports and the CLI's parsing are outsi
 children set ``torch.set_num_threads`` (and ``OMP_NUM_THREADS``) to ``--threads``. The bare
 loop's final validation loss equals the Lightning fit's (printed beside each fit): the same work.
 
+``--plain`` adds a third fit, a plain `lightning.Trainer` over the same work with one small
+callback growing the model and setting the learning rate by hand, the two growth callbacks
+absent: ``plain / bare`` is Lightning's own share of the tax, ``lightning / plain`` the
+callbacks'.
+
 Prints every fit, then the median ratio ``lightning / bare`` over the repeats (each repeat's
 pair) and its range, by wall time and by the process's CPU time (`time.process_time`, which a
 machine shared with other jobs disturbs far less than the wall clock; with one torch thread it is
@@ -177,6 +182,65 @@ def run_bare(args: argparse.Namespace) -> dict[str, Any]:
             "grow_at": args.grow_at}
 
 
+def run_plain(args: argparse.Namespace) -> dict[str, Any]:
+    """The same work in a plain `lightning.Trainer` without the two callbacks: the growth and
+    the schedule done by one small callback by hand, as the bare loop does them (``--plain``);
+    its distance to ``bare`` is Lightning's share of the tax, its distance to ``lightning`` the
+    growth callbacks'."""
+    import lightning as L
+    import torch
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from esper_lightning.core.depth import DepthGrowth, grow
+    from esper_lightning.data import TextDataModule
+    from esper_lightning.schedule import LRSchedule, apply_multiplier, batch_fraction, set_base_lrs
+
+    gpt = load_example()
+    small_cost, big_cost = step_costs(gpt)
+    budget, schedule = args.gflops * GFLOP, LRSchedule("wsd", WARMUP, DECAY, 0.0)
+
+    class ByHand(L.Callback):
+        """Grow at ``--grow-at``, set the WSD learning rate, stop after ``--steps``."""
+
+        def __init__(self) -> None:
+            self.spent, self.cost = 0.0, small_cost
+
+        def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+            set_base_lrs(trainer.optimizers[0].param_groups)
+
+        def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                                 batch: Any, batch_idx: int) -> None:
+            optimizer = trainer.optimizers[0]
+            if trainer.global_step == args.grow_at:
+                grow(pl_module, DepthGrowth("blocks", blocks=GROW_BLOCKS), OPERATOR, optimizer)
+                self.cost = big_cost
+            multiplier = schedule.multiplier(batch_fraction(self.spent, self.cost, budget))
+            apply_multiplier(optimizer.param_groups, multiplier)
+
+        def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                               outputs: Any, batch: Any, batch_idx: int) -> None:
+            self.spent += self.cost
+            if trainer.global_step >= args.steps:
+                trainer.should_stop = True  # as ComputeBudget stops: the validation still runs
+
+    torch.manual_seed(SEED)
+    model = gpt.TinyGPT(n_layer=1, block_size=BLOCK_SIZE)
+    data = TextDataModule(args.text, block_size=BLOCK_SIZE, batch_size=BATCH_SIZE,
+                          train_blocks=TRAIN_BLOCKS, val_blocks=VAL_BLOCKS, rng_seed=SEED)
+    by_hand = ByHand()
+    with tempfile.TemporaryDirectory() as logdir:
+        trainer = L.Trainer(
+            max_epochs=-1, callbacks=[by_hand], accelerator="cpu", devices=1,
+            logger=TensorBoardLogger(logdir, name="", default_hp_metric=False),
+            log_every_n_steps=10, enable_checkpointing=False, enable_model_summary=False,
+            enable_progress_bar=args.progress_bar)
+        start, cpu = time.perf_counter(), time.process_time()
+        trainer.fit(model, datamodule=data)
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return {"seconds": seconds, "cpu": cpu, "steps": int(trainer.global_step),
+            "spent": by_hand.spent, "val_loss": float(trainer.callback_metrics["val_loss"])}
+
+
 def child(kind: str, args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     """Run one fit in a fresh interpreter; its JSON result line."""
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
@@ -210,7 +274,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads in each fit")
     parser.add_argument("--progress-bar", action="store_true",
                         help="run the Lightning fit with the example's progress bar")
-    parser.add_argument("--child", choices=["lightning", "bare"], help=argparse.SUPPRESS)
+    parser.add_argument("--plain", action="store_true",
+                        help="also time a plain Trainer doing the growth and schedule by hand "
+                             "(splits the tax into Lightning's and the callbacks')")
+    parser.add_argument("--child", choices=["lightning", "bare", "plain"],
+                        help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--grow-at", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -219,7 +287,8 @@ def main() -> None:
         import torch
 
         torch.set_num_threads(args.threads)
-        result = run_lightning(args) if args.child == "lightning" else run_bare(args)
+        run = {"lightning": run_lightning, "bare": run_bare, "plain": run_plain}[args.child]
+        result = run(args)
         print(json.dumps(result))
         return
 
@@ -231,15 +300,16 @@ def main() -> None:
           f"{lightning.__version__}, {args.threads} torch thread(s); budget {args.gflops:g} "
           f"GFLOP, progress bar {'on' if args.progress_bar else 'off'}")
     clocks = ("seconds", "cpu")  # wall time, and the process's CPU time (less shared-noise)
-    times: dict[tuple[str, str], list[float]] = {(k, c): [] for k in KINDS for c in clocks}
-    ratios: dict[str, list[float]] = {c: [] for c in clocks}
+    kinds = (*KINDS, "plain") if args.plain else KINDS
+    times: dict[tuple[str, str], list[float]] = {(k, c): [] for k in kinds for c in clocks}
+    ratios: dict[tuple[str, str], list[float]] = {(k, c): [] for k in kinds[::2] for c in clocks}
     plan: list[str] | None = None
     for repeat in range(args.repeats):
-        order = KINDS if repeat % 2 == 0 else KINDS[::-1]
+        order = kinds if repeat % 2 == 0 else (kinds[0], *kinds[1:][::-1])[::-1]
         pair: dict[str, dict[str, Any]] = {}
         for kind in order:
             assert kind == "lightning" or plan is not None  # the first fit is Lightning's
-            result = child(kind, args, plan if kind == "bare" and plan is not None else [])
+            result = child(kind, args, plan if kind != "lightning" and plan is not None else [])
             if kind == "lightning" and plan is None:
                 small, big = step_costs(load_example())
                 grow_at = growth_step(result["steps"], result["spent"], small, big)
@@ -251,17 +321,18 @@ def main() -> None:
             print(f"repeat {repeat}: {kind:<9} wall {result['seconds']:7.2f} s  cpu "
                   f"{result['cpu']:7.2f} s  steps {result['steps']}  val_loss "
                   f"{result['val_loss']:.6f}", flush=True)
-        for clock in clocks:
-            ratios[clock].append(pair["lightning"][clock] / pair["bare"][clock])
+        for kind, clock in ratios:
+            ratios[kind, clock].append(pair[kind][clock] / pair["bare"][clock])
     for clock, name in zip(clocks, ("wall", "cpu"), strict=True):
         line = [f"{name:>4}:"]
-        for kind in KINDS:
+        for kind in kinds:
             t = times[kind, clock]
             line.append(f"{kind} median {statistics.median(t):.2f} s ({min(t):.2f}-{max(t):.2f})")
-        r = ratios[clock]
-        line.append(f"ratio lightning / bare median {statistics.median(r):.3f} "
-                    f"(range {min(r):.3f}-{max(r):.3f}, {len(r)} pairs)")
         print("  ".join(line))
+        for kind in kinds[::2]:
+            r = ratios[kind, clock]
+            print(f"{name:>4}: ratio {kind} / bare median {statistics.median(r):.3f} "
+                  f"(range {min(r):.3f}-{max(r):.3f}, {len(r)} repeats)")
     print(f"load average now {os.getloadavg()[0]:.2f}")
 
 if __name__ == "__main__":
