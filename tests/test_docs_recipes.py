@@ -73,7 +73,7 @@ class UserCNN(ClassifierSteps):
         return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
 
 
-def _write_text(path: Path, chars: int = 700_000) -> None:
+def write_long_text(path: Path, chars: int = 700_000) -> None:
     """Seeded pseudo-sentences: one epoch of `TextDataModule`'s defaults at block 32 is
     ``0.9 * chars / 32 / 32`` batches, more than any recipe's budget allows."""
     rng = random.Random(0)
@@ -100,7 +100,7 @@ def _callback(trainer: L.Trainer, kind: type) -> L.Callback:
 def test_the_snippet_runs_as_written(source, index, prelude, code, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     torch.manual_seed(0)
-    _write_text(tmp_path / "shakespeare.txt")
+    write_long_text(tmp_path / "shakespeare.txt")
     namespace = {"TinyGPT": TinyGPT, "model": UserCNN(),
                  "dm": CIFAR10DataModule(write_cifar10_fixture(tmp_path / "cifar", n_train=64,
                                                                n_test=32, rng_seed=0))}

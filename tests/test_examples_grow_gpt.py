@@ -104,6 +104,32 @@ def test_grows_one_block_to_four_at_tau_and_stops_at_the_budget(example, text_fi
     assert set(steps) <= {int(f // FLOPS_PER_STEP) for f in train_flops}
 
 
+def test_the_defaults_grow_at_tau_inside_one_long_epoch(example, tmp_path):
+    """The example as shipped (the data module's defaults: one epoch longer than the budget),
+    at a smaller budget: growth at the first step past tau, three quarters of it trained
+    grown, validation every 200 steps deciding nothing early."""
+    from test_docs_recipes import write_long_text
+
+    write_long_text(tmp_path / "plays.txt")
+    cli, _ = example.fit(["--text", str(tmp_path / "plays.txt"), "--gflops", "20",
+                          "--logdir", str(tmp_path / "runs"),
+                          "--trainer.enable_progress_bar", "false"])
+    trainer = cli.trainer
+    morpho = next(c for c in trainer.callbacks if isinstance(c, MorphogenesisCallback))
+    budget = next(c for c in trainer.callbacks if isinstance(c, ComputeBudget))
+    assert budget.ledger.exhausted and trainer.global_step < trainer.num_training_batches
+    assert [e.kind for e in morpho.engine.events] == ["germinated", "fossilized"]
+    scalars = _scalars(tmp_path / "runs" / "version_0")
+    fractions = [s.value for s in scalars["morpho/budget_fraction"]]
+    grew = [s.value for s in scalars["morpho/seeds_germinated"]].index(1.0)
+    tau = morpho.controller.tau
+    step = FlopMeter().training_step(example.TinyGPT(n_layer=1, block_size=32),
+                                     torch.zeros(32, 32, dtype=torch.long))  # the defaults'
+    assert tau == 0.25 and tau <= fractions[grew] < tau + step / 20e9
+    assert 1.0 - fractions[grew] >= 0.5  # most of the budget trained grown
+    assert morpho.engine.seed_params == 3 * _params(cli.model.blocks[0])
+
+
 def test_bad_input_is_one_line(example, text_file, tmp_path, capsys):
     status = example.main(["--text", str(tmp_path / "nothing.txt"),
                            "--logdir", str(tmp_path / "runs")])
