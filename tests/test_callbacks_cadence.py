@@ -207,3 +207,23 @@ def test_a_fit_resumes_exactly_from_a_mid_epoch_checkpoint(text_file, tmp_path):
     whole, part = model.state_dict(), again.state_dict()
     assert whole.keys() == part.keys()
     assert all(torch.equal(whole[k], part[k]) for k in whole if torch.is_tensor(whole[k]))
+
+
+@pytest.mark.parametrize("budget_first", [False, True], ids=["morpho-first", "budget-first"])
+def test_a_growth_step_is_charged_at_the_grown_cost_in_either_callback_order(
+        budget_first, text_file, tmp_path):
+    from esper_lightning.callbacks import ComputeBudget
+    from esper_lightning.core.flops import FlopMeter
+
+    x = torch.zeros(8, 16, dtype=torch.long)
+    one, four = (FlopMeter().training_step(user_model("nanogpt", n), x) for n in (1, 4))
+    torch.manual_seed(0)
+    morpho = MorphogenesisCallback(StackController(tau=0.5, operator="identity"),
+                                   growth=DepthGrowth("blocks", blocks=3), rng_seed=5)
+    budget = ComputeBudget(40 * one)
+    callbacks = [budget, morpho] if budget_first else [morpho, budget]
+    trainer = _trainer(tmp_path, callbacks, max_epochs=-1)
+    trainer.fit(user_model("nanogpt"), datamodule=_text_dm(text_file))
+    # Twenty one-block steps reach tau; every step after trains (and is charged as) four blocks.
+    grown = trainer.global_step - 20
+    assert grown > 0 and budget.spent == 20 * one + grown * four

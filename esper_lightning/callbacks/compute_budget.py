@@ -104,6 +104,7 @@ class ComputeBudget(Callback):
         self.loss_key = loss_key
         self._warned = False
         self._step_cost = 0
+        self._revision = -1  # the ledger's revision when this step was metered
         self._multiplier = 1.0  # the schedule's for the step in progress
         self._metering: MetersSteps | None = None
 
@@ -138,6 +139,7 @@ class ComputeBudget(Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule,
                              batch: Any, batch_idx: int) -> None:
         self._step_cost = self._cost(trainer, pl_module, batch)
+        self._revision = self.ledger.revision
         if self.schedule.kind == "constant":
             return
         self._multiplier = self.ledger.lr_multiplier(self._step_cost)
@@ -147,6 +149,10 @@ class ComputeBudget(Callback):
     @override
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.ledger.revision != self._revision:
+            # A callback after this one changed the model before the step (a growth decided
+            # at this batch's start): the step trained the new one, so that is what it cost.
+            self._step_cost = self._cost(trainer, pl_module, batch)
         self.ledger.charge(self._step_cost)
         if self.ledger.exhausted:
             trainer.should_stop = True
