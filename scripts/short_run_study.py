@@ -49,6 +49,9 @@ import torch.nn.functional as F
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
+# Measure the checkout this script lives in (a pinned `git worktree`, say), not whichever one
+# `pip install -e` points at: otherwise edits to the main tree would reach a running study.
+sys.path.insert(0, str(ROOT))
 
 #: The columns of the CSV, in order.
 COLUMNS = (
@@ -350,9 +353,11 @@ def run_study(args: argparse.Namespace) -> int:
         raise StudyError(str(err)) from err
     todo = [(e, m, a) for e in range(args.episodes) for m in args.models for a in ARMS
             if (m, e, a) not in have]
+    import esper_lightning
+
     print(f"{len(have)} rows in {out}, {len(todo)} to run; {args.threads} thread(s), "
-          f"commit {commit}, python {platform.python_version()}, torch {torch.__version__}",
-          flush=True)
+          f"commit {commit} ({Path(esper_lightning.__file__).parent}), "
+          f"python {platform.python_version()}, torch {torch.__version__}", flush=True)
     # Episode-major order: a study stopped early still has every model at about the same N.
     for episode, name, arm in todo:
         row = run_episode(name, episode, arm, args, commit)
