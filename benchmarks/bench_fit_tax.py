@@ -6,18 +6,18 @@
 Two fits of the same work, each in a fresh subprocess, alternating (``lightning, bare`` on even
 repeats, ``bare, lightning`` on odd ones) so machine noise hits both alike:
 
-* ``lightning``: the example as a user runs it (`examples/grow_gpt.py`'s ``fit``: LightningCLI,
-  `MorphogenesisCallback` with a `StackController` growing ``self.blocks`` from 1 to 4 with the
-  ``identity`` operator at half the budget, `ComputeBudget` metering every step, scheduling the
-  learning rate and ending the fit, the example's TensorBoard logger), with the progress bar off
-  unless ``--progress-bar``;
-* ``bare``: plain PyTorch over the same `TinyGPT` class, the same `TextDataModule` batches (its
-  sampler re-seeded per epoch as Lightning does), the same AdamW and weight-decay groups, the
-  same warmup-stable-decay multiplier at the middle of each step's share of the budget, the same
-  number of steps, the same growth at the same step done by hand (`core.depth.grow` with the
-  ``identity`` operator: new blocks in the AdamW groups of their sources), and a validation
-  pass after every epoch of ``train_blocks / batch_size`` steps and after the last step, as the
-  Trainer runs them.
+* ``lightning``: the example as a user runs it (its LightningCLI with its defaults: a
+  `MorphogenesisCallback` whose `StackController` grows ``self.blocks`` from 1 to 4 with the
+  ``identity`` operator at its ``tau``, `ComputeBudget` metering every step, scheduling the
+  learning rate and ending the fit, the example's TensorBoard logger and validation cadence),
+  with the progress bar off unless ``--progress-bar``;
+* ``bare``: plain PyTorch over the model, data module and cadence the same CLI builds (so the
+  same `TinyGPT` init, the same batches, the sampler re-seeded per epoch as the Trainer does),
+  the same AdamW and weight-decay groups, the budget's own LR schedule at the middle of each
+  step's share of the budget, the same number of steps, the same growth at the same step done by
+  hand (`core.depth.grow` with the controller's operator: new blocks in the AdamW groups of
+  their sources), and a validation pass wherever the Trainer runs one (every
+  ``val_check_interval`` steps, or each epoch's end, and after the last step).
 
 The bare loop takes its step count and growth step from the first Lightning fit: the steps are
 the Trainer's ``global_step``; the growth step solves ``n1 c1 + n4 c4 = spent``,
@@ -36,10 +36,12 @@ callbacks'.
 Prints every fit, then the median ratio ``lightning / bare`` over the repeats (each repeat's
 pair) and its range, by wall time and by the process's CPU time (`time.process_time`, which a
 machine shared with other jobs disturbs far less than the wall clock; with one torch thread it is
-the fit's own work). Short by default (a budget of 96 GFLOP: 12 epochs, about 470 steps, a
-growth at step ~350), so the fit's fixed costs (the sanity check, the meter's first pass per
-shape, the timeline image at the end) weigh more than in the example's 480 GFLOP fit; pass
-``--gflops 480`` for the example's own length.
+the fit's own work).
+
+Short by default (a budget of 96 GFLOP, a fifth of the example's: about 350 steps, grown after
+~175), so the fit's fixed costs (the sanity check, the meter's first pass per shape, the
+timeline image at the end) weigh more than in the example's 480 GFLOP fit; pass ``--gflops 480``
+for the example's own length.
 """
 
 from __future__ import annotations
@@ -61,10 +63,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "grow_gpt.py"
 GFLOP = 1e9
-#: The example's defaults that the bare loop mirrors (examples/grow_gpt.py's GrowCLI).
-BLOCK_SIZE, BATCH_SIZE, TRAIN_BLOCKS, VAL_BLOCKS, SEED = 32, 32, 1280, 256, 0
-TAU, OPERATOR, GROW_BLOCKS = 0.5, "identity", 3
-WARMUP, DECAY = 0.03, 0.2
+#: The example's shapes, for the step costs (everything else is read from its CLI).
+BLOCK_SIZE, BATCH_SIZE, SEED, GROW_BLOCKS = 32, 32, 0, 3
 KINDS = ("lightning", "bare")
 
 
@@ -78,17 +78,35 @@ def load_example() -> ModuleType:
     return module
 
 
-def run_lightning(args: argparse.Namespace) -> dict[str, Any]:
-    """One fit of the example as a user runs it; its seconds, steps and FLOPs."""
+def example_cli(gpt: ModuleType, args: argparse.Namespace, logdir: str) -> Any:
+    """The example's LightningCLI, built as its ``fit`` builds it (model, data and Trainer
+    instantiated, the seed set, nothing run): every fit here takes its model, data and cadence
+    from it, so the three fits follow the example's defaults as they change."""
     import logging
 
-    gpt = load_example()
     logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
+    argv = ["--text", args.text, "--gflops", str(args.gflops), "--logdir", logdir,
+            "--trainer.enable_progress_bar", str(args.progress_bar).lower()]
+    return gpt.GrowCLI(gpt.TinyGPT, gpt.TextDataModule, run=False, args=argv,
+                       seed_everything_default=SEED, save_config_kwargs={"overwrite": True})
+
+
+def growth_and_budget(cli: Any) -> tuple[Any, Any, str]:
+    """The example's growth (``--grow`` blocks on ``self.blocks``), its `ComputeBudget` (the
+    budget and LR schedule) and its controller's growth operator."""
+    from esper_lightning.core.depth import DepthGrowth
+
+    callbacks = cli.trainer.callbacks
+    morpho = next(c for c in callbacks if type(c).__name__ == "MorphogenesisCallback")
+    budget = next(c for c in callbacks if type(c).__name__ == "ComputeBudget")
+    return DepthGrowth("blocks", blocks=GROW_BLOCKS), budget, str(morpho.controller.operator)
+
+
+def run_lightning(args: argparse.Namespace) -> dict[str, Any]:
+    """One fit of the example as a user runs it; its seconds, steps and FLOPs."""
+    gpt = load_example()
     with tempfile.TemporaryDirectory() as logdir:
-        argv = ["--text", args.text, "--gflops", str(args.gflops), "--logdir", logdir,
-                "--trainer.enable_progress_bar", str(args.progress_bar).lower()]
-        cli = gpt.GrowCLI(gpt.TinyGPT, gpt.TextDataModule, run=False, args=argv,
-                          seed_everything_default=SEED, save_config_kwargs={"overwrite": True})
+        cli = example_cli(gpt, args, logdir)
         start, cpu = time.perf_counter(), time.process_time()
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)  # what the example's fit() times
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
@@ -121,24 +139,38 @@ def growth_step(steps: int, spent: float, small: int, big: int) -> int:
     return round(n1)
 
 
+def validates_after(trainer: Any, step: int, epoch_end: bool, last: bool) -> bool:
+    """Whether the Trainer validates after training step ``step`` (1-based, counted over the
+    fit): every ``val_check_interval`` steps when ``check_val_every_n_epoch`` is None, else at
+    each epoch's end (the example's cadences), and after the step that stops the fit."""
+    if last:
+        return True
+    if trainer.check_val_every_n_epoch is None:
+        return step % int(trainer.val_check_interval) == 0
+    return epoch_end
+
+
+def set_epoch(loader: Any, epoch: int) -> None:
+    """What the Trainer does to a loader each epoch: re-seed its sampler's shuffle."""
+    for sampler in (getattr(loader, "sampler", None),
+                    getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+
+
 def run_bare(args: argparse.Namespace) -> dict[str, Any]:
     """The same work in plain PyTorch (module docstring); its seconds and what it spent."""
     import torch
 
-    from esper_lightning.core.depth import DepthGrowth, grow
-    from esper_lightning.data import TextDataModule
-    from esper_lightning.schedule import LRSchedule, batch_fraction
+    from esper_lightning.core.depth import grow
+    from esper_lightning.schedule import batch_fraction
 
     gpt = load_example()
     small_cost, big_cost = step_costs(gpt)  # outside the timer: the schedule's input only
-    torch.manual_seed(SEED)  # what seed_everything(0) does before the CLI builds the model
-    model = gpt.TinyGPT(n_layer=1, block_size=BLOCK_SIZE)
-    data = TextDataModule(args.text, block_size=BLOCK_SIZE, batch_size=BATCH_SIZE,
-                          train_blocks=TRAIN_BLOCKS, val_blocks=VAL_BLOCKS, rng_seed=SEED)
-    data.prepare_data()
-    data.setup("fit")
-    budget = args.gflops * GFLOP
-    schedule = LRSchedule("wsd", WARMUP, DECAY, 0.0)
+    with tempfile.TemporaryDirectory() as logdir:
+        cli = example_cli(gpt, args, logdir)  # the model, data and cadence; its Trainer unused
+    model, data, trainer = cli.model, cli.datamodule, cli.trainer
+    growth, budget, operator = growth_and_budget(cli)
 
     start, cpu = time.perf_counter(), time.process_time()
     optimizer = model.configure_optimizers()
@@ -158,13 +190,14 @@ def run_bare(args: argparse.Namespace) -> dict[str, Any]:
     spent, step, epoch, val_loss = 0.0, 0, 0, float("nan")
     cost = small_cost
     while step < args.steps:
-        train.sampler.set_epoch(epoch)  # type: ignore[attr-defined]  # as the Trainer does
-        for batch in train:
+        set_epoch(train, epoch)
+        batches = len(train)
+        for index, batch in enumerate(train):
             if step == args.grow_at:
-                grow(model, DepthGrowth("blocks", blocks=GROW_BLOCKS), OPERATOR, optimizer)
-                base.extend(group["lr"] for group in optimizer.param_groups[len(base):])
+                grow(model, growth, operator, optimizer)
                 cost = big_cost
-            multiplier = schedule.multiplier(batch_fraction(spent, cost, budget))
+            multiplier = budget.schedule.multiplier(batch_fraction(spent, cost,
+                                                                   budget.budget_flops))
             for group, lr in zip(optimizer.param_groups, base, strict=True):
                 group["lr"] = lr * multiplier
             optimizer.zero_grad(set_to_none=True)
@@ -173,9 +206,11 @@ def run_bare(args: argparse.Namespace) -> dict[str, Any]:
             optimizer.step()
             spent += cost
             step += 1
-            if step == args.steps:
+            last = step == args.steps
+            if validates_after(trainer, step, index + 1 == batches, last):
+                val_loss = validate()
+            if last:
                 break
-        val_loss = validate()
         epoch += 1
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     return {"seconds": seconds, "cpu": cpu, "steps": step, "spent": spent, "val_loss": val_loss,
@@ -188,54 +223,54 @@ def run_plain(args: argparse.Namespace) -> dict[str, Any]:
     its distance to ``bare`` is Lightning's share of the tax, its distance to ``lightning`` the
     growth callbacks'."""
     import lightning as L
-    import torch
     from lightning.pytorch.loggers import TensorBoardLogger
 
-    from esper_lightning.core.depth import DepthGrowth, grow
-    from esper_lightning.data import TextDataModule
-    from esper_lightning.schedule import LRSchedule, apply_multiplier, batch_fraction, set_base_lrs
+    from esper_lightning.core.depth import grow
+    from esper_lightning.schedule import apply_multiplier, batch_fraction, set_base_lrs
 
     gpt = load_example()
     small_cost, big_cost = step_costs(gpt)
-    budget, schedule = args.gflops * GFLOP, LRSchedule("wsd", WARMUP, DECAY, 0.0)
 
-    class ByHand(L.Callback):
-        """Grow at ``--grow-at``, set the WSD learning rate, stop after ``--steps``."""
-
-        def __init__(self) -> None:
-            self.spent, self.cost = 0.0, small_cost
-
-        def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-            set_base_lrs(trainer.optimizers[0].param_groups)
-
-        def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule,
-                                 batch: Any, batch_idx: int) -> None:
-            optimizer = trainer.optimizers[0]
-            if trainer.global_step == args.grow_at:
-                grow(pl_module, DepthGrowth("blocks", blocks=GROW_BLOCKS), OPERATOR, optimizer)
-                self.cost = big_cost
-            multiplier = schedule.multiplier(batch_fraction(self.spent, self.cost, budget))
-            apply_multiplier(optimizer.param_groups, multiplier)
-
-        def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule,
-                               outputs: Any, batch: Any, batch_idx: int) -> None:
-            self.spent += self.cost
-            if trainer.global_step >= args.steps:
-                trainer.should_stop = True  # as ComputeBudget stops: the validation still runs
-
-    torch.manual_seed(SEED)
-    model = gpt.TinyGPT(n_layer=1, block_size=BLOCK_SIZE)
-    data = TextDataModule(args.text, block_size=BLOCK_SIZE, batch_size=BATCH_SIZE,
-                          train_blocks=TRAIN_BLOCKS, val_blocks=VAL_BLOCKS, rng_seed=SEED)
-    by_hand = ByHand()
     with tempfile.TemporaryDirectory() as logdir:
+        cli = example_cli(gpt, args, logdir)
+        growth, budget, operator = growth_and_budget(cli)
+        example = cli.trainer
+
+        class ByHand(L.Callback):
+            """Grow at ``--grow-at``, set the WSD learning rate, stop after ``--steps``."""
+
+            def __init__(self) -> None:
+                self.spent, self.cost = 0.0, small_cost
+
+            def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+                set_base_lrs(trainer.optimizers[0].param_groups)
+
+            def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                                     batch: Any, batch_idx: int) -> None:
+                optimizer = trainer.optimizers[0]
+                if trainer.global_step == args.grow_at:
+                    grow(pl_module, growth, operator, optimizer)
+                    self.cost = big_cost
+                fraction = batch_fraction(self.spent, self.cost, budget.budget_flops)
+                apply_multiplier(optimizer.param_groups, budget.schedule.multiplier(fraction))
+
+            def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                                   outputs: Any, batch: Any, batch_idx: int) -> None:
+                self.spent += self.cost
+                if trainer.global_step >= args.steps:
+                    trainer.should_stop = True  # as ComputeBudget stops: validation still runs
+
+        by_hand = ByHand()
         trainer = L.Trainer(
             max_epochs=-1, callbacks=[by_hand], accelerator="cpu", devices=1,
-            logger=TensorBoardLogger(logdir, name="", default_hp_metric=False),
-            log_every_n_steps=10, enable_checkpointing=False, enable_model_summary=False,
+            logger=TensorBoardLogger(logdir, name="plain", default_hp_metric=False),
+            log_every_n_steps=example.log_every_n_steps,
+            val_check_interval=example.val_check_interval,
+            check_val_every_n_epoch=example.check_val_every_n_epoch,
+            enable_checkpointing=False, enable_model_summary=False,
             enable_progress_bar=args.progress_bar)
         start, cpu = time.perf_counter(), time.process_time()
-        trainer.fit(model, datamodule=data)
+        trainer.fit(cli.model, datamodule=cli.datamodule)
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     return {"seconds": seconds, "cpu": cpu, "steps": int(trainer.global_step),
             "spent": by_hand.spent, "val_loss": float(trainer.callback_metrics["val_loss"])}
