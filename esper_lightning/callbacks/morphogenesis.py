@@ -358,6 +358,8 @@ class MorphogenesisCallback(Callback):
         """The run in steps and decisions; the lifecycle's durations in decisions from it."""
         self._plan = plan = run_plan(trainer, self.every_n_train_steps, self._budget_steps)
         durations: dict[str, int] = {}
+        if self.ledger.budget_flops is not None and self._budget_steps is None:
+            return  # a budget's length is known after its first step: planned there
         if isinstance(self.controller, PlansLifecycle):  # what it asks, where the user set none
             durations.update(self.controller.lifecycle(plan.decisions))
             if self._engine_kwargs["gate_config"] is not None:
