@@ -99,15 +99,15 @@ def test_report_computes_the_paired_difference(study, tmp_path):
     text = summary.read_text()
     cnn = next(line for line in text.splitlines() if line.startswith("| cnn |"))
     cells = [c.strip() for c in cnn.split("|")[1:-1]]
-    assert cells[:3] == ["cnn", "5", "2/5 (40 %)"]
-    assert cells[7:10] == ["50.00", "53.00", "+3.00"]
-    assert cells[10] == "[+1.04, +4.96]"  # 3 ± 2.7764 · 1.5811 / √5
-    assert cells[11] == "0.062"  # Wilcoxon, five positive differences: 2 / 2**5
-    assert cells[12].startswith("no detectable difference at 5 episodes")  # p ≥ 0.05
-    assert cells[13:] == ["+0.00", "[+0.00, +0.00]"]  # val: the same in both arms
+    assert cells[:4] == ["cnn", "5", "2/5 (40 %)", "5/5"]
+    assert cells[8:11] == ["50.00", "53.00", "+3.00"]
+    assert cells[11] == "[+1.04, +4.96]"  # 3 ± 2.7764 · 1.5811 / √5
+    assert cells[12] == "0.062"  # Wilcoxon, five positive differences: 2 / 2**5
+    assert cells[13].startswith("no detectable difference at 5 episodes")  # p ≥ 0.05
+    assert cells[14:] == ["+0.00", "[+0.00, +0.00]"]  # val: the same in both arms
     mlp = next(line for line in text.splitlines() if line.startswith("| mlp |"))
     cells = [c.strip() for c in mlp.split("|")[1:-1]]
-    assert cells[1] == "3" and cells[9] == "+0.00" and cells[10] == "[−2.48, +2.48]"
+    assert cells[1] == "3" and cells[10] == "+0.00" and cells[11] == "[−2.48, +2.48]"
     assert "1 episode(s) with one arm only are left out" in text
     assert "contribution <= prune ×6" in text
 
