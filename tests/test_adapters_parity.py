@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader
 from esper_lightning.callbacks import MorphogenesisCallback
 from esper_lightning.controllers import ScriptedController
 from esper_lightning.core.actions import Action, LifecycleOp, Tempo
+from esper_lightning.core.counterfactual import VALIDATION_READS
 from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.data import TensorLoader, load_cifar10
 from esper_lightning.data.tensor_loader import normalize
@@ -32,6 +33,10 @@ SCRIPT = {
 
 class _Recorder(ScriptedController):
     """The script, plus every report it was shown."""
+
+    #: It reads the whole report (a script alone reads no validation, and the callback then
+    #: measures none: `core.counterfactual.validation_reads`).
+    validation_reads = VALIDATION_READS
 
     def __init__(self) -> None:
         super().__init__(SCRIPT)
