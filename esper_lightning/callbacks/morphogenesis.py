@@ -466,7 +466,8 @@ class MorphogenesisCallback(Callback):
         # rank skips the step together (averaging after the unscale would let one rank skip
         # while the others stepped on its inf). Linear, so it holds under accumulation too.
         engine = self._require_engine()
-        dist.average_gradients(trainer, engine.seed_parameters())
+        if dist.is_distributed(trainer):  # the seed parameters gathered only where averaged
+            dist.average_gradients(trainer, engine.seed_parameters())
         if getattr(trainer.precision_plugin, "scaler", None) is not None:
             # Here, before the scaler unscales (and records a found inf for the step), so a
             # non-finite seed pruned now leaves the host's step as it would be without it.
