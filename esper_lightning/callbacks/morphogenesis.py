@@ -71,8 +71,8 @@ LogitsFn = Callable[[L.LightningModule, Tensor], Tensor]
 _MISSING_KEY_EFFECT = {
     "loss_key": "the controller sees no validation loss (the heuristic never counts the host as "
     "stable, so it never germinates)",
-    "accuracy_key": "the callback measures the accuracy itself (one more forward per validation "
-    "batch; accuracy_key=None says so on purpose)",
+    "accuracy_key": "the callback measures the accuracy itself where its controller reads it "
+    "(one more forward per validation batch; accuracy_key=None says so on purpose)",
     "train_loss_key": "the controller sees no training loss",
 }
 TIMELINE_TAG = "morpho/timeline"
@@ -166,7 +166,10 @@ class MorphogenesisCallback(Callback):
             the module must not reshape with a batch size read before the slot) or None: the
             measured default for the device (`core.counterfactual.DEFAULT_MODES`).
         accuracy_key: a logged validation accuracy in [0, 1] used when no seed needs measuring
-            (saves the extra forward); missing -> measured by the callback.
+            (saves the extra forward); missing -> measured by the callback, for a controller
+            that reads the accuracy (`core.counterfactual.validation_reads`: the heuristic does,
+            a `StackController` does not, so an LM run with no live seed validates with no
+            forward besides ``validation_step``'s own).
         loss_key: the logged validation loss copied into the controller's report.
         train_loss_key: a logged training loss to report instead of the callback's own
             measurement (None: the mean of the epoch's ``training_step`` losses, exactly what the
