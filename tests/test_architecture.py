@@ -163,6 +163,35 @@ def test_closure_helper_can_see_the_application():
     assert "esper_lightning.app.config" in package_closure("esper_lightning.app.ppo.trainer")
 
 
+def own_package_imports(package: Path = PACKAGE) -> list[str]:
+    """``module: line`` of every ``from <own package> import ...`` in ``package``: a module that
+    names its own package imports its ``__init__`` (docs/design.md), even when what it takes is
+    a sibling module (``from esper_lightning.callbacks import _distributed``)."""
+    found = []
+    for path in modules(package):
+        name = module_name(path, package)
+        own = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.ImportFrom) and path.name != "__init__.py"
+                    and _absolute(node, path, package) == own):
+                found.append(f"{name}:{node.lineno}")
+    return found
+
+
+def test_no_module_imports_its_own_package():
+    assert own_package_imports() == []
+
+
+def test_the_own_package_rule_sees_a_sibling_taken_from_the_package(tmp_path):
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "sub" / "a.py").write_text("from pkg.sub import b\n")
+    (package / "sub" / "b.py").write_text("import pkg.sub.a as a\n")
+    assert own_package_imports(package) == ["pkg.sub.a:1"]
+
+
 def test_package_imports_have_no_cycles():
     """Every import statement counts (see `import_graph` for how packages count): a cycle means
     two modules each need the other, which only import order (or a deferred import) holds

@@ -13,7 +13,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from typing_extensions import override
 
-from esper_lightning.callbacks import _distributed as dist
+import esper_lightning.callbacks._distributed as dist
 from esper_lightning.callbacks.morphogenesis import MorphogenesisCallback
 from esper_lightning.core.divergence import Governor, GovernorConfig, check_num_classes
 from esper_lightning.core.rollback import roll_back

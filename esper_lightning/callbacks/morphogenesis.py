@@ -19,7 +19,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 from typing_extensions import override
 
-from esper_lightning.callbacks import _distributed as dist
+import esper_lightning.callbacks._distributed as dist
 from esper_lightning.callbacks._cadence import RunPlan, run_fraction, run_plan
 from esper_lightning.callbacks._metering import metering_errors, step_cost
 from esper_lightning.callbacks.compute_budget import ComputeBudget

@@ -48,8 +48,11 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+import esper_lightning.app.compare.growth as growth
+import esper_lightning.app.compare.plots as plots
+import esper_lightning.app.compare.regret as regret
+import esper_lightning.app.compare.speedup as speedup
 from esper_lightning import blueprints as blueprint_registry
-from esper_lightning.app.compare import growth, plots, regret, speedup
 from esper_lightning.app.compare.arms import (
     ARM_KINDS,
     ControllerSpec,
