@@ -13,8 +13,7 @@ explained in docs/design.md.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from esper_lightning._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -43,17 +42,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'esper_lightning' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 
 
 __all__ = [

@@ -14,8 +14,7 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from esper_lightning._lazy import lazy_exports
 
 #: Every public name -> its module, imported on first use (PEP 562): the torch-free modules
 #: (`files`, `locate`) stay torch-free when imported through this package, so the command line
@@ -36,17 +35,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'esper_lightning.data' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 
 
 __all__ = [

@@ -6,9 +6,7 @@ classes are imported on first use (PEP 562), so the presets can be read without 
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from esper_lightning._lazy import lazy_exports
 from esper_lightning.hosts.presets import (
     GPT_PRESETS,
     PRESETS,
@@ -22,17 +20,7 @@ from esper_lightning.hosts.presets import (
 _LAZY = {"CifarCNNHost": "esper_lightning.hosts.cifar_cnn", "GPTHost": "esper_lightning.hosts.gpt"}
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'esper_lightning.hosts' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 
 
 __all__ = [
