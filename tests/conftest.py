@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import http.server
 import random
+import shutil
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -35,11 +37,41 @@ def _blueprint_table_untouched() -> Iterator[None]:
     assert after == before, f"the test left blueprints {after[len(before):]} in the table"
 
 
+def folder_checksums(folder: Path) -> dict[str, str]:
+    """Every file under ``folder`` by relative path, with its SHA-256."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="session")
+def _cifar_master(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fixture folder written once per session (per xdist worker); only copied from."""
+    return write_cifar10_fixture(tmp_path_factory.mktemp("cifar_master") / "cifar", n_train=80,
+                                 n_test=40, rng_seed=0)
+
+
 @pytest.fixture
-def cifar_dir(tmp_path: Path) -> Path:
+def cifar_dir(tmp_path: Path, _cifar_master: Path) -> Path:
     """A tiny learnable CIFAR-10 (80 train / 40 test) in the standard format; the folder that
-    contains ``cifar-10-batches-py/``."""
-    return write_cifar10_fixture(tmp_path / "cifar", n_train=80, n_test=40, rng_seed=0)
+    contains ``cifar-10-batches-py/``. The test's own copy in ``tmp_path/cifar`` (it may change
+    or delete files), of the files `write_cifar10_fixture` writes once per session."""
+    return Path(shutil.copytree(_cifar_master, tmp_path / "cifar"))
+
+
+@pytest.fixture(scope="session")
+def smoke_policy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    """``(data folder, checkpoint)`` of a one-round PPO policy (``smoke`` preset, episodes of 3
+    epochs, slots r0c1 r0c2 of the baseline host), trained once per session (per xdist worker)
+    by `helpers.train_smoke_policy`. Shared, so read-only: a test that changes the checkpoint
+    or the data copies them into its own ``tmp_path`` first; the session fails at teardown if
+    a file in the folder changed."""
+    from helpers import train_smoke_policy
+
+    data, save = train_smoke_policy(tmp_path_factory.mktemp("smoke_policy"))
+    before = folder_checksums(data), save.read_bytes()
+    yield data, save
+    after = folder_checksums(data), save.read_bytes()
+    assert after == before, "a test changed the shared smoke policy or its data"
 
 
 _WORDS = ("the", "king", "queen", "speaks", "to", "his", "her", "lord", "and", "lady", "of",

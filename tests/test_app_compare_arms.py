@@ -134,13 +134,11 @@ def test_compare_help_lists_every_registered_kind(scratch_arms, capsys):
         assert "".join(f"{kind.usage}: {kind.about}".split()) in text
 
 
-def test_a_sampled_policy_draws_from_a_generator_seeded_by_the_episode(tmp_path):
+def test_a_sampled_policy_draws_from_a_generator_seeded_by_the_episode(smoke_policy, tmp_path):
     """``sampled:PATH`` plays the policy of ``policy:PATH`` with its actions sampled, as in
     training, from a generator seeded by the episode (a rerun draws the same); it is its own
     arm, identified by kind, file and content."""
-    from helpers import train_smoke_policy
-
-    data, save = train_smoke_policy(tmp_path / "policy")
+    data, save = smoke_policy
     config = CompareConfig(controllers=("static", f"policy:{save}", f"sampled:{save}"),
                            data_dir=str(data), slots=("r0c1", "r0c2"),
                            out=str(tmp_path / "out"), progress=False)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import scripted_step, train_smoke_policy
+from helpers import scripted_step
 from torch import nn
 
 from esper_lightning import blueprints as blueprint_registry
@@ -569,10 +569,11 @@ def cli_error_line(capsys: pytest.CaptureFixture[str], *args: str) -> str:
     return lines[0]
 
 
-@pytest.fixture(scope="module")
-def trained_policy(tmp_path_factory):
-    """A one-round PPO checkpoint on slots r0c1 r0c2 of the baseline host."""
-    return train_smoke_policy(tmp_path_factory.mktemp("policy"))
+@pytest.fixture
+def trained_policy(smoke_policy):
+    """A one-round PPO checkpoint on slots r0c1 r0c2 of the baseline host (the session's,
+    read-only: conftest's ``smoke_policy``)."""
+    return smoke_policy
 
 
 @pytest.mark.parametrize(

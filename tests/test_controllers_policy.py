@@ -4,7 +4,7 @@
 import lightning as L
 import pytest
 import torch
-from helpers import torch_round_trip, train_smoke_policy
+from helpers import torch_round_trip
 from lifecycle_mdp import make_report
 
 from esper_lightning.blueprints import blueprint_index
@@ -20,9 +20,10 @@ from esper_lightning.rl.observations import obs_dim
 from esper_lightning.rl.policy import FactoredRecurrentActorCritic, PolicyConfig
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return train_smoke_policy(tmp_path_factory.mktemp("policy"))
+@pytest.fixture
+def checkpoint(smoke_policy):
+    """The session's one-round PPO checkpoint and its data (read-only: conftest's)."""
+    return smoke_policy
 
 
 class Recorder(PolicyController):
