@@ -1,6 +1,7 @@
 """The CLI as a user runs it: subprocesses, exit status 2 and one-line errors."""
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -35,6 +36,39 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], text: str) -
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
     assert "Traceback" not in result.stderr and text in lines[0]
+
+
+#: Runs ``main`` on each argument list of ``sys.argv[1]`` (JSON) in this one fresh process and
+#: prints, per case, its status and its stderr. Before each case the package's logger has no
+#: handlers and the warnings already shown are forgotten, as in a process of its own.
+RUN_CASES = """
+import contextlib, io, json, logging, sys, warnings
+from esper_lightning.app.cli import main
+logger = logging.getLogger("esper_lightning")
+for argv in json.loads(sys.argv[1]):
+    logger.handlers.clear()
+    logger.setLevel(logging.NOTSET)
+    warnings._filters_mutated()
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        status = main(argv)
+    print(json.dumps({"argv": argv, "status": status, "stderr": err.getvalue()}))
+"""
+
+
+def cli_cases(cases: list[list[str]]) -> list[subprocess.CompletedProcess[str]]:
+    """``esper-lightning ARGS`` for each ``ARGS`` of ``cases``, all in one fresh process (each
+    command there pays for importing torch and Lightning only once); each one's status and
+    stderr as a `CompletedProcess`. That the console command exits with ``main``'s status is
+    `cli`'s to check (`test_help_lists_preset_and_version_answers`, `test_bad_flag_value`, and
+    tests/test_app_startup.py)."""
+    done = subprocess.run([sys.executable, "-c", RUN_CASES, json.dumps(cases)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    results = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [r["argv"] for r in results] == cases, done.stdout
+    return [subprocess.CompletedProcess(r["argv"], r["status"], "", r["stderr"])
+            for r in results]
 
 
 @pytest.fixture(scope="module")
@@ -172,9 +206,9 @@ def checksums(folder: Path) -> dict[str, str]:
             if p.is_file() else "folder" for p in sorted(folder.rglob("*"))}
 
 
-@pytest.fixture
 def outputs(tmp_path: Path) -> Path:
-    """Output folders of earlier runs: a PPO log and checkpoint, a comparison's episodes."""
+    """Output folders of earlier runs in ``tmp_path/out``: a PPO log and checkpoint, a
+    comparison's episodes; and beside them a short text, a preset file and a small CIFAR."""
     out = tmp_path / "out"
     (out / "logs" / "ppo" / "version_0").mkdir(parents=True)
     (out / "logs" / "ppo" / "version_0" / "hparams.yaml").write_text("envs: 2\n")
@@ -187,74 +221,107 @@ def outputs(tmp_path: Path) -> Path:
     return out
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["ppo", "--bogus", "1"], "ppo: error: unrecognized arguments: --bogus 1"),
-        (["ppo", "--slots", "r9c9"], "unknown slot 'r9c9'; accepted: r0c0, r0c1, r0c2, r1c0"),
-        (["ppo", "--slots=r0c1,r0c2"], "unknown slot 'r0c1,r0c2'; accepted: r0c0"),
-        (["ppo", "--envs", "many"], "envs must be an int, got 'many'"),
-        (["ppo", "--preset", "smoke", "--minibatch_envs", "3"],
-         "minibatch_envs=3 does not divide envs=2; accepted: 1, 2"),
-        (["ppo", "--train_subset", "all"], "train_subset must be an int or null, got 'all'"),
-        (["ppo", "--task", "nlp"], "unknown task 'nlp'; accepted: cifar, lm"),
-        (["ppo", "--host_preset", "big"], "unknown host_preset 'big'; accepted: baseline"),
-        (["ppo", "--download", "maybe"], "download must be true or false, got 'maybe'"),
-        (["ppo", "--preset", "big"], "unknown preset 'big'; accepted: smoke, cpu, gpu"),
-        (["ppo", "--preset"], "--preset needs a name; accepted: smoke"),
-        (["ppo", "--config", "TMP/preset.yaml"],
-         "a --config file cannot set preset ('smoke'); pass --preset smoke on the command line"),
-        (["ppo", "--preset", "lm-smoke", "--data_dir", "TMP/short.txt"],
-         "short.txt' is too short for block_size=32: its training head holds 28 of its 31 bytes"),
-        (["ppo", "--preset", "smoke", "--data_dir", "TMP/cifar", "--train_subset", "10"],
-         "the training split holds 10 images (train_subset=10), fewer than batch_size=64"),
-        (["compare", "--preset", "lm-smoke", "--data_dir", "TMP/short.txt", "--block_size", "8"],
-         "short.txt' is too short for block_size=8: its validation split holds 1 of its 31 "
-         "bytes"),
-        (["compare", "--controllers", "[static,bogus]"], "unknown controller 'bogus'; accepted:"),
-        (["compare", "--budget_flops", "-1e9"],  # a negative number reaches the value check
-         "budget_flops must be a number > 0 (FLOPs) or null, got -1000000000.0"),
-        (["compare", "--budget-flops", "-2.5e3"],
-         "budget_flops must be a number > 0 (FLOPs) or null, got -2500.0"),
-        (["compare", "--controllers", "static", "--reference", "random"],
-         "reference 'random' is not among the controllers; accepted: static"),
-        (["train"], "unknown command 'train'; accepted: ppo, compare, frontier"),
-    ],
-)
-def test_bad_input_is_one_line_and_leaves_the_outputs(outputs, args, message):
-    tmp = str(outputs.parent)
-    args = [a.replace("TMP", tmp) for a in args]
-    # --overwrite: even a run allowed to replace the checkpoint fails before touching it.
-    folders = {"ppo": ["--logdir", f"{outputs}/logs", "--save", f"{outputs}/ckpt.pt",
-                       "--overwrite"],
-               "compare": ["--out", f"{outputs}/new_cmp"]}.get(args[0], [])
-    before = checksums(outputs)
-    result = cli(*args, *folders, "--no-progress")
+#: Bad command lines and the one line each fails with.
+BAD_INPUTS = [
+    (["ppo", "--bogus", "1"], "ppo: error: unrecognized arguments: --bogus 1"),
+    (["ppo", "--slots", "r9c9"], "unknown slot 'r9c9'; accepted: r0c0, r0c1, r0c2, r1c0"),
+    (["ppo", "--slots=r0c1,r0c2"], "unknown slot 'r0c1,r0c2'; accepted: r0c0"),
+    (["ppo", "--envs", "many"], "envs must be an int, got 'many'"),
+    (["ppo", "--preset", "smoke", "--minibatch_envs", "3"],
+     "minibatch_envs=3 does not divide envs=2; accepted: 1, 2"),
+    (["ppo", "--train_subset", "all"], "train_subset must be an int or null, got 'all'"),
+    (["ppo", "--task", "nlp"], "unknown task 'nlp'; accepted: cifar, lm"),
+    (["ppo", "--host_preset", "big"], "unknown host_preset 'big'; accepted: baseline"),
+    (["ppo", "--download", "maybe"], "download must be true or false, got 'maybe'"),
+    (["ppo", "--preset", "big"], "unknown preset 'big'; accepted: smoke, cpu, gpu"),
+    (["ppo", "--preset"], "--preset needs a name; accepted: smoke"),
+    (["ppo", "--config", "TMP/preset.yaml"],
+     "a --config file cannot set preset ('smoke'); pass --preset smoke on the command line"),
+    (["ppo", "--preset", "lm-smoke", "--data_dir", "TMP/short.txt"],
+     "short.txt' is too short for block_size=32: its training head holds 28 of its 31 bytes"),
+    (["ppo", "--preset", "smoke", "--data_dir", "TMP/cifar", "--train_subset", "10"],
+     "the training split holds 10 images (train_subset=10), fewer than batch_size=64"),
+    (["compare", "--preset", "lm-smoke", "--data_dir", "TMP/short.txt", "--block_size", "8"],
+     "short.txt' is too short for block_size=8: its validation split holds 1 of its 31 "
+     "bytes"),
+    (["compare", "--controllers", "[static,bogus]"], "unknown controller 'bogus'; accepted:"),
+    (["compare", "--budget_flops", "-1e9"],  # a negative number reaches the value check
+     "budget_flops must be a number > 0 (FLOPs) or null, got -1000000000.0"),
+    (["compare", "--budget-flops", "-2.5e3"],
+     "budget_flops must be a number > 0 (FLOPs) or null, got -2500.0"),
+    (["compare", "--controllers", "static", "--reference", "random"],
+     "reference 'random' is not among the controllers; accepted: static"),
+    (["train"], "unknown command 'train'; accepted: ppo, compare, frontier"),
+]
+
+
+@pytest.fixture(scope="module")
+def bad_input_runs(tmp_path_factory) -> list[tuple[subprocess.CompletedProcess[str], dict, dict]]:
+    """Each of `BAD_INPUTS` run once, all in one fresh process (`cli_cases`), each with output
+    folders of its own (`outputs`): its result, and its folders' checksums before and after."""
+    runs = []
+    for args, _ in BAD_INPUTS:
+        out = outputs(tmp_path_factory.mktemp("bad_input"))
+        tmp = str(out.parent)
+        args = [a.replace("TMP", tmp) for a in args]
+        # --overwrite: even a run allowed to replace the checkpoint fails before touching it.
+        folders = {"ppo": ["--logdir", f"{out}/logs", "--save", f"{out}/ckpt.pt",
+                           "--overwrite"],
+                   "compare": ["--out", f"{out}/new_cmp"]}.get(args[0], [])
+        runs.append((out, checksums(out), [*args, *folders, "--no-progress"]))
+    results = cli_cases([argv for _, _, argv in runs])
+    return [(result, before, checksums(out))
+            for (out, before, _), result in zip(runs, results, strict=True)]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_INPUTS)
+def test_bad_input_is_one_line_and_leaves_the_outputs(bad_input_runs, args, message):
+    result, before, after = bad_input_runs[BAD_INPUTS.index((args, message))]
     assert_one_line_error(result, message)
     assert result.stderr.startswith("esper-lightning")
-    assert checksums(outputs) == before
+    assert after == before
 
 
 # --- a checkpoint that is no checkpoint: one complete line, whoever reads it -------------------
-@pytest.mark.parametrize(("kind", "args"), [
-    ("truncated", ["ppo", "--preset", "smoke", "--resume", "BAD", "--save", "BAD"]),
-    ("empty", ["ppo", "--preset", "smoke", "--resume", "BAD"]),
-    ("garbage", ["compare", "--preset", "smoke", "--controllers", "static", "policy:BAD"]),
-    ("other", ["compare", "--preset", "smoke", "--controllers", "static", "policy:BAD"]),
-])
-def test_a_bad_checkpoint_is_one_complete_line_and_stays_as_it_was(tmp_path, kind, args):
-    bad = bad_checkpoints(tmp_path / "files")[kind]
-    # compare checks its data folder before torch loads, so it must hold data for the
-    # policy file to be read.
-    output = ["--logdir", str(tmp_path / "logs")] if args[0] == "ppo" else [
-        "--out", str(tmp_path / "cmp"),
-        "--data_dir", str(write_cifar10_fixture(tmp_path / "data", n_train=64, n_test=32))]
-    before = checksums(tmp_path)
-    result = cli(*[a.replace("BAD", str(bad)) for a in args], *output, "--no-progress")
+#: Commands that read a bad checkpoint ``BAD``, by the kind of file it is (`bad_checkpoints`).
+BAD_CHECKPOINT_COMMANDS = {
+    "truncated": ["ppo", "--preset", "smoke", "--resume", "BAD", "--save", "BAD"],
+    "empty": ["ppo", "--preset", "smoke", "--resume", "BAD"],
+    "garbage": ["compare", "--preset", "smoke", "--controllers", "static", "policy:BAD"],
+    "other": ["compare", "--preset", "smoke", "--controllers", "static", "policy:BAD"],
+}
+
+
+@pytest.fixture(scope="module")
+def bad_checkpoint_runs(tmp_path_factory) -> dict[str, tuple]:
+    """Each of `BAD_CHECKPOINT_COMMANDS` run once, all in one fresh process (`cli_cases`), each
+    in a folder of its own: by kind, the bad file, the result, and the folder's checksums
+    before and after."""
+    runs = {}
+    for kind, args in BAD_CHECKPOINT_COMMANDS.items():
+        tmp_path = tmp_path_factory.mktemp(f"bad_checkpoint_{kind}")
+        bad = bad_checkpoints(tmp_path / "files")[kind]
+        # compare checks its data folder before torch loads, so it must hold data for the
+        # policy file to be read.
+        output = ["--logdir", str(tmp_path / "logs")] if args[0] == "ppo" else [
+            "--out", str(tmp_path / "cmp"),
+            "--data_dir", str(write_cifar10_fixture(tmp_path / "data", n_train=64, n_test=32))]
+        argv = [*[a.replace("BAD", str(bad)) for a in args], *output, "--no-progress"]
+        runs[kind] = (tmp_path, bad, checksums(tmp_path), argv)
+    results = cli_cases([argv for *_, argv in runs.values()])
+    return {kind: (bad, result, before, checksums(tmp_path))
+            for (kind, (tmp_path, bad, before, _)), result in zip(runs.items(), results,
+                                                                  strict=True)}
+
+
+@pytest.mark.parametrize(("kind", "args"), list(BAD_CHECKPOINT_COMMANDS.items()))
+def test_a_bad_checkpoint_is_one_complete_line_and_stays_as_it_was(bad_checkpoint_runs, kind,
+                                                                   args):
+    bad, result, before, after = bad_checkpoint_runs[kind]
     assert_one_line_error(result, f"'{bad}'")
     assert BAD_FILE_REASONS[kind] in result.stderr
     assert "expected a PPO checkpoint written by esper-lightning ppo --save\n" in result.stderr
-    assert checksums(tmp_path) == before
+    assert after == before
 
 
 # --- nothing a user made is lost ---------------------------------------------------------------
