@@ -166,7 +166,8 @@ def test_the_heuristic_rotation_takes_the_user_seed(user_seed):
 
     controller = HeuristicController(HeuristicConfig.fixed_timing(
         blueprint_rotation=(NAME, "norm"), min_epochs_before_germinate=0,
-        stabilization_epochs=0, plateau_epochs_to_germinate=0))
+        stabilization_epochs=0, plateau_epochs_to_germinate=0,
+        finish_by_end=False))  # a one-decision report: the rotation, not the run's length
     slots = [SeedSlot("r0c0", channels=4)]
     action = controller.decide(make_report(slots, context=MaskContext(ALLOWED)))
     assert (action.op, action.blueprint) == (LifecycleOp.GERMINATE, NAME)
