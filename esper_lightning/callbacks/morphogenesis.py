@@ -32,6 +32,7 @@ from esper_lightning.controllers.base import (
     SchedulesDecisions,
 )
 from esper_lightning.controllers.stack import StackController
+from esper_lightning.core.actions import Action, LifecycleOp
 from esper_lightning.core.compute import ComputeLedger
 from esper_lightning.core.counterfactual import (
     CounterfactualAccumulator,
@@ -50,6 +51,7 @@ from esper_lightning.core.engine import (
     legacy_train_flops,
 )
 from esper_lightning.core.lifecycle import (
+    LIVE_STAGES,
     PRESENT_STAGES,
     GateConfig,
     GateMode,
@@ -598,11 +600,12 @@ class MorphogenesisCallback(Callback):
         as it is (its ramp would move alpha without training)."""
         engine = self._require_engine()
         for _ in range(2 * len(engine.slots) + 2):
+            slots = engine.slots.values()
             ramping = any(s.stage == SeedStage.BLENDING
-                          and not blend_complete(s.report().alpha_view)
-                          for s in engine.slots.values())
+                          and not blend_complete(s.report().alpha_view) for s in slots)
+            live = any(s.stage in LIVE_STAGES for s in slots)
             spent = self._spent_fraction(trainer)
-            if self._due is None or ramping or spent is None or spent < self._due:
+            if self._due is None or ramping or not live or spent is None or spent < self._due:
                 return
             self._decide(trainer, force=True)
 
@@ -625,6 +628,8 @@ class MorphogenesisCallback(Callback):
         action = self.controller.decide(report)
         controller = self.controller
         reason = controller.last_reason if isinstance(controller, ExplainsDecisions) else None
+        if force and action.op == LifecycleOp.GERMINATE:  # no step follows: nothing new grows
+            action, reason = Action(), "the fit has ended: no germination"
         action, reason = dist.broadcast_decision(trainer, action, reason)  # decided once
         before = {sid: slot.stage for sid, slot in engine.slots.items()}
         self.last_outcome = outcome = engine.execute(action, reason)
