@@ -60,6 +60,7 @@ from esper_lightning.core.lifecycle import (
     blend_complete,
 )
 from esper_lightning.core.optim import SeedOptimConfig
+from esper_lightning.core.report import EpochReport
 from esper_lightning.core.slots import check_blend_gradient, check_topology
 from esper_lightning.core.telemetry import morpho_metrics, slot_layout, stage_changes
 from esper_lightning.core.timing import SeedTiming
@@ -382,14 +383,43 @@ class MorphogenesisCallback(Callback):
         """Under a compute budget, the steps it allows once a step's cost is known (the first
         step's; growth makes later steps dearer, so this bounds the run from above), then the
         check that a growth schedule can finish in them."""
-        budget = self.ledger.budget_flops
-        if budget is None or self._plan is None or trainer.global_step < 1:
+        if trainer.global_step < 1:
             return
-        if self._budget_steps is None:
-            per_step = self.ledger.train_flops / trainer.global_step
-            self._budget_steps = math.ceil(budget / per_step) if per_step > 0 else None
+        per_step = self.ledger.train_flops / trainer.global_step
+        if per_step > 0:
+            self._budget_steps = math.ceil(self.ledger.budget_flops / per_step)
             self._make_plan(trainer)
-            check_growth_schedule(self, trainer)
+            self._check_growth_schedule(trainer)
+
+    def _check_growth_schedule(self, trainer: L.Trainer) -> None:
+        """Refuse, in one line, a `StackController` schedule the run cannot finish: after its last
+        ``tau`` it needs a decision (one step each) per germination, per tick of the blend and for
+        the advance and the fossilization (`StackController.decisions_after_tau`); the steps left
+        after ``tau`` are counted at the grown model's cost, bounded by the depth it grows to.
+        Runs bounded by time alone are not checked (their steps are unknown)."""
+        controller, plan = self.controller, self._plan
+        engine = self._require_engine()
+        if not isinstance(controller, StackController) or plan is None or plan.steps is None:
+            return
+        sites = [s.growth for s in engine.slots.values() if s.growth is not None]
+        if not sites:
+            return  # the controller says so itself, at its first decision
+        ticks = controller.blend_ticks
+        needed = controller.decisions_after_tau(len(sites))
+        tau = controller.last_tau
+        left = (1.0 - tau) * plan.steps
+        what = f"max_steps={trainer.max_steps}" if trainer.max_steps == plan.steps else "the run"
+        if self.ledger.budget_flops is not None and plan.steps == self._budget_steps:
+            depth = max(len(site.stack()) for site in sites)
+            grown = depth + sum(site.blocks for site in sites)
+            left /= grown / depth  # a grown step costs at most depth-fold more
+            what = f"the budget ({self.ledger.budget_flops:g} FLOPs, at the grown cost)"
+        if left < needed:
+            raise MisconfigurationException(
+                f"MorphogenesisCallback: the growth schedule cannot finish: StackController(tau="
+                f"{tau:g}) needs >= {needed} steps after tau (a germination per slot, "
+                f"{ticks} blend step(s), the advance and the fossilization), {what} leaves about "
+                f"{int(left)}; lower tau or train longer")
 
     @override
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule,
@@ -397,7 +427,7 @@ class MorphogenesisCallback(Callback):
         if self._budget_steps is None and self.ledger.budget_flops is not None:
             self._plan_budget(trainer)
         elif trainer.global_step == 0 and batch_idx == 0:
-            check_growth_schedule(self, trainer)
+            self._check_growth_schedule(trainer)
         if not self._scheduled and self._require_engine().topology is not None:
             # Ask the controller when it is first due, once the slots know their shape (a
             # sanity check or the first step's forward tells them): a run that never validates
@@ -473,12 +503,11 @@ class MorphogenesisCallback(Callback):
         engine = self._require_engine()
         if dist.is_distributed(trainer):  # the seed parameters gathered only where averaged
             dist.average_gradients(trainer, engine.seed_parameters())
-        if getattr(trainer.precision_plugin, "scaler", None) is not None:
+        if _scaled(trainer):
             # Here, before the scaler unscales (and records a found inf for the step), so a
             # non-finite seed pruned now leaves the host's step as it would be without it.
             # Summed over the ranks: a seed's output differs by rank, its decision must not.
-            engine.prune_nonfinite(scaled=True, reduce=dist.all_reduce_sum
-                                   if dist.is_distributed(trainer) else None)
+            engine.prune_nonfinite(scaled=True, reduce=_rank_sum(trainer))
 
     @override
     def on_before_optimizer_step(
@@ -486,19 +515,17 @@ class MorphogenesisCallback(Callback):
     ) -> None:
         # Gradients are already unscaled here under AMP.
         engine = self._require_engine()
-        if getattr(trainer.precision_plugin, "scaler", None) is None:
+        if not _scaled(trainer):
             # Before clipping and the step: a non-finite seed leaves with its param group, so
             # its inf or NaN reaches neither the global norm nor the host's weights (under a
             # loss scaler this ran in on_after_backward, before the unscale).
-            engine.prune_nonfinite(reduce=dist.all_reduce_sum
-                                   if dist.is_distributed(trainer) else None)
+            engine.prune_nonfinite(reduce=_rank_sum(trainer))
         # The first step after each decision is measured, so a seed the decision changed has
         # its gradients' health by the next one (a growth seed's G5 reads it).
         first = self._stats_decision != engine.epoch
         if engine.gradient_stats_due(trainer.global_step, first):
             self._stats_decision = engine.epoch
-            scaled = getattr(trainer.precision_plugin, "scaler", None) is not None
-            engine.capture_gradient_stats(scaled=scaled)
+            engine.capture_gradient_stats(scaled=_scaled(trainer))
 
     # --- validation: counterfactual measurement -----------------------------------------------
     @override
@@ -622,10 +649,7 @@ class MorphogenesisCallback(Callback):
         self._validation = None  # measured once, reported once: never a stale reading
         self._check_keys(trainer, validated=False)
         engine.record_epoch(accuracy, loss, train_loss, contributions)
-        plan = self._plan
-        report = engine.report(max_epochs=None if plan is None else plan.decisions,
-                               run_fraction=self._run_fraction(trainer))
-        action = self.controller.decide(report)
+        action = self.controller.decide(self._report(trainer))
         controller = self.controller
         reason = controller.last_reason if isinstance(controller, ExplainsDecisions) else None
         if force and action.op == LifecycleOp.GERMINATE:  # no step follows: nothing new grows
@@ -649,12 +673,15 @@ class MorphogenesisCallback(Callback):
         (`SchedulesDecisions`), asked with the state this decision left."""
         if not isinstance(self.controller, SchedulesDecisions):
             return
+        due = self.controller.next_decision(self._report(trainer))
+        self._due = due if due is None else float(due)
+
+    def _report(self, trainer: L.Trainer) -> EpochReport:
+        """The engine's report with the run's length in decisions and how far it is."""
         plan = self._plan
-        report = self._require_engine().report(
+        return self._require_engine().report(
             max_epochs=None if plan is None else plan.decisions,
             run_fraction=self._run_fraction(trainer))
-        due = self.controller.next_decision(report)
-        self._due = due if due is None else float(due)
 
     def _interval_train_loss(self, trainer: L.Trainer) -> float | None:
         if self.train_loss_key is not None:
@@ -863,35 +890,14 @@ def _check_cadence(every_n_train_steps: Any, timing: Any) -> None:
         raise TypeError(f"timing must be a SeedTiming, got {type(timing).__name__}")
 
 
-def check_growth_schedule(callback: MorphogenesisCallback, trainer: L.Trainer) -> None:
-    """Refuse, in one line, a `StackController` schedule the run cannot finish: after its last
-    ``tau`` it needs a decision (one step each) per germination, per tick of the blend and for
-    the advance and the fossilization (`StackController.decisions_after_tau`); the steps left
-    after ``tau`` are counted at the grown model's cost, bounded by the depth it grows to.
-    Runs bounded by time alone are not checked (their steps are unknown)."""
-    controller, plan = callback.controller, callback._plan
-    engine = callback._require_engine()
-    if not isinstance(controller, StackController) or plan is None or plan.steps is None:
-        return
-    sites = [s.growth for s in engine.slots.values() if s.growth is not None]
-    if not sites:
-        return  # the controller says so itself, at its first decision
-    ticks = controller.blend_ticks
-    needed = controller.decisions_after_tau(ticks, len(sites))
-    tau = controller.last_tau
-    left = (1.0 - tau) * plan.steps
-    what = f"max_steps={trainer.max_steps}" if trainer.max_steps == plan.steps else "the run"
-    if callback.ledger.budget_flops is not None and plan.steps == callback._budget_steps:
-        depth = max(len(site.stack()) for site in sites)
-        grown = depth + sum(site.blocks for site in sites)
-        left /= grown / depth  # a grown step costs at most depth-fold more
-        what = f"the budget ({callback.ledger.budget_flops:g} FLOPs, at the grown cost)"
-    if left < needed:
-        raise MisconfigurationException(
-            f"MorphogenesisCallback: the growth schedule cannot finish: StackController(tau="
-            f"{tau:g}) needs >= {needed} steps after tau (a germination per slot, "
-            f"{ticks} blend step(s), the advance and the fossilization), {what} leaves about "
-            f"{int(left)}; lower tau or train longer")
+def _scaled(trainer: L.Trainer) -> bool:
+    """Whether a loss scaler (fp16 mixed precision) owns the gradients."""
+    return getattr(trainer.precision_plugin, "scaler", None) is not None
+
+
+def _rank_sum(trainer: L.Trainer) -> Callable[[Tensor], Tensor] | None:
+    """The sum over the ranks a flag needs under DDP; None in one process."""
+    return dist.all_reduce_sum if dist.is_distributed(trainer) else None
 
 
 def _batches_text(trainer: L.Trainer) -> str:

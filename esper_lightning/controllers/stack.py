@@ -200,19 +200,20 @@ class StackController(ControllerBase):
                                     f"run: {op.name.lower()} {report.slot_ids[index]}")
         return WAIT, "nothing to do now"
 
-    def decisions_after_tau(self, blend_ticks: int, slots: int) -> int:
-        """Decisions a fit must still make after the last growth slot's ``tau`` for its growth
-        to be fossilized: one germination per slot grown then (one per decision), the blend's
-        ``blend_ticks`` ramp, then the advance to HOLDING and the fossilization.
+    def decisions_after_tau(self, slots: int) -> int:
+        """Decisions a fit of ``slots`` growth slots must still make after the last ``tau`` for
+        its growth to be fossilized: one germination per slot grown then (one per decision),
+        the blend's `blend_ticks`, then the advance to HOLDING and the fossilization.
 
         Example:
-            >>> StackController(0.5, "identity").decisions_after_tau(blend_ticks=0, slots=1)
+            >>> StackController(0.5, "identity").decisions_after_tau(slots=1)
             3
         """
-        last = max(t for t in self.taus if t < NEVER)
-        at_last = sum(1 for k in range(slots) if self._tau_of(k) == last) if len(
-            self.taus) > 1 else slots
-        return max(1, at_last) + blend_ticks + 2
+        if len(self.taus) > 1:
+            at_last = sum(1 for k in range(slots) if self._tau_of(k) == self.last_tau)
+        else:
+            at_last = slots
+        return max(1, at_last) + self.blend_ticks + 2
 
     @property
     def blend_ticks(self) -> int:
