@@ -46,6 +46,9 @@ class StaticController:
         {'controller': 'static', 'version': 1}
     """
 
+    #: What it reads of a validation run (`core.counterfactual.validation_reads`).
+    validation_reads: frozenset[str] = frozenset()
+
     def decide(self, report: EpochReport) -> Action:
         return WAIT
 
@@ -76,6 +79,9 @@ class RandomController:
         >>> controller.state_dict()["wait_probability"]
         0.8
     """
+
+    #: What it reads of a validation run (`core.counterfactual.validation_reads`).
+    validation_reads: frozenset[str] = frozenset()
 
     def __init__(self, rng_seed: int = 0, wait_probability: float | None = None) -> None:
         if wait_probability is not None and not 0.0 <= wait_probability <= 1.0:
@@ -161,6 +167,9 @@ class GrowerController:
         'grower'
     """
 
+    #: What it reads of a validation run (`core.counterfactual.validation_reads`).
+    validation_reads: frozenset[str] = frozenset()
+
     def __init__(
         self,
         blueprint: str,
@@ -229,6 +238,9 @@ class ScriptedController:
         >>> sorted(controller.script)
         [5, 6]
     """
+
+    #: What it reads of a validation run (`core.counterfactual.validation_reads`).
+    validation_reads: frozenset[str] = frozenset()
 
     def __init__(self, script: Script) -> None:
         self._script = _parse_script(script)

@@ -44,6 +44,7 @@ from esper_lightning.core.actions import (
     canonicalize,
     slot_op_error,
 )
+from esper_lightning.core.counterfactual import ACCURACY
 from esper_lightning.core.lifecycle import (
     FAILURE_STAGES,
     MIN_GRADIENT_HEALTH,
@@ -272,6 +273,9 @@ class HeuristicController:
         >>> controller.is_stabilized, controller.plateau_epochs, controller.last_reason
         (False, 0, 'reset')
     """
+
+    #: What it reads of a validation run (`core.counterfactual.validation_reads`).
+    validation_reads = frozenset({ACCURACY})
 
     def __init__(self, config: HeuristicConfig | None = None) -> None:
         self.config = config or HeuristicConfig()

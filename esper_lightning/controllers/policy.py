@@ -10,6 +10,7 @@ import torch
 
 from esper_lightning.controllers.base import check_state, state_header
 from esper_lightning.core.actions import Action, compute_masks
+from esper_lightning.core.counterfactual import VALIDATION_READS
 from esper_lightning.core.report import EpochReport
 from esper_lightning.rl.checkpoint import PolicyBundle, check_blueprints, load_policy_file
 from esper_lightning.rl.distributions import MaskBatch, fit_blueprint_head
@@ -43,6 +44,9 @@ class PolicyController:
         >>> controller = PolicyController("runs/ckpt.pt")  # doctest: +SKIP
         >>> trainer = L.Trainer(callbacks=[MorphogenesisCallback(controller)])  # doctest: +SKIP
     """
+
+    #: What it reads of a validation run (`core.counterfactual.validation_reads`).
+    validation_reads = VALIDATION_READS
 
     def __init__(
         self, checkpoint: str | os.PathLike[str] | PolicyBundle, deterministic: bool = True,

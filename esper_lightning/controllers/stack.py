@@ -124,6 +124,9 @@ class StackController(ControllerBase):
         'block_identity'
     """
 
+    #: What it reads of a validation run (`core.counterfactual.validation_reads`).
+    validation_reads: frozenset[str] = frozenset()
+
     def __init__(self, tau: float | Sequence[float], operator: str = "copy",
                  slots: Sequence[str] | None = None) -> None:
         taus = (tau,) if isinstance(tau, int | float) else tuple(tau)

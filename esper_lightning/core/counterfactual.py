@@ -131,25 +131,14 @@ def make_plan(slots: Mapping[str, SeedSlot]) -> CounterfactualPlan:
 #: contribution is always measured: the lifecycle is about it.
 ACCURACY, FOSSIL_CONTRIBUTIONS = "accuracy", "fossil_contributions"
 VALIDATION_READS = frozenset({ACCURACY, FOSSIL_CONTRIBUTIONS})
-#: What the built-in controllers read (`validation_reads`), by class path; a subclass inherits
-#: its base's entry. The heuristic tracks the accuracy (plateaus, prunes) and reads the
-#: contributions of HOLDING seeds only; a policy observes every present seed's contribution, as
-#: in the env it was trained in; the growth schedules, the baselines and scripts read neither.
-_BUILTIN_READS = {
-    "esper_lightning.controllers.heuristic.HeuristicController": frozenset({ACCURACY}),
-    "esper_lightning.controllers.policy.PolicyController": VALIDATION_READS,
-    "esper_lightning.controllers.stack.StackController": frozenset(),
-    "esper_lightning.controllers.baselines.StaticController": frozenset(),
-    "esper_lightning.controllers.baselines.RandomController": frozenset(),
-    "esper_lightning.controllers.baselines.GrowerController": frozenset(),
-    "esper_lightning.controllers.baselines.ScriptedController": frozenset(),
-}
-
 
 def validation_reads(controller: object) -> frozenset[str]:
-    """What ``controller`` reads of a validation run (a subset of `VALIDATION_READS`): its own
-    ``validation_reads`` attribute when it has one, else the built-in class's (or its nearest
-    built-in base's), else everything: a controller that does not say is measured as before.
+    """What ``controller`` reads of a validation run (a subset of `VALIDATION_READS`): its
+    ``validation_reads`` attribute (the built-in controllers say theirs: the heuristic tracks
+    the accuracy and reads HOLDING seeds' contributions only; a policy observes every present
+    seed's contribution, as in the env it was trained in; the growth schedules, baselines and
+    scripts read neither), else everything: a controller that does not say is measured as
+    before.
 
     Example:
         >>> sorted(validation_reads(object()))
@@ -157,10 +146,6 @@ def validation_reads(controller: object) -> frozenset[str]:
     """
     reads = getattr(controller, "validation_reads", None)
     if reads is None:
-        for cls in type(controller).__mro__:
-            known = _BUILTIN_READS.get(f"{cls.__module__}.{cls.__qualname__}")
-            if known is not None:
-                return known
         return VALIDATION_READS
     reads = frozenset(reads)
     if not reads <= VALIDATION_READS:
