@@ -1,61 +1,97 @@
-"""The seed-timeline figure: rows, colours, alpha curve and blueprint labels."""
+"""The seed timeline: its layout (rows, stage bars, alpha curves, blueprint labels) and the
+picture Pillow paints from it (colours read back from the pixels)."""
 
 from __future__ import annotations
 
-import matplotlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
-from matplotlib.colors import to_hex
+from PIL import Image, ImageColor
 
 from esper_lightning.core.engine import TimelineEntry
-from esper_lightning.viz import STAGE_COLORS, figure_to_array, save_timeline, timeline_figure
+from esper_lightning.viz import (
+    STAGE_COLORS,
+    render_timeline,
+    save_timeline,
+    timeline_array,
+    timeline_layout,
+)
+from esper_lightning.viz.timeline import ROW_HEIGHT, ROW_PX, _Canvas
 
 
 def _entries() -> list[TimelineEntry]:
-    """r0c1: a seed that blends in over epochs 3-4 and is kept; r0c2: one pruned at epoch 4."""
+    """r0c1: a seed that blends in over decisions 3-4 and is kept; r0c2: one pruned at 4."""
     one = ["DORMANT", "GERMINATED", "TRAINING", "BLENDING", "BLENDING", "FOSSILIZED"]
     alphas = [0.0, 0.0, 0.0, 0.5, 1.0, 1.0]
     two = ["DORMANT", "DORMANT", "GERMINATED", "TRAINING", "PRUNED", "EMBARGOED"]
     entries = []
-    for epoch in range(6):
-        seeded = one[epoch] != "DORMANT"
-        entries.append(TimelineEntry(epoch, "r0c1", one[epoch], alphas[epoch],
+    for decision in range(6):
+        seeded = one[decision] != "DORMANT"
+        entries.append(TimelineEntry(decision, "r0c1", one[decision], alphas[decision],
                                      "conv_light" if seeded else None, "a" if seeded else None))
-        seeded = two[epoch] != "DORMANT"
-        entries.append(TimelineEntry(epoch, "r0c2", two[epoch], 0.0,
+        seeded = two[decision] != "DORMANT"
+        entries.append(TimelineEntry(decision, "r0c2", two[decision], 0.0,
                                      "attention" if seeded else None, "b" if seeded else None))
     return entries
 
 
-def test_one_row_per_slot_coloured_by_stage_with_alpha_and_blueprints():
-    fig = timeline_figure(_entries(), slot_ids=["r0c1", "r0c2"])
-    ax = fig.axes[0]
-    assert [t.get_text() for t in ax.get_yticklabels()] == ["r0c2", "r0c1"]  # r0c1 on top
-    assert sorted(t.get_text() for t in ax.texts) == ["attention", "conv_light"]
-    bars = [c for c in ax.collections if hasattr(c, "get_facecolor")]
-    colours = {to_hex(c.get_facecolor()[0]) for c in bars}
-    assert {STAGE_COLORS["BLENDING"], STAGE_COLORS["FOSSILIZED"], STAGE_COLORS["PRUNED"]} <= {
-        c.lower() for c in colours}
-    top, bottom = ax.lines  # the alpha curves, r0c1's first
-    ys = np.asarray(top.get_ydata(), dtype=float)
-    # Row r0c1 is centred at y = 1 and 0.8 high: alpha 0 at 0.6, alpha 1 at 1.4.
-    assert np.isnan(ys[0]) and ys[1:].tolist() == pytest.approx([0.6, 0.6, 1.0, 1.4, 1.4])
-    assert np.isnan(np.asarray(bottom.get_ydata(), dtype=float)[4:]).all()  # seed gone
-    legend = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert "fossilized" in legend and "pruned" in legend
+def test_layout_rows_bars_curves_and_labels():
+    layout = timeline_layout(_entries(), slot_ids=["r0c1", "r0c2"])
+    assert layout.slots == ("r0c1", "r0c2") and layout.span == (0, 5)
+    assert [b for b in layout.bars if b[0] == 0] == [
+        (0, 0, 0, "DORMANT"), (0, 1, 1, "GERMINATED"), (0, 2, 2, "TRAINING"),
+        (0, 3, 4, "BLENDING"), (0, 5, 5, "FOSSILIZED")]
+    assert layout.curves[0] == ((0, None), (1, 0.0), (2, 0.0), (3, 0.5), (4, 1.0), (5, 1.0))
+    assert [a for _, a in layout.curves[1]][4:] == [None, None]  # the seed is gone
+    assert layout.labels == ((0, 1, "conv_light"), (1, 2, "attention"))
+    assert "FOSSILIZED" in layout.stages and "PRUNED" in layout.stages
+    # Slots default to their order of appearance; another order is followed.
+    assert timeline_layout(_entries(), slot_ids=["r0c2", "r0c1"]).slots == ("r0c2", "r0c1")
 
 
-def test_rendering_and_saving_without_pyplot(tmp_path):
-    backend = matplotlib.get_backend()
-    image = figure_to_array(timeline_figure(_entries()))
-    assert image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3
-    assert image.min() < 100 < image.max()  # something is drawn on white
+def test_picture_paints_each_stage_where_the_layout_puts_it():
+    layout = timeline_layout(_entries(), slot_ids=["r0c1", "r0c2"])
+    image = render_timeline(layout)
+    from PIL import ImageFont
+
+    canvas = _Canvas(layout, ImageFont.load_default(13))
+
+    def colour(row: int, decision: float, level: float) -> tuple[int, ...]:
+        return image.getpixel((round(canvas.x(decision)), round(canvas.y(row, level))))
+
+    # Away from the alpha curve and the labels: the bar's own colour.
+    assert colour(0, 5.3, 0.3) == ImageColor.getrgb(STAGE_COLORS["FOSSILIZED"])
+    assert colour(1, 4.0, 0.8) == ImageColor.getrgb(STAGE_COLORS["PRUNED"])
+    assert colour(0, 3.7, 0.1) == ImageColor.getrgb(STAGE_COLORS["BLENDING"])
+    # The alpha curve: dark at alpha 1 (the bar's top) after decision 4 of r0c1.
+    assert max(colour(0, 4.5, 1.0)) < 80
+    # Rows are ROW_PX apart and the bar fills ROW_HEIGHT of the row.
+    assert canvas.y(1, 0) - canvas.y(0, 0) == ROW_PX
+    assert canvas.y(0, 0) - canvas.y(0, 1) == pytest.approx(ROW_PX * ROW_HEIGHT)
+
+
+def test_array_and_file(tmp_path):
+    array = timeline_array(_entries())
+    assert array.dtype == np.uint8 and array.ndim == 3 and array.shape[2] == 3
+    assert array.min() < 100 < array.max()  # something is drawn on white
     path = tmp_path / "out" / "timeline.png"
-    save_timeline(_entries(), path)
+    save_timeline(_entries(), path, title="a title")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert matplotlib.get_backend() == backend
+    assert Image.open(path).size[0] == array.shape[1]
+
+
+def test_drawing_imports_no_matplotlib():
+    code = ("import sys; from esper_lightning.viz import timeline_array; "
+            "from esper_lightning.core.engine import TimelineEntry; "
+            "timeline_array([TimelineEntry(0, 's', 'TRAINING', 0.0, 'norm', 'x')]); "
+            "print('matplotlib' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip() == "False"
 
 
 def test_no_entries_is_an_error():
     with pytest.raises(ValueError, match="needs at least one timeline entry"):
-        timeline_figure([])
+        timeline_layout([])

@@ -1,4 +1,4 @@
-"""Pictures of a growing model (matplotlib object API only: no pyplot, no global backend).
+"""Pictures of a growing model, drawn with Pillow (no matplotlib, no window).
 
     from esper_lightning.viz import save_timeline
     save_timeline(callback.engine.timeline, "timeline.png")
@@ -6,10 +6,22 @@
 
 from esper_lightning.viz.timeline import (
     STAGE_COLORS,
-    figure_to_array,
+    TimelineLayout,
     log_timeline,
+    render_timeline,
     save_timeline,
-    timeline_figure,
+    timeline_array,
+    timeline_image,
+    timeline_layout,
 )
 
-__all__ = ["STAGE_COLORS", "figure_to_array", "log_timeline", "save_timeline", "timeline_figure"]
+__all__ = [
+    "STAGE_COLORS",
+    "TimelineLayout",
+    "log_timeline",
+    "render_timeline",
+    "save_timeline",
+    "timeline_array",
+    "timeline_image",
+    "timeline_layout",
+]
