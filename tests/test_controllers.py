@@ -666,10 +666,76 @@ def _slot_with_incubation(incubation: int) -> SeedSlot:
 
 
 def test_the_incubation_the_heuristic_asks_for_scales_with_the_run():
-    assert HeuristicController().lifecycle(50) == {"incubation": 10}
-    assert HeuristicController().lifecycle(20) == {"incubation": 4}
-    assert HeuristicController().lifecycle(None) == {"incubation": 10}
-    assert HeuristicController(HeuristicConfig(incubation_epochs=None)).lifecycle(20) == {}
+    assert HeuristicController().lifecycle(50)["incubation"] == 10
+    assert HeuristicController().lifecycle(20)["incubation"] == 4
+    assert HeuristicController().lifecycle(None)["incubation"] == 10
+    no_incubation = HeuristicController(HeuristicConfig(incubation_epochs=None))
+    assert "incubation" not in no_incubation.lifecycle(20)
+
+
+def test_the_blend_the_heuristic_asks_for_shrinks_with_a_short_run_only():
+    controller = HeuristicController()
+    # 5 decisions (the standard tempo) given for 50, rounded half up, never below 1.
+    assert controller.lifecycle(12) == {"incubation": 2, "blend": 1}  # 1.2 -> 1
+    assert [controller.lifecycle(n)["blend"] for n in (1, 14, 15, 30, 34, 35, 44, 45)] == [
+        1, 1, 2, 3, 3, 4, 4, 5]
+    # Runs of the reference length or longer, or of unknown length, keep the standard ramp.
+    assert {controller.lifecycle(n)["blend"] for n in (None, 50, 51, 150, 10_000)} == {
+        Tempo.STANDARD.epochs}
+    blends = [controller.lifecycle(n)["blend"] for n in range(1, 301)]
+    assert blends == sorted(blends) and set(blends) == {1, 2, 3, 4, 5}
+    slow = HeuristicController(HeuristicConfig(blend_epochs=8))
+    assert [slow.lifecycle(n)["blend"] for n in (12, 25, 50, 100)] == [2, 4, 8, 8]
+    fixed = HeuristicController(HeuristicConfig.fixed_timing())
+    assert fixed.lifecycle(12) == {"incubation": 10, "blend": 5}
+    assert "blend" not in HeuristicController(HeuristicConfig(blend_epochs=None)).lifecycle(12)
+
+
+@pytest.mark.parametrize("blend", [0, -1, 2.5, True])
+def test_a_blend_of_no_decisions_is_refused(blend):
+    with pytest.raises(ValueError, match=rf"^HeuristicConfig\.blend_epochs must be an int "
+                                         rf">= [01].*got {blend!r}$"):
+        HeuristicConfig(blend_epochs=blend)
+
+
+def _short_run(lifecycle: dict[str, int], max_epochs: int = 12) -> list[tuple[int, str]]:
+    """(decision, stage) after each decision of a ``max_epochs`` run of one slot set to the
+    heuristic's ``lifecycle`` durations; the host stable and gaining a point per decision (no
+    plateau, so only the last chance germinates), a blended seed contributing 2 points."""
+    controller = HeuristicController()
+    slot = _slot_with_incubation(lifecycle["incubation"])
+    slot.blend_ticks = lifecycle["blend"]
+    accs: list[float] = []
+    stages = []
+    for epoch in range(max_epochs):
+        accs.append(50.0 + epoch)
+        measure(slot, accs[-1], contribution=2.0)
+        report = dataclasses.replace(make_report([slot], epoch, accs, [1.0] * (epoch + 1)),
+                                     max_epochs=max_epochs)
+        action = controller.decide(report)
+        assert action_error(action, report.slots, report.mask_context) is None
+        execute_on_slot(slot, action)
+        slot.tick()
+        stages.append((epoch, slot.stage.name))
+    return stages
+
+
+def test_on_a_12_decision_run_the_scaled_blend_leaves_a_seed_time_to_be_judged():
+    # 1 + incubation 2 + blend 1 + 2 = 6 decisions to judge: decision 5 is the last chance
+    # (12 - 5 - 1 = 6 left). The ramp's one tick falls on the decision G2 lets it blend, so
+    # the seed is judged (fossilized) at decision 10, one before the last: the count is safe.
+    lifecycle = HeuristicController().lifecycle(12)
+    assert decisions_to_judge(_slot_with_incubation(2).report()) == 10  # the unscaled blend
+    scaled = _slot_with_incubation(lifecycle["incubation"])
+    scaled.blend_ticks = lifecycle["blend"]
+    assert decisions_to_judge(scaled.report()) == 6
+    stages = _short_run(lifecycle)
+    assert stages[4:] == [(4, "DORMANT"), (5, "GERMINATED"), (6, "TRAINING"), (7, "TRAINING"),
+                          (8, "BLENDING"), (9, "HOLDING"), (10, "FOSSILIZED"), (11, "FOSSILIZED")]
+    # With the standard 5-decision blend only decision 1 could germinate, as the first
+    # short-run study found (results/short-runs).
+    unscaled = _short_run({**lifecycle, "blend": Tempo.STANDARD.epochs})
+    assert next(e for e, stage in unscaled if stage != "DORMANT") == 1
 
 
 # --- random ------------------------------------------------------------------------------------

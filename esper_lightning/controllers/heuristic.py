@@ -97,7 +97,9 @@ class HeuristicConfig:
     up, never below 1; a knob set to 0 stays 0; no scaling when the run length is unknown), so a
     30-epoch run does not wait as long as a 150-epoch one. ``reference_epochs=None`` (or
     `fixed_timing`) keeps them as given, the research code's behaviour. `scaled_to` and
-    `HeuristicController.timing` show the values a run will use.
+    `HeuristicController.timing` show the values a run will use; the lifecycle durations it
+    asks of the slots (``incubation_epochs``, ``blend_epochs``) scale the same way
+    (`HeuristicController.lifecycle`), the blend only downwards.
 
     Args:
         plateau_threshold: an epoch that gains less accuracy than this counts as a plateau epoch.
@@ -137,6 +139,11 @@ class HeuristicConfig:
         incubation_epochs: the G2 incubation this controller asks of the run's slots, scaled
             with the run length like the timing knobs (a Trainer callback applies it unless
             its ``timing`` or ``gate_config`` sets one; `lifecycle`); None: the slots' own.
+        blend_epochs: the alpha ramp, in decisions, this controller asks of the run's slots,
+            scaled down with the run length like the timing knobs but never above this value,
+            so a run of at least ``reference_epochs`` keeps the standard tempo's 5 (a Trainer
+            callback applies it unless its ``timing`` sets a blend; `lifecycle`); >= 1, or
+            None: the germination's own tempo (`Tempo.STANDARD`).
         finish_by_end: germinate only while the planned run leaves a seed the decisions to
             incubate, blend and be judged (`decisions_to_judge`), and, once stable, germinate at
             that last chance even without a plateau: a seed born too late to be judged costs
@@ -173,6 +180,7 @@ class HeuristicConfig:
     germinate_from_fraction: float | None = None
     germinate_until_fraction: float | None = None
     incubation_epochs: int | None = MIN_TRAINING_EPOCHS
+    blend_epochs: int | None = Tempo.STANDARD.epochs
     finish_by_end: bool = True
 
     def __post_init__(self) -> None:
@@ -198,6 +206,8 @@ class HeuristicConfig:
             raise ValueError("HeuristicConfig.blueprint_rotation must name at least one blueprint")
         for name in self.blueprint_rotation or ():
             blueprint_index(name)  # BlueprintError (a ValueError) listing the known names
+        if self.blend_epochs == 0:
+            raise ValueError("HeuristicConfig.blend_epochs must be an int >= 1 or None, got 0")
         ref = self.reference_epochs
         if ref is not None and (isinstance(ref, bool) or not isinstance(ref, int) or ref < 1):
             raise ValueError(f"HeuristicConfig.reference_epochs must be an int >= 1 or None, "
@@ -240,6 +250,11 @@ class HeuristicConfig:
         scaled = {name: _scale(getattr(self, name), max_epochs, ref) for name in TIMING_KNOBS}
         if self.incubation_epochs is not None:
             scaled["incubation_epochs"] = _scale(self.incubation_epochs, max_epochs, ref)
+        if self.blend_epochs is not None:
+            # Shorter only: a run too short for the standard ramp still has a seed blend and be
+            # judged, while runs of the reference length or longer blend as they always have.
+            scaled["blend_epochs"] = min(self.blend_epochs,
+                                         _scale(self.blend_epochs, max_epochs, ref))
         return dataclasses.replace(self, reference_epochs=None, **scaled)
 
 
@@ -335,14 +350,19 @@ class HeuristicController:
 
     def lifecycle(self, max_epochs: int | None) -> dict[str, int]:
         """The lifecycle durations (in decisions) this controller asks of a run of
-        ``max_epochs`` decisions: its scaled G2 ``incubation`` (`HeuristicConfig`).
+        ``max_epochs`` decisions: its scaled G2 ``incubation`` and ``blend`` (`HeuristicConfig`
+        ``incubation_epochs``, ``blend_epochs``). It asks no hold: it judges a HOLDING seed at
+        the first decision that has its contribution (strict gates' G3 hold is the gates').
 
         Example:
-            >>> HeuristicController().lifecycle(30)  # 10 decisions of 50, scaled to 30
-            {'incubation': 6}
+            >>> HeuristicController().lifecycle(30)  # 10 and 5 decisions of 50, scaled to 30
+            {'incubation': 6, 'blend': 3}
+            >>> HeuristicController().lifecycle(150)  # the blend never exceeds its 5
+            {'incubation': 30, 'blend': 5}
         """
-        incubation = self.config.scaled_to(max_epochs).incubation_epochs
-        return {} if incubation is None else {"incubation": incubation}
+        cfg = self.config.scaled_to(max_epochs)
+        asked = {"incubation": cfg.incubation_epochs, "blend": cfg.blend_epochs}
+        return {name: value for name, value in asked.items() if value is not None}
 
     def earliest_germination(self, max_epochs: int | None) -> int:
         """The first epoch (0-based) at which the rules can germinate in a run of
@@ -624,7 +644,8 @@ class HeuristicController:
 def decisions_to_judge(slot: SlotReport) -> int:
     """Decisions a seed germinated in ``slot`` needs before the heuristic can judge it: one to
     start training, its incubation, its blend (the heuristic germinates at the standard tempo
-    unless the slot sets its own), one to move to HOLDING and one to be judged.
+    unless the slot sets its own: a Trainer callback sets the scaled `HeuristicConfig`
+    ``blend_epochs``), one to move to HOLDING and one to be judged.
 
     Example:
         >>> from esper_lightning.core.slots import SeedSlot
