@@ -14,7 +14,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 from typing_extensions import override
@@ -50,6 +50,7 @@ from esper_lightning.core.engine import (
     StepOutcome,
     legacy_train_flops,
 )
+from esper_lightning.core.injection import INJECTED_SLOTS_ATTR
 from esper_lightning.core.lifecycle import (
     LIVE_STAGES,
     PRESENT_STAGES,
@@ -796,6 +797,22 @@ class MorphogenesisCallback(Callback):
             logger.log_metrics(metrics, step=trainer.global_step)
 
     # --- state --------------------------------------------------------------------------------
+    @override
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        # MyModule.load_from_checkpoint runs nothing of ours before its strict load fails on the
+        # injected slots' keys (lightning/pytorch/core/saving.py, _load_state), so the way to
+        # load them is said where they are written, once per fit.
+        prefix = INJECTED_SLOTS_ATTR + "."
+        if (getattr(self, "_said_how_to_load", None) != id(trainer)
+                and any(key.startswith(prefix) for key in checkpoint.get("state_dict", ()))):
+            self._said_how_to_load = id(trainer)
+            name = type(pl_module).__name__
+            rank_zero_info(f"MorphogenesisCallback: checkpoints of this fit hold the seed slots "
+                           f"it injected into {name} ({prefix}*): load them with "
+                           f"esper_lightning.load_grown({name}, path); "
+                           f"{name}.load_from_checkpoint alone refuses those keys")
+
     @override
     def state_dict(self) -> dict[str, Any]:
         engine = self._require_engine()
