@@ -7,6 +7,14 @@ different: a freshly built model does not have them, so its strict load fails on
 ``esper_slots.*`` keys. `restore_slots` injects them again from their manifests, and `load_grown`
 does that between building the user's module and loading its weights.
 
+Plain ``MyModule.load_from_checkpoint(path)`` cannot be made to do it from the checkpoint's
+side: Lightning (2.6, ``lightning/pytorch/core/saving.py``, ``_load_state``) builds the class,
+calls only the class's own ``configure_model`` and ``on_load_checkpoint``, then PyTorch's strict
+``load_state_dict``; the checkpoint is read with ``weights_only`` by default, so nothing in it
+runs. It therefore fails with PyTorch's ``Error(s) in loading state_dict for MyModule:
+Unexpected key(s) in state_dict: "esper_slots...."``, and `MorphogenesisCallback` says, once
+per fit where it writes such a checkpoint, to load it with ``load_grown(MyModule, path)``.
+
 To make ``MyModule.load_from_checkpoint(path)`` work directly, call `restore_slots` (from
 `esper_lightning.core.injection`) in the module's ``on_load_checkpoint`` hook, which Lightning
 runs before it loads the state dict::

@@ -1,5 +1,6 @@
 """load_grown / restore_slots: a real Trainer fit with MorphogenesisCallback, then from disk."""
 
+import logging
 import re
 import shutil
 import textwrap
@@ -51,6 +52,31 @@ def _loaders() -> tuple[DataLoader, DataLoader]:
             DataLoader(TensorDataset(x[32:], y[32:]), batch_size=16))
 
 
+class _Records(logging.Handler):
+    """Keeps the messages of Lightning's rank-zero logger (it does not propagate to pytest's
+    caplog when the root logger has no handler)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _told_to_load_grown(fit) -> list[str]:
+    """The callback's messages naming ``load_grown`` (Lightning's rank-zero logger) in fit()."""
+    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    records = _Records()
+    logger.addHandler(records)
+    try:
+        fit()
+    finally:
+        logger.removeHandler(records)
+    return [m for m in records.messages
+            if m.startswith("MorphogenesisCallback") and "load_grown" in m]
+
+
 def _fit(module: L.LightningModule, tmp_path: Path, epochs: int, script, slots,
          ckpt_path: Path | None = None) -> Path:
     torch.manual_seed(0)
@@ -84,12 +110,20 @@ INJECTED_SCRIPT = {0: germinate(0, "conv_light"), 1: advance(0), 2: advance(0),
 
 def test_load_grown_restores_injected_slots_exactly(tmp_path):
     module = UserModule(width=6)
-    last = _fit(module, tmp_path, 4, INJECTED_SCRIPT, ["net.1", "net.4"])
+    told = _told_to_load_grown(
+        lambda: _fit(module, tmp_path, 4, INJECTED_SCRIPT, ["net.1", "net.4"]))
+    last = tmp_path / "ckpt" / "last.ckpt"
     slots = find_slots(module)
     assert slots["net.1"].stage == SeedStage.BLENDING and 0 < slots["net.1"].alpha < 1
     assert slots["net.4"].stage == SeedStage.GERMINATED
+    # Once per fit (checkpoints were saved after every epoch), one line, where they are written.
+    assert told == ["MorphogenesisCallback: checkpoints of this fit hold the seed slots it "
+                    "injected into UserModule (esper_slots.*): load them with "
+                    "esper_lightning.load_grown(UserModule, path); "
+                    "UserModule.load_from_checkpoint alone refuses those keys"]
 
-    # Why load_grown exists: a fresh UserModule has no esper_slots for the saved seeds.
+    # Why load_grown exists: a fresh UserModule has no esper_slots for the saved seeds, and
+    # Lightning's load_from_checkpoint runs nothing of the callback's before its strict load.
     with pytest.raises(RuntimeError, match=r'Unexpected key\(s\) in state_dict: "esper_slots\.'):
         UserModule.load_from_checkpoint(last)
 
@@ -107,7 +141,9 @@ def test_load_grown_restores_injected_slots_exactly(tmp_path):
     _assert_same_growth(module, load_grown(HookedModule, last))
     # ... and a resumed fit of it still runs each slot once, through the callback's slots.
     resumed = HookedModule(width=6)
-    _fit(resumed, tmp_path, 5, INJECTED_SCRIPT, ["net.1", "net.4"], ckpt_path=last)
+    told = _told_to_load_grown(lambda: _fit(resumed, tmp_path, 5, INJECTED_SCRIPT,
+                                            ["net.1", "net.4"], ckpt_path=last))
+    assert len(told) == 1 and "load_grown(HookedModule, path)" in told[0]  # a new fit: again
     assert find_slots(resumed)["net.1"].alpha > slots["net.1"].alpha
     assert len(resumed.net[1]._forward_hooks) == len(resumed.net[4]._forward_hooks) == 1
 
@@ -116,8 +152,11 @@ def test_cifar_host_grows_a_fossil_loads_and_ships(tmp_path):
     host = CifarCNNHost("baseline", slots=["r0c1", "r1c1"])
     script = {0: germinate(0, "conv_small"), 1: advance(0), 2: advance(0),
               5: advance(0), 6: Action(LifecycleOp.FOSSILIZE, 0)}
-    last = _fit(host, tmp_path, 7, script, None)
+    told = _told_to_load_grown(lambda: _fit(host, tmp_path, 7, script, None))
+    last = tmp_path / "ckpt" / "last.ckpt"
     assert host.slots["r0c1"].stage == SeedStage.FOSSILIZED
+    assert told == []  # slots the class declares load with its own load_from_checkpoint
+    _assert_same_growth(host, CifarCNNHost.load_from_checkpoint(last))
 
     loaded = load_grown(CifarCNNHost, last)
     assert loaded.hparams.slots == ["r0c1", "r1c1"] and not hasattr(loaded, "esper_slots")
