@@ -168,11 +168,16 @@ def test_a_resumed_fit_goes_on_from_the_flops_it_had_spent(cifar_dir, tmp_path):
     saver = ModelCheckpoint(dirpath=checkpoints, save_last=True)
     fit(tmp_path, cifar_dir, [first, growth, saver], epochs=1, enable_checkpointing=True)
     assert first.spent == 5 * step
+    saved = dict(first.ledger.flops)
+    assert saved["validation"] > 0  # the growth callback charged the budget's ledger
     resumed = ComputeBudget(12 * step)
     again = MorphogenesisCallback(Budgeted(), slots=["net.3"])
     fit(tmp_path, cifar_dir, [resumed, again], enable_checkpointing=True,
         ckpt_path=str(checkpoints / "last.ckpt"))
     assert resumed.spent == again.engine.train_flops == 12 * step  # neither lost nor doubled
+    # Every kind goes on from the checkpoint: two more validations of the same cost.
+    assert resumed.ledger.flops["validation"] == pytest.approx(3 * saved["validation"])
+
 
 
 def fit_args(cifar_dir: Path, tmp_path: Path, **options: Any) -> dict[str, torch.Tensor]:

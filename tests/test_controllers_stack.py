@@ -55,7 +55,7 @@ class Episode:
         blended = {sid: 0.1 for sid, s in self.engine.slots.items()
                    if s.stage in (SeedStage.BLENDING, SeedStage.HOLDING)}
         self.engine.record_epoch(30.0, 2.0, 2.1, blended)
-        self.engine.compute.train_flops = spent
+        self.engine.compute.restore_train_flops(spent)
         report = self.engine.report(self.max_epochs)
         action = self.controller.decide(report)
         outcome = self.engine.execute(action)

@@ -187,7 +187,7 @@ def test_the_progress_bar_has_no_epoch_total_and_shows_the_budget_spent(
     # The budget ends the fit (max_epochs=-1): Lightning's RichProgressBar says "Epoch 58/-2".
     assert cli.trainer.max_epochs == -1 and isinstance(bar, example.BudgetProgressBar)
     budget = next(c for c in cli.trainer.callbacks if isinstance(c, ComputeBudget))
-    budget.ledger.train_flops = 0.25 * budget.budget_flops
+    budget.ledger.restore_train_flops(0.25 * budget.budget_flops)
     assert bar.get_metrics(cli.trainer, cli.model)["budget"] == "25%"
     # A bar of the user's own is kept, and no bar is added to a fit without one.
     own = _cli(example, text_file, tmp_path, "--trainer.callbacks",

@@ -8,7 +8,7 @@ compute logits the growth callback's way when there is one (its ``batch_to_xy`` 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol, runtime_checkable
 
@@ -30,14 +30,16 @@ class MetersSteps(Protocol):
 
 
 def step_cost(ledger: ComputeLedger, trainer: L.Trainer, pl_module: L.LightningModule,
-              x: Tensor, logits_fn: Any, owner: str, remedy: str) -> int:
+              x: Tensor, logits_fn: Any, owner: str, remedy: str,
+              param_groups: Iterable[dict[str, Any]] = ()) -> int:
     """Training FLOPs of one step on inputs like ``x`` over every rank (the ledger's meter,
-    once per architecture), or one line saying why ``pl_module`` cannot be metered and
+    once per architecture; `ComputeLedger.begin_step`, which also sets the schedule's rate in
+    ``param_groups``), or one line saying why ``pl_module`` cannot be metered and
     ``remedy``."""
     key = (trainer.current_epoch, pl_module.training)
     with metering_errors(owner, pl_module, remedy):
-        flops = ledger.training_cost(pl_module, x, logits_fn, key=key)
-    return flops * trainer.world_size
+        return ledger.begin_step(pl_module, x, logits_fn, key=key, param_groups=param_groups,
+                                 ranks=trainer.world_size)
 
 
 @contextmanager

@@ -17,7 +17,7 @@ from typing_extensions import override
 
 from esper_lightning.callbacks._metering import MetersSteps, step_cost
 from esper_lightning.core.compute import ComputeLedger
-from esper_lightning.schedule import LRSchedule, apply_multiplier, set_base_lrs
+from esper_lightning.schedule import LRSchedule, set_base_lrs
 
 #: FLOPs per step of the loss-vs-FLOPs chart: one. A TensorBoard step is a 64-bit integer, so
 #: the training FLOPs spent, unrounded, are its step (up to 9.2e18 FLOPs).
@@ -138,13 +138,10 @@ class ComputeBudget(Callback):
     @override
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule,
                              batch: Any, batch_idx: int) -> None:
-        self._step_cost = self._cost(trainer, pl_module, batch)
+        groups = [g for optimizer in trainer.optimizers for g in optimizer.param_groups]
+        self._step_cost = self._cost(trainer, pl_module, batch, groups)
         self._revision = self.ledger.revision
-        if self.schedule.kind == "constant":
-            return
         self._multiplier = self.ledger.lr_multiplier(self._step_cost)
-        for optimizer in trainer.optimizers:
-            apply_multiplier(optimizer.param_groups, self._multiplier)
 
     @override
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule,
@@ -153,8 +150,7 @@ class ComputeBudget(Callback):
             # A callback after this one changed the model before the step (a growth decided
             # at this batch's start): the step trained the new one, so that is what it cost.
             self._step_cost = self._cost(trainer, pl_module, batch)
-        self.ledger.charge(self._step_cost)
-        if self.ledger.exhausted:
+        if self.ledger.end_step(self._step_cost):
             trainer.should_stop = True
         if _logs_this_step(trainer):
             self._log(trainer)
@@ -189,7 +185,10 @@ class ComputeBudget(Callback):
         for logger in trainer.loggers:
             logger.log_metrics({f"compute/{self.loss_key}_vs_flops": float(loss)}, step=step)
 
-    def _cost(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any) -> int:
+    def _cost(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+              param_groups: list[dict[str, Any]] | None = None) -> int:
+        """This step's cost over every rank (`begin_step`: the rate set in ``param_groups``
+        at the middle of the batch's share of the budget)."""
         metering = self._metering
         read = metering.batch_to_xy if metering is not None else (self.batch_to_xy or _inputs)
         logits_fn = metering.logits_fn if metering is not None else self.logits_fn
@@ -197,7 +196,7 @@ class ComputeBudget(Callback):
                   else "pass logits_fn= to MorphogenesisCallback if its forward needs more than "
                   "the batch's inputs")
         return step_cost(self.ledger, trainer, pl_module, read(batch)[0], logits_fn,
-                         "ComputeBudget", remedy)
+                         "ComputeBudget", remedy, param_groups or ())
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -219,7 +218,17 @@ class ComputeBudget(Callback):
         if "ledger" in state_dict:
             self.ledger.load_state_dict(state_dict["ledger"])
         else:  # written before the ledger: the FLOPs spent
-            self.ledger.train_flops = float(state_dict["spent"])
+            self.ledger.restore_train_flops(float(state_dict["spent"]))
+
+
+def fit_budget(trainer: L.Trainer) -> ComputeBudget | None:
+    """The fit's `ComputeBudget`, if it has one. The one rule for who holds a fit's
+    `core.compute.ComputeLedger`: the budget, when there is one (it charges every step, saves
+    and resumes the ledger; a `MorphogenesisCallback` reads the same ledger and charges its
+    validation FLOPs to it), else the `MorphogenesisCallback`, with a ledger of its own. (A
+    Trainer refuses a second `ComputeBudget` itself: its state key would not be unique.)
+    """
+    return next((c for c in trainer.callbacks if isinstance(c, ComputeBudget)), None)
 
 
 def _logs_this_step(trainer: L.Trainer) -> bool:
@@ -239,4 +248,4 @@ def _inputs(batch: Any) -> tuple[Tensor, Any]:
                     f"{type(batch).__name__}; pass batch_to_xy= to ComputeBudget")
 
 
-__all__ = ["FLOPS_PER_STEP", "ComputeBudget"]
+__all__ = ["FLOPS_PER_STEP", "ComputeBudget", "fit_budget"]

@@ -22,7 +22,7 @@ from typing_extensions import override
 import esper_lightning.callbacks._distributed as dist
 from esper_lightning.callbacks._cadence import RunPlan, run_fraction, run_plan
 from esper_lightning.callbacks._metering import metering_errors, step_cost
-from esper_lightning.callbacks.compute_budget import ComputeBudget
+from esper_lightning.callbacks.compute_budget import fit_budget
 from esper_lightning.controllers.base import (
     Controller,
     ExplainsDecisions,
@@ -299,7 +299,7 @@ class MorphogenesisCallback(Callback):
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         dist.check_strategy(trainer)  # one device or DDP; sharded strategies are refused
-        budget = next((c for c in trainer.callbacks if isinstance(c, ComputeBudget)), None)
+        budget = fit_budget(trainer)  # who holds the fit's ledger: one rule
         self._owns_ledger = budget is None
         if budget is not None:
             self.ledger = budget.ledger  # read here, charged by the budget
@@ -463,7 +463,7 @@ class MorphogenesisCallback(Callback):
             total = self._train_loss
             self._train_loss = step if total is None else total.to(step.device) + step
         if self.meter_flops and self._owns_ledger:  # a ComputeBudget charges its own
-            self.ledger.charge(step_cost(self.ledger, trainer, pl_module,
+            self.ledger.end_step(step_cost(self.ledger, trainer, pl_module,
                                          self.batch_to_xy(batch)[0], self.logits_fn,
                                          "MorphogenesisCallback", _METER_REMEDY))
         every = self.every_n_train_steps
@@ -563,17 +563,17 @@ class MorphogenesisCallback(Callback):
                 self._probe(trainer, pl_module, batch)
             return
         engine = self._require_engine()
-        if self.meter_flops:  # validation_step's own forward; never spends a budget
-            engine.validation_flops += self._metered(trainer, pl_module, batch, "forward")
-        if self._accumulator is None:
-            return
-        x, y = self.batch_to_xy(batch)
-        with trainer.precision_plugin.forward_context():  # same autocast as validation_step
-            self._accumulator.update(self._forward(pl_module), x, y, engine.slots)
-        if self.meter_flops:
-            plan = (self._accumulator.plan, self._accumulator.mode)
-            engine.counterfactual_flops += self._metered(trainer, pl_module, batch,
-                                                         "counterfactual", plan)
+        if self._accumulator is not None:
+            x, y = self.batch_to_xy(batch)
+            with trainer.precision_plugin.forward_context():  # same autocast as validation_step
+                self._accumulator.update(self._forward(pl_module), x, y, engine.slots)
+        if self.meter_flops:  # validation_step's own forward, and the counterfactual beside it
+            plan = None if self._accumulator is None else (self._accumulator.plan,
+                                                           self._accumulator.mode)
+            forward = self._metered(trainer, pl_module, batch, "forward")
+            extra = None if plan is None else self._metered(trainer, pl_module, batch,
+                                                            "counterfactual", plan)
+            self.ledger.charge_validation(forward, extra)
 
     def _forward(self, pl_module: L.LightningModule) -> Callable[[Tensor], Tensor]:
         if self.logits_fn is None:
@@ -860,7 +860,7 @@ class MorphogenesisCallback(Callback):
         if state["compute"] is not None:
             self.ledger.load_state_dict(state["compute"])
         else:
-            self.ledger.train_flops = legacy_train_flops(state["engine"]) or 0.0
+            self.ledger.restore_train_flops(legacy_train_flops(state["engine"]) or 0.0)
 
     # --- what the governor asks of the lifecycle's owner ---------------------------------------
     def prune_live(self, reason: str) -> list[str]:

@@ -1,21 +1,33 @@
 """`ComputeLedger`: the one owner of a run's compute.
 
-It holds the FLOP meter (`core.flops.FlopMeter`, its cache outliving hosts), the training FLOPs
-spent, the budget (None: none) with the episode's budget scale, its slice per decision, and the
-learning-rate multiplier over the budget spent. The Trainer callbacks and the Fabric envs all
-keep their compute here, so each rule lives once: `ComputeBudget` owns the ledger of a fit with
-a budget (a `MorphogenesisCallback` beside it reads the same ledger), a `MorphogenesisCallback`
-alone owns one without a budget, an env owns one for all its episodes (`reset` per episode).
-Validation and counterfactual FLOPs never spend a budget and are counted apart by the engine.
+It holds the FLOP meter (`core.flops.FlopMeter`, its cache outliving hosts), the FLOPs spent by
+kind (`FLOP_KINDS`: training steps, validation forwards, the counterfactual's extra
+configurations), the budget (None: none) with the episode's budget scale, its slice per
+decision, and the learning-rate multiplier over the budget spent. Only training spends a
+budget. Every loop that trains under a ledger steps it the same way: `begin_step` (the step's
+cost, metered once per architecture, and the learning rate at the middle of the batch) before
+the optimizer step, `end_step` (the cost charged; whether the budget is spent) after it; a
+validation run is charged by `charge_validation`, with one rule for what the counterfactual
+adds. `invalidate` says the architecture may have changed (a slot did), so the next step is
+metered again.
+
+Who holds a run's ledger: a Fabric env one for all its episodes (`reset` per episode); in a
+Trainer, the `ComputeBudget` when there is one, else the `MorphogenesisCallback`
+(`callbacks._metering.fit_ledger`, the one rule); the holder charges the steps and saves and
+resumes the ledger with its own state.
 
 Example:
     >>> import torch
     >>> from torch import nn
     >>> ledger = ComputeLedger(budget_flops=1e6, schedule=LRSchedule("wsd"), decisions=4)
-    >>> cost = ledger.training_cost(nn.Linear(64, 32), torch.zeros(8, 64))
-    >>> ledger.charge(cost)
+    >>> cost = ledger.begin_step(nn.Linear(64, 32), torch.zeros(8, 64))
+    >>> ledger.end_step(cost)
+    False
     >>> cost, ledger.fraction, ledger.slice_end(1)
     (65536, 0.065536, 250000.0)
+    >>> ledger.charge(2048, "validation")
+    >>> ledger.flops
+    {'train': 65536.0, 'validation': 2048.0, 'counterfactual': 0.0}
 """
 
 from __future__ import annotations
@@ -28,7 +40,11 @@ from torch import Tensor, nn
 from esper_lightning.core.flops import FlopMeter, structure
 from esper_lightning.schedule import LRSchedule, apply_multiplier, batch_fraction
 
-__all__ = ["ComputeLedger"]
+__all__ = ["FLOP_KINDS", "ComputeLedger"]
+
+#: What a run spends FLOPs on: training steps (the only kind a budget counts), validation
+#: forwards and the counterfactual's configurations beyond the plain forward.
+FLOP_KINDS = ("train", "validation", "counterfactual")
 
 Forward = Callable[[nn.Module, Tensor], Tensor]
 
@@ -43,19 +59,22 @@ class ComputeLedger:
         decisions: Equal slices the budget is spent in (one per decision of an episode); None:
             the run is not sliced.
         budget_scale: The budget over the run's base budget when budgets vary by episode.
+        meter: The FLOP meter, when runs share one (its cache: one meta pass per architecture
+            over all of them); None: a meter of the ledger's own.
     """
 
     def __init__(self, budget_flops: float | None = None, schedule: LRSchedule | None = None,
-                 decisions: int | None = None, budget_scale: float = 1.0) -> None:
-        self.meter = FlopMeter()
+                 decisions: int | None = None, budget_scale: float = 1.0,
+                 meter: FlopMeter | None = None) -> None:
+        self.meter = meter if meter is not None else FlopMeter()
         self.schedule = schedule or LRSchedule()
         self.decisions = decisions
         self.budget_flops: float | None = None
         self.budget_scale = 1.0
-        #: Training FLOPs spent so far (host and every live seed, forward and backward).
-        self.train_flops = 0.0
-        #: Bumped by the engine whenever a slot may have changed what a step computes.
-        self.revision = 0
+        #: FLOPs spent so far by kind (`FLOP_KINDS`); training counts the host and every live
+        #: seed, forward and backward.
+        self.flops: dict[str, float] = dict.fromkeys(FLOP_KINDS, 0.0)
+        self._revision = 0
         self._arch: tuple[Hashable, tuple[Any, ...]] | None = None
         self.reset(budget_flops, budget_scale)
 
@@ -66,8 +85,24 @@ class ComputeLedger:
             raise ValueError(f"budget_flops must be > 0 or None, got {budget_flops!r}")
         self.budget_flops = None if budget_flops is None else float(budget_flops)
         self.budget_scale = float(budget_scale)
-        self.train_flops = 0.0
+        self.flops = dict.fromkeys(FLOP_KINDS, 0.0)
         self._arch = None
+
+    @property
+    def train_flops(self) -> float:
+        """Training FLOPs spent so far (what the budget counts)."""
+        return self.flops["train"]
+
+    @property
+    def revision(self) -> int:
+        """Moves whenever what a step computes may have changed (`invalidate`): a caller that
+        caches a step's cost or the architecture reads them again when it moves."""
+        return self._revision
+
+    def invalidate(self) -> None:
+        """Say that a slot may have changed what a step computes (a germination, a blend's
+        start, a prune): the next step's architecture is read again."""
+        self._revision += 1
 
     # --- metering -----------------------------------------------------------------------------
     def architecture(self, module: nn.Module, key: Hashable) -> tuple[Any, ...]:
@@ -88,9 +123,46 @@ class ComputeLedger:
             arch = self.architecture(module, key)
         return self.meter.training_step(module, x, forward, arch)
 
-    def charge(self, flops: float) -> None:
-        """Spend ``flops`` of training."""
-        self.train_flops += flops
+    def charge(self, flops: float, kind: str = "train") -> None:
+        """Spend ``flops`` (>= 0) of ``kind`` (`FLOP_KINDS`); only ``"train"`` spends the
+        budget."""
+        if kind not in self.flops:
+            raise ValueError(f"unknown FLOP kind {kind!r}; accepted: {', '.join(FLOP_KINDS)}")
+        if not flops >= 0:
+            raise ValueError(f"a charge must be >= 0 FLOPs, got {flops!r}")
+        self.flops[kind] += flops
+
+    def charge_validation(self, forward: float, counterfactual: float | None = None,
+                          forward_included: bool = False) -> None:
+        """Charge one validation batch: its plain ``forward`` and, when a counterfactual was
+        evaluated, what it added: the configurations beyond the plain forward. Where the
+        counterfactual's main configuration *is* the validation forward (an env validates
+        through it: ``forward_included``), it adds ``counterfactual - forward``; where it runs
+        beside the module's own validation step (a Trainer), all of ``counterfactual``."""
+        self.charge(forward, "validation")
+        if counterfactual is not None:
+            self.charge(counterfactual - forward if forward_included else counterfactual,
+                        "counterfactual")
+
+    # --- stepping -----------------------------------------------------------------------------
+    def begin_step(self, module: nn.Module, x: Tensor, forward: Forward | None = None,
+                   arch: tuple[Any, ...] | None = None, key: Hashable = None,
+                   param_groups: Iterable[dict[str, Any]] = (), step: int = 0,
+                   planned_steps: int | None = None, ranks: int = 1) -> int:
+        """Before a training step on a batch like ``x``: its cost (`training_cost`, times the
+        data-parallel ``ranks`` that each take such a batch), and every group in
+        ``param_groups`` set to its base learning rate times the schedule's multiplier at the
+        middle of the batch (`apply_lr`). Returns the cost, for `end_step`."""
+        cost = self.training_cost(module, x, forward, arch, key) * ranks
+        groups = list(param_groups)
+        if groups:
+            self.apply_lr(groups, cost, step, planned_steps)
+        return cost
+
+    def end_step(self, cost: float) -> bool:
+        """After the step: its ``cost`` charged to training; whether the budget is spent."""
+        self.charge(cost)
+        return self.exhausted
 
     # --- the budget ---------------------------------------------------------------------------
     @property
@@ -138,9 +210,21 @@ class ComputeLedger:
 
     # --- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"train_flops": self.train_flops, "budget_flops": self.budget_flops,
+        return {"flops": dict(self.flops), "budget_flops": self.budget_flops,
                 "budget_scale": self.budget_scale}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume the FLOPs spent (the budget is the owner's to check: it was configured)."""
-        self.train_flops = float(state["train_flops"])
+        """Resume the FLOPs spent (the budget is the holder's to check: it was configured). A
+        state written before the kinds holds the training FLOPs alone (``train_flops``); the
+        other kinds are then left as they are (the engine's state held them)."""
+        if "flops" in state:
+            self.flops = {kind: float(state["flops"].get(kind, 0.0)) for kind in FLOP_KINDS}
+        else:
+            self.flops["train"] = float(state["train_flops"])
+
+    def restore_train_flops(self, flops: float) -> None:
+        """Set the training FLOPs spent (a run restored from a snapshot of its own, or a
+        checkpoint that kept them elsewhere)."""
+        if not flops >= 0:
+            raise ValueError(f"training FLOPs must be >= 0, got {flops!r}")
+        self.flops["train"] = float(flops)

@@ -209,9 +209,6 @@ class MorphogenesisEngine:
         self.controller_name = "policy"
         #: The run's compute: training FLOPs spent, the budget (`core.compute`).
         self.compute = compute if compute is not None else ComputeLedger()
-        #: FLOPs of validation and of the counterfactual's extra configurations (they never
-        #: spend a budget).
-        self.validation_flops = self.counterfactual_flops = 0.0
         #: Where events are logged: an app puts a `logging.LoggerAdapter` here that says which
         #: env and episode a line comes from (`esper_lightning.app.logs`).
         self.log: logging.Logger | logging.LoggerAdapter[logging.Logger] = log
@@ -296,6 +293,16 @@ class MorphogenesisEngine:
     def train_flops(self) -> float:
         """Training FLOPs spent (the ledger's)."""
         return self.compute.train_flops
+
+    @property
+    def validation_flops(self) -> float:
+        """FLOPs of validation forwards (the ledger's; they never spend a budget)."""
+        return self.compute.flops["validation"]
+
+    @property
+    def counterfactual_flops(self) -> float:
+        """FLOPs the counterfactual's extra configurations cost (the ledger's)."""
+        return self.compute.flops["counterfactual"]
 
     @property
     def budget_flops(self) -> float | None:
@@ -581,7 +588,7 @@ class MorphogenesisEngine:
         return self.compute.revision
 
     def _sync_optimizer(self) -> None:
-        self.compute.revision += 1
+        self.compute.invalidate()
         if self.optimizer is None:
             return
         for slot_id, slot in self.slots.items():
@@ -641,9 +648,7 @@ class MorphogenesisEngine:
             "events": [asdict(e) for e in self.events],
             "seed_group_order": order,
             "timeline": [asdict(e) for e in self.timeline],
-            # Training FLOPs are the ledger's, saved by its owner.
-            "flops": {"validation": self.validation_flops,
-                      "counterfactual": self.counterfactual_flops},
+            # FLOPs are the ledger's, saved by whoever holds it (`core.compute`).
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -664,11 +669,12 @@ class MorphogenesisEngine:
         self.train_loss = state["train_loss"]
         self.events = [LifecycleEvent(**e) for e in state["events"]]
         self.timeline = [TimelineEntry(**e) for e in state.get("timeline", [])]
-        # A run resumed mid-way goes on from the FLOPs it had spent (none in older checkpoints;
-        # training FLOPs, once saved here, are the ledger owner's to read: `legacy_train_flops`).
-        flops = state.get("flops", {})
-        self.validation_flops = float(flops.get("validation", 0.0))
-        self.counterfactual_flops = float(flops.get("counterfactual", 0.0))
+        # Checkpoints written before the ledger held every kind kept validation and
+        # counterfactual FLOPs here (and, earlier still, training FLOPs: `legacy_train_flops`,
+        # the ledger holder's to read); a run resumed from one goes on from them.
+        for kind, flops in state.get("flops", {}).items():
+            if kind != "train":
+                self.compute.charge(float(flops), kind)
         self._pending_group_order = list(state["seed_group_order"])
 
 

@@ -19,8 +19,8 @@ Every training step is metered (`core.flops.FlopMeter`, once per architecture, o
 training numerics are untouched) into the env's `core.compute.ComputeLedger` (``env.ledger``,
 one for all its episodes: its meter's cache outlives the hosts): the episode's training FLOPs,
 host and every live seed, its budget, the slice of each decision and the learning rate's
-multiplier; validation and the counterfactual's extra configurations are counted apart
-(``engine.validation_flops``, ``engine.counterfactual_flops``).
+multiplier; validation and the counterfactual's extra configurations are counted apart, by
+kind (``env.ledger.flops``; `ComputeLedger.begin_step`, ``end_step``, ``charge_validation``).
 
 **Under a compute budget** (`EnvSpec.budget_flops`) an episode of ``episode_length`` epochs
 spends the budget in equal slices: epoch ``k`` (1-based; the first trains before the first
@@ -414,11 +414,13 @@ class MorphogenesisEnv:
         engine = self._engine()
         with self._on_stream():
             x, y = next(self._batches)
-            cost = self.ledger.training_cost(self.host, x, arch=self._arch)
-            # The learning rate at the middle of the batch (of the budget, or of the planned
-            # batches without one).
-            self.ledger.apply_lr(self.optimizer.optimizer.param_groups, cost, self._steps,
-                                 self.spec.episode_length * len(self.loader))
+            # The cost, and the learning rate at the middle of the batch (of the budget, or of
+            # the planned batches without one).
+            cost = self.ledger.begin_step(self.host, x, arch=self._arch,
+                                          param_groups=self.optimizer.optimizer.param_groups,
+                                          step=self._steps,
+                                          planned_steps=self.spec.episode_length
+                                          * len(self.loader))
             self.optimizer.zero_grad(set_to_none=True)
             loss = self.task.loss(self.model(x), y)
             self.fabric.backward(loss)
@@ -438,7 +440,7 @@ class MorphogenesisEnv:
                 self._spoiled_batches += 1
             else:
                 self._loss_sum = self._loss_sum + loss.detach().float()
-        self.ledger.charge(cost)
+        self.ledger.end_step(cost)  # the episode's slices say when it stops (`epoch_open`)
         self._samples_seen += self.task.batch_units(x)
         self._epoch_batches += 1
 
@@ -459,8 +461,8 @@ class MorphogenesisEnv:
             main = meter.forward(self.host, x, arch=arch)
             every = meter.counterfactual(self.host, x, engine.slots, plan, str(accumulator.mode),
                                          arch=arch)
-            engine.validation_flops += main
-            engine.counterfactual_flops += every - main
+            # The plan's main configuration is this validation's forward.
+            self.ledger.charge_validation(main, every, forward_included=True)
 
     def observe(self) -> Observation:
         """Synchronise this env's stream once (where it has one of its own), read the epoch's

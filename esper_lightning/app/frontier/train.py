@@ -38,7 +38,7 @@ import copy
 import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,7 @@ from torch import Tensor
 
 from esper_lightning.app.frontier.plan import Plan, Shape, Unit
 from esper_lightning.blueprints.block import init_block
+from esper_lightning.core.compute import ComputeLedger
 from esper_lightning.core.depth import DepthGrowth, grow
 from esper_lightning.core.flops import FlopMeter, structure
 from esper_lightning.data.text import (
@@ -111,15 +112,21 @@ def build_host(shape: Shape, depth: int, lr: float, rng_seed: int,
 
 @dataclass
 class Run:
-    """One training run in progress: the host, its optimizer and how far it has come, and the
-    FLOPs spent at its last growth (its rate re-warms from there under ``+rewarm``)."""
+    """One training run in progress: the host, its optimizer and how far it has come (its
+    FLOPs in its `ComputeLedger`), and the FLOPs spent at its last growth (its rate re-warms
+    from there under ``+rewarm``)."""
 
     host: GPTHost
     optimizer: torch.optim.Optimizer
+    ledger: ComputeLedger = field(default_factory=ComputeLedger)
     step: int = 0
-    spent: float = 0.0
     seconds: float = 0.0
     grown_at: float | None = None
+
+    @property
+    def spent(self) -> float:
+        """Training FLOPs spent (the ledger's)."""
+        return self.ledger.train_flops
 
     def state(self) -> dict[str, Any]:
         """Everything a branch changes, copied (a branched cooldown starts and ends here)."""
@@ -130,26 +137,30 @@ class Run:
     def restore(self, state: dict[str, Any]) -> None:
         self.host.load_state_dict(state["host"])
         self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
-        self.step, self.spent, self.seconds = state["step"], state["spent"], state["seconds"]
+        self.step, self.seconds = state["step"], state["seconds"]
+        self.ledger.restore_train_flops(state["spent"])
 
 
 def start_run(shape: Shape, depth: int, lr: float, rng_seed: int, init_depth: int | None = None,
-              device: torch.device | None = None) -> Run:
+              device: torch.device | None = None, meter: FlopMeter | None = None) -> Run:
     """A fresh run, its host initialised on the CPU (the same weights on every device) and
-    moved to ``device`` before its optimizer is made."""
+    moved to ``device`` before its optimizer is made; its ledger meters with ``meter`` (one
+    shared by a worker's runs: one meta pass per architecture)."""
     host = build_host(shape, depth, lr, rng_seed, init_depth).to(device)
     optimizer = host.configure_optimizers()
     set_base_lrs(optimizer.param_groups)
-    return Run(host, optimizer)
+    return Run(host, optimizer, ComputeLedger(meter=meter))
 
 
-def train_until(run: Run, batches: StepBatches, meter: FlopMeter, schedule: BudgetSchedule,
-                budget: float, stop: Callable[[float], bool] | None = None,
+def train_until(run: Run, batches: StepBatches, schedule: BudgetSchedule, budget: float,
+                stop: Callable[[float], bool] | None = None,
                 grow: Callable[[Run], bool] | None = None, rewarm: float | None = None) -> None:
     """Train ``run`` while its FLOPs are below ``budget`` (the rate from ``schedule`` at the
     middle of each batch), or until ``stop(middle of the next batch)`` says to branch there.
     ``grow(run)`` runs before each step and says whether it grew the host; ``rewarm`` (FLOPs)
-    re-warms the rate after a growth."""
+    re-warms the rate after a growth. Each step is metered and charged in the run's ledger;
+    the rate is the schedule's own (a function of FLOPs with branch points and re-warms, not
+    of one budget's share: `BudgetSchedule`)."""
     host, optimizer = run.host, run.optimizer
     host.train()
     arch = structure(host)  # fixed until the architecture changes
@@ -158,7 +169,7 @@ def train_until(run: Run, batches: StepBatches, meter: FlopMeter, schedule: Budg
         if grow is not None and grow(run):
             arch = structure(host)
         x, y = batches(run.step)
-        cost = meter.training_step(host, x, arch=arch)
+        cost = run.ledger.training_cost(host, x, arch=arch)
         middle = run.spent + 0.5 * cost
         if stop is not None and stop(middle):
             break
@@ -170,7 +181,7 @@ def train_until(run: Run, batches: StepBatches, meter: FlopMeter, schedule: Budg
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        run.spent += cost
+        run.ledger.end_step(cost)
         run.step += 1
     device = next(host.parameters()).device
     if device.type == "cuda":  # the clock stops when the GPU's queued steps are done
@@ -214,19 +225,19 @@ def train_unit(unit: Unit, plan: Plan, corpus: Corpus,
     batches = StepBatches(corpus.train, plan.shape.block_size, plan.shape.batch_size,
                           unit.rng_seed)
     run = start_run(plan.shape, unit.arm.final_depth, unit.lr, unit.rng_seed,
-                    device=corpus.train.device)
+                    device=corpus.train.device, meter=meter)
     largest = max(unit.budgets)
     rows = []
     for budget in sorted(unit.budgets):
         if budget == largest:
-            train_until(run, batches, meter, schedule, largest)
+            train_until(run, batches, schedule, largest)
             rows.append(_row(unit, plan, corpus, run, budget))
             break
         # Up to the first step at which this budget's rate leaves the largest budget's.
-        train_until(run, batches, meter, schedule, largest, stop=lambda middle, b=budget: (
+        train_until(run, batches, schedule, largest, stop=lambda middle, b=budget: (
             schedule.multiplier(middle, b) != schedule.multiplier(middle, largest)))
         saved = run.state()
-        train_until(run, batches, meter, schedule, budget)
+        train_until(run, batches, schedule, budget)
         rows.append(_row(unit, plan, corpus, run, budget))
         run.restore(saved)
     return rows
@@ -259,11 +270,11 @@ def _train_growing(unit: Unit, plan: Plan, corpus: Corpus, meter: FlopMeter,
         return True
 
     run = start_run(plan.shape, arm.depths[0], unit.lr, unit.rng_seed, arm.final_depth,
-                    device=corpus.train.device)
+                    device=corpus.train.device, meter=meter)
     batches = StepBatches(corpus.train, plan.shape.block_size, plan.shape.batch_size,
                           unit.rng_seed)
     rewarm = plan.warmup_flops if "rewarm" in arm.options or unit.phases else None
-    train_until(run, batches, meter, schedule_of(plan), budget, grow=grow_due, rewarm=rewarm)
+    train_until(run, batches, schedule_of(plan), budget, grow=grow_due, rewarm=rewarm)
     return _row(unit, plan, corpus, run, budget)
 
 
