@@ -365,6 +365,24 @@ def test_reset_moments_drop_the_widened_state_only():
     assert int(optimizer.state[model.model.layers[0].mlp.up_proj.weight]["step"]) == 1
 
 
+def test_training_resumes_exactly_from_a_widened_checkpoint(tmp_path):
+    model, optimizer = _trained("gpthost", rng_seed=45)
+    widen(model, WidthGrowth(factor=2), optimizer)
+    _step(model, optimizer, rng_seed=46)
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
+               tmp_path / "wide.pt")
+    saved = torch.load(tmp_path / "wide.pt", weights_only=False)
+    resumed = GPTHost(model.hparams.preset).train()  # built wide from the saved config
+    resumed_optimizer = torch.optim.AdamW(resumed.parameters(), lr=1e-3)
+    resumed.load_state_dict(saved["model"])
+    resumed_optimizer.load_state_dict(saved["optimizer"])
+    for step in range(2):
+        _step(model, optimizer, rng_seed=47 + 2 * step)
+        _step(resumed, resumed_optimizer, rng_seed=47 + 2 * step)
+    for (name, p), q in zip(model.named_parameters(), resumed.parameters(), strict=True):
+        assert torch.equal(p, q), name
+
+
 # --- configs follow: Hugging Face round trip, the project's and a user's config ------------------
 @pytest.mark.parametrize("kind", HF)
 def test_a_widened_hugging_face_model_goes_back_at_its_new_width(kind, tmp_path):
