@@ -565,8 +565,8 @@ def test_the_builtins_state_their_contract():
 def test_copied_blocks_may_start_from_their_sources_moments():
     for moments, expect_copied in (("fresh", False), ("copy", True)):
         host = _host("grow2")
-        host.slots["r1c0"].growth = GrowthSite(1, host.slots["r1c0"].growth.stack,
-                                               moments=moments)
+        host.slots["r1c0"].refine_growth(GrowthSite(1, host.slots["r1c0"].growth.stack,
+                                                    moments=moments))
         engine = MorphogenesisEngine(host)
         optimizer = host.configure_optimizers()
         engine.attach_optimizer(optimizer)

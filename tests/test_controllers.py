@@ -704,7 +704,7 @@ def _short_run(lifecycle: dict[str, int], max_epochs: int = 12) -> list[tuple[in
     plateau, so only the last chance germinates), a blended seed contributing 2 points."""
     controller = HeuristicController()
     slot = _slot_with_incubation(lifecycle["incubation"])
-    slot.blend_ticks = lifecycle["blend"]
+    slot.set_timing(blend_ticks=lifecycle["blend"])
     accs: list[float] = []
     stages = []
     for epoch in range(max_epochs):
@@ -727,7 +727,7 @@ def test_on_a_12_decision_run_the_scaled_blend_leaves_a_seed_time_to_be_judged()
     lifecycle = HeuristicController().lifecycle(12)
     assert decisions_to_judge(_slot_with_incubation(2).report()) == 10  # the unscaled blend
     scaled = _slot_with_incubation(lifecycle["incubation"])
-    scaled.blend_ticks = lifecycle["blend"]
+    scaled.set_timing(blend_ticks=lifecycle["blend"])
     assert decisions_to_judge(scaled.report()) == 6
     stages = _short_run(lifecycle)
     assert stages[4:] == [(4, "DORMANT"), (5, "GERMINATED"), (6, "TRAINING"), (7, "TRAINING"),

@@ -27,8 +27,9 @@ ENGINE_LOGGER = "esper_lightning.core.engine"
 
 
 class _Labelled(Protocol):
-    controller_name: str
-    log: logging.Logger | logging.LoggerAdapter[logging.Logger]
+    def label(self, controller_name: str,
+              log: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None
+              ) -> None: ...
 
 
 class WhereAdapter(logging.LoggerAdapter[logging.Logger]):
@@ -48,8 +49,7 @@ def label_engine(engine: _Labelled, controller: str, **parts: object) -> None:
     """Label ``engine``'s event lines: its events are caused by ``controller`` (``(random)``)
     and each line says ``where(**parts)`` it happened (``[episode 4 env 1]``). Call it after
     each reset: a reset builds a new engine."""
-    engine.controller_name = controller
-    engine.log = labelled(logging.getLogger(ENGINE_LOGGER), **parts)
+    engine.label(controller, labelled(logging.getLogger(ENGINE_LOGGER), **parts))
 
 
 def labelled(logger: logging.Logger, **parts: object) -> WhereAdapter:

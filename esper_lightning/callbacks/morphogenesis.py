@@ -311,8 +311,8 @@ class MorphogenesisCallback(Callback):
             self.engine = MorphogenesisEngine(pl_module, rng_seed=rng_seed, compute=self.ledger,
                                               **self._engine_kwargs)
             # Event lines name what decided them (`HeuristicController`), not a generic "policy".
-            self.engine.controller_name = type(self.controller).__name__
-        self.engine.compute = self.ledger
+            self.engine.label(type(self.controller).__name__)
+        self.engine.use_ledger(self.ledger)
         dist.keep_slots_out_of_ddp(pl_module)
 
     @override

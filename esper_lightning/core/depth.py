@@ -37,6 +37,7 @@ from esper_lightning.blueprints.growth.identity import identity_block
 from esper_lightning.blueprints.growth.layouts import find_projections, layout_names
 from esper_lightning.blueprints.growth.site import MOMENTS, BlockCall, hidden_of
 from esper_lightning.core.lifecycle import ACTIVE_STAGES, SeedStage
+from esper_lightning.core.slots import remove_slot_hook
 
 __all__ = ["PLACES", "DepthGrowth", "find_stack", "grow", "growth_slot_id", "materialize"]
 
@@ -277,11 +278,11 @@ def check_first_activation(slot: Any, block: nn.Module, before: Tensor, after: T
                                                           identity="projections"))
         with torch.no_grad():
             if torch.equal(run(trial), after):
-                slot.growth = dataclasses.replace(site, projections=names)
+                slot.refine_growth(dataclasses.replace(site, projections=names))
                 return "projections"
     found = None if site.projections is not None else find_projections(block, run, after)
     if found is not None:
-        slot.growth = dataclasses.replace(site, projections=found)
+        slot.refine_growth(dataclasses.replace(site, projections=found))
         return "projections"
     if site.gate:
         return "gate"
@@ -427,9 +428,7 @@ def _refill(container: nn.Module, blocks: list[nn.Module]) -> None:
 
 def _remove(model: nn.Module, slot: Any) -> None:
     """Take ``slot`` out of ``model``: its hook and its place among its parent's children."""
-    handle = getattr(slot, "_hook_handle", None)
-    if handle is not None:
-        handle.remove()
+    remove_slot_hook(slot)
     for module in model.modules():
         for name, child in list(module._modules.items()):
             if child is slot:

@@ -66,7 +66,6 @@ from esper_lightning.core.slots import (
     BLEND_GUARDS,
     SeedSlot,
     check_blend_gradient,
-    check_layer_scale_init,
     host_parameters,
     prune_live,
 )
@@ -204,14 +203,9 @@ class MorphogenesisEngine:
         self.seed_params_history: deque[int] = deque(maxlen=HISTORY_WINDOW)
         self.train_loss: float | None = None
         self.events: list[LifecycleEvent] = []
-        #: Who decides: the events its actions cause are labelled with it (``(random)``,
-        #: ``(heuristic: <reason>)``); the callback and the apps set it.
-        self.controller_name = "policy"
-        #: The run's compute: training FLOPs spent, the budget (`core.compute`).
-        self.compute = compute if compute is not None else ComputeLedger()
-        #: Where events are logged: an app puts a `logging.LoggerAdapter` here that says which
-        #: env and episode a line comes from (`esper_lightning.app.logs`).
-        self.log: logging.Logger | logging.LoggerAdapter[logging.Logger] = log
+        self._controller_name = "policy"
+        self._compute = compute if compute is not None else ComputeLedger()
+        self._log: logging.Logger | logging.LoggerAdapter[logging.Logger] = log
         #: Every slot's stage and alpha after each decision (appended by `tick`).
         self.timeline: list[TimelineEntry] = []
         self._pending_group_order: list[str] | None = None
@@ -232,13 +226,11 @@ class MorphogenesisEngine:
                            blend_gradient: str | None, layer_scale_init: float | None) -> None:
         """Give every slot the settings that were given (the others keep the slot's own)."""
         for slot in self.slots.values():
+            gates = None
             if gate_mode is not None or gate_config is not None:
                 mode = slot.gates.mode if gate_mode is None else GateMode(gate_mode)
-                slot.gates = QualityGates(mode, gate_config or slot.gates.config)
-            if blend_gradient is not None:
-                slot.blend_gradient = blend_gradient
-            if layer_scale_init is not None:
-                slot.layer_scale_init = check_layer_scale_init(layer_scale_init)
+                gates = QualityGates(mode, gate_config or slot.gates.config)
+            slot.configure(gates, blend_gradient, layer_scale_init)
 
     def set_timing(self, durations: Mapping[str, int]) -> None:
         """Lifecycle durations in decisions for every slot (`core.timing.SeedTiming.resolve`):
@@ -253,12 +245,9 @@ class MorphogenesisEngine:
         changes = {gates[k]: v for k, v in durations.items() if k in gates}
         for slot in self.slots.values():
             if changes:
-                slot.gates = QualityGates(slot.gates.mode,
-                                          dataclasses.replace(slot.gates.config, **changes))
-            if "embargo" in durations:
-                slot.embargo_ticks = int(durations["embargo"])
-            if "blend" in durations:
-                slot.blend_ticks = int(durations["blend"])
+                slot.configure(QualityGates(slot.gates.mode,
+                                            dataclasses.replace(slot.gates.config, **changes)))
+            slot.set_timing(durations.get("embargo"), durations.get("blend"))
 
     @property
     def topology(self) -> str | None:
@@ -284,6 +273,37 @@ class MorphogenesisEngine:
             raise RuntimeError("the slots infer their topology from their first activation; "
                                "run a forward pass before asking for a report or an action")
         return topology
+
+    @property
+    def controller_name(self) -> str:
+        """Who decides: the events its actions cause are labelled with it (``(random)``,
+        ``(heuristic: <reason>)``; `label`)."""
+        return self._controller_name
+
+    @property
+    def log(self) -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
+        """Where events are logged (`label`)."""
+        return self._log
+
+    @property
+    def compute(self) -> ComputeLedger:
+        """The run's compute: FLOPs spent by kind, the budget (`core.compute`; `use_ledger`)."""
+        return self._compute
+
+    def label(self, controller_name: str,
+              log: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None) -> None:
+        """Say who decides (``controller_name``) and, where given, where event lines go: an app
+        passes a `logging.LoggerAdapter` that says which env and episode a line comes from
+        (`esper_lightning.app.logs`)."""
+        self._controller_name = controller_name
+        if log is not None:
+            self._log = log
+
+    def use_ledger(self, ledger: ComputeLedger) -> None:
+        """Keep compute in ``ledger`` from now on (a fit's, when its holder changes: a
+        `ComputeBudget` added for a second fit of the same model)."""
+        self._compute = ledger
+        ledger.invalidate()
 
     @property
     def slot_ids(self) -> tuple[str, ...]:

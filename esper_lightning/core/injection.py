@@ -37,7 +37,7 @@ from esper_lightning.core.depth import (
     present_blocks,
     site_of,
 )
-from esper_lightning.core.slots import SeedSlot, find_slots
+from esper_lightning.core.slots import SeedSlot, find_slots, set_slot_hook
 
 #: Name of the `nn.ModuleDict` that holds injected slots on the model.
 INJECTED_SLOTS_ATTR = "esper_slots"
@@ -68,8 +68,8 @@ class SlotHook:
             call.check(hidden)
             if self.slot.identity_mode is None and not hidden.is_meta:
                 before = args[0] if args else kwargs[self.keyword]
-                self.slot.identity_mode = check_first_activation(self.slot, module, before,
-                                                                 hidden, call)
+                self.slot.record_identity(check_first_activation(self.slot, module, before,
+                                                                 hidden, call))
         new = self.slot(hidden, call=call)
         if isinstance(output, Tensor):
             return new
@@ -123,10 +123,11 @@ def inject_growth(model: nn.Module, growth: DepthGrowth) -> dict[str, SeedSlot]:
     for index in places(growth, len(container), named):
         for order, blocks in enumerate(growth.events, 1):
             block_path = f"{path}.{index}"
-            slot = SeedSlot(growth_slot_id(block_path, order), topology=GROWTH_TOPOLOGY)
-            slot.growth = site_of(growth, blocks, partial(_stack_before, model, path, index,
-                                                          order), init)
-            slot.growth_place = {"stack": path, "after": index, "order": order}
+            site = site_of(growth, blocks, partial(_stack_before, model, path, index, order),
+                           init)
+            slot = SeedSlot(growth_slot_id(block_path, order), topology=GROWTH_TOPOLOGY,
+                            growth=site, growth_place={"stack": path, "after": index,
+                                                       "order": order})
             slots[slot.slot_id] = _inject(model, block_path, container[index], slot)
     return slots
 
@@ -184,7 +185,7 @@ def _inject(model: nn.Module, path: str, target: nn.Module, slot: SeedSlot) -> S
     key = _key(slot.slot_id)
     if key in container:
         kept: SeedSlot = container[key]
-        kept.growth, kept.growth_place = slot.growth, slot.growth_place
+        kept.adopt_growth(slot)
         slot = kept
     else:
         reference = next(iter(target.parameters()), None)
@@ -193,11 +194,8 @@ def _inject(model: nn.Module, path: str, target: nn.Module, slot: SeedSlot) -> S
         if reference is not None:
             slot.to(device=reference.device, dtype=reference.dtype)
         container[key] = slot
-    previous = getattr(slot, "_hook_handle", None)
-    if previous is not None:  # re-attached (e.g. a second fit): never run a slot twice
-        previous.remove()
     hook = SlotHook(slot, path, _hidden_keyword(target) if slot.growth is not None else None)
-    slot._hook_handle = target.register_forward_hook(hook, with_kwargs=True)
+    set_slot_hook(slot, target.register_forward_hook(hook, with_kwargs=True))
     return slot
 
 

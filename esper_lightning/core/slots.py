@@ -197,12 +197,10 @@ class SeedSlot(nn.Module):
             seed; the default) or ``"detached"`` (its input is detached from the host).
         layer_scale_init: initial gain of every LayerScale in a seed built here (None: the
             blueprint's own, 1e-3 for the built-ins; ``blueprints.build``).
-
-    Attributes:
         growth: None, or the `blueprints.growth.GrowthSite` of a *growth slot*: one after a
             block of a stack of same-shape blocks, where a depth-growth seed (``block_copy``,
-            ``block_identity``, ...) adds ``growth.blocks`` new blocks. Hosts and
-            `core.depth` set it; a growth blueprint is refused in one line anywhere else.
+            ``block_identity``, ...) adds ``growth.blocks`` new blocks (`growth`). A growth
+            blueprint is refused in one line anywhere else.
         growth_place: Where a growth slot's blocks go when the model is handed back
             (`core.depth.materialize`): ``{"stack": path, "after": block index, "order": k}``.
 
@@ -222,6 +220,8 @@ class SeedSlot(nn.Module):
         gate_config: GateConfig | None = None,
         blend_gradient: str = DEFAULT_BLEND_GRADIENT,
         layer_scale_init: float | None = None,
+        growth: GrowthSite | None = None,
+        growth_place: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         check_topology(topology)
@@ -234,16 +234,15 @@ class SeedSlot(nn.Module):
         self.topology = topology
         self.blend_gradient = blend_gradient
         self.layer_scale_init = check_layer_scale_init(layer_scale_init)
-        self.growth: GrowthSite | None = None
-        self.growth_place: dict[str, Any] | None = None
-        #: How ``identity`` makes a copy return its input here, once checked (`core.depth`).
-        self.identity_mode: str | None = None
+        if (growth is None) != (growth_place is None):
+            raise ValueError(f"slot {slot_id!r}: a growth slot needs both its growth site and "
+                             "its place in the stack")
+        self._growth = growth
+        self._growth_place = growth_place
+        self._identity_mode: str | None = None
         self.gates = QualityGates(gate_mode, gate_config)
-        #: Decisions a pruned seed's slot stays EMBARGOED (`core.timing.SeedTiming.embargo`).
-        self.embargo_ticks = EMBARGO_TICKS
-        #: The blend ramp, in decisions, of seeds germinated here from now on, replacing the
-        #: action's tempo (`core.timing.SeedTiming.blend`); None: the action's.
-        self.blend_ticks: int | None = None
+        self._embargo_ticks = EMBARGO_TICKS
+        self._blend_ticks: int | None = None
         self.seed: nn.Module | None = None
         self.gate: GatedBlend | None = None
         self.state: SeedState | None = None
@@ -268,6 +267,71 @@ class SeedSlot(nn.Module):
     @property
     def alpha(self) -> float:
         return self.alpha_controller.alpha
+
+    @property
+    def growth(self) -> GrowthSite | None:
+        """The growth site of a growth slot (constructor), None for any other slot."""
+        return self._growth
+
+    @property
+    def growth_place(self) -> dict[str, Any] | None:
+        """Where a growth slot's blocks go when the model is handed back (constructor)."""
+        return self._growth_place
+
+    @property
+    def identity_mode(self) -> str | None:
+        """How ``identity`` makes a copy return its input here, once checked on the slot's
+        first activation (`record_identity`) or read from its manifest; None before."""
+        return self._identity_mode
+
+    @property
+    def embargo_ticks(self) -> int:
+        """Decisions a pruned seed's slot stays EMBARGOED (`core.timing.SeedTiming.embargo`;
+        `set_timing`)."""
+        return self._embargo_ticks
+
+    @property
+    def blend_ticks(self) -> int | None:
+        """The blend ramp, in decisions, of seeds germinated here from now on, replacing the
+        action's tempo (`core.timing.SeedTiming.blend`; `set_timing`); None: the action's."""
+        return self._blend_ticks
+
+    def configure(self, gates: QualityGates | None = None, blend_gradient: str | None = None,
+                  layer_scale_init: float | None = None) -> None:
+        """Replace the slot's quality gates, blend gradient or seeds' LayerScale gain (what is
+        None stays): the engine gives every slot the run's settings."""
+        if gates is not None:
+            self.gates = gates
+        if blend_gradient is not None:
+            self.blend_gradient = blend_gradient
+        if layer_scale_init is not None:
+            self.layer_scale_init = check_layer_scale_init(layer_scale_init)
+
+    def set_timing(self, embargo_ticks: int | None = None, blend_ticks: int | None = None) -> None:
+        """The lifecycle's durations in decisions for seeds from now on (what is None stays)."""
+        if embargo_ticks is not None:
+            self._embargo_ticks = int(embargo_ticks)
+        if blend_ticks is not None:
+            self._blend_ticks = int(blend_ticks)
+
+    def record_identity(self, mode: str) -> None:
+        """What the first activation's check found (`core.depth`): ``"projections"`` or
+        ``"gate"``; saved in the manifest."""
+        if self._growth is None:
+            raise ValueError(f"slot {self.slot_id!r} is not a growth slot")
+        self._identity_mode = mode
+
+    def refine_growth(self, site: GrowthSite) -> None:
+        """Replace the growth site by one that knows more of the same stack (the residual
+        projections found on the first activation, `core.depth`)."""
+        if self._growth is None:
+            raise ValueError(f"slot {self.slot_id!r} is not a growth slot")
+        self._growth = site
+
+    def adopt_growth(self, other: SeedSlot) -> None:
+        """Take ``other``'s growth site and place: a slot kept across a second injection into
+        the same model is the same slot of a newly built site."""
+        self._growth, self._growth_place = other.growth, other.growth_place
 
     @property
     def blend_gradient(self) -> str:
@@ -709,7 +773,7 @@ class SeedSlot(nn.Module):
         else:
             saved = None if manifest["growth"] is None else manifest["growth"]["blocks"]
             if self.growth is not None and manifest["growth"] is not None:
-                self.identity_mode = manifest["growth"]["identity"]
+                self._identity_mode = manifest["growth"]["identity"]
         here = None if self.growth is None else self.growth.blocks
         if saved != here:
             what = {None: "no growth slot"}
@@ -925,6 +989,25 @@ def prune_live(slots: Iterable[SeedSlot], reason: str) -> list[str]:
     for slot in pruned:
         slot.prune(reason)
     return [slot.slot_id for slot in pruned]
+
+
+#: The forward hook that runs each slot injected after a module of a model it does not own
+#: (`core.injection`): removed when the slot is attached again or handed back.
+_SLOT_HOOKS: weakref.WeakKeyDictionary[SeedSlot, Any] = weakref.WeakKeyDictionary()
+
+
+def set_slot_hook(slot: SeedSlot, handle: Any) -> None:
+    """Record the hook ``handle`` that runs ``slot``, removing the one it replaces (a second
+    fit attaches the same slot again: it must never run twice)."""
+    remove_slot_hook(slot)
+    _SLOT_HOOKS[slot] = handle
+
+
+def remove_slot_hook(slot: SeedSlot) -> None:
+    """Remove the hook that runs ``slot``, if it has one."""
+    handle = _SLOT_HOOKS.pop(slot, None)
+    if handle is not None:
+        handle.remove()
 
 
 def find_slots(module: nn.Module) -> dict[str, SeedSlot]:

@@ -101,16 +101,15 @@ class GPTHost(SlottedHost):
             Block(cfg.n_embd, cfg.n_head, cfg.dropout, cfg.bias, depth=cfg.max_depth)
             for _ in range(cfg.n_layer)
         )
+        # A growth slot's site and place: new blocks on top of the stack, chained in order.
+        growth = {slot_id: {"growth": GrowthSite(blocks, partial(self.blocks_before, slot_id),
+                                                 init=partial(init_block, depth=cfg.max_depth)),
+                            "growth_place": {"stack": "blocks", "after": cfg.n_layer - 1,
+                                             "order": order}}
+                  for order, (slot_id, blocks) in enumerate(zip(
+                      cfg.growth_slot_ids, cfg.growth_depths, strict=True), 1)}
         self._build_slots(cfg.slot_ids, slots, name, lambda sid: SeedSlot(
-            sid, channels=cfg.n_embd, topology="transformer"))
-        for order, (slot_id, blocks) in enumerate(zip(cfg.growth_slot_ids, cfg.growth_depths,
-                                                     strict=True), 1):
-            if slot_id in self.slots:
-                slot = self.slots[slot_id]
-                slot.growth = GrowthSite(blocks, partial(self.blocks_before, slot_id),
-                                         init=partial(init_block, depth=cfg.max_depth))
-                slot.growth_place = {"stack": "blocks", "after": cfg.n_layer - 1,
-                                     "order": order}
+            sid, channels=cfg.n_embd, topology="transformer", **growth.get(sid, {})))
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         self.head.weight = self.tok_emb.weight  # weight tying
