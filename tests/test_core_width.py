@@ -560,7 +560,8 @@ def test_a_slot_holding_a_seed_is_refused():
     host = build("gpthost")
     host.slots["r0c1"].germinate("lora")
     message = _refused(host, WidthGrowth())
-    assert message.startswith("WidthGrowth: slot 'r0c1' holds a seed of the old width")
+    assert message.startswith("WidthGrowth: slot 'r0c1' holds a seed, which width growth does "
+                              "not widen; accepted: a model whose slots are empty")
     assert isinstance(host.slots["r0c1"], SeedSlot)
 
 

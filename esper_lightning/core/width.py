@@ -556,9 +556,9 @@ def _check_slots(model: nn.Module) -> None:
 
     for module in model.modules():
         if isinstance(module, SeedSlot) and (module.seed is not None or module.gate is not None):
-            raise ValueError(f"WidthGrowth: slot {module.slot_id!r} holds a seed of the old width; "
-                             "accepted: a model whose slots are empty (materialize the "
-                             "fossilized growth, prune the rest, first)")
+            raise ValueError(f"WidthGrowth: slot {module.slot_id!r} holds a seed, which width "
+                             "growth does not widen; accepted: a model whose slots are empty "
+                             "(materialize the fossilized growth, prune the rest, first)")
 
 
 def _plan(model: nn.Module, growth: WidthGrowth) -> _Plan:
