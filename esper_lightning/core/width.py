@@ -39,7 +39,8 @@ tying, the user's references and LR schedulers need no change; `Widening` says w
   biases. MLP-only widening is this step alone; the residual stream is untouched.
 - A tied head (its weight the token table) reads ``k`` copies of the duplicated table: its
   logits would be ``k`` times the old ones, so the final norm's gamma and beta are scaled by
-  ``1/k`` (the one norm outside the stack; a tied head with none, or with several, is refused).
+  ``1/k`` (the one norm registered after the stack; a tied head with none there, or several,
+  is refused).
 
 **Why more heads, not wider heads.** A head's width is ``head_dim``. Wider heads would change
 each head's score scale ``1/sqrt(head_dim)`` and, under rotary position embeddings (Llama), its
@@ -62,10 +63,11 @@ bitwise equal, which a longer inner sum is not bound to give on every kernel).
 state of the entry it was made from (a split column's gradient at birth is its source's: the
 copies it reads are equal); a new entry (a new head's or unit's) starts with a zero first
 moment and, for a second moment (a state named ``*_sq``), the mean of the old entries. Not zero:
-AdamW's ``step`` counts per tensor, so a zero second moment under a long-run bias correction
-takes steps of up to ``(1 - β1) / sqrt(1 - β2)`` times the learning rate (3.2 at β2 = 0.999)
-for hundreds of steps. ``moments="reset"``: the widened parameters' state is dropped (fresh
-moments, ``step`` 0); parameters that did not grow keep theirs either way.
+AdamW's ``step`` counts per tensor, so under a long run's bias correction (near 1) a zero second
+moment makes a steady gradient's step ``(1 - β1^t) / sqrt(1 - β2^t)`` times the learning rate
+``t`` steps after growth: 3.2 at once, 6.5 at ``t = 12``, still 3.2 at ``t = 100`` (β 0.9,
+0.999; at β2 = 0.95 at most 1.1). ``moments="reset"``: the widened parameters' state is
+dropped (fresh moments, ``step`` 0); parameters that did not grow keep theirs either way.
 
 **Configs follow.** A Hugging Face config (``n_embd`` / ``hidden_size``, ``n_head`` /
 ``num_attention_heads``, ``num_key_value_heads``, ``n_inner`` / ``intermediate_size``;
