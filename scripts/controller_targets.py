@@ -36,13 +36,9 @@ from typing import Any
 
 from esper_lightning.app.compare.growth import GrowthRow, germinated_blueprints, growth_rows
 from esper_lightning.app.compare.lookup import comparison_config
-from esper_lightning.app.compare.records import (
-    EpisodeRecord,
-    group_by_budget,
-    group_by_controller,
-    read_records_csv,
-)
+from esper_lightning.app.compare.records import EpisodeRecord, read_records_csv
 from esper_lightning.app.compare.report import cost_markdown, group_differences
+from esper_lightning.app.compare.table import by_budget, records_by_controller
 from esper_lightning.app.frontier.report import replace_section
 from esper_lightning.app.task import budget_flops
 from esper_lightning.blueprints.growth.registry import operator_of
@@ -264,7 +260,7 @@ def per_budget_lines(root: Path) -> list[str]:
         if _joined(summary, config):
             groups[ALL] = config.groups()[ALL]
         pairs = [(a, b) for a, b in config.paired_groups() if a in groups and b in groups]
-        for budget, records in sorted(group_by_budget(played).items()):
+        for budget, records in by_budget(played).items():
             for row in group_differences(records, groups, config.reference, summary["judged"],
                                          pairs):
                 against = row.reference if row.paired else "lookup"
@@ -363,7 +359,7 @@ def germination_lines(root: Path) -> list[str]:
     members = [] if summary is None else _joined(summary, comparison_config(folder))
     if not members:
         return []
-    played = group_by_controller(read_records_csv(folder / "episodes.csv"))
+    played = records_by_controller(read_records_csv(folder / "episodes.csv"))
     lines = []
     for i, arm in enumerate(members):
         counts: Counter[str] = Counter()

@@ -1,4 +1,4 @@
-"""Per-budget tables (`app.compare.report.per_budget`, grouped by `records.group_by_budget`) and the
+"""Per-budget tables (`app.compare.report.per_budget`, grouped by `table.by_budget`) and the
 regret to the oracle growth time (`app.compare.regret`), on constructed episode records."""
 
 import csv
@@ -9,12 +9,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 from esper_lightning.app.compare import regret
-from esper_lightning.app.compare.records import (
-    EpisodeRecord,
-    fieldnames,
-    group_by_budget,
-    read_records_csv,
-)
+from esper_lightning.app.compare.records import EpisodeRecord, fieldnames, read_records_csv
 from esper_lightning.app.compare.report import (
     budget_json,
     budget_markdown,
@@ -24,6 +19,7 @@ from esper_lightning.app.compare.report import (
     summarize,
 )
 from esper_lightning.app.compare.stats import holm
+from esper_lightning.app.compare.table import by_budget
 
 JUDGED = "test_bits"  # what a budgeted comparison judges
 SMALL, LARGE = 1e12, 4e12
@@ -64,18 +60,18 @@ def bits(records, controller, budget=None):
 # --- grouping by budget -----------------------------------------------------------------------
 def test_episodes_are_grouped_by_their_budget_smallest_first():
     records = table(budgets=(LARGE, SMALL))
-    groups = group_by_budget(records)
+    groups = by_budget(records)
     assert list(groups) == [SMALL, LARGE]
-    assert {r.episode_index for r in groups[SMALL]} == set(range(N_PER_BUDGET, 2 * N_PER_BUDGET))
+    assert set(groups[SMALL]["episode_index"]) == set(range(N_PER_BUDGET, 2 * N_PER_BUDGET))
     assert all(len(g) == N_PER_BUDGET * 5 for g in groups.values())
 
 
 def test_grouping_refuses_mixed_or_conflicting_budgets():
     records = table()
     with pytest.raises(ValueError, match="known in 59 of 60"):
-        group_by_budget([*records[:-1], record("heuristic", 11, 2.0, None)])
+        by_budget([*records[:-1], record("heuristic", 11, 2.0, None)])
     with pytest.raises(ValueError, match="episode 0 has two budgets"):
-        group_by_budget([*records, record("other", 0, 2.0, LARGE)])
+        by_budget([*records, record("other", 0, 2.0, LARGE)])
 
 
 # --- per-budget tables ------------------------------------------------------------------------
@@ -253,7 +249,7 @@ def test_a_table_without_budget_column_reports_without_per_budget_section(tmp_pa
         writer.writerows(r.to_row() for r in records)
     old = read_records_csv(path)
     assert all(r["budget_flops"] is None for r in old)
-    assert list(group_by_budget(old)) == [None]
+    assert list(by_budget(old)) == [None]
     assert per_budget(old, "static", outcome=JUDGED) == []
     oracles, rows = regret.regrets(old, JUDGED)
     assert oracles[0].chosen == {None: ARMS[0]}  # the small budget's offsets

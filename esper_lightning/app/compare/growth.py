@@ -27,17 +27,18 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from esper_lightning.app.compare.records import (
-    BUDGET,
-    EpisodeRecord,
-    group_by_budget,
-    group_by_controller,
+from esper_lightning.app.compare.records import BUDGET, EpisodeRecord
+from esper_lightning.app.compare.table import (
+    Records,
+    by_budget,
+    episode_table,
+    records_by_controller,
 )
 from esper_lightning.blueprints.growth.registry import operator_of
 
@@ -129,16 +130,16 @@ def _mean(values: list[float]) -> float | None:
     return float(np.mean(values)) if values else None
 
 
-def growth_rows(records: Iterable[EpisodeRecord]) -> list[GrowthRow] | None:
+def growth_rows(records: Records) -> list[GrowthRow] | None:
     """`GrowthRow` per budget (smallest first) and controller (in playing order); None when
     some episode recorded no germinations per epoch (a table, or the rows of one, written
     before they were)."""
-    records = list(records)
-    if not records or not all(r[GERMINATED] for r in records):
+    table = episode_table(records)
+    if table.empty or not all(table[GERMINATED]):
         return None
     rows = []
-    for budget, episodes in group_by_budget(records).items():
-        for name, own in group_by_controller(episodes).items():
+    for budget, episodes in by_budget(table).items():
+        for name, own in records_by_controller(episodes).items():
             times = [episode_growth_times(r) for r in own]
             counts = [len(t) for t in times]
             grew = (counts.count(0), counts.count(1), sum(c >= 2 for c in counts))

@@ -29,19 +29,16 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from esper_lightning.app.compare.records import (
-    BUDGET,
-    METRICS,
-    EpisodeRecord,
-    group_by_budget,
-    read_records_csv,
-)
+import pandas as pd
+
+from esper_lightning.app.compare.records import BUDGET, METRICS, EpisodeRecord, read_records_csv
 from esper_lightning.app.compare.regret import (
     NEVER_ARM,
     best_arm,
     choose_oracle,
     stack_families,
 )
+from esper_lightning.app.compare.table import by_budget
 from esper_lightning.controllers.lookup import GrowthLookup
 from esper_lightning.errors import ConfigError
 
@@ -94,7 +91,7 @@ def tune_lookup(records: Sequence[EpisodeRecord], base_flops: float, judged: str
         raise ConfigError(f"family {name!r} has one arm ({labels[0]}); a lookup chooses among "
                           "two or more")
     mine = [r for r in records if r.controller in labels]
-    groups = group_by_budget(mine)
+    groups = by_budget(mine)
     if None in groups:
         raise ConfigError("the comparison's episodes have no budget; accepted: a comparison "
                           "with budget_flops or budget_steps (and budget_scales)")
@@ -105,7 +102,7 @@ def tune_lookup(records: Sequence[EpisodeRecord], base_flops: float, judged: str
     depth, operator, _ = name.split(":")
     cost = {"judged": judged, "base_flops": base_flops, "arms": labels, "episodes": len(mine),
             "episodes_per_budget": {f"{round(b / base_flops, 9):g}": len(
-                {r.episode_index for r in group}) for b, group in groups.items()},
+                set(group["episode_index"])) for b, group in groups.items()},
             "train_flops": sum(r["train_flops"] or 0.0 for r in mine),
             "wall_seconds": sum(r["wall_seconds"] for r in mine),
             "means": {f"{round(b / base_flops, 9):g}": m for b, m in oracle.means.items()},
@@ -114,12 +111,12 @@ def tune_lookup(records: Sequence[EpisodeRecord], base_flops: float, judged: str
     return GrowthLookup(operator, int(depth), points, {**(tuning or {}), **cost})
 
 
-def _check_played(groups: dict[float | None, list[EpisodeRecord]], labels: Sequence[str],
+def _check_played(groups: dict[float | None, pd.DataFrame], labels: Sequence[str],
                   base_flops: float) -> None:
     """Refuse (one line) a tuning where an arm missed a budget, or played other episodes there
     than the rest (the choice would rest on fewer episodes than the file records)."""
     scales = {b: float(b) / base_flops for b in groups}  # type: ignore[arg-type]  # no None
-    played_by = {budget: {label: {r.episode_index for r in group if r.controller == label}
+    played_by = {budget: {label: set(group.loc[group["controller"] == label, "episode_index"])
                           for label in labels} for budget, group in groups.items()}
     for budget, played in played_by.items():
         absent = [label for label in labels if not played[label]]

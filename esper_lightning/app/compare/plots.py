@@ -54,7 +54,7 @@ from matplotlib.text import Text
 from matplotlib.ticker import EngFormatter, MaxNLocator, NullLocator, StrMethodFormatter
 
 from esper_lightning.app.compare.growth import GrowthRow
-from esper_lightning.app.compare.records import METRICS, EpisodeRecord, Metric, group_by_controller
+from esper_lightning.app.compare.records import METRICS, EpisodeRecord, Metric
 from esper_lightning.app.compare.regret import Regret
 from esper_lightning.app.compare.report import (
     EVERYTHING,
@@ -63,6 +63,7 @@ from esper_lightning.app.compare.report import (
     Scope,
 )
 from esper_lightning.app.compare.stats import CONFIDENCE, Estimate, estimate
+from esper_lightning.app.compare.table import records_by_controller
 
 #: The size a scalar metric is drawn against.
 SIZE = "total_params"
@@ -387,7 +388,7 @@ def curves_figure(
         fig = curves_figure(records, "loss_curve", x="train_flops_curve")
     """
     metric = METRICS[name]
-    groups = {c: eps for c, eps in group_by_controller(records).items()
+    groups = {c: eps for c, eps in records_by_controller(records).items()
               if any(r[name] for r in eps) and (x is None or any(r[x] for r in eps))}
     if not groups:
         raise ValueError(f"curves_figure needs at least one episode with {name}")

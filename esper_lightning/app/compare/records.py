@@ -34,7 +34,7 @@ import itertools
 import math
 import operator
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -496,83 +496,9 @@ class EpisodeRecord:
         return cls(**identity, values=values)
 
 
-def group_by_controller(records: Iterable[EpisodeRecord]) -> dict[str, list[EpisodeRecord]]:
-    """Records per controller, controllers in order of first appearance, episodes sorted by
-    index.
-
-    Raises:
-        ValueError: no records, or one controller has two records of the same episode index.
-    """
-    groups: dict[str, dict[int, EpisodeRecord]] = {}
-    for record in records:
-        episodes = groups.setdefault(record.controller, {})
-        if record.episode_index in episodes:
-            raise ValueError(
-                f"controller {record.controller!r} has two records of episode "
-                f"{record.episode_index}; each episode index must appear once per controller"
-            )
-        episodes[record.episode_index] = record
-    if not groups:
-        raise ValueError("no episode records to compare")
-    return {name: [eps[i] for i in sorted(eps)] for name, eps in groups.items()}
-
-
-def shared_episodes(by_controller: Mapping[str, Sequence[EpisodeRecord]], arms: Sequence[str],
-                    group: str) -> dict[str, list[EpisodeRecord]]:
-    """Each of ``arms``' records on the episodes every one of them played, episode index
-    ascending, so the lists align (a group's pairing; ``by_controller`` as `group_by_controller`
-    gives it).
-
-    Raises:
-        ValueError: naming ``group``: an arm without episodes, or no episode in common.
-    """
-    missing = [arm for arm in arms if arm not in by_controller]
-    if missing:
-        raise ValueError(f"group {group!r}: {missing[0]!r} has no episodes")
-    common = set.intersection(*({r.episode_index for r in by_controller[a]} for a in arms))
-    if not common:
-        raise ValueError(f"group {group!r}: no episode that every one of {', '.join(arms)} "
-                         "played")
-    return {arm: [r for r in by_controller[arm] if r.episode_index in common] for arm in arms}
-
-
-#: The column that says an episode's compute budget (`group_by_budget`).
+#: The column that says an episode's compute budget (`app.compare.table.by_budget` groups by it).
 BUDGET = "budget_flops"
 
-
-def group_by_budget(records: Iterable[EpisodeRecord]) -> dict[float | None, list[EpisodeRecord]]:
-    """Records per episode budget (``budget_flops``), smallest budget first: the one place that
-    groups episodes by budget. Episodes without a budget (a table written before budgets were
-    recorded, or a comparison without one) are one group under None.
-
-    The budget belongs to the episode, not to the controller (it is drawn from the episode's rng
-    seed), so every controller's record of one episode index is in the same group.
-
-    Raises:
-        ValueError: no records, some records with a budget and some without, or one episode
-            index recorded with two budgets.
-
-    Example::
-
-        for budget, episodes in group_by_budget(records).items():
-            print(budget, len(episodes))
-    """
-    records = list(records)
-    if not records:
-        raise ValueError("no episode records to compare")
-    known = sum(r[BUDGET] is not None for r in records)
-    if known not in (0, len(records)):
-        raise ValueError(f"{BUDGET} is known in {known} of {len(records)} records; it must be "
-                         "known in every record or in none")
-    budgets: dict[int, float | None] = {}
-    for r in records:
-        if budgets.setdefault(r.episode_index, r[BUDGET]) != r[BUDGET]:
-            raise ValueError(f"episode {r.episode_index} has two budgets: "
-                             f"{budgets[r.episode_index]!r} and {r[BUDGET]!r} ({r.controller!r})")
-    groups: dict[float | None, list[EpisodeRecord]] = {}
-    for budget in sorted(set(budgets.values()), key=lambda b: -1.0 if b is None else b):
-        groups[budget] = [r for r in records if r[BUDGET] == budget]
-    return groups
 
 # --- the CSV table ----------------------------------------------------------------------------
 def _layout(path: Path, header: Sequence[str] | None) -> int | None:

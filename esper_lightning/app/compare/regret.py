@@ -5,7 +5,7 @@ A comparison that plays two or more ``stack:`` arms differing only in TAU (the s
 ``OPERATOR`` and number of growth times; `tau_families`) holds a grid search over the growth
 time (or times: ``stack:4@0.2,0.5`` grows twice, ``stack:4@0.3,1`` once), with ``static`` as its
 "never" when it played. Its oracle (`choose_oracle`) takes, for each episode budget
-(`records.group_by_budget`; episodes without one are a single group), the arm with the best
+(`table.by_budget`; episodes without one are a single group), the arm with the best
 mean judged metric over that budget's evaluation episodes (ties: never, then the smaller TAU).
 The regret of a controller in episode ``i`` is its judged metric minus the oracle arm's in the
 same episode (paired: same host initialisation, data order and budget), signed so that a
@@ -26,21 +26,23 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
-from esper_lightning.app.compare.records import (
-    METRICS,
-    EpisodeRecord,
-    group_by_budget,
-    group_by_controller,
-    shared_episodes,
-)
+from esper_lightning.app.compare.records import BUDGET, METRICS
 from esper_lightning.app.compare.stats import CONFIDENCE, Estimate, estimate
+from esper_lightning.app.compare.table import (
+    Records,
+    by_budget,
+    by_controller,
+    episode_table,
+    shared,
+    side_by_side,
+)
 from esper_lightning.controllers.stack import parse_stack
 from esper_lightning.errors import ConfigError
 
@@ -149,8 +151,7 @@ def _sign(judged: str) -> float:
     return 1.0 if better == "lower" else -1.0
 
 
-def choose_oracle(name: str, arms: Sequence[str], records: Iterable[EpisodeRecord],
-                  judged: str) -> Oracle:
+def choose_oracle(name: str, arms: Sequence[str], records: Records, judged: str) -> Oracle:
     """Per budget, the arm of ``arms`` with the best mean ``judged`` over the evaluation
     episodes of that budget every arm played (ties: the earlier arm).
 
@@ -159,13 +160,13 @@ def choose_oracle(name: str, arms: Sequence[str], records: Iterable[EpisodeRecor
     """
     chosen: dict[float | None, str] = {}
     means: dict[float | None, dict[str, float]] = {}
-    for budget, episodes in group_by_budget(records).items():
+    for budget, episodes in by_budget(records).items():
         chosen[budget], means[budget] = best_arm(f"{name} at budget {budget!r}", arms,
                                                  episodes, judged)
     return Oracle(name, tuple(arms), chosen, means)
 
 
-def best_arm(name: str, arms: Sequence[str], records: Iterable[EpisodeRecord],
+def best_arm(name: str, arms: Sequence[str], records: Records,
              judged: str) -> tuple[str, dict[str, float]]:
     """The arm of ``arms`` with the best mean ``judged`` over the episodes of ``records`` every
     arm played (ties: the earlier arm), and each arm's mean there.
@@ -174,48 +175,51 @@ def best_arm(name: str, arms: Sequence[str], records: Iterable[EpisodeRecord],
         ValueError: the arms share no episode, or one lacks the judged metric.
     """
     sign = _sign(judged)
-    records = list(records)
-    by_arm = {arm: {r.episode_index: r[judged] for r in records if r.controller == arm}
-              for arm in arms}
-    common = set.intersection(*(set(values) for values in by_arm.values()))
-    if not common:
+    values = side_by_side(records, arms, judged)
+    if values is None:
         raise ValueError(f"the arms of {name} share no episode")
-    if any(v[i] is None for v in by_arm.values() for i in common):
+    if values.isna().any().any():
         raise ValueError(f"{judged} is missing in an episode of the arms of {name}")
-    means = {arm: float(np.mean([v[i] for i in sorted(common)])) for arm, v in by_arm.items()}
+    means = {arm: float(np.mean(values[arm].tolist())) for arm in arms}
     return min(arms, key=lambda arm: (sign * means[arm], arms.index(arm))), means
 
 
-def _regret(controller: list[EpisodeRecord], oracle: Oracle,
-            by_key: dict[tuple[str, int], EpisodeRecord],
-            groups: dict[float | None, list[EpisodeRecord]], judged: str,
-            confidence: float) -> Regret:
-    """One controller's regret: each of its episodes against the oracle arm of its budget."""
-    budgets = {r.episode_index: b for b, episodes in groups.items() for r in episodes}
-    values: dict[float | None, list[float]] = {}
-    for r in controller:
-        budget = budgets[r.episode_index]
-        theirs = by_key.get((oracle.chosen[budget], r.episode_index))
-        if theirs is None:
-            continue
-        if (r.episode_rng_seed, r.host) != (theirs.episode_rng_seed, theirs.host):
-            raise ValueError(f"episode {r.episode_index} differs between {r.controller!r} and "
-                             f"{theirs.controller!r} (rng seed or host)")
-        if r[judged] is None:
-            raise ValueError(f"{judged} is missing in episode {r.episode_index} of "
-                             f"{r.controller!r}")
-        values.setdefault(budget, []).append(_sign(judged) * (r[judged] - theirs[judged]))
-    name = controller[0].controller
-    if not values:
+def _regret(controller: pd.DataFrame, oracle: Oracle, table: pd.DataFrame,
+            budgets: Sequence[float | None], judged: str, confidence: float) -> Regret:
+    """One controller's regret: each of its episodes joined with the oracle arm's of its
+    budget (``budgets``: the table's, smallest first)."""
+    name = str(controller["controller"].iloc[0])
+    budget = [None if pd.isna(b) else float(b) for b in controller[BUDGET]]
+    mine = controller.assign(arm=[oracle.chosen[b] for b in budget], budget=budget)
+    theirs = table[["controller", "episode_index", "episode_rng_seed", "host", judged]]
+    joined = mine.merge(theirs, left_on=["arm", "episode_index"],
+                        right_on=["controller", "episode_index"], suffixes=("", "_oracle"))
+    unlike = joined[(joined["episode_rng_seed"] != joined["episode_rng_seed_oracle"])
+                    | (joined["host"] != joined["host_oracle"])]
+    if not unlike.empty:
+        row = unlike.iloc[0]
+        raise ValueError(f"episode {row['episode_index']} differs between {name!r} and "
+                         f"{row['arm']!r} (rng seed or host)")
+    untested = joined[joined[judged].isna()]
+    if not untested.empty:
+        raise ValueError(f"{judged} is missing in episode {untested['episode_index'].iloc[0]} "
+                         f"of {name!r}")
+    if joined.empty:
         raise ValueError(f"controller {name!r} shares no episode with the oracle {oracle.name}")
+    sign = _sign(judged)
+    values: dict[float | None, list[float]] = {}
+    for b, mine_value, theirs_value in zip(joined["budget"], joined[judged],
+                                           joined[f"{judged}_oracle"], strict=True):
+        values.setdefault(None if pd.isna(b) else b, []).append(
+            sign * (mine_value - theirs_value))
     every = [v for budget_values in values.values() for v in budget_values]
     per_budget = {b: (len(values[b]), estimate(values[b], confidence=confidence))
-                  for b in groups if b in values}
+                  for b in budgets if b in values}
     return Regret(name, oracle.name, estimate(every, confidence=confidence), len(every),
                   per_budget, confidence)
 
 
-def regrets(records: Iterable[EpisodeRecord], judged: str, *,
+def regrets(records: Records, judged: str, *,
             groups: Mapping[str, Sequence[str]] | None = None,
             confidence: float = CONFIDENCE) -> tuple[list[Oracle], list[Regret]]:
     """Every TAU family's oracle and every controller's regret to it (controllers in order of
@@ -223,37 +227,35 @@ def regrets(records: Iterable[EpisodeRecord], judged: str, *,
     episodes every member played, per oracle); both empty when no family has two TAU.
 
     Raises:
-        ValueError: see `choose_oracle` and `records.group_by_budget`; a controller that shares
-            no episode with an oracle arm, or lacks the judged metric.
+        ValueError: see `choose_oracle` and `table.by_budget`; a controller that shares no
+            episode with an oracle arm, or lacks the judged metric.
 
     Example::
 
         oracles, rows = regrets(records, "final_bits")
         rows[0].overall.mean  # bits per byte lost to the oracle, averaged over episodes
     """
-    records = list(records)
-    budgets = group_by_budget(records)
-    controllers = group_by_controller(records)
-    by_key = {(r.controller, r.episode_index): r for r in records}
-    oracles = [choose_oracle(name, arms, records, judged)
+    table = episode_table(records)
+    budgets = list(by_budget(table))
+    controllers = by_controller(table)
+    oracles = [choose_oracle(name, arms, table, judged)
                for name, arms in tau_families(controllers).items()]
     for name, members in (groups or {}).items() if oracles else ():
-        controllers[name] = _group_episodes(name, members, controllers, judged)
-    rows = [_regret(episodes, oracle, by_key, budgets, judged, confidence)
+        controllers[name] = _group_episodes(name, members, table, judged)
+    rows = [_regret(episodes, oracle, table, budgets, judged, confidence)
             for oracle in oracles for episodes in controllers.values()]
     return oracles, rows
 
 
-def _group_episodes(name: str, members: Sequence[str],
-                    controllers: Mapping[str, list[EpisodeRecord]], judged: str
-                    ) -> list[EpisodeRecord]:
-    """A group's episodes as records of its own: on each episode every member played, the
-    first member's record with the members' mean ``judged`` (the only value it is read for)."""
-    aligned = list(zip(*shared_episodes(controllers, members, name).values(), strict=True))
-    return [dataclasses.replace(
-        episode[0], controller=name,
-        values={**episode[0].values, judged: float(np.mean([r[judged] for r in episode]))})
-        for episode in aligned]
+def _group_episodes(name: str, members: Sequence[str], table: pd.DataFrame, judged: str
+                    ) -> pd.DataFrame:
+    """A group's episodes as rows of its own: on each episode every member played, the first
+    member's row with the members' mean ``judged`` (the only value it is read for)."""
+    values = shared(table, members, name, judged)
+    first = table[(table["controller"] == members[0])
+                  & table["episode_index"].isin(values.index)].sort_values("episode_index")
+    means = [float(np.mean(row)) for row in values[list(members)].itertuples(index=False)]
+    return first.assign(controller=name, **{judged: means})
 
 
 def _fmt(value: Estimate, fmt: str) -> str:

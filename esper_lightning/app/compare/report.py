@@ -3,7 +3,8 @@ reference, written as Markdown and JSON.
 
 What is summarised, paired, and how it is shown comes from `records.METRICS`; the statistics
 (intervals, the paired test, the verdict) from `app.compare.stats`. The functions are pure: they
-take `EpisodeRecord` rows and return summaries, paired comparisons, a Markdown report and a
+take `EpisodeRecord` rows (or their `app.compare.table`: each section is a group-by over it) and
+return summaries, paired comparisons, a Markdown report and a
 JSON-ready dict.
 
 Example::
@@ -14,7 +15,7 @@ Example::
     print(markdown_table(summaries, comparisons))
 
 When the evaluation episodes have more than one budget (``--budget_scales``), `per_budget` gives
-the judged metric's tables again on each budget's episodes (`records.group_by_budget` groups
+the judged metric's tables again on each budget's episodes (`table.by_budget` groups
 them): every controller's mean with its interval and its paired difference to the reference.
 Their comparisons, over every budget, are one family of the Holm correction, so a verdict in
 a budget's table means the same as one in the main table.
@@ -29,17 +30,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from scipy import stats as scipy_stats
 
-from esper_lightning.app.compare.records import (
-    METRICS,
-    OUTCOME,
-    EpisodeRecord,
-    Metric,
-    group_by_budget,
-    group_by_controller,
-    shared_episodes,
-)
+from esper_lightning.app.compare.records import BUDGET, METRICS, OUTCOME, Metric
 from esper_lightning.app.compare.stats import (
     ALPHA,
     CONFIDENCE,
@@ -50,6 +44,15 @@ from esper_lightning.app.compare.stats import (
     min_detectable_effect,
     verdict,
     wilcoxon_p,
+)
+from esper_lightning.app.compare.table import (
+    Records,
+    by_budget,
+    by_controller,
+    episode_table,
+    pair_episodes,
+    records_by_controller,
+    shared,
 )
 
 
@@ -128,16 +131,13 @@ class Scope:
     example: str = "example"
 
     @classmethod
-    def of(cls, records: Iterable[EpisodeRecord], *, bits: bool, example: str) -> Scope:
+    def of(cls, records: Records, *, bits: bool, example: str) -> Scope:
         """The scope of ``records``: budgeted when an episode had a budget, FLOPs differing
         when two controllers' training FLOPs differ on one episode index."""
-        flops: dict[int, set[float | None]] = {}
-        budgeted = False
-        for r in records:
-            budgeted = budgeted or r["budget_flops"] is not None
-            flops.setdefault(r.episode_index, set()).add(r["train_flops"])  # type: ignore[arg-type]
-        return cls(budgeted=budgeted, flops_differ=any(len(v) > 1 for v in flops.values()),
-                   bits=bits, example=example)
+        table = episode_table(records)
+        flops = table.groupby("episode_index")["train_flops"].nunique(dropna=False)
+        return cls(budgeted=bool(table[BUDGET].notna().any()),
+                   flops_differ=bool((flops > 1).any()), bits=bits, example=example)
 
     def shows(self, metric: Metric) -> bool:
         """Whether a report of this comparison shows ``metric``."""
@@ -149,7 +149,7 @@ class Scope:
 EVERYTHING = Scope()
 
 
-def coinciding(records: Iterable[EpisodeRecord]) -> list[tuple[str, ...]]:
+def coinciding(records: Records) -> list[tuple[str, ...]]:
     """Groups of controllers (two or more, in table order) that played the same episodes
     identically: every value and curve of every episode equal, wall time aside. A controller
     that never acted (a heuristic that germinated nothing) coincides with ``static``; a report
@@ -159,13 +159,13 @@ def coinciding(records: Iterable[EpisodeRecord]) -> list[tuple[str, ...]]:
 
         coinciding(records)  # [("static", "heuristic")]
     """
-    def played(episodes: list[EpisodeRecord]) -> dict[int, dict[str, Any]]:
+    def played(episodes: list[Any]) -> dict[int, dict[str, Any]]:
         return {r.episode_index: {k: v for k, v in r.values.items() if k != "wall_seconds"}
                 for r in episodes}
 
     groups: list[tuple[str, dict[int, dict[str, Any]]]] = []
     members: dict[str, list[str]] = {}
-    for controller, episodes in group_by_controller(records).items():
+    for controller, episodes in records_by_controller(records).items():
         table = played(episodes)
         twin = next((first for first, other in groups if other == table), None)
         if twin is None:
@@ -195,9 +195,7 @@ def _known(metric: Metric, values: list[Any], what: str) -> list[Any] | None:
     return None if missing else values
 
 
-def summarize(
-    records: Iterable[EpisodeRecord], *, confidence: float = CONFIDENCE
-) -> list[ControllerSummary]:
+def summarize(records: Records, *, confidence: float = CONFIDENCE) -> list[ControllerSummary]:
     """Per controller: episodes, and the mean (and interval) of every summarised metric.
 
     Raises:
@@ -210,10 +208,10 @@ def summarize(
             print(s.controller, s.metrics["outcome"].mean, s.metrics["outcome"].ci)
     """
     summaries = []
-    for name, episodes in group_by_controller(records).items():
+    for name, episodes in by_controller(records).items():
         estimates: dict[str, Estimate | None] = {}
         for m in summarized():
-            values = _known(m, [r[m.name] for r in episodes], f"controller {name!r}")
+            values = _known(m, episodes[m.name].tolist(), f"controller {name!r}")
             estimates[m.name] = None if values is None else estimate(
                 values, interval=m.summary == "ci", confidence=confidence)
         summaries.append(ControllerSummary(name, len(episodes), estimates, confidence))
@@ -247,47 +245,24 @@ def _resolve_pairs(
     return resolved  # type: ignore[return-value]
 
 
-def _matched(
-    controller: list[EpisodeRecord], reference: list[EpisodeRecord]
-) -> list[tuple[EpisodeRecord, EpisodeRecord]]:
-    """(controller, reference) records of the episode indices both played, ascending."""
-    ref_by_index = {r.episode_index: r for r in reference}
-    pairs = [(r, ref_by_index[r.episode_index]) for r in controller
-             if r.episode_index in ref_by_index]
-    if not pairs:
-        raise ValueError(
-            f"controller {controller[0].controller!r} shares no episode index with "
-            f"{reference[0].controller!r}; pairing needs the same evaluation episodes"
-        )
-    for mine, theirs in pairs:
-        # The same index must mean the same episode, or the pairing compares unlike with unlike.
-        if (mine.episode_rng_seed, mine.host) != (theirs.episode_rng_seed, theirs.host):
-            raise ValueError(
-                f"episode {mine.episode_index} differs between {mine.controller!r} "
-                f"(rng seed {mine.episode_rng_seed}, host {mine.host!r}) and "
-                f"{theirs.controller!r} (rng seed {theirs.episode_rng_seed}, host {theirs.host!r})"
-            )
-    return pairs
-
-
-def _differences(metric: Metric, pairs: list[tuple[EpisodeRecord, EpisodeRecord]]
-                 ) -> np.ndarray | None:
-    """Per-pair ``controller - reference`` of one metric; None when an episode lacks it.
+def _differences(metric: Metric, pairs: pd.DataFrame) -> np.ndarray | None:
+    """Per-pair ``controller - reference`` of one metric (``pairs`` as `table.pair_episodes` joins
+    them); None when an episode lacks it.
 
     The one place a paired value is formed: a metric of two episodes at once (one read from
     both controllers' curves) would be computed here.
     """
-    mine = _known(metric, [m[metric.name] for m, _ in pairs],
-                  f"controller {pairs[0][0].controller!r}")
-    theirs = _known(metric, [t[metric.name] for _, t in pairs],
-                    f"controller {pairs[0][1].controller!r}")
+    mine = _known(metric, pairs[metric.name].tolist(),
+                  f"controller {pairs['controller'].iloc[0]!r}")
+    theirs = _known(metric, pairs[f"{metric.name}_ref"].tolist(),
+                    f"controller {pairs['controller_ref'].iloc[0]!r}")
     if mine is None or theirs is None:
         return None
     return np.array([m - t for m, t in zip(mine, theirs, strict=True)], dtype=np.float64)
 
 
 def paired_differences(
-    records: Iterable[EpisodeRecord],
+    records: Records,
     reference: str = "static",
     pairs: str | Sequence[tuple[str, str]] | None = None,
     *,
@@ -321,9 +296,9 @@ def paired_differences(
     judged = METRICS[outcome]
     if not judged.paired or judged.better is None:
         raise ValueError(f"outcome {outcome!r} must be a paired metric with a better direction")
-    groups = group_by_controller(records)
+    groups = by_controller(records)
     resolved = _resolve_pairs(list(groups), reference, pairs)
-    matched = [_matched(groups[name], groups[ref]) for name, ref in resolved]
+    matched = [pair_episodes(groups[name], groups[ref]) for name, ref in resolved]
     diffs = [{m.name: _differences(m, pairs_) for m in paired()} for pairs_ in matched]
     for (name, ref), d in zip(resolved, diffs, strict=True):
         if d[outcome] is None:  # an optional judged metric must be known in every episode
@@ -338,7 +313,7 @@ def paired_differences(
         ci = estimates[outcome].ci  # type: ignore[union-attr]
         comparisons.append(PairedComparison(
             controller=name, reference=ref, n_pairs=len(pairs_),
-            episode_indices=tuple(m.episode_index for m, _ in pairs_),
+            episode_indices=tuple(pairs_["episode_index"].tolist()),
             differences=estimates, outcome=outcome, p_value=p, p_holm=p_holm,
             mde=min_detectable_effect(d[outcome]),  # type: ignore[arg-type]
             verdict=verdict(ci, p_holm, len(pairs_), judged.better),  # type: ignore[arg-type]
@@ -366,7 +341,7 @@ class BudgetTable:
 
 
 def per_budget(
-    records: Iterable[EpisodeRecord],
+    records: Records,
     reference: str = "static",
     pairs: str | Sequence[tuple[str, str]] | None = None,
     *,
@@ -382,7 +357,7 @@ def per_budget(
         for table in per_budget(records, "static", outcome="final_bits"):
             print(table.budget, [c.verdict for c in table.comparisons])
     """
-    groups = group_by_budget(records)
+    groups = by_budget(records)
     if len(groups) < 2:
         return []
     tables = [BudgetTable(budget, outcome,  # type: ignore[arg-type]
@@ -674,7 +649,7 @@ class GroupComparison:
     paired: bool = False
 
 
-def group_differences(records: Iterable[EpisodeRecord], groups: Mapping[str, Sequence[str]],
+def group_differences(records: Records, groups: Mapping[str, Sequence[str]],
                       reference: str, outcome: str, pairs: Sequence[tuple[str, str]] = (),
                       confidence: float = CONFIDENCE) -> list[GroupComparison]:
     """Every group of arms against ``reference`` on ``outcome``, paired by episode (the
@@ -685,7 +660,7 @@ def group_differences(records: Iterable[EpisodeRecord], groups: Mapping[str, Seq
     Raises:
         ValueError: a member or the reference without episodes, or no episode all played.
     """
-    by_arm = group_by_controller(records)
+    table = episode_table(records)
     better = METRICS[outcome].better
     contrasts = [(name, members, reference, [(m, reference) for m in members])
                  for name, members in groups.items()]
@@ -694,8 +669,8 @@ def group_differences(records: Iterable[EpisodeRecord], groups: Mapping[str, Seq
     rows = []
     for name, members, against, couples in contrasts:
         arms = list(dict.fromkeys(arm for couple in couples for arm in couple))
-        column = {arm: np.array([r[outcome] for r in episodes], dtype=np.float64)
-                  for arm, episodes in shared_episodes(by_arm, arms, name).items()}
+        values = shared(table, arms, name, outcome)
+        column = {arm: np.array(values[arm].tolist(), dtype=np.float64) for arm in arms}
         own = {(m if r == against else f"{m} − {r}"): column[m] - column[r] for m, r in couples}
         rows.append((name, tuple(members), against, np.mean(list(own.values()), axis=0),
                      {k: float(d.mean()) for k, d in own.items()},

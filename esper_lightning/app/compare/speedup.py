@@ -25,14 +25,14 @@ Example::
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from esper_lightning.app.compare.records import EpisodeRecord, group_by_controller
 from esper_lightning.app.compare.stats import CONFIDENCE, estimate
+from esper_lightning.app.compare.table import Records, records_by_controller
 
 LOSSES, FLOPS = "loss_curve", "train_flops_curve"
 
@@ -79,7 +79,7 @@ class Speedup:
         return sum(r is not None for r in self.ratios.values())
 
 
-def speedups(records: Iterable[EpisodeRecord], reference: str, *,
+def speedups(records: Records, reference: str, *,
              confidence: float = CONFIDENCE) -> list[Speedup]:
     """Every controller's speed-up per episode index it shares with ``reference``; empty when
     the episodes recorded no FLOP curve (tables written before FLOPs were metered, or episodes
@@ -88,7 +88,7 @@ def speedups(records: Iterable[EpisodeRecord], reference: str, *,
     Raises:
         ValueError: ``reference`` has no episodes.
     """
-    groups = group_by_controller(records)
+    groups = records_by_controller(records)
     if reference not in groups:
         raise ValueError(f"speed-up reference {reference!r} has no episodes; played: "
                          f"{', '.join(groups)}")
