@@ -133,8 +133,46 @@ def test_a_growing_arm_grows_at_tau_of_each_budget_into_the_final_size(corpus):
         assert grown["budget_flops"] <= grown["spent_flops"]
 
 
+def test_width_arms_grow_wider_and_deeper_into_the_natively_built_final_size(corpus):
+    # The plan's width is 8 (two heads of 4): S2w16 is born two blocks of four heads.
+    plan = parse_plan(_plan(arms=[{"arm": "G1w8-2w16@0.5:identity", "lr": 1e-2},
+                                  {"arm": "G2-2w16@0.5:identity", "lr": 1e-2},
+                                  {"arm": "S2w16", "lr": 1e-2}, {"arm": "S2", "lr": 1e-2}],
+                            budgets=[1]))
+    rows = {r["arm"]: r for u in plan.units() for r in train_unit(u, plan, corpus)}
+    both, wider, big, small = (rows[a] for a in ("G1w8-2w16@0.5:identity",
+                                                 "G2-2w16@0.5:identity", "S2w16", "S2"))
+    assert big["params"] > small["params"]
+    assert both["params"] == wider["params"] == big["params"]  # the wide model, built natively
+    assert both["final_depth"] == wider["final_depth"] == 2
+    # Cheaper steps before the growth: more steps than the wide model for the same FLOPs.
+    assert big["steps"] < wider["steps"] < small["steps"] and big["steps"] < both["steps"]
+    assert all(r["budget_flops"] <= r["spent_flops"] for r in rows.values())
+    assert all(math.isfinite(r["validation_nats"]) for r in rows.values())
+
+
+def test_a_widening_keeps_the_function_and_the_phases_step_on():
+    # At the growth the logits stay (width growth is function-preserving), so the loss curve
+    # has no jump: the unit's own growth stream decides the split, nothing else.
+    from esper_lightning.app.frontier.train import build_host
+    from esper_lightning.core.width import WidthGrowth, widen
+
+    shape = parse_plan(_plan()).shape
+    host = build_host(shape, 1, 1e-2, rng_seed=3)
+    tokens = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = host(tokens)
+    widen(host, WidthGrowth(2, stack="blocks", rng_seed=1), host.configure_optimizers())
+    assert host.config.n_embd == 16 and host.config.n_head == 4
+    with torch.no_grad():
+        torch.testing.assert_close(host(tokens), before, rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize(("name", "message"), [
-    ("G4-1@0.5:copy", "depths must increase"),
+    ("G4-1@0.5:copy", "depths must not decrease"),
+    ("G2-2@0.5:copy", "each growth must add blocks or width, got 2-2"),
+    ("G1w8-2w12@0.5:identity", "width 12 is not a multiple of the width 8 before it"),
+    ("S2w6", "width 6 is not a whole number of heads of width 4"),
     ("G1-2-4@0.5:copy", "2 growth(s) need as many taus, got 1"),
     ("G1-2@1.5:copy", "taus must be in (0, 1)"),
     ("G1-2@0.5:copy+fast", "unknown option 'fast'; accepted: moments, rewarm"),

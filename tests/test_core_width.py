@@ -575,3 +575,43 @@ def test_a_config_that_cannot_say_the_mlp_width_is_refused():
 def test_a_model_without_a_stack_is_refused_as_width_growth():
     message = _refused(nn.Sequential(nn.Linear(4, 4)), WidthGrowth())
     assert message.startswith("WidthGrowth(stack=None) finds no stack of same-shape blocks")
+
+
+def test_a_model_widened_between_steps_trains_on_while_last_steps_graph_is_alive():
+    # The frontier's and a Trainer's loop keep the previous step's loss (and its graph) until
+    # the next forward: widening between steps must not leave a leaf's stale accumulator.
+    torch.manual_seed(0)
+    model = GPTHost(GPTConfig(vocab_size=64, block_size=8, n_layer=1, n_head=2, n_embd=16),
+                    slots=())
+    optimizer = model.configure_optimizers()
+    tokens = torch.randint(0, 64, (2, 8))
+    loss = model(tokens).logsumexp(-1).mean()
+    loss.backward()
+    optimizer.step()
+    widen(model, WidthGrowth(2, stack="blocks"), optimizer)
+    loss = model(tokens).logsumexp(-1).mean()  # the last step's ``loss`` alive until here
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    assert model.tok_emb.weight.grad.shape == (64, 32)
+    assert model.head.weight is model.tok_emb.weight  # the tie holds
+
+
+def test_a_graph_not_yet_backpropagated_is_refused_and_nothing_changes():
+    torch.manual_seed(0)
+    model = GPTHost(GPTConfig(vocab_size=64, block_size=8, n_layer=1, n_head=2, n_embd=16),
+                    slots=())
+    optimizer = model.configure_optimizers()
+    model(torch.randint(0, 64, (2, 8))).sum().backward()
+    optimizer.step()
+    shapes = {n: p.shape for n, p in model.named_parameters()}
+    state = {n: optimizer.state[p]["exp_avg"].clone() for n, p in model.named_parameters()}
+    held = model(torch.randint(0, 64, (2, 8)))  # a graph that still holds the weights
+    with pytest.raises(RuntimeError, match=r"widen: .* is held by a graph not yet "
+                                            r"backpropagated"):
+        widen(model, WidthGrowth(2, stack="blocks"), optimizer)
+    assert {n: p.shape for n, p in model.named_parameters()} == shapes
+    assert all(torch.equal(optimizer.state[p]["exp_avg"], state[n])
+               for n, p in model.named_parameters())
+    assert model.config.n_embd == 16
+    del held

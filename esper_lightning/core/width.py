@@ -692,22 +692,46 @@ def _follow_modules(model: nn.Module, plan: _Plan, growth: WidthGrowth) -> None:
 
 
 # --- the optimizer and the functional form -----------------------------------------------------
-def _carry(optimizer: torch.optim.Optimizer, param: nn.Parameter, index: Tensor, fresh: Tensor,
-           moments: str) -> None:
-    """``param``'s optimizer state into its new shape (module docstring): ``"copy"`` carries
+def _carried(optimizer: torch.optim.Optimizer, param: nn.Parameter, index: Tensor,
+             fresh: Tensor, moments: str) -> dict[str, Any] | None:
+    """``param``'s optimizer state in its new shape (module docstring): ``"copy"`` carries
     each entry's state from its source entry (a new entry: zero, a second moment the old
-    entries' mean), ``"reset"`` drops the state. Call before ``param`` changes shape."""
+    entries' mean); None: no state (``"reset"`` drops it). Read before ``param`` changes
+    shape; nothing is written here."""
     state = optimizer.state.get(param)
-    if not state:
-        return
-    if moments == "reset":
-        del optimizer.state[param]
-        return
-    for key, value in list(state.items()):
+    if not state or moments == "reset":
+        return None
+    carried = dict(state)
+    for key, value in state.items():
         if isinstance(value, Tensor) and value.dim() > 0 and value.shape == param.shape:
-            carried = value.flatten()[index.clamp(min=0)]
             fill = value.mean() if str(key).endswith("_sq") else value.new_zeros(())
-            state[key] = torch.where(fresh, fill, carried)
+            carried[key] = torch.where(fresh, fill, value.flatten()[index.clamp(min=0)])
+    return carried
+
+
+def _swap_all(pieces: list[tuple[_Piece, Tensor]]) -> None:
+    """Every piece's parameter takes its new value: the same ``Parameter`` object (param
+    groups, ties and references hold) with its contents and autograd record swapped whole (a
+    ``.data`` assignment would keep the leaf's gradient accumulator, which a graph still
+    referenced, last step's loss, holds alive with the old shape: the next backward fails on
+    it). All or none: a parameter a graph not yet backpropagated holds cannot be swapped, and
+    the ones swapped before it are swapped back.
+
+    Raises:
+        RuntimeError: Such a graph (one line naming the parameter).
+    """
+    done: list[tuple[nn.Parameter, nn.Parameter]] = []
+    for piece, value in pieces:
+        new = nn.Parameter(value.to(piece.param.dtype), requires_grad=piece.param.requires_grad)
+        try:
+            torch.utils.swap_tensors(piece.param, new)
+        except RuntimeError as err:
+            for param, old in reversed(done):
+                torch.utils.swap_tensors(param, old)
+            raise RuntimeError(f"widen: {piece.name} is held by a graph not yet backpropagated "
+                               "(an output computed with gradients); backpropagate or drop it, "
+                               "or compute it under torch.no_grad(), before widening") from err
+        done.append((piece.param, new))
 
 
 def widen(model: nn.Module, growth: WidthGrowth | None = None,
@@ -744,13 +768,16 @@ def widen(model: nn.Module, growth: WidthGrowth | None = None,
     configs = [(config, _config_changes(config, plan, growth)) for config in _configs(model)]
     generator = torch.Generator().manual_seed(growth.rng_seed)
     built = [(piece, *_expand(piece, growth, generator)) for piece in plan.pieces]
+    states = [None if optimizer is None else _carried(optimizer, piece.param, index, new,
+                                                      growth.moments)
+              for piece, _, index, new in built]
+    _swap_all([(piece, value) for piece, value, _, _ in built])
     fresh: dict[str, Tensor] = {}
-    for piece, value, index, new in built:
+    for (piece, _, _, new), state in zip(built, states, strict=True):
         if optimizer is not None:
-            _carry(optimizer, piece.param, index, new, growth.moments)
-        with torch.no_grad():
-            piece.param.data = value
-        piece.param.grad = None
+            optimizer.state.pop(piece.param, None)
+            if state is not None:
+                optimizer.state[piece.param] = state
         fresh[piece.name] = new
     _follow_modules(model, plan, growth)
     _apply_configs(model, configs)

@@ -11,12 +11,21 @@
   moments; ``+rewarm`` re-warms the learning rate after each growth (linearly from 0 over the
   study's warmup compute). It is born with the residual-projection init of its final depth.
   ``G1-4@0.25:identity``; ``G1-2-4@0.2,0.5:copy+moments``.
+* **Widths**: any stage may say its width, ``<depth>w<width>`` (``S4w64``, a fixed size of width
+  64; ``G1w32-4w64@0.1:identity``, born one block of width 32, grown at 0.1 to four blocks of
+  width 64); a stage without one is the plan's width (``shape.width``). Heads keep their width
+  (``shape.width / shape.n_head``): a wider stage has more of them. At a growth that changes
+  both, the model is widened first (`core.width.widen`: function-preserving, its AdamW moments
+  carried) and its new blocks are then made from the widened ones; a growth may change the
+  width alone (``G2w32-2w64@0.2:identity``). Each width is a multiple of the one before
+  (`ArmSpec.width_factors`, checked against the plan's shape by `plan`).
 
 Torch-free: plans name arms, and a bad name is refused in one line before anything trains.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 
@@ -24,14 +33,16 @@ from esper_lightning.errors import ConfigError
 
 __all__ = ["OPTIONS", "ArmSpec", "parse_arm"]
 
-_FIXED = re.compile(r"S(?P<depth>[1-9]\d*)")
-_GROWING = re.compile(r"G(?P<depths>[1-9]\d*(?:-[1-9]\d*)+)@(?P<taus>[0-9.]+(?:,[0-9.]+)*)"
+_STAGE = r"[1-9]\d*(?:w[1-9]\d*)?"
+_FIXED = re.compile(rf"S(?P<stage>{_STAGE})")
+_GROWING = re.compile(rf"G(?P<stages>{_STAGE}(?:-{_STAGE})+)@(?P<taus>[0-9.]+(?:,[0-9.]+)*)"
                       r":(?P<operator>[a-z][a-z0-9_]*)(?P<options>(?:\+[a-z]+)*)")
 #: What a growing arm may add to its operator.
 OPTIONS = ("moments", "rewarm")
 #: The accepted forms, as said in messages.
-FORMS = ("S<k> (a GPT born with k blocks, e.g. S4) or G<d0>-<d1>[-...]@<tau1>[,...]:<operator>"
-         "[+moments][+rewarm] (e.g. G1-4@0.25:identity)")
+FORMS = ("S<k>[w<width>] (a GPT born with k blocks, e.g. S4 or S4w64) or "
+         "G<d0>[w<width>]-<d1>[w<width>][-...]@<tau1>[,...]:<operator>[+moments][+rewarm] "
+         "(e.g. G1-4@0.25:identity, G1w32-4w64@0.1:identity)")
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,8 @@ class ArmSpec:
     taus: tuple[float, ...] = ()
     operator: str | None = None
     options: frozenset[str] = frozenset()
+    #: Each stage's width (None: the plan's), one per depth; () for an arm that names none.
+    widths: tuple[int | None, ...] = ()
 
     @property
     def fixed(self) -> bool:
@@ -60,10 +73,32 @@ class ArmSpec:
     def final_depth(self) -> int:
         return self.depths[-1]
 
-    def events(self, budget: float) -> list[tuple[float, int]]:
-        """``(FLOPs spent at which it grows, blocks it adds)`` for a run of ``budget`` FLOPs."""
-        return [(tau * budget, after - before) for tau, before, after
-                in zip(self.taus, self.depths[:-1], self.depths[1:], strict=True)]
+    def stage_widths(self, base: int) -> tuple[int, ...]:
+        """Each stage's width, a stage without one at ``base`` (the plan's width)."""
+        named = self.widths or (None,) * len(self.depths)
+        return tuple(base if w is None else w for w in named)
+
+    def width_factors(self, base: int) -> tuple[int, ...]:
+        """How many times wider each growth makes the model (1: its width stays).
+
+        Raises:
+            ConfigError: A width that is not a multiple of the one before (one line).
+        """
+        widths = self.stage_widths(base)
+        for before, after in itertools.pairwise(widths):
+            if after % before:
+                raise ConfigError(f"arm {self.name!r}: width {after} is not a multiple of the "
+                                  f"width {before} before it; accepted: k times it, k an int")
+        return tuple(after // before for before, after in itertools.pairwise(widths))
+
+    def events(self, budget: float, base: int | None = None) -> list[tuple[float, int, int]]:
+        """``(FLOPs spent at which it grows, blocks it adds, times wider)`` for a run of
+        ``budget`` FLOPs (widths against ``base``, the plan's; None: the arm names none)."""
+        if self.widths and base is None:
+            raise ValueError(f"arm {self.name!r} names widths: its events need the plan's width")
+        factors = self.width_factors(base or 1)
+        return [(tau * budget, after - before, factor) for tau, before, after, factor
+                in zip(self.taus, self.depths[:-1], self.depths[1:], factors, strict=True)]
 
 
 def parse_arm(name: str) -> ArmSpec:
@@ -71,25 +106,32 @@ def parse_arm(name: str) -> ArmSpec:
 
     Example:
         >>> parse_arm("S4")
-        ArmSpec(name='S4', depths=(4,), taus=(), operator=None, options=frozenset())
+        ArmSpec(name='S4', depths=(4,), taus=(), operator=None, options=frozenset(), widths=())
         >>> arm = parse_arm("G1-2-4@0.2,0.5:copy+moments")
         >>> arm.depths, arm.taus, arm.operator, sorted(arm.options), arm.events(100.0)
-        ((1, 2, 4), (0.2, 0.5), 'copy', ['moments'], [(20.0, 1), (50.0, 2)])
+        ((1, 2, 4), (0.2, 0.5), 'copy', ['moments'], [(20.0, 1, 1), (50.0, 2, 1)])
+        >>> parse_arm("G1w32-4w64@0.1:identity").events(100.0, base=32)  # 3 blocks, 2x wider
+        [(10.0, 3, 2)]
     """
     fixed = _FIXED.fullmatch(name)
     if fixed:
-        return ArmSpec(name, (int(fixed["depth"]),))
+        depths, widths = _stages(fixed["stage"])
+        return ArmSpec(name, depths, widths=widths)
     growing = _GROWING.fullmatch(name)
     if not growing:
         raise ConfigError(f"unknown arm {name!r}; accepted: {FORMS}")
-    depths = tuple(int(d) for d in growing["depths"].split("-"))
+    depths, widths = _stages(growing["stages"])
     try:
         taus = tuple(float(t) for t in growing["taus"].split(","))
     except ValueError:
         raise ConfigError(f"arm {name!r}: a tau is not a number") from None
     options = frozenset(o for o in growing["options"].split("+") if o)
-    if list(depths) != sorted(set(depths)):
-        raise ConfigError(f"arm {name!r}: depths must increase, got {list(depths)}")
+    if list(depths) != sorted(depths):
+        raise ConfigError(f"arm {name!r}: depths must not decrease, got {list(depths)}")
+    stages = list(zip(depths, widths or (None,) * len(depths), strict=True))
+    if any(a == b for a, b in itertools.pairwise(stages)):
+        raise ConfigError(f"arm {name!r}: each growth must add blocks or width, got "
+                          f"{name.split('@')[0][1:]}")
     if len(taus) != len(depths) - 1:
         raise ConfigError(f"arm {name!r}: {len(depths) - 1} growth(s) need as many taus, got "
                           f"{len(taus)}")
@@ -100,4 +142,12 @@ def parse_arm(name: str) -> ArmSpec:
     if unknown:
         raise ConfigError(f"arm {name!r}: unknown option {unknown[0]!r}; accepted: "
                           f"{', '.join(OPTIONS)}")
-    return ArmSpec(name, depths, taus, growing["operator"], options)
+    return ArmSpec(name, depths, taus, growing["operator"], options, widths)
+
+
+def _stages(text: str) -> tuple[tuple[int, ...], tuple[int | None, ...]]:
+    """Depths and widths of ``"1w32-4w64"`` (widths () when no stage names one)."""
+    parts = [stage.partition("w") for stage in text.split("-")]
+    depths = tuple(int(depth) for depth, _, _ in parts)
+    widths = tuple(int(width) if width else None for _, _, width in parts)
+    return depths, widths if any(w is not None for w in widths) else ()

@@ -234,6 +234,8 @@ def parse_plan(data: Mapping[str, Any]) -> Plan:
         first_episode=_check_int("first_episode", data.get("first_episode", 0), 0),
         source=dict(data),
     )
+    for arm in plan.arms:
+        _check_widths(arm.spec, plan.shape)
     names = [a.spec.name for a in plan.arms]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
@@ -244,6 +246,18 @@ def parse_plan(data: Mapping[str, Any]) -> Plan:
                           f"smallest budget ({smallest:g} FLOPs); accepted: at most "
                           f"{(1.0 - plan.decay_fraction) * smallest:g}")
     return plan
+
+
+def _check_widths(spec: ArmSpec, shape: Shape) -> None:
+    """Every width ``spec`` names holds whole heads of the shape's head width, and each is a
+    multiple of the one before (one line each)."""
+    head = shape.width // shape.n_head
+    for width in spec.stage_widths(shape.width):
+        if width % head:
+            raise ConfigError(f"arm {spec.name!r}: width {width} is not a whole number of heads "
+                              f"of width {head} (shape.width / shape.n_head); accepted: "
+                              f"multiples of {head}")
+    spec.width_factors(shape.width)
 
 
 def _arm(item: Any, budgets: tuple[float, ...]) -> ArmPlan:

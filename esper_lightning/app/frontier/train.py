@@ -13,6 +13,9 @@ fraction ``τ`` of that budget it grows (`core.depth.grow`: new blocks on top, m
 operator, joining the optimizer in their sources' param groups, with their sources' moments
 under ``+moments``), and under ``+rewarm`` its rate re-warms linearly from 0 over the study's
 warmup compute after each growth. It is born with its final depth's residual-projection init.
+A growth that also makes it wider (``G1w32-4w64``) widens it first (`core.width.widen`: the
+function kept, AdamW moments carried into the new shapes, the split's draws from the unit's
+growth stream), then adds the blocks, made from the widened ones.
 A unit with a phase rate (``lr_phases``, `plan.Unit.phases`) trains each phase at its own peak
 rate: at each growth every param group's base rate becomes the next phase's, and the rate
 re-warms from 0 over the warmup compute, as under ``+rewarm`` (the new blocks' AdamW moments
@@ -52,6 +55,7 @@ from esper_lightning.blueprints.block import init_block
 from esper_lightning.core.compute import ComputeLedger
 from esper_lightning.core.depth import DepthGrowth, grow
 from esper_lightning.core.flops import FlopMeter, structure
+from esper_lightning.core.width import WidthGrowth, widen
 from esper_lightning.data.text import (
     StepBatches,
     find_text_file,
@@ -98,12 +102,15 @@ def load_corpus(path: str | Path, shape: Shape, splits: tuple[str, ...],
 
 
 def build_host(shape: Shape, depth: int, lr: float, rng_seed: int,
-               init_depth: int | None = None) -> GPTHost:
+               init_depth: int | None = None, width: int | None = None) -> GPTHost:
     """A GPT of ``depth`` blocks (no slots) initialised from ``rng_seed``, its residual
-    projections scaled for ``init_depth`` (None: ``depth``, a network born that deep)."""
+    projections scaled for ``init_depth`` (None: ``depth``, a network born that deep), of
+    ``width`` (None: the shape's) in heads of the shape's head width."""
     extra = (init_depth or depth) - depth
+    width = width or shape.width
+    heads = width // (shape.width // shape.n_head)
     config = GPTConfig(vocab_size=256, block_size=shape.block_size, n_layer=depth,
-                       n_head=shape.n_head, n_embd=shape.width, growth_slots=int(extra > 0),
+                       n_head=heads, n_embd=width, growth_slots=int(extra > 0),
                        growth_depth=max(extra, 1))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(rng_seed)
@@ -142,11 +149,13 @@ class Run:
 
 
 def start_run(shape: Shape, depth: int, lr: float, rng_seed: int, init_depth: int | None = None,
-              device: torch.device | None = None, meter: FlopMeter | None = None) -> Run:
-    """A fresh run, its host initialised on the CPU (the same weights on every device) and
-    moved to ``device`` before its optimizer is made; its ledger meters with ``meter`` (one
-    shared by a worker's runs: one meta pass per architecture)."""
-    host = build_host(shape, depth, lr, rng_seed, init_depth).to(device)
+              device: torch.device | None = None, meter: FlopMeter | None = None,
+              width: int | None = None) -> Run:
+    """A fresh run, its host (``width`` wide; None: the shape's) initialised on the CPU (the
+    same weights on every device) and moved to ``device`` before its optimizer is made; its
+    ledger meters with ``meter`` (one shared by a worker's runs: one meta pass per
+    architecture)."""
+    host = build_host(shape, depth, lr, rng_seed, init_depth, width).to(device)
     optimizer = host.configure_optimizers()
     set_base_lrs(optimizer.param_groups)
     return Run(host, optimizer, ComputeLedger(meter=meter))
@@ -225,7 +234,8 @@ def train_unit(unit: Unit, plan: Plan, corpus: Corpus,
     batches = StepBatches(corpus.train, plan.shape.block_size, plan.shape.batch_size,
                           unit.rng_seed)
     run = start_run(plan.shape, unit.arm.final_depth, unit.lr, unit.rng_seed,
-                    device=corpus.train.device, meter=meter)
+                    device=corpus.train.device, meter=meter,
+                    width=unit.arm.stage_widths(plan.shape.width)[-1])
     largest = max(unit.budgets)
     rows = []
     for budget in sorted(unit.budgets):
@@ -246,31 +256,36 @@ def train_unit(unit: Unit, plan: Plan, corpus: Corpus,
 def _train_growing(unit: Unit, plan: Plan, corpus: Corpus, meter: FlopMeter,
                    budget: float) -> dict[str, Any]:
     """One run of a growing arm to ``budget``, growing at each of its events."""
-    arm = unit.arm
-    events = arm.events(budget)
+    arm, base = unit.arm, plan.shape.width
+    events = arm.events(budget, base)
     init = partial(init_block, depth=arm.final_depth)
     moments = "copy" if "moments" in arm.options else "fresh"
 
     def grow_due(run: Run) -> bool:
         if not events or run.spent < events[0][0]:
             return False
-        _, blocks = events.pop(0)
+        _, blocks, wider = events.pop(0)
         device = corpus.train.device
         # An operator that draws (random) draws from the unit's own stream, so a row never
         # depends on what its worker trained before.
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(growth_rng_seed(unit.rng_seed, len(run.host.blocks)))
-            grow(run.host, DepthGrowth("blocks", blocks=blocks, init=init, moments=moments),
-                 str(arm.operator), run.optimizer)
+            rng_seed = growth_rng_seed(unit.rng_seed, len(run.host.blocks))
+            torch.manual_seed(rng_seed)
+            if wider > 1:  # first wider, so the new blocks are made from the widened ones
+                widen(run.host, WidthGrowth(wider, stack="blocks", rng_seed=rng_seed),
+                      run.optimizer)
+            if blocks:
+                grow(run.host, DepthGrowth("blocks", blocks=blocks, init=init,
+                                           moments=moments), str(arm.operator), run.optimizer)
         run.grown_at = run.spent
         if unit.phases:  # the next phase's peak rate; the schedule multiplies it as before
-            rate = unit.phases[len(arm.events(budget)) - len(events)]
+            rate = unit.phases[len(arm.events(budget, base)) - len(events)]
             for group in run.optimizer.param_groups:
                 group["initial_lr"] = rate
         return True
 
     run = start_run(plan.shape, arm.depths[0], unit.lr, unit.rng_seed, arm.final_depth,
-                    device=corpus.train.device, meter=meter)
+                    device=corpus.train.device, meter=meter, width=arm.stage_widths(base)[0])
     batches = StepBatches(corpus.train, plan.shape.block_size, plan.shape.batch_size,
                           unit.rng_seed)
     rewarm = plan.warmup_flops if "rewarm" in arm.options or unit.phases else None
