@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -161,3 +164,62 @@ def test_a_sampled_policy_draws_from_a_generator_seeded_by_the_episode(smoke_pol
                                    out=str(tmp_path / f"run{k}")))
         played.append([r.values | {"wall_seconds": None} for r in rerun.run()])
     assert played[0] == played[1]
+
+
+def _installed_package(folder, entry: str, module: str) -> None:
+    """A package installed in ``folder`` (a dist-info with an ``esper_lightning.arms`` entry
+    point, as pip writes it) and its module."""
+    dist = folder / "idle_arms-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: idle-arms\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(f"[esper_lightning.arms]\n{entry}\n")
+    (folder / "idle_arms.py").write_text(module)
+
+
+IDLE_MODULE = '''
+from esper_lightning.app.compare.arms import ArmKind
+
+
+def _static(arena, spec, plan, prepared):
+    from esper_lightning.controllers import StaticController
+
+    return StaticController()
+
+
+IDLE = ArmKind("idle", "idle", "an installed package's arm: the host as it is", _static)
+'''
+
+
+def _command(folder, *argv: str) -> subprocess.CompletedProcess[str]:
+    """The installed command line, run with ``folder`` on the path (the package installed)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), *sys.path])}
+    return subprocess.run([sys.executable, "-m", "esper_lightning.app.cli", *argv],
+                          capture_output=True, text=True, env=env, timeout=300, check=False)
+
+
+def test_an_installed_package_arm_reaches_the_installed_command(tmp_path):
+    _installed_package(tmp_path, "idle = idle_arms:IDLE", IDLE_MODULE)
+    helped = _command(tmp_path, "compare", "--help")
+    assert helped.returncode == 0, helped.stderr[-2000:]
+    assert "idle: an installed package's arm: the host as it is" in " ".join(
+        helped.stdout.split())
+    # Its name parses on the command line: the run stops at the (missing) data, not the arm.
+    missing = tmp_path / "no-data"
+    ran = _command(tmp_path, "compare", "--controllers", "static", "idle", "--data_dir",
+                   str(missing))
+    assert ran.returncode == 2
+    assert "unknown controller" not in ran.stderr and str(missing) in ran.stderr
+    # Without the package the same line names the arm as unknown.
+    alone = _command(tmp_path / "elsewhere", "compare", "--controllers", "static", "idle",
+                     "--data_dir", str(missing))
+    assert alone.returncode == 2 and "unknown controller 'idle'" in alone.stderr
+
+
+def test_a_broken_entry_point_is_one_line(tmp_path):
+    _installed_package(tmp_path, "idle = idle_arms:NOTHING", IDLE_MODULE)
+    done = _command(tmp_path, "compare", "--controllers", "static")
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "esper-lightning compare: error: arm entry point 'idle = idle_arms:NOTHING' "
+        "(esper_lightning.arms) failed to load: AttributeError: module 'idle_arms' has no "
+        "attribute 'NOTHING'"]

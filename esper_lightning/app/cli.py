@@ -54,6 +54,7 @@ from esper_lightning.app.config import (
     read_config_file,
     saved_values,
 )
+from esper_lightning.app.console import fail, missing_lab
 from esper_lightning.data.files import DataError, resolve_data_dir  # plain Python: no torch
 from esper_lightning.errors import ConfigError
 
@@ -111,9 +112,9 @@ def run_compare(config: TaskConfig, argv: Sequence[str] = ()) -> int:
 
 def describe_arms(parser: ArgumentParser) -> None:
     """``--controllers``' help: every registered arm kind and what it plays."""
-    from esper_lightning.app.compare.arms import ARM_KINDS
+    from esper_lightning.app.compare.arms import arm_kinds
 
-    kinds = "; ".join(f"{kind.usage}: {kind.about}" for kind in ARM_KINDS.values())
+    kinds = "; ".join(f"{kind.usage}: {kind.about}" for kind in arm_kinds().values())
     parser._option_string_actions["--controllers"].help = f"controllers to compare. {kinds}"
 
 
@@ -142,6 +143,9 @@ OWN_PARSER = {
     "ship": ("write a trained policy as a small file with its manifest entry",
              "esper_lightning.app.ppo.ship"),
 }
+#: The lab's commands (the comparison and frontier harness): they need the ``lab`` extra, and
+#: say so in one line without it (`console.missing_lab`).
+LAB_COMMANDS = frozenset({"compare", "frontier", "lookup"})
 
 
 def build_parser(command: str, preset: str | None = None,
@@ -402,15 +406,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(VERSION)
         return 0
     command = argv[0]
+    missing = missing_lab(f"{PROG} {command}") if command in LAB_COMMANDS else None
+    if missing is not None:
+        return fail(f"{PROG} {command}", missing)
     if command in OWN_PARSER:
         import importlib
 
         return int(importlib.import_module(OWN_PARSER[command][1]).main(argv[1:]))
     if command not in COMMANDS:
         accepted = ", ".join([*COMMANDS, *OWN_PARSER])
-        print(f"{PROG}: error: unknown command {command!r}; accepted: {accepted}",
-              file=sys.stderr)
-        return 2
+        return fail(PROG, f"unknown command {command!r}; accepted: {accepted}")
     check = COMMANDS[command].check
     try:
         config = parse_config(command, argv[1:])
@@ -418,7 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             check(config)
         check_paths(config)
     except (ConfigError, DataError, argparse.ArgumentError) as err:
-        return _fail(command, err)
+        return fail(f"{PROG} {command}", _one_line(err, command))
     attach_log_handler()
     from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -426,12 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with logging_redirect_tqdm(loggers=[logging.getLogger("esper_lightning")]):
             return COMMANDS[command].run(config, argv[1:])
     except (ConfigError, DataError) as err:
-        return _fail(command, err)
-
-
-def _fail(command: str, err: Exception) -> int:
-    print(f"{PROG} {command}: error: {_one_line(err, command)}", file=sys.stderr)
-    return 2
+        return fail(f"{PROG} {command}", _one_line(err, command))
 
 
 def _one_line(err: Exception, command: str) -> str:

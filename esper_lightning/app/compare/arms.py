@@ -15,13 +15,24 @@ episode, and says what the host is born with. Naming a new kind on the command l
 
 ``Comparison`` is the ``arena`` each function receives: its ``config``, ``topology``,
 ``specs`` (every arm by label) and ``heuristic``.
+
+An installed package reaches the installed ``esper-lightning compare`` through the entry-point
+group ``esper_lightning.arms`` (`ENTRY_POINTS`): each entry names an `ArmKind` (registered when
+the registry is first read: `arm_kinds`) or a module whose import calls `register_arm`. In the
+package's ``pyproject.toml``::
+
+    [project.entry-points."esper_lightning.arms"]
+    idle = "my_package.arms:IDLE"
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.metadata
 import logging
 import math
+import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,8 +46,9 @@ if TYPE_CHECKING:  # the registry imports no torch: ``compare --help`` lists it 
     from esper_lightning.controllers import Controller, GrowerController
     from esper_lightning.rl.checkpoint import PolicyBundle
 
-__all__ = ["ARM_KINDS", "ArmKind", "ControllerSpec", "EpisodePlan", "Implants", "arm_usages",
-           "check_policy", "fingerprint", "make_grower", "parse_controller", "register_arm"]
+__all__ = ["ARM_KINDS", "ENTRY_POINTS", "ArmKind", "ControllerSpec", "EpisodePlan", "Implants",
+           "arm_kinds", "arm_usages", "check_policy", "fingerprint", "make_grower",
+           "parse_controller", "register_arm"]
 
 log = logging.getLogger("esper_lightning")
 
@@ -123,9 +135,44 @@ def register_arm(kind: ArmKind) -> ArmKind:
     return kind
 
 
+#: The entry-point group of installed packages' arm kinds.
+ENTRY_POINTS = "esper_lightning.arms"
+
+
+@functools.cache
+def _load_entry_points() -> None:
+    """Register every installed package's arm kinds (`ENTRY_POINTS`), once per process.
+
+    Raises:
+        ConfigError: one line naming the entry point that failed to load, or whose object is
+            neither an `ArmKind` nor a module.
+    """
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINTS):
+        where = f"arm entry point '{entry.name} = {entry.value}' ({ENTRY_POINTS})"
+        try:
+            loaded = entry.load()
+        except Exception as err:  # a user's package: any failure is that package's one line
+            raise ConfigError(f"{where} failed to load: {type(err).__name__}: {err}") from None
+        if isinstance(loaded, ArmKind):
+            try:
+                if ARM_KINDS.get(loaded.name) is not loaded:
+                    register_arm(loaded)
+            except ValueError as err:  # a name taken, or a usage not of its name
+                raise ConfigError(f"{where}: {err}") from None
+        elif not isinstance(loaded, types.ModuleType):  # a module registered on import
+            raise ConfigError(f"{where} is a {type(loaded).__name__}; accepted: an ArmKind or "
+                              "a module that calls register_arm")
+
+
+def arm_kinds() -> dict[str, ArmKind]:
+    """`ARM_KINDS` with every installed package's kinds (`ENTRY_POINTS`) registered."""
+    _load_entry_points()
+    return ARM_KINDS
+
+
 def arm_usages() -> tuple[str, ...]:
     """How ``--controllers`` writes each kind (``static``, ``policy:PATH``, ...)."""
-    return tuple(kind.usage for kind in ARM_KINDS.values())
+    return tuple(kind.usage for kind in arm_kinds().values())
 
 
 def parse_controller(text: str, custom: Sequence[str] = ()) -> ControllerSpec:
@@ -139,7 +186,7 @@ def parse_controller(text: str, custom: Sequence[str] = ()) -> ControllerSpec:
     if text in custom:
         return ControllerSpec(text, "custom")
     name, sep, argument = text.partition(":")
-    kind = ARM_KINDS.get(name)
+    kind = arm_kinds().get(name)
     if kind is not None and (bool(argument) if kind.takes_argument else not sep):
         return ControllerSpec(text, name, argument or None)
     accepted = ", ".join((*arm_usages(), *custom))
@@ -219,7 +266,7 @@ def _gpt_host(arena: Any) -> Any:
 
 
 def _stack(arena: Any, spec: ControllerSpec, rng_seed: int | None) -> Controller:
-    from esper_lightning.controllers.stack import stack_controller
+    from esper_lightning.app.compare.stack_arms import stack_controller
 
     return stack_controller(str(spec.argument), _gpt_host(arena), arena.config.slots,
                             arena.topology, rng_seed)
@@ -228,8 +275,8 @@ def _stack(arena: Any, spec: ControllerSpec, rng_seed: int | None) -> Controller
 def _lookup(arena: Any, spec: ControllerSpec) -> Any:
     """``lookup:PATH``'s table, checked against the run's host (its depth and growth slots,
     as ``stack:`` is) and the operator's blueprint."""
+    from esper_lightning.app.compare.stack_arms import stack_controller
     from esper_lightning.controllers.lookup import read_lookup
-    from esper_lightning.controllers.stack import stack_controller
 
     lookup = read_lookup(str(spec.argument))
     taus = ",".join("0" for _ in range(lookup.slots))
@@ -287,7 +334,7 @@ def _lookup_cost(spec: ControllerSpec, lookup: Any) -> dict[str, Any] | None:
 
 
 def _born(arena: Any, spec: ControllerSpec) -> Implants:
-    from esper_lightning.controllers.stack import born_implants
+    from esper_lightning.app.compare.stack_arms import born_implants
 
     return born_implants(str(spec.argument), _gpt_host(arena), arena.config.slots,
                          arena.topology)

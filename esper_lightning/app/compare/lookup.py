@@ -24,7 +24,6 @@ import argparse
 import dataclasses
 import json
 import math
-import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ from esper_lightning.app.compare.regret import (
     stack_families,
 )
 from esper_lightning.app.compare.table import by_budget
+from esper_lightning.app.console import fail
 from esper_lightning.controllers.lookup import GrowthLookup
 from esper_lightning.errors import ConfigError
 
@@ -155,7 +155,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         args = build_parser().parse_args(list(argv))
     except argparse.ArgumentError as err:
-        return _fail(str(err))
+        return fail(PROG, err)
     except SystemExit as done:  # --help, or argparse's own usage error
         return int(done.code or 0)
     try:
@@ -163,7 +163,7 @@ def main(argv: Sequence[str]) -> int:
         records, base, tuning = _pooled([Path(f) for f in args.comparison])
         lookup = tune_lookup(records, base, args.judged, args.family, tuning)
     except (ConfigError, ValueError) as err:
-        return _fail(str(err))
+        return fail(PROG, err)
     path = lookup.write(args.out)
     chosen = ", ".join(f"{s:g}: {'never' if t is None else ','.join(f'{x:g}' for x in t)}"
                        for s, t in lookup.points)
@@ -248,6 +248,3 @@ def comparison_config(folder: Path) -> Any:
     return config
 
 
-def _fail(message: str) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
-    return 2

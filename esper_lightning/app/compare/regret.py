@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from esper_lightning.app.compare.records import BUDGET, METRICS
+from esper_lightning.app.compare.stack_arms import parse_stack
 from esper_lightning.app.compare.stats import CONFIDENCE, Estimate, estimate
 from esper_lightning.app.compare.table import (
     Records,
@@ -43,7 +44,6 @@ from esper_lightning.app.compare.table import (
     shared,
     side_by_side,
 )
-from esper_lightning.controllers.stack import parse_stack
 from esper_lightning.errors import ConfigError
 
 #: The controller kind whose arms form a grid over TAU.

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from esper_lightning.app.console import fail
 from esper_lightning.errors import ConfigError
 
 __all__ = ["main"]
@@ -82,7 +82,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         args = parser.parse_args(list(argv))
     except (argparse.ArgumentError, ConfigError) as err:
-        return _fail(str(err))
+        return fail(PROG, err)
     except SystemExit as done:  # --help, or argparse's own usage error
         return int(done.code or 0)
     from esper_lightning.data.files import DataError
@@ -101,7 +101,7 @@ def main(argv: Sequence[str]) -> int:
             print(_report(args.study, args.docs, args.others).read_text())
         return 0
     except (ConfigError, DataError) as err:
-        return _fail(str(err))
+        return fail(PROG, err)
 
 
 def _loaded(folder: str) -> tuple[Any, list[dict[str, Any]]]:
@@ -198,8 +198,3 @@ def _joined(plan: Any, rows: list[dict[str, Any]], folder: str) -> list[dict[str
                           f"{budget:g} is in both studies; each arm's rate at a budget comes "
                           "from one")
     return more
-
-
-def _fail(message: str) -> int:
-    print(f"{PROG}: error: {' '.join(message.split())}", file=sys.stderr)
-    return 2

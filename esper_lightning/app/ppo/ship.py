@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from esper_lightning.app.console import fail
 from esper_lightning.errors import ConfigError
 
 __all__ = ["MANIFEST", "build_parser", "main", "ship_policy"]
@@ -99,8 +99,7 @@ def main(argv: Sequence[str]) -> int:
         args = build_parser().parse_args(list(argv))
         entry = ship_policy(args.checkpoint, args.out)
     except (argparse.ArgumentError, ConfigError) as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 2
+        return fail(PROG, err)
     except SystemExit as done:  # --help, or argparse's own usage error
         return int(done.code or 0)
     print(f"{args.out}: {entry['bytes']:,} bytes, sha256 {entry['sha256']}, "
