@@ -23,7 +23,6 @@ a seed).
 from __future__ import annotations
 
 import dataclasses
-import math
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -42,12 +41,12 @@ from esper_lightning.blueprints.growth import (
     operator_of,
 )
 from esper_lightning.core.alpha import AlphaAlgorithm, AlphaController, AlphaCurve, AlphaMode
+from esper_lightning.core.gradient_stats import record_gradient_stats
 from esper_lightning.core.lifecycle import (
     ACTIVE_STAGES,
     ALPHA_TOLERANCE,
     DEFAULT_BLEND_TEMPO,
     EMBARGO_TICKS,
-    GRADIENT_EMA_DECAY,
     LIVE_STAGES,
     AlphaView,
     GateConfig,
@@ -61,18 +60,17 @@ from esper_lightning.core.lifecycle import (
     StageEvent,
     default_successor,
 )
+from esper_lightning.core.manifest import (
+    MANIFEST_VERSION,
+    blend_gradient_of,
+    check_manifest,
+    identity_of,
+)
 
-MANIFEST_VERSION = 1
-VANISHING_GRAD_NORM = 1e-7
-EXPLODING_GRAD_NORM = 10.0  # 10x the usual clip norm of 1.0
-GRAD_EPS = 1e-8
 #: Whether a BLENDING seed's input is detached from the host (`SeedSlot` ``blend_gradient``).
 BLEND_GRADIENTS = ("detached", "through")
 #: ``blend_gradient`` of a slot that names none: measured better than "detached" on both tasks.
 DEFAULT_BLEND_GRADIENT = "through"
-#: What a manifest written before ``blend_gradient`` existed meant, per topology (CNN seeds
-#: were detached while BLENDING), so an old checkpoint resumes exactly.
-_LEGACY_BLEND_GRADIENT = {"cnn": "detached"}
 #: Slot -> what its engine calls before a live seed in the host's forward runs in a training
 #: forward (`MorphogenesisEngine` keeps the host's buffers then, to put them back when the
 #: seed's output spoiled them). Weak both ways, and off the module, so copying or saving a
@@ -647,25 +645,7 @@ class SeedSlot(nn.Module):
         if self.state is None:
             return
         grads = [p.grad for p in self.seed_parameters() if p.grad is not None]
-        if not grads:
-            return
-        norms = torch.stack(torch._foreach_norm(grads)).float().cpu()
-        m = self.state.metrics
-        total = float(norms.norm())
-        finite = bool(torch.isfinite(norms).all())
-        vanishing = float((norms < VANISHING_GRAD_NORM).float().mean())
-        exploding = float(((norms > EXPLODING_GRAD_NORM) | ~torch.isfinite(norms)).float().mean())
-        m.has_vanishing, m.has_exploding = vanishing > 0, exploding > 0
-        m.gradient_health = (
-            min(1.0, max(0.0, 1.0 - 0.5 * vanishing - 0.8 * exploding)) if finite else 0.0
-        )
-        if not math.isfinite(total):
-            return
-        m.gradient_norm = _ema(m.gradient_norm, total)
-        if host_grad_norm is not None and host_params and host_grad_norm > GRAD_EPS:
-            seed_params = max(1, m.seed_params)
-            ratio = (total / host_grad_norm) * math.sqrt(host_params / seed_params)
-            m.gradient_ratio = _ema(m.gradient_ratio, ratio)
+        record_gradient_stats(self.state.metrics, grads, host_grad_norm, host_params)
 
     def seed_parameters(self) -> list[nn.Parameter]:
         """Parameters owned by the seed (and its gate), in a stable order."""
@@ -729,24 +709,16 @@ class SeedSlot(nn.Module):
         An existing seed of the same blueprint and width is kept, so parameter identity (and any
         optimizer referencing it) survives an in-place restore.
         """
-        if manifest.get("version") != MANIFEST_VERSION:
-            raise ValueError(
-                f"slot {self.slot_id!r}: manifest version {manifest.get('version')!r}; "
-                f"accepted: {MANIFEST_VERSION}"
-            )
-        saved_topology = manifest["topology"]
-        if None not in (saved_topology, self.topology) and saved_topology != self.topology:
-            raise ValueError(
-                f"slot {self.slot_id!r}: manifest topology {saved_topology!r} "
-                f"!= slot topology {self.topology!r}"
-            )
-        self._check_growth(manifest)
+        check_manifest(manifest, self.slot_id, self.topology,
+                       None if self.growth is None else self.growth.blocks)
+        if self.growth is not None and manifest.get("growth") is not None:
+            self._identity_mode = identity_of(manifest)
         old_blueprint = None if self.state is None else self.state.blueprint
         self._unfreeze()
-        self.topology = saved_topology or self.topology  # an inferring slot adopts the saved one
+        # An inferring slot adopts the saved topology.
+        self.topology = manifest["topology"] or self.topology
         self.channels = manifest["channels"]
-        legacy = _LEGACY_BLEND_GRADIENT.get(self.topology or "", DEFAULT_BLEND_GRADIENT)
-        self.blend_gradient = manifest.get("blend_gradient", legacy)
+        self.blend_gradient = blend_gradient_of(manifest, self.topology, DEFAULT_BLEND_GRADIENT)
         self.seeds_germinated = manifest["seeds_germinated"]
         self.gates = QualityGates(manifest["gate_mode"], GateConfig(**manifest["gate_config"]))
         self.state = None if manifest["state"] is None else SeedState.from_dict(manifest["state"])
@@ -764,23 +736,6 @@ class SeedSlot(nn.Module):
         elif self.gate is None:
             self.gate = self._build_gate()
         self._sync_freeze()
-
-    def _check_growth(self, manifest: dict[str, Any]) -> None:
-        """Refuse a manifest of a growth slot of another size (a host of another shape), and
-        adopt how ``identity`` made copies here."""
-        if "growth" not in manifest:  # before growth sites: blocks per seed as growth_depth
-            saved = manifest.get("growth_depth", 1) if self.growth is not None else None
-        else:
-            saved = None if manifest["growth"] is None else manifest["growth"]["blocks"]
-            if self.growth is not None and manifest["growth"] is not None:
-                self._identity_mode = manifest["growth"]["identity"]
-        here = None if self.growth is None else self.growth.blocks
-        if saved != here:
-            what = {None: "no growth slot"}
-            raise ValueError(f"slot {self.slot_id!r}: the manifest is of "
-                             f"{what.get(saved, f'a growth slot of {saved} block(s)')}, this "
-                             f"slot is {what.get(here, f'a growth slot of {here} block(s)')} (a "
-                             "model of another shape)")
 
     def get_extra_state(self) -> dict[str, Any]:
         return self.manifest()
@@ -968,12 +923,6 @@ def _per_sample(alpha: Tensor, h: Tensor) -> Tensor:
     if alpha.dim() == 1 and h.dim() > 1:
         return alpha.view(-1, *([1] * (h.dim() - 1)))
     return alpha
-
-
-def _ema(previous: float | None, value: float) -> float:
-    if previous is None:
-        return value
-    return GRADIENT_EMA_DECAY * previous + (1 - GRADIENT_EMA_DECAY) * value
 
 
 def host_parameters(module: nn.Module) -> list[nn.Parameter]:
