@@ -246,12 +246,30 @@ def test_the_report_reads_a_speedup_a_growing_arm_has_by_construction(tmp_path):
     assert text.startswith("before\n<!-- frontier:tiny:begin -->\nStudy `tiny` (final)")
     assert "old" not in text and text.endswith("<!-- frontier:tiny:end -->\nafter\n")
     assert "| G1-2@0.5:identity | 2 | 3 | 1.50× [1.50, 1.50]" in report.read_text()
+    # The estimators' table: every estimator near 1.5 on these lines in log C (piecewise
+    # exactly; a power law fitted to a line, nearly), and no chord effect on straight lines.
+    estimators = report.read_text().split("Speed-up by estimator")[1]
+    row = next(line for line in estimators.splitlines() if line.startswith(
+        "| G1-2@0.5:identity | 2 | 3 |"))
+    cells = row.split(" | ")[3:]
+    assert all(cell.startswith("1.50×") for cell in cells[:4]) and cells[4] == "+0.0% |"
+    assert "| 2 | 2 | 3.1754 | S2 | 3.1754 | +0.0000 |" in report.read_text()  # one size leads
     assert (tmp_path / "loss_vs_flops.png").stat().st_size > 0
     assert (tmp_path / "speedup.png").stat().st_size > 0
     # The document's copies, where a docs site finds them.
     for figure in ("loss_vs_flops.png", "speedup.png"):
         copy = tmp_path / "images" / f"frontier-tiny-{figure}"
         assert copy.read_bytes() == (tmp_path / figure).read_bytes()
+
+
+def test_a_study_too_short_for_a_power_law_says_so_in_its_report():
+    from esper_lightning.app.frontier.report import report_lines
+
+    rows = [r for r in _rows({"S1": 1.0, "S2": 1.0, "G1-2@0.5:identity": 1.5}, lrs=(2e-3,))
+            if r["budget"] in (1.0, 2.0)]
+    plan = parse_plan(_plan(purpose="final", budgets=[1, 2], base_flops=1e12, warmup_flops=1e10))
+    assert ("No speed-up by estimator: a power law with an offset needs at least 3 budgets, "
+            "got 2 ([1000000000000.0, 2000000000000.0]).") in report_lines(plan, rows)
 
 
 def test_one_episode_is_reported_without_intervals_it_cannot_have():
@@ -316,17 +334,52 @@ def test_widths_puts_the_same_arm_of_two_widths_side_by_side(tmp_path, capsys):
         _append(tmp_path / name / ROWS_FILE, _rows(arms, lrs=(2e-3,)))
     docs = tmp_path / "docs" / "results.md"
     docs.parent.mkdir()
-    docs.write_text("<!-- frontier:by-width:begin -->\n<!-- frontier:by-width:end -->\n")
+    docs.write_text("".join(f"<!-- frontier:{name}:begin -->\n<!-- frontier:{name}:end -->\n"
+                            for name in ("by-width", "cross-width", "literature")))
     groups = [str(tmp_path / "narrow"), f"{tmp_path / 'wide-growth'}+{tmp_path / 'wide-sizes'}"]
     assert main(["widths", *groups, "--docs", str(docs)]) == 0
     text = docs.read_text()
     assert "| G1-2@0.5:identity | 8 | 2 | 3 | 1.50× [1.50, 1.50]" in text
     assert "| G1-2@0.5:identity | 16 | 2 | 3 | 2.00× [2.00, 2.00]" in text
     assert "| G1-2@0.5:identity | 16 | 8 | 3 | ≥ 1.00×" in text  # beyond the frontier: a bound
-    assert (docs.parent / "images" / "frontier-by-width.png").read_bytes().startswith(b"\x89PNG")
+    for figure in ("frontier-by-width.png", "frontier-literature.png"):
+        assert (docs.parent / "images" / figure).read_bytes().startswith(b"\x89PNG")
+    # Both widths' sizes in one envelope (the same sizes here: the widths tie, the first holds).
+    assert "| TFLOP | w8 S1 | w8 S2 | w16 S1 | w16 S2 | envelope (piecewise) |" in text
+    assert "| 1 | 4.3295 | 3.4639 | 4.3295 | 3.4639 | 3.4639 | w8 S2 |" in text
+    assert "Width 8: no tuning study given (`--tuning`)" in text
+    # The literature's table: the final size (S2) is the frontier here, so they agree.
+    section = text.split("<!-- frontier:literature:begin -->")[1]
+    row = next(line for line in section.splitlines()
+               if line.startswith("| G1-2@0.5:identity | 8 | 2 | 3 |"))
+    frontier, today, every, final = row.split(" | ")[4:8]
+    assert today == "1.50× [1.50, 1.50]"  # per episode on these lines in log C: exact
+    assert all(cell.startswith("1.50× [1.") for cell in (frontier, every, final))
     capsys.readouterr()
     assert main(["widths", str(tmp_path / "nowhere")]) == 2
     assert "plan '" in capsys.readouterr().err
+    assert main(["widths", str(tmp_path / "narrow"), "--tuning", str(tmp_path / "narrow")]) == 2
+    assert "--tuning " in capsys.readouterr().err  # a final study is no tuning grid
+
+
+def test_widths_read_each_rate_against_its_tuning_grid(tmp_path):
+    """A rate the tuning chose at the end of its grid is marked; a final rate that is not the
+    tuning's choice says which the tuning chose; studies of two splits do not mix."""
+    from esper_lightning.app.frontier.report import write_widths
+
+    final = parse_plan(_plan(purpose="final", budgets=[1, 2, 4, 8], base_flops=1e12,
+                             warmup_flops=1e10))
+    rows = _rows({"S1": 1.0, "S2": 1.0, "G1-2@0.5:identity": 1.5}, lrs=(2e-3,))
+    rows = [{**r, "lr": 1e-3} if r["arm"] == "S1" and r["budget"] == 8.0 else r for r in rows]
+    tuning = parse_plan(_plan(budgets=[1, 2, 4, 8], base_flops=1e12, warmup_flops=1e10))
+    grid = _rows({"S1": 1.0, "S2": 1.0}, lrs=(1e-3, 2e-3))
+    lines = write_widths([(final, rows)], tmp_path / "by-width.png", tuning=[(tuning, grid)])
+    assert "| 8 | S1 | 0.002 ✱ | 0.002 ✱ | 0.002 ✱ | 0.001 (tuned 0.002 ✱) |" in lines
+    assert "| 8 | G1-2@0.5:identity | 0.002 | 0.002 | 0.002 | 0.002 |" in lines  # not tuned
+    assert (tmp_path / "frontier-literature.png").stat().st_size > 0
+    mixed = write_widths([(final, rows), (tuning, grid)], tmp_path / "by-width.png")
+    assert ("No cross width table: the studies read different splits (test and validation); "
+            "their losses do not mix.") in mixed
 
 
 def test_the_commands_refuse_in_one_line(tmp_path, capsys):

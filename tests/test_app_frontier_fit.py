@@ -6,13 +6,16 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from esper_lightning.app.frontier.fit import (
     Curve,
+    PowerLaw,
     Speedup,
     curves_by_episode,
     frontier,
     geometric_summary,
+    jackknife_t,
     speedup,
     time_to_target,
 )
@@ -82,3 +85,57 @@ def test_curves_by_episode_read_rows():
     assert sorted(curves) == [0, 1] and curves[1].at(4.0) == pytest.approx(1.86)
     assert curves_by_episode(rows, "S2", "test_nats") == {}
     assert curves_by_episode(rows, "S1", "test_nats", x="wall_s")[0].flops.tolist() == [0.1, 0.4]
+
+
+def _law(offset: float, scale: float, exponent: float, budgets=BUDGETS) -> Curve:
+    """Loss ``offset + scale * C^-exponent`` at ``budgets``: a power law, exactly."""
+    return Curve.of((c, offset + scale * c ** -exponent) for c in budgets)
+
+
+def test_a_power_law_is_recovered_from_its_points_and_read_between_them():
+    law = PowerLaw.fit(_law(1.5, 0.8, 0.6))
+    assert (law.offset, law.scale, law.exponent) == pytest.approx((1.5, 0.8, 0.6), abs=1e-6)
+    assert (law.low, law.high) == (1.0, 16.0)
+    curve = law.curve([3.0, 99.0])  # a measured budget inside is a knot; outside, none
+    assert 3.0 in curve.flops and curve.flops[-1] == 16.0
+    # Between budgets the law, not the chord: the chord of a convex curve lies above it.
+    chord = _law(1.5, 0.8, 0.6).at(math.sqrt(8.0))
+    assert curve.at(math.sqrt(8.0)) == pytest.approx(1.5 + 0.8 * 8.0 ** -0.3, abs=1e-5)
+    assert chord > curve.at(math.sqrt(8.0)) + 1e-3
+
+
+def test_a_power_law_needs_three_budgets_and_a_rising_curve_fits_flat():
+    with pytest.raises(ValueError, match=r"at least 3 budgets, got 2 \(\[1.0, 2.0\]\)"):
+        PowerLaw.fit(Curve.of([(1.0, 2.0), (2.0, 1.9)]))
+    rising = PowerLaw.fit(Curve.of([(1.0, 2.0), (2.0, 2.1), (4.0, 2.3)]))
+    assert rising.scale == 0.0 and rising.offset == pytest.approx(6.4 / 3)  # their mean
+
+
+def test_the_jackknife_of_a_mean_is_its_t_interval():
+    rng = np.random.default_rng(3)
+    values = rng.normal(1.0, 0.2, size=7)
+    left_out = [(values.sum() - v) / 6 for v in values]
+    low, high, df = jackknife_t(values.mean(), [left_out])
+    half = stats.t.ppf(0.975, 6) * values.std(ddof=1) / math.sqrt(7)
+    assert (low, high, df) == pytest.approx((values.mean() - half, values.mean() + half, 6.0))
+
+
+def test_the_jackknife_of_two_independent_groups_is_welchs_interval():
+    """A difference of two groups' means: each group left out in turn, variances added,
+    Welch-Satterthwaite's degrees of freedom — Welch's t interval exactly."""
+    rng = np.random.default_rng(4)
+    a, b = rng.normal(1.0, 0.1, size=8), rng.normal(0.5, 0.4, size=4)
+    full = a.mean() - b.mean()
+    left_out = [[(a.sum() - v) / 7 - b.mean() for v in a], [a.mean() - (b.sum() - v) / 3
+                                                            for v in b]]
+    low, high, df = jackknife_t(full, left_out)
+    va, vb = a.var(ddof=1) / 8, b.var(ddof=1) / 4
+    welch = (va + vb) ** 2 / (va ** 2 / 7 + vb ** 2 / 3)
+    half = stats.t.ppf(0.975, welch) * math.sqrt(va + vb)
+    assert (low, high, df) == pytest.approx((full - half, full + half, welch))
+    assert all(math.isnan(x) for x in jackknife_t(1.0, [[1.0], [1.0, 2.0]]))  # one episode
+
+
+def test_a_frontier_refuses_curves_that_leave_a_gap():
+    with pytest.raises(ValueError, match=r"no curve is defined at .* leave a gap"):
+        frontier([_line(2.0, 0.1, [1.0, 2.0]), _line(2.0, 0.1, [8.0, 16.0])])

@@ -7,7 +7,7 @@
         --with results/frontier/w32-final-sizes
     F=results/frontier
     esper-lightning frontier widths $F/w32-final-growth+$F/w32-final-sizes $F/w64-final \
-        --docs docs/results.md
+        --tuning $F/w32-tuning --tuning $F/w64-tuning --docs docs/results.md
 
 ``run`` trains the pending units of the study in the folder (its ``plan.json``; `study`) and
 can be stopped and started again at any time. ``select`` prints, for a tuning study, each arm's
@@ -19,8 +19,11 @@ purpose, root rng seed, episodes, shape and budgets schedule; other arms, or oth
 arm), so arms and rates registered at different times (each before its own first episode) make
 one table. ``widths`` puts the growing
 arms' speed-ups of studies at several widths side by side (a table, and a figure beside the
-document or in the first study's folder), each study written ``STUDY[+JOINED...]``. Every bad
-input is one line and exit status 2.
+document or in the first study's folder), each study written ``STUDY[+JOINED...]``, with the
+frontier across the widths (every width's fixed sizes; ``--tuning``: the tuning studies whose
+grids chose the rates, so each is said to be inside its grid or at an edge) and the speed-up
+as the growth literature measures it beside the frontier's (`estimators`). Every bad input is
+one line and exit status 2.
 """
 
 from __future__ import annotations
@@ -72,8 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     widths.add_argument("studies", nargs="+", metavar="STUDY[+JOINED...]",
                         help="a study's folder, with + the folders of studies joined to it")
     widths.add_argument("--docs", default=None,
-                        help="a document whose <!-- frontier:by-width:begin/end --> section the "
-                        "table replaces (its figure goes to images/frontier-by-width.png)")
+                        help="a document whose <!-- frontier:NAME:begin/end --> sections "
+                        "by-width, cross-width and literature the tables replace (the figures "
+                        "go to images/frontier-by-width.png and images/frontier-literature.png)")
+    widths.add_argument("--tuning", action="append", default=[], metavar="STUDY",
+                        help="a tuning study whose grid chose a width's rates (repeatable, one "
+                        "per width): each rate is then said to be inside its grid or at an edge")
     return parser
 
 
@@ -96,7 +103,7 @@ def main(argv: Sequence[str]) -> int:
         elif args.action == "select":
             print(json.dumps(_selected(args.study), indent=2))
         elif args.action == "widths":
-            print("\n".join(_widths(args.studies, args.docs)))
+            print("\n".join(_widths(args.studies, args.docs, args.tuning)))
         else:
             print(_report(args.study, args.docs, args.others).read_text())
         return 0
@@ -151,7 +158,7 @@ def _report(folder: str, docs: str | None, others: Sequence[str] = ()) -> Path:
         raise ConfigError(str(err)) from None
 
 
-def _widths(groups: Sequence[str], docs: str | None) -> list[str]:
+def _widths(groups: Sequence[str], docs: str | None, tuning: Sequence[str] = ()) -> list[str]:
     from esper_lightning.app.frontier.report import write_widths
 
     studies = []
@@ -161,10 +168,15 @@ def _widths(groups: Sequence[str], docs: str | None) -> list[str]:
         for other in others:
             rows = rows + _joined(plan, rows, other)
         studies.append((plan, rows))
+    grids = [_loaded(folder) for folder in tuning]
+    for folder, (plan, _) in zip(tuning, grids, strict=True):
+        if plan.purpose != "tuning":
+            raise ConfigError(f"--tuning {folder}: a {plan.purpose} study; --tuning takes the "
+                              "tuning study that chose a width's rates")
     figure = (Path(docs).parent / "images" if docs else Path(groups[0].split("+")[0]))
     figure.mkdir(parents=True, exist_ok=True)
     try:
-        return write_widths(studies, figure / "frontier-by-width.png", docs)
+        return write_widths(studies, figure / "frontier-by-width.png", docs, grids)
     except ValueError as err:
         raise ConfigError(str(err)) from None
 

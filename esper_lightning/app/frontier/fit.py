@@ -30,6 +30,17 @@ with the frontier of its own episode) a speed-up is summarised by its geometric 
 95 % percentile bootstrap interval over episodes, and the Student t interval of the mean log
 speed-up beside it (`geometric_summary`): at 10 episodes a percentile bootstrap covers about 90 %
 where it claims 95 %, the t interval about 95 % (docs/evidence.md, "How to read the tables").
+
+**A smooth curve** (`PowerLaw`): ``L = E + A (C / C_0)^-α`` fitted by least squares to a curve's
+points (``C_0`` its smallest budget), and sampled back onto a fine log grid over the measured
+budgets (`PowerLaw.curve`), so `frontier`, `speedup` and `time_to_target` read it as they read
+a piecewise one: between measured budgets it follows the fitted curvature instead of a chord
+(a chord linear in ``log C`` lies above a convex curve), and it still says nothing outside them.
+**A jackknife t interval** (`jackknife_t`) for an estimate that is a smooth function of episode
+means (a fit to the mean curves): each episode left out in turn, the spread of those estimates
+scaled to the estimate's standard error, Student t with ``n - 1`` degrees of freedom; with
+several independent groups of episodes (studies at two widths), the groups' variances add and
+the degrees of freedom are Welch-Satterthwaite's.
 """
 
 from __future__ import annotations
@@ -39,15 +50,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
+from scipy import optimize, stats
 
-__all__ = ["Curve", "Speedup", "frontier", "geometric_summary", "speedup", "token_ceiling",
-           "token_value"]
+__all__ = ["Curve", "PowerLaw", "Speedup", "frontier", "geometric_summary", "jackknife_t",
+           "speedup", "token_ceiling", "token_value"]
 
 #: Points per factor of two of the grid the frontier is evaluated on.
 GRID_PER_OCTAVE = 64
 #: Bootstrap resamples of the episodes.
 BOOTSTRAP = 10_000
+#: The exponents a power law's fit searches first (then refines around the best of them).
+EXPONENTS = np.exp(np.linspace(math.log(1e-3), math.log(5.0), 241))
 
 
 @dataclass(frozen=True)
@@ -87,6 +100,65 @@ class Curve:
         return None
 
 
+@dataclass(frozen=True)
+class PowerLaw:
+    """``L = offset + scale (C / low)^-exponent`` between the budgets ``low`` and ``high`` it was
+    fitted on (module docstring); ``scale`` 0 is a flat curve (its points never fell)."""
+
+    offset: float
+    scale: float
+    exponent: float
+    low: float
+    high: float
+
+    @classmethod
+    def fit(cls, curve: Curve) -> PowerLaw:
+        """The least-squares power law through ``curve``'s points (at least 3): for each
+        exponent the offset and scale are a linear least-squares fit, so only the exponent is
+        searched (on `EXPONENTS`, then refined); a scale below 0 (a rising curve) is refused in
+        favour of the best falling one, and of a flat one when none falls.
+
+        Raises:
+            ValueError: Fewer than 3 points (one line).
+        """
+        if len(curve.flops) < 3:
+            raise ValueError(f"a power law with an offset needs at least 3 budgets, got "
+                             f"{len(curve.flops)} ({curve.flops.tolist()})")
+        x = curve.flops / curve.flops[0]
+
+        def solve(exponent: float) -> tuple[float, float, float]:
+            design = np.stack([np.ones_like(x), x ** -exponent], axis=1)
+            (offset, scale), *_ = np.linalg.lstsq(design, curve.loss, rcond=None)
+            residual = float(((design @ (offset, scale) - curve.loss) ** 2).sum())
+            return (residual if scale >= 0 else math.inf), float(offset), float(scale)
+
+        errors = np.array([solve(e)[0] for e in EXPONENTS])
+        best = int(np.argmin(errors))
+        if not math.isfinite(errors[best]):
+            return cls(float(curve.loss.mean()), 0.0, 1.0, float(curve.flops[0]),
+                       float(curve.flops[-1]))
+        low, high = EXPONENTS[max(best - 1, 0)], EXPONENTS[min(best + 1, len(EXPONENTS) - 1)]
+        refined = optimize.minimize_scalar(lambda e: solve(e)[0], bounds=(low, high),
+                                           method="bounded", options={"xatol": 1e-6})
+        exponent = float(refined.x) if refined.fun <= errors[best] else float(EXPONENTS[best])
+        _, offset, scale = solve(exponent)
+        return cls(offset, scale, exponent, float(curve.flops[0]), float(curve.flops[-1]))
+
+    def at(self, flops: float | np.ndarray) -> float | np.ndarray:
+        """The fitted loss at ``flops`` (any budget: the caller keeps to the measured ones)."""
+        return self.offset + self.scale * (np.asarray(flops) / self.low) ** -self.exponent
+
+    def curve(self, budgets: Sequence[float] = ()) -> Curve:
+        """The law on a fine log grid (`GRID_PER_OCTAVE`) from ``low`` to ``high``, and at
+        ``budgets`` (the measured ones, so a frontier of such curves has its knots there)."""
+        octaves = math.log2(self.high / self.low)
+        inner = np.exp(np.linspace(math.log(self.low), math.log(self.high),
+                                   max(2, int(octaves * GRID_PER_OCTAVE) + 1)))[1:-1]
+        flops = np.unique(np.concatenate([[self.low, self.high], inner,  # the ends exact
+                                          [b for b in budgets if self.low <= b <= self.high]]))
+        return Curve(flops, np.asarray(self.at(flops), dtype=float))
+
+
 def frontier(curves: Sequence[Curve]) -> Curve:
     """The lower envelope of ``curves`` on a fine log grid over their combined budgets (and at
     every measured budget): at each budget, the lowest loss a curve defined there reaches."""
@@ -96,9 +168,17 @@ def frontier(curves: Sequence[Curve]) -> Curve:
     inner = np.exp(np.linspace(math.log(low), math.log(high),
                                max(2, int(octaves * GRID_PER_OCTAVE) + 1)))[1:-1]
     knots = np.unique(np.concatenate([inner, *(c.flops for c in curves)]))  # ends measured
-    losses = np.array([min(v for v in (c.at(x) for c in curves) if not math.isnan(v))
-                       for x in knots])
-    return Curve(knots, losses)
+    logs = np.log(knots)
+    losses = np.full((len(curves), len(knots)), np.inf)
+    for row, curve in zip(losses, curves, strict=True):  # each curve where it is defined
+        inside = (knots >= curve.flops[0]) & (knots <= curve.flops[-1])
+        row[inside] = np.interp(logs[inside], np.log(curve.flops), curve.loss)
+    envelope = losses.min(axis=0)
+    if np.isinf(envelope).any():
+        gap = float(knots[np.isinf(envelope)][0])
+        raise ValueError(f"no curve is defined at {gap:.4g} FLOPs: the curves' budgets leave a "
+                         "gap a frontier cannot cross")
+    return Curve(knots, envelope)
 
 
 @dataclass(frozen=True)
@@ -197,3 +277,36 @@ def curves_by_episode(rows: Iterable[Mapping[str, object]], arm: str, loss: str,
             points.setdefault(int(row["episode"]), []).append((float(row[x]),  # type: ignore
                                                                float(row[loss])))  # type: ignore
     return {episode: Curve.of(p) for episode, p in points.items()}
+
+
+def jackknife_t(full: float, left_out: Sequence[Sequence[float]], confidence: float = 0.95
+                ) -> tuple[float, float, float]:
+    """A jackknife t interval around ``full`` (module docstring).
+
+    Args:
+        full: The estimate from every episode.
+        left_out: For each independent group of episodes, the estimates with each of its
+            episodes left out in turn (a group of one episode cannot say how it varies: the
+            interval is then NaN).
+        confidence: The interval's nominal coverage.
+
+    Returns:
+        ``(low, high, degrees of freedom)``; for one group the variance is
+        ``(n - 1) / n Σ (θ_i - θ̄)²`` (for a mean, exactly the squared standard error of the
+        mean, so the interval is the t interval of the mean).
+
+    Example:
+        >>> low, high, df = jackknife_t(2.0, [[2.5, 2.0, 1.5]])  # the mean of 1, 2, 3
+        >>> round(low, 3), round(high, 3), df
+        (-0.484, 4.484, 2.0)
+    """
+    if not left_out or any(len(group) < 2 for group in left_out):
+        return math.nan, math.nan, math.nan
+    variances = [(len(g) - 1) / len(g) * float(((np.asarray(g) - np.mean(g)) ** 2).sum())
+                 for g in left_out]
+    total = sum(variances)
+    if total == 0.0:
+        return full, full, float(sum(len(g) for g in left_out) - len(left_out))
+    df = total ** 2 / sum(v ** 2 / (len(g) - 1) for v, g in zip(variances, left_out, strict=True))
+    half = float(stats.t.ppf(1.0 - (1.0 - confidence) / 2, df)) * math.sqrt(total)
+    return full - half, full + half, df

@@ -14,7 +14,7 @@ from matplotlib.ticker import NullFormatter
 
 from esper_lightning.app.frontier.fit import curves_by_episode, frontier
 
-__all__ = ["loss_figure", "speedup_figure", "width_figure"]
+__all__ = ["literature_figure", "loss_figure", "speedup_figure", "width_figure"]
 
 BITS = 1.0 / math.log(2.0)
 
@@ -144,3 +144,68 @@ def width_figure(results: Sequence[Any], path: Path) -> None:
     _finish_speedup(figure, axes, "budget (× the width's base)",
                     "Speed-up of growth against the compute-optimal frontier, by width", path,
                     {r.frontier.budget for r in results})
+
+
+#: The literature figure's measures: (label, attribute of `estimators.Literature`, marker).
+MEASURES = (("frontier of its width (pooled power law)", "frontier", "o"),
+            ("the same, per episode piecewise", "today", "s"),
+            ("frontier of every width", "cross", "D"),
+            ("its final size, both decayed", "final", "^"),
+            ("time to its final size's loss", "target", "v"))
+
+
+def literature_figure(results: Sequence[Any], path: Path) -> None:
+    """The speed-up of each growing arm (a row of panels) at each width (a column) by
+    budget, measured the frontier's ways and the literature's (`estimators.Literature`);
+    intervals where a measure has one (jackknife t, or t over episodes), hollow markers
+    where the value is only a bound."""
+    arms = sorted({r.arm for r in results})
+    widths = sorted({r.width for r in results})
+    figure = Figure(figsize=(4.2 * len(widths), 3.4 * len(arms)), layout="constrained")
+    panels = figure.subplots(len(arms), len(widths), sharex=True, sharey=True, squeeze=False)
+    for i, arm in enumerate(arms):
+        for j, width in enumerate(widths):
+            axes = panels[i][j]
+            mine = [r for r in results if r.arm == arm and r.width == width]
+            for k, (label, name, marker) in enumerate(MEASURES):
+                _measure(axes, mine, name, marker, f"C{k}", label, k - (len(MEASURES) - 1) / 2)
+            axes.axhline(1.0, color="black", linewidth=1)
+            axes.set_xscale("log")
+            axes.set_yscale("log")
+            axes.xaxis.set_minor_formatter(NullFormatter())
+            budgets = sorted({r.budget for r in mine})
+            axes.set_xticks(budgets, [f"{b:g}×" for b in budgets])
+            axes.set_title(f"{arm}, width {width}", fontsize=9)
+            axes.grid(True, which="both", alpha=0.3)
+    for axes in panels[-1]:
+        axes.set_xlabel("budget (× the width's base)")
+    for row in panels:
+        row[0].set_ylabel("speed-up (×)")
+    panels[0][0].legend(fontsize=6)
+    figure.suptitle("One run, four speed-ups: the frontier's and the literature's")
+    figure.savefig(path, dpi=120)
+
+
+def _measure(axes: Any, results: Sequence[Any], name: str, marker: str, colour: str,
+             label: str, offset: float) -> None:
+    """One measure's points in a literature panel, a little apart from the others'."""
+    x, y, low, high, bound = [], [], [], [], []
+    for r in results:
+        value = getattr(r, name)
+        if hasattr(value, "censored"):  # a pooled estimate
+            mean, lo, hi, censored = value.value, value.low, value.high, value.censored
+        else:  # a per-episode summary: its t interval
+            mean, lo, hi = value.mean, value.t_low, value.t_high
+            censored = value.above or value.below
+        x.append(r.budget * 1.05 ** offset)
+        y.append(mean)
+        low.append(0.0 if math.isnan(lo) else mean - lo)
+        high.append(0.0 if math.isnan(hi) else hi - mean)
+        bound.append(bool(censored))
+    x, y = np.array(x), np.array(y)
+    axes.errorbar(x, y, yerr=[low, high], marker=marker, color=colour, capsize=2, linewidth=1,
+                  label=label)
+    hollow = np.array(bound, dtype=bool)
+    if hollow.any():
+        axes.plot(x[hollow], y[hollow], marker=marker, markersize=9, color="white",
+                  markeredgecolor=colour, linestyle="none")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import shutil
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,19 @@ import numpy as np
 from scipy import stats
 
 from esper_lightning.app.frontier.arms import parse_arm
+from esper_lightning.app.frontier.estimators import (
+    EnvelopePoint,
+    Estimate,
+    Literature,
+    Pool,
+    Pooled,
+    complete_episodes,
+    cross_envelope,
+    estimates,
+    literature,
+    minimum_bias,
+    sizes_of,
+)
 from esper_lightning.app.frontier.fit import (
     Curve,
     Speedup,
@@ -78,23 +91,6 @@ def _with_ci(mean: float, low: float, high: float, n: int, spec: str = ".2f",
 def _t_ci(low: float, high: float, n: int) -> str:
     """A t interval's cell: ``[low, high]``, a dash for one episode."""
     return "—" if n < 2 else f"[{low:.2f}, {high:.2f}]"
-
-
-def sizes_of(rows: Iterable[Mapping[str, Any]]) -> list[str]:
-    """The fixed sizes among the rows' arms (``S<k>``), by depth."""
-    return sorted({r["arm"] for r in rows if r["arm"].startswith("S")},
-                  key=lambda a: int(a[1:]))
-
-
-def complete_episodes(rows: Sequence[Mapping[str, Any]]) -> list[int]:
-    """The episodes in which every fixed size has every one of its budgets (a frontier of an
-    episode needs them all; an interrupted study's last episode may not have them yet)."""
-    sizes = sizes_of(rows)
-    wanted = {s: {r["budget"] for r in rows if r["arm"] == s} for s in sizes}
-    episodes = sorted({int(r["episode"]) for r in rows})
-    return [e for e in episodes if all(
-        wanted[s] <= {r["budget"] for r in rows if r["arm"] == s and r["episode"] == e}
-        for s in sizes)]
 
 
 def speedups(rows: Sequence[Mapping[str, Any]], loss: str) -> list[ArmResult]:
@@ -274,6 +270,52 @@ def arm_table(rows: Sequence[Mapping[str, Any]], loss: str) -> list[str]:
     return lines
 
 
+def _bound(censored: str | None) -> str:
+    """The sign a bound's cell starts with (``≥`` at least, ``≤`` at most), empty for a value."""
+    return {"above": "≥ ", "below": "≤ "}.get(censored or "", "")
+
+
+def pooled_cell(estimate: Pooled, unit: str = "×") -> str:
+    """A pooled estimate's cell: ``1.05× [0.96, 1.14]``, a bound without interval, or the
+    value alone where there is no interval (one episode)."""
+    text = f"{_bound(estimate.censored)}{estimate.value:.2f}{unit}"
+    return text if math.isnan(estimate.low) else f"{text} [{estimate.low:.2f}, {estimate.high:.2f}]"
+
+
+def episode_cell(summary: Summary) -> str:
+    """A per-episode geometric mean with its t interval; ``≥`` / ``≤`` where some episode's
+    value is only a bound that way (``≷`` both ways)."""
+    bound = {(True, False): "≥ ", (False, True): "≤ ", (True, True): "≷ "}.get(
+        (summary.above > 0, summary.below > 0), "")
+    text = f"{bound}{summary.mean:.2f}×"
+    return text if summary.n < 2 else f"{text} [{summary.t_low:.2f}, {summary.t_high:.2f}]"
+
+
+def estimator_table(results: Sequence[Estimate]) -> list[str]:
+    """Every growing arm at every budget by the four estimators, and the chord effect."""
+    lines = ["| arm | budget (× base) | episodes | pooled power law [jackknife t] | pooled "
+             "piecewise [jackknife t] | per-episode power law [t] | per-episode piecewise [t] "
+             "| chord effect |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        chord = "—" if math.isnan(r.chord) else f"{r.chord:+.1%}"
+        lines.append(f"| {r.arm} | {r.budget:g} | {r.power.n} | {pooled_cell(r.power)} | "
+                     f"{pooled_cell(r.piecewise)} | {episode_cell(r.episode_power)} | "
+                     f"{episode_cell(r.episode_piecewise)} | {chord} |")
+    return lines
+
+
+def minimum_table(points: Sequence[EnvelopePoint]) -> list[str]:
+    """The frontier at each budget as the envelope of the means and as the mean of the
+    episodes' minima (bits), and their difference."""
+    lines = ["| budget (× base) | TFLOP | envelope of the means | held by | mean of the episodes' "
+             "minima | minimum effect (bits) |", "|---:|---:|---:|---|---:|---:|"]
+    for p in points:
+        lines.append(f"| {p.budget:g} | {p.flops / 1e12:.3g} | {p.envelope * BITS:.4f} | "
+                     f"{p.holder} | {p.episodes * BITS:.4f} | "
+                     f"{(p.episodes - p.envelope) * BITS:+.4f} |")
+    return lines
+
+
 def at_chosen_rates(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """The rows of each arm's chosen rate at each budget (`select_lrs`): a tuning study's best
     (on the validation split), a final study's one."""
@@ -311,7 +353,12 @@ def _lines(plan: Plan, rows: Sequence[Mapping[str, Any]], results: list[ArmResul
     lines = [f"Study `{plan.name}`{joined} ({plan.purpose}): {episodes} episode{plural} (root rng "
              f"seed {plan.rng_seed}), base budget {plan.base_flops / 1e12:.3g} TFLOP, loss on the "
              f"{split} split in bits per byte, rows in each study's `rows.csv`.", "",
-             "Fixed sizes (each fully decayed at its own budget):", "", *size_table(rows, loss)]
+             "Fixed sizes (each fully decayed at its own budget):", "", *size_table(rows, loss),
+             "", "The frontier two ways at each budget: the envelope of the sizes' mean losses, "
+             "and the mean over episodes of each episode's lowest loss over sizes (the "
+             "per-episode frontier); the per-episode frontier is lower where sizes are close, "
+             "because each episode's minimum picks its luckiest size:", "",
+             *minimum_table(minimum_bias(rows, loss))]
     if results is not None:
         lines += ["", "Growing arms:", "", *arm_table(rows, loss), "",
                   "Speed-up against the compute-optimal frontier (the frontier's compute to "
@@ -324,7 +371,25 @@ def _lines(plan: Plan, rows: Sequence[Mapping[str, Any]], results: list[ArmResul
                   "how much of that it realises (1: all, 0: as if the early phase had not been "
                   "trained, below 0: it did harm):", "",
                   *token_table(token_results(rows, loss))]
+        lines += ["", *_estimator_lines(rows, loss)]
     return lines
+
+
+def _estimator_lines(rows: Sequence[Mapping[str, Any]], loss: str) -> list[str]:
+    """The estimators' table (`estimators.estimates`), or the one line saying why there is
+    none (a fixed size with fewer budgets than a power law with an offset needs)."""
+    try:
+        table = estimator_table(estimates(rows, loss))
+    except ValueError as err:
+        return [f"No speed-up by estimator: {err}."]
+    return ["Speed-up by estimator (`estimators`): the headline is the pooled power law "
+            "(each fixed size's episode-mean curve fitted by L = E + A·C^−α, the arm's mean "
+            "loss read against their envelope; jackknife t interval over episodes); beside it "
+            "the same with chords linear in log C, and each episode's own frontier (power law; "
+            "piecewise, the table above) with the t interval over episodes. The chord effect is "
+            "the pooled speed-up against chords through the fitted laws' own points over the "
+            "speed-up against the laws: what chords alone add. ≤ / ≥: only a bound (beyond "
+            "the frontier's measured budgets), no interval.", "", *table]
 
 
 def write_report(folder: str | Path, plan: Plan, rows: Sequence[Mapping[str, Any]],
@@ -397,10 +462,15 @@ def width_table(results: Sequence[WidthResult]) -> list[str]:
 
 
 def write_widths(studies: Sequence[tuple[Plan, Sequence[Mapping[str, Any]]]], figure: Path,
-                 docs: str | Path | None = None) -> list[str]:
-    """The by-width table (returned; with ``docs``, written into its ``frontier:by-width``
-    section) and its figure at ``figure``."""
-    from esper_lightning.app.frontier.plots import width_figure
+                 docs: str | Path | None = None,
+                 tuning: Sequence[tuple[Plan, Sequence[Mapping[str, Any]]]] = ()) -> list[str]:
+    """The by-width table, the cross-width frontier (`cross_width_lines`) and the literature's
+    measures (`literature_lines`), returned; with ``docs``, written into its
+    ``frontier:by-width``, ``frontier:cross-width`` and ``frontier:literature`` sections. The
+    by-width figure goes to ``figure``, the literature's beside it
+    (``frontier-literature.png``); ``tuning``: the tuning studies whose grids chose the rates
+    (by width), so each rate is said to be inside its grid or at an edge."""
+    from esper_lightning.app.frontier.plots import literature_figure, width_figure
 
     results = width_results(studies)
     splits = {"test" if loss_key(plan) == "test_nats" else "validation" for plan, _ in studies}
@@ -411,8 +481,172 @@ def write_widths(studies: Sequence[tuple[Plan, Sequence[Mapping[str, Any]]]], fi
              "episode only bounds (beyond the frontier's measured budgets).", "",
              *width_table(results)]
     width_figure(results, figure)
+    if len(splits) > 1:
+        sections = {name: [f"No {name.replace('-', ' ')} table: the studies read different "
+                           f"splits ({' and '.join(sorted(splits))}); their losses do not mix."]
+                    for name in ("cross-width", "literature")}
+    else:
+        chosen = [(plan, at_chosen_rates(rows)) for plan, rows in studies]
+        measured = literature([(plan.shape.width, rows) for plan, rows in chosen],
+                              loss_key(studies[0][0]))
+        literature_figure(measured, figure.with_name("frontier-literature.png"))
+        sections = {"cross-width": cross_width_lines(chosen, tuning),
+                    "literature": literature_lines(measured)}
     if docs is not None:
         replace_section(Path(docs), "by-width", lines)
+        for name, section in sections.items():
+            replace_section(Path(docs), name, section)
+    return [*lines, "", *sections["cross-width"], "", *sections["literature"]]
+
+
+def cross_width_lines(studies: Sequence[tuple[Plan, Sequence[Mapping[str, Any]]]],
+                      tuning: Sequence[tuple[Plan, Sequence[Mapping[str, Any]]]] = ()
+                      ) -> list[str]:
+    """The envelope of every width's fixed sizes at every measured budget (`cross_envelope`),
+    what it lacks, and each arm's rate per budget against its tuning grid."""
+    loss = loss_key(studies[0][0])
+    widths = [plan.shape.width for plan, _ in studies]
+    pool = Pool([rows for _, rows in studies], loss, [f"w{w} " for w in widths])
+    points = cross_envelope(pool)
+    names = [f"{pool.labels[g]}{s}" for g, s in pool.sizes()]
+    lines = ["The frontier across widths: every fixed size of every study, in absolute FLOPs "
+             "(each size's mean loss in bits per byte over its study's episodes, linear in "
+             "log C between its measured budgets, — outside them); the envelope read that way "
+             "and by each size's fitted power law, and the size holding it. The studies' "
+             "episodes differ, so nothing here is paired across widths.", "",
+             "| TFLOP | " + " | ".join(names) + " | envelope (piecewise) | held by | envelope "
+             "(power law) | held by |", "|---:|" + "---:|" * len(names) + "---:|---|---:|---|"]
+    for p in points:
+        cells = ["—" if math.isnan(p.losses[n]) else f"{p.losses[n] * BITS:.4f}" for n in names]
+        lines.append(f"| {p.flops / 1e12:.3g} | " + " | ".join(cells) + f" | "
+                     f"{p.piecewise * BITS:.4f} | {p.piecewise_holder} | {p.power * BITS:.4f} "
+                     f"| {p.power_holder} |")
+    lines += ["", "What this frontier lacks (read from the rows):", "",
+              *_lacks(studies, pool, points), "", *rate_table(studies, tuning)]
+    return lines
+
+
+def _lacks(studies: Sequence[tuple[Plan, Sequence[Mapping[str, Any]]]], pool: Pool,
+           points: Sequence[Any]) -> list[str]:
+    """Budgets a size of a study did not measure, each width's range of compute, and the
+    budgets where the envelope sits at an edge of the sizes measured (the deepest size of a
+    width; the narrowest or widest width), where a size outside the grid may be better."""
+    lines = []
+    for (plan, _), rows in zip(studies, pool.rows, strict=True):
+        budgets = sorted({r["budget"] for r in rows if r["arm"] in sizes_of(rows)})
+        for size in sizes_of(rows):
+            missing = [b for b in budgets if b not in {r["budget"] for r in rows
+                                                       if r["arm"] == size}]
+            if missing:
+                tflop = ", ".join(f"{b * plan.base_flops / 1e12:.3g}" for b in missing)
+                lines.append(f"- `{plan.name}`: {size} was not measured at "
+                             f"{', '.join(f'{b:g}' for b in missing)}× ({tflop} TFLOP).")
+        low, high = (b * plan.base_flops / 1e12 for b in (budgets[0], budgets[-1]))
+        lines.append(f"- Width {plan.shape.width}: sizes {', '.join(sizes_of(rows))} measured "
+                     f"from {low:.3g} to {high:.3g} TFLOP, none outside.")
+    widths = sorted(plan.shape.width for plan, _ in studies)
+    edges = {}
+    for p in points:
+        width, size = p.piecewise_holder.split()
+        depths = [_depth(s) for s in sizes_of(pool.rows[pool.labels.index(f"{width} ")])]
+        if _depth(size) == max(depths):
+            edges.setdefault(f"the deepest {width} size measured ({size})", []).append(p.flops)
+        rivals = {name.split()[0] for name, loss in p.losses.items() if not math.isnan(loss)}
+        if len(rivals) > 1 and int(width[1:]) in (widths[0], widths[-1]):  # widths compete
+            side = "narrowest" if int(width[1:]) == widths[0] else "widest"
+            edges.setdefault(f"the {side} width measured ({width[1:]})", []).append(p.flops)
+    for what, at in edges.items():
+        lines.append(f"- The envelope is held by {what} at "
+                     f"{', '.join(f'{c / 1e12:.3g}' for c in at)} TFLOP: a size beyond it was "
+                     "not measured there.")
+    return lines
+
+
+def _depth(size: str) -> int:
+    """A fixed size's depth (``S4`` and ``S4w64``: 4)."""
+    return int(size[1:].split("w")[0])
+
+
+def rate_table(studies: Sequence[tuple[Plan, Sequence[Mapping[str, Any]]]],
+               tuning: Sequence[tuple[Plan, Sequence[Mapping[str, Any]]]]) -> list[str]:
+    """Each arm's rate per budget in each study, marked ✱ where its tuning study (matched by
+    width) chose it at an edge of its grid, and with the tuned rate where the two differ."""
+    tuned = {plan.shape.width: rows for plan, rows in tuning}
+    budgets = sorted({r["budget"] for _, rows in studies for r in rows})
+    lines = ["Each arm's rate per budget (✱: at an edge of the rates its tuning study tried, "
+             "so a rate outside the grid may be better; — not trained there):", "",
+             "| width | arm | " + " | ".join(f"{b:g}×" for b in budgets) + " |",
+             "|---:|---|" + "---:|" * len(budgets)]
+    for plan, rows in studies:
+        grid = tuned.get(plan.shape.width)
+        for arm in dict.fromkeys(r["arm"] for r in rows):
+            rates = {r["budget"]: row_rate(r) for r in rows if r["arm"] == arm}
+            chosen = select_lrs(grid, arm) if grid and any(r["arm"] == arm for r in grid) else {}
+            cells = [_rate_cell(rates.get(b), chosen.get(b)) for b in budgets]
+            lines.append(f"| {plan.shape.width} | {arm} | " + " | ".join(cells) + " |")
+    for plan, _ in studies:
+        if plan.shape.width not in tuned:
+            lines += ["", f"Width {plan.shape.width}: no tuning study given (`--tuning`), so "
+                      "whether its rates sit at an edge of their grid is not read."]
+    return lines
+
+
+def _rate_cell(rate: Rate | None, tuned: tuple[Rate, bool] | None) -> str:
+    """A rate table's cell (`rate_table`)."""
+    if rate is None:
+        return "—"
+    text = rate_text(rate)
+    if tuned is None:
+        return text
+    choice, edge = tuned
+    if choice == rate:
+        return text + " ✱" * edge
+    return f"{text} (tuned {rate_text(choice)}{' ✱' * edge})"  # the mark is the tuned rate's
+
+
+def literature_lines(results: Sequence[Literature]) -> list[str]:
+    """The literature's measures beside the frontier's (one table), and where the speed-up
+    against the final size comes from (a second), with what each measures."""
+    lines = ["The speed-up of each growing arm measured four ways on the same rows (geometric "
+             "means; pooled power law with its jackknife t interval over episodes unless "
+             "said): **frontier** — the compute the envelope of every fixed size of its width "
+             "needs to reach the arm's loss, over the arm's (and the same per episode, "
+             "piecewise: the study's own table); **every width** — the same against the "
+             "envelope of every width's sizes; **final size** — the compute its own final size "
+             "(born that size, fully decayed at each budget, at its tuned rate) needs to reach "
+             "the arm's loss, over the arm's: the same-size comparison the growth literature "
+             "makes, but against a decayed, per-budget tuned baseline; **time to the final "
+             "size's loss** — the arm's budget over the compute the arm needs (on its own "
+             "fitted curve) to reach the loss its final size reaches with that budget. "
+             "≥ / ≤: a bound (beyond the measured budgets), no interval. The rows hold each "
+             "run's loss at the end of its budget only, fully decayed, so the literature's "
+             "other readings — the grown model against its final size read mid-run on one "
+             "long schedule (cosine, or a WSD run's stable phase), and tokens to the same-size "
+             "model's final loss read on the grown model's own mid-run curve — need "
+             "per-evaluation curves these studies did not record.", "",
+             "| arm | width | budget (× base) | episodes | frontier | frontier, per episode "
+             "piecewise [t] | every width | final size | time to the final size's loss |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        lines.append(f"| {r.arm} | {r.width} | {r.budget:g} | {r.frontier.n} | "
+                     f"{pooled_cell(r.frontier)} | {episode_cell(r.today)} | "
+                     f"{pooled_cell(r.cross)} | {pooled_cell(r.final)} | "
+                     f"{pooled_cell(r.target)} |")
+    lines += ["", "Where the speed-up against the final size s comes from: s = 1 − τ + v·(c − 1 "
+              "+ τ), an identity, not a bound (c the token ceiling, the arm's tokens at the "
+              "final size's FLOPs per token over its budget; c − 1 + τ = τ·r for one growth, r "
+              "the final size's FLOPs per token over the first size's; τ the budget's share "
+              "before the last growth; v what a token seen before it is worth in final-size "
+              "tokens). v > 1 where s > c: an early token worth more than a final-size one.",
+              "", "| arm | width | budget (× base) | r | τ | c | s (pooled power law) | v | "
+              "s (per episode piecewise) | v (per episode piecewise) [t] |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        value, low, high = r.today_value
+        today = f"{value:.2f}" if math.isnan(low) else f"{value:.2f} [{low:.2f}, {high:.2f}]"
+        lines.append(f"| {r.arm} | {r.width} | {r.budget:g} | {r.ratio:.2f} | {r.tau:g} | "
+                     f"{r.ceiling:.2f}× | {pooled_cell(r.final)} | {pooled_cell(r.value, '')} | "
+                     f"{episode_cell(r.today_final)} | {today} |")
     return lines
 
 
