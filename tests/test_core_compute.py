@@ -131,3 +131,16 @@ def test_reset_starts_a_new_episode_but_keeps_the_meters_cache():
     assert ledger.meter is meter and meter.measurements == 1  # no second meta pass
     with pytest.raises(ValueError, match="budget_flops must be > 0 or None, got -1"):
         ledger.reset(-1)
+
+
+def test_a_step_like_the_last_costs_what_it_cost_until_something_moves():
+    ledger, model = ComputeLedger(), nn.Sequential(nn.Linear(64, 32))
+    x = torch.zeros(8, 64)
+    assert ledger.training_cost(model, x, key=0) == LINEAR_STEP
+    model.append(nn.Linear(32, 32))  # unannounced: the same step as far as the ledger knows
+    assert ledger.training_cost(model, x, key=0) == LINEAR_STEP
+    ledger.invalidate()  # what the engine says when a slot changes
+    grown = ledger.training_cost(model, x, key=0)
+    assert grown == LINEAR_STEP + 2 * 8 * 32 * 32 * 3  # the second layer's input grad too
+    assert ledger.training_cost(model, torch.zeros(4, 64), key=0) == grown // 2  # a new shape
+    assert ledger.meter.measurements == 3

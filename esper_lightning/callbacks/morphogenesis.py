@@ -85,6 +85,8 @@ EVENTS_TAG = "morpho/stage_changes"
 #: What to do about a module the meter cannot run on meta tensors.
 _METER_REMEDY = ("pass logits_fn= if its forward needs more than the batch's inputs, or "
                  "meter_flops=False to train without a FLOP count (and without a ComputeBudget)")
+#: Steps' losses kept on the device before they are summed into the interval's total.
+_FOLD_EVERY = 256
 _LONG_RUN = 1_000_000  # epochs: tells timing knobs that follow the run length from fixed ones
 #: What the counterfactual measurement can read, said whenever a module's output is not that.
 SUPPORTED_MODELS = ("classifiers only (logits [B, C], C >= 2, for class-index targets [B], or "
@@ -275,7 +277,8 @@ class MorphogenesisCallback(Callback):
         self._due: float | None = None
         #: The last validation run's (accuracy, loss, contributions), for the next decision.
         self._validation: tuple[float | None, float | None, dict[str, float]] | None = None
-        self._train_loss: Tensor | None = None  # [loss sum, batches] since the last decision
+        self._train_loss: Tensor | None = None  # [loss sum, batches] folded so far
+        self._losses: list[Tensor] = []  # each step's loss since the last fold, on the device
         self._budget_steps: int | None = None  # the steps a compute budget allows (estimated)
 
     def _start_fit(self) -> None:
@@ -457,11 +460,10 @@ class MorphogenesisCallback(Callback):
         batch_idx: int,
     ) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        if isinstance(loss, Tensor):  # summed on the device: no host sync per batch
-            step = torch.stack([loss.detach().float(), loss.new_ones((), dtype=torch.float)])
-            # (A resumed interval's sum comes from the checkpoint on the CPU.)
-            total = self._train_loss
-            self._train_loss = step if total is None else total.to(step.device) + step
+        if isinstance(loss, Tensor):  # kept on the device: no host sync, one op per batch
+            self._losses.append(loss.detach())
+            if len(self._losses) >= _FOLD_EVERY:
+                self._fold_losses()
         if self.meter_flops and self._owns_ledger:  # a ComputeBudget charges its own
             self.ledger.end_step(step_cost(self.ledger, trainer, pl_module,
                                          self.batch_to_xy(batch)[0], self.logits_fn,
@@ -684,10 +686,20 @@ class MorphogenesisCallback(Callback):
             max_epochs=None if plan is None else plan.decisions,
             run_fraction=self._run_fraction(trainer))
 
+    def _fold_losses(self) -> Tensor | None:
+        """The interval's ``[loss sum, batches]`` so far, the steps' losses folded into it (a
+        resumed interval's sum comes from the checkpoint, on the CPU)."""
+        if self._losses:
+            losses, self._losses = torch.stack(self._losses).float(), []
+            step = torch.stack([losses.sum(), losses.new_tensor(float(losses.numel()))])
+            total = self._train_loss
+            self._train_loss = step if total is None else total.to(step.device) + step
+        return self._train_loss
+
     def _interval_train_loss(self, trainer: L.Trainer) -> float | None:
         if self.train_loss_key is not None:
             return dist.mean_over_ranks(trainer, trainer.callback_metrics.get(self.train_loss_key))
-        total, self._train_loss = self._train_loss, None
+        total, self._train_loss = self._fold_losses(), None
         if dist.is_distributed(trainer):  # every rank's [loss sum, batches], summed
             none = torch.zeros(2, device=trainer.strategy.root_device)
             total = dist.reduce_sum(trainer, none if total is None else total)
@@ -816,7 +828,7 @@ class MorphogenesisCallback(Callback):
     @override
     def state_dict(self) -> dict[str, Any]:
         engine = self._require_engine()
-        loss = self._train_loss
+        loss = self._fold_losses()
         state = {
             "engine": engine.state_dict(),
             "controller": self.controller.state_dict(),
@@ -842,6 +854,7 @@ class MorphogenesisCallback(Callback):
         self._due = state_dict.get("due")
         loss, validation = state_dict.get("train_loss"), state_dict.get("validation")
         self._train_loss = None if loss is None else torch.tensor(loss, dtype=torch.float)
+        self._losses = []
         if validation is not None:
             accuracy, val_loss, contributions = validation
             self._validation = (accuracy, val_loss, dict(contributions))
