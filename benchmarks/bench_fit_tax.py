@@ -13,6 +13,9 @@ repeats, ``bare, lightning`` on odd ones) so machine noise hits both alike:
   with the progress bar off unless ``--progress-bar``;
 * ``bare``: plain PyTorch over the model, data module and cadence the same CLI builds (so the
   same `TinyGPT` init, the same batches, the sampler re-seeded per epoch as the Trainer does),
+  the example's logging done the way a hand-written loop does it (the training loss to a
+  TensorBoard ``SummaryWriter`` every ``log_every_n_steps`` steps, the validation loss and
+  accuracy after each validation: what the example's module logs, at the Trainer's cadence),
   the same AdamW and weight-decay groups, the budget's own LR schedule at the middle of each
   step's share of the budget, the same number of steps, the same growth at the same step done by
   hand (`core.depth.grow` with the controller's operator: new blocks in the AdamW groups of
@@ -51,6 +54,7 @@ import importlib.util
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -177,14 +181,24 @@ def run_bare(args: argparse.Namespace) -> dict[str, Any]:
     base = [group["lr"] for group in optimizer.param_groups]
     train, val = data.train_dataloader(), data.val_dataloader()
 
-    def validate() -> float:
+    from torch.utils.tensorboard import SummaryWriter
+
+    logdir = tempfile.mkdtemp()
+    writer = SummaryWriter(logdir)  # what the example logs, as a hand-written loop logs it
+    every = trainer.log_every_n_steps
+
+    def validate(step: int) -> float:
         model.eval()
-        total, count = 0.0, 0
+        total, hits, count = 0.0, 0.0, 0
         with torch.inference_mode():
             for batch in val:
-                loss, _ = model._loss(batch)  # loss and accuracy, as validation_step
-                total, count = total + float(loss) * len(batch[0]), count + len(batch[0])
+                loss, accuracy = model._loss(batch)  # loss and accuracy, as validation_step
+                total += float(loss) * len(batch[0])
+                hits += float(accuracy) * len(batch[0])
+                count += len(batch[0])
         model.train()
+        writer.add_scalar("val_loss", total / count, step)
+        writer.add_scalar("val_acc", hits / count, step)
         return total / count
 
     spent, step, epoch, val_loss = 0.0, 0, 0, float("nan")
@@ -207,12 +221,16 @@ def run_bare(args: argparse.Namespace) -> dict[str, Any]:
             spent += cost
             step += 1
             last = step == args.steps
+            if step % every == 0 or last:
+                writer.add_scalar("train_loss", float(loss), step)
             if validates_after(trainer, step, index + 1 == batches, last):
-                val_loss = validate()
+                val_loss = validate(step)
             if last:
                 break
         epoch += 1
+    writer.close()  # the Trainer's loggers finalize inside its fit, too
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    shutil.rmtree(logdir, ignore_errors=True)
     return {"seconds": seconds, "cpu": cpu, "steps": step, "spent": spent, "val_loss": val_loss,
             "grow_at": args.grow_at}
 
