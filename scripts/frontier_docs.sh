@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Every frontier table and figure of docs/results.md and docs/evidence.md, and each study's
+# report.md, regenerated from the committed rows (results/frontier/*/rows.csv) alone:
+#
+#     bash scripts/frontier_docs.sh        # about 3 minutes on one core; no training
+#
+# The final tables (width 32: two folders of the same episodes joined; width 64), the widths
+# side by side, the frontier across widths (each size's rate read against its tuning grid) and
+# the literature's measures beside the frontier's, then the tuning studies of the evidence
+# appendix. Each command writes its study's marked sections (<!-- frontier:NAME:begin/end -->)
+# and copies its figures to docs/images/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+F=results/frontier
+run() { echo "+ esper-lightning frontier $*" >&2; esper-lightning frontier "$@" > /dev/null; }
+run report $F/w32-final-growth --with $F/w32-final-sizes --docs docs/results.md
+run report $F/w64-final --docs docs/results.md
+run widths $F/w32-final-growth+$F/w32-final-sizes $F/w64-final \
+    --tuning $F/w32-tuning --tuning $F/w64-tuning --docs docs/results.md
+run report $F/w32-tuning --docs docs/evidence.md
+run report $F/w64-tuning --docs docs/evidence.md
+run report $F/w128-tuning --docs docs/evidence.md
