@@ -50,6 +50,7 @@ from esper_lightning.app.ppo.trainer import PPOTrainer
 from esper_lightning.core.actions import Action, LifecycleOp, Tempo
 from esper_lightning.core.counterfactual import make_plan
 from esper_lightning.core.lifecycle import GateConfig, SeedStage
+from esper_lightning.core.seeding import SeedingConfig
 from esper_lightning.data import load_cifar10_subset, write_cifar10_fixture
 from esper_lightning.envs import EnvPool, EnvSpec, MorphogenesisEnv, Observation, episode_rng_seed
 
@@ -285,7 +286,8 @@ def main() -> None:
               f"{len(val[1])} val images ({'' if full else 'not '}full CIFAR-10), "
               f"batch {args.batch_size} ({len(train[1]) // args.batch_size} batches/epoch)")
         gates = GateConfig(min_training_epochs=0)  # the scripted seed blends after one epoch
-        spec = EnvSpec(slots=(SEED_SLOT,), batch_size=args.batch_size, gate_config=gates)
+        spec = EnvSpec(slots=(SEED_SLOT,), batch_size=args.batch_size,
+                       seeding=SeedingConfig(gate_config=gates))
         bench_pool(args, spec, train, val)
         bench_ppo_share(args, data_dir, train, val)
         bench_cuda(args, spec, train, val, full)

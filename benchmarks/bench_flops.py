@@ -41,6 +41,7 @@ import torch
 from esper_lightning.controllers import GrowerController
 from esper_lightning.core.flops import FlopMeter, structure
 from esper_lightning.core.lifecycle import GateConfig
+from esper_lightning.core.seeding import SeedingConfig
 from esper_lightning.envs import EnvPool, EnvSpec
 from esper_lightning.envs import env as env_module
 from esper_lightning.envs.tasks import TextTask
@@ -89,7 +90,7 @@ def make_pool(text: str, args: argparse.Namespace) -> EnvPool:
     task = TextTask(block_size=32, train_blocks=32 * args.batches, val_blocks=args.val_blocks)
     spec = EnvSpec(task=task, host_preset="w32l1", slots=("r0c0",), batch_size=32,
                    host_lr=8e-3, episode_length=args.epochs,
-                   gate_config=GateConfig(min_training_epochs=2))
+                   seeding=SeedingConfig(gate_config=GateConfig(min_training_epochs=2)))
     return EnvPool(spec, *task.load(text), [args.device])
 
 

@@ -15,6 +15,7 @@ from esper_lightning.controllers import ScriptedController
 from esper_lightning.core.actions import Action, LifecycleOp, Tempo
 from esper_lightning.core.counterfactual import VALIDATION_READS
 from esper_lightning.core.lifecycle import GateConfig
+from esper_lightning.core.seeding import SeedingConfig
 from esper_lightning.data import TensorLoader, load_cifar10
 from esper_lightning.data.tensor_loader import normalize
 from esper_lightning.envs import EnvSpec, MorphogenesisEnv
@@ -48,7 +49,8 @@ class _Recorder(ScriptedController):
 
 
 def _env_reports(train, val) -> list:
-    spec = EnvSpec(slots=("r0c1",), batch_size=16, episode_length=EPOCHS, gate_config=GATES)
+    spec = EnvSpec(slots=("r0c1",), batch_size=16, episode_length=EPOCHS,
+                   seeding=SeedingConfig(gate_config=GATES))
     env = MorphogenesisEnv(0, spec, train, val)
     env.reset(RNG_SEED)
     controller, reports = _Recorder(), []

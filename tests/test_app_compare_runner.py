@@ -36,6 +36,7 @@ from esper_lightning.controllers import GrowerController, StaticController
 from esper_lightning.core.actions import Action, AlphaSpeed, LifecycleOp
 from esper_lightning.core.engine import MorphogenesisEngine
 from esper_lightning.core.lifecycle import ACTIVE_STAGES, GateConfig
+from esper_lightning.core.seeding import SeedingConfig
 from esper_lightning.core.slots import SeedSlot
 from esper_lightning.envs import Observation, Step
 from esper_lightning.errors import ConfigError
@@ -271,7 +272,8 @@ class _ScriptedEnv:
         model = nn.Module()
         model.slots = nn.ModuleList(SeedSlot(sid, channels=4) for sid in self.slot_ids)
         model.host = nn.Linear(4, 4)
-        self.engine = MorphogenesisEngine(model, gate_config=GateConfig(min_training_epochs=1))
+        self.engine = MorphogenesisEngine(
+            model, seeding=SeedingConfig(gate_config=GateConfig(min_training_epochs=1)))
         for slot_id, blueprint in implants:
             self.engine.implant(slot_id, blueprint)
         self.plateau = 40.0 + 10.0 * torch.rand((), generator=torch.Generator().manual_seed(
@@ -701,8 +703,8 @@ def test_blend_gradient_reaches_every_env_and_is_part_of_the_task():
     from esper_lightning.app.config import PPORunConfig, compatibility_errors
     from esper_lightning.app.task import env_spec
 
-    assert env_spec(CompareConfig(blend_gradient="detached")).blend_gradient == "detached"
-    assert env_spec(CompareConfig()).blend_gradient is None  # the slots' own: "through"
+    assert env_spec(CompareConfig(blend_gradient="detached")).seeding.blend_gradient == "detached"
+    assert env_spec(CompareConfig()).seeding.blend_gradient is None  # the slots': "through"
     saved = {k: v for k, v in PPORunConfig().to_dict().items() if k != "blend_gradient"}
     assert compatibility_errors(saved, PPORunConfig()) == []  # saved before the key existed
     assert compatibility_errors({**saved, "blend_gradient": "detached"}, PPORunConfig()) == [

@@ -30,6 +30,7 @@ from esper_lightning.app.config import CompareConfig
 from esper_lightning.app.task import reward_config, static_step_flops
 from esper_lightning.core.engine import MorphogenesisEngine
 from esper_lightning.core.lifecycle import GateConfig
+from esper_lightning.core.seeding import SeedingConfig
 from esper_lightning.core.slots import SeedSlot
 from esper_lightning.envs import Observation, Step, draw_budget_scale
 from esper_lightning.errors import ConfigError
@@ -239,7 +240,8 @@ class _LearningRateEnv:
         model = nn.Module()
         model.slots = nn.ModuleList([SeedSlot("r0c1", channels=4)])
         model.host = nn.Linear(4, 4)
-        self.engine = MorphogenesisEngine(model, gate_config=GateConfig(min_training_epochs=1))
+        self.engine = MorphogenesisEngine(
+            model, seeding=SeedingConfig(gate_config=GateConfig(min_training_epochs=1)))
         noise = torch.rand((), generator=torch.Generator().manual_seed(rng_seed)).item()
         self.accuracy = 60.0 - 20.0 * abs(math.log10(lr or 1e-2) - math.log10(3e-3)) + noise
         self.lr, self.decisions = lr, 0

@@ -35,6 +35,7 @@ from esper_lightning.core.lifecycle import (
     SeedStage,
     SeedState,
 )
+from esper_lightning.core.seeding import SeedingConfig
 from esper_lightning.core.slots import SeedSlot
 from esper_lightning.hosts import GPT_PRESETS, GPTConfig, GPTHost
 
@@ -327,7 +328,8 @@ def test_a_run_without_a_growth_slot_allows_no_growth_blueprint():
     assert engine.slots["net.0"].stage == SeedStage.DORMANT
     with pytest.raises(ValueError) as err:
         _ = MorphogenesisEngine(model, slots=["net.1"], topology="transformer",
-                                blueprints=["lora", "block_copy"]).mask_context
+                                seeding=SeedingConfig(blueprints=["lora", "block_copy"])
+                                ).mask_context
     assert str(err.value).startswith("blueprint 'block_copy' grows a stack deeper and no slot "
                                      "of this run is a growth slot; accepted: growth=")
     # A host with a growth slot allows them all.
@@ -378,7 +380,8 @@ def test_a_one_block_seed_saved_as_the_bare_block_loads():
 # --- lifecycle pace and optimizer ---------------------------------------------------------------
 def _germinate_in_engine(blueprint: str, preset: str = "grow4"):
     host = _host(preset)
-    engine = MorphogenesisEngine(host, gate_config=GateConfig(min_training_epochs=10))
+    engine = MorphogenesisEngine(
+        host, seeding=SeedingConfig(gate_config=GateConfig(min_training_epochs=10)))
     host(_tokens((2, 8), rng_seed=0))
     outcome = engine.execute(Action(LifecycleOp.GERMINATE, 0, blueprint=blueprint))
     assert outcome.success, outcome.reason
@@ -485,7 +488,8 @@ def test_layer_scale_init_sets_every_gain_of_a_new_seed():
                if isinstance(m, LayerScale2d))
     model = nn.Module()
     model.net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU())
-    engine = MorphogenesisEngine(model, slots=["net.1"], layer_scale_init=0.5)
+    engine = MorphogenesisEngine(model, slots=["net.1"],
+                                 seeding=SeedingConfig(layer_scale_init=0.5))
     model.net(torch.zeros(1, 3, 8, 8))
     engine.execute(Action(LifecycleOp.GERMINATE, 0, blueprint="conv_light"))
     assert torch.all(engine.slots["net.1"].seed.ls.gamma == 0.5)

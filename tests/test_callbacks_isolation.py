@@ -18,6 +18,7 @@ from esper_lightning.controllers import ScriptedController
 from esper_lightning.core.actions import Action, LifecycleOp
 from esper_lightning.core.engine import SEED_NONFINITE
 from esper_lightning.core.lifecycle import GateConfig, SeedStage
+from esper_lightning.core.seeding import SeedingConfig
 from esper_lightning.data import CIFAR10DataModule, load_cifar10
 from esper_lightning.envs import EnvPool, EnvSpec
 
@@ -145,7 +146,7 @@ def test_a_blending_seed_gone_nonfinite_is_pruned_its_step_dropped_and_nothing_r
 
 
 ENV_SPEC = EnvSpec(slots=("r0c1",), batch_size=16, episode_length=5,
-                   gate_config=GateConfig(min_training_epochs=1))
+                   seeding=SeedingConfig(gate_config=GateConfig(min_training_epochs=1)))
 WAIT = Action()
 
 

@@ -39,6 +39,7 @@ from esper_lightning.core.actions import (
 from esper_lightning.core.engine import MorphogenesisEngine, execute_on_slot
 from esper_lightning.core.lifecycle import GateConfig, QualityGates, SeedStage
 from esper_lightning.core.report import HISTORY_WINDOW, EpochReport
+from esper_lightning.core.seeding import SeedingConfig
 from esper_lightning.core.slots import SeedSlot
 from esper_lightning.errors import ConfigError
 
@@ -594,8 +595,8 @@ def _reaches_blending(controller: HeuristicController, max_epochs: int, incubati
     torch.manual_seed(0)
     net = torch.nn.Module()
     net.conv = torch.nn.Conv2d(3, 4, 1)
-    engine = MorphogenesisEngine(net, slots=["conv"],
-                                 gate_config=GateConfig(min_training_epochs=incubation))
+    engine = MorphogenesisEngine(net, slots=["conv"], seeding=SeedingConfig(
+        gate_config=GateConfig(min_training_epochs=incubation)))
     net.conv(torch.zeros(1, 3, 4, 4))  # the slot learns its width
     controller.reset()
     for _ in range(max_epochs):

@@ -13,6 +13,7 @@ from esper_lightning.core.actions import (
 from esper_lightning.core.engine import MorphogenesisEngine
 from esper_lightning.core.lifecycle import GateConfig, SeedStage
 from esper_lightning.core.optim import SeedOptimConfig, name_host_groups, seed_group_names
+from esper_lightning.core.seeding import SeedingConfig
 
 GERMINATE = Action(LifecycleOp.GERMINATE, 0, blueprint="conv_light")
 ADVANCE = Action(LifecycleOp.ADVANCE, 0)
@@ -39,8 +40,8 @@ def _net() -> Net:
 
 def _engine(**kwargs) -> tuple[Net, MorphogenesisEngine]:
     net = _net()
-    engine = MorphogenesisEngine(net, slots=["net.1", "net.3"], gate_config=GateConfig(
-        min_training_epochs=1), **kwargs)
+    seeding = SeedingConfig(gate_config=GateConfig(min_training_epochs=1), **kwargs)
+    engine = MorphogenesisEngine(net, slots=["net.1", "net.3"], seeding=seeding)
     net(torch.zeros(1, 3, 8, 8))
     return net, engine
 
@@ -112,16 +113,17 @@ def test_one_slot_name_as_a_string_is_one_slot():
 
 def test_bad_blueprints_and_max_seeds():
     with pytest.raises(ValueError, match="unknown blueprint 'lora' for cnn; accepted: norm"):
-        MorphogenesisEngine(_net(), slots=["net.1"], blueprints=["lora"], topology="cnn")
+        MorphogenesisEngine(_net(), slots=["net.1"], seeding=SeedingConfig(blueprints=["lora"]),
+                            topology="cnn")
     # Inferred topology: checked as soon as the first activation told the slots what they are.
     net = _net()
-    engine = MorphogenesisEngine(net, slots=["net.1"], blueprints=["lora"])
+    engine = MorphogenesisEngine(net, slots=["net.1"], seeding=SeedingConfig(blueprints=["lora"]))
     assert engine.topology is None
     net(torch.zeros(1, 3, 8, 8))
     with pytest.raises(ValueError, match="unknown blueprint 'lora' for cnn; accepted: norm"):
         engine.report()
     with pytest.raises(ValueError, match="max_seeds must be an int >= 1 or None, got 0"):
-        MorphogenesisEngine(_net(), slots=["net.1"], max_seeds=0)
+        MorphogenesisEngine(_net(), slots=["net.1"], seeding=SeedingConfig(max_seeds=0))
     with pytest.raises(ValueError, match="cannot inject slots into a bare Sequential"):
         MorphogenesisEngine(_net().net, slots=["1"])
 
@@ -292,7 +294,8 @@ def test_a_registered_blueprint_is_allowed_and_germinates_by_name():
         assert engine.events[-1].blueprint == "my_conv"
         net(torch.zeros(1, 3, 8, 8))  # the seed runs inside the host
     with pytest.raises(ValueError, match="unknown blueprint 'my_conv' for cnn; accepted:"):
-        MorphogenesisEngine(_net(), slots=["net.1"], blueprints=["my_conv"], topology="cnn")
+        MorphogenesisEngine(_net(), slots=["net.1"], topology="cnn",
+                            seeding=SeedingConfig(blueprints=["my_conv"]))
 
 
 # --- host group names, the timeline, event log lines -------------------------------------------

@@ -10,6 +10,7 @@ from esper_lightning.core.counterfactual import evaluate, make_plan
 from esper_lightning.core.engine import MorphogenesisEngine
 from esper_lightning.core.flops import FlopMeter
 from esper_lightning.core.lifecycle import GateConfig
+from esper_lightning.core.seeding import SeedingConfig
 from esper_lightning.core.slots import SeedSlot
 from esper_lightning.hosts.gpt import GPTHost
 from esper_lightning.hosts.presets import GPTConfig
@@ -55,7 +56,8 @@ def test_one_transformer_block_with_its_attention():
 def _host_with_seed(stage: str) -> tuple[GPTHost, MorphogenesisEngine]:
     torch.manual_seed(0)
     host = GPTHost(GPTConfig(block_size=T, n_layer=1, n_head=4, n_embd=D), slots=["r0c0"])
-    engine = MorphogenesisEngine(host, gate_config=GateConfig(min_training_epochs=0))
+    engine = MorphogenesisEngine(
+        host, seeding=SeedingConfig(gate_config=GateConfig(min_training_epochs=0)))
     slot = engine.slots["r0c0"]
     slot.germinate("lora")
     for _ in range(("GERMINATED", "TRAINING", "BLENDING").index(stage)):

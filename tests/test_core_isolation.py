@@ -19,6 +19,7 @@ from esper_lightning.core.actions import Action, LifecycleOp
 from esper_lightning.core.engine import SEED_NONFINITE, MorphogenesisEngine
 from esper_lightning.core.lifecycle import GateConfig, SeedStage
 from esper_lightning.core.optim import seed_group_names
+from esper_lightning.core.seeding import SeedingConfig
 from esper_lightning.core.slots import SeedSlot
 from esper_lightning.hosts import GPT_PRESETS, GPTHost
 
@@ -98,8 +99,8 @@ def _engine(model: nn.Module, blueprint: str, stage: SeedStage,
             **kwargs) -> tuple[MorphogenesisEngine, torch.optim.Optimizer]:
     """An engine on ``model`` with an SGD attached and a seed of ``blueprint`` in its first
     slot, moved to TRAINING or (one decision later, mid-ramp) BLENDING."""
-    engine = MorphogenesisEngine(model, gate_config=GateConfig(min_training_epochs=1), rng_seed=0,
-                                 **kwargs)
+    seeding = SeedingConfig(gate_config=GateConfig(min_training_epochs=1), **kwargs)
+    engine = MorphogenesisEngine(model, seeding=seeding, rng_seed=0)
     optimizer = _sgd(model)
     engine.attach_optimizer(optimizer)
     outcome = engine.execute(Action(LifecycleOp.GERMINATE, 0, blueprint=blueprint))

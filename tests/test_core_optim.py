@@ -14,6 +14,7 @@ from esper_lightning.core.engine import MorphogenesisEngine
 from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.core.optim import SeedOptimConfig, seed_group_names
 from esper_lightning.core.rollback import roll_back
+from esper_lightning.core.seeding import SeedingConfig
 from esper_lightning.core.snapshot import take_snapshot
 from esper_lightning.hosts import CifarCNNHost, GPTHost
 
@@ -21,8 +22,8 @@ from esper_lightning.hosts import CifarCNNHost, GPTHost
 def _gpt(**engine_kwargs):
     torch.manual_seed(0)
     host = GPTHost("tiny", slots=["r0c0", "r0c1"])
-    engine = MorphogenesisEngine(host, rng_seed=0, gate_config=GateConfig(min_training_epochs=1),
-                                 **engine_kwargs)
+    seeding = SeedingConfig(gate_config=GateConfig(min_training_epochs=1), **engine_kwargs)
+    engine = MorphogenesisEngine(host, rng_seed=0, seeding=seeding)
     optimizer = host.configure_optimizers()
     engine.attach_optimizer(optimizer)
     return host, engine, optimizer

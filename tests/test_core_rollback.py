@@ -15,6 +15,7 @@ from esper_lightning.core.divergence import Governor
 from esper_lightning.core.engine import MorphogenesisEngine
 from esper_lightning.core.lifecycle import GateConfig, SeedStage
 from esper_lightning.core.rollback import roll_back
+from esper_lightning.core.seeding import SeedingConfig
 from esper_lightning.core.slots import SeedSlot
 from esper_lightning.core.snapshot import take_snapshot
 from esper_lightning.data import load_cifar10
@@ -49,7 +50,7 @@ def test_roll_back_prunes_restores_drops_gradients_and_counts():
     torch.manual_seed(0)
     host = _Host()
     optimizer = torch.optim.SGD(host.parameters(), lr=0.1, momentum=0.9)
-    engine = MorphogenesisEngine(host, rng_seed=0, gate_config=GATES)
+    engine = MorphogenesisEngine(host, rng_seed=0, seeding=SeedingConfig(gate_config=GATES))
     engine.attach_optimizer(optimizer)
     scaler = torch.amp.GradScaler("cpu", init_scale=4.0, growth_interval=1)
     _train(host, optimizer, scaler)
@@ -91,7 +92,8 @@ def test_roll_back_without_an_engine_prunes_the_slots_and_without_a_snapshot_rai
 def _poisoned_env(cifar_dir) -> MorphogenesisEnv:
     """An env with a fossil (born grown) and a live seed, a loss scale and
     momentum that moved since its snapshot, whose last epoch trained on a NaN host weight."""
-    spec = EnvSpec(slots=("r0c1", "r0c2"), batch_size=16, episode_length=4, gate_config=GATES)
+    spec = EnvSpec(slots=("r0c1", "r0c2"), batch_size=16, episode_length=4,
+                   seeding=SeedingConfig(gate_config=GATES))
     env = MorphogenesisEnv(0, spec, load_cifar10(cifar_dir, True), load_cifar10(cifar_dir, False))
     # A scaler on the precision plugin, so the env's rollback has one to restore (on the CPU
     # a 32-true run has none; reset gives the env a fresh one, as under 16-mixed).

@@ -5,12 +5,13 @@ import torch
 
 from esper_lightning.core.actions import Action, LifecycleOp
 from esper_lightning.core.lifecycle import GateConfig, SeedStage
+from esper_lightning.core.seeding import SeedingConfig
 from esper_lightning.data import load_cifar10
 from esper_lightning.envs import EnvPool, EnvSpec, episode_rng_seed
 from esper_lightning.rl import RewardConfig, RewardMode, compute_reward
 
 SPEC = EnvSpec(slots=("r0c1", "r0c2"), batch_size=16, episode_length=5,  # SCRIPT's 4 decisions
-               gate_config=GateConfig(min_training_epochs=1))
+               seeding=SeedingConfig(gate_config=GateConfig(min_training_epochs=1)))
 GERMINATE = Action(LifecycleOp.GERMINATE, 0, blueprint="conv_light")
 ADVANCE = Action(LifecycleOp.ADVANCE, 0)
 SCRIPT = [[GERMINATE, Action()], [ADVANCE, GERMINATE], [ADVANCE, Action()], [Action(), Action()]]

@@ -13,6 +13,7 @@ import torch
 from esper_lightning.core.actions import Action, LifecycleOp
 from esper_lightning.core.flops import FlopMeter
 from esper_lightning.core.lifecycle import GateConfig
+from esper_lightning.core.seeding import SeedingConfig
 from esper_lightning.data.text import TextTensorLoader
 from esper_lightning.envs import (
     EnvPool,
@@ -33,7 +34,7 @@ BATCH = 8
 def spec(**changes) -> EnvSpec:
     values = {"task": TASK, "host_preset": "w32l1", "slots": ("r0c0",), "batch_size": BATCH,
               "host_lr": 1e-3, "episode_length": 4,
-              "gate_config": GateConfig(min_training_epochs=1), **changes}
+              "seeding": SeedingConfig(gate_config=GateConfig(min_training_epochs=1)), **changes}
     return EnvSpec(**values)
 
 

@@ -5,6 +5,7 @@ import torch
 
 from esper_lightning.core.actions import Action, LifecycleOp
 from esper_lightning.core.lifecycle import GateConfig
+from esper_lightning.core.seeding import SeedingConfig
 from esper_lightning.data import load_cifar10
 from esper_lightning.envs import EnvPool, EnvSpec
 
@@ -17,7 +18,7 @@ pytestmark = [
 @pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed"])
 def test_each_env_has_its_own_stream_and_scaler(cifar_dir, precision):
     spec = EnvSpec(slots=("r0c1",), batch_size=16, precision=precision,
-                   gate_config=GateConfig(min_training_epochs=0))
+                   seeding=SeedingConfig(gate_config=GateConfig(min_training_epochs=0)))
     data = load_cifar10(cifar_dir, True), load_cifar10(cifar_dir, False)
     pool = EnvPool(spec, *data, ["cuda", "cuda"], cuda_streams=True)
     streams = [env.stream for env in pool.envs]

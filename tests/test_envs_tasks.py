@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from esper_lightning.core.actions import Action, LifecycleOp
 from esper_lightning.core.divergence import GovernorConfig
 from esper_lightning.core.lifecycle import GateConfig, SeedStage
+from esper_lightning.core.seeding import SeedingConfig
 from esper_lightning.data import DataError, load_cifar10
 from esper_lightning.data.tensor_loader import normalize
 from esper_lightning.envs import EnvPool, EnvSpec
@@ -22,7 +23,8 @@ from esper_lightning.hosts import CifarCNNHost, GPTHost
 CPU = torch.device("cpu")
 LM = TextTask(block_size=32, train_blocks=48, val_blocks=20)
 LM_SPEC = EnvSpec(task=LM, host_preset="tiny", slots=("r0c0", "r0c1"), batch_size=16,
-                  host_lr=1e-3, episode_length=4, gate_config=GateConfig(min_training_epochs=1),
+                  host_lr=1e-3, episode_length=4,
+                  seeding=SeedingConfig(gate_config=GateConfig(min_training_epochs=1)),
                   governor=GovernorConfig(num_classes=256))
 GERMINATE_LORA = Action(LifecycleOp.GERMINATE, 1, blueprint="lora")
 ADVANCE = Action(LifecycleOp.ADVANCE, 1)

@@ -10,7 +10,6 @@ import torch
 from esper_lightning.app.config.task import TaskConfig, smallest_budget_scale
 from esper_lightning.core.divergence import GovernorConfig
 from esper_lightning.core.flops import FlopMeter
-from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.data import DataError
 from esper_lightning.envs import EnvSpec, smallest_budget_flops
 from esper_lightning.envs.tasks import TASKS, Task
@@ -41,15 +40,13 @@ def env_spec(task: TaskConfig) -> EnvSpec:
     played = make_task(task)
     schedule = LRSchedule(task.lr_schedule, task.warmup_fraction, task.decay_fraction,
                           task.min_lr_ratio)
+    allowed_blueprints(task)  # the names checked against the task's slots, in one line
     return EnvSpec(
         host_preset=task.host_preset, slots=task.slots, batch_size=task.batch_size,
         host_lr=task.host_lr, precision=task.precision, episode_length=task.episode_length,
-        max_seeds=task.max_seeds,
-        gate_config=GateConfig(min_training_epochs=task.min_training_epochs),
-        blend_gradient=task.blend_gradient, layer_scale_init=task.layer_scale_init,
-        governor=GovernorConfig(num_classes=played.num_classes), task=played,
-        budget_flops=budget_flops(task), lr_schedule=schedule, budget_scales=task.budget_scales,
-        budget_range=task.budget_range, blueprints=allowed_blueprints(task),
+        seeding=task.seeding(), governor=GovernorConfig(num_classes=played.num_classes),
+        task=played, budget_flops=budget_flops(task), lr_schedule=schedule,
+        budget_scales=task.budget_scales, budget_range=task.budget_range,
         reward=reward_config(task),
     )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -45,7 +46,6 @@ from esper_lightning.core.counterfactual import (
 )
 from esper_lightning.core.depth import DepthGrowth
 from esper_lightning.core.engine import (
-    GRAD_STATS_EVERY,
     MorphogenesisEngine,
     StepOutcome,
     legacy_train_flops,
@@ -56,13 +56,12 @@ from esper_lightning.core.lifecycle import (
     PRESENT_STAGES,
     GateConfig,
     GateMode,
-    QualityGates,
     SeedStage,
     blend_complete,
 )
-from esper_lightning.core.optim import SeedOptimConfig
 from esper_lightning.core.report import EpochReport
-from esper_lightning.core.slots import check_blend_gradient, check_topology
+from esper_lightning.core.seeding import SeedingConfig, with_shorthand
+from esper_lightning.core.slots import check_topology
 from esper_lightning.core.telemetry import morpho_metrics, slot_layout, stage_changes
 from esper_lightning.core.timing import SeedTiming
 from esper_lightning.viz.timeline import log_timeline
@@ -138,17 +137,15 @@ class MorphogenesisCallback(Callback):
         controller: decides the action each epoch (e.g. `HeuristicController`).
         slots: `SeedSlot` ids in the model and/or module paths after which a slot is injected
             (``"net.3"``; one name or a list); None uses every `SeedSlot` in the model.
-        blueprints: blueprint names the controller may germinate (default: all of the topology).
-        max_seeds: maximum seeds present at once (None = unlimited).
-        seed_lr: the seeds' param-group learning rate (None: the host's first group's).
-        seed_momentum: the seeds' momentum (None: the host's first group's).
-        seed_weight_decay: the seeds' weight decay (None: the host's first group's).
+        blueprints: shorthand for ``seeding.blueprints`` (`core.seeding.SeedingConfig`).
+        max_seeds: shorthand for ``seeding.max_seeds``.
+        seed_lr: shorthand for ``seeding.seed_optim.lr``.
+        seed_momentum: shorthand for ``seeding.seed_optim.momentum``.
+        seed_weight_decay: shorthand for ``seeding.seed_optim.weight_decay``.
         topology: ``"cnn"``, ``"transformer"`` or ``"linear"`` for injected slots; None (the
             default) infers it from the rank of the activation a slot first sees:
             ``[B, C, H, W]`` cnn, ``[B, T, D]`` transformer, ``[B, D]`` linear (an MLP layer).
-        blend_gradient: ``"through"`` or ``"detached"``: whether host layers before a BLENDING
-            seed learn through it (`SeedSlot`); None keeps each slot's own (``"through"`` unless
-            the model's slots say otherwise).
+        blend_gradient: shorthand for ``seeding.blend_gradient``.
         growth: where the model grows deeper (`core.depth.DepthGrowth`): growth slots after
             blocks of a stack of same-shape blocks (your own ``blocks``, Hugging Face's
             ``transformer.h`` or ``model.layers``), where a growth seed (``block_copy``,
@@ -157,10 +154,8 @@ class MorphogenesisCallback(Callback):
             ``slots``; ``slots=None`` with ``growth`` means the growth slots alone.
             ``DepthGrowth("blocks", blocks=3)`` grows a one-block model to four in one event;
             ``blocks=(1, 2)`` to two, then four.
-        gate_mode: the quality gates' mode for every slot (None: each slot keeps its own;
-            injected slots are permissive).
-        gate_config: `GateConfig` thresholds for every slot (None: each slot keeps its own;
-            the default's G2 incubation of 10 epochs suits long runs).
+        gate_mode: shorthand for ``seeding.gate_mode``.
+        gate_config: shorthand for ``seeding.gate_config``.
         batch_to_xy: ``batch -> (inputs, class targets)`` for the counterfactual; the default
             accepts ``(x, y)`` pairs. Targets are class indices ``[B]`` (or ``[B, T]`` for a
             token-level classifier).
@@ -181,23 +176,26 @@ class MorphogenesisCallback(Callback):
             measurement (None: the mean of the epoch's ``training_step`` losses, exactly what the
             RL envs report). A configured key that is never logged draws one warning per fit
             naming the logged keys.
-        grad_stats_every: measure seed gradient health every this many optimizer steps (and on
-            each epoch's first step): the engine's cadence, the same the RL envs use.
+        grad_stats_every: shorthand for ``seeding.grad_stats_every``.
         rng_seed: a new seed's initial weights come from a generator seeded with (``rng_seed``,
             epoch), as in the RL envs, so a policy meets the seeds it was trained with. None:
             ``torch.initial_seed()`` at setup (the value `seed_everything` set).
         every_n_train_steps: decide every this many optimizer steps instead of after each
             validation run (a run without validation, say); validation results still reach
             the next decision. None: after each validation run.
-        timing: lifecycle durations (incubation, blend, hold, embargo) in steps, epochs or a
-            share of the run (`core.timing.SeedTiming`), turned into decisions at fit start;
-            None keeps the slots' own (counted in decisions).
+        timing: shorthand for ``seeding.timing``.
         meter_flops: meter the FLOPs of every training step (the forward of ``logits_fn`` on
             the inputs ``batch_to_xy`` reads from the training batch, and its backward: a
             ``training_step`` that computes more is counted as that forward) and validation
             batch, summed over DDP ranks. The measurement runs the module on meta tensors; a
             module that cannot run there (``.item()``, data-dependent control flow) fails at
             the first batch with one line saying so: pass False to train without a count.
+        layer_scale_init: shorthand for ``seeding.layer_scale_init``.
+        seeding: how seeds grow in every slot (`core.seeding.SeedingConfig`, where each of its
+            options is documented; its ``timing`` in steps, epochs or a share of the run is
+            turned into decisions at fit start). The shorthand keywords above fill it in; one
+            that contradicts a value ``seeding`` sets is refused in one line. None: the
+            defaults, with the shorthand's values.
 
     Example:
         >>> from esper_lightning.controllers import HeuristicController
@@ -229,28 +227,31 @@ class MorphogenesisCallback(Callback):
         accuracy_key: str | None = "val_acc",
         loss_key: str = "val_loss",
         train_loss_key: str | None = None,
-        grad_stats_every: int = GRAD_STATS_EVERY,
+        grad_stats_every: int | None = None,
         rng_seed: int | None = None,
         meter_flops: bool = True,
         every_n_train_steps: int | None = None,
         timing: SeedTiming | None = None,
+        layer_scale_init: float | None = None,
+        seeding: SeedingConfig | None = None,
     ) -> None:
-        gate_mode = _check_options(controller, grad_stats_every, topology, blend_gradient,
-                                   growth, gate_mode)
-        _check_cadence(every_n_train_steps, timing)
-        self.every_n_train_steps, self.timing = every_n_train_steps, timing
+        _check_options(controller, topology, growth, seeding)
+        _check_cadence(every_n_train_steps)
+        #: How seeds grow (`core.seeding.SeedingConfig`): ``seeding`` with the shorthand's values.
+        self.seeding = with_shorthand(
+            seeding, "MorphogenesisCallback", blueprints=blueprints, max_seeds=max_seeds,
+            gate_mode=gate_mode, gate_config=gate_config, blend_gradient=blend_gradient,
+            layer_scale_init=layer_scale_init, seed_lr=seed_lr, seed_momentum=seed_momentum,
+            seed_weight_decay=seed_weight_decay, grad_stats_every=grad_stats_every,
+            timing=timing)
+        self.every_n_train_steps = every_n_train_steps
         self.controller = controller
         self._engine_kwargs: dict[str, Any] = {
             "slots": None if slots is None else [slots] if isinstance(slots, str) else list(slots),
-            "blueprints": None if blueprints is None else list(blueprints),
-            "max_seeds": max_seeds,
             "topology": topology,
-            "gate_mode": gate_mode,
-            "gate_config": gate_config,
-            "blend_gradient": blend_gradient,
             "growth": growth,
-            "seed_optim": SeedOptimConfig(seed_lr, seed_momentum, seed_weight_decay),
-            "grad_stats_every": grad_stats_every,
+            # The callback turns the timing into decisions itself, at fit start (`_make_plan`).
+            "seeding": dataclasses.replace(self.seeding, timing=None),
         }
         self.rng_seed, self.logits_fn = rng_seed, logits_fn
         self.batch_to_xy = batch_to_xy or _pair
@@ -372,11 +373,11 @@ class MorphogenesisCallback(Callback):
             return  # a budget's length is known after its first step: planned there
         if isinstance(self.controller, PlansLifecycle):  # what it asks, where the user set none
             durations.update(self.controller.lifecycle(plan.decisions))
-            if self._engine_kwargs["gate_config"] is not None:
+            if self.seeding.gate_config is not None:
                 durations.pop("incubation", None)
-        if self.timing is not None:
+        if self.seeding.timing is not None:
             try:
-                durations.update(self.timing.resolve(plan.for_durations()))
+                durations.update(self.seeding.timing.resolve(plan.for_durations()))
             except ValueError as err:
                 raise MisconfigurationException(f"MorphogenesisCallback: {err}") from None
         if durations:
@@ -892,32 +893,27 @@ class MorphogenesisCallback(Callback):
         return self.engine
 
 
-def _check_options(controller: Any, grad_stats_every: int, topology: str | None,
-                   blend_gradient: str | None, growth: DepthGrowth | None,
-                   gate_mode: GateMode | str | None) -> GateMode | None:
-    """Refuse a bad option at construction, in one line; the gate mode as a `GateMode`."""
+def _check_options(controller: Any, topology: str | None, growth: DepthGrowth | None,
+                   seeding: Any) -> None:
+    """Refuse a bad option at construction, in one line (the seeding options are checked by
+    `SeedingConfig`)."""
     if not isinstance(controller, Controller):
         raise TypeError(
             f"controller must implement decide/reset/state_dict/load_state_dict, got "
             f"{type(controller).__name__}"
         )
-    if grad_stats_every < 1:
-        raise ValueError(f"grad_stats_every must be >= 1, got {grad_stats_every}")
     check_topology(topology)
-    check_blend_gradient(blend_gradient)
     if growth is not None and not isinstance(growth, DepthGrowth):
         raise TypeError(f"growth must be a DepthGrowth, got {type(growth).__name__}")
-    # One-line error naming the accepted modes.
-    return None if gate_mode is None else QualityGates(gate_mode).mode
+    if seeding is not None and not isinstance(seeding, SeedingConfig):
+        raise TypeError(f"seeding must be a SeedingConfig or None, got {type(seeding).__name__}")
 
 
-def _check_cadence(every_n_train_steps: Any, timing: Any) -> None:
-    """Refuse a bad decision cadence or timing at construction, in one line."""
+def _check_cadence(every_n_train_steps: Any) -> None:
+    """Refuse a bad decision cadence at construction, in one line."""
     every = every_n_train_steps
     if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
         raise ValueError(f"every_n_train_steps must be an int >= 1 or None, got {every!r}")
-    if timing is not None and not isinstance(timing, SeedTiming):
-        raise TypeError(f"timing must be a SeedTiming, got {type(timing).__name__}")
 
 
 def _scaled(trainer: L.Trainer) -> bool:

@@ -43,8 +43,6 @@ from esper_lightning.core.depth import DepthGrowth
 from esper_lightning.core.injection import resolve_slots
 from esper_lightning.core.lifecycle import (
     LIVE_STAGES,
-    GateConfig,
-    GateMode,
     GateResult,
     QualityGates,
     SeedStage,
@@ -62,10 +60,10 @@ from esper_lightning.core.optim import (
     sync_seed_groups,
 )
 from esper_lightning.core.report import HISTORY_WINDOW, EpochReport
+from esper_lightning.core.seeding import SeedingConfig
 from esper_lightning.core.slots import (
     BLEND_GUARDS,
     SeedSlot,
-    check_blend_gradient,
     host_parameters,
     prune_live,
 )
@@ -73,8 +71,6 @@ from esper_lightning.core.slots import (
 log = logging.getLogger(__name__)
 
 _WAIT = Action()
-#: Optimizer steps between gradient-health measurements (each epoch's first step is measured too).
-GRAD_STATS_EVERY = 25
 #: The prune reason of a seed whose output or gradients were not finite (`prune_nonfinite`).
 SEED_NONFINITE = "seed_nonfinite"
 
@@ -125,29 +121,21 @@ class MorphogenesisEngine:
         slots: slot ids of `SeedSlot` modules already in ``model`` and/or dotted module paths
             (as in ``model.named_modules()``) after which a slot is injected. None: every
             `SeedSlot` in the model.
-        blueprints: blueprint names controllers may germinate (default: all for the topology).
-        max_seeds: maximum seeds present at once (None = unlimited).
+        seeding: how seeds grow in every slot: allowed blueprints, seed limit, gates, blend
+            gradient, LayerScale gain, seed optimizer, gradient-statistics cadence, lifecycle
+            durations in decisions (`core.seeding.SeedingConfig`, where each is documented;
+            None: its defaults).
         topology: ``"cnn"``, ``"transformer"`` or ``"linear"`` for injected slots; None infers
             it from the rank of each slot's first activation (4: cnn, 3: transformer, 2:
             linear). Until then `topology` is None and reports wait for a forward pass.
-        gate_mode, gate_config: quality-gate mode and thresholds; when given they apply to
-            every slot, otherwise existing slots keep theirs (injected ones: permissive defaults).
-        blend_gradient: ``"through"`` or ``"detached"``: whether a BLENDING seed's input is
-            detached from the host (`SeedSlot`); when given it applies to every slot, otherwise
-            each slot keeps its own (``"through"`` by default).
-        seed_optim: hyper-parameters of the seed param groups.
-        growth: where the model grows deeper (`core.depth.DepthGrowth`): growth slots after
-            blocks of a stack of same-shape blocks, whose seeds are new blocks of the stack's
-            own class. Growth blueprints (``block_*``) are allowed only in a run that has a
-            growth slot (its own, or a host's such as `GPTHost`'s ``r1c*``).
-        layer_scale_init: initial LayerScale gain of the seeds built in every slot (None: each
-            slot keeps its own, by default the blueprints' 1e-3; `SeedSlot`).
         rng_seed: a new seed's initial weights are drawn from a generator seeded with
             (``rng_seed``, epoch), so they depend on the run and the epoch only — never on what
             else drew from the global generator (data loading, other envs). None: the global
             generator as it is.
-        grad_stats_every: gradient health is measured every this many optimizer steps (and on
-            each epoch's first step), by every adapter alike (`gradient_stats_due`).
+        growth: where the model grows deeper (`core.depth.DepthGrowth`): growth slots after
+            blocks of a stack of same-shape blocks, whose seeds are new blocks of the stack's
+            own class. Growth blueprints (``block_*``) are allowed only in a run that has a
+            growth slot (its own, or a host's such as `GPTHost`'s ``r1c*``).
         compute: the run's `ComputeLedger` (its owner's: a `ComputeBudget`, the callback, an
             env); None: a ledger of its own, without a budget.
 
@@ -166,32 +154,28 @@ class MorphogenesisEngine:
         model: nn.Module,
         slots: Sequence[str] | None = None,
         *,
-        blueprints: Sequence[str] | None = None,
-        max_seeds: int | None = None,
+        seeding: SeedingConfig | None = None,
         topology: str | None = None,
-        gate_mode: GateMode | str | None = None,
-        gate_config: GateConfig | None = None,
-        blend_gradient: str | None = None,
-        seed_optim: SeedOptimConfig | None = None,
         rng_seed: int | None = None,
-        grad_stats_every: int = GRAD_STATS_EVERY,
-        layer_scale_init: float | None = None,
         growth: DepthGrowth | None = None,
         compute: ComputeLedger | None = None,
     ) -> None:
-        _check_counts(max_seeds, grad_stats_every)
+        if seeding is not None and not isinstance(seeding, SeedingConfig):
+            raise TypeError(f"seeding must be a SeedingConfig or None, got "
+                            f"{type(seeding).__name__}")
+        self._seeding = seeding = seeding or SeedingConfig()
+        durations = seeding.fixed_durations()  # refused before any slot is injected
         self.model = model
         self.rng_seed = rng_seed
-        self.grad_stats_every = grad_stats_every
-        check_blend_gradient(blend_gradient)
         self.slots = resolve_slots(model, slots, topology, growth)
-        self._set_slot_settings(gate_mode, gate_config, blend_gradient, layer_scale_init)
-        self._allowed = None if blueprints is None else _blueprint_list(blueprints)
-        self._max_seeds = max_seeds
+        self._set_slot_settings(seeding)
+        if durations:
+            self.set_timing(durations)
+        self._allowed = seeding.blueprints
+        self._max_seeds = seeding.max_seeds
         self._mask_context: MaskContext | None = None
         if self.topology is not None:  # check the blueprints now, not at the first report
             self._mask_context = self._make_mask_context()
-        self.seed_optim = seed_optim or SeedOptimConfig()
         self.optimizer: Optimizer | None = None
         self.schedulers: list[Any] = []
         self.epoch = 0
@@ -222,15 +206,29 @@ class MorphogenesisEngine:
             BLEND_GUARDS[slot] = weakref.WeakMethod(self._keep_buffers)
 
     # --- slots --------------------------------------------------------------------------------
-    def _set_slot_settings(self, gate_mode: GateMode | str | None, gate_config: GateConfig | None,
-                           blend_gradient: str | None, layer_scale_init: float | None) -> None:
-        """Give every slot the settings that were given (the others keep the slot's own)."""
+    def _set_slot_settings(self, seeding: SeedingConfig) -> None:
+        """Give every slot the settings ``seeding`` gives (the others keep the slot's own)."""
         for slot in self.slots.values():
             gates = None
-            if gate_mode is not None or gate_config is not None:
-                mode = slot.gates.mode if gate_mode is None else GateMode(gate_mode)
-                gates = QualityGates(mode, gate_config or slot.gates.config)
-            slot.configure(gates, blend_gradient, layer_scale_init)
+            if seeding.gate_mode is not None or seeding.gate_config is not None:
+                mode = seeding.gate_mode or slot.gates.mode
+                gates = QualityGates(mode, seeding.gate_config or slot.gates.config)
+            slot.configure(gates, seeding.blend_gradient, seeding.layer_scale_init)
+
+    @property
+    def seeding(self) -> SeedingConfig:
+        """How seeds grow in this run (`core.seeding.SeedingConfig`)."""
+        return self._seeding
+
+    @property
+    def seed_optim(self) -> SeedOptimConfig:
+        """Hyper-parameters of the seed param groups (``seeding.seed_optim``)."""
+        return self._seeding.seed_optim
+
+    @property
+    def grad_stats_every(self) -> int:
+        """Optimizer steps between gradient-health measurements (``seeding``'s)."""
+        return self._seeding.grad_stats_every
 
     def set_timing(self, durations: Mapping[str, int]) -> None:
         """Lifecycle durations in decisions for every slot (`core.timing.SeedTiming.resolve`):
@@ -698,14 +696,6 @@ class MorphogenesisEngine:
         self._pending_group_order = list(state["seed_group_order"])
 
 
-def _check_counts(max_seeds: Any, grad_stats_every: Any) -> None:
-    """Refuse a bad seed limit or gradient cadence, in one line."""
-    if max_seeds is not None and (isinstance(max_seeds, bool) or max_seeds < 1):
-        raise ValueError(f"max_seeds must be an int >= 1 or None, got {max_seeds!r}")
-    if isinstance(grad_stats_every, bool) or grad_stats_every < 1:
-        raise ValueError(f"grad_stats_every must be an int >= 1, got {grad_stats_every!r}")
-
-
 def _plain(action: Action) -> dict[str, int | str | None]:
     """``action`` as plain data: head name -> index, the blueprint head -> blueprint name."""
     return {head: action.blueprint if head == "blueprint" else int(getattr(action, head))
@@ -725,12 +715,6 @@ def _common_topology(slots: Any) -> str | None:
     if len(known) > 1:
         raise ValueError(f"slots mix topologies {sorted(known)}; use one topology per model")
     return None if None in topologies or not known else known.pop()
-
-
-def _blueprint_list(names: Sequence[str]) -> tuple[str, ...]:
-    if isinstance(names, str):
-        raise ValueError(f"blueprints must be a list of names, got the string {names!r}")
-    return tuple(names)
 
 
 def _check_blueprints(names: Sequence[str] | None, topology: str,

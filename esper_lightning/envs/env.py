@@ -54,11 +54,12 @@ from esper_lightning.core.actions import Action
 from esper_lightning.core.compute import ComputeLedger
 from esper_lightning.core.counterfactual import CounterfactualAccumulator, make_plan
 from esper_lightning.core.divergence import Governor, GovernorConfig
-from esper_lightning.core.engine import GRAD_STATS_EVERY, MorphogenesisEngine, StepOutcome
+from esper_lightning.core.engine import MorphogenesisEngine, StepOutcome
 from esper_lightning.core.flops import structure
 from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.core.report import EpochReport
 from esper_lightning.core.rollback import roll_back
+from esper_lightning.core.seeding import SeedingConfig
 from esper_lightning.core.snapshot import Snapshot, take_snapshot
 from esper_lightning.envs.tasks import CifarTask, Task
 from esper_lightning.rl.episodes import is_terminal
@@ -78,9 +79,9 @@ class EnvSpec:
     ``task`` is what the envs learn (`envs.tasks`): its data, host presets and slot ids, loss
     and number of classes; ``host_preset`` and ``slots`` must be the task's.
 
-    ``blend_gradient`` (``"through"`` or ``"detached"``; None: the slots' own, ``"through"`` by
-    default) says whether host layers before a BLENDING seed learn through it (`SeedSlot`).
-    ``layer_scale_init`` (None: the blueprints' own) is the initial LayerScale gain of new seeds.
+    ``seeding`` is how seeds grow in every env's host (`core.seeding.SeedingConfig`, where each
+    option is documented; by default its defaults with the default `GateConfig` for every
+    slot); its ``timing``, if any, counts decisions (one per env epoch).
 
     ``budget_flops`` is each episode's compute budget in training FLOPs (None: epochs of data;
     the module docstring says how a budget is spent), ``lr_schedule`` the learning-rate schedule
@@ -98,13 +99,9 @@ class EnvSpec:
     host_lr: float = 0.01
     precision: str = "32-true"
     episode_length: int = 20
-    blueprints: tuple[str, ...] | None = None
-    max_seeds: int | None = None
-    gate_config: GateConfig = field(default_factory=GateConfig)
-    blend_gradient: str | None = None
-    layer_scale_init: float | None = None
+    seeding: SeedingConfig = field(
+        default_factory=lambda: SeedingConfig(gate_config=GateConfig()))
     governor: GovernorConfig = field(default_factory=lambda: GovernorConfig(num_classes=10))
-    grad_stats_every: int = GRAD_STATS_EVERY
     task: Task = field(default_factory=CifarTask)
     budget_flops: float | None = None
     lr_schedule: LRSchedule = field(default_factory=LRSchedule)
@@ -114,6 +111,9 @@ class EnvSpec:
 
     def __post_init__(self) -> None:
         self.task.check_preset(self.host_preset)
+        if not isinstance(self.seeding, SeedingConfig):
+            raise TypeError(f"seeding must be a SeedingConfig, got {type(self.seeding).__name__}")
+        self.seeding.fixed_durations()  # an env decides once per epoch: decisions only
         if self.budget_flops is not None and not self.budget_flops > 0:
             raise ValueError(f"budget_flops must be > 0 or None, got {self.budget_flops!r}")
         scales = self.budget_scales
@@ -315,17 +315,8 @@ class MorphogenesisEnv:
         optimizer = single_optimizer(host)
         self.model, self.optimizer = self.fabric.setup(host, optimizer)
         self.host = host
-        self.engine = MorphogenesisEngine(
-            host,
-            blueprints=self.spec.blueprints,
-            max_seeds=self.spec.max_seeds,
-            gate_config=self.spec.gate_config,
-            blend_gradient=self.spec.blend_gradient,
-            rng_seed=episode_rng_seed,
-            grad_stats_every=self.spec.grad_stats_every,
-            layer_scale_init=self.spec.layer_scale_init,
-            compute=self.ledger,
-        )
+        self.engine = MorphogenesisEngine(host, seeding=self.spec.seeding,
+                                          rng_seed=episode_rng_seed, compute=self.ledger)
         self.engine.attach_optimizer(self.optimizer.optimizer)
         for slot_id, blueprint in implants:
             self.engine.implant(slot_id, blueprint)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from esper_lightning.app.config.checks import (
     check_choice,
@@ -36,6 +36,9 @@ from esper_lightning.app.config.layers import from_mapping
 from esper_lightning.errors import ConfigError
 from esper_lightning.hosts.presets import GPT_PRESETS
 from esper_lightning.schedule import schedule_error
+
+if TYPE_CHECKING:  # the core imports torch; the parse must not
+    from esper_lightning.core.seeding import SeedingConfig
 
 ConfigT = TypeVar("ConfigT", bound="TaskConfig")
 
@@ -82,18 +85,19 @@ class TaskConfig:
         val_subset: cifar: at most this many validation images; lm: at most this many
             validation blocks (null: all).
         host_lr: host learning rate (cifar: SGD, lm: AdamW; null: 0.01 / 0.001).
-        max_seeds: seeds present at once per host (null: unlimited).
+        max_seeds: seeds present at once per host, null: unlimited (`SeedingConfig.max_seeds`,
+            where the seeding options are documented; `seeding` builds one from these keys).
         blueprints: the blueprints a controller may germinate, a subset of those of the task's
-            slots (null: all of them), e.g. block_identity alone for a policy that learns only
-            when to grow. A policy trained with a subset plays only that subset wherever it is
-            evaluated (`PolicyController`).
-        min_training_epochs: epochs a seed incubates before it may blend (gate G2).
-        blend_gradient: whether host layers before a BLENDING seed learn through it: through
-            (null: the default) or detached (the seed's input is detached, so they get only
-            1 - alpha of their gradient; docs/evidence.md measures both).
+            slots, null: all of them (`SeedingConfig.blueprints`), e.g. block_identity alone
+            for a policy that learns only when to grow. A policy trained with a subset plays
+            only that subset wherever it is evaluated (`PolicyController`).
+        min_training_epochs: epochs a seed incubates before it may blend: G2's threshold of
+            the seeding's gate_config (`SeedingConfig.gate_config`).
+        blend_gradient: through (null: the default) or detached (`SeedingConfig.blend_gradient`;
+            docs/evidence.md measures both).
         block_size: lm only: tokens per block (null: the GPT preset's block_size).
-        layer_scale_init: initial gain of every LayerScale in a new seed (null: the
-            blueprints' own, 1e-3; docs/evidence.md measures 1.0).
+        layer_scale_init: initial LayerScale gain of a new seed, null: the blueprints' own
+            (`SeedingConfig.layer_scale_init`; docs/evidence.md measures 1.0).
         budget_flops: compute budget of each episode in training FLOPs (host and every seed,
             forward and backward, measured): the episode's episode_length epochs each spend an
             equal slice of it, so a bigger host trains fewer batches per epoch (null: no
@@ -215,6 +219,19 @@ class TaskConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: plain(getattr(self, f.name)) for f in fields(self)}
+
+    def seeding(self) -> SeedingConfig:
+        """How seeds grow in the task's envs (`core.seeding.SeedingConfig`, which checks it):
+        ``blueprints``, ``max_seeds``, ``blend_gradient``, ``layer_scale_init`` and
+        ``min_training_epochs`` as G2's threshold, the rest at its defaults. It imports torch
+        (the core): the envs call it when they are built, never the parse."""
+        from esper_lightning.core.lifecycle import GateConfig
+        from esper_lightning.core.seeding import SeedingConfig
+
+        return SeedingConfig(
+            blueprints=self.blueprints, max_seeds=self.max_seeds,
+            gate_config=GateConfig(min_training_epochs=self.min_training_epochs),
+            blend_gradient=self.blend_gradient, layer_scale_init=self.layer_scale_init)
 
     def replace(self: ConfigT, **changes: Any) -> ConfigT:
         return from_mapping(changes, base=self)
