@@ -26,7 +26,7 @@ from transformers import (
 from esper_lightning.core.depth import DepthGrowth, grow
 from esper_lightning.core.flops import FlopMeter
 from esper_lightning.core.slots import SeedSlot
-from esper_lightning.core.width import LAYOUTS, BlockLayout, WidthGrowth, widen
+from esper_lightning.core.width import LAYOUTS, BlockLayout, WidthGrowth, check_widen, widen
 from esper_lightning.hosts.gpt import GPTHost
 from esper_lightning.hosts.presets import GPTConfig
 
@@ -496,13 +496,25 @@ class Stacked(nn.Module):
 
 
 def _refused(model: nn.Module, growth: WidthGrowth) -> str:
+    """`widen`'s refusal, which `check_widen` says the same before (nothing changes)."""
     state = copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError) as early:
+        check_widen(model, growth)
     with pytest.raises(ValueError) as err:
         widen(model, growth)
+    assert str(early.value) == str(err.value)
     assert model.state_dict().keys() == state.keys()
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items()
                if isinstance(v, Tensor))  # nothing changed
     return one_line(err)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_check_widen_passes_what_widen_widens_and_changes_nothing(kind):
+    model = build(kind)
+    before = shapes(model)
+    assert check_widen(model, WidthGrowth(factor=2)) is None
+    assert shapes(model) == before
 
 
 def test_a_block_of_no_known_layout_is_refused():

@@ -97,7 +97,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["LAYOUTS", "MOMENTS", "SPLITS", "BlockLayout", "Widening", "WidthGrowth", "widen"]
+__all__ = ["LAYOUTS", "MOMENTS", "SPLITS", "BlockLayout", "Widening", "WidthGrowth", "check_widen",
+           "widen"]
 
 #: How a reader's input columns are split between the copies of the stream.
 SPLITS = ("random", "even")
@@ -783,3 +784,25 @@ def widen(model: nn.Module, growth: WidthGrowth | None = None,
     _apply_configs(model, configs)
     return Widening((plan.width, plan.width * growth.factor),
                     (plan.units, plan.units * growth.mlp_factor), fresh)
+
+
+def check_widen(model: nn.Module, growth: WidthGrowth | None = None) -> None:
+    """Refuse now what `widen` would refuse on ``model`` (its stack, layout, modules, slots and
+    configs), changing nothing: a caller that widens later (a Trainer callback at a point of the
+    run) says so at its start. A matrix of constant entries, whose new rows could never learn, is
+    found only when it is widened.
+
+    Raises:
+        ValueError: What cannot be widened, in one line.
+
+    Example:
+        >>> from esper_lightning.blueprints.block import Block
+        >>> net = nn.Module()
+        >>> net.blocks = nn.ModuleList([Block(8, 2)])
+        >>> check_widen(net, WidthGrowth(factor=2)), net.blocks[0].n_head  # nothing changed
+        (None, 2)
+    """
+    growth = growth or WidthGrowth()
+    plan = _plan(model, growth)
+    for config in _configs(model):
+        _config_changes(config, plan, growth)
