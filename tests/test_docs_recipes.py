@@ -21,7 +21,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import nn
 from user_models import NanoGPT
 
-from esper_lightning.callbacks import ComputeBudget, MorphogenesisCallback
+from esper_lightning.callbacks import ComputeBudget, MorphogenesisCallback, WidthGrowthCallback
 from esper_lightning.data import CIFAR10DataModule, write_cifar10_fixture
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,6 +111,10 @@ def test_the_snippet_runs_as_written(source, index, prelude, code, tmp_path, mon
         assert trainer.current_epoch == trainer.max_epochs == 30
         return
     _check_growth(trainer, morpho, namespace, tmp_path)
+    if "WidthGrowthCallback" in code:  # widened first, and handed back at its width
+        width = _callback(trainer, WidthGrowthCallback)
+        assert width.widened_step is not None and width.widening.hidden == (64, 128)
+        assert namespace["lm"].model.config.n_embd == 128
 
 
 def _check_growth(trainer: L.Trainer, morpho: MorphogenesisCallback, namespace: dict,
@@ -149,7 +153,7 @@ def test_the_recipes_need_no_hidden_setting():
     """What the growth recipes run with is the data module's defaults: no ``train_blocks`` or
     other knob the text does not show."""
     growth = [code for _, _, _, code in SNIPPETS if "ComputeBudget(" in code]
-    assert len(growth) == 2
+    assert len(growth) == 3
     for code in growth:
         assert 'TextDataModule("shakespeare.txt", block_size=32)' in code
         assert "train_blocks" not in code
