@@ -21,7 +21,8 @@ __version__ = "0.1.0"
 _CORE = (
     "Action", "ActionMasks", "AlphaAlgorithm", "AlphaController", "AlphaCurve", "AlphaMode",
     "ComputeLedger", "DepthGrowth", "EpochReport", "GateConfig", "GateMode", "GateResult",
-    "LifecycleOp", "MaskContext", "SeedSlot", "SeedStage", "SlotReport", "compute_masks",
+    "LifecycleOp", "MaskContext", "SeedSlot", "SeedStage", "SeedingConfig", "SlotReport",
+    "compute_masks",
     "export", "find_slots", "materialize", "restore_slots",
 )
 #: Every public name, resolved lazily from its module (PEP 562): ``import esper_lightning`` alone
@@ -70,6 +71,7 @@ __all__ = [
     "RandomController",
     "SeedSlot",
     "SeedStage",
+    "SeedingConfig",
     "SlotReport",
     "StackController",
     "StaticController",

@@ -28,7 +28,8 @@ from esper_lightning.controllers import (
 )
 from esper_lightning.core.actions import Action, AlphaSpeed, LifecycleOp, Tempo
 from esper_lightning.core.lifecycle import GateConfig, SeedStage
-from esper_lightning.core.optim import seed_group_names
+from esper_lightning.core.optim import SeedOptimConfig, seed_group_names
+from esper_lightning.core.seeding import SeedingConfig
 from esper_lightning.core.telemetry import STAGE_LEGEND
 from esper_lightning.data import CIFAR10DataModule
 from esper_lightning.hosts import CifarCNNHost
@@ -216,6 +217,40 @@ def test_bad_configuration_is_refused_at_construction():
         MorphogenesisCallback(object())
     with pytest.raises(TypeError, match=r"^growth must be a DepthGrowth, got int$"):
         MorphogenesisCallback(StaticController(), growth=3)
+
+
+def test_the_keywords_are_a_shorthand_for_one_seeding_config(cifar_dir, tmp_path):
+    shorthand = MorphogenesisCallback(StaticController(), slots=["net.3"], gate_mode="strict",
+                                      layer_scale_init=0.5, seed_lr=0.2, max_seeds=1)
+    whole = MorphogenesisCallback(StaticController(), slots=["net.3"], seeding=SeedingConfig(
+        gate_mode="strict", layer_scale_init=0.5, seed_optim=SeedOptimConfig(lr=0.2),
+        max_seeds=1))
+    assert shorthand.seeding == whole.seeding
+    assert MorphogenesisCallback(StaticController()).seeding == SeedingConfig()
+    # The layer scale reaches the slots (the callback had no such option before).
+    torch.manual_seed(0)
+    script = ScriptedController({0: germinate()})
+    callback = MorphogenesisCallback(script, slots=["net.3"], layer_scale_init=0.5)
+    _trainer(tmp_path, 1, [callback]).fit(PlainModule(), datamodule=_dm(cifar_dir))
+    slot = callback.engine.slots["net.3"]
+    assert slot.layer_scale_init == 0.5 and torch.all(slot.seed.ls.gamma == 0.5)
+    assert callback.engine.seeding.layer_scale_init == 0.5
+
+
+def test_a_keyword_that_contradicts_seeding_is_refused_in_one_line():
+    seeding = SeedingConfig(blend_gradient="detached", seed_optim=SeedOptimConfig(lr=0.1))
+    with pytest.raises(ValueError) as err:
+        MorphogenesisCallback(StaticController(), seeding=seeding, blend_gradient="through")
+    assert str(err.value) == ("MorphogenesisCallback: blend_gradient='through' contradicts "
+                              "seeding.blend_gradient='detached'; accepted: one of them, or "
+                              "equal values")
+    with pytest.raises(ValueError, match=r"seed_lr=0\.3 contradicts seeding\.seed_optim\.lr=0\.1"):
+        MorphogenesisCallback(StaticController(), seeding=seeding, seed_lr=0.3)
+    both = MorphogenesisCallback(StaticController(), seeding=seeding, blend_gradient="detached",
+                                 seed_momentum=0.9)
+    assert both.seeding.seed_optim == SeedOptimConfig(lr=0.1, momentum=0.9)
+    with pytest.raises(TypeError, match="seeding must be a SeedingConfig or None, got dict"):
+        MorphogenesisCallback(StaticController(), seeding={"max_seeds": 1})
 
 
 # --- one callback, several fits ----------------------------------------------------------------

@@ -11,9 +11,11 @@ from esper_lightning.core.actions import (
     LifecycleOp,
 )
 from esper_lightning.core.engine import MorphogenesisEngine
-from esper_lightning.core.lifecycle import GateConfig, SeedStage
+from esper_lightning.core.lifecycle import GateConfig, GateMode, SeedStage
 from esper_lightning.core.optim import SeedOptimConfig, name_host_groups, seed_group_names
 from esper_lightning.core.seeding import SeedingConfig
+from esper_lightning.core.slots import SeedSlot
+from esper_lightning.core.timing import SeedTiming
 
 GERMINATE = Action(LifecycleOp.GERMINATE, 0, blueprint="conv_light")
 ADVANCE = Action(LifecycleOp.ADVANCE, 0)
@@ -126,6 +128,37 @@ def test_bad_blueprints_and_max_seeds():
         MorphogenesisEngine(_net(), slots=["net.1"], seeding=SeedingConfig(max_seeds=0))
     with pytest.raises(ValueError, match="cannot inject slots into a bare Sequential"):
         MorphogenesisEngine(_net().net, slots=["1"])
+
+
+def test_the_seeding_config_reaches_every_slot():
+    seeding = SeedingConfig(gate_mode="strict", gate_config=GateConfig(min_blending_epochs=4),
+                            blend_gradient="detached", layer_scale_init=0.5, grad_stats_every=3,
+                            seed_optim=SeedOptimConfig(lr=0.5),
+                            timing=SeedTiming(incubation=2, blend=6, embargo=1))
+    engine = MorphogenesisEngine(_net(), slots=["net.1", "net.3"], seeding=seeding)
+    for slot in engine.slots.values():
+        assert slot.gates.mode == GateMode.STRICT and slot.blend_gradient == "detached"
+        assert slot.layer_scale_init == 0.5 and (slot.blend_ticks, slot.embargo_ticks) == (6, 1)
+        # The timing's incubation overrides the config's G2; its G3 stays.
+        assert slot.gates.config == GateConfig(min_training_epochs=2, min_blending_epochs=4)
+    assert engine.seeding is seeding and engine.grad_stats_every == 3
+    assert engine.seed_optim == SeedOptimConfig(lr=0.5)
+    # None: every slot keeps its own (a strict slot stays strict, its gain the blueprints').
+    model = nn.Sequential(SeedSlot("own", channels=4, gate_mode="strict"))
+    engine = MorphogenesisEngine(model)
+    assert engine.slots["own"].gates.mode == GateMode.STRICT
+    assert engine.slots["own"].layer_scale_init is None and engine.grad_stats_every == 25
+
+
+def test_a_bad_seeding_is_refused_before_any_slot_is_injected():
+    net = _net()
+    keys = set(net.state_dict())
+    with pytest.raises(ValueError, match=r"timing.blend='200 steps' needs the run's plan"):
+        MorphogenesisEngine(net, slots=["net.1"],
+                            seeding=SeedingConfig(timing=SeedTiming(blend="200 steps")))
+    assert set(net.state_dict()) == keys  # nothing injected
+    with pytest.raises(TypeError, match="seeding must be a SeedingConfig or None, got dict"):
+        MorphogenesisEngine(net, slots=["net.1"], seeding={"max_seeds": 1})
 
 
 def test_illegal_action_becomes_wait_with_reason():

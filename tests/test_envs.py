@@ -6,6 +6,7 @@ import torch
 from esper_lightning.core.actions import Action, LifecycleOp
 from esper_lightning.core.lifecycle import GateConfig, SeedStage
 from esper_lightning.core.seeding import SeedingConfig
+from esper_lightning.core.timing import SeedTiming
 from esper_lightning.data import load_cifar10
 from esper_lightning.envs import EnvPool, EnvSpec, episode_rng_seed
 from esper_lightning.rl import RewardConfig, RewardMode, compute_reward
@@ -31,6 +32,23 @@ def test_env_seeds_are_deterministic_and_distinct():
     seeds = {episode_rng_seed(0, r, i, e) for r in range(3) for i in range(4) for e in range(2)}
     assert len(seeds) == 24
     assert episode_rng_seed(7, 1, 2) == episode_rng_seed(7, 1, 2) != episode_rng_seed(8, 1, 2)
+
+
+def test_the_spec_passes_its_seeding_whole_to_every_engine(data):
+    assert EnvSpec().seeding == SeedingConfig(gate_config=GateConfig())  # as the envs had it
+    seeding = SeedingConfig(gate_config=GateConfig(min_training_epochs=1), max_seeds=1,
+                            blend_gradient="detached", layer_scale_init=0.5,
+                            timing=SeedTiming(embargo=2), grad_stats_every=4)
+    spec = EnvSpec(slots=("r0c1", "r0c2"), batch_size=16, episode_length=5, seeding=seeding)
+    env = EnvPool(spec, *data, ["cpu"]).envs[0]
+    env.reset(3)
+    assert env.engine.seeding is seeding and env.engine.mask_context.max_seeds == 1
+    slot = env.engine.slots["r0c1"]
+    assert (slot.blend_gradient, slot.layer_scale_init, slot.embargo_ticks) == ("detached", 0.5, 2)
+    with pytest.raises(ValueError, match=r"timing.hold='3 epochs' needs the run's plan"):
+        EnvSpec(seeding=SeedingConfig(timing=SeedTiming(hold="3 epochs")))
+    with pytest.raises(TypeError, match="seeding must be a SeedingConfig, got NoneType"):
+        EnvSpec(seeding=None)
 
 
 def test_each_env_has_its_own_fabric_and_no_stream_on_cpu(data):

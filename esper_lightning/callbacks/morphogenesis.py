@@ -244,21 +244,18 @@ class MorphogenesisCallback(Callback):
             layer_scale_init=layer_scale_init, seed_lr=seed_lr, seed_momentum=seed_momentum,
             seed_weight_decay=seed_weight_decay, grad_stats_every=grad_stats_every,
             timing=timing)
-        self.every_n_train_steps = every_n_train_steps
-        self.controller = controller
+        self.every_n_train_steps, self.controller = every_n_train_steps, controller
         self._engine_kwargs: dict[str, Any] = {
             "slots": None if slots is None else [slots] if isinstance(slots, str) else list(slots),
-            "topology": topology,
-            "growth": growth,
+            "topology": topology, "growth": growth,
             # The callback turns the timing into decisions itself, at fit start (`_make_plan`).
             "seeding": dataclasses.replace(self.seeding, timing=None),
         }
         self.rng_seed, self.logits_fn = rng_seed, logits_fn
         self.batch_to_xy = batch_to_xy or _pair
         self.counterfactual = None if counterfactual is None else check_mode(counterfactual)
-        self.accuracy_key = accuracy_key
+        self.accuracy_key, self.meter_flops = accuracy_key, meter_flops
         self.loss_key, self.train_loss_key = loss_key, train_loss_key
-        self.meter_flops = meter_flops
         #: The fit's compute (`core.compute.ComputeLedger`): a `ComputeBudget`'s when the fit
         #: has one (it charges the training steps), else this callback's own.
         self.ledger = ComputeLedger()

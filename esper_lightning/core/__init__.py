@@ -7,6 +7,7 @@ Trainer callbacks in `esper_lightning.callbacks`, the Fabric environments in
 * `lifecycle`: seed stages, legal transitions, quality gates, seed metrics;
 * `alpha`: the blend schedule; `slots`: `SeedSlot`, the module a seed grows in;
 * `actions`: the factored action space and its masks;
+* `seeding`: `SeedingConfig`, how seeds grow in a run, passed whole to both adapters;
 * `engine`: `MorphogenesisEngine`, which executes actions and ticks slots; `optim`: seed param
   groups that keep the optimizer and its LR schedulers in step; `injection`: slots after named
   submodules;
@@ -37,6 +38,7 @@ from esper_lightning.core.exporter import export
 from esper_lightning.core.injection import restore_slots
 from esper_lightning.core.lifecycle import GateConfig, GateMode, GateResult, SeedStage
 from esper_lightning.core.report import EpochReport
+from esper_lightning.core.seeding import SeedingConfig
 from esper_lightning.core.slots import SeedSlot, SlotReport, find_slots
 from esper_lightning.core.snapshot import Snapshot, restore_snapshot, take_snapshot
 
@@ -61,6 +63,7 @@ __all__ = [
     "MorphogenesisEngine",
     "SeedSlot",
     "SeedStage",
+    "SeedingConfig",
     "SlotReport",
     "Snapshot",
     "StepOutcome",
