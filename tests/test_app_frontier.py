@@ -636,10 +636,14 @@ def test_every_committed_study_still_loads():
     folders = sorted(Path(__file__).parents[1].glob("results/frontier/*/" + PLAN_FILE))
     if not folders:
         pytest.skip("no committed frontier results in this checkout")
+    played = 0
     for plan_file in folders:
         read_plan(plan_file)
         rows = read_rows(plan_file.parent)
-        assert rows and at_chosen_rates(rows), plan_file
+        if rows:  # a plan committed before its first episode (pre-registered) has none yet
+            assert at_chosen_rates(rows), plan_file
+            played += 1
+    assert played
 
 
 def test_select_prints_a_winning_phase_rate_as_lr_phases(tmp_path, capsys):
