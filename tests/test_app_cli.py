@@ -240,7 +240,7 @@ BAD_INPUTS = [
     (["ppo", "--preset", "lm-smoke", "--data_dir", "TMP/short.txt"],
      "short.txt' is too short for block_size=32: its training head holds 28 of its 31 bytes"),
     (["ppo", "--preset", "smoke", "--data_dir", "TMP/cifar", "--train_subset", "10"],
-     "the training split holds 10 images (train_subset=10), fewer than batch_size=64"),
+     "the training split holds 10 images, fewer than batch_size=64"),
     (["compare", "--preset", "lm-smoke", "--data_dir", "TMP/short.txt", "--block_size", "8"],
      "short.txt' is too short for block_size=8: its validation split holds 1 of its 31 "
      "bytes"),

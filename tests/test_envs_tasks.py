@@ -11,8 +11,8 @@ from esper_lightning.core.seeding import SeedingConfig
 from esper_lightning.data import DataError, load_cifar10
 from esper_lightning.data.tensor_loader import normalize
 from esper_lightning.envs import EnvPool, EnvSpec
+from esper_lightning.envs.task_specs import task_class
 from esper_lightning.envs.tasks import (
-    TASKS,
     VAL_BATCH,
     VAL_BLOCKS,
     CifarTask,
@@ -31,7 +31,7 @@ ADVANCE = Action(LifecycleOp.ADVANCE, 1)
 
 
 def test_registry_and_one_line_errors():
-    assert set(TASKS) == {"cifar", "lm"} and TASKS["lm"] is TextTask
+    assert task_class("lm") is TextTask and task_class("cifar") is CifarTask
     assert (CifarTask.topology, CifarTask.num_classes) == ("cnn", 10)
     assert (TextTask.topology, TextTask.num_classes) == ("transformer", 256)
     assert TextTask.slot_ids("tiny") == ("r0c0", "r0c1")
@@ -47,6 +47,20 @@ def test_registry_and_one_line_errors():
         TextTask(train_blocks=0)
     with pytest.raises(ValueError, match="unknown host_preset 'tiny' for task 'cifar'"):
         EnvSpec(host_preset="tiny")
+
+
+def test_an_epoch_without_a_batch_is_one_line(text_file, cifar_dir):
+    train, _ = CifarTask(train_subset=10).load(cifar_dir)
+    with pytest.raises(DataError, match="the training split holds 10 images, fewer than "
+                                        "batch_size=11: an epoch would train on no batch"):
+        CifarTask().check_train_split(train, 11)
+    CifarTask().check_train_split(train, 10)  # one batch: accepted
+    tokens, _ = LM.load(text_file)
+    blocks = len(tokens) // LM.block_size
+    with pytest.raises(DataError, match=f"gives an epoch no batch: n_blocks={blocks} is fewer "
+                                        f"than batch_size={blocks + 1}"):
+        TextTask(block_size=32).check_train_split(tokens, blocks + 1)
+    TextTask(block_size=32).check_train_split(tokens, blocks)
 
 
 def test_text_task_reads_a_file_or_its_folder_and_splits_head_and_validation(text_file):

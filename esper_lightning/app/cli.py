@@ -55,7 +55,7 @@ from esper_lightning.app.config import (
     saved_values,
 )
 from esper_lightning.app.console import fail, missing_lab
-from esper_lightning.data.files import DataError, resolve_data_dir  # plain Python: no torch
+from esper_lightning.data.files import DataError  # plain Python: no torch
 from esper_lightning.errors import ConfigError
 
 PROG = "esper-lightning"
@@ -357,28 +357,11 @@ def check_paths(config: TaskConfig) -> None:
         ConfigError: no file at ``init_policy``.
     """
     if not config.download:
-        DATA_CHECKS[config.task](config.data_dir)
+        config.task_spec.check_data(config.data_dir)  # the task's own check (`TaskSpec`)
     init = getattr(config, "init_policy", None)
     if init is not None and getattr(config, "resume", None) is None and not Path(init).exists():
         raise ConfigError(f"init_policy '{init}' does not exist; accepted: a PPO checkpoint or "
                           f"a policy shipped from one ({PROG} ship)")
-
-
-def _check_cifar10(data_dir: str | None) -> None:
-    from esper_lightning.data.locate import cifar10_not_found, find_batches_dir
-
-    if find_batches_dir(data_dir) is None:
-        raise cifar10_not_found(resolve_data_dir(data_dir))
-
-
-def _check_text(data_dir: str | None) -> None:
-    from esper_lightning.data.locate import find_text_file
-
-    find_text_file(data_dir)
-
-
-#: Each task's data check (`check_paths`), by the name `TaskConfig.task` takes; torch-free.
-DATA_CHECKS: dict[str, Callable[[str | None], None]] = {"cifar": _check_cifar10, "lm": _check_text}
 
 
 def attach_log_handler() -> None:

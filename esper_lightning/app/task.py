@@ -10,22 +10,23 @@ import torch
 from esper_lightning.app.config.task import TaskConfig, smallest_budget_scale
 from esper_lightning.core.divergence import GovernorConfig
 from esper_lightning.core.flops import FlopMeter
-from esper_lightning.data import DataError
 from esper_lightning.envs import EnvSpec, smallest_budget_flops
-from esper_lightning.envs.tasks import TASKS, Task
+from esper_lightning.envs.task_specs import task_class
+from esper_lightning.envs.tasks import Task
 from esper_lightning.errors import ConfigError
 from esper_lightning.rl.rewards import RewardConfig, RewardMode
 from esper_lightning.schedule import LRSchedule
 
 
 def make_task(task: TaskConfig) -> Task:
-    """The `Task` that ``task.task`` names in `envs.TASKS`, with the run's data settings
-    (`Task.configured`: CIFAR subsets, or the language model's block size, training blocks per
-    epoch and validation blocks)."""
-    played = TASKS.get(task.task)
-    if played is None:  # TaskConfig checks the name against TASK_CHOICES: one added there only
-        raise ValueError(f"envs.TASKS has no task {task.task!r}")
-    return played.configured(
+    """The `Task` registered as ``task.task`` (`envs.task_specs.task_class`), with the run's
+    data settings (`Task.configured`: CIFAR subsets, or the language model's block size,
+    training blocks per epoch and validation blocks).
+
+    Raises:
+        ValueError: a name no task is registered under (one line naming those that are).
+    """
+    return task_class(task.task).configured(
         host_preset=str(task.host_preset), train_subset=task.train_subset,
         val_subset=task.val_subset, block_size=task.block_size)
 
@@ -123,14 +124,11 @@ def load_splits(task: TaskConfig, progress: bool = True) -> tuple[Any, Any]:
     """The task's training and validation data (downloaded first when asked to).
 
     Raises:
-        DataError: CIFAR training images fewer than one batch (an epoch drops its last short
-            batch, so it would train on none; the language model's blocks per epoch are checked
-            with the configuration).
+        DataError: training data of which an epoch holds no batch (`Task.check_train_split`:
+            a loader drops its last short batch, so the run would train on none).
     """
-    train, val = make_task(task).load(task.data_dir, download=task.download, progress=progress,
-                                      rng_seed=task.rng_seed)
-    if task.task == "cifar" and len(train[1]) < task.batch_size:
-        raise DataError(f"the training split holds {len(train[1])} images (train_subset="
-                        f"{task.train_subset}), fewer than batch_size={task.batch_size}: an "
-                        f"epoch would train on no batch; lower batch_size or use more images")
+    played = make_task(task)
+    train, val = played.load(task.data_dir, download=task.download, progress=progress,
+                             rng_seed=task.rng_seed)
+    played.check_train_split(train, task.batch_size)
     return train, val

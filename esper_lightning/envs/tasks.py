@@ -14,8 +14,12 @@ comparison tool need, so none of them names a dataset or a host class:
   governor's lobotomy rule;
 * the seeds: `topology`, hence the blueprints a controller may germinate (`blueprints`).
 
-Two tasks are registered in `TASKS`: ``"cifar"`` (`CifarTask`: `CifarCNNHost` on CIFAR-10
-images) and ``"lm"`` (`TextTask`: `GPTHost` predicting the next byte of a text file).
+A task's facts live in its descriptor (``spec``, a `TaskSpec` of `envs.task_specs`: presets,
+defaults, topology, capabilities), read as this class's attributes; the descriptor is
+registered by name with the class that plays it (`register_task`), so a configuration checks a
+task before torch loads and `task_class` finds the class when a run builds one. Two are
+registered: ``"cifar"`` (`CifarTask`: `CifarCNNHost` on CIFAR-10 images) and ``"lm"``
+(`TextTask`: `GPTHost` predicting the next byte of a text file).
 
 Example:
     >>> task = TextTask(block_size=64, train_blocks=256, val_blocks=32)
@@ -44,7 +48,7 @@ from esper_lightning.data import (
     split_text,
 )
 from esper_lightning.data.cifar10 import cifar10_present
-from esper_lightning.data.files import PathLike, check_int
+from esper_lightning.data.files import DataError, PathLike, check_int
 from esper_lightning.data.tensor_loader import TensorLoader, normalize
 from esper_lightning.data.text import (
     TextTensorLoader,
@@ -52,10 +56,15 @@ from esper_lightning.data.text import (
     find_text_file,
     validation_blocks,
 )
-from esper_lightning.hosts import GPT_PRESETS, PRESETS, CifarCNNHost, GPTHost, slot_ids
+from esper_lightning.envs.task_specs import CIFAR, LM, TaskSpec
+from esper_lightning.hosts import CifarCNNHost, GPTHost
 from esper_lightning.hosts.base import SlottedHost
 
-__all__ = ["TASKS", "CifarTask", "Task", "TextTask", "TrainLoader"]
+__all__ = ["CifarTask", "Task", "TextTask", "TrainLoader"]
+
+#: The descriptor's facts a `Task` class reads as its own class attributes.
+DESCRIBED_FACTS = ("name", "topology", "num_classes", "presets", "default_preset", "default_slots",
+              "default_host_lr", "example", "loss_in_bits")
 
 #: Images per validation forward of the CIFAR task.
 VAL_BATCH = 500
@@ -80,7 +89,9 @@ class Task(ABC):
     """One learning problem for the env pool (see the module docstring).
 
     Class attributes:
-        name: the task's name in `TASKS` (``--task``).
+        spec: the task's descriptor (`TaskSpec`), which a subclass sets; the attributes below
+            are read from it when the subclass is defined (`DESCRIBED_FACTS`), never written twice.
+        name: the task's name (``--task``).
         topology: the slots' topology, which picks the blueprints.
         num_classes: classes (or vocabulary size) of the targets.
         presets: host presets by name.
@@ -89,6 +100,7 @@ class Task(ABC):
         loss_in_bits: whether reports read the loss in bits (a language model's unit) too.
     """
 
+    spec: ClassVar[TaskSpec]
     name: ClassVar[str]
     topology: ClassVar[str]
     num_classes: ClassVar[int]
@@ -99,10 +111,20 @@ class Task(ABC):
     example: ClassVar[str]
     loss_in_bits: ClassVar[bool]
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        spec = cls.__dict__.get("spec")
+        if spec is None:  # an abstract helper class, or a subclass keeping its parent's task
+            return
+        if not isinstance(spec, TaskSpec):
+            raise TypeError(f"{cls.__name__}.spec must be a TaskSpec, got {type(spec).__name__}")
+        for fact in DESCRIBED_FACTS:
+            setattr(cls, fact, getattr(spec, fact))
+
     @classmethod
-    @abstractmethod
     def slot_ids(cls, preset: str) -> tuple[str, ...]:
-        """Every slot id of host ``preset``, in action order."""
+        """Every slot id of host ``preset``, in action order (the descriptor's)."""
+        return cls.spec.slot_ids(preset)
 
     @abstractmethod
     def make_host(self, preset: str, slots: Sequence[str], lr: float) -> SlottedHost:
@@ -152,7 +174,7 @@ class Task(ABC):
     @abstractmethod
     def configured(cls, *, host_preset: str, train_subset: int | None,
                    val_subset: int | None, block_size: int | None) -> Task:
-        """The task with a run's data settings (``--task`` picks the class from `TASKS`, this
+        """The task with a run's data settings (``--task`` picks the class, `task_class`, this
         builds it): each task takes the settings it has and ignores the others. ``host_preset``
         is the run's host (a language model's block size defaults to its preset's)."""
 
@@ -164,9 +186,24 @@ class Task(ABC):
     @classmethod
     def check_preset(cls, preset: str) -> None:
         """A one-line `ValueError` when ``preset`` is not a host preset of this task."""
-        if preset not in cls.presets:
-            raise ValueError(f"unknown host_preset {preset!r} for task {cls.name!r}; accepted: "
-                             f"{', '.join(cls.presets)}")
+        cls.spec.check_preset(preset)
+
+    def check_train_split(self, train: Any, batch_size: int) -> None:
+        """Refuse training data of which an epoch holds no batch of ``batch_size`` (a loader
+        drops its last short batch, so the run would train on nothing). Reads the task's own
+        loader, built on the CPU where `load` left the data.
+
+        Raises:
+            DataError: such data, in one line (also what the loader itself refuses).
+        """
+        try:
+            batches = len(self.train_loader(train, batch_size, torch.device("cpu")))
+        except ValueError as err:  # a loader that refuses a split too small itself
+            raise DataError(f"the training split gives an epoch no batch: {err}") from None
+        if batches == 0:
+            raise DataError(f"the training split holds {self.corpus_size(train)} "
+                            f"{self.example}s, fewer than batch_size={batch_size}: an epoch "
+                            "would train on no batch; lower batch_size or use more data")
 
 
 @dataclass(frozen=True)
@@ -184,15 +221,7 @@ class CifarTask(Task):
         >>> train, val = CifarTask(train_subset=5000).load("data")  # doctest: +SKIP
     """
 
-    name: ClassVar[str] = "cifar"
-    topology: ClassVar[str] = "cnn"
-    num_classes: ClassVar[int] = 10
-    presets: ClassVar[Mapping[str, Any]] = PRESETS
-    default_preset: ClassVar[str] = "baseline"
-    default_slots: ClassVar[tuple[str, ...]] = ("r0c0", "r0c1", "r0c2")
-    default_host_lr: ClassVar[float] = 0.01
-    example: ClassVar[str] = "image"
-    loss_in_bits: ClassVar[bool] = False
+    spec: ClassVar[TaskSpec] = CIFAR
 
     train_subset: int | None = None
     val_subset: int | None = None
@@ -201,11 +230,6 @@ class CifarTask(Task):
     def configured(cls, *, host_preset: str, train_subset: int | None,
                    val_subset: int | None, block_size: int | None) -> CifarTask:
         return cls(train_subset=train_subset, val_subset=val_subset)
-
-    @classmethod
-    def slot_ids(cls, preset: str) -> tuple[str, ...]:
-        cls.check_preset(preset)
-        return slot_ids(PRESETS[preset].n_blocks)
 
     def make_host(self, preset: str, slots: Sequence[str], lr: float) -> SlottedHost:
         return CifarCNNHost(preset, slots=slots, lr=lr)
@@ -267,15 +291,7 @@ class TextTask(Task):
         >>> train, val = task.load("shakespeare.txt")  # doctest: +SKIP
     """
 
-    name: ClassVar[str] = "lm"
-    topology: ClassVar[str] = "transformer"
-    num_classes: ClassVar[int] = 256
-    presets: ClassVar[Mapping[str, Any]] = GPT_PRESETS
-    default_preset: ClassVar[str] = "tiny"
-    default_slots: ClassVar[tuple[str, ...]] = ("r0c0", "r0c1")
-    default_host_lr: ClassVar[float] = 1e-3
-    example: ClassVar[str] = "byte"  # UTF-8 bytes are the tokens
-    loss_in_bits: ClassVar[bool] = True
+    spec: ClassVar[TaskSpec] = LM  # UTF-8 bytes are the tokens (its example is "byte")
 
     block_size: int = 128
     train_blocks: int | None = None
@@ -294,17 +310,11 @@ class TextTask(Task):
                    val_subset: int | None, block_size: int | None) -> TextTask:
         """Blocks of ``block_size`` tokens (None: the GPT preset's), ``train_subset`` training
         blocks per epoch and ``val_subset`` validation blocks."""
-        block_size = block_size or GPT_PRESETS[host_preset].block_size
+        block_size = block_size or cls.spec.block_limit(host_preset)
         return cls(block_size=block_size, train_blocks=train_subset, val_blocks=val_subset)
 
-    @classmethod
-    def slot_ids(cls, preset: str) -> tuple[str, ...]:
-        cls.check_preset(preset)
-        return GPT_PRESETS[preset].slot_ids  # growth slots included
-
     def make_host(self, preset: str, slots: Sequence[str], lr: float) -> SlottedHost:
-        self.check_preset(preset)
-        limit = GPT_PRESETS[preset].block_size
+        limit = self.spec.block_limit(preset)  # checks the preset's name too
         if self.block_size > limit:
             raise ValueError(f"block_size {self.block_size} exceeds the {preset!r} host's "
                              f"block_size {limit}; accepted: 1..{limit}")
@@ -358,6 +368,3 @@ class TextTask(Task):
             raise TypeError(f"the lm task streams a TextTensorLoader, got {type(loader).__name__}")
         return loader.stream()
 
-
-#: Registered tasks by name.
-TASKS: dict[str, type[Task]] = {"cifar": CifarTask, "lm": TextTask}

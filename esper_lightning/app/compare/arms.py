@@ -256,19 +256,18 @@ def check_policy(path: str, task: TaskConfig, transfer: bool = False) -> PolicyB
     return bundle
 
 
-def _gpt_host(arena: Any) -> Any:
-    """The language model's GPT preset, whose blocks and slots ``stack:`` and ``born:`` read
-    (None on another task: they refuse it in one line)."""
-    from esper_lightning.hosts.presets import GPT_PRESETS
-
+def _growing_host(arena: Any) -> Any:
+    """The host's shape as a stack that grows deeper, whose blocks and slots ``stack:`` and
+    ``born:`` read (`TaskSpec.growing_host`; None on a task whose hosts do not grow depth:
+    they refuse it in one line)."""
     config = arena.config
-    return GPT_PRESETS.get(str(config.host_preset)) if config.task == "lm" else None
+    return config.task_spec.growing_host(str(config.host_preset))
 
 
 def _stack(arena: Any, spec: ControllerSpec, rng_seed: int | None) -> Controller:
     from esper_lightning.app.compare.stack_arms import stack_controller
 
-    return stack_controller(str(spec.argument), _gpt_host(arena), arena.config.slots,
+    return stack_controller(str(spec.argument), _growing_host(arena), arena.config.slots,
                             arena.topology, rng_seed)
 
 
@@ -281,7 +280,7 @@ def _lookup(arena: Any, spec: ControllerSpec) -> Any:
     lookup = read_lookup(str(spec.argument))
     taus = ",".join("0" for _ in range(lookup.slots))
     try:  # the same checks as the stack arm the lookup stands for
-        stack_controller(f"{lookup.depth}@{taus}:{lookup.operator}", _gpt_host(arena),
+        stack_controller(f"{lookup.depth}@{taus}:{lookup.operator}", _growing_host(arena),
                          arena.config.slots, arena.topology)
     except ConfigError as err:
         raise ConfigError(f"{spec.label}: {err}") from None
@@ -336,7 +335,7 @@ def _lookup_cost(spec: ControllerSpec, lookup: Any) -> dict[str, Any] | None:
 def _born(arena: Any, spec: ControllerSpec) -> Implants:
     from esper_lightning.app.compare.stack_arms import born_implants
 
-    return born_implants(str(spec.argument), _gpt_host(arena), arena.config.slots,
+    return born_implants(str(spec.argument), _growing_host(arena), arena.config.slots,
                          arena.topology)
 
 
@@ -363,7 +362,7 @@ def _matched_implants(arena: Any, spec: ControllerSpec, index: int,
 def _lookup_controller(arena: Any, lookup: Any) -> Controller:
     from esper_lightning.controllers.lookup import LookupController
 
-    return LookupController(lookup, slots=_gpt_host(arena).growth_slot_ids)
+    return LookupController(lookup, slots=_growing_host(arena).growth_slot_ids)
 
 
 def _static(arena: Any, spec: ControllerSpec, plan: EpisodePlan, prepared: Any) -> Controller:

@@ -105,7 +105,6 @@ from esper_lightning.core.lifecycle import PRESENT_STAGES
 from esper_lightning.core.report import EpochReport
 from esper_lightning.envs import EnvPool, draw_budget_scale, episode_rng_seed
 from esper_lightning.errors import ConfigError
-from esper_lightning.hosts.presets import GPT_PRESETS
 
 log = logging.getLogger("esper_lightning")
 
@@ -670,10 +669,10 @@ GROWTH_HEURISTIC: dict[str, Any] = {"blueprint_rotation": ("block_identity",),
 
 
 def default_heuristic(config: CompareConfig) -> HeuristicConfig:
-    """The heuristic's configuration before any tuning: `GROWTH_HEURISTIC` on a language-model
-    host with an enabled growth slot, else the defaults."""
-    preset = GPT_PRESETS.get(str(config.host_preset)) if config.task == "lm" else None
-    if preset is not None and set(preset.growth_slot_ids) & set(config.slots or ()):
+    """The heuristic's configuration before any tuning: `GROWTH_HEURISTIC` on a host that grows
+    deeper (`TaskSpec.growth_slot_ids`) with an enabled growth slot, else the defaults."""
+    growth_slots = config.task_spec.growth_slot_ids(str(config.host_preset))
+    if set(growth_slots) & set(config.slots or ()):
         return HeuristicConfig(**GROWTH_HEURISTIC)
     return HeuristicConfig()
 

@@ -6,9 +6,10 @@
 configuration is built in layers (`layers`): the defaults, a preset (`presets`), an optional
 JSON/YAML file, then command-line flags. Every layer is checked strictly (`checks`): an unknown
 key, a wrong type or an out-of-range value raises `ConfigError` with a one-line message naming
-the bad value and what is accepted. What the checks know of the tasks is plain data
-(`choices`), so nothing here imports torch. The docstrings' ``Args`` sections are the
-command-line help (jsonargparse reads them), so every field is documented exactly once.
+the bad value and what is accepted. What the checks know of the tasks is plain data (the tasks'
+descriptors, `envs.task_specs`, and `choices`), so nothing here imports torch. The docstrings'
+``Args`` sections are the command-line help (jsonargparse reads them), so every field is
+documented exactly once.
 """
 
 from esper_lightning.app.config.checks import field_types
@@ -19,8 +20,6 @@ from esper_lightning.app.config.choices import (
     PRECISIONS,
     REWARD_MODES,
     STRATEGIES,
-    TASK_CHOICES,
-    TaskChoices,
 )
 from esper_lightning.app.config.compare import CompareConfig
 from esper_lightning.app.config.layers import (
@@ -45,8 +44,8 @@ from esper_lightning.errors import ConfigError
 __all__ = [
     "ADDED_KEY_DEFAULTS", "BLEND_GRADIENTS", "COMPATIBILITY_KEYS", "EXCLUSIVE_KEYS",
     "INVOCATION_KEYS", "OUTCOMES", "OUTCOME_EPOCHS", "PRECISIONS", "PRESETS", "REWARD_MODES",
-    "STRATEGIES", "TASK_CHOICES", "TASK_DEFAULTED_KEYS", "CompareConfig", "ConfigError",
-    "PPORunConfig", "TaskChoices", "TaskConfig", "check_hardware", "compatibility_errors",
+    "STRATEGIES", "TASK_DEFAULTED_KEYS", "CompareConfig", "ConfigError",
+    "PPORunConfig", "TaskConfig", "check_hardware", "compatibility_errors",
     "config_differences", "field_types", "from_layers", "from_mapping", "load_config",
     "policy_checkpoint", "preset_values", "read_config_file", "saved_values",
 ]

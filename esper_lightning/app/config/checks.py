@@ -1,5 +1,5 @@
 """The checks every configuration runs: one-line `ConfigError`s naming the bad value and what
-is accepted; values coerced by the dataclass's own field types; the task's defaults."""
+is accepted; values coerced by the dataclass's own field types."""
 
 from __future__ import annotations
 
@@ -8,14 +8,7 @@ import types
 import typing
 from typing import Any, Literal
 
-from esper_lightning.app.config.choices import TaskChoices
 from esper_lightning.errors import ConfigError
-
-
-# --- the task's defaults -----------------------------------------------------------------------
-def task_defaults(task: TaskChoices) -> dict[str, Any]:
-    return {"host_preset": task.default_preset, "slots": task.default_slots,
-            "host_lr": task.default_host_lr}
 
 
 # --- checking ---------------------------------------------------------------------------------

@@ -12,8 +12,8 @@ from typing import Any, TypeVar
 
 import yaml
 
-from esper_lightning.app.config.checks import coerce, plain, task_defaults
-from esper_lightning.app.config.choices import TASK_CHOICES
+from esper_lightning.app.config.checks import coerce, plain
+from esper_lightning.envs.task_specs import TASKS
 from esper_lightning.errors import ConfigError
 
 #: A configuration class (`TaskConfig` or a subclass; not imported here: it builds on these
@@ -139,9 +139,9 @@ def _follow_task(layer: Mapping[str, Any], current: Mapping[str, Any]) -> dict[s
     """A layer that changes the task resets the task-dependent keys it does not set and that
     still hold the old task's default, so ``--task lm`` alone gets the lm host and slots."""
     task = layer.get("task", current["task"])
-    if task == current["task"] or task not in TASK_CHOICES or current["task"] not in TASK_CHOICES:
+    if task == current["task"] or task not in TASKS or current["task"] not in TASKS:
         return {}
-    old = task_defaults(TASK_CHOICES[current["task"]])
+    old = TASKS[current["task"]].defaults()
     return {name: None for name in TASK_DEFAULTED_KEYS
             if name not in layer and current[name] == old[name]}
 

@@ -14,7 +14,6 @@ from esper_lightning.app.config.checks import (
     check_range,
     check_slots,
     plain,
-    task_defaults,
 )
 from esper_lightning.app.config.choices import (
     BLEND_GRADIENTS,
@@ -22,19 +21,17 @@ from esper_lightning.app.config.choices import (
     OUTCOMES,
     PRECISIONS,
     REWARD_MODES,
-    TASK_CHOICES,
     BlendGradientName,
     HostPresetName,
     LRScheduleName,
     OutcomeName,
     PrecisionName,
     RewardName,
-    TaskChoices,
     TaskName,
 )
 from esper_lightning.app.config.layers import from_mapping
+from esper_lightning.envs.task_specs import TaskSpec, task_names, task_spec
 from esper_lightning.errors import ConfigError
-from esper_lightning.hosts.presets import GPT_PRESETS
 from esper_lightning.schedule import schedule_error
 
 if TYPE_CHECKING:  # the core imports torch; the parse must not
@@ -55,8 +52,9 @@ class TaskConfig:
         data_dir: cifar: folder with ``cifar-10-batches-py/``; lm: a text file, or a folder
             with ``TinyStories-valid.txt`` or a single ``*.txt`` file (null: ``$ESPER_DATA_DIR``
             or the cache).
-        task: what the hosts learn: cifar (CifarCNNHost on CIFAR-10 images) or lm (GPTHost
-            predicting the next byte of a text; accuracy is next-token accuracy).
+        task: what the hosts learn, a registered task (`envs.task_specs`): cifar (CifarCNNHost
+            on CIFAR-10 images) or lm (GPTHost predicting the next byte of a text; accuracy is
+            next-token accuracy).
         download: download the data when missing (cifar: CIFAR-10; lm: the TinyStories
             validation split).
         episode_length: host epochs per episode (one RL step = one epoch).
@@ -161,7 +159,7 @@ class TaskConfig:
     min_lr_ratio: float = 0.0
 
     def __post_init__(self) -> None:
-        check_choice("task", self.task, tuple(TASK_CHOICES))
+        check_choice("task", self.task, task_names())
         resolve_task_defaults(self)
         check_positive(self, ("episode_length", "batch_size"))
         if self.episode_length < OUTCOME_EPOCHS:
@@ -170,16 +168,16 @@ class TaskConfig:
         check_optional_positive(self, ("train_subset", "val_subset", "max_seeds"))
         if self.min_training_epochs < 0:
             raise ConfigError(f"min_training_epochs must be >= 0, got {self.min_training_epochs}")
-        if self.host_preset not in self.task_choices.presets:
+        if self.host_preset not in self.task_spec.presets:
             raise ConfigError(f"unknown host_preset {self.host_preset!r} for task {self.task!r}; "
-                              f"accepted: {', '.join(self.task_choices.presets)}")
+                              f"accepted: {', '.join(self.task_spec.presets)}")
         check_choice("reward", self.reward, REWARD_MODES)
         check_choice("outcome", self.outcome, OUTCOMES)
         check_choice("precision", self.precision, PRECISIONS)
         if self.blend_gradient is not None:
             check_choice("blend_gradient", self.blend_gradient, BLEND_GRADIENTS)
         self._check_devices()
-        check_slots(self.slots, self.task_choices.slot_ids(self.host_preset))
+        check_slots(self.slots, self.task_spec.slot_ids(self.host_preset))
         check_blueprint_names(self)
         check_range("gamma", self.gamma, 0.0, 1.0)
         if self.param_cost < 0:
@@ -204,9 +202,9 @@ class TaskConfig:
         return self.budget_flops is not None or self.budget_steps is not None
 
     @property
-    def task_choices(self) -> TaskChoices:
-        """The presets, slots and defaults of ``task``."""
-        return TASK_CHOICES[self.task]
+    def task_spec(self) -> TaskSpec:
+        """The descriptor of ``task``: its presets, slots, defaults and capabilities."""
+        return task_spec(self.task)
 
     def _check_devices(self) -> None:
         for device in (self.device, *self.devices):
@@ -264,7 +262,7 @@ def check_hardware(config: TaskConfig, devices: tuple[str, ...]) -> None:
 
 def resolve_task_defaults(config: TaskConfig) -> None:
     """Fill the task-dependent keys left null with the task's defaults (before any check)."""
-    for name, value in task_defaults(config.task_choices).items():
+    for name, value in config.task_spec.defaults().items():
         if getattr(config, name) is None:
             object.__setattr__(config, name, value)
 
@@ -280,7 +278,7 @@ def check_budget(config: TaskConfig) -> None:
         raise ConfigError(f"budget_flops must be a number > 0 (FLOPs) or null, got {flops!r}")
     if steps is not None and steps < 1:
         raise ConfigError(f"budget_steps must be an int >= 1 or null, got {steps!r}")
-    if config.budgeted and config.task == "lm" and config.train_subset is not None:
+    if config.budgeted and config.task_spec.subset_per_epoch and config.train_subset is not None:
         raise ConfigError(f"train_subset={config.train_subset} sets the training blocks of an "
                           "epoch, which a budget sets (budget / episode_length FLOPs per epoch); "
                           "accepted: train_subset null with a budget")
@@ -331,18 +329,23 @@ def smallest_budget_scale(config: TaskConfig) -> float:
 
 
 def check_block_size(config: TaskConfig) -> None:
-    if config.task != "lm":
-        if config.block_size is not None:
-            raise ConfigError(f"block_size is for task 'lm' only; task {config.task!r} takes "
-                              f"null, got {config.block_size}")
-        return
-    limit = GPT_PRESETS[config.host_preset].block_size  # type: ignore[index]
-    if config.block_size is not None and not 1 <= config.block_size <= limit:
+    """A block size only for a task that takes one (at most its preset's), and an epoch of at
+    least one batch where ``train_subset`` counts an epoch's batches."""
+    spec = config.task_spec
+    limit = spec.block_limit(str(config.host_preset))
+    if limit is None and config.block_size is not None:
+        takers = [s.name for s in map(task_spec, task_names()) if s.takes_block_size]
+        raise ConfigError(f"block_size is for task {' or '.join(map(repr, takers))} only; task "
+                          f"{config.task!r} takes null, got {config.block_size}")
+    if limit is not None and config.block_size is not None and not (
+            1 <= config.block_size <= limit):
         raise ConfigError(f"block_size must be in [1, {limit}] for host_preset "
                           f"{config.host_preset!r}, got {config.block_size}")
-    if config.train_subset is not None and config.train_subset < config.batch_size:
+    if spec.subset_per_epoch and config.train_subset is not None and (
+            config.train_subset < config.batch_size):
         raise ConfigError(f"train_subset (training blocks per epoch) must be >= batch_size="
-                          f"{config.batch_size} for task 'lm', got {config.train_subset}")
+                          f"{config.batch_size} for task {config.task!r}, got "
+                          f"{config.train_subset}")
 
 
 def check_blueprint_names(config: TaskConfig) -> None:
