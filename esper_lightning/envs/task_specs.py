@@ -63,7 +63,9 @@ class TaskSpec:
         num_classes: classes (or vocabulary size) of the targets; also the governor's
             lobotomy rule.
         presets: host presets by name (plain data: each has ``slot_ids``).
-        default_preset, default_slots, default_host_lr: what a run that names none uses.
+        default_preset: the host preset of a run that names none.
+        default_slots: the enabled slots of a run that names none.
+        default_host_lr: the host learning rate of a run that names none.
         check_data: the data-path check (`DataCheck`) the command line runs before torch.
         example: what one loss term is per, in reports (``"image"``, ``"byte"``).
         loss_in_bits: whether reports read the loss in bits (a language model's unit) too.
