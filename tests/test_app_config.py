@@ -151,17 +151,3 @@ def test_layers_are_checked_once_at_the_end_so_a_later_one_repairs_an_earlier():
     # A later layer's task moves the defaults an earlier layer left at the old task's.
     assert from_layers([{"envs": 2}, {"task": "lm"}], PPORunConfig).host_preset == "tiny"
 
-
-def test_the_task_builds_one_seeding_config_from_its_keys():
-    from esper_lightning.core.lifecycle import GateConfig
-    from esper_lightning.core.seeding import SeedingConfig
-
-    config = PPORunConfig(max_seeds=2, blueprints=("norm", "conv_light"), min_training_epochs=3,
-                          blend_gradient="detached", layer_scale_init=1.0)
-    assert config.seeding() == SeedingConfig(
-        blueprints=("conv_light", "norm"), max_seeds=2,  # kept sorted by the config
-        gate_config=GateConfig(min_training_epochs=3), blend_gradient="detached",
-        layer_scale_init=1.0)
-    for name in PRESETS:  # every preset's keys make a seeding the core accepts
-        preset = load_config(name)
-        assert preset.seeding().gate_config.min_training_epochs == preset.min_training_epochs

@@ -10,6 +10,8 @@ import torch
 from esper_lightning.app.config.task import TaskConfig, smallest_budget_scale
 from esper_lightning.core.divergence import GovernorConfig
 from esper_lightning.core.flops import FlopMeter
+from esper_lightning.core.lifecycle import GateConfig
+from esper_lightning.core.seeding import SeedingConfig
 from esper_lightning.envs import EnvSpec, smallest_budget_flops
 from esper_lightning.envs.task_specs import task_class
 from esper_lightning.envs.tasks import Task
@@ -45,11 +47,22 @@ def env_spec(task: TaskConfig) -> EnvSpec:
     return EnvSpec(
         host_preset=task.host_preset, slots=task.slots, batch_size=task.batch_size,
         host_lr=task.host_lr, precision=task.precision, episode_length=task.episode_length,
-        seeding=task.seeding(), governor=GovernorConfig(num_classes=played.num_classes),
+        seeding=seeding_config(task), governor=GovernorConfig(num_classes=played.num_classes),
         task=played, budget_flops=budget_flops(task), lr_schedule=schedule,
         budget_scales=task.budget_scales, budget_range=task.budget_range,
         reward=reward_config(task),
     )
+
+
+def seeding_config(task: TaskConfig) -> SeedingConfig:
+    """How seeds grow in the task's envs (`core.seeding.SeedingConfig`, which checks it): the
+    task's ``blueprints``, ``max_seeds``, ``blend_gradient``, ``layer_scale_init`` and
+    ``min_training_epochs`` as G2's threshold, the rest at its defaults. Here, not on
+    `TaskConfig`: the core imports torch, and the parse must not."""
+    return SeedingConfig(
+        blueprints=task.blueprints, max_seeds=task.max_seeds,
+        gate_config=GateConfig(min_training_epochs=task.min_training_epochs),
+        blend_gradient=task.blend_gradient, layer_scale_init=task.layer_scale_init)
 
 
 def reward_config(task: TaskConfig, mode: str | None = None) -> RewardConfig:

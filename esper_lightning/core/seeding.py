@@ -2,9 +2,9 @@
 
 The engine (`MorphogenesisEngine(model, slots, seeding=...)`), the Trainer callback
 (`MorphogenesisCallback(controller, seeding=...)`, whose keyword arguments of the same names are a
-shorthand that builds one: `with_shorthand`), the RL envs (`EnvSpec(seeding=...)`) and the
-command line's task configuration (`TaskConfig.seeding`) all take this one dataclass, so each
-option is declared, documented and checked here once.
+shorthand that builds one: `with_shorthand`) and the RL envs (`EnvSpec(seeding=...)`) take this
+one dataclass, and the command line builds one from its task configuration
+(`app.task.seeding_config`), so each option is declared, documented and checked here once.
 
 Example:
     >>> seeding = SeedingConfig(blend_gradient="detached", max_seeds=2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from esper_lightning.app.config.checks import (
     check_choice,
@@ -33,9 +33,6 @@ from esper_lightning.app.config.layers import from_mapping
 from esper_lightning.envs.task_specs import TaskSpec, task_names, task_spec
 from esper_lightning.errors import ConfigError
 from esper_lightning.schedule import schedule_error
-
-if TYPE_CHECKING:  # the core imports torch; the parse must not
-    from esper_lightning.core.seeding import SeedingConfig
 
 ConfigT = TypeVar("ConfigT", bound="TaskConfig")
 
@@ -84,7 +81,8 @@ class TaskConfig:
             validation blocks (null: all).
         host_lr: host learning rate (cifar: SGD, lm: AdamW; null: 0.01 / 0.001).
         max_seeds: seeds present at once per host, null: unlimited (`SeedingConfig.max_seeds`,
-            where the seeding options are documented; `seeding` builds one from these keys).
+            where the seeding options are documented; `app.task.seeding_config` builds one from
+            these keys).
         blueprints: the blueprints a controller may germinate, a subset of those of the task's
             slots, null: all of them (`SeedingConfig.blueprints`), e.g. block_identity alone
             for a policy that learns only when to grow. A policy trained with a subset plays
@@ -217,19 +215,6 @@ class TaskConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: plain(getattr(self, f.name)) for f in fields(self)}
-
-    def seeding(self) -> SeedingConfig:
-        """How seeds grow in the task's envs (`core.seeding.SeedingConfig`, which checks it):
-        ``blueprints``, ``max_seeds``, ``blend_gradient``, ``layer_scale_init`` and
-        ``min_training_epochs`` as G2's threshold, the rest at its defaults. It imports torch
-        (the core): the envs call it when they are built, never the parse."""
-        from esper_lightning.core.lifecycle import GateConfig
-        from esper_lightning.core.seeding import SeedingConfig
-
-        return SeedingConfig(
-            blueprints=self.blueprints, max_seeds=self.max_seeds,
-            gate_config=GateConfig(min_training_epochs=self.min_training_epochs),
-            blend_gradient=self.blend_gradient, layer_scale_init=self.layer_scale_init)
 
     def replace(self: ConfigT, **changes: Any) -> ConfigT:
         return from_mapping(changes, base=self)
