@@ -7,9 +7,9 @@ read ``[round 2 env 3] epoch 3: r0c1 germinated conv_light (ppo)`` in a PPO run 
 ``[episode 4 env 1] epoch 3: r0c1 germinated conv_light (random)`` in a comparison.
 
 Example:
-    >>> import logging
-    >>> class Engine:  # what `label_engine` sets: a label and a logger
-    ...     controller_name, log = "policy", logging.getLogger("esper_lightning.core.engine")
+    >>> class Engine:  # what `label_engine` needs: `MorphogenesisEngine.label`
+    ...     def label(self, controller_name, log=None):
+    ...         self.controller_name, self.log = controller_name, log
     >>> engine = Engine()
     >>> label_engine(engine, "random", episode=4, env=1)
     >>> engine.controller_name, engine.log.process("epoch 3: ...", {})[0]
