@@ -151,6 +151,15 @@ def test_width_arms_grow_wider_and_deeper_into_the_natively_built_final_size(cor
     assert all(math.isfinite(r["validation_nats"]) for r in rows.values())
 
 
+def test_reset_drops_the_widened_moments_and_trains_otherwise(corpus):
+    plan = parse_plan(_plan(arms=[{"arm": "G1w8-1w16@0.5:identity", "lr": 1e-2},
+                                  {"arm": "G1w8-1w16@0.5:identity+reset", "lr": 1e-2}],
+                            budgets=[1]))
+    carried, reset = (r for u in plan.units() for r in train_unit(u, plan, corpus))
+    assert carried["params"] == reset["params"] and carried["steps"] == reset["steps"]
+    assert carried["validation_nats"] != reset["validation_nats"]  # the moments mattered
+
+
 def test_a_widening_keeps_the_function_and_the_phases_step_on():
     # At the growth the logits stay (width growth is function-preserving), so the loss curve
     # has no jump: the unit's own growth stream decides the split, nothing else.

@@ -18,7 +18,9 @@
   both, the model is widened first (`core.width.widen`: function-preserving, its AdamW moments
   carried) and its new blocks are then made from the widened ones; a growth may change the
   width alone (``G2w32-2w64@0.2:identity``). Each width is a multiple of the one before
-  (`ArmSpec.width_factors`, checked against the plan's shape by `plan`).
+  (`ArmSpec.width_factors`, checked against the plan's shape by `plan`). ``+reset`` drops the
+  widened parameters' AdamW moments at a widening instead of carrying them into the new shapes
+  (`core.width.WidthGrowth`'s ``moments="reset"``).
 
 Torch-free: plans name arms, and a bad name is refused in one line before anything trains.
 """
@@ -38,10 +40,11 @@ _FIXED = re.compile(rf"S(?P<stage>{_STAGE})")
 _GROWING = re.compile(rf"G(?P<stages>{_STAGE}(?:-{_STAGE})+)@(?P<taus>[0-9.]+(?:,[0-9.]+)*)"
                       r":(?P<operator>[a-z][a-z0-9_]*)(?P<options>(?:\+[a-z]+)*)")
 #: What a growing arm may add to its operator.
-OPTIONS = ("moments", "rewarm")
+OPTIONS = ("moments", "rewarm", "reset")
 #: The accepted forms, as said in messages.
 FORMS = ("S<k>[w<width>] (a GPT born with k blocks, e.g. S4 or S4w64) or "
-         "G<d0>[w<width>]-<d1>[w<width>][-...]@<tau1>[,...]:<operator>[+moments][+rewarm] "
+         "G<d0>[w<width>]-<d1>[w<width>][-...]@<tau1>[,...]:<operator>[+moments][+rewarm]"
+         "[+reset] "
          "(e.g. G1-4@0.25:identity, G1w32-4w64@0.1:identity)")
 
 
