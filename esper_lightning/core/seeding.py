@@ -80,7 +80,7 @@ class SeedingConfig:
 
     blueprints: tuple[str, ...] | None = None
     max_seeds: int | None = None
-    gate_mode: GateMode | None = None
+    gate_mode: GateMode | str | None = None  # a name is read as its `GateMode`
     gate_config: GateConfig | None = None
     blend_gradient: str | None = None
     layer_scale_init: float | None = None
