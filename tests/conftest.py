@@ -19,10 +19,30 @@ from esper_lightning.blueprints.growth import scratch_operators
 from esper_lightning.data import write_cifar10_fixture
 
 
+#: Test files whose tests run the product whole: command-line processes, fresh interpreters,
+#: the examples and documented recipes, DDP ranks, studies and comparisons end to end. Marked
+#: ``integration`` here, in one place: ``pytest -m "not integration"`` is the quick unit suite,
+#: ``pytest`` (and CI) runs both.
+INTEGRATION_FILES = frozenset({
+    "test_app_budget.py", "test_app_cli.py", "test_app_compare_runner.py",
+    "test_app_compare_runner_budget.py", "test_app_console.py", "test_app_ppo_distributed.py",
+    "test_app_ppo_trainer.py", "test_app_startup.py", "test_callbacks_distributed.py",
+    "test_docs_recipes.py", "test_examples_cifar_callback.py", "test_examples_grow_gpt.py",
+    "test_examples_lm_callback.py", "test_scripts_controller_study.py",
+    "test_scripts_short_run_study.py", "test_shipped.py",
+})
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # The test models are tiny: a second intra-op thread buys nothing, and on a busy 2-core
     # machine OpenMP spin-waiting between two processes slows them down by orders of magnitude.
     torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in INTEGRATION_FILES:
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(autouse=True)

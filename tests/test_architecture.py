@@ -240,3 +240,11 @@ def test_functions_fit_on_a_screen(path):
         and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
     ]
     assert not long, long
+
+
+def test_every_integration_file_the_conftest_marks_exists():
+    """A renamed test file would silently lose its ``integration`` mark."""
+    from conftest import INTEGRATION_FILES
+
+    tests = Path(__file__).resolve().parent
+    assert sorted(f for f in INTEGRATION_FILES if not (tests / f).is_file()) == []
