@@ -18,7 +18,6 @@ from esper_lightning.blueprints import blueprint_table, scratch_registry
 from esper_lightning.blueprints.growth import scratch_operators
 from esper_lightning.data import write_cifar10_fixture
 
-
 #: Test files whose tests run the product whole: command-line processes, fresh interpreters,
 #: the examples and documented recipes, DDP ranks, studies and comparisons end to end. Marked
 #: ``integration`` here, in one place: ``pytest -m "not integration"`` is the quick unit suite,
