@@ -335,3 +335,15 @@ def test_the_command_line_knows_the_same_blend_gradients():
     from esper_lightning.core.slots import BLEND_GRADIENTS
 
     assert CONFIG_BLEND_GRADIENTS == BLEND_GRADIENTS
+
+
+def test_an_empty_slot_takes_a_new_width_and_a_seeded_one_refuses():
+    slot = SeedSlot("r0c1", channels=16)
+    slot.resize(32)
+    assert slot.channels == 32
+    with pytest.raises(ValueError, match="channels must be an int >= 1, got 0"):
+        slot.resize(0)
+    slot.germinate("conv_light")
+    with pytest.raises(ValueError, match="holds a seed of width 32; accepted: resizing an empty"):
+        slot.resize(64)
+    assert slot.channels == 32

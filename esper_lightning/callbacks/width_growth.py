@@ -273,7 +273,7 @@ class WidthGrowthCallback(Callback):
         old, new = widening.hidden
         for slot in outside:
             if slot.channels == old:
-                slot.channels = new
+                slot.resize(new)
         self._scale_lr(trainer, optimizer, target, widening)
         ledger = _fit_ledger(trainer)
         if ledger is not None:

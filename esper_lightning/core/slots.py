@@ -312,6 +312,21 @@ class SeedSlot(nn.Module):
         if blend_ticks is not None:
             self._blend_ticks = int(blend_ticks)
 
+    def resize(self, channels: int) -> None:
+        """Take a new activation width: the host around an empty slot was widened
+        (`core.width`). A slot holding a seed keeps its width (its seed was built for it).
+
+        Raises:
+            ValueError: The slot holds a seed, or ``channels`` is not an int >= 1.
+        """
+        if self.seed is not None or self.gate is not None:
+            raise ValueError(f"slot {self.slot_id!r} holds a seed of width {self.channels}; "
+                             "accepted: resizing an empty slot")
+        if isinstance(channels, bool) or not isinstance(channels, int) or channels < 1:
+            raise ValueError(f"slot {self.slot_id!r}: channels must be an int >= 1, got "
+                             f"{channels!r}")
+        self.channels = channels
+
     def record_identity(self, mode: str) -> None:
         """What the first activation's check found (`core.depth`): ``"projections"`` or
         ``"gate"``; saved in the manifest."""

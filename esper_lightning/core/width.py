@@ -678,7 +678,7 @@ def _follow_modules(model: nn.Module, plan: _Plan, growth: WidthGrowth) -> None:
         elif isinstance(module, nn.Embedding):
             module.embedding_dim = int(module.weight.shape[1])
         if isinstance(module, SeedSlot) and module.channels == width:
-            module.channels = width * k
+            module.resize(width * k)
         attrs = module.__dict__
         if k > 1 and tuple(attrs.get("normalized_shape") or ()) == (width,):
             module.normalized_shape = (width * k,)
