@@ -261,6 +261,23 @@ def test_a_budget_too_short_is_refused_at_its_first_step(text_file, tmp_path):
     assert step == 1
 
 
+def test_a_budget_the_depth_growth_cannot_finish_after_the_widening_is_refused(
+        text_file, tmp_path):
+    # 40 narrow steps; after tau 0.5 a wide (2x: 4-fold matrices) four-block (4-fold) step costs
+    # up to 16 narrow ones: about 1 step left where the depth growth needs 3. Depth alone (the
+    # MorphogenesisCallback's own check: 4-fold, 5 steps left) would pass it.
+    narrow = _cost(user_model("nanogpt"))
+    controller = StackController(tau=0.5, operator="identity")
+    morpho = MorphogenesisCallback(controller, growth=DepthGrowth("blocks", blocks=3))
+    message, step = _refused(tmp_path, text_file, [WidthGrowthCallback(at=0.2), morpho,
+                                                   ComputeBudget(40 * narrow)])
+    assert message == ("WidthGrowthCallback(at=0.2) with StackController(tau=0.5): after the "
+                       "widening and the growth a step costs up to 16x the first, so the budget "
+                       "leaves about 1 steps after tau and the depth growth needs >= 3; lower "
+                       "tau or raise the budget")
+    assert step == 1 and controller.decisions_after_tau(1) == 3
+
+
 @pytest.mark.parametrize(("controller", "order", "message"), [
     (HeuristicController(), "width-first", "WidthGrowthCallback beside a MorphogenesisCallback "
      "needs a StackController, whose tau says when its seeds live; HeuristicController may hold "

@@ -62,7 +62,9 @@ class WidthGrowthCallback(Callback):
     **Refused**, in one line: ``at`` outside (0, 1) (at construction); a module that cannot be
     widened (`core.width.check_widen`) at setup; a run with no training step past ``at``
     (``max_steps``, ``max_epochs``) at its start, or under a budget at its first step, when the
-    cost of a step is known; more than one optimizer, or more than one process (DDP's buckets
+    cost of a step is known, as is a budget too short for the depth growth after the widening
+    (each step then up to the widened and grown model's cost); more than one optimizer, or more
+    than one process (DDP's buckets
     are built for the old shapes). A fit that ends before ``at`` (an early stop) warns that the
     model was not widened.
 
@@ -234,6 +236,34 @@ class WidthGrowthCallback(Callback):
             raise MisconfigurationException(
                 f"WidthGrowthCallback(at={self.at:g}) would widen before step {first}, and {what}:"
                 " no training step past at; lower at or train longer")
+        self._check_depth_after_width(trainer, budget / per_step)
+
+    def _check_depth_after_width(self, trainer: L.Trainer, narrow_steps: float) -> None:
+        """Under a budget beside a `StackController`: refuse (one line) a budget whose steps
+        after ``tau``, each at up to the widened and grown model's cost, are fewer than the
+        depth growth needs to finish. The `MorphogenesisCallback`'s own check bounds a grown
+        step by depth alone; widening first makes every later step up to ``factor *
+        max(factor, mlp)``-fold dearer (the blocks' matrices grow in both dimensions), so a
+        budget that check passed could still leave the growth seed half-born."""
+        morpho = next((c for c in trainer.callbacks if isinstance(c, MorphogenesisCallback)),
+                      None)
+        if morpho is None or not isinstance(morpho.controller, StackController):
+            return
+        sites = [s.growth for s in morpho.engine.slots.values() if s.growth is not None]
+        if not sites:
+            return
+        controller, growth = morpho.controller, self.growth
+        depth = max(len(site.stack()) for site in sites)
+        dearer = growth.factor * max(growth.factor, growth.mlp_factor) * (
+            depth + sum(site.blocks for site in sites)) / depth
+        left = (1.0 - controller.last_tau) * narrow_steps / dearer
+        needed = controller.decisions_after_tau(len(sites))
+        if left < needed:
+            raise MisconfigurationException(
+                f"WidthGrowthCallback(at={self.at:g}) with StackController(tau="
+                f"{controller.last_tau:g}): after the widening and the growth a step costs up to "
+                f"{dearer:g}x the first, so the budget leaves about {int(left)} steps after tau "
+                f"and the depth growth needs >= {needed}; lower tau or raise the budget")
 
     # --- the widening -------------------------------------------------------------------------
     @override
