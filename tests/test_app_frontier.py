@@ -160,6 +160,17 @@ def test_reset_drops_the_widened_moments_and_trains_otherwise(corpus):
     assert carried["validation_nats"] != reset["validation_nats"]  # the moments mattered
 
 
+def test_steady_phase_rates_change_the_peak_without_a_rewarm(corpus):
+    plan = parse_plan(_plan(arms=[{"arm": "G1-2@0.5:identity", "lr_phases": [[1e-2, 5e-3]]},
+                                  {"arm": "G1-2@0.5:identity+steady",
+                                   "lr_phases": [[1e-2, 5e-3]]}], budgets=[1]))
+    rewarmed, steady = (r for u in plan.units() for r in train_unit(u, plan, corpus))
+    assert rewarmed["steps"] == steady["steps"] and rewarmed["lr_phases"] == (1e-2, 5e-3)
+    assert rewarmed["validation_nats"] != steady["validation_nats"]
+    with pytest.raises(ConfigError, match=r"\+rewarm re-warms after a growth and \+steady"):
+        parse_plan(_plan(arms=[{"arm": "G1-2@0.5:identity+rewarm+steady", "lr": 1e-2}]))
+
+
 def test_a_widening_keeps_the_function_and_the_phases_step_on():
     # At the growth the logits stay (width growth is function-preserving), so the loss curve
     # has no jump: the unit's own growth stream decides the split, nothing else.

@@ -20,7 +20,9 @@
   width alone (``G2w32-2w64@0.2:identity``). Each width is a multiple of the one before
   (`ArmSpec.width_factors`, checked against the plan's shape by `plan`). ``+reset`` drops the
   widened parameters' AdamW moments at a widening instead of carrying them into the new shapes
-  (`core.width.WidthGrowth`'s ``moments="reset"``).
+  (`core.width.WidthGrowth`'s ``moments="reset"``). ``+steady``: a unit with phase rates
+  (`plan`'s ``lr_phases``) changes its peak rate at each growth without re-warming from 0 (the
+  default with phase rates is to re-warm; ``+rewarm`` with ``+steady`` is refused).
 
 Torch-free: plans name arms, and a bad name is refused in one line before anything trains.
 """
@@ -40,11 +42,11 @@ _FIXED = re.compile(rf"S(?P<stage>{_STAGE})")
 _GROWING = re.compile(rf"G(?P<stages>{_STAGE}(?:-{_STAGE})+)@(?P<taus>[0-9.]+(?:,[0-9.]+)*)"
                       r":(?P<operator>[a-z][a-z0-9_]*)(?P<options>(?:\+[a-z]+)*)")
 #: What a growing arm may add to its operator.
-OPTIONS = ("moments", "rewarm", "reset")
+OPTIONS = ("moments", "rewarm", "reset", "steady")
 #: The accepted forms, as said in messages.
 FORMS = ("S<k>[w<width>] (a GPT born with k blocks, e.g. S4 or S4w64) or "
          "G<d0>[w<width>]-<d1>[w<width>][-...]@<tau1>[,...]:<operator>[+moments][+rewarm]"
-         "[+reset] "
+         "[+reset][+steady] "
          "(e.g. G1-4@0.25:identity, G1w32-4w64@0.1:identity)")
 
 
@@ -141,6 +143,9 @@ def parse_arm(name: str) -> ArmSpec:
     if not all(0.0 < t < 1.0 for t in taus) or list(taus) != sorted(taus):
         raise ConfigError(f"arm {name!r}: taus must be in (0, 1) and not decrease, got "
                           f"{list(taus)}")
+    if {"rewarm", "steady"} <= options:
+        raise ConfigError(f"arm {name!r}: +rewarm re-warms after a growth and +steady does "
+                          "not; accepted: one of them")
     unknown = sorted(options - set(OPTIONS))
     if unknown:
         raise ConfigError(f"arm {name!r}: unknown option {unknown[0]!r}; accepted: "

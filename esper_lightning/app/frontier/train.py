@@ -19,7 +19,8 @@ growth stream), then adds the blocks, made from the widened ones.
 A unit with a phase rate (``lr_phases``, `plan.Unit.phases`) trains each phase at its own peak
 rate: at each growth every param group's base rate becomes the next phase's, and the rate
 re-warms from 0 over the warmup compute, as under ``+rewarm`` (the new blocks' AdamW moments
-start at zero, so their first steps at a full new rate would be the largest of the run). The
+start at zero, so their first steps at a full new rate would be the largest of the run;
+``+steady`` changes the peak without the re-warm). The
 schedule's shape (warmup, stable phase, decay over the last ``decay_fraction`` of the budget)
 multiplies whichever base rate the phase has.
 
@@ -289,7 +290,10 @@ def _train_growing(unit: Unit, plan: Plan, corpus: Corpus, meter: FlopMeter,
                     device=corpus.train.device, meter=meter, width=arm.stage_widths(base)[0])
     batches = StepBatches(corpus.train, plan.shape.block_size, plan.shape.batch_size,
                           unit.rng_seed)
-    rewarm = plan.warmup_flops if "rewarm" in arm.options or unit.phases else None
+    # Phase rates re-warm after each growth unless the arm says +steady.
+    steady = "steady" in arm.options
+    rewarm = plan.warmup_flops if "rewarm" in arm.options or (
+        unit.phases and not steady) else None
     train_until(run, batches, schedule_of(plan), budget, grow=grow_due, rewarm=rewarm)
     return _row(unit, plan, corpus, run, budget)
 
