@@ -34,6 +34,7 @@ from esper_lightning.app.frontier.estimators import (
     literature,
     minimum_bias,
     sizes_of,
+    stage_size,
 )
 from esper_lightning.app.frontier.fit import (
     Curve,
@@ -135,12 +136,13 @@ class TokenResult:
 
 def token_results(rows: Sequence[Mapping[str, Any]], loss: str) -> list[TokenResult]:
     """Where every growing arm's speed-up comes from (`fit.token_value`), paired by episode
-    with the curve of its final size (``S<final depth>``, which the rows must hold)."""
+    with the curve of its final size (`estimators.stage_size`: ``S<depth>[w<width>]``, which
+    the rows must hold)."""
     sizes = set(sizes_of(rows))
     results = []
     for arm in sorted({r["arm"] for r in rows} - sizes):
         spec = parse_arm(arm)
-        final = f"S{spec.final_depth}"
+        final = stage_size(arm, -1)
         curves = curves_by_episode(rows, final, loss)
         at_final = [r for r in rows if r["arm"] == final]
         cost = float(np.mean([r["spent_flops"] / r["tokens"] for r in at_final]))
