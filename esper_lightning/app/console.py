@@ -52,6 +52,14 @@ def missing_lab(prog: str) -> str | None:
             f"accepted: {LAB_INSTALL}")
 
 
+def require_lab(function: str) -> None:
+    """Refuse a lab function called from Python (``function``, e.g. ``"compare()"``) without the
+    extra: `missing_lab`'s line as an `ImportError`, before anything is read or run."""
+    missing = missing_lab(function)
+    if missing is not None:
+        raise ImportError(missing)
+
+
 def _installed(name: str) -> bool:
     """Whether ``name`` can be imported, without importing it (a finder that refuses it, as
     a test's does, counts as not installed)."""
@@ -63,4 +71,4 @@ def _installed(name: str) -> bool:
         return False
 
 
-__all__ = ["EXIT_USAGE", "LAB_INSTALL", "LAB_MODULES", "fail", "missing_lab"]
+__all__ = ["EXIT_USAGE", "LAB_INSTALL", "LAB_MODULES", "fail", "missing_lab", "require_lab"]

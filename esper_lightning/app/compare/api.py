@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from esper_lightning.app.config import CompareConfig, load_config
-from esper_lightning.app.console import missing_lab
+from esper_lightning.app.console import require_lab
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -96,9 +96,7 @@ def compare(
         ConfigError: a bad setting or controller (one line naming it and what is accepted).
         ImportError: the lab's dependencies are not installed (naming the install line).
     """
-    missing = missing_lab("compare()")
-    if missing is not None:
-        raise ImportError(missing)
+    require_lab("compare()")
     config = load_config(preset, overrides={**settings, "controllers": tuple(controllers)},
                          cls=CompareConfig)
     from esper_lightning.app.compare.runner import Comparison  # torch: once the config is good

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from esper_lightning.app.console import missing_lab
+from esper_lightning.app.console import require_lab
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -78,9 +78,7 @@ def frontier(folder: str | Path, text: str | Path, workers: int = 1, device: str
         ImportError: The lab's extra is not installed (one line naming the install).
         ConfigError: A bad plan, rows of another text, a bad worker count or device.
     """
-    missing = missing_lab("frontier()")
-    if missing is not None:
-        raise ImportError(missing)
+    require_lab("frontier()")
     from esper_lightning.app.frontier.plan import read_plan
     from esper_lightning.app.frontier.report import write_report
     from esper_lightning.app.frontier.study import PLAN_FILE, run_study
