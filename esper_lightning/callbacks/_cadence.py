@@ -11,7 +11,9 @@ controller's growth times follow the loop the user runs: ``max_steps``, ``max_ep
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Timer
@@ -100,3 +102,13 @@ def run_fraction(trainer: L.Trainer, plan: RunPlan) -> float | None:
         # itself broadcasts its stop).
         fractions.append(float(trainer.strategy.broadcast(elapsed)))
     return max(fractions, default=None)
+
+
+def grown_step_bound(sites: Sequence[Any]) -> float:
+    """How many times a training step of the model once its growth ``sites``
+    (`blueprints.growth.GrowthSite`s, its slots') have all grown
+    costs at most a step now: the stack's blocks grow from its depth to depth plus every
+    site's blocks, and nothing else in a step grows (what the schedule checks count the steps
+    after ``tau`` at)."""
+    depth = max(len(site.stack()) for site in sites)
+    return (depth + sum(site.blocks for site in sites)) / depth

@@ -21,7 +21,12 @@ from torch import Tensor
 from typing_extensions import override
 
 import esper_lightning.callbacks._distributed as dist
-from esper_lightning.callbacks._cadence import RunPlan, run_fraction, run_plan
+from esper_lightning.callbacks._cadence import (
+    RunPlan,
+    grown_step_bound,
+    run_fraction,
+    run_plan,
+)
 from esper_lightning.callbacks._metering import metering_errors, step_cost
 from esper_lightning.callbacks.compute_budget import fit_budget
 from esper_lightning.controllers.base import (
@@ -412,9 +417,7 @@ class MorphogenesisCallback(Callback):
         left = (1.0 - tau) * plan.steps
         what = f"max_steps={trainer.max_steps}" if trainer.max_steps == plan.steps else "the run"
         if self.ledger.budget_flops is not None and plan.steps == self._budget_steps:
-            depth = max(len(site.stack()) for site in sites)
-            grown = depth + sum(site.blocks for site in sites)
-            left /= grown / depth  # a grown step costs at most depth-fold more
+            left /= grown_step_bound(sites)
             what = f"the budget ({self.ledger.budget_flops:g} FLOPs, at the grown cost)"
         if left < needed:
             raise MisconfigurationException(

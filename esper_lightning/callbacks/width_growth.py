@@ -16,7 +16,12 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
-from esper_lightning.callbacks._cadence import RunPlan, run_fraction, run_plan
+from esper_lightning.callbacks._cadence import (
+    RunPlan,
+    grown_step_bound,
+    run_fraction,
+    run_plan,
+)
 from esper_lightning.callbacks.compute_budget import fit_budget
 from esper_lightning.callbacks.morphogenesis import MorphogenesisCallback
 from esper_lightning.controllers.stack import StackController
@@ -253,9 +258,7 @@ class WidthGrowthCallback(Callback):
         if not sites:
             return
         controller, growth = morpho.controller, self.growth
-        depth = max(len(site.stack()) for site in sites)
-        dearer = growth.factor * max(growth.factor, growth.mlp_factor) * (
-            depth + sum(site.blocks for site in sites)) / depth
+        dearer = growth.factor * max(growth.factor, growth.mlp_factor) * grown_step_bound(sites)
         left = (1.0 - controller.last_tau) * narrow_steps / dearer
         needed = controller.decisions_after_tau(len(sites))
         if left < needed:
