@@ -105,7 +105,6 @@ class ComputeBudget(Callback):
         self._warned = False
         self._step_cost = 0
         self._revision = -1  # the ledger's revision when this step was metered
-        self._multiplier = 1.0  # the schedule's for the step in progress
         self._metering: MetersSteps | None = None
 
     @property
@@ -141,7 +140,6 @@ class ComputeBudget(Callback):
         groups = [g for optimizer in trainer.optimizers for g in optimizer.param_groups]
         self._step_cost = self._cost(trainer, pl_module, batch, groups)
         self._revision = self.ledger.revision
-        self._multiplier = self.ledger.lr_multiplier(self._step_cost)
 
     @override
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule,
@@ -164,7 +162,7 @@ class ComputeBudget(Callback):
         metrics = {"compute/train_flops": self.spent,
                    "compute/budget_fraction": self.budget_fraction}
         if self.schedule.kind != "constant":
-            metrics["compute/lr_multiplier"] = self._multiplier
+            metrics["compute/lr_multiplier"] = self.ledger.multiplier
         step = trainer.fit_loop.epoch_loop._batches_that_stepped
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)

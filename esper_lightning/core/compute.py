@@ -77,6 +77,8 @@ class ComputeLedger:
         self._revision = 0
         self._arch: tuple[Hashable, tuple[Any, ...]] | None = None
         self._last_cost: tuple[tuple[Any, ...], int] | None = None
+        #: The learning-rate multiplier `begin_step` set last in param groups (1 before any).
+        self.multiplier = 1.0
         self.reset(budget_flops, budget_scale)
 
     def reset(self, budget_flops: float | None = None, budget_scale: float = 1.0) -> None:
@@ -161,11 +163,12 @@ class ComputeLedger:
         """Before a training step on a batch like ``x``: its cost (`training_cost`, times the
         data-parallel ``ranks`` that each take such a batch), and every group in
         ``param_groups`` set to its base learning rate times the schedule's multiplier at the
-        middle of the batch (`apply_lr`). Returns the cost, for `end_step`."""
+        middle of the batch (`apply_lr`; kept as `multiplier`). Returns the cost, for
+        `end_step`."""
         cost = self.training_cost(module, x, forward, arch, key) * ranks
         groups = list(param_groups)
         if groups:
-            self.apply_lr(groups, cost, step, planned_steps)
+            self.multiplier = self.apply_lr(groups, cost, step, planned_steps)
         return cost
 
     def end_step(self, cost: float) -> bool:
