@@ -4,11 +4,13 @@
 read from a played `Episode`, whether it is one number per episode or one per epoch, which way
 is better, and how it is shown; the record, the CSV columns, the summaries and paired
 differences (`app.compare.report`), the JSON and Markdown reports and the plots
-(`app.compare.plots`) all iterate it. Adding a metric is one entry here (and, if the env does not
-measure the value yet, the place where it does):
+(`app.compare.plots`) all iterate it. A built-in metric is one entry here (and, if the env does
+not measure the value yet, the place where it does); a metric of your own is one
+`register_metric` call in your code, nothing here changed:
 
-    Metric("final_train_loss", lambda e: e.reports[-1].train_loss, "final train loss",
-           fmt=".4f", better="lower", paired=True, optional=True)
+    register_metric(Metric("final_train_loss", lambda e: e.reports[-1].train_loss,
+                           "final train loss", fmt=".4f", better="lower", paired=True,
+                           optional=True))
 
 The CSV (``episodes.csv``) has one row per `EpisodeRecord`: a ``schema`` column
 (`SCHEMA_VERSION`, in every row, so a spreadsheet round trip keeps it), the episode's identity,
@@ -34,6 +36,7 @@ import itertools
 import math
 import operator
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -412,6 +415,46 @@ UPGRADES: dict[int, Callable[[dict[str, str]], dict[str, str]]] = {0: _upgrade_0
 def fieldnames() -> tuple[str, ...]:
     """The current CSV header: ``schema``, the identity columns, then every metric."""
     return ("schema", *IDENTITY, *METRICS)
+
+
+#: What a metric's name must look like: it is a CSV column and the stem of JSON keys.
+_METRIC_NAME = re.compile(r"[a-z][a-z0-9_]*")
+#: Column names a metric cannot take: the schema, the identity, and `app.compare.table`'s
+#: column of whole records.
+_RESERVED = ("schema", *IDENTITY, "record")
+
+
+def register_metric(metric: Metric) -> Metric:
+    """Add a metric of your own to `METRICS` (after the built-ins) and return it.
+
+    From then on, in this process, every episode a comparison plays records it, ``episodes.csv``
+    has its column and the report summarises, pairs and draws it as its `Metric` says. It must
+    be ``optional``: the tables written without its column (every comparison so far) still
+    read, as missing. Register it wherever a table with its column is read: a process without
+    it refuses that column in one line, as it refuses any column it does not know.
+
+    Example::
+
+        register_metric(Metric("seed_share", lambda e: 100 * e.seed_params / e.host_params,
+                               "seed share", unit="%", optional=True, paired=True))
+
+    Raises:
+        ValueError: not a `Metric`, a name taken or not ``[a-z][a-z0-9_]*``, or not optional
+            (one line naming it and what is accepted).
+    """
+    if not isinstance(metric, Metric):
+        raise ValueError(f"register_metric takes a Metric, got {type(metric).__name__}")
+    if not isinstance(metric.name, str) or not _METRIC_NAME.fullmatch(metric.name):
+        raise ValueError(f"metric name {metric.name!r}: accepted: lower-case letters, digits "
+                         "and underscores, starting with a letter")
+    if metric.name in METRICS or metric.name in _RESERVED:
+        raise ValueError(f"metric name {metric.name!r} is taken; taken: "
+                         f"{', '.join((*_RESERVED, *METRICS))}")
+    if not metric.optional:
+        raise ValueError(f"metric {metric.name!r} must be optional=True, so that tables "
+                         "written without its column still read")
+    METRICS[metric.name] = metric
+    return metric
 
 
 @dataclass(frozen=True)
