@@ -27,8 +27,8 @@ INTEGRATION_FILES = frozenset({
     "test_app_compare_runner_budget.py", "test_app_console.py", "test_app_ppo_distributed.py",
     "test_app_ppo_trainer.py", "test_app_startup.py", "test_callbacks_distributed.py",
     "test_docs_recipes.py", "test_examples_cifar_callback.py", "test_examples_grow_gpt.py",
-    "test_examples_lm_callback.py", "test_scripts_controller_study.py",
-    "test_scripts_short_run_study.py", "test_shipped.py",
+    "test_examples_lm_callback.py", "test_extend_controller.py",
+    "test_scripts_controller_study.py", "test_scripts_short_run_study.py", "test_shipped.py",
 })
 
 
