@@ -1,14 +1,25 @@
 """`ComputeLedger`: charging by kind, the budget's stepping (cost and rate at the middle of a
-batch), the architecture cache and its invalidation, the state round trip and resume."""
+batch), the architecture cache and its invalidation, the state round trip and resume, and the
+growth share of a step (what live seeds add), against counts taken apart from the meter."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
 
-from esper_lightning.core.compute import FLOP_KINDS, ComputeLedger
-from esper_lightning.core.flops import FlopMeter
+from esper_lightning.core.compute import BUDGET_KINDS, FLOP_KINDS, ComputeLedger, StepCost
+from esper_lightning.core.engine import MorphogenesisEngine
+from esper_lightning.core.flops import FlopMeter, host_structure, live_slots, structure
+from esper_lightning.core.lifecycle import GateConfig
+from esper_lightning.core.seeding import SeedingConfig
+from esper_lightning.core.slots import SeedSlot
+from esper_lightning.hosts.gpt import GPTHost
+from esper_lightning.hosts.presets import GPTConfig
 from esper_lightning.schedule import LRSchedule, set_base_lrs
 
 LINEAR_STEP = 2 * 8 * 64 * 32 * 2  # forward 2·B·in·out, the weight's gradient as much
@@ -20,21 +31,26 @@ def _groups(lr: float = 1.0) -> list[dict]:
     return groups
 
 
-def test_every_kind_is_charged_apart_and_only_training_spends_the_budget():
+def test_every_kind_is_charged_apart_and_the_budget_counts_the_training_steps_whole():
     ledger = ComputeLedger(budget_flops=100.0)
     ledger.charge(10)
+    ledger.charge(20, "growth")
     ledger.charge(30, "validation")
     ledger.charge(5, "counterfactual")
-    assert ledger.flops == {"train": 10.0, "validation": 30.0, "counterfactual": 5.0}
-    assert tuple(ledger.flops) == FLOP_KINDS
-    assert ledger.train_flops == 10.0 and ledger.fraction == pytest.approx(0.1)
+    assert ledger.flops == {"train": 10.0, "growth": 20.0, "validation": 30.0,
+                            "counterfactual": 5.0}
+    assert tuple(ledger.flops) == FLOP_KINDS and BUDGET_KINDS == ("train", "growth")
+    assert ledger.spent == ledger.train_flops == 30.0 and ledger.fraction == pytest.approx(0.3)
     assert not ledger.exhausted
-    ledger.charge(90)
+    ledger.charge(69, "growth")
+    assert not ledger.exhausted  # 99: validation and the counterfactual spend no budget
+    ledger.charge(1)
     assert ledger.exhausted
 
 
 @pytest.mark.parametrize(("kind", "flops", "message"), [
-    ("growth?", 1.0, "unknown FLOP kind 'growth\\?'; accepted: train, validation"),
+    ("growth?", 1.0, "unknown FLOP kind 'growth\\?'; accepted: train, growth, validation, "
+     "counterfactual$"),
     ("train", -1.0, "a charge must be >= 0 FLOPs, got -1.0"),
     ("train", float("nan"), "a charge must be >= 0 FLOPs, got nan"),
 ])
@@ -66,12 +82,12 @@ def test_a_step_is_metered_and_its_rate_set_at_the_middle_of_the_batch():
         cost = ledger.begin_step(layer, x, param_groups=groups)
         rates.append(groups[0]["lr"])
         done = ledger.end_step(cost)
-    assert cost == LINEAR_STEP and done and ledger.train_flops == budget
+    assert cost == StepCost(LINEAR_STEP) and done and ledger.train_flops == budget
     # The cosine multiplier at the middle of each quarter: 1/8, 3/8, 5/8, 7/8 of the budget.
     expected = [LRSchedule("cosine").multiplier(f / 8) for f in (1, 3, 5, 7)]
     assert rates == pytest.approx(expected)
     # Data-parallel ranks each take a batch: the step costs them all.
-    assert ComputeLedger().begin_step(layer, x, ranks=3) == 3 * LINEAR_STEP
+    assert ComputeLedger().begin_step(layer, x, ranks=3) == StepCost(3 * LINEAR_STEP)
 
 
 def test_a_constant_schedule_leaves_the_rate_alone_and_no_budget_needs_planned_steps():
@@ -102,21 +118,48 @@ def test_the_architecture_is_read_again_only_when_invalidated_or_the_key_moves()
 
 def test_the_state_round_trips_and_a_resumed_ledger_goes_on():
     ledger = ComputeLedger(budget_flops=1e6, budget_scale=2.0)
-    ledger.charge(1000)
+    ledger.end_step(StepCost(1000, 300))
     ledger.charge(70, "validation")
     ledger.charge(7, "counterfactual")
     resumed = ComputeLedger(budget_flops=1e6)
     resumed.load_state_dict(ledger.state_dict())
-    assert resumed.flops == ledger.flops
-    resumed.charge(1000)
-    assert resumed.train_flops == 2000 and resumed.fraction == pytest.approx(0.002)
+    assert resumed.flops == ledger.flops == {"train": 1000, "growth": 300, "validation": 70,
+                                             "counterfactual": 7}
+    resumed.end_step(StepCost(1000, 200))
+    assert resumed.flops["growth"] == 500 and resumed.spent == 2500
+    assert resumed.fraction == pytest.approx(0.0025)
+
+
+def test_a_state_written_before_growth_was_told_apart_resumes_every_kind_it_kept():
+    # Such a ledger charged the live seeds' share to train: the budget it spent is the same.
+    ledger = ComputeLedger(budget_flops=1e6)
+    ledger.charge(9, "growth")  # whatever this ledger held before: the state replaces it
+    ledger.load_state_dict({"flops": {"train": 500.0, "validation": 7.0, "counterfactual": 1.0},
+                            "budget_flops": 1e6, "budget_scale": 1.0})
+    assert ledger.flops == {"train": 500.0, "growth": 0.0, "validation": 7.0,
+                            "counterfactual": 1.0}
+    assert ledger.spent == 500.0 and ledger.fraction == pytest.approx(5e-4)
+    ledger.end_step(StepCost(100, 40))
+    assert ledger.flops["growth"] == 40.0 and ledger.spent == 640.0
 
 
 def test_a_state_written_before_the_kinds_resumes_its_training_flops_only():
     ledger = ComputeLedger()
     ledger.charge(5, "validation")  # e.g. from the engine's own older state
     ledger.load_state_dict({"train_flops": 123.0, "budget_flops": None, "budget_scale": 1.0})
-    assert ledger.flops == {"train": 123.0, "validation": 5.0, "counterfactual": 0.0}
+    assert ledger.flops == {"train": 123.0, "growth": 0.0, "validation": 5.0,
+                            "counterfactual": 0.0}
+
+
+def test_a_total_without_its_split_is_the_hosts_and_a_plain_number_is_training():
+    ledger = ComputeLedger(budget_flops=1000.0)
+    ledger.end_step(StepCost(100, 50))
+    ledger.restore_train_flops(120.0)  # a snapshot that kept the total alone
+    assert (ledger.flops["train"], ledger.flops["growth"], ledger.spent) == (120.0, 0.0, 120.0)
+    assert not ledger.end_step(30)  # a loop that meters no seed (the frontier's)
+    assert (ledger.flops["train"], ledger.flops["growth"]) == (150.0, 0.0)
+    with pytest.raises(ValueError, match="training FLOPs must be >= 0, got -1"):
+        ledger.restore_train_flops(-1)
 
 
 def test_reset_starts_a_new_episode_but_keeps_the_meters_cache():
@@ -144,3 +187,109 @@ def test_a_step_like_the_last_costs_what_it_cost_until_something_moves():
     assert grown == LINEAR_STEP + 2 * 8 * 32 * 32 * 3  # the second layer's input grad too
     assert ledger.training_cost(model, torch.zeros(4, 64), key=0) == grown // 2  # a new shape
     assert ledger.meter.measurements == 3
+
+
+# --- the growth share: what live seeds add to a step ------------------------------------------
+B, T, D = 4, 16, 32
+
+
+def _gpt() -> GPTHost:
+    torch.manual_seed(0)
+    return GPTHost(GPTConfig(block_size=T, n_layer=1, n_head=4, n_embd=D), slots=["r0c0"])
+
+
+def _grown(stage: str, blueprint: str = "lora") -> tuple[GPTHost, SeedSlot]:
+    """A one-block GPT whose slot holds a ``blueprint`` seed in ``stage`` (lifecycle driven by
+    hand past gates that want measurements)."""
+    host = _gpt()
+    slot = MorphogenesisEngine(
+        host, seeding=SeedingConfig(gate_config=GateConfig(min_training_epochs=0))
+    ).slots["r0c0"]
+    slot.germinate(blueprint)
+    assert slot.state is not None
+    slot.state.metrics.gradient_health, slot.state.metrics.has_exploding = 1.0, False
+    order = ("GERMINATED", "TRAINING", "BLENDING", "HOLDING", "FOSSILIZED")
+    for _ in range(order.index(stage)):
+        if slot.stage.name == "BLENDING":
+            while slot.alpha < 1.0:
+                slot.tick()
+        if slot.stage.name == "HOLDING":
+            slot.state.metrics.counterfactual_contribution = 1.0  # G5 wants a contribution
+            assert slot.fossilize().passed
+        else:
+            assert slot.advance().passed
+    assert slot.stage.name == stage
+    return host, slot
+
+
+def counted_step(model: nn.Module, x: torch.Tensor) -> int:
+    """FLOPs of one real training step of a copy of ``model`` (forward, then the backward of
+    the summed output), by `FlopCounterMode` on real tensors: apart from the meter, which
+    counts on meta tensors and never runs a step. Attention under the math backend, which the
+    counter has formulas for."""
+    counter = FlopCounterMode(display=False)
+    with counter, sdpa_kernel(SDPBackend.MATH):
+        copy.deepcopy(model)(x).float().sum().backward()
+    return int(counter.get_total_flops())
+
+
+@pytest.mark.parametrize(("stage", "live"), [("GERMINATED", False), ("TRAINING", True),
+                                             ("BLENDING", True), ("HOLDING", True),
+                                             ("FOSSILIZED", False)])
+def test_growth_is_what_the_live_seed_adds_counted_apart(stage, live):
+    tokens = torch.zeros(B, T, dtype=torch.long)
+    host, slot = _grown(stage)
+    bare = counted_step(_gpt(), tokens)  # the same host, its slot empty
+    whole = counted_step(host, tokens)
+    ledger = ComputeLedger(budget_flops=1e12)
+    for _ in range(3):
+        ledger.end_step(ledger.begin_step(host, tokens))
+    # What the budget spends is the whole step, as before the split: the meter's count alone.
+    assert ledger.spent == 3 * whole == 3 * FlopMeter().training_step(host, tokens)
+    if live:  # a seed judged: the host's share is the bare host's step, the rest is growth
+        assert whole > bare
+        assert ledger.flops == {"train": 3 * bare, "growth": 3 * (whole - bare),
+                                "validation": 0, "counterfactual": 0}
+    else:  # a germinated seed does not run yet; a fossilized one is the host's
+        assert ledger.flops["growth"] == 0 and ledger.flops["train"] == 3 * whole
+        assert (whole == bare) == (stage == "GERMINATED")
+    assert (slot in live_slots(host)) == live
+
+
+def test_an_incubating_seeds_growth_is_its_own_step_on_a_detached_input():
+    tokens = torch.zeros(B, T, dtype=torch.long)
+    host, slot = _grown("TRAINING")
+    assert slot.seed is not None
+    alone = counted_step(slot.seed, torch.zeros(B, T, D))  # a leaf input: no input gradient
+    assert ComputeLedger().begin_step(host, tokens) == StepCost(counted_step(_gpt(), tokens),
+                                                                alone)
+
+
+def test_the_seeds_off_host_is_the_one_measured_before_the_germination():
+    tokens = torch.zeros(B, T, dtype=torch.long)
+    host, _ = _grown("BLENDING")
+    meter = FlopMeter()
+    ledger = ComputeLedger(meter=meter)
+    bare = meter.training_step(_gpt(), tokens)  # the host before its seed germinated
+    assert meter.measurements == 1
+    cost = ledger.begin_step(host, tokens, key=0, ranks=2)
+    assert meter.measurements == 2  # the grown step alone: the host's share was cached
+    assert cost.train == 2 * bare and cost.total == 2 * meter.training_step(host, tokens)
+    assert host_structure(_gpt()) == host_structure(host) != structure(host)
+    assert ledger.begin_step(host, tokens, key=0) == StepCost(bare, cost.growth // 2)
+    assert meter.measurements == 2  # the same step again: no signature hashed or measured
+
+
+def test_a_fossilization_moves_the_seeds_share_to_the_host_without_a_new_measurement():
+    tokens = torch.zeros(B, T, dtype=torch.long)
+    host, slot = _grown("HOLDING")
+    ledger = ComputeLedger()
+    holding = ledger.begin_step(host, tokens, key=0)
+    measured = ledger.meter.measurements
+    assert slot.state is not None
+    slot.state.metrics.counterfactual_contribution = 1.0
+    assert slot.fossilize().passed
+    ledger.invalidate()  # what the engine says after every operation on a slot
+    fossil = ledger.begin_step(host, tokens, key=0)
+    assert fossil == StepCost(holding.total) and holding.growth > 0
+    assert ledger.meter.measurements == measured  # the same products: both were cached

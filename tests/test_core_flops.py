@@ -8,7 +8,7 @@ from torch import nn
 from esper_lightning.blueprints.block import Block
 from esper_lightning.core.counterfactual import evaluate, make_plan
 from esper_lightning.core.engine import MorphogenesisEngine
-from esper_lightning.core.flops import FlopMeter
+from esper_lightning.core.flops import FlopMeter, host_structure, live_slots, structure
 from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.core.seeding import SeedingConfig
 from esper_lightning.core.slots import SeedSlot
@@ -85,6 +85,27 @@ def test_an_incubating_seed_adds_its_own_forward_and_backward():
     germinated, _ = _host_with_seed("GERMINATED")  # a seed that does not run yet costs nothing
     assert meter.training_step(germinated, tokens) == gpt_step_flops(1)
     assert alone > 0 and bare == gpt_step_flops(1) + alone
+
+
+def test_the_host_step_is_the_step_with_its_live_seeds_off_and_leaves_them_in_place():
+    tokens = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(4))
+    host, engine = _host_with_seed("BLENDING")
+    slot = engine.slots["r0c0"]
+    seed, before = slot.seed, host(tokens)
+    empty = GPTHost(GPTConfig(block_size=T, n_layer=1, n_head=4, n_embd=D), slots=["r0c0"])
+    assert live_slots(host) == [slot] and live_slots(empty) == []
+    # Signed as the host before its germination: that host's measurement serves both.
+    assert host_structure(host) == structure(empty) != structure(host)
+    meter = FlopMeter()
+    assert meter.host_step(host, tokens) == meter.training_step(empty, tokens) == (
+        gpt_step_flops(1))
+    assert meter.measurements == 1
+    assert meter.training_step(host, tokens) > gpt_step_flops(1)
+    assert slot.seed is seed is not None  # put back, and still the model's
+    assert {id(p) for p in seed.parameters()} <= {id(p) for p in host.parameters()}
+    assert torch.equal(host(tokens), before)
+    arch = structure(empty)
+    assert host_structure(empty, arch) is arch  # no live seed: the whole model, as given
 
 
 def test_each_architecture_is_measured_once_and_stage_changes_measure_again():

@@ -1,19 +1,36 @@
 """`ComputeLedger`: the one owner of a run's compute.
 
 It holds the FLOP meter (`core.flops.FlopMeter`, its cache outliving hosts), the FLOPs spent by
-kind (`FLOP_KINDS`: training steps, validation forwards, the counterfactual's extra
-configurations), the budget (None: none) with the episode's budget scale, its slice per
-decision, and the learning-rate multiplier over the budget spent. Only training spends a
-budget. Every loop that trains under a ledger steps it the same way: `begin_step` (the step's
-cost, metered once per architecture, and the learning rate at the middle of the batch) before
-the optimizer step, `end_step` (the cost charged; whether the budget is spent) after it; a
-validation run is charged by `charge_validation`, with one rule for what the counterfactual
-adds. `invalidate` says the architecture may have changed (a slot did), so the next step is
-metered again.
+kind (`FLOP_KINDS`), the budget (None: none) with the episode's budget scale, its slice per
+decision, and the learning-rate multiplier over the budget spent. Every loop that trains under
+a ledger steps it the same way: `begin_step` (the step's cost, metered once per architecture,
+and the learning rate at the middle of the batch) before the optimizer step, `end_step` (the
+cost charged; whether the budget is spent) after it; a validation run is charged by
+`charge_validation`, with one rule for what the counterfactual adds. `invalidate` says the
+architecture may have changed (a slot did), so the next step is metered again.
+
+The kinds split every FLOP a run spends once, by what it is for:
+
+- ``train``: training steps' FLOPs of the host (every fossilized seed is the host's);
+- ``growth``: what the *live* seeds (germinated and running, not yet fossilized:
+  `core.flops.live_slots`) add to each training step, forward and backward: the price of
+  trying a growth while it is judged (`StepCost`);
+- ``validation``: validation forwards;
+- ``counterfactual``: the counterfactual's configurations beyond the plain forward.
+
+A budget counts the training steps whole (`BUDGET_KINDS`, `spent`: ``train`` + ``growth``),
+exactly what it counted before the two were told apart. Why growth is the live seeds' share of
+the steps: a growth costs no FLOP outside a step (a germination, a widening or a deepening runs
+no forward), so what a growth costs is the work its seeds do in the steps that judge them; once
+fossilized, a seed is the model the user keeps, and its FLOPs are those of a bigger host,
+exactly as a host born that big or widened in place (the frontier's growth, which has no live
+seed) spends ``train`` alone. The split costs no forward: the step with the live seeds off
+(`core.flops.FlopMeter.host_step`) is metered once per architecture, like the step itself, and
+is the host's own earlier measurement when the seeds germinated after it.
 
 Who holds a run's ledger: a Fabric env one for all its episodes (`reset` per episode); in a
 Trainer, the `ComputeBudget` when there is one, else the `MorphogenesisCallback`
-(`callbacks._metering.fit_ledger`, the one rule); the holder charges the steps and saves and
+(`callbacks.compute_budget.fit_budget`, the one rule); the holder charges the steps and saves and
 resumes the ledger with its own state.
 
 Example:
@@ -24,29 +41,56 @@ Example:
     >>> ledger.end_step(cost)
     False
     >>> cost, ledger.fraction, ledger.slice_end(1)
-    (65536, 0.065536, 250000.0)
+    (StepCost(train=65536, growth=0), 0.065536, 250000.0)
     >>> ledger.charge(2048, "validation")
     >>> ledger.flops
-    {'train': 65536.0, 'validation': 2048.0, 'counterfactual': 0.0}
+    {'train': 65536.0, 'growth': 0.0, 'validation': 2048.0, 'counterfactual': 0.0}
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor, nn
 
-from esper_lightning.core.flops import FlopMeter, structure
+from esper_lightning.core.flops import FlopMeter, host_structure, structure
 from esper_lightning.schedule import LRSchedule, apply_multiplier, batch_fraction
 
-__all__ = ["FLOP_KINDS", "ComputeLedger"]
+__all__ = ["BUDGET_KINDS", "FLOP_KINDS", "ComputeLedger", "StepCost"]
 
-#: What a run spends FLOPs on: training steps (the only kind a budget counts), validation
-#: forwards and the counterfactual's configurations beyond the plain forward.
-FLOP_KINDS = ("train", "validation", "counterfactual")
+#: What a run spends FLOPs on (module docstring): the host's training steps, what live seeds
+#: add to them, validation forwards and the counterfactual's configurations beyond the plain
+#: forward.
+FLOP_KINDS = ("train", "growth", "validation", "counterfactual")
+#: The kinds a budget counts: the training steps, whole.
+BUDGET_KINDS = ("train", "growth")
 
 Forward = Callable[[nn.Module, Tensor], Tensor]
+Structure = tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """One training step's FLOPs (forward and backward), split by who computes them.
+
+    Attributes:
+        train: the host's, fossilized seeds included: the step with every live seed off.
+        growth: what the live seeds add (the step's cost minus ``train``).
+    """
+
+    train: int
+    growth: int = 0
+
+    @property
+    def total(self) -> int:
+        """The whole step: what a budget spends."""
+        return self.train + self.growth
+
+    def times(self, ranks: int) -> StepCost:
+        """The step over ``ranks`` data-parallel ranks that each take such a batch."""
+        return StepCost(self.train * ranks, self.growth * ranks)
 
 
 class ComputeLedger:
@@ -71,12 +115,12 @@ class ComputeLedger:
         self.decisions = decisions
         self.budget_flops: float | None = None
         self.budget_scale = 1.0
-        #: FLOPs spent so far by kind (`FLOP_KINDS`); training counts the host and every live
-        #: seed, forward and backward.
+        #: FLOPs spent so far by kind (`FLOP_KINDS`): a training step's host share is
+        #: ``train``, its live seeds' ``growth`` (forward and backward of both).
         self.flops: dict[str, float] = dict.fromkeys(FLOP_KINDS, 0.0)
         self._revision = 0
-        self._arch: tuple[Hashable, tuple[Any, ...]] | None = None
-        self._last_cost: tuple[tuple[Any, ...], int] | None = None
+        self._arch: tuple[Hashable, Structure, Structure] | None = None
+        self._last_cost: tuple[tuple[Any, ...], StepCost] | None = None
         #: The learning-rate multiplier `begin_step` set last in param groups (1 before any).
         self.multiplier = 1.0
         self.reset(budget_flops, budget_scale)
@@ -93,9 +137,16 @@ class ComputeLedger:
         self._last_cost = None
 
     @property
+    def spent(self) -> float:
+        """The training steps' FLOPs spent so far, host and live seeds (``train`` +
+        ``growth``): what the budget counts."""
+        return self.flops["train"] + self.flops["growth"]
+
+    @property
     def train_flops(self) -> float:
-        """Training FLOPs spent so far (what the budget counts)."""
-        return self.flops["train"]
+        """`spent`, by the name every report and log uses for it (``train_flops``: the
+        training steps' FLOPs; ``flops["train"]`` is the host's share of them)."""
+        return self.spent
 
     @property
     def revision(self) -> int:
@@ -109,34 +160,61 @@ class ComputeLedger:
         self._revision += 1
 
     # --- metering -----------------------------------------------------------------------------
-    def architecture(self, module: nn.Module, key: Hashable) -> tuple[Any, ...]:
+    def architecture(self, module: nn.Module, key: Hashable) -> Structure:
         """``module``'s `core.flops.structure`, read again only when ``key`` (what the caller
         knows changes it: epoch, train or eval mode) or `revision` moves."""
+        return self._architectures(module, key)[0]
+
+    def _architectures(self, module: nn.Module, key: Hashable) -> tuple[Structure, Structure]:
+        """`architecture` and its `core.flops.host_structure`, read together."""
         full = (key, self.revision)
         if self._arch is None or self._arch[0] != full:
-            self._arch = (full, structure(module))
-        return self._arch[1]
+            arch = structure(module)
+            self._arch = (full, arch, host_structure(module, arch))
+        return self._arch[1], self._arch[2]
 
     def training_cost(self, module: nn.Module, x: Tensor, forward: Forward | None = None,
-                      arch: tuple[Any, ...] | None = None, key: Hashable = None) -> int:
+                      arch: Structure | None = None, key: Hashable = None) -> int:
         """FLOPs of one training step of ``module`` on a batch like ``x`` (its forward as
-        ``forward(module, x)``). ``arch`` is the module's `core.flops.structure` when the caller
-        knows it; else it is read once per ``key`` and `revision` (`architecture`), or at every
-        call without a key."""
+        ``forward(module, x)``), whole: `step_cost`'s total. ``arch`` is the module's
+        `core.flops.structure` when the caller knows it; else it is read once per ``key`` and
+        `revision` (`architecture`), or at every call without a key."""
+        if arch is None and key is not None:
+            return self.step_cost(module, x, forward, key=key).total
+        return self.meter.training_step(module, x, forward, arch)
+
+    def step_cost(self, module: nn.Module, x: Tensor, forward: Forward | None = None,
+                  arch: Structure | None = None, host_arch: Structure | None = None,
+                  key: Hashable = None) -> StepCost:
+        """One training step of ``module`` on a batch like ``x``, split into the host's share
+        and what its live seeds add (`StepCost`), each metered once per architecture.
+        ``arch`` and ``host_arch`` are the module's `core.flops.structure` and
+        `core.flops.host_structure` when the caller read them (an env, once per epoch); else
+        they are read once per ``key`` and `revision`, or at every call without a key."""
         if arch is None and key is not None:
             # The same step again (the architecture unchanged since ``key`` and `revision` were
             # read, a batch of the same shape): the last cost, without hashing the signature.
             last = (key, self._revision, tuple(x.shape), x.dtype, forward)
             if self._last_cost is not None and self._last_cost[0] == last:
                 return self._last_cost[1]
-            cost = self.meter.training_step(module, x, forward, self.architecture(module, key))
+            cost = self._split(module, x, forward, *self._architectures(module, key))
             self._last_cost = (last, cost)
             return cost
-        return self.meter.training_step(module, x, forward, arch)
+        arch = structure(module) if arch is None else arch
+        return self._split(module, x, forward, arch,
+                           host_structure(module, arch) if host_arch is None else host_arch)
+
+    def _split(self, module: nn.Module, x: Tensor, forward: Forward | None, arch: Structure,
+               host_arch: Structure) -> StepCost:
+        whole = self.meter.training_step(module, x, forward, arch)
+        # No live seed: the host is the whole model (the same object), no second lookup.
+        host = whole if host_arch is arch else self.meter.host_step(module, x, forward,
+                                                                     host_arch)
+        return StepCost(host, whole - host)
 
     def charge(self, flops: float, kind: str = "train") -> None:
-        """Spend ``flops`` (>= 0) of ``kind`` (`FLOP_KINDS`); only ``"train"`` spends the
-        budget."""
+        """Spend ``flops`` (>= 0) of ``kind`` (`FLOP_KINDS`); only the training steps'
+        kinds (`BUDGET_KINDS`) spend the budget."""
         if kind not in self.flops:
             raise ValueError(f"unknown FLOP kind {kind!r}; accepted: {', '.join(FLOP_KINDS)}")
         if not flops >= 0:
@@ -157,35 +235,42 @@ class ComputeLedger:
 
     # --- stepping -----------------------------------------------------------------------------
     def begin_step(self, module: nn.Module, x: Tensor, forward: Forward | None = None,
-                   arch: tuple[Any, ...] | None = None, key: Hashable = None,
+                   arch: Structure | None = None, key: Hashable = None,
                    param_groups: Iterable[dict[str, Any]] = (), step: int = 0,
-                   planned_steps: int | None = None, ranks: int = 1) -> int:
-        """Before a training step on a batch like ``x``: its cost (`training_cost`, times the
+                   planned_steps: int | None = None, ranks: int = 1,
+                   host_arch: Structure | None = None) -> StepCost:
+        """Before a training step on a batch like ``x``: its cost (`step_cost`, times the
         data-parallel ``ranks`` that each take such a batch), and every group in
         ``param_groups`` set to its base learning rate times the schedule's multiplier at the
         middle of the batch (`apply_lr`; kept as `multiplier`). Returns the cost, for
         `end_step`."""
-        cost = self.training_cost(module, x, forward, arch, key) * ranks
+        cost = self.step_cost(module, x, forward, arch, host_arch, key).times(ranks)
         groups = list(param_groups)
         if groups:
-            self.multiplier = self.apply_lr(groups, cost, step, planned_steps)
+            self.multiplier = self.apply_lr(groups, cost.total, step, planned_steps)
         return cost
 
-    def end_step(self, cost: float) -> bool:
-        """After the step: its ``cost`` charged to training; whether the budget is spent."""
-        self.charge(cost)
+    def end_step(self, cost: StepCost | float) -> bool:
+        """After the step: its ``cost`` charged, the host's share to ``train`` and the live
+        seeds' to ``growth`` (a plain number, from a loop that meters no seed, is all
+        ``train``); whether the budget is spent."""
+        if isinstance(cost, StepCost):
+            self.charge(cost.train)
+            self.charge(cost.growth, "growth")
+        else:
+            self.charge(cost)
         return self.exhausted
 
     # --- the budget ---------------------------------------------------------------------------
     @property
     def fraction(self) -> float | None:
         """The share of the budget spent (None without a budget)."""
-        return None if self.budget_flops is None else self.train_flops / self.budget_flops
+        return None if self.budget_flops is None else self.spent / self.budget_flops
 
     @property
     def exhausted(self) -> bool:
         """Whether the budget is spent (never without one)."""
-        return self.budget_flops is not None and self.train_flops >= self.budget_flops
+        return self.budget_flops is not None and self.spent >= self.budget_flops
 
     def slice_end(self, decision: int) -> float:
         """The training FLOPs by which the 1-based ``decision``-th slice ends: the budget
@@ -204,7 +289,7 @@ class ComputeLedger:
         if self.schedule.kind == "constant":
             return 1.0
         if self.budget_flops is not None:
-            return self.schedule.multiplier(batch_fraction(self.train_flops, cost,
+            return self.schedule.multiplier(batch_fraction(self.spent, cost,
                                                            self.budget_flops))
         if not planned_steps:
             raise RuntimeError(f"an lr_schedule {self.schedule.kind!r} needs a budget or a "
@@ -227,16 +312,21 @@ class ComputeLedger:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume the FLOPs spent (the budget is the holder's to check: it was configured). A
-        state written before the kinds holds the training FLOPs alone (``train_flops``); the
-        other kinds are then left as they are (the engine's state held them)."""
+        kind the state does not name starts at 0: a state written before ``growth`` was told
+        apart charged the live seeds' share to ``train``, which then holds the whole steps
+        (`spent` is the same). A state written before the kinds holds the training FLOPs alone
+        (``train_flops``); the other kinds are then left as they are (the engine's state held
+        them)."""
         if "flops" in state:
             self.flops = {kind: float(state["flops"].get(kind, 0.0)) for kind in FLOP_KINDS}
         else:
             self.flops["train"] = float(state["train_flops"])
 
     def restore_train_flops(self, flops: float) -> None:
-        """Set the training FLOPs spent (a run restored from a snapshot of its own, or a
-        checkpoint that kept them elsewhere)."""
+        """Set the training steps' FLOPs spent (`spent`; a run restored from a snapshot of its
+        own, or a checkpoint that kept them elsewhere): a total whose split is not known, so
+        all ``train`` and no ``growth``."""
         if not flops >= 0:
             raise ValueError(f"training FLOPs must be >= 0, got {flops!r}")
         self.flops["train"] = float(flops)
+        self.flops["growth"] = 0.0

@@ -23,6 +23,12 @@ A training step's backward is counted as the gradient of the summed output with 
 every parameter that requires one (what ``loss.backward()`` computes: the loss's own
 elementwise gradient holds no matrix product), so the count does not depend on the loss.
 
+`FlopMeter.host_step` counts the same step with every *live* seed off (`live_slots`: germinated,
+running, not yet fossilized): the step of the model as if those seeds had never germinated, so
+its signature (`host_structure`) is the one that model had, and a host measured before a
+germination is not measured again while the seed is judged. A step's cost minus that is what
+its live seeds add (`core.compute.StepCost`, the ledger's ``growth``).
+
 Example:
     >>> from torch import nn
     >>> meter = FlopMeter()
@@ -33,7 +39,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -43,7 +50,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from esper_lightning.core.counterfactual import CounterfactualPlan, evaluate
-from esper_lightning.core.lifecycle import ACTIVE_STAGES, SeedStage
+from esper_lightning.core.lifecycle import ACTIVE_STAGES, LIVE_STAGES, SeedStage
 from esper_lightning.core.slots import SeedSlot
 
 Forward = Callable[[nn.Module, Tensor], Tensor]
@@ -80,6 +87,12 @@ def slot_signature(slot: SeedSlot) -> tuple[Any, ...]:
             None if blend is None else int(blend.algorithm), slot.gate is not None)
 
 
+def _empty_signature(slot: SeedSlot) -> tuple[Any, ...]:
+    """`slot_signature` of ``slot`` before its first germination: no seed runs, no blend is
+    set, no gate is built."""
+    return (slot.slot_id, "off", False, None, False)
+
+
 def structure(module: nn.Module) -> tuple[Any, ...]:
     """What of a module's architecture shapes a step's graph: every parameter's shape and
     ``requires_grad``, every `SeedSlot`'s `slot_signature` and the train/eval mode. Reading it
@@ -87,6 +100,37 @@ def structure(module: nn.Module) -> tuple[Any, ...]:
     (an env within an epoch) reads it once and passes it on."""
     params = tuple((tuple(p.shape), p.requires_grad) for p in module.parameters())
     slots = tuple(slot_signature(m) for m in module.modules() if isinstance(m, SeedSlot))
+    return (module.training, params, slots)
+
+
+#: Stages of a seed that runs in a step and is still judged: its cost is growth (`live_slots`).
+_RUNS_LIVE = ACTIVE_STAGES & LIVE_STAGES
+
+
+def live_slots(module: nn.Module) -> list[SeedSlot]:
+    """The slots of ``module`` whose seed runs in a step and is not yet fossilized (TRAINING,
+    BLENDING, HOLDING): the seeds a user pays for while they are judged. A germinated seed
+    does not run yet; a fossilized one is the host's."""
+    return [m for m in module.modules() if isinstance(m, SeedSlot) and m.seed is not None
+            and m.stage in _RUNS_LIVE]
+
+
+def host_structure(module: nn.Module, arch: tuple[Any, ...] | None = None) -> tuple[Any, ...]:
+    """The `structure` of ``module`` with every live seed off (`live_slots`): without the live
+    seeds' and their gates' parameters, each such slot signed as an empty one (what it was
+    before its germination), so the host measured before a germination is found in the cache.
+    ``arch`` (the module's `structure`, when the caller read it) is returned itself when no
+    seed is live: the host is the whole model."""
+    live = live_slots(module)
+    if not live:
+        return structure(module) if arch is None else arch
+    grown = {id(p) for slot in live for part in (slot.seed, slot.gate) if part is not None
+             for p in part.parameters()}
+    params = tuple((tuple(p.shape), p.requires_grad) for p in module.parameters()
+                   if id(p) not in grown)
+    off = {id(slot) for slot in live}
+    slots = tuple(_empty_signature(m) if id(m) in off else slot_signature(m)
+                  for m in module.modules() if isinstance(m, SeedSlot))
     return (module.training, params, slots)
 
 
@@ -120,6 +164,18 @@ class FlopMeter:
         key = signature(module, x, "train", arch=arch)
         if key not in self._cache:
             self._cache[key] = self._measure(module, x, forward or _call, backward=True)
+        return self._cache[key]
+
+    def host_step(self, module: nn.Module, x: Tensor, forward: Forward | None = None,
+                  arch: tuple[Any, ...] | None = None) -> int:
+        """Forward and backward FLOPs of one training step with every live seed off (module
+        docstring; ``arch``: the module's `host_structure`, when the caller read it). Without
+        a live seed, `training_step` itself (one cache entry)."""
+        arch = host_structure(module) if arch is None else arch
+        key = signature(module, x, "train", arch=arch)
+        if key not in self._cache:
+            with _seeds_off(live_slots(module)):
+                self._cache[key] = self._measure(module, x, forward or _call, backward=True)
         return self._cache[key]
 
     def forward(self, module: nn.Module, x: Tensor, forward: Forward | None = None,
@@ -170,6 +226,21 @@ class FlopMeter:
         return int(counter.get_total_flops())
 
 
+@contextmanager
+def _seeds_off(slots: list[SeedSlot]) -> Iterator[None]:
+    """Each of ``slots`` without its seed for the block (it hands its activation on, as an
+    empty slot does), put back after it, whatever the block raised: only a meta pass runs
+    inside, so nothing real sees the seeds gone."""
+    seeds = [slot.seed for slot in slots]
+    try:
+        for slot in slots:
+            slot.seed = None
+        yield
+    finally:
+        for slot, seed in zip(slots, seeds, strict=True):
+            slot.seed = seed
+
+
 def _meta_state(module: nn.Module) -> tuple[dict[str, Tensor], list[Tensor]]:
     """Meta copies of every parameter and buffer by name (a tied weight stays one tensor),
     and the parameter copies."""
@@ -185,4 +256,5 @@ def _meta_state(module: nn.Module) -> tuple[dict[str, Tensor], list[Tensor]]:
     return state, leaves
 
 
-__all__ = ["FlopMeter", "signature", "slot_signature", "structure"]
+__all__ = ["FlopMeter", "host_structure", "live_slots", "signature", "slot_signature",
+           "structure"]
