@@ -11,12 +11,13 @@ from helpers import UserModule
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from torch.utils.flop_counter import FlopCounterMode
 
 from esper_lightning.callbacks import ComputeBudget, MorphogenesisCallback
 from esper_lightning.callbacks.compute_budget import FLOPS_PER_STEP
 from esper_lightning.controllers import ControllerBase, ScriptedController
 from esper_lightning.core.actions import Action, LifecycleOp
-from esper_lightning.core.flops import FlopMeter
+from esper_lightning.core.flops import FlopMeter, live_slots
 from esper_lightning.core.lifecycle import GateConfig, SeedStage
 from esper_lightning.data import CIFAR10DataModule
 from esper_lightning.schedule import LRSchedule, batch_fraction
@@ -178,6 +179,63 @@ def test_a_resumed_fit_goes_on_from_the_flops_it_had_spent(cifar_dir, tmp_path):
     # Every kind goes on from the checkpoint: two more validations of the same cost.
     assert resumed.ledger.flops["validation"] == pytest.approx(3 * saved["validation"])
 
+
+
+class CountedSteps(Callback):
+    """Every real training step's FLOPs, counted by `FlopCounterMode` around it (after the
+    callbacks before this one metered it on meta tensors), and whether a live seed ran in it:
+    a count taken apart from the ledger's meter."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[int, bool]] = []
+        self._counter: FlopCounterMode | None = None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._counter = FlopCounterMode(display=False)
+        self._counter.__enter__()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        assert self._counter is not None
+        self._counter.__exit__(None, None, None)
+        self.steps.append((int(self._counter.get_total_flops()), bool(live_slots(pl_module))))
+
+
+def test_the_live_seeds_share_is_charged_logged_and_saved_as_growth(cifar_dir, tmp_path):
+    script = ScriptedController({0: Action(LifecycleOp.GERMINATE, 0, blueprint="conv_light"),
+                                 1: Action(LifecycleOp.ADVANCE, 0),
+                                 2: Action(LifecycleOp.ADVANCE, 0)})
+    growth = MorphogenesisCallback(script, slots=["net.3"],
+                                   gate_config=GateConfig(min_training_epochs=1))
+    budget = ComputeBudget(1e12)
+    counted, logger = CountedSteps(), MemoryLogger()
+    fit(tmp_path, cifar_dir, [budget, growth, counted], epochs=4, logger=logger,
+        log_every_n_steps=1)
+    assert growth.engine.slots["net.3"].stage == SeedStage.BLENDING
+    # Germinated after epoch 0 (it does not run yet), incubating in epoch 2, blending in 3.
+    assert [live for _, live in counted.steps] == [False] * 10 + [True] * 10
+    bare = step_flops()  # the host alone, its slot empty
+    assert {flops for flops, live in counted.steps if not live} == {bare}
+    flops = budget.ledger.flops
+    # The budget spends every step whole, as it did before growth was told apart...
+    assert budget.spent == sum(f for f, _ in counted.steps) == flops["train"] + flops["growth"]
+    # ...of which the host's share is the bare host's step, and the seed's the rest.
+    assert flops["train"] == 20 * bare
+    assert flops["growth"] == sum(f - bare for f, live in counted.steps if live) > 0
+    logged = logger.metrics["compute/growth_flops"]
+    assert len(logged) == 20 and logged[:10] == [0.0] * 10 and logged[-1] == flops["growth"]
+    assert logger.metrics["compute/train_flops"][-1] == budget.spent
+    assert logger.metrics["morpho/growth_flops"][-1] == flops["growth"]  # per epoch
+    assert budget.state_dict()["ledger"]["flops"] == flops
+
+
+def test_a_checkpoint_written_before_growth_was_told_apart_resumes_its_flops():
+    budget = ComputeBudget(1e9)
+    old = {"flops": {"train": 4e8, "validation": 5e6, "counterfactual": 1e6},
+           "budget_flops": 1e9, "budget_scale": 1.0}
+    budget.load_state_dict({"ledger": old, "budget_flops": 1e9})
+    assert budget.ledger.flops == {"train": 4e8, "growth": 0.0, "validation": 5e6,
+                                   "counterfactual": 1e6}
+    assert budget.spent == 4e8 and budget.budget_fraction == pytest.approx(0.4)
 
 
 def fit_args(cifar_dir: Path, tmp_path: Path, **options: Any) -> dict[str, torch.Tensor]:

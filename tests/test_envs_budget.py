@@ -2,6 +2,7 @@
 over the budget spent, data that never repeats within a pass, budgets drawn per episode from its
 rng seed, and metering that changes nothing."""
 
+import copy
 import itertools
 import math
 from collections import Counter
@@ -9,6 +10,8 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
 
 from esper_lightning.core.actions import Action, LifecycleOp
 from esper_lightning.core.flops import FlopMeter
@@ -57,6 +60,41 @@ def play(pool: EnvPool, actions: list[Action], rng_seed: int = 3, **reset) -> li
         observations = [s.observation for s in pool.step([action] * len(pool))]
         spent.append(observations[0].report.train_flops)
     return spent
+
+
+def counted_step(model: torch.nn.Module, x: torch.Tensor) -> int:
+    """One real training step of a copy of ``model`` counted by `FlopCounterMode` (attention
+    under the math backend, which it has formulas for): apart from the ledger's meter."""
+    counter = FlopCounterMode(display=False)
+    with counter, sdpa_kernel(SDPBackend.MATH):
+        copy.deepcopy(model)(x).float().sum().backward()
+    return int(counter.get_total_flops())
+
+
+def test_an_episode_charges_what_its_live_seed_adds_as_growth(data):
+    step = static_step()
+    pool = EnvPool(spec(budget_flops=12.5 * step * 4), *data, ["cpu"])
+    env, x = pool.envs[0], TASK.example_batch(BATCH)
+    first = pool.reset([7])[0]
+    assert first.flops["growth"] == 0 and first.flops["train"] == first.report.train_flops
+    before = first.flops
+    script = [Action(LifecycleOp.GERMINATE, 0, blueprint="lora"), Action(LifecycleOp.ADVANCE, 0),
+              Action(LifecycleOp.ADVANCE, 0)]
+    stages = []
+    for action in script:
+        observation = pool.step([action])[0].observation
+        after = observation.flops
+        stages.append(env.engine.slots["r0c0"].stage.name)
+        batches, whole = env._epoch_batches, counted_step(env.host, x)
+        # The budget spends whole steps, as before growth was told apart; the host's share of
+        # each is the seedless host's (the episode's first epoch), the rest is the seed's.
+        assert after["train"] - before["train"] == batches * step
+        assert after["growth"] - before["growth"] == batches * (whole - step)
+        assert after["validation"] > before["validation"]
+        before = after
+    assert stages == ["GERMINATED", "TRAINING", "BLENDING"] and before["growth"] > 0
+    assert env.ledger.spent == before["train"] + before["growth"] == (
+        observation.report.train_flops)
 
 
 def test_the_slices_add_up_to_the_budget_within_one_batch(data):

@@ -16,7 +16,7 @@ import lightning as L
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 
-from esper_lightning.core.compute import ComputeLedger
+from esper_lightning.core.compute import ComputeLedger, StepCost
 
 __all__ = ["MetersSteps", "metering_errors", "step_cost"]
 
@@ -31,11 +31,11 @@ class MetersSteps(Protocol):
 
 def step_cost(ledger: ComputeLedger, trainer: L.Trainer, pl_module: L.LightningModule,
               x: Tensor, logits_fn: Any, owner: str, remedy: str,
-              param_groups: Iterable[dict[str, Any]] = ()) -> int:
-    """Training FLOPs of one step on inputs like ``x`` over every rank (the ledger's meter,
-    once per architecture; `ComputeLedger.begin_step`, which also sets the schedule's rate in
-    ``param_groups``), or one line saying why ``pl_module`` cannot be metered and
-    ``remedy``."""
+              param_groups: Iterable[dict[str, Any]] = ()) -> StepCost:
+    """Training FLOPs of one step on inputs like ``x`` over every rank, the host's and its
+    live seeds' (the ledger's meter, once per architecture; `ComputeLedger.begin_step`, which
+    also sets the schedule's rate in ``param_groups``), or one line saying why ``pl_module``
+    cannot be metered and ``remedy``."""
     key = (trainer.current_epoch, pl_module.training)
     with metering_errors(owner, pl_module, remedy):
         return ledger.begin_step(pl_module, x, logits_fn, key=key, param_groups=param_groups,

@@ -16,7 +16,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from esper_lightning.callbacks._metering import MetersSteps, step_cost
-from esper_lightning.core.compute import ComputeLedger
+from esper_lightning.core.compute import ComputeLedger, StepCost
 from esper_lightning.schedule import LRSchedule, set_base_lrs
 
 #: FLOPs per step of the loss-vs-FLOPs chart: one. A TensorBoard step is a 64-bit integer, so
@@ -30,7 +30,9 @@ class ComputeBudget(Callback):
 
     It owns the fit's compute (`core.compute.ComputeLedger`, `ledger`): every training step is
     metered (forward and backward of the module and every seed in it, once per architecture, on
-    meta tensors, so training is untouched), summed over DDP ranks, and charged to the ledger.
+    meta tensors, so training is untouched), summed over DDP ranks, and charged to the ledger:
+    the host's share (fossilized seeds included) as ``train``, what the live seeds add as
+    ``growth``. The budget counts both (`spent`).
     The step that brings the total to the budget is the last one: the Trainer stops after it
     (``trainer.should_stop``, as `EarlyStopping` does; the epoch's validation still runs, so the
     last validation is at the budget), so a fit ends within one batch past its budget.
@@ -51,7 +53,8 @@ class ComputeBudget(Callback):
 
     Logged to every logger on the steps the Trainer writes its own step metrics (every
     ``log_every_n_steps`` and the step that ends the fit, at Lightning's step numbers):
-    ``compute/train_flops``, ``compute/budget_fraction`` and, with a schedule,
+    ``compute/train_flops`` (the training steps' FLOPs, `spent`), ``compute/growth_flops``
+    (the live seeds' share of them), ``compute/budget_fraction`` and, with a schedule,
     ``compute/lr_multiplier``; straight to the loggers, so ``trainer.callback_metrics`` does not
     hold them (`spent` and `budget_fraction` say the same, always current). After each
     validation of the fit, the logged validation loss (``loss_key``) goes to every logger again
@@ -103,14 +106,15 @@ class ComputeBudget(Callback):
         self.logits_fn = logits_fn
         self.loss_key = loss_key
         self._warned = False
-        self._step_cost = 0
+        self._step_cost = StepCost(0)
         self._revision = -1  # the ledger's revision when this step was metered
         self._metering: MetersSteps | None = None
 
     @property
     def spent(self) -> float:
-        """Training FLOPs spent so far in this run (the ledger's)."""
-        return self.ledger.train_flops
+        """Training steps' FLOPs spent so far in this run, host and live seeds (the ledger's
+        `ComputeLedger.spent`)."""
+        return self.ledger.spent
 
     @property
     def budget_fraction(self) -> float:
@@ -160,6 +164,7 @@ class ComputeBudget(Callback):
         value's device), as much as a small model's optimizer step, for values only loggers
         read; the Trainer saves the loggers right after this hook."""
         metrics = {"compute/train_flops": self.spent,
+                   "compute/growth_flops": self.ledger.flops["growth"],
                    "compute/budget_fraction": self.budget_fraction}
         if self.schedule.kind != "constant":
             metrics["compute/lr_multiplier"] = self.ledger.multiplier
@@ -184,7 +189,7 @@ class ComputeBudget(Callback):
             logger.log_metrics({f"compute/{self.loss_key}_vs_flops": float(loss)}, step=step)
 
     def _cost(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
-              param_groups: list[dict[str, Any]] | None = None) -> int:
+              param_groups: list[dict[str, Any]] | None = None) -> StepCost:
         """This step's cost over every rank (`begin_step`: the rate set in ``param_groups``
         at the middle of the batch's share of the budget)."""
         metering = self._metering

@@ -116,10 +116,11 @@ class MorphogenesisCallback(Callback):
     schedule them too.
     Every training step's FLOPs (host and every live seed, forward and backward) are metered
     once per architecture on meta tensors (`core.flops`, no effect on training) into the fit's
-    `core.compute.ComputeLedger` (`ledger`), logged as ``morpho/train_flops`` and reported to
-    the controller (`EpochReport.train_flops`). With a `ComputeBudget` callback in the same
-    Trainer the ledger is the budget's: it charges the steps, and the report carries its
-    budget too.
+    `core.compute.ComputeLedger` (`ledger`: the host's share as ``train``, what live seeds
+    add as ``growth``), logged as ``morpho/train_flops`` (both) and ``morpho/growth_flops``
+    and reported to the controller (`EpochReport.train_flops`). With a `ComputeBudget`
+    callback in the same Trainer the ledger is the budget's: it charges the steps, and the
+    report carries its budget too.
     Lifecycle events are logged at INFO on the ``esper_lightning`` logger; at the end of the
     fit a seed-timeline image goes to every TensorBoard logger (``morpho/timeline``).
 
@@ -806,6 +807,8 @@ class MorphogenesisCallback(Callback):
         metrics = morpho_metrics(engine.seed_params, engine.event_counts(), engine.slots,
                                  contributions, train_flops=flops,
                                  budget_flops=self.ledger.budget_flops)
+        if flops is not None:  # the live seeds' share of the training FLOPs
+            metrics["morpho/growth_flops"] = self.ledger.flops["growth"]
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
 

@@ -17,10 +17,11 @@ launch-bound, so there is nothing for streams to overlap.
 
 Every training step is metered (`core.flops.FlopMeter`, once per architecture, on meta tensors:
 training numerics are untouched) into the env's `core.compute.ComputeLedger` (``env.ledger``,
-one for all its episodes: its meter's cache outlives the hosts): the episode's training FLOPs,
-host and every live seed, its budget, the slice of each decision and the learning rate's
-multiplier; validation and the counterfactual's extra configurations are counted apart, by
-kind (``env.ledger.flops``; `ComputeLedger.begin_step`, ``end_step``, ``charge_validation``).
+one for all its episodes: its meter's cache outlives the hosts): the episode's training FLOPs
+(the host's share as ``train``, what live seeds add as ``growth``; the budget counts both), its
+budget, the slice of each decision and the learning rate's multiplier; validation and the
+counterfactual's extra configurations are counted apart, by kind (``env.ledger.flops``, copied
+into each `Observation`; `ComputeLedger.begin_step`, ``end_step``, ``charge_validation``).
 
 **Under a compute budget** (`EnvSpec.budget_flops`) an episode of ``episode_length`` epochs
 spends the budget in equal slices: epoch ``k`` (1-based; the first trains before the first
@@ -55,7 +56,7 @@ from esper_lightning.core.compute import ComputeLedger
 from esper_lightning.core.counterfactual import CounterfactualAccumulator, make_plan
 from esper_lightning.core.divergence import Governor, GovernorConfig
 from esper_lightning.core.engine import MorphogenesisEngine, StepOutcome
-from esper_lightning.core.flops import structure
+from esper_lightning.core.flops import host_structure, structure
 from esper_lightning.core.lifecycle import GateConfig
 from esper_lightning.core.report import EpochReport
 from esper_lightning.core.rollback import roll_back
@@ -196,12 +197,16 @@ class Observation:
         train_loss: mean training loss of the epoch; None when it trained no batch.
         data_passes: training data seen this episode over the training data's size (tokens
             or images): below 1, nothing was trained on twice within a budgeted episode.
+        flops: the FLOPs this episode has spent so far by kind (a copy of the ledger's,
+            `core.compute.FLOP_KINDS`: ``train``, ``growth``, ``validation``,
+            ``counterfactual``).
     """
 
     report: EpochReport
     rollback_reason: str | None
     train_loss: float | None
     data_passes: float = 0.0
+    flops: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -274,6 +279,7 @@ class MorphogenesisEnv:
         self._batches: Any = None
         self._stream: Any = None  # the episode's batches under a budget
         self._arch: Any = None  # the host's `core.flops.structure` this epoch
+        self._host_arch: Any = None  # and with its live seeds off (`core.flops.host_structure`)
         self._loss_sum: Tensor | None = None
         self._accumulator: CounterfactualAccumulator | None = None
         self.snapshot: Snapshot | None = None
@@ -378,6 +384,7 @@ class MorphogenesisEnv:
         self._epoch_batches = self._spoiled_batches = 0
         self.model.train()
         self._arch = structure(self.host)  # the architecture is fixed until the next decision
+        self._host_arch = host_structure(self.host, self._arch)
         return None if budgeted else len(self.loader)
 
     def epoch_open(self) -> bool:
@@ -408,6 +415,7 @@ class MorphogenesisEnv:
             # The cost, and the learning rate at the middle of the batch (of the budget, or of
             # the planned batches without one).
             cost = self.ledger.begin_step(self.host, x, arch=self._arch,
+                                          host_arch=self._host_arch,
                                           param_groups=self.optimizer.optimizer.param_groups,
                                           step=self._steps,
                                           planned_steps=self.spec.episode_length
@@ -474,7 +482,7 @@ class MorphogenesisEnv:
         self._restore_or_snapshot(reason)
         report = engine.report(max_epochs=self.spec.episode_length)
         self._state = report
-        return Observation(report, reason, train_loss, self.data_passes)
+        return Observation(report, reason, train_loss, self.data_passes, dict(self.ledger.flops))
 
     def finish_step(self, outcome: StepOutcome) -> Step:
         """After `execute` and the epoch's training and validation: observe the new state and
