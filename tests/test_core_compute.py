@@ -189,6 +189,23 @@ def test_a_step_like_the_last_costs_what_it_cost_until_something_moves():
     assert ledger.meter.measurements == 3
 
 
+def test_structures_the_caller_read_stand_until_it_reads_new_ones():
+    ledger, model = ComputeLedger(), nn.Sequential(nn.Linear(64, 32))
+    x = torch.zeros(8, 64)
+    arch = structure(model)
+    host = host_structure(model, arch)
+    assert host is arch  # no seed: the host is the whole model
+    assert ledger.step_cost(model, x, arch=arch, host_arch=host) == StepCost(LINEAR_STEP)
+    model.append(nn.Linear(32, 32))  # the caller says the architecture is the one it read
+    assert ledger.step_cost(model, x, arch=arch, host_arch=host) == StepCost(LINEAR_STEP)
+    assert ledger.meter.measurements == 1
+    arch = structure(model)  # read again (an env's next epoch)
+    grown = ledger.step_cost(model, x, arch=arch, host_arch=host_structure(model, arch))
+    assert grown == StepCost(LINEAR_STEP + 2 * 8 * 32 * 32 * 3)
+    half = ledger.step_cost(model, torch.zeros(4, 64), arch=arch, host_arch=arch)
+    assert half == StepCost(grown.train // 2) and ledger.meter.measurements == 3
+
+
 # --- the growth share: what live seeds add to a step ------------------------------------------
 B, T, D = 4, 16, 32
 

@@ -121,6 +121,7 @@ class ComputeLedger:
         self._revision = 0
         self._arch: tuple[Hashable, Structure, Structure] | None = None
         self._last_cost: tuple[tuple[Any, ...], StepCost] | None = None
+        self._last_given: tuple[Structure, Structure, tuple[Any, ...], StepCost] | None = None
         #: The learning-rate multiplier `begin_step` set last in param groups (1 before any).
         self.multiplier = 1.0
         self.reset(budget_flops, budget_scale)
@@ -134,7 +135,7 @@ class ComputeLedger:
         self.budget_scale = float(budget_scale)
         self.flops = dict.fromkeys(FLOP_KINDS, 0.0)
         self._arch = None
-        self._last_cost = None
+        self._last_cost = self._last_given = None
 
     @property
     def spent(self) -> float:
@@ -200,9 +201,19 @@ class ComputeLedger:
             cost = self._split(module, x, forward, *self._architectures(module, key))
             self._last_cost = (last, cost)
             return cost
+        if arch is not None and host_arch is not None:
+            # The structures the caller read, the very same objects again (an env's, for its
+            # epoch) on a batch of the same shape: the last cost, without hashing them.
+            shape = (tuple(x.shape), x.dtype, forward)
+            given = self._last_given
+            if given is not None and given[0] is arch and given[1] is host_arch and (
+                    given[2] == shape):
+                return given[3]
+            cost = self._split(module, x, forward, arch, host_arch)
+            self._last_given = (arch, host_arch, shape, cost)
+            return cost
         arch = structure(module) if arch is None else arch
-        return self._split(module, x, forward, arch,
-                           host_structure(module, arch) if host_arch is None else host_arch)
+        return self._split(module, x, forward, arch, host_structure(module, arch))
 
     def _split(self, module: nn.Module, x: Tensor, forward: Forward | None, arch: Structure,
                host_arch: Structure) -> StepCost:
