@@ -49,6 +49,99 @@ def test_a_branched_cooldown_is_the_separate_run_of_its_budget(corpus):
     assert all(r["budget_flops"] <= r["spent_flops"] < r["budget_flops"] + 1e7 for r in branched)
 
 
+def test_a_curve_is_read_at_equal_flop_intervals_and_costs_no_training(corpus):
+    """Each budget's curve: a point after the first step past each quarter of its budget,
+    the last the run's end (on every validation block here, so it is the row's loss); a
+    branched budget's curve is its separate run's to the last bit; the evaluations change
+    nothing the run trains, and their FLOPs are the forwards of the points read."""
+    from esper_lightning.app.frontier.train import build_host, curve_subset
+    from esper_lightning.core.flops import FlopMeter
+
+    curved = parse_plan(_plan(curve_points=4, curve_blocks=10_000))
+    plain = parse_plan(_plan())
+    (unit,) = curved.units()
+    rows = train_unit(unit, curved, corpus)
+    blocks = corpus.blocks["validation"]
+    forward = FlopMeter().forward(build_host(curved.shape, 2, 1e-2, 0),
+                                  curve_subset(blocks, 10_000)[0])
+    for row, bare in zip(rows, train_unit(next(plain.units()), plain, corpus), strict=True):
+        step = row["spent_flops"] / row["steps"]  # a fixed size: every step costs the same
+        targets = [row["budget_flops"] * k / 4 for k in range(1, 5)]
+        assert len(row["curve"]) == 4 and row["curve_flops"] == 4 * forward
+        for target, (flops, tokens, _) in zip(targets, row["curve"], strict=True):
+            assert target <= flops < target + step
+            assert tokens == round(flops / step) * 4 * 8  # the steps' batches of 4 blocks of 8
+        assert row["curve"][-1] == (row["spent_flops"], row["tokens"], row["validation_nats"])
+        for key in ("steps", "spent_flops", "tokens", "validation_nats", "params"):
+            assert row[key] == bare[key], key  # the evaluations trained nothing
+        assert bare["curve"] is None and bare["curve_flops"] is None
+        alone = parse_plan(_plan(budgets=[row["budget"]], curve_points=4, curve_blocks=10_000))
+        (separate,) = train_unit(next(alone.units()), alone, corpus)
+        assert separate["curve"] == row["curve"]
+    # Before its decay (at 1.6e7) budget 1's points lie on the run the others share: at 1e7
+    # budget 2 reads the same point, at 1.5e7 budget 3.
+    assert rows[0]["curve"][1] == rows[1]["curve"][0]
+    assert rows[0]["curve"][2] == rows[2]["curve"][0] and rows[0]["curve"][2][0] < 1.6e7
+    assert len(curve_subset(blocks, 5)[0]) == 5 < len(blocks[0])
+
+
+def test_a_curves_evaluations_are_kept_out_of_the_wall_clock(monkeypatch, corpus):
+    """A clock that moves only while a curve point is evaluated: the run's wall time is 0."""
+    from types import SimpleNamespace
+
+    from esper_lightning.app.frontier import train
+
+    clock = [0.0]
+    evaluate = train.evaluate
+
+    def slow(host, blocks):
+        clock[0] += 1000.0
+        return evaluate(host, blocks)
+
+    monkeypatch.setattr(train, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(train, "evaluate", slow)
+    plan = parse_plan(_plan(budgets=[1, 2], curve_points=3, arms=[
+        {"arm": "S2", "lr": 1e-2}, {"arm": "G1-2@0.5:identity", "lr": 1e-2}]))
+    rows = [r for u in plan.units() for r in train_unit(u, plan, corpus)]
+    assert all(r["wall_s"] == 0.0 and len(r["curve"]) == 3 for r in rows)
+    # S2: 4 on the shared run (one read for both budgets at 1.33e7), 1 in budget 1's branch;
+    # 3 and 3 grown; the 4 rows' losses.
+    assert clock[0] == 1000.0 * (5 + 3 + 3 + 4)
+
+
+def test_a_long_schedule_is_one_run_of_the_largest_budget_read_mid_run(corpus):
+    """An arm with a long schedule trains one run more: the plan's largest budget, warmed up
+    and then decayed once (a half cosine, or linearly) to the floor, growing at tau of it;
+    its row says its schedule, and its rate is the one of the arm's largest budget."""
+    from esper_lightning.app.frontier.train import long_schedule_of
+
+    plan = parse_plan(_plan(curve_points=4, min_lr_ratio=0.1, budgets=[1, 2], arms=[
+        {"arm": "S2", "lr": {"1": 2e-2, "2": 1e-2}, "long_schedule": "cosine"},
+        {"arm": "G1-2@0.5:identity", "lr": 1e-2, "budgets": [1], "long_schedule": "linear"}]))
+    units = list(plan.units())
+    assert [(u.arm.name, u.lr, u.budgets, u.schedule) for u in units] == [
+        ("S2", 1e-2, (4e7,), None), ("S2", 2e-2, (2e7,), None), ("S2", 1e-2, (4e7,), "cosine"),
+        ("G1-2@0.5:identity", 1e-2, (2e7,), None),
+        ("G1-2@0.5:identity", 1e-2, (4e7,), "linear")]
+    warm, end = plan.warmup_flops, plan.long_budget
+    cosine, linear = (long_schedule_of(plan, kind, end) for kind in ("cosine", "linear"))
+    middle = (warm + end) / 2
+    assert [cosine.multiplier(f, end) for f in (warm / 2, warm, middle, end)] == pytest.approx(
+        [0.5, 1.0, 0.55, 0.1])
+    assert linear.multiplier(middle, end) == pytest.approx(0.55)
+    assert linear.multiplier(warm + 0.25 * (end - warm), end) == pytest.approx(0.775)
+    wsd, long = train_unit(units[0], plan, corpus)[0], train_unit(units[2], plan, corpus)[0]
+    assert (long["schedule"], long["budget"], wsd["schedule"]) == ("cosine", 2.0, None)
+    assert long["steps"] == wsd["steps"] and long["validation_nats"] != wsd["validation_nats"]
+    # Read at the same points as the WSD run of that budget, where it trains at another rate.
+    assert [p[:2] for p in long["curve"]] == [p[:2] for p in wsd["curve"]]
+    assert long["curve"][1][2] != wsd["curve"][1][2]
+    (grown,) = train_unit(units[4], plan, corpus)
+    assert grown["final_depth"] == 2 and grown["schedule"] == "linear"
+    tokens = [t / f for f, t, _ in grown["curve"]]  # more tokens per FLOP before the growth
+    assert tokens[0] == pytest.approx(tokens[1]) and tokens[1] > tokens[3]
+
+
 def test_tuning_evaluates_validation_only(corpus):
     plan = parse_plan(_plan(budgets=[1]))
     (row,) = train_unit(next(plan.units()), plan, corpus)
@@ -89,6 +182,13 @@ def test_units_pair_arms_by_episode_and_group_budgets_by_rate():
     ({"warmup_flops": 2e7}, "warmup_flops=2e+07 outlasts the stable phase"),
     ({"shape": {**TINY, "n_head": 3}}, "shape.n_head=3 must divide shape.width=8"),
     ({"seed": 3}, "unknown plan key 'seed'"),
+    ({"curve_points": 1}, "curve_points must be an int >= 2, got 1"),
+    ({"curve_blocks": 8}, "curve_blocks is the size of a curve point's evaluation; accepted "
+                          "with curve_points only"),
+    ({"curve_points": 4, "arms": [{"arm": "S2", "lr": 1e-2, "long_schedule": "exp"}]},
+     "S2: unknown long_schedule 'exp'; accepted: cosine, linear"),
+    ({"arms": [{"arm": "S2", "lr": 1e-2, "long_schedule": "cosine"}]},
+     "S2: long_schedule is read mid-run, on curves; accepted with the plan's curve_points"),
 ])
 def test_a_bad_plan_is_refused_in_one_line(change, message):
     with pytest.raises(ConfigError) as err:
@@ -483,7 +583,7 @@ def test_a_device_this_machine_lacks_is_refused_before_anything_trains(tmp_path,
 def test_a_study_on_cuda_trains_the_cpus_runs(tmp_path: Path, text_file: Path):
     """The same steps and FLOPs on either device; the losses agree to float32 kernel noise."""
     plan = _plan(arms=[{"arm": "S2", "lr": 1e-2}, {"arm": "G1-2@0.5:identity", "lr": 1e-2}],
-                 budgets=[1, 2])
+                 budgets=[1, 2], curve_points=3)
     rows = {}
     for device in ("cpu", "cuda"):
         folder = tmp_path / device
@@ -494,9 +594,12 @@ def test_a_study_on_cuda_trains_the_cpus_runs(tmp_path: Path, text_file: Path):
     assert len(rows["cuda"]) == len(cpu) == 4
     for row in rows["cuda"]:
         twin = cpu[(row["arm"], row["budget"])]
-        for key in ("steps", "spent_flops", "params", "final_depth", "tokens"):
+        for key in ("steps", "spent_flops", "params", "final_depth", "tokens", "curve_flops"):
             assert row[key] == twin[key], (row["arm"], key)
         assert row["validation_nats"] == pytest.approx(twin["validation_nats"], abs=2e-3)
+        assert [p[:2] for p in row["curve"]] == [p[:2] for p in twin["curve"]]
+        assert [p[2] for p in row["curve"]] == pytest.approx([p[2] for p in twin["curve"]],
+                                                             abs=2e-3)
 
 
 def test_a_random_growth_draws_from_its_units_own_stream(corpus):
@@ -614,10 +717,11 @@ def test_equal_phase_rates_are_the_rewarmed_arm_at_that_rate(corpus):
 
 
 def _old_rows_file(folder: Path, rows: list[dict]) -> None:
-    """A rows file as written before phase rates existed (no lr_phases column)."""
+    """A rows file as written before phase rates existed (no lr_phases column, nor any after)."""
+    from esper_lightning.app.frontier.study import ROW_FORMATS
     from esper_lightning.app.frontier.train import ROW_FIELDS
 
-    fields = [f for f in ROW_FIELDS if f != "lr_phases"]
+    fields = ROW_FIELDS[:ROW_FORMATS[0]]
     lines = [",".join(fields)] + [",".join("" if r.get(f) is None else str(r[f]) for f in fields)
                                   for r in rows]
     (folder / ROWS_FILE).write_text("\n".join(lines) + "\n")
@@ -647,6 +751,33 @@ def test_old_rows_files_load_and_take_phase_rows(tmp_path: Path):
         {"arm": "G1-2@0.5:identity", "lr": {"1": 2e-3},
          "lr_phases": [[1e-3, 2e-3], [2e-3, 2e-3]]}]))
     assert [u.rate for u in pending_units(plan, back)] == [(2e-3, 2e-3)]
+
+
+def test_rows_with_curves_round_trip_and_a_long_run_is_a_unit_of_its_own(tmp_path, text_file):
+    """A study with curves and long runs: its rows read back as trained (curves to the last
+    bit, through JSON); without its long run's row that unit alone is pending, though the
+    arm's WSD row of the same budget is there; an old rows file takes curve rows by being
+    rewritten with every column, its rows read with none."""
+    from esper_lightning.app.frontier.study import _append, pending_units
+
+    folder = tmp_path / "study"
+    folder.mkdir()
+    plan = _plan(budgets=[1, 2], curve_points=3, curve_blocks=4,
+                 arms=[{"arm": "S1", "lr": 1e-2, "long_schedule": "linear"}])
+    (folder / PLAN_FILE).write_text(json.dumps(plan))
+    whole = run_study(folder, text_file, progress=False)
+    assert read_rows(folder) == whole and [r["schedule"] for r in whole] == [None, None, "linear"]
+    assert all(len(r["curve"]) == 3 and r["curve_flops"] > 0 for r in whole)
+    assert pending_units(parse_plan(plan), whole[:2]) == [u for u in parse_plan(plan).units()
+                                                          if u.schedule == "linear"]
+    old = tmp_path / "old"
+    old.mkdir()
+    bare = _rows({"S1": 1.0}, lrs=(2e-3,), episodes=(0,))
+    _old_rows_file(old, bare)
+    _append(old / ROWS_FILE, whole)
+    assert (old / ROWS_FILE).read_text().splitlines()[0].endswith(",schedule,curve,curve_flops")
+    back = read_rows(old)
+    assert back[len(bare):] == whole and all(r["curve"] is None for r in back[:len(bare)])
 
 
 def test_every_committed_study_still_loads():

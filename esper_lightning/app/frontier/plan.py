@@ -32,6 +32,28 @@ map from budget to one phase rate or a list of them (``{"1": [8e-3, 8e-3], "2": 
 [8e-3, 8e-3]]}``). Its peak rate changes at each growth and re-warms linearly from 0 over the
 plan's ``warmup_flops`` after it (`train`). With both keys an arm trains every rate of either,
 and every budget needs one from one of them; a unit is one arm at one rate or one phase rate.
+
+**Validation curves** (``"curve_points": 16``): every run is also read at that many points at
+equal FLOP intervals of its own budget (after the first step to pass ``k/16`` of it, k = 1..16;
+the last point is the end of the run), on ``curve_blocks`` validation blocks spread evenly over
+the split (default 128, `DEFAULT_CURVE_BLOCKS`), and each row carries its run's curve
+(`train`). The points are read outside the budget, like the end-of-budget evaluation: they
+train nothing, draw no random numbers and their time is kept out of ``wall_s``. A point costs
+``curve_blocks × block_size`` tokens of forward passes, about ``curve_blocks / (3 ×
+batch_size)`` training steps (one forward is about a third of a step): 128 blocks at a batch of
+32 are 1.3 steps a point, 21 steps for 16 points, 0.7 % of a width-32 S4 run at 1.2 TFLOP
+(2,981 steps) and 5.7 % at 0.125 of it; each row says the FLOPs its curve cost
+(``curve_flops``). A fixed size's budgets branch from one run (`arms.ArmSpec.branches`), so the
+points of a budget's curve before its decay lie on that shared run: the curve of the largest
+budget before its decay is the WSD stable phase the growth literature reads.
+
+**One long schedule** (an arm's ``"long_schedule": "cosine"`` or ``"linear"``, with curves):
+besides its budgets the arm trains one run of the plan's largest budget (over every arm's,
+`Plan.long_budget`) that warms up as every run does and then decays once, by a half cosine or
+linearly, from the end of the warmup to ``min_lr_ratio`` at the end, at each rate it has at its
+own largest budget, and its curve is read mid-run: the schedule on which the literature reads a
+grown model against the same size trained from scratch (`estimators.literature`). Its row has
+``schedule`` set; the frontier's rows (fully decayed at each budget) have none.
 """
 
 from __future__ import annotations
@@ -47,8 +69,8 @@ import numpy as np
 from esper_lightning.app.frontier.arms import ArmSpec, parse_arm
 from esper_lightning.errors import ConfigError, read_json_file
 
-__all__ = ["PURPOSES", "ArmPlan", "Plan", "Rate", "Shape", "Unit", "episode_rng_seed",
-           "rate_text", "read_plan", "row_rate"]
+__all__ = ["DEFAULT_CURVE_BLOCKS", "LONG_SCHEDULES", "PURPOSES", "ArmPlan", "Plan", "Rate",
+           "Shape", "Unit", "episode_rng_seed", "rate_text", "read_plan", "row_rate"]
 
 #: What a study is for: ``tuning`` decides (validation split), ``final`` reports (test split).
 PURPOSES = ("tuning", "final")
@@ -56,6 +78,10 @@ PURPOSES = ("tuning", "final")
 SPLITS = {"tuning": ("validation",), "final": ("validation", "test")}
 #: Mixed into the root rng seed for the episodes' seeds (apart from every other stream).
 _EPISODE_STREAM = 0xF407
+#: The decays of one long schedule (an arm's ``long_schedule``).
+LONG_SCHEDULES = ("cosine", "linear")
+#: Validation blocks a curve point reads when the plan names no ``curve_blocks``.
+DEFAULT_CURVE_BLOCKS = 128
 
 #: What a unit trains at: one rate throughout (a number) or one per phase (a tuple, `lr_phases`).
 Rate = float | tuple[float, ...]
@@ -105,11 +131,13 @@ class ArmPlan:
     """One arm of a plan: its spec, its budgets (multiples of the base) and the rate at each.
 
     ``lrs`` maps each budget to the rates it trains at (one, or a tuning grid; each a number or
-    a phase rate, `Rate`), in `rate_order`."""
+    a phase rate, `Rate`), in `rate_order`; ``long_schedule`` the decay of its one long run
+    (`LONG_SCHEDULES`), None for none."""
 
     spec: ArmSpec
     budgets: tuple[float, ...]
     lrs: Mapping[float, tuple[Rate, ...]]
+    long_schedule: str | None = None
 
 
 @dataclass(frozen=True)
@@ -118,7 +146,8 @@ class Unit:
     arm at that rate (branched from one run when the arm allows it, `ArmSpec.branches`).
 
     ``lr`` is the rate the run is born with; ``phases``, when given, the rate of each of its
-    phases (``lr`` is then the first)."""
+    phases (``lr`` is then the first); ``schedule`` the decay of a long run (`LONG_SCHEDULES`:
+    one run of its one budget, read mid-run), None for the frontier's runs."""
 
     arm: ArmSpec
     lr: float
@@ -126,6 +155,7 @@ class Unit:
     rng_seed: int
     budgets: tuple[float, ...]
     phases: tuple[float, ...] = ()
+    schedule: str | None = None
 
     @property
     def rate(self) -> Rate:
@@ -152,11 +182,18 @@ class Plan:
     decay_fraction: float = 0.2
     min_lr_ratio: float = 0.0
     first_episode: int = 0
+    curve_points: int = 0
+    curve_blocks: int = 0
     source: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def splits(self) -> tuple[str, ...]:
         return SPLITS[self.purpose]
+
+    @property
+    def long_budget(self) -> float:
+        """The budget (FLOPs) of every long run: the largest any arm trains."""
+        return max(b for arm in self.arms for b in arm.budgets) * self.base_flops
 
     def episode_rng_seeds(self) -> list[int]:
         return [episode_rng_seed(self.rng_seed, e)
@@ -170,10 +207,19 @@ class Plan:
                                    key=rate_order):
                     budgets = tuple(b * self.base_flops for b in arm.budgets
                                     if rate in arm.lrs[b])
-                    if isinstance(rate, tuple):
-                        yield Unit(arm.spec, rate[0], episode, rng_seed, budgets, rate)
-                    else:
-                        yield Unit(arm.spec, rate, episode, rng_seed, budgets)
+                    yield _unit(arm, rate, episode, rng_seed, budgets)
+                if arm.long_schedule is not None:  # at the rates of its own largest budget
+                    for rate in arm.lrs[max(arm.budgets)]:
+                        yield _unit(arm, rate, episode, rng_seed, (self.long_budget,),
+                                    arm.long_schedule)
+
+
+def _unit(arm: ArmPlan, rate: Rate, episode: int, rng_seed: int, budgets: tuple[float, ...],
+          schedule: str | None = None) -> Unit:
+    """The unit of ``arm`` at ``rate`` (one rate, or a phase rate whose first is ``lr``)."""
+    if isinstance(rate, tuple):
+        return Unit(arm.spec, rate[0], episode, rng_seed, budgets, rate, schedule)
+    return Unit(arm.spec, rate, episode, rng_seed, budgets, schedule=schedule)
 
 
 def episode_rng_seed(root: int, episode: int) -> int:
@@ -198,7 +244,8 @@ def read_plan(path: str | Path) -> Plan:
 
 
 _KEYS = {"name", "purpose", "shape", "base_flops", "budgets", "warmup_flops", "arms", "episodes",
-         "rng_seed", "decay_fraction", "min_lr_ratio", "first_episode", "notes"}
+         "rng_seed", "decay_fraction", "min_lr_ratio", "first_episode", "notes", "curve_points",
+         "curve_blocks"}
 
 
 def parse_plan(data: Mapping[str, Any]) -> Plan:
@@ -232,10 +279,14 @@ def parse_plan(data: Mapping[str, Any]) -> Plan:
         decay_fraction=_fraction("decay_fraction", data.get("decay_fraction", 0.2)),
         min_lr_ratio=_fraction("min_lr_ratio", data.get("min_lr_ratio", 0.0), closed=True),
         first_episode=_check_int("first_episode", data.get("first_episode", 0), 0),
+        **_curves(data),
         source=dict(data),
     )
     for arm in plan.arms:
         _check_widths(arm.spec, plan.shape)
+        if arm.long_schedule is not None and not plan.curve_points:
+            raise ConfigError(f"{arm.spec.name}: long_schedule is read mid-run, on curves; "
+                              "accepted with the plan's curve_points only")
     names = [a.spec.name for a in plan.arms]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
@@ -246,6 +297,18 @@ def parse_plan(data: Mapping[str, Any]) -> Plan:
                           f"smallest budget ({smallest:g} FLOPs); accepted: at most "
                           f"{(1.0 - plan.decay_fraction) * smallest:g}")
     return plan
+
+
+def _curves(data: Mapping[str, Any]) -> dict[str, int]:
+    """The plan's ``curve_points`` and ``curve_blocks`` (0 and 0: no curves)."""
+    if "curve_points" not in data:
+        if "curve_blocks" in data:
+            raise ConfigError("curve_blocks is the size of a curve point's evaluation; accepted "
+                              "with curve_points only")
+        return {"curve_points": 0, "curve_blocks": 0}
+    return {"curve_points": _check_int("curve_points", data["curve_points"], 2),
+            "curve_blocks": _check_int("curve_blocks",
+                                       data.get("curve_blocks", DEFAULT_CURVE_BLOCKS), 1)}
 
 
 def _check_widths(spec: ArmSpec, shape: Shape) -> None:
@@ -264,9 +327,10 @@ def _arm(item: Any, budgets: tuple[float, ...]) -> ArmPlan:
     if not isinstance(item, dict) or "arm" not in item or not {"lr", "lr_phases"} & set(item):
         raise ConfigError(f"each arm is an object with 'arm' and 'lr' (or 'lr_phases'), got "
                           f"{item!r}")
-    extra = sorted(set(item) - {"arm", "lr", "lr_phases", "budgets"})
+    extra = sorted(set(item) - {"arm", "lr", "lr_phases", "budgets", "long_schedule"})
     if extra:
-        raise ConfigError(f"unknown arm key {extra[0]!r}; accepted: arm, lr, lr_phases, budgets")
+        raise ConfigError(f"unknown arm key {extra[0]!r}; accepted: arm, lr, lr_phases, budgets, "
+                          "long_schedule")
     spec = parse_arm(str(item["arm"]))
     own = _budgets(f"{spec.name}: budgets", item["budgets"]) if "budgets" in item else budgets
     rates: dict[float, set[Rate]] = {b: set() for b in own}
@@ -280,7 +344,12 @@ def _arm(item: Any, budgets: tuple[float, ...]) -> ArmPlan:
     if missing:
         raise ConfigError(f"{spec.name}: no lr for budget {missing[0]:g}; the lr map needs "
                           f"one rate per budget ({', '.join(f'{b:g}' for b in own)})")
-    return ArmPlan(spec, own, {b: tuple(sorted(r, key=rate_order)) for b, r in rates.items()})
+    long = item.get("long_schedule")
+    if long is not None and long not in LONG_SCHEDULES:
+        raise ConfigError(f"{spec.name}: unknown long_schedule {long!r}; accepted: "
+                          f"{', '.join(LONG_SCHEDULES)}")
+    return ArmPlan(spec, own, {b: tuple(sorted(r, key=rate_order)) for b, r in rates.items()},
+                   long)
 
 
 def _lr(spec: ArmSpec, lr: Any, own: tuple[float, ...]) -> dict[float, tuple[float, ...]]:

@@ -1,10 +1,13 @@
 """Running a frontier study: a plan's units on worker processes, resumably.
 
 A study is a folder holding its plan (``plan.json``, see `plan`) and its rows (``rows.csv``, one
-per arm, rate, episode and budget; `train.ROW_FIELDS`). Rows written before phase rates existed
-lack the last column, ``lr_phases``; they are read as rows of one rate, and a study of them
-keeps their columns until a row with phase rates joins it (the file is then rewritten whole with
-the new column). `run_study` trains the units whose rows
+per arm, rate, episode and budget, and one per long run; `train.ROW_FIELDS`). Rows written
+before phase rates existed lack the last four columns, rows written before curves the last three
+(``schedule``, ``curve``, ``curve_flops``; `ROW_FORMATS`); they are read with those columns
+empty (one rate, the frontier's schedule, no curve), and a study keeps its columns until a row
+that fills a newer one joins it (the file is then rewritten whole in the first format that holds
+it). A curve is written as JSON, ``[[FLOPs, tokens, nats], ...]``. `run_study` trains the units
+whose rows
 are missing, a whole unit at a time on each of ``workers`` processes (one thread each; on the
 CPU, or all on one CUDA device, which several processes keep busy where one run of these small
 models waits on kernel launches), and appends a unit's rows as soon as it is done: an
@@ -16,6 +19,7 @@ counts units and their FLOPs."""
 from __future__ import annotations
 
 import csv
+import json
 import multiprocessing
 import os
 from collections.abc import Iterator
@@ -28,14 +32,25 @@ from tqdm import tqdm
 from esper_lightning.app.frontier.plan import Plan, Unit, rate_text, read_plan, row_rate
 from esper_lightning.errors import ConfigError
 
-__all__ = ["PLAN_FILE", "ROWS_FILE", "check_device", "pending_units", "read_rows", "run_study"]
+__all__ = ["PLAN_FILE", "ROWS_FILE", "ROW_FORMATS", "check_device", "pending_units", "read_rows",
+           "run_study"]
 
 PLAN_FILE = "plan.json"
 ROWS_FILE = "rows.csv"
+#: The columns a rows file may have, oldest first: before phase rates, before curves, today's
+#: (`train.ROW_FIELDS`; each format the first columns of the next).
+ROW_FORMATS = (16, 17, 20)
+
+
+def _formats() -> list[tuple[str, ...]]:
+    from esper_lightning.app.frontier.train import ROW_FIELDS
+
+    return [ROW_FIELDS[:n] for n in ROW_FORMATS]
 
 
 def read_rows(folder: str | Path) -> list[dict[str, Any]]:
-    """The study's rows, numbers as numbers (an empty list before the first unit is done)."""
+    """The study's rows, numbers as numbers, a curve as a tuple of ``(FLOPs, tokens, nats)``,
+    a column the file lacks as None (an empty list before the first unit is done)."""
     from esper_lightning.app.frontier.train import ROW_FIELDS
 
     path = Path(folder) / ROWS_FILE
@@ -43,19 +58,12 @@ def read_rows(folder: str | Path) -> list[dict[str, Any]]:
         return []
     with path.open(newline="") as handle:
         reader = csv.DictReader(handle)
-        if reader.fieldnames is None or tuple(reader.fieldnames) not in (ROW_FIELDS,
-                                                                         _old_fields()):
+        if reader.fieldnames is None or tuple(reader.fieldnames) not in _formats():
             raise ConfigError(f"'{path}' has columns {reader.fieldnames}; expected "
-                              f"{', '.join(ROW_FIELDS)} (lr_phases may be missing)")
-        return [{"lr_phases": None, **{k: _number(k, v) for k, v in row.items()}}
+                              f"{', '.join(ROW_FIELDS)} (or its first "
+                              f"{' or '.join(map(str, ROW_FORMATS[:-1]))})")
+        return [{**dict.fromkeys(ROW_FIELDS), **{k: _number(k, v) for k, v in row.items()}}
                 for row in reader]
-
-
-def _old_fields() -> tuple[str, ...]:
-    """The columns of a study written before phase rates existed."""
-    from esper_lightning.app.frontier.train import ROW_FIELDS
-
-    return tuple(f for f in ROW_FIELDS if f != "lr_phases")
 
 
 def _number(key: str, value: str) -> Any:
@@ -65,6 +73,10 @@ def _number(key: str, value: str) -> Any:
         return value
     if value == "":
         return None
+    if key == "schedule":
+        return value
+    if key == "curve":
+        return tuple((float(f), int(t), float(n)) for f, t, n in json.loads(value))
     if key == "lr_phases":
         return tuple(float(v) for v in value.split(PHASE_SEPARATOR))
     return int(value) if key in ("episode", "rng_seed", "steps", "params", "final_depth",
@@ -72,12 +84,14 @@ def _number(key: str, value: str) -> Any:
 
 
 def pending_units(plan: Plan, rows: list[dict[str, Any]]) -> list[Unit]:
-    """The units of ``plan`` whose rows are not all in ``rows``."""
+    """The units of ``plan`` whose rows are not all in ``rows`` (a long run's row is its
+    unit's alone: its budget is also a budget of the frontier's runs)."""
     done: dict[tuple[Any, ...], set[float]] = {}
     for row in rows:
-        done.setdefault((row["arm"], row_rate(row), row["episode"]), set()).add(
-            row["budget_flops"])
-    return [u for u in plan.units() if not set(u.budgets) <= done.get(u.key, set())]
+        done.setdefault((row["arm"], row_rate(row), row["episode"], row.get("schedule")),
+                        set()).add(row["budget_flops"])
+    return [u for u in plan.units()
+            if not set(u.budgets) <= done.get((*u.key, u.schedule), set())]
 
 
 def run_study(folder: str | Path, text: str | Path, workers: int = 1,
@@ -187,26 +201,35 @@ def _train(unit: Unit) -> list[dict[str, Any]]:
     return train_unit(unit, _WORKER["plan"], _WORKER["corpus"], _WORKER["meter"])
 
 
-def _append(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Append ``rows`` (with the header for a new file) and flush them to disk. A file of the
-    old columns (no ``lr_phases``) keeps them while the new rows have no phase rates, and is
-    rewritten whole with the new column (atomically) when one does."""
-    from esper_lightning.app.frontier.train import PHASE_SEPARATOR, ROW_FIELDS
+def _written(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` as its cells are written: phase rates joined, a curve as JSON."""
+    from esper_lightning.app.frontier.train import PHASE_SEPARATOR
 
-    rows = [{**row, "lr_phases": PHASE_SEPARATOR.join(map(str, row["lr_phases"]))
-             if row.get("lr_phases") else None} for row in rows]
+    return {**row, "lr_phases": PHASE_SEPARATOR.join(map(str, row["lr_phases"]))
+            if row.get("lr_phases") else None,
+            "curve": json.dumps([list(p) for p in row["curve"]]) if row.get("curve") else None}
+
+
+def _append(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Append ``rows`` (with the header for a new file) and flush them to disk. A file of older
+    columns (`ROW_FORMATS`) keeps them while the new rows leave the newer columns empty, and is
+    rewritten whole (atomically) in the first format that holds every filled column when one
+    does not."""
+    from esper_lightning.app.frontier.train import ROW_FIELDS
+
+    rows = [_written(row) for row in rows]
     new = not path.is_file()
     fields = ROW_FIELDS
     if not new:
         with path.open(newline="") as handle:
             header = tuple(next(csv.reader(handle), ()))
-        if header == _old_fields():
-            if any(row["lr_phases"] for row in rows):
-                _upgrade(path)
-            else:
-                fields = header
+        filled = {k for row in rows for k, v in row.items() if v not in (None, "")}
+        fields = next((f for f in _formats() if len(f) >= len(header) and filled <= set(f)),
+                      ROW_FIELDS)
+        if fields != header:
+            _upgrade(path, fields)
     with path.open("a", newline="") as handle:
-        # The old columns drop only lr_phases, empty in every row written under them.
+        # Older columns drop only the newer ones, empty in every row written under them.
         writer = csv.DictWriter(handle, fieldnames=fields,
                                 extrasaction="raise" if fields == ROW_FIELDS else "ignore")
         if new:
@@ -216,16 +239,15 @@ def _append(path: Path, rows: list[dict[str, Any]]) -> None:
         os.fsync(handle.fileno())
 
 
-def _upgrade(path: Path) -> None:
-    """Rewrite a rows file of the old columns with the ``lr_phases`` column (empty: every old
-    row trained at one rate), through a temporary file so an interruption loses nothing."""
-    from esper_lightning.app.frontier.train import ROW_FIELDS
-
+def _upgrade(path: Path, fields: tuple[str, ...]) -> None:
+    """Rewrite a rows file of older columns with ``fields`` (the new columns empty: every old
+    row trained at one rate on the frontier's schedule, without a curve), through a temporary
+    file so an interruption loses nothing."""
     with path.open(newline="") as handle:
         old = list(csv.DictReader(handle))
     temporary = path.with_suffix(".csv.tmp")
     with temporary.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=ROW_FIELDS)
+        writer = csv.DictWriter(handle, fieldnames=fields)
         writer.writeheader()
         writer.writerows(old)
         handle.flush()

@@ -34,6 +34,18 @@ stable phase.
 
 At the end of each budget the model is evaluated on every block of the plan's splits (mean
 nats per byte over all tokens of the validation split, and of the test split in a final study).
+
+A plan with ``curve_points`` also reads each run's **validation curve** (`CurveLog`): after
+the first step that passes each of ``k / curve_points`` of its budget (k = 1, ..., the last the
+run's end), the model is evaluated on the plan's ``curve_blocks`` validation blocks spread
+evenly over the split (`curve_subset`), and the point ``[FLOPs spent, tokens seen, nats]`` kept;
+the row holds them (``curve``) and the FLOPs their forwards cost (``curve_flops``, metered as
+validation compute in the run's ledger, never its training budget). An evaluation changes no
+weight, draws no random number and its time is taken out of ``wall_s``, so a row with a curve
+trains exactly as one without. In a branched cooldown a point the shared run passes is read
+once and kept by every budget whose curve has it; inside a branch only that budget's curve is
+read. A long run (`plan.Unit.schedule`) is one run of its budget on one decay from the end of
+the warmup to the end (`long_schedule_of`), growing at ``τ`` of that budget.
 """
 
 from __future__ import annotations
@@ -67,15 +79,16 @@ from esper_lightning.data.text import (
 from esper_lightning.hosts.gpt import GPTConfig, GPTHost
 from esper_lightning.schedule import BudgetSchedule, LRSchedule, apply_multiplier, set_base_lrs
 
-__all__ = ["PHASE_SEPARATOR", "ROW_FIELDS", "Corpus", "build_host", "evaluate", "growth_rng_seed",
-           "load_corpus", "train_unit"]
+__all__ = ["PHASE_SEPARATOR", "ROW_FIELDS", "Corpus", "CurveLog", "build_host", "curve_subset",
+           "evaluate", "growth_rng_seed", "load_corpus", "long_schedule_of", "train_unit"]
 
 #: Blocks per evaluation forward.
 EVAL_BATCH = 256
 #: The columns of a frontier row (`study.ROWS`), in order.
 ROW_FIELDS = ("arm", "episode", "rng_seed", "lr", "budget", "budget_flops", "spent_flops",
               "steps", "params", "final_depth", "tokens", "data_passes", "wall_s",
-              "validation_nats", "test_nats", "text_sha256", "lr_phases")
+              "validation_nats", "test_nats", "text_sha256", "lr_phases", "schedule", "curve",
+              "curve_flops")
 #: How a row writes its phase rates (``lr`` is then the first's; empty for one rate throughout).
 PHASE_SEPARATOR = ";"
 
@@ -118,11 +131,72 @@ def build_host(shape: Shape, depth: int, lr: float, rng_seed: int,
         return GPTHost(config, slots=(), lr=lr)
 
 
+def curve_subset(blocks: tuple[Tensor, Tensor], count: int) -> tuple[Tensor, Tensor]:
+    """``count`` of ``blocks`` spread evenly over them (all when there are no more), the ones
+    `data.text.validation_blocks` keeps with ``max_blocks=count``."""
+    x, y = blocks
+    keep = min(len(x), count)
+    rows = torch.tensor([(i * len(x)) // keep for i in range(keep)], device=x.device)
+    return x[rows], y[rows]
+
+
+@dataclass
+class CurveLog:
+    """The validation curves of a run's budgets in progress (module docstring).
+
+    ``targets``: each budget's FLOPs still to pass, ascending; ``points``: its
+    ``(FLOPs spent, tokens seen, nats)`` read so far; ``flops``: what its points' forwards
+    cost; ``active``: the budgets read now (a branch reads its own alone); ``seconds``: the
+    time spent evaluating, which the run's clock leaves out."""
+
+    blocks: tuple[Tensor, Tensor]
+    tokens_per_step: int
+    targets: dict[float, list[float]]
+    points: dict[float, list[tuple[float, int, float]]]
+    flops: dict[float, float]
+    active: set[float]
+    seconds: float = 0.0
+
+    @classmethod
+    def of(cls, plan: Plan, corpus: Corpus, budgets: tuple[float, ...]) -> CurveLog | None:
+        """The log of ``budgets`` under ``plan`` (None: the plan reads no curves)."""
+        if not plan.curve_points:
+            return None
+        n = plan.curve_points
+        return cls(curve_subset(corpus.blocks["validation"], plan.curve_blocks),
+                   plan.shape.batch_size * plan.shape.block_size,
+                   {b: [b * k / n for k in range(1, n)] + [b] for b in budgets},  # b exact
+                   {b: [] for b in budgets}, dict.fromkeys(budgets, 0.0), set(budgets))
+
+    def read(self, run: Run) -> None:
+        """After a step: one evaluation for every active budget that passed a target (each
+        keeps one point however many of its targets the step passed)."""
+        due = [b for b in sorted(self.active) if self.targets[b] and self.targets[b][0]
+               <= run.spent]
+        if not due:
+            return
+        device = next(run.host.parameters()).device
+        if device.type == "cuda":  # the queued training steps are the run's time, not this
+            torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        nats = evaluate(run.host, self.blocks)
+        x = self.blocks[0]
+        cost = sum(run.ledger.meter.forward(run.host, x[i:i + EVAL_BATCH])
+                   for i in range(0, len(x), EVAL_BATCH))
+        run.ledger.charge(cost, "validation")  # validation compute: never the budget's
+        for budget in due:
+            while self.targets[budget] and self.targets[budget][0] <= run.spent:
+                self.targets[budget].pop(0)
+            self.points[budget].append((run.spent, run.step * self.tokens_per_step, nats))
+            self.flops[budget] += cost
+        self.seconds += time.perf_counter() - started
+
+
 @dataclass
 class Run:
     """One training run in progress: the host, its optimizer and how far it has come (its
-    FLOPs in its `ComputeLedger`), and the FLOPs spent at its last growth (its rate re-warms
-    from there under ``+rewarm``)."""
+    FLOPs in its `ComputeLedger`), the FLOPs spent at its last growth (its rate re-warms
+    from there under ``+rewarm``) and its validation curves (None: not read)."""
 
     host: GPTHost
     optimizer: torch.optim.Optimizer
@@ -130,6 +204,7 @@ class Run:
     step: int = 0
     seconds: float = 0.0
     grown_at: float | None = None
+    curve: CurveLog | None = None
 
     @property
     def spent(self) -> float:
@@ -174,6 +249,7 @@ def train_until(run: Run, batches: StepBatches, schedule: BudgetSchedule, budget
     host, optimizer = run.host, run.optimizer
     host.train()
     arch = structure(host)  # fixed until the architecture changes
+    evaluating = run.curve.seconds if run.curve is not None else 0.0
     started = time.perf_counter()
     while run.spent < budget:
         if grow is not None and grow(run):
@@ -193,10 +269,14 @@ def train_until(run: Run, batches: StepBatches, schedule: BudgetSchedule, budget
         optimizer.step()
         run.ledger.end_step(cost)
         run.step += 1
+        if run.curve is not None:
+            run.curve.read(run)
     device = next(host.parameters()).device
     if device.type == "cuda":  # the clock stops when the GPU's queued steps are done
         torch.cuda.synchronize(device)
-    run.seconds += time.perf_counter() - started
+    if run.curve is not None:  # the curve's evaluations are not training time
+        evaluating = run.curve.seconds - evaluating
+    run.seconds += time.perf_counter() - started - evaluating
 
 
 @torch.no_grad()
@@ -224,10 +304,22 @@ def schedule_of(plan: Plan) -> BudgetSchedule:
                                      min_lr_ratio=plan.min_lr_ratio), plan.warmup_flops)
 
 
+def long_schedule_of(plan: Plan, decay: str, budget: float) -> BudgetSchedule:
+    """One long schedule of ``budget`` FLOPs: the plan's warmup, then one decay (``cosine``: a
+    half cosine; ``linear``) from its end to ``min_lr_ratio`` at the end of the run."""
+    kind = {"cosine": "cosine", "linear": "wsd"}[decay]  # a WSD decaying all the way is linear
+    return BudgetSchedule(LRSchedule(kind, decay_fraction=1.0 - plan.warmup_flops / budget,
+                                     min_lr_ratio=plan.min_lr_ratio), plan.warmup_flops)
+
+
 def train_unit(unit: Unit, plan: Plan, corpus: Corpus,
                meter: FlopMeter | None = None) -> list[dict[str, Any]]:
     """Train ``unit`` (every budget of it) and return one row per budget (`ROW_FIELDS`)."""
     meter = meter or FlopMeter()
+    if unit.schedule is not None:  # one long run, whether the arm grows or not
+        (budget,) = unit.budgets
+        return [_train_growing(unit, plan, corpus, meter, budget,
+                               long_schedule_of(plan, unit.schedule, budget))]
     if not unit.arm.branches:
         return [_train_growing(unit, plan, corpus, meter, budget)
                 for budget in sorted(unit.budgets)]
@@ -237,9 +329,11 @@ def train_unit(unit: Unit, plan: Plan, corpus: Corpus,
     run = start_run(plan.shape, unit.arm.final_depth, unit.lr, unit.rng_seed,
                     device=corpus.train.device, meter=meter,
                     width=unit.arm.stage_widths(plan.shape.width)[-1])
+    run.curve = CurveLog.of(plan, corpus, unit.budgets)
     largest = max(unit.budgets)
     rows = []
     for budget in sorted(unit.budgets):
+        _read_curves(run, {b for b in unit.budgets if b >= budget})  # the shared run's
         if budget == largest:
             train_until(run, batches, schedule, largest)
             rows.append(_row(unit, plan, corpus, run, budget))
@@ -248,15 +342,23 @@ def train_unit(unit: Unit, plan: Plan, corpus: Corpus,
         train_until(run, batches, schedule, largest, stop=lambda middle, b=budget: (
             schedule.multiplier(middle, b) != schedule.multiplier(middle, largest)))
         saved = run.state()
+        _read_curves(run, {budget})  # the branch is this budget's run alone
         train_until(run, batches, schedule, budget)
         rows.append(_row(unit, plan, corpus, run, budget))
         run.restore(saved)
     return rows
 
 
-def _train_growing(unit: Unit, plan: Plan, corpus: Corpus, meter: FlopMeter,
-                   budget: float) -> dict[str, Any]:
-    """One run of a growing arm to ``budget``, growing at each of its events."""
+def _read_curves(run: Run, budgets: set[float]) -> None:
+    """Read the curves of ``budgets`` alone from now on (a run without curves reads none)."""
+    if run.curve is not None:
+        run.curve.active = budgets
+
+
+def _train_growing(unit: Unit, plan: Plan, corpus: Corpus, meter: FlopMeter, budget: float,
+                   schedule: BudgetSchedule | None = None) -> dict[str, Any]:
+    """One run of an arm to ``budget`` on ``schedule`` (None: the plan's, `schedule_of`),
+    growing at each of its events (a fixed size, on a long schedule, has none)."""
     arm, base = unit.arm, plan.shape.width
     events = arm.events(budget, base)
     init = partial(init_block, depth=arm.final_depth)
@@ -288,13 +390,15 @@ def _train_growing(unit: Unit, plan: Plan, corpus: Corpus, meter: FlopMeter,
 
     run = start_run(plan.shape, arm.depths[0], unit.lr, unit.rng_seed, arm.final_depth,
                     device=corpus.train.device, meter=meter, width=arm.stage_widths(base)[0])
+    run.curve = CurveLog.of(plan, corpus, (budget,))
     batches = StepBatches(corpus.train, plan.shape.block_size, plan.shape.batch_size,
                           unit.rng_seed)
     # Phase rates re-warm after each growth unless the arm says +steady.
     steady = "steady" in arm.options
     rewarm = plan.warmup_flops if "rewarm" in arm.options or (
         unit.phases and not steady) else None
-    train_until(run, batches, schedule_of(plan), budget, grow=grow_due, rewarm=rewarm)
+    train_until(run, batches, schedule or schedule_of(plan), budget, grow=grow_due,
+                rewarm=rewarm)
     return _row(unit, plan, corpus, run, budget)
 
 
@@ -309,5 +413,7 @@ def _row(unit: Unit, plan: Plan, corpus: Corpus, run: Run, budget: float) -> dic
         "data_passes": tokens / len(corpus.train), "wall_s": run.seconds,
         "validation_nats": losses.get("validation_nats"), "test_nats": losses.get("test_nats"),
         "text_sha256": corpus.sha256,
-        "lr_phases": unit.phases or None,
+        "lr_phases": unit.phases or None, "schedule": unit.schedule,
+        "curve": tuple(run.curve.points[budget]) if run.curve is not None else None,
+        "curve_flops": run.curve.flops[budget] if run.curve is not None else None,
     }
