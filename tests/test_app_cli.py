@@ -1,5 +1,6 @@
 """The CLI as a user runs it: subprocesses, exit status 2 and one-line errors."""
 
+import argparse
 import hashlib
 import json
 import os
@@ -9,11 +10,20 @@ from pathlib import Path
 
 import pytest
 from helpers import BAD_FILE_REASONS, bad_checkpoints
+from jsonargparse import ArgumentParser
 
 from esper_lightning import __version__
-from esper_lightning.app.cli import build_parser, parse_config
+from esper_lightning.app.cli import (
+    OWN_PARSER,
+    build_parser,
+    own_actions,
+    own_parser,
+    own_subcommand,
+    parse_config,
+    run_own,
+)
 from esper_lightning.app.config import PRESETS
-from esper_lightning.data import write_cifar10_fixture
+from esper_lightning.data import DataError, write_cifar10_fixture
 from esper_lightning.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -373,3 +383,76 @@ def test_a_flag_equal_to_the_presets_value_is_still_the_command_lines():
                                  "--budget_steps", "40"])
     kept = parse_config("compare", ["--preset", "lm-grow", "--budget_flops", "2415919104000"])
     assert (kept.budget_flops, kept.budget_steps) == (2415919104000.0, None)
+
+
+# --- the commands with a parser of their own: one style (frontier, lookup, ship) ---------------
+def toy_parser() -> ArgumentParser:
+    """A command of two subcommands, built as frontier's is: ``play`` takes a positional
+    argument, a two-word value and a bool; ``rest`` takes nothing."""
+    parser = own_parser("toy", "a toy command", config=False)
+    sub = own_subcommand(parser, "play", "play the toy")
+    sub.add_argument("folder", type=str, help="a folder")
+    sub.add_argument("--max_count", type=int, default=3, help="how many")
+    sub.add_argument("--progress", type=bool, default=True, help="a progress bar")
+    own_subcommand(parser, "rest", "rest")  # a second subcommand joins the first's
+    return parser
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["play", "F"], {"folder": "F", "max_count": 3, "progress": True}),
+    (["play", "F", "--max-count", "-1", "--no-progress"],
+     {"folder": "F", "max_count": -1, "progress": False}),
+    (["play", "--no_progress", "--max_count=5", "F"],
+     {"folder": "F", "max_count": 5, "progress": False}),
+    (["play", "F", "--progress"], {"folder": "F", "max_count": 3, "progress": True}),
+    (["play", "F", "--progress", "false"], {"folder": "F", "max_count": 3, "progress": False}),
+])
+def test_an_own_parser_takes_compares_spellings(argv, expected):
+    seen = []
+    assert run_own("toy", toy_parser(), argv, lambda args: seen.append(args.play) or 0) == 0
+    assert [{k: v for k, v in s.as_dict().items() if k != "config"} for s in seen] == [expected]
+
+
+def test_an_own_parser_refuses_in_one_line_and_lets_a_bug_through(capsys):
+    def refuse(error):
+        def act(args):
+            raise error
+        return act
+
+    for argv, message in ((["play"], "the following arguments are required: folder"),
+                          (["play", "F", "--max_count", "x"], "max_count must be an int, got 'x'"),
+                          (["stop"], "unknown subcommand 'stop'; accepted: play, rest"),
+                          ([], "no subcommand; accepted: play, rest")):
+        assert run_own("toy", toy_parser(), argv, refuse(AssertionError)) == 2
+        assert capsys.readouterr().err == f"esper-lightning toy: error: {message}\n"
+    for error in (ConfigError("bad\n  folder"), DataError("no data"), KeyError("k")):
+        status = run_own("toy", toy_parser(), ["play", "F"], refuse(error), refused=(KeyError,))
+        assert status == 2 and capsys.readouterr().err.count("\n") == 1
+    with pytest.raises(ZeroDivisionError):  # not a user's mistake: never one quiet line
+        run_own("toy", toy_parser(), ["play", "F"], refuse(ZeroDivisionError()))
+    assert run_own("toy", toy_parser(), ["--version"], refuse(AssertionError)) == 0
+    assert capsys.readouterr().out == f"esper-lightning toy {__version__}\n"
+
+
+def test_own_actions_are_each_subcommands_keys():
+    actions = own_actions(toy_parser())
+    assert {name: list(keys) for name, keys in actions.items()} == {
+        "": [], "play": ["folder", "max_count", "progress"], "rest": []}
+
+
+def test_every_own_parser_command_is_built_alike():
+    import importlib
+
+    for name, (_, module) in OWN_PARSER.items():
+        parser = importlib.import_module(module).build_parser()
+        assert isinstance(parser, ArgumentParser) and parser.prog == f"esper-lightning {name}"
+        has_config = [bool({"config", "print_config"} <= {a.dest for a in sub._actions})
+                      for sub in [parser, *own_subparsers(parser)]]
+        assert any(has_config), name  # the command, or each of its subcommands
+        assert all(has_config[1:]), name
+
+
+def own_subparsers(parser: ArgumentParser) -> list[ArgumentParser]:
+    """The parsers of ``parser``'s subcommands (none for a command without)."""
+    return [sub for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+            for sub in action.choices.values()]

@@ -16,6 +16,14 @@ spelled with dashes too (``--data-dir``), ``--no-progress`` means ``--progress f
 boolean flag means true, and a list flag takes space-separated values (``--slots r0c1 r0c2``),
 one value (``--slots=r0c1``) or a bracketed list (``--slots [r0c1,r0c2]``).
 
+The commands whose input is folders and files rather than a configuration (``frontier`` and its
+subcommands, ``lookup``, ``ship``: `OWN_PARSER`) are built alike (`own_parser`,
+`own_subcommand`, `run_own`): jsonargparse, the same help, ``--config``/``--print_config`` of
+their own flags and arguments, the same spellings (``--no-progress``) and the same errors::
+
+    esper-lightning frontier run STUDY --text plays.txt --workers 2 --print_config > run.yaml
+    esper-lightning frontier run --config run.yaml
+
 Every user mistake (bad flag, unknown config key, bad slot, missing or too short data,
 incompatible checkpoint, unknown controller) prints one line naming the bad value and what is
 accepted and exits with status 2; nothing already written is touched. Parsing and checking the
@@ -39,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from jsonargparse import ActionConfigFile, ArgumentParser
+from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
 from esper_lightning import __version__
 from esper_lightning.app.config import (
@@ -133,8 +141,9 @@ COMMANDS = {
     "compare": Command(CompareConfig, "compare controllers on paired episodes", run_compare,
                        describe_arms, check_arms),
 }
-#: Commands with a parser of their own (their input is a folder, not a configuration): the
-#: summary, and the module whose ``build_parser()`` and ``main(argv)`` they are.
+#: Commands with a parser of their own (their input is a folder, not a configuration), built
+#: in the same style (`own_parser`, `run_own`): the summary, and the module whose
+#: ``build_parser()`` and ``main(argv)`` they are.
 OWN_PARSER = {
     "frontier": ("train and report the compute-optimal frontier (a study folder)",
                  "esper_lightning.app.frontier.command"),
@@ -270,7 +279,12 @@ def normalize_argv(argv: Sequence[str], cls: type[TaskConfig]) -> list[str]:
     read as a flag), and a list flag's values space-separated, as one ``--flag=value`` or in
     brackets (``[a,b]``, also split by the shell as ``[a, b]``)."""
     hints = typing.get_type_hints(cls)
-    kinds = {f.name: _kind(hints[f.name]) for f in fields(cls)}
+    return _normalized(argv, {f.name: _kind(hints[f.name]) for f in fields(cls)})
+
+
+def _normalized(argv: Sequence[str], kinds: dict[str, str]) -> list[str]:
+    """`normalize_argv` for the flags ``kinds`` names, each ``"bool"``, ``"list"`` (its values
+    gathered into one JSON list) or ``"value"``."""
     out: list[str] = []
     i = 0
     while i < len(argv):
@@ -364,6 +378,132 @@ def check_paths(config: TaskConfig) -> None:
                           f"a policy shipped from one ({PROG} ship)")
 
 
+# --- the commands with a parser of their own, in the same style -----------------------------------
+#: What ``--config`` reads, in every command's help.
+_CONFIG_HELP = "YAML or JSON file of config keys (what --print_config writes)"
+
+
+def own_parser(command: str, description: str, config: bool = True) -> ArgumentParser:
+    """The parser of a command with a parser of its own (`OWN_PARSER`), in the style of ``ppo``
+    and ``compare``: jsonargparse's, named ``esper-lightning COMMAND``, with ``--version``, each
+    option's type and default in ``--help``, errors raised for `run_own` to print in one line
+    (never an exit), and ``--config``/``--print_config`` unless ``config`` is False (a command
+    of subcommands: each has its own, `own_subcommand`).
+
+    Example::
+
+        parser = own_parser("ship", "write a trained policy as a small file")
+        parser.add_argument("checkpoint", type=str, help="a PPO checkpoint")
+    """
+    parser = ArgumentParser(prog=f"{PROG} {command}", exit_on_error=False, version=__version__,
+                            description=description)
+    if config:
+        parser.add_argument("--config", action=ActionConfigFile, help=_CONFIG_HELP)
+    return parser
+
+
+def own_subcommand(parser: ArgumentParser, name: str, summary: str) -> ArgumentParser:
+    """A subcommand ``name`` of ``parser`` (one is required; the parsed namespace names it as
+    ``subcommand``, its arguments under its own name) with its own ``--config`` and
+    ``--print_config``, named ``esper-lightning COMMAND NAME`` in its usage line, ``summary``
+    its line in the command's help and its description.
+
+    Example::
+
+        run = own_subcommand(parser, "run", "train the study's pending units")
+        run.add_argument("study", type=str, help="the study folder")
+    """
+    subcommands = next((a for a in parser._actions
+                        if isinstance(a, argparse._SubParsersAction)), None)
+    if subcommands is None:
+        subcommands = parser.add_subcommands(dest="subcommand", required=True)
+    sub = ArgumentParser(exit_on_error=False, description=summary)
+    sub.add_argument("--config", action=ActionConfigFile, help=_CONFIG_HELP)
+    subcommands.add_subcommand(name, sub, help=summary)
+    sub.prog = f"{parser.prog} {name}"  # jsonargparse's own: 'PROG [options] NAME'
+    return sub
+
+
+def run_own(command: str, parser: ArgumentParser, argv: Sequence[str],
+            act: Callable[[Namespace], int], refused: tuple[type[Exception], ...] = ()) -> int:
+    """The ``main`` of a command with a parser of its own: ``argv`` parsed by ``parser`` (the
+    spellings `normalize_argv` accepts, such as ``--no-progress``), then ``act`` run on what it
+    parsed, its status returned. ``--help``, ``--version`` and ``--print_config`` answer with
+    status 0; a bad command line, and a `ConfigError`, `DataError` or one of ``refused`` that
+    ``act`` raises, is one line and status 2 (`console.fail`), never a traceback.
+
+    Example::
+
+        return run_own("ship", build_parser(), argv, _ship)
+    """
+    prog = f"{PROG} {command}"
+    actions = own_actions(parser)
+    kinds = {action.option_strings[-1][2:]: _own_kind(action)
+             for options in actions.values() for action in options.values()
+             if action.option_strings}
+    try:
+        args = parser.parse_args(_normalized(argv, kinds))
+    except SystemExit as done:  # --help, --version, --print_config
+        return int(done.code or 0)
+    except (argparse.ArgumentError, ConfigError) as err:
+        return fail(prog, _own_line(err, actions))
+    try:
+        return act(args)
+    except (ConfigError, DataError, *refused) as err:
+        return fail(prog, err)
+
+
+def own_actions(parser: ArgumentParser) -> dict[str, dict[str, argparse.Action]]:
+    """The options and positional arguments of ``parser`` (key ``""``) and of each of its
+    subcommands (keyed by name), each by its config key; what every parser has (``--help``,
+    ``--version``, ``--config``, ``--print_config``) left out."""
+    found: dict[str, dict[str, argparse.Action]] = {"": {}}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found[name] = own_actions(sub)[""]
+        elif action.dest not in ("help", "version", "config", "print_config"):
+            found[""][action.dest] = action
+    return found
+
+
+def _own_kind(action: argparse.Action) -> str:
+    """What `_normalized` makes of an option: a bool (``--no-progress``, a bare ``--progress``)
+    or a value (an option given more than once, such as ``--with``, repeats as it is)."""
+    return "bool" if getattr(action, "_typehint", action.type) is bool else "value"
+
+
+def _own_line(err: Exception, actions: dict[str, dict[str, argparse.Action]]) -> str:
+    """`_one_line` for a command with a parser of its own (``actions``: `own_actions`), whose
+    subcommands' messages name what they lack as jsonargparse does (``run.text``)."""
+    message = " ".join(str(err).split())
+    unknown = re.fullmatch(r"Subcommand '(\w+)' does not accept option '([^']+)'", message)
+    if unknown:
+        return _one_line(f"Option '{unknown.group(2)}' is not accepted",
+                         list(actions[unknown.group(1)]))
+    required = re.fullmatch(r"the following arguments are required: (.*)", message)
+    if required:
+        names = [_written(actions, key) for key in required.group(1).split(", ")]
+        return f"the following arguments are required: {', '.join(names)}"
+    choice = re.fullmatch(r"argument \w+: invalid choice: '(.*)' \(choose from (.*)\)", message)
+    missing = re.fullmatch(r'expected "\w+" to be one of \{(.*)\}, but it was not provided\.',
+                           message)
+    if choice or missing:
+        names = [name for name in actions if name]
+        given = f"unknown subcommand {choice.group(1)!r}" if choice else "no subcommand"
+        return f"{given}; accepted: {', '.join(names)}"
+    return _one_line(message, list(actions[""]))
+
+
+def _written(actions: dict[str, dict[str, argparse.Action]], key: str) -> str:
+    """How the command line writes config key ``key`` (``run.text``: ``--text``)."""
+    sub, _, dest = key.rpartition(".")
+    action = actions.get(sub, {}).get(dest)
+    if action is None:
+        return key
+    return action.option_strings[-1] if action.option_strings else action.metavar or dest
+
+
 def attach_log_handler() -> None:
     """One line per lifecycle event and per round on stderr (the package logs on
     ``esper_lightning``; a user's own logging setup takes precedence)."""
@@ -406,7 +546,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             check(config)
         check_paths(config)
     except (ConfigError, DataError, argparse.ArgumentError) as err:
-        return fail(f"{PROG} {command}", _one_line(err, command))
+        return fail(f"{PROG} {command}", _one_line(err, _config_names(command)))
     attach_log_handler()
     from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -414,17 +554,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         with logging_redirect_tqdm(loggers=[logging.getLogger("esper_lightning")]):
             return COMMANDS[command].run(config, argv[1:])
     except (ConfigError, DataError) as err:
-        return fail(f"{PROG} {command}", _one_line(err, command))
+        return fail(f"{PROG} {command}", _one_line(err, _config_names(command)))
 
 
-def _one_line(err: Exception, command: str) -> str:
-    """The error on one line; jsonargparse's messages about an unknown key or a value of the
-    wrong type read like the configuration's own (the value, then what is accepted)."""
+def _config_names(command: str) -> list[str]:
+    """The config keys of ``command`` (``ppo``, ``compare``): what its ``--config`` accepts."""
+    return [f.name for f in fields(COMMANDS[command].config)]
+
+
+def _one_line(err: object, accepted: Sequence[str]) -> str:
+    """The error on one line; jsonargparse's messages about an unknown key (``accepted``: the
+    keys there are) or a value of the wrong type read like the configuration's own (the value,
+    then what is accepted)."""
     message = " ".join(str(err).split())  # jsonargparse's messages span lines
     unknown = re.fullmatch(r"Option '([^']+)' is not accepted", message)
     if unknown:
-        accepted = ", ".join(f.name for f in fields(COMMANDS[command].config))
-        return f"unknown config key {unknown.group(1)!r}; accepted: {accepted}"
+        return f"unknown config key {unknown.group(1)!r}; accepted: {', '.join(accepted)}"
     bad = re.fullmatch(r'Parser key "(\w+)": (.*?)(?:Got|Given) value: (.*)', message)
     if not bad:
         return message
