@@ -10,6 +10,7 @@ import re
 import numpy as np
 import pytest
 
+from esper_lightning.app.compare import lookup as lookup_module
 from esper_lightning.app.compare.lookup import families, main, tune_lookup
 from esper_lightning.app.compare.records import EpisodeRecord
 from esper_lightning.controllers.lookup import read_lookup
@@ -280,3 +281,62 @@ def test_a_lookup_tuned_at_another_base_budget_or_host_plays_only_as_a_transfer(
     for lookup in (half, other):
         Comparison(CompareConfig(**config, controllers=("static", f"lookup:{lookup}"),
                                  transfer_policies=True))
+
+
+# --- the command line: the flags it always took, in compare's style -----------------------------
+@pytest.fixture
+def tuned(monkeypatch) -> list[dict]:
+    """What ``main`` hands the tuning (`lookup._tune`), recorded instead of tuned."""
+    seen: list[dict] = []
+    monkeypatch.setattr(lookup_module, "_tune", lambda args: seen.append(
+        {k: v for k, v in args.as_dict().items() if k != "config"}) or 0)
+    return seen
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    # docs/evidence.md and docs/tutorials/compare-controllers.md, as written there
+    (["results/controller/tune-lookup-0.25", "results/controller/tune-lookup-0.5", "--out",
+      "/tmp/l.json"], {"comparison": ["results/controller/tune-lookup-0.25",
+                                      "results/controller/tune-lookup-0.5"],
+                       "out": "/tmp/l.json", "family": None, "judged": "final_bits"}),
+    (["--out", "l.json", "cmp", "--family", "2:identity:1", "--judged", "val_loss"],
+     {"comparison": ["cmp"], "out": "l.json", "family": "2:identity:1", "judged": "val_loss"}),
+])
+def test_the_command_takes_folders_out_family_and_judged(tuned, argv, expected):
+    assert main(argv) == 0
+    assert tuned == [expected]
+
+
+def test_print_config_writes_what_config_reads_back(tuned, tmp_path, capsys):
+    argv = ["a", "b", "--out", "l.json", "--family", "2:identity:1"]
+    assert main([*argv, "--print_config"]) == 0
+    assert tuned == []
+    file = tmp_path / "lookup.yaml"
+    file.write_text(capsys.readouterr().out)
+    assert main(["--config", str(file)]) == 0
+    assert main(argv) == 0
+    assert tuned[0] == tuned[1] and tuned[0]["comparison"] == ["a", "b"]
+
+
+def test_help_lists_the_arguments_it_listed_and_config(capsys):
+    assert main(["--help"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: esper-lightning lookup ")
+    for option in ("comparison [comparison ...]", "--out OUT", "--family FAMILY",
+                   "--judged JUDGED", "--config CONFIG", "--print_config", "--version"):
+        assert option in text, option
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    ([], "the following arguments are required: comparison, --out"),
+    (["cmp"], "the following arguments are required: --out"),
+    (["cmp", "--out", "l.json", "--bogus"], "unrecognized arguments: --bogus"),
+    (["--config", "CONFIG"], "unknown config key 'jugded'; accepted: comparison, out, family, "
+                             "judged"),
+])
+def test_a_bad_command_line_is_one_line_and_status_2(tuned, argv, message, tmp_path, capsys):
+    (tmp_path / "bad.yaml").write_text("comparison: [cmp]\nout: l.json\njugded: val_loss\n")
+    assert main([a.replace("CONFIG", str(tmp_path / "bad.yaml")) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("esper-lightning lookup: error: "), err
+    assert message in err and tuned == [], err

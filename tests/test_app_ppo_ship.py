@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from esper_lightning.app.config import load_config
+from esper_lightning.app.ppo import ship as ship_module
 from esper_lightning.app.ppo.ship import MANIFEST, main, ship_policy
 from esper_lightning.app.ppo.trainer import PPOTrainer
 from esper_lightning.errors import ConfigError
@@ -70,3 +71,53 @@ def test_what_shipping_refuses(trained, tmp_path, capsys):
     assert main([str(tmp_path / "missing.pt"), "--out", str(tmp_path / "q.pt")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert not (tmp_path / "q.pt").exists()
+
+
+# --- the command line: the flags it always took, in compare's style -----------------------------
+@pytest.fixture
+def shipped(monkeypatch) -> list[tuple]:
+    """What ``main`` hands `ship_policy`, recorded instead of shipped."""
+    seen: list[tuple] = []
+    entry = {"bytes": 1234, "sha256": "ab" * 32, "training_cost": {"episodes": 2048.0}}
+    monkeypatch.setattr(ship_module, "ship_policy", lambda *args: seen.append(args) or entry)
+    return seen
+
+
+@pytest.mark.parametrize("argv", [
+    ["runs/grow124-s1.pt", "--out", "policies/grow124-s1.pt"],  # the tutorial's, as written
+    ["--out", "policies/grow124-s1.pt", "runs/grow124-s1.pt"],
+    ["runs/grow124-s1.pt", "--out=policies/grow124-s1.pt"],
+])
+def test_the_command_takes_the_checkpoint_and_out(shipped, argv, capsys):
+    assert main(argv) == 0
+    assert shipped == [("runs/grow124-s1.pt", "policies/grow124-s1.pt")]
+    assert capsys.readouterr().out == (f"policies/grow124-s1.pt: 1,234 bytes, sha256 {'ab' * 32}"
+                                       ", 2,048 training episodes\n")
+
+
+def test_print_config_writes_what_config_reads_back(shipped, tmp_path, capsys):
+    assert main(["c.pt", "--out", "p.pt", "--print_config"]) == 0
+    assert shipped == []
+    file = tmp_path / "ship.yaml"
+    file.write_text(capsys.readouterr().out)
+    assert main(["--config", str(file)]) == 0
+    assert shipped == [("c.pt", "p.pt")]
+
+
+def test_help_lists_the_arguments_it_listed_and_config(capsys):
+    assert main(["--help"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: esper-lightning ship ")
+    for option in ("checkpoint", "--out OUT", "--config CONFIG", "--print_config", "--version"):
+        assert option in text, option
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    ([], "the following arguments are required: checkpoint, --out"),
+    (["c.pt"], "the following arguments are required: --out"),
+    (["c.pt", "d.pt", "--out", "p.pt"], "unrecognized arguments: d.pt"),
+])
+def test_a_bad_command_line_is_one_line_and_status_2(shipped, argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == f"esper-lightning ship: error: {message}\n" and shipped == []

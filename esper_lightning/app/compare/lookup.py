@@ -20,7 +20,6 @@ the budget-blind rival tuned on the same episodes.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -29,7 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from jsonargparse import ArgumentParser, Namespace
 
+from esper_lightning.app.cli import own_parser, run_own
 from esper_lightning.app.compare.records import BUDGET, METRICS, EpisodeRecord, read_records_csv
 from esper_lightning.app.compare.regret import (
     NEVER_ARM,
@@ -38,13 +39,10 @@ from esper_lightning.app.compare.regret import (
     stack_families,
 )
 from esper_lightning.app.compare.table import by_budget
-from esper_lightning.app.console import fail
 from esper_lightning.controllers.lookup import GrowthLookup
 from esper_lightning.errors import ConfigError
 
-__all__ = ["comparison_config", "families", "main", "tune_lookup"]
-
-PROG = "esper-lightning lookup"
+__all__ = ["build_parser", "comparison_config", "families", "main", "tune_lookup"]
 
 
 def families(labels: Iterable[str]) -> dict[str, dict[str, tuple[float, ...]]]:
@@ -133,37 +131,35 @@ def _check_played(groups: dict[float | None, pd.DataFrame], labels: Sequence[str
                               "every arm on the same episodes (finish the comparison)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, exit_on_error=False, description=(
-        "a per-budget growth schedule tuned from a comparison of stack:K@TAU arms (and static, "
-        "never growing) on tuning episodes, written as a lookup that lookup:FILE plays"))
-    parser.add_argument("comparison", nargs="+",
+def build_parser() -> ArgumentParser:
+    """``esper-lightning lookup``'s parser (`cli.own_parser`: ``--config``, ``--print_config``)."""
+    parser = own_parser("lookup", "a per-budget growth schedule tuned from a comparison of "
+                        "stack:K@TAU arms (and static, never growing) on tuning episodes, "
+                        "written as a lookup that lookup:FILE plays")
+    parser.add_argument("comparison", nargs="+", type=str,
                         help="the comparison's folder (its episodes.csv); several: one per "
                         "budget, of the same host and base budget, their episodes pooled")
-    parser.add_argument("--out", required=True, help="the lookup file to write (JSON)")
-    parser.add_argument("--family", default=None,
-                        help="K:OPERATOR:N, the stack arms to choose among (default: the only "
+    parser.add_argument("--out", type=str, required=True,
+                        help="the lookup file to write (JSON)")
+    parser.add_argument("--family", type=str | None, default=None,
+                        help="K:OPERATOR:N, the stack arms to choose among (null: the only "
                         "family)")
-    parser.add_argument("--judged", default="final_bits",
-                        help="the metric chosen by (default final_bits, the validation loss "
-                        "at the budget)")
+    parser.add_argument("--judged", type=str, default="final_bits",
+                        help="the metric chosen by (final_bits: the validation loss at the "
+                        "budget)")
     return parser
 
 
 def main(argv: Sequence[str]) -> int:
     """``esper-lightning lookup``: 0 on success, 2 with one line on a bad input."""
-    try:
-        args = build_parser().parse_args(list(argv))
-    except argparse.ArgumentError as err:
-        return fail(PROG, err)
-    except SystemExit as done:  # --help, or argparse's own usage error
-        return int(done.code or 0)
-    try:
-        _check_judged(args.judged)
-        records, base, tuning = _pooled([Path(f) for f in args.comparison])
-        lookup = tune_lookup(records, base, args.judged, args.family, tuning)
-    except (ConfigError, ValueError) as err:
-        return fail(PROG, err)
+    return run_own("lookup", build_parser(), argv, _tune, refused=(ValueError,))
+
+
+def _tune(args: Namespace) -> int:
+    """Tune the lookup ``args`` asks for, write it and say what it chose."""
+    _check_judged(args.judged)
+    records, base, tuning = _pooled([Path(f) for f in args.comparison])
+    lookup = tune_lookup(records, base, args.judged, args.family, tuning)
     path = lookup.write(args.out)
     chosen = ", ".join(f"{s:g}: {'never' if t is None else ','.join(f'{x:g}' for x in t)}"
                        for s, t in lookup.points)

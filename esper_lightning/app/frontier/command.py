@@ -22,62 +22,59 @@ arms' speed-ups of studies at several widths side by side (a table, and a figure
 document or in the first study's folder), each study written ``STUDY[+JOINED...]``, with the
 frontier across the widths (every width's fixed sizes; ``--tuning``: the tuning studies whose
 grids chose the rates, so each is said to be inside its grid or at an edge) and the speed-up
-as the growth literature measures it beside the frontier's (`estimators`). Every bad input is
-one line and exit status 2.
+as the growth literature measures it beside the frontier's (`estimators`). Each subcommand
+writes its arguments with ``--print_config`` and reads them back with ``--config``, as every
+command does (`cli.run_own`); every bad input is one line and exit status 2.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from esper_lightning.app.console import fail
+from jsonargparse import ArgumentParser, Namespace
+
+from esper_lightning.app.cli import own_parser, own_subcommand, run_own
 from esper_lightning.errors import ConfigError
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
 
-PROG = "esper-lightning frontier"
+#: What the tables replace in ``--docs`` (report: one section; widths: three, and two figures).
+_REPORT_DOCS = "a document whose <!-- frontier:NAME:begin/end --> section the tables replace"
+_WIDTHS_DOCS = ("a document whose <!-- frontier:NAME:begin/end --> sections by-width, "
+                "cross-width and literature the tables replace (the figures go to "
+                "images/frontier-by-width.png and images/frontier-literature.png)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description="the compute-optimal frontier: "
-                                     "fixed sizes and growing arms at equal FLOPs",
-                                     exit_on_error=False)
-    sub = parser.add_subparsers(dest="action", required=True)
-    run = sub.add_parser("run", help="train the study's pending units (resumable)",
-                         exit_on_error=False)
-    run.add_argument("study", help="the study folder (holds plan.json; rows.csv is appended)")
-    run.add_argument("--text", required=True, help="the text file (or a folder holding one)")
-    run.add_argument("--workers", type=int, default=1,
-                     help="worker processes, one thread each (default 1)")
-    run.add_argument("--device", default="cpu",
-                     help="where every unit trains: cpu (default), cuda or cuda:N (all workers "
-                     "share it)")
-    run.add_argument("--no-progress", dest="progress", action="store_false",
-                     help="no progress bar")
-    select = sub.add_parser("select", help="each arm's best rate per budget (a tuning study)",
-                            exit_on_error=False)
-    select.add_argument("study", help="the tuning study's folder")
-    report = sub.add_parser("report", help="tables and figures from the rows",
-                            exit_on_error=False)
-    report.add_argument("study", help="the study's folder")
-    report.add_argument("--docs", default=None,
-                        help="a document whose <!-- frontier:NAME:begin/end --> section the "
-                        "tables replace")
-    report.add_argument("--with", dest="others", action="append", default=[],
-                        metavar="STUDY", help="another study of the same episodes whose arms "
-                        "join the table (repeatable)")
-    widths = sub.add_parser("widths", help="the growing arms' speed-ups at several widths",
-                            exit_on_error=False)
-    widths.add_argument("studies", nargs="+", metavar="STUDY[+JOINED...]",
+def build_parser() -> ArgumentParser:
+    """``esper-lightning frontier``'s parser: the subcommands ``run``, ``select``, ``report``
+    and ``widths``, each with its ``--config``/``--print_config`` (`cli.own_subcommand`)."""
+    parser = own_parser("frontier", "the compute-optimal frontier: fixed sizes and growing arms "
+                        "at equal FLOPs", config=False)
+    run = own_subcommand(parser, "run", "train the study's pending units (resumable)")
+    run.add_argument("study", type=str,
+                     help="the study folder (holds plan.json; rows.csv is appended)")
+    run.add_argument("--text", type=str, required=True,
+                     help="the text file (or a folder holding one)")
+    run.add_argument("--workers", type=int, default=1, help="worker processes, one thread each")
+    run.add_argument("--device", type=str, default="cpu", help="where every unit trains: cpu, "
+                     "cuda or cuda:N (all workers share it)")
+    run.add_argument("--progress", type=bool, default=True,
+                     help="show a progress bar (--no-progress is --progress false)")
+    select = own_subcommand(parser, "select", "each arm's best rate per budget (a tuning study)")
+    select.add_argument("study", type=str, help="the tuning study's folder")
+    report = own_subcommand(parser, "report", "tables and figures from the rows")
+    report.add_argument("study", type=str, help="the study's folder")
+    report.add_argument("--docs", type=str | None, default=None, help=_REPORT_DOCS)
+    report.add_argument("--with", dest="with", action="append", default=[], metavar="STUDY",
+                        help="another study of the same episodes whose arms join the table "
+                        "(repeatable)")
+    widths = own_subcommand(parser, "widths", "the growing arms' speed-ups at several widths")
+    widths.add_argument("studies", nargs="+", type=str, metavar="STUDY[+JOINED...]",
                         help="a study's folder, with + the folders of studies joined to it")
-    widths.add_argument("--docs", default=None,
-                        help="a document whose <!-- frontier:NAME:begin/end --> sections "
-                        "by-width, cross-width and literature the tables replace (the figures "
-                        "go to images/frontier-by-width.png and images/frontier-literature.png)")
+    widths.add_argument("--docs", type=str | None, default=None, help=_WIDTHS_DOCS)
     widths.add_argument("--tuning", action="append", default=[], metavar="STUDY",
                         help="a tuning study whose grid chose a width's rates (repeatable, one "
                         "per width): each rate is then said to be inside its grid or at an edge")
@@ -85,30 +82,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = build_parser()
-    try:
-        args = parser.parse_args(list(argv))
-    except (argparse.ArgumentError, ConfigError) as err:
-        return fail(PROG, err)
-    except SystemExit as done:  # --help, or argparse's own usage error
-        return int(done.code or 0)
-    from esper_lightning.data.files import DataError
+    """``esper-lightning frontier``: 0 on success, 2 with one line on a bad input."""
+    return run_own("frontier", build_parser(), argv, _act)
 
-    try:
-        if args.action == "run":
-            from esper_lightning.app.frontier.study import run_study
 
-            rows = run_study(args.study, args.text, args.workers, args.progress, args.device)
-            print(f"{args.study}: {len(rows)} rows")
-        elif args.action == "select":
-            print(json.dumps(_selected(args.study), indent=2))
-        elif args.action == "widths":
-            print("\n".join(_widths(args.studies, args.docs, args.tuning)))
-        else:
-            print(_report(args.study, args.docs, args.others).read_text())
-        return 0
-    except (ConfigError, DataError) as err:
-        return fail(PROG, err)
+def _act(args: Namespace) -> int:
+    """Run the subcommand ``args`` names on its arguments."""
+    name = args.subcommand
+    options = args[name]
+    if name == "run":
+        from esper_lightning.app.frontier.study import run_study
+
+        rows = run_study(options.study, options.text, options.workers, options.progress,
+                         options.device)
+        print(f"{options.study}: {len(rows)} rows")
+    elif name == "select":
+        print(json.dumps(_selected(options.study), indent=2))
+    elif name == "widths":
+        print("\n".join(_widths(options.studies, options.docs, options.tuning)))
+    else:
+        print(_report(options.study, options.docs, options["with"]).read_text())
+    return 0
 
 
 def _loaded(folder: str) -> tuple[Any, list[dict[str, Any]]]:

@@ -13,19 +13,19 @@ shipped file is checked against its entry with ``sha256sum``.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from esper_lightning.app.console import fail
+from jsonargparse import ArgumentParser, Namespace
+
+from esper_lightning.app.cli import own_parser, run_own
 from esper_lightning.errors import ConfigError
 
 __all__ = ["MANIFEST", "build_parser", "main", "ship_policy"]
 
-PROG = "esper-lightning ship"
 #: The manifest every policy folder keeps beside its files.
 MANIFEST = "manifest.json"
 #: What a shipped file keeps of a checkpoint besides the policy's own entries.
@@ -83,25 +83,24 @@ def ship_policy(checkpoint: str | Path, out: str | Path) -> dict[str, Any]:
     return entry
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, exit_on_error=False, description=(
-        "write a trained policy as a small file beside a manifest (its SHA-256, the commands "
-        "that trained it and what training cost), for results tables to reproduce from"))
-    parser.add_argument("checkpoint", help="a PPO checkpoint (what ppo --save wrote)")
-    parser.add_argument("--out", required=True,
+def build_parser() -> ArgumentParser:
+    """``esper-lightning ship``'s parser (`cli.own_parser`: ``--config``, ``--print_config``)."""
+    parser = own_parser("ship", "write a trained policy as a small file beside a manifest (its "
+                        "SHA-256, the commands that trained it and what training cost), for "
+                        "results tables to reproduce from")
+    parser.add_argument("checkpoint", type=str, help="a PPO checkpoint (what ppo --save wrote)")
+    parser.add_argument("--out", type=str, required=True,
                         help="the file to write; the manifest goes beside it")
     return parser
 
 
 def main(argv: Sequence[str]) -> int:
     """``esper-lightning ship``: 0 on success, 2 with one line on a bad input."""
-    try:
-        args = build_parser().parse_args(list(argv))
-        entry = ship_policy(args.checkpoint, args.out)
-    except (argparse.ArgumentError, ConfigError) as err:
-        return fail(PROG, err)
-    except SystemExit as done:  # --help, or argparse's own usage error
-        return int(done.code or 0)
+    return run_own("ship", build_parser(), argv, _ship)
+
+
+def _ship(args: Namespace) -> int:
+    entry = ship_policy(args.checkpoint, args.out)
     print(f"{args.out}: {entry['bytes']:,} bytes, sha256 {entry['sha256']}, "
           f"{entry['training_cost']['episodes']:,.0f} training episodes")
     return 0
