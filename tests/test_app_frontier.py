@@ -781,7 +781,15 @@ def test_rows_with_curves_round_trip_and_a_long_run_is_a_unit_of_its_own(tmp_pat
 
 
 def test_every_committed_study_still_loads():
-    """The committed results (written before lr_phases existed) load as rows of one rate."""
+    """The committed results (written before lr_phases and curves existed) load as rows of one
+    rate on the frontier's schedule, without curves: every literature reading from curves is
+    None (the report's "no curve"), and the frontier's readings see every row."""
+    from esper_lightning.app.frontier.estimators import (
+        CurveReadings,
+        curve_readings,
+        frontier_rows,
+        growing_arms,
+    )
     from esper_lightning.app.frontier.report import at_chosen_rates
 
     folders = sorted(Path(__file__).parents[1].glob("results/frontier/*/" + PLAN_FILE))
@@ -793,6 +801,11 @@ def test_every_committed_study_still_loads():
         rows = read_rows(plan_file.parent)
         if rows:  # a plan committed before its first episode (pre-registered) has none yet
             assert at_chosen_rates(rows), plan_file
+            assert frontier_rows(rows) == rows and not any(
+                r["schedule"] or r["curve"] or r["curve_flops"] for r in rows)
+            for arm in growing_arms(rows):
+                budget = next(r["budget"] for r in rows if r["arm"] == arm)
+                assert curve_readings(rows, arm, budget) == CurveReadings()
             played += 1
     assert played
 

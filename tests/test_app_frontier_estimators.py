@@ -9,11 +9,17 @@ import pytest
 
 from esper_lightning.app.frontier.estimators import (
     PIECEWISE,
+    CurveReadings,
     Pool,
     cross_envelope,
+    curve_readings,
     estimates,
+    frontier_rows,
     literature,
+    long_rows,
+    mean_curve,
     minimum_bias,
+    row_curve,
 )
 from esper_lightning.app.frontier.fit import Curve, PowerLaw, frontier, speedup
 from esper_lightning.app.frontier.report import speedups
@@ -162,3 +168,133 @@ def test_a_pool_reads_each_kind_of_curve():
     assert pool.front(pool.everything, PIECEWISE).at(3 * BASE) > s2(3 * BASE)
     with pytest.raises(ValueError, match="a pool of 1 studies needs as many labels"):
         Pool([rows], "test_nats", ["a", "b"])
+
+
+# --- the literature's readings, from curves ----------------------------------------------------
+#: Points per curve; the arm's lead on its own runs, its long run's over S2's, and how much
+#: compute S2's undecayed (stable) run needs for what its decayed runs reach (known readings).
+POINTS, AHEAD, LONG_AHEAD, STABLE_BEHIND = 16, 2.0, 3.0, 1.25
+
+
+def _tokens(arm: str, flops: float, budget_flops: float) -> float:
+    """Tokens seen after ``flops`` of a run of ``budget_flops``: the arm's first half of its
+    budget at S1's cost per token, the rest at S2's."""
+    if arm.startswith("S"):
+        return flops / COST[arm]
+    half = 0.5 * budget_flops
+    return min(flops, half) / COST["S1"] + max(flops - half, 0.0) / COST["S2"]
+
+
+def _curve(arm: str, budget_flops: float, loss) -> tuple:
+    """A curve of ``POINTS`` points at ``k / POINTS`` of the budget, ``loss(FLOPs)`` at each."""
+    flops = [budget_flops * k / POINTS for k in range(1, POINTS + 1)]
+    return tuple((f, _tokens(arm, f, budget_flops), loss(f)) for f in flops)
+
+
+def _curved_study(shift=lambda e: 0.0, episodes=(0, 1, 2), long=("cosine", "cosine")
+                  ) -> list[dict]:
+    """`_study` with curves: the arm ``AHEAD`` times ahead of S2 at every point of its own
+    runs (so it ends each run of C at s2(2C) and reaches S2's loss at C after C / 2); S2 before
+    its decay (the first 80 %) as good as its decayed runs with 1/1.25 of the compute, then
+    straight down to its end at s2(C); each one long run of 16x (on ``long``'s schedules, arm
+    and S2; None: none), the arm's ``LONG_AHEAD`` times ahead of S2's at every point."""
+    rows = _study(shift=shift, ahead=AHEAD, episodes=episodes, arm_budgets=(1.0, 2.0, 4.0, 8.0))
+    for row in rows:
+        end, c = row["budget_flops"], row["budget_flops"]
+        e = row["episode"]
+        if row["arm"] == "S2":
+            row["curve"] = _curve("S2", c, lambda f, c=c, e=e: shift(e) + (
+                s2(f / STABLE_BEHIND) if f <= 0.8 * c else
+                s2(c) + (s2(0.8 * c / STABLE_BEHIND) - s2(c)) * (c - f) / (0.2 * c)))
+        elif row["arm"] == ARM:
+            row["curve"] = _curve(ARM, end, lambda f, e=e: s2(AHEAD * f) + shift(e))
+    for e in episodes if long is not None else ():
+        for arm, schedule, ahead in ((ARM, long[0], LONG_AHEAD), ("S2", long[1], 1.0)):
+            curve = _curve(arm, 16 * BASE, lambda f, a=ahead, e=e: s2(a * f) + shift(e))
+            rows.append({**_row(arm, e, 16.0, curve[-1][2]), "schedule": schedule,
+                         "curve": curve})
+    return rows
+
+
+def test_the_literatures_readings_from_curves_have_their_closed_forms():
+    """Every episode moved by its own constant (so every leave-one-out reads the same, and
+    each interval is the value itself): on one long schedule the arm is 3x ahead of S2 (a
+    bound, at least 16/8, where S2's long run ends before it gets there); against S2's stable
+    phase 2 x 1.25 (at most 12/8 past S2's last stable point); to S2's loss 2x in compute and
+    1x in tokens (its first half costs half S2's per token); the frontier still says 2x."""
+    rows = _curved_study(shift=lambda e: 0.01 * (e - 1))
+    measured = {r.budget: r for r in literature([(8, rows)], "test_nats", [0.2])}
+    for budget in (1.0, 2.0, 4.0):
+        r = measured[budget]
+        for estimate, value in ((r.long, LONG_AHEAD), (r.stable, AHEAD * STABLE_BEHIND),
+                                (r.reach, AHEAD), (r.reach_tokens, 1.0), (r.frontier, AHEAD)):
+            assert (estimate.value, estimate.low, estimate.high) == pytest.approx(
+                (value,) * 3, abs=NEAR), budget
+            assert estimate.censored is None and estimate.n == 3
+    r = measured[8.0]
+    assert (r.long.censored, r.long.value) == ("above", pytest.approx(16 / 8))
+    assert (r.stable.censored, r.stable.value) == ("above", pytest.approx(12 / 8))
+    assert math.isnan(r.long.low) and r.reach.value == pytest.approx(AHEAD, abs=NEAR)
+    # The arm's curves moved apart by episode: the readings vary, and the interval says so.
+    apart = [{**r, "curve": tuple((f, t, n + 0.003 * r["episode"] ** 2) for f, t, n in r["curve"])}
+             if r["arm"] == ARM else r for r in rows]
+    reach = curve_readings(apart, ARM, 2.0).reach
+    assert reach.low < reach.value < reach.high and reach.value < AHEAD
+    # The long runs are rows of their own: the frontier's readings are those of the rows
+    # without them.
+    plain = {r.budget: r for r in literature([(8, frontier_rows(rows))], "test_nats")}
+    assert all(plain[b].final == measured[b].final and plain[b].long is None for b in plain)
+
+
+def test_a_reading_without_its_curves_says_so():
+    """No curves at all: every mid-run reading None (the report's "no curve"); long runs on
+    two schedules are not one long schedule; an arm whose run never reaches its final size's
+    loss is read as a bound (at most its budget over its run's end)."""
+    bare = [{k: v for k, v in r.items() if k != "curve"} for r in _curved_study(long=None)]
+    (r, *_) = literature([(8, bare)], "test_nats")
+    assert (r.long, r.stable, r.reach, r.reach_tokens) == (None,) * 4
+    mixed = _curved_study(long=("cosine", "linear"))
+    readings = curve_readings(mixed, ARM, 2.0)
+    assert readings.long is None and readings.stable is not None
+    assert curve_readings([r for r in mixed if r["arm"] != ARM], ARM, 2.0) == CurveReadings()
+    behind = [{**r, "curve": tuple((f, t, n + 1.0) for f, t, n in r["curve"])}
+              if r["arm"] == ARM and not r.get("schedule") else r for r in mixed]
+    reach = curve_readings(behind, ARM, 2.0).reach
+    assert (reach.censored, reach.value) == ("below", pytest.approx(1.0))
+    assert long_rows(mixed) and not long_rows(bare)
+
+
+def test_a_mean_curve_reads_each_episode_at_the_first_ones_points():
+    a = Curve.of([(1.0, 3.0), (2.0, 2.0), (4.0, 1.0)])
+    b = Curve.of([(1.0, 5.0), (4.0, 1.0)])  # at 2: 3, linear in log C
+    mean = mean_curve([a, b])
+    assert mean.flops.tolist() == [1.0, 2.0, 4.0] and mean.loss.tolist() == [4.0, 2.5, 1.0]
+    assert mean_curve([a, Curve.of([(2.0, 2.0), (4.0, 1.0)])]).flops.tolist() == [2.0, 4.0]
+    row = {"curve": ((1.0, 10, 3.0), (2.0, 20, 2.0), (4.0, 40, 1.0))}
+    assert row_curve(row, until=2.0).loss.tolist() == [3.0, 2.0] and row_curve({}) is None
+
+
+def test_the_report_prints_the_literatures_table_and_figure(tmp_path):
+    """`frontier report` of a study with curves: one table with every reading, the paragraph
+    saying what each measures, and the figure, in the study's report alone (the docs take
+    the table from `write_widths`)."""
+    from esper_lightning.app.frontier.plan import parse_plan
+    from esper_lightning.app.frontier.report import write_report
+
+    plan = parse_plan({"name": "curved", "purpose": "final", "base_flops": BASE,
+                       "budgets": [1, 2, 4, 8, 16], "warmup_flops": 1e10, "episodes": 3,
+                       "rng_seed": 1, "curve_points": POINTS, "shape": {"width": 8, "n_head": 2},
+                       "arms": [{"arm": a, "lr": 1e-3, "long_schedule": "cosine"}
+                                for a in ("S1", "S2", ARM)]})
+    docs = tmp_path / "results.md"
+    docs.write_text("<!-- frontier:curved:begin -->\n<!-- frontier:curved:end -->\n")
+    report = write_report(tmp_path, plan, _curved_study(), docs).read_text()
+    section = report.split("## As the growth literature measures it")[1]
+    assert "**long schedule**" in section and "**WSD stable phase**" in section
+    assert ("| G1-2@0.5:identity | 8 | 2 | 3 | 2.00× [2.00, 2.00] | 2.00× [2.00, 2.00] | "
+            "2.00× [2.00, 2.00] | 2.00× [2.00, 2.00] | 2.00× [2.00, 2.00] | 3.00× [3.00, 3.00] | "
+            "2.50× [2.50, 2.50] | 2.00× [2.00, 2.00] | 1.00× [1.00, 1.00] |") in section
+    assert "| G1-2@0.5:identity | 8 | 8 | 3 |" in section and "| ≥ 2.00× | ≥ 1.50× |" in section
+    assert (tmp_path / "literature.png").read_bytes().startswith(b"\x89PNG")
+    assert "literature" not in docs.read_text()
+    assert not (tmp_path / "images" / "frontier-curved-literature.png").exists()

@@ -38,9 +38,29 @@ reach it, on the arm's own fitted curve), beside the frontier's; and where the s
 against the final size comes from: ``s = 1 - τ + v (c - 1 + τ)`` with ``c`` the token ceiling
 (`fit.token_ceiling`; ``c - 1 + τ = τ r`` for one growth, ``r`` the final size's FLOPs per token
 over the first size's), ``v`` what a token seen before the last growth is worth in tokens of the
-final size (`fit.token_value`). The rows hold each run's loss at the end of its budget only, so
-the literature's other readings (the grown model against the same size read mid-run on one
-long schedule, or in a WSD run's stable phase) cannot be computed from them.
+final size (`fit.token_value`).
+
+**Read mid-run, from curves** (`curve_readings`; a row's ``curve``, `plan`'s ``curve_points``):
+the literature's own readings, each on the same fixed validation blocks (the curves'), on
+episode-mean curves (each read linear in ``log C`` between its points) with a jackknife t
+interval over the episodes that have the curves, and None (*no curve*) where the rows lack
+them. With ``A`` the growing arm, ``F`` its final size and ``C`` a budget of the arm:
+
+* *one long schedule* (``long``): both trained once to the plan's largest budget on one decay
+  (`plan`'s ``long_schedule``) and read mid-run: ``F_long⁻¹(A_long(C)) / C``, the compute
+  ``F``'s long run needs to reach the loss ``A``'s long run has at ``C``, over ``C``;
+* *WSD stable phase* (``stable``): ``F_stable⁻¹(A_C(C)) / C``, the compute ``F``'s run to its
+  largest budget needs before its decay (the points of its branched budgets at that rate
+  before theirs, `train`) to reach the loss ``A`` ends its own fully decayed run of ``C`` at;
+* *to the final size's loss* (``reach``, and ``reach_tokens``): ``C / A_C⁻¹(F_C(C))``, ``C``
+  over the compute ``A``'s run of ``C`` needs, read on its own curve, to reach the loss ``F``
+  ends its run of ``C`` at; in tokens, ``F``'s tokens at ``C`` over ``A``'s at that point.
+
+``X⁻¹(L)`` is the first compute at which curve ``X`` is at or below ``L`` (`fit.Curve.
+flops_to_reach`); a loss a curve never reaches, or reaches before its first point, leaves a
+bound (`fit.speedup`, `fit.reach_speedup`). The frontier's readings divide by the frontier of
+every fixed size, each fully decayed at each budget and tuned there; these by one size, the
+arm's final, read where it is not decayed (long, stable) or where the arm is not (reach).
 """
 
 from __future__ import annotations
@@ -63,14 +83,17 @@ from esper_lightning.app.frontier.fit import (
     frontier,
     geometric_summary,
     jackknife_t,
+    reach_speedup,
     speedup,
     time_to_target,
     token_ceiling,
     token_value,
 )
+from esper_lightning.app.frontier.plan import row_rate
 
-__all__ = ["CHORD", "PIECEWISE", "POWER", "Estimate", "Literature", "Pool", "Pooled",
-           "complete_episodes", "cross_envelope", "estimates", "literature", "minimum_bias",
+__all__ = ["CHORD", "PIECEWISE", "POWER", "CurveReadings", "Estimate", "Literature", "Pool",
+           "Pooled", "complete_episodes", "cross_envelope", "curve_readings", "estimates",
+           "frontier_rows", "literature", "long_rows", "mean_curve", "minimum_bias", "row_curve",
            "sizes_of", "stage_size"]
 
 #: How a curve is read between its budgets: a fitted power law, chords linear in log C through
@@ -79,6 +102,19 @@ POWER, PIECEWISE, CHORD = "power law", "piecewise", "chords of the power law"
 
 #: The kept episodes of each study of a pool (one frozen set per study).
 Keep = tuple[frozenset[int], ...]
+#: The share of a run its WSD decay takes where no plan says (`plan.Plan.decay_fraction`).
+DECAY_FRACTION = 0.2
+
+
+def frontier_rows(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The rows of the frontier's runs, each fully decayed at its budget: every row but a long
+    run's (``schedule`` set, `plan.Unit.schedule`; a row of an older study has none)."""
+    return [r for r in rows if not r.get("schedule")]
+
+
+def long_rows(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The rows of long runs (one decay over the plan's largest budget, read mid-run)."""
+    return [r for r in rows if r.get("schedule")]
 
 
 #: A fixed size's name: ``S<depth>``, with ``w<width>`` where it names its width.
@@ -383,7 +419,9 @@ class Literature:
     sizes, against its final size alone, its time to the final size's loss; and where the
     speed-up against its final size comes from (``ratio`` r, ``tau`` its last growth's share,
     ``ceiling`` c, the token value v pooled; and per episode piecewise, the study's own token
-    table: the speed-up against the final size and v as a mean and t interval)."""
+    table: the speed-up against the final size and v as a mean and t interval); and the
+    literature's readings mid-run, from curves (`CurveReadings`, each None where the rows have
+    no curve for it)."""
 
     arm: str
     width: int
@@ -399,29 +437,39 @@ class Literature:
     value: Pooled
     today_final: Summary
     today_value: tuple[float, float, float]
+    long: Pooled | None = None
+    stable: Pooled | None = None
+    reach: Pooled | None = None
+    reach_tokens: Pooled | None = None
 
 
-def literature(studies: Sequence[tuple[int, Sequence[Mapping[str, Any]]]], loss: str
-               ) -> list[Literature]:
-    """Every growing arm of every study (``(width, rows)``, one study per width) measured
-    every way (`Literature`)."""
+def literature(studies: Sequence[tuple[int, Sequence[Mapping[str, Any]]]], loss: str,
+               decay_fractions: Sequence[float] = ()) -> list[Literature]:
+    """Every growing arm of every study (``(width, rows)``, one study per width; its long runs'
+    rows among them) measured every way (`Literature`); ``decay_fractions``: each study's
+    plan's (`DECAY_FRACTION` for each when not given), where its stable phases end."""
     widths = [w for w, _ in studies]
     if len(set(widths)) != len(widths):
         raise ValueError(f"one study per width across widths, got widths {widths}")
-    cross = Pools([rows for _, rows in studies], loss, [f"w{w} " for w in widths])
+    decays = list(decay_fractions) or [DECAY_FRACTION] * len(studies)
+    cross = Pools([frontier_rows(rows) for _, rows in studies], loss, [f"w{w} " for w in widths])
     results = []
-    for g, (width, rows) in enumerate(studies):
+    for g, (width, everything) in enumerate(studies):
+        rows, long = frontier_rows(everything), long_rows(everything)
         own = Pools([rows], loss)
         today = _per_episode(rows, loss, PIECEWISE)
         for arm in growing_arms(rows):
             for budget in sorted({r["budget"] for r in rows if r["arm"] == arm}):
-                results.append(_measured(cross.of(g, arm, budget), own.of(0, arm, budget), g,
-                                         width, arm, budget, today[(arm, budget)]))
+                pool = own.of(0, arm, budget)
+                kept = [r for r in long if r["episode"] in pool.episodes[0]]
+                readings = curve_readings([*pool.rows[0], *kept], arm, budget, decays[g])
+                results.append(_measured(cross.of(g, arm, budget), pool, g, width, arm, budget,
+                                         today[(arm, budget)], readings))
     return results
 
 
 def _measured(cross: Pool, own: Pool, study: int, width: int, arm: str, budget: float,
-              today: Summary) -> Literature:
+              today: Summary, readings: CurveReadings) -> Literature:
     """One arm at one budget of study ``study`` of the pool ``cross`` (`literature`)."""
     rows = own.rows[0]
     flops = budget * _base(rows)
@@ -448,7 +496,8 @@ def _measured(cross: Pool, own: Pool, study: int, width: int, arm: str, budget: 
         today, cross.estimate(_against_front(cross, study, arm, budget, flops, POWER)),
         own.estimate(against_final), own.estimate(to_target),
         _cost(rows, final) / _cost(rows, stage_size(arm, 0)), tau, ceiling,
-        own.estimate(value, log=False), today_final, today_value)
+        own.estimate(value, log=False), today_final, today_value, readings.long,
+        readings.stable, readings.reach, readings.reach_tokens)
 
 
 def _cost(rows: Sequence[Mapping[str, Any]], size: str) -> float:
@@ -476,3 +525,144 @@ def _episode_values(rows: Sequence[Mapping[str, Any]], loss: str, arm: str, budg
         return geometric_summary(ups), (mean, math.nan, math.nan)
     low, high, _ = jackknife_t(mean, [[(sum(values) - v) / (len(values) - 1) for v in values]])
     return geometric_summary(ups), (mean, low, high)
+
+
+# --- the literature's readings, from curves -------------------------------------------------------
+def row_curve(row: Mapping[str, Any], until: float | None = None) -> Curve | None:
+    """A row's validation curve (its points up to ``until`` FLOPs; None: the row has none)."""
+    points = [(f, nats) for f, _, nats in row.get("curve") or ()
+              if until is None or f <= until]
+    return Curve.of(points) if points else None
+
+
+def mean_curve(curves: Sequence[Curve]) -> Curve:
+    """The episodes' mean curve at the first curve's points (each curve read there linear in
+    ``log C``; a point outside some curve is left out). The curves of one arm have the same
+    points in every episode (a step's FLOPs do not depend on its data), so it is exact there."""
+    flops = curves[0].flops
+    losses = np.mean([[c.at(f) for f in flops] for c in curves], axis=0)
+    inside = ~np.isnan(losses)
+    return Curve(flops[inside], losses[inside])
+
+
+@dataclass(frozen=True)
+class CurveReadings:
+    """A growing arm at one budget read as the literature reads it, mid-run (module
+    docstring): against its final size on one long schedule, against that size's WSD stable
+    phase, and its compute (and tokens) to that size's fully decayed loss; each None where the
+    rows lack the curves it needs."""
+
+    long: Pooled | None = None
+    stable: Pooled | None = None
+    reach: Pooled | None = None
+    reach_tokens: Pooled | None = None
+
+
+def curve_readings(rows: Sequence[Mapping[str, Any]], arm: str, budget: float,
+                   decay_fraction: float = DECAY_FRACTION) -> CurveReadings:
+    """``arm`` at ``budget`` (× base) read from the curves of ``rows`` (one study's, at the
+    chosen rates, its long runs' among them; `CurveReadings`)."""
+    frontier, long = frontier_rows(rows), long_rows(rows)
+    final = stage_size(arm, -1)
+    mine = [r for r in frontier if r["arm"] == arm and r["budget"] == budget]
+    if not mine:
+        return CurveReadings()
+    flops = float(mine[0]["budget_flops"])
+    reach, tokens = _reach_readings(frontier, arm, final, budget, flops)
+    return CurveReadings(_long_reading(long, arm, final, flops),
+                         _stable_reading(frontier, arm, final, budget, flops, decay_fraction),
+                         reach, tokens)
+
+
+def _by_episode(rows: Iterable[Mapping[str, Any]], arm: str, budget: float | None = None
+                ) -> dict[int, Mapping[str, Any]]:
+    """``arm``'s rows with a curve by episode (at ``budget``; None: any)."""
+    return {int(r["episode"]): r for r in rows if r["arm"] == arm and r.get("curve")
+            and (budget is None or r["budget"] == budget)}
+
+
+def _over_episodes(episodes: frozenset[int], value: Callable[[frozenset[int]], Speedup]
+                   ) -> Pooled:
+    """``value`` on every episode, with its jackknife t interval of the log (none for one
+    episode, or where some leave-one-out value is only a bound), as `Pool.estimate`."""
+    full = value(episodes)
+    n = len(episodes)
+    if n < 2:
+        return Pooled(full.value, math.nan, math.nan, full.censored, n)
+    left = [value(episodes - {e}) for e in sorted(episodes)]
+    if full.censored or any(v.censored for v in left):
+        return Pooled(full.value, math.nan, math.nan, full.censored, n)
+    low, high, _ = jackknife_t(math.log(full.value), [[math.log(v.value) for v in left]])
+    return Pooled(full.value, math.exp(low), math.exp(high), None, n)
+
+
+def _long_reading(long: Sequence[Mapping[str, Any]], arm: str, final: str, flops: float
+                  ) -> Pooled | None:
+    """``F_long⁻¹(A_long(C)) / C`` (module docstring); None without both long runs on one
+    schedule of one budget, or where ``C`` is outside the arm's long curve."""
+    mine, theirs = _by_episode(long, arm), _by_episode(long, final)
+    episodes = frozenset(mine) & frozenset(theirs)
+    runs = {(r["schedule"], r["budget_flops"]) for e in episodes for r in (mine[e], theirs[e])}
+    if len(runs) != 1:  # none, or two schedules that are not one long schedule
+        return None
+    a = {e: row_curve(mine[e]) for e in episodes}
+    f = {e: row_curve(theirs[e]) for e in episodes}
+    if math.isnan(mean_curve([a[e] for e in episodes]).at(flops)):
+        return None
+
+    def value(keep: frozenset[int]) -> Speedup:
+        loss = mean_curve([a[e] for e in sorted(keep)]).at(flops)
+        return speedup(loss, flops, mean_curve([f[e] for e in sorted(keep)]))
+
+    return _over_episodes(episodes, value)
+
+
+def _stable_reading(frontier: Sequence[Mapping[str, Any]], arm: str, final: str, budget: float,
+                    flops: float, decay_fraction: float) -> Pooled | None:
+    """``F_stable⁻¹(A_C(C)) / C`` (module docstring): the final size's stable phase is its
+    largest budget's run before the decay, with the points its other budgets at that rate
+    read on the same run before theirs (a branched cooldown shares it)."""
+    sized = [r for r in frontier if r["arm"] == final and r.get("curve")]
+    if not sized:
+        return None
+    top = max(sized, key=lambda r: r["budget"])
+    stable: dict[int, dict[float, float]] = {}
+    for r in sized:
+        if row_rate(r) == row_rate(top):
+            points = stable.setdefault(int(r["episode"]), {})
+            for f, _, nats in r["curve"]:
+                if f <= (1.0 - decay_fraction) * r["budget_flops"]:
+                    points.setdefault(f, nats)
+    ends = {e: row_curve(r).loss[-1] for e, r in _by_episode(frontier, arm, budget).items()}
+    episodes = frozenset(ends) & frozenset(e for e, p in stable.items() if p)
+    if not episodes:
+        return None
+    curves = {e: Curve.of(stable[e].items()) for e in episodes}
+    return _over_episodes(episodes, lambda keep: speedup(
+        float(np.mean([ends[e] for e in keep])), flops,
+        mean_curve([curves[e] for e in sorted(keep)])))
+
+
+def _reach_readings(frontier: Sequence[Mapping[str, Any]], arm: str, final: str, budget: float,
+                    flops: float) -> tuple[Pooled | None, Pooled | None]:
+    """``C / A_C⁻¹(F_C(C))`` in FLOPs and in tokens (module docstring)."""
+    mine, theirs = _by_episode(frontier, arm, budget), _by_episode(frontier, final, budget)
+    episodes = frozenset(mine) & frozenset(theirs)
+    if not episodes:
+        return None, None
+
+    def read(keep: frozenset[int], tokens: bool) -> Speedup:
+        runs = [mine[e]["curve"] for e in sorted(keep)]
+        target = float(np.mean([theirs[e]["curve"][-1][2] for e in keep]))
+        got = reach_speedup(mean_curve([row_curve(mine[e]) for e in sorted(keep)]), flops,
+                            target)
+        if not tokens:
+            return got
+        at = flops / got.value  # where the arm reaches the target (or the bound's point)
+        spent = float(np.mean([np.interp(at, [p[0] for p in run], [p[1] for p in run])
+                               for run in runs]))
+        theirs_tokens = float(np.mean([theirs[e]["curve"][-1][1] for e in keep]))
+        return Speedup(theirs_tokens / spent, got.censored)
+
+    return (_over_episodes(episodes, lambda keep: read(keep, False)),
+            _over_episodes(episodes, lambda keep: read(keep, True)))

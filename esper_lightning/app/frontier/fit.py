@@ -53,7 +53,7 @@ import numpy as np
 from scipy import optimize, stats
 
 __all__ = ["Curve", "PowerLaw", "Speedup", "frontier", "geometric_summary", "jackknife_t",
-           "speedup", "token_ceiling", "token_value"]
+           "reach_speedup", "speedup", "token_ceiling", "token_value"]
 
 #: Points per factor of two of the grid the frontier is evaluated on.
 GRID_PER_OCTAVE = 64
@@ -202,7 +202,13 @@ def speedup(arm_loss: float, budget: float, front: Curve) -> Speedup:
 
 def time_to_target(arm: Curve, budget: float, front: Curve) -> Speedup:
     """``budget`` over the compute the arm needs to reach the frontier's loss at ``budget``."""
-    target = front.at(budget)
+    return reach_speedup(arm, budget, front.at(budget))
+
+
+def reach_speedup(arm: Curve, budget: float, target: float) -> Speedup:
+    """``budget`` over the compute the arm's curve needs to reach ``target`` (at least
+    ``budget`` over its first point's compute when that is already below it; at most ``budget``
+    over its last's when it never gets there)."""
     reach = arm.flops_to_reach(target)
     if reach is None:
         return Speedup(budget / float(arm.flops[-1]), "below")

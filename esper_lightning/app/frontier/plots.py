@@ -146,25 +146,35 @@ def width_figure(results: Sequence[Any], path: Path) -> None:
                     {r.frontier.budget for r in results})
 
 
-#: The speed-ups the literature figure labels on its log axis.
+#: The speed-ups the literature figure labels on its log axis (`HIGH_TICKS` too, up to the
+#: largest value drawn: a mid-run reading may pass 3×).
 SPEEDUP_TICKS = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
+HIGH_TICKS = (4.0, 6.0, 8.0, 12.0)
 #: The literature figure's measures: (label, attribute of `estimators.Literature`, marker).
 MEASURES = (("frontier of its width (pooled power law)", "frontier", "o"),
             ("the same, per episode piecewise", "today", "s"),
             ("frontier of every width", "cross", "D"),
             ("its final size, both decayed", "final", "^"),
-            ("time to its final size's loss", "target", "v"))
+            ("time to its final size's loss", "target", "v"),
+            ("its final size, one long schedule, mid-run", "long", "<"),
+            ("its final size's WSD stable phase", "stable", ">"),
+            ("to its final size's loss, mid-run", "reach", "P"))
 
 
 def literature_figure(results: Sequence[Any], path: Path) -> None:
     """The speed-up of each growing arm (a row of panels) at each width (a column) by
-    budget, measured the frontier's ways and the literature's (`estimators.Literature`);
-    intervals where a measure has one (jackknife t, or t over episodes), hollow markers
-    where the value is only a bound."""
+    budget, measured the frontier's ways and the literature's (`estimators.Literature`; a
+    mid-run reading where the rows hold its curves); intervals where a measure has one
+    (jackknife t, or t over episodes), hollow markers where the value is only a bound."""
     arms = sorted({r.arm for r in results})
     widths = sorted({r.width for r in results})
-    figure = Figure(figsize=(4.2 * len(widths), 3.4 * len(arms)), layout="constrained")
+    # One study's figure is one column: wide enough for its title and legend.
+    figure = Figure(figsize=(max(4.2 * len(widths), 6.4), 3.4 * len(arms)), layout="constrained")
     panels = figure.subplots(len(arms), len(widths), sharex=True, sharey=True, squeeze=False)
+    drawn = [getattr(r, name) for r in results for _, name, _ in MEASURES]
+    top = max((getattr(v, "value", getattr(v, "mean", 0.0)) for v in drawn if v is not None),
+              default=0.0)
+    ticks = [*SPEEDUP_TICKS, *(t for t in HIGH_TICKS if t <= top)]
     for i, arm in enumerate(arms):
         for j, width in enumerate(widths):
             axes = panels[i][j]
@@ -176,7 +186,7 @@ def literature_figure(results: Sequence[Any], path: Path) -> None:
             axes.set_yscale("log")
             axes.xaxis.set_minor_formatter(NullFormatter())
             axes.yaxis.set_minor_formatter(NullFormatter())
-            axes.set_yticks(SPEEDUP_TICKS, [f"{t:g}×" for t in SPEEDUP_TICKS])
+            axes.set_yticks(ticks, [f"{t:g}×" for t in ticks])
             budgets = sorted({r.budget for r in mine})
             axes.set_xticks(budgets, [f"{b:g}×" for b in budgets])
             axes.set_title(f"{arm}, width {width}", fontsize=9)
@@ -192,10 +202,13 @@ def literature_figure(results: Sequence[Any], path: Path) -> None:
 
 def _measure(axes: Any, results: Sequence[Any], name: str, marker: str, colour: str,
              label: str, offset: float) -> None:
-    """One measure's points in a literature panel, a little apart from the others'."""
+    """One measure's points in a literature panel, a little apart from the others' (none
+    where no result has it: a mid-run reading without curves)."""
     x, y, low, high, bound = [], [], [], [], []
     for r in results:
         value = getattr(r, name)
+        if value is None:
+            continue
         if hasattr(value, "censored"):  # a pooled estimate
             mean, lo, hi, censored = value.value, value.low, value.high, value.censored
         else:  # a per-episode summary: its t interval
@@ -203,9 +216,12 @@ def _measure(axes: Any, results: Sequence[Any], name: str, marker: str, colour: 
             censored = value.above or value.below
         x.append(r.budget * 1.05 ** offset)
         y.append(mean)
-        low.append(0.0 if math.isnan(lo) else mean - lo)
-        high.append(0.0 if math.isnan(hi) else hi - mean)
+        # A zero-width interval may sit an ulp inside its value: never a negative bar.
+        low.append(0.0 if math.isnan(lo) else max(mean - lo, 0.0))
+        high.append(0.0 if math.isnan(hi) else max(hi - mean, 0.0))
         bound.append(bool(censored))
+    if not x:
+        return
     x, y = np.array(x), np.array(y)
     axes.errorbar(x, y, yerr=[low, high], marker=marker, color=colour, capsize=2, linewidth=1,
                   label=label)

@@ -31,7 +31,9 @@ from esper_lightning.app.frontier.estimators import (
     complete_episodes,
     cross_envelope,
     estimates,
+    frontier_rows,
     literature,
+    long_rows,
     minimum_bias,
     sizes_of,
     stage_size,
@@ -164,13 +166,15 @@ def _wall_reach(row: Mapping[str, Any], loss: str, front: Curve) -> float:
     return float(front.flops[-1]) if reach is None else reach
 
 
-def select_lrs(rows: Sequence[Mapping[str, Any]], arm: str) -> dict[float, tuple[Rate, bool]]:
+def select_lrs(rows: Sequence[Mapping[str, Any]], arm: str, long: bool = False
+               ) -> dict[float, tuple[Rate, bool]]:
     """For each budget of ``arm``: the rate of its tuning grid (one rate or a phase rate,
     `plan.row_rate`) with the lowest mean validation loss over the episodes, and whether it
     sits at an end of the grid (the grid should then be widened): a rate at an end of the
-    single rates tried, a phase rate with a phase's rate at an end of those tried for it."""
+    single rates tried, a phase rate with a phase's rate at an end of those tried for it.
+    Among the frontier's rows, or with ``long`` among the long runs' (`estimators.long_rows`)."""
     chosen = {}
-    mine = [r for r in rows if r["arm"] == arm]
+    mine = [r for r in (long_rows(rows) if long else frontier_rows(rows)) if r["arm"] == arm]
     for budget in sorted({r["budget"] for r in mine}):
         by_rate: dict[Rate, list[float]] = {}
         for r in mine:
@@ -318,13 +322,16 @@ def minimum_table(points: Sequence[EnvelopePoint]) -> list[str]:
     return lines
 
 
-def at_chosen_rates(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The rows of each arm's chosen rate at each budget (`select_lrs`): a tuning study's best
-    (on the validation split), a final study's one."""
+def at_chosen_rates(rows: Sequence[Mapping[str, Any]], long: bool = False
+                    ) -> list[Mapping[str, Any]]:
+    """The frontier's rows (or with ``long`` the long runs') of each arm's chosen rate at each
+    budget (`select_lrs`): a tuning study's best (on the validation split), a final study's
+    one."""
+    rows = long_rows(rows) if long else frontier_rows(rows)
     kept = []
     for arm in dict.fromkeys(r["arm"] for r in rows):
         rates = {row_rate(r) for r in rows if r["arm"] == arm}
-        chosen = select_lrs(rows, arm) if len(rates) > 1 else None
+        chosen = select_lrs(rows, arm, long) if len(rates) > 1 else None
         kept += [r for r in rows if r["arm"] == arm
                  and (chosen is None or row_rate(r) == chosen[r["budget"]][0])]
     return kept
@@ -407,12 +414,19 @@ def write_report(folder: str | Path, plan: Plan, rows: Sequence[Mapping[str, Any
     lines = _lines(plan, chosen, results, also)
     figures = {"loss_vs_flops.png": "loss against compute"}
     loss_figure(chosen, loss_key(plan), folder / "loss_vs_flops.png")
+    measured: list[str] = []  # the report's alone: the docs take it from `write_widths`
+    pictures: list[str] = []
     if results is not None:
         figures["speedup.png"] = "speed-up against the frontier"
         speedup_figure(results, folder / "speedup.png")
+        table, drawn = _literature_report(plan, rows, folder / "literature.png")
+        measured = ["", "## As the growth literature measures it", "", *table]
+        pictures = ["", "![the frontier's speed-ups and the literature's](literature.png)"] * drawn
     path = folder / "report.md"
-    pictures = [line for name, alt in figures.items() for line in ("", f"![{alt}]({name})")]
-    path.write_text("\n".join([f"# Frontier study `{plan.name}`", "", *lines, *pictures, ""]))
+    pictures = [line for name, alt in figures.items()
+                for line in ("", f"![{alt}]({name})")] + pictures
+    path.write_text("\n".join([f"# Frontier study `{plan.name}`", "", *lines, *measured,
+                               *pictures, ""]))
     if docs is not None:
         replace_section(Path(docs), plan.name, lines)
         images = Path(docs).parent / "images"  # where the document's pictures live
@@ -420,6 +434,23 @@ def write_report(folder: str | Path, plan: Plan, rows: Sequence[Mapping[str, Any
         for figure in figures:  # drawn just now: never an older run's picture
             shutil.copyfile(folder / figure, images / f"frontier-{plan.name}-{figure}")
     return path
+
+
+def _literature_report(plan: Plan, rows: Sequence[Mapping[str, Any]], figure: Path
+                       ) -> tuple[list[str], bool]:
+    """The literature's table of one study (`literature_lines`, its long runs' rows with it)
+    and its figure at ``figure``; or the one line saying why there is none (no final size in
+    the rows, or too few budgets for a power law). Whether the figure was drawn."""
+    from esper_lightning.app.frontier.plots import literature_figure
+
+    try:
+        measured = literature([(plan.shape.width, [*at_chosen_rates(rows),
+                                                   *at_chosen_rates(rows, long=True)])],
+                              loss_key(plan), [plan.decay_fraction])
+    except ValueError as err:
+        return [f"No literature table: {err}."], False
+    literature_figure(measured, figure)
+    return literature_lines(measured), True
 
 
 @dataclass(frozen=True)
@@ -489,8 +520,10 @@ def write_widths(studies: Sequence[tuple[Plan, Sequence[Mapping[str, Any]]]], fi
                     for name in ("cross-width", "literature")}
     else:
         chosen = [(plan, at_chosen_rates(rows)) for plan, rows in studies]
-        measured = literature([(plan.shape.width, rows) for plan, rows in chosen],
-                              loss_key(studies[0][0]))
+        measured = literature([(plan.shape.width, [*at_chosen_rates(rows),
+                                                   *at_chosen_rates(rows, long=True)])
+                               for plan, rows in studies], loss_key(studies[0][0]),
+                              [plan.decay_fraction for plan, _ in studies])
         literature_figure(measured, figure.with_name("frontier-literature.png"))
         sections = {"cross-width": cross_width_lines(chosen, tuning),
                     "literature": literature_lines(measured)}
@@ -606,34 +639,58 @@ def _rate_cell(rate: Rate | None, tuned: tuple[Rate, bool] | None) -> str:
     return f"{text} (tuned {rate_text(choice)}{' ✱' * edge})"  # the mark is the tuned rate's
 
 
+#: What each column of the literature's table measures (`literature_lines`).
+LITERATURE_READINGS = (
+    "The speed-up of each growing arm measured on the same runs the frontier's ways and the "
+    "growth literature's (geometric means; pooled, with a jackknife t interval over episodes, "
+    "unless said). At the end of each run, fully decayed: **frontier** — the compute the "
+    "envelope of every fixed size of its width needs to reach the arm's loss, over the arm's "
+    "(and the same per episode, piecewise: the study's own table); **every width** — the same "
+    "against the envelope of every width's sizes; **final size** — the compute its own final "
+    "size (born that size, fully decayed at each budget, at its tuned rate) needs to reach the "
+    "arm's loss, over the arm's: the literature's same-size comparison, but against a decayed, "
+    "per-budget tuned baseline; **time to the final size's loss** — the arm's budget over the "
+    "compute the arm needs (on its fitted curve of end-of-run losses) to reach the loss its "
+    "final size reaches with that budget. Mid-run, from the runs' validation curves (a plan's "
+    "`curve_points`: the loss on one fixed set of validation blocks at equal FLOP intervals of "
+    "each run), the way the literature reads growth: **long schedule** — the arm and its final "
+    "size each trained once to the study's largest budget on one decay (a plan's "
+    "`long_schedule`), the compute the final size's run needs to reach the loss the arm's run "
+    "has at this budget, over the budget, neither decayed there; **WSD stable phase** — the "
+    "compute the final size's run to its largest budget needs before its decay to reach the "
+    "loss the arm ends its own fully decayed run of this budget at, over the budget: a decayed "
+    "arm against an undecayed baseline; **to the final size's loss** — the budget over the "
+    "compute the arm's own run of this budget needs, read on its curve, to reach the loss its "
+    "final size ends a run of the same budget at (and the final size's tokens over the arm's "
+    "at that point). The frontier divides by the best fixed size, tuned and decayed at each "
+    "budget; the mid-run readings by one size, the arm's final, whatever size is best at the "
+    "budget, read where it is not decayed (long schedule, stable phase: this flatters the arm) "
+    "or where the arm is not (to its loss: this does not), so none of them is a speed-up a "
+    "user choosing the best size per budget would see. ≥ / ≤: a bound (beyond the measured "
+    "budgets or points), no interval; no curve: the rows lack the curves a reading needs (a "
+    "study run before curves, or without a long schedule).")
+
+
+def _curve_cell(estimate: Pooled | None) -> str:
+    """A mid-run reading's cell (`pooled_cell`), ``no curve`` where the rows have none."""
+    return "no curve" if estimate is None else pooled_cell(estimate)
+
+
 def literature_lines(results: Sequence[Literature]) -> list[str]:
     """The literature's measures beside the frontier's (one table), and where the speed-up
     against the final size comes from (a second), with what each measures."""
-    lines = ["The speed-up of each growing arm measured four ways on the same rows (geometric "
-             "means; pooled power law with its jackknife t interval over episodes unless "
-             "said): **frontier** — the compute the envelope of every fixed size of its width "
-             "needs to reach the arm's loss, over the arm's (and the same per episode, "
-             "piecewise: the study's own table); **every width** — the same against the "
-             "envelope of every width's sizes; **final size** — the compute its own final size "
-             "(born that size, fully decayed at each budget, at its tuned rate) needs to reach "
-             "the arm's loss, over the arm's: the same-size comparison the growth literature "
-             "makes, but against a decayed, per-budget tuned baseline; **time to the final "
-             "size's loss** — the arm's budget over the compute the arm needs (on its own "
-             "fitted curve) to reach the loss its final size reaches with that budget. "
-             "≥ / ≤: a bound (beyond the measured budgets), no interval. The rows hold each "
-             "run's loss at the end of its budget only, fully decayed, so the literature's "
-             "other readings — the grown model against its final size read mid-run on one "
-             "long schedule (cosine, or a WSD run's stable phase), and tokens to the same-size "
-             "model's final loss read on the grown model's own mid-run curve — need "
-             "per-evaluation curves these studies did not record.", "",
+    lines = [LITERATURE_READINGS, "",
              "| arm | width | budget (× base) | episodes | frontier | frontier, per episode "
-             "piecewise [t] | every width | final size | time to the final size's loss |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "piecewise [t] | every width | final size | time to the final size's loss | long "
+             "schedule, mid-run | WSD stable phase | to the final size's loss, mid-run | the "
+             "same in tokens |", "|---|" + "---:|" * 12]
     for r in results:
         lines.append(f"| {r.arm} | {r.width} | {r.budget:g} | {r.frontier.n} | "
                      f"{pooled_cell(r.frontier)} | {episode_cell(r.today)} | "
                      f"{pooled_cell(r.cross)} | {pooled_cell(r.final)} | "
-                     f"{pooled_cell(r.target)} |")
+                     f"{pooled_cell(r.target)} | {_curve_cell(r.long)} | "
+                     f"{_curve_cell(r.stable)} | {_curve_cell(r.reach)} | "
+                     f"{_curve_cell(r.reach_tokens)} |")
     lines += ["", "Where the speed-up against the final size s comes from: s = 1 − τ + v·(c − 1 "
               "+ τ), an identity, not a bound (c the token ceiling, the arm's tokens at the "
               "final size's FLOPs per token over its budget; c − 1 + τ = τ·r for one growth, r "
