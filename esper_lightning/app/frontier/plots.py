@@ -175,12 +175,17 @@ def literature_figure(results: Sequence[Any], path: Path) -> None:
     top = max((getattr(v, "value", getattr(v, "mean", 0.0)) for v in drawn if v is not None),
               default=0.0)
     ticks = [*SPEEDUP_TICKS, *(t for t in HIGH_TICKS if t <= top)]
+    # The measures some result has (rows without curves have no mid-run reading), spread
+    # apart around each budget; each keeps its colour.
+    shown = [k for k, (_, name, _) in enumerate(MEASURES)
+             if any(getattr(r, name) is not None for r in results)]
     for i, arm in enumerate(arms):
         for j, width in enumerate(widths):
             axes = panels[i][j]
             mine = [r for r in results if r.arm == arm and r.width == width]
-            for k, (label, name, marker) in enumerate(MEASURES):
-                _measure(axes, mine, name, marker, f"C{k}", label, k - (len(MEASURES) - 1) / 2)
+            for place, k in enumerate(shown):
+                label, name, marker = MEASURES[k]
+                _measure(axes, mine, name, marker, f"C{k}", label, place - (len(shown) - 1) / 2)
             axes.axhline(1.0, color="black", linewidth=1)
             axes.set_xscale("log")
             axes.set_yscale("log")
