@@ -1,8 +1,10 @@
+import copy
 import logging
 
 import pytest
 import torch
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from esper_lightning.core.actions import (
     Action,
@@ -408,3 +410,38 @@ def test_a_loss_scalers_overflow_is_not_read_as_the_seeds_health():
         p.grad = torch.full_like(p, 1e-3)
     engine.capture_gradient_stats(scaled=True)
     assert (metrics.gradient_health, metrics.has_exploding) == (1.0, False)
+
+
+def _counted_step(net: nn.Module, x: torch.Tensor) -> int:
+    """One real training step of a copy of ``net`` counted by `FlopCounterMode`: apart from the
+    ledger's meter (meta tensors, once per architecture)."""
+    counter = FlopCounterMode(display=False)
+    with counter:
+        copy.deepcopy(net)(x).sum().backward()
+    return int(counter.get_total_flops())
+
+
+def test_growth_flops_are_the_live_seeds_share_of_the_steps_and_reach_the_report():
+    net, engine = _engine()
+    x = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(3))
+    host = _counted_step(net, x)
+    engine.compute.end_step(engine.compute.begin_step(net, x))
+    assert engine.growth_flops == 0.0 and engine.train_flops == host  # no seed: all the host's
+    assert engine.execute(GERMINATE).success
+    engine.tick()
+    _healthy(engine, "net.1")
+    assert engine.execute(ADVANCE).success  # TRAINING: the seed runs in every step
+    engine.compute.end_step(engine.compute.begin_step(net, x))
+    whole = _counted_step(net, x)
+    assert whole > host and engine.growth_flops == whole - host  # the seed's part of the step
+    assert engine.train_flops == 2 * host + engine.growth_flops  # the budget counts it whole
+    engine.compute.charge_validation(1e6, 3e6)  # validation and counterfactual are no growth
+    engine.record_epoch(40.0, 1.5, 1.7)
+    report = engine.report(max_epochs=4)
+    assert report.growth_flops == whole - host and report.train_flops == engine.train_flops
+    engine.prune_live("governor_rollback")
+    engine.compute.end_step(engine.compute.begin_step(net, x))
+    assert engine.growth_flops == whole - host  # no live seed: the step is the host's again
+    assert engine.train_flops == 3 * host + engine.growth_flops
+    with pytest.raises(AttributeError):
+        engine.growth_flops = 0.0  # read-only: the ledger's kind

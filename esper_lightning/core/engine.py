@@ -313,6 +313,12 @@ class MorphogenesisEngine:
         return self.compute.train_flops
 
     @property
+    def growth_flops(self) -> float:
+        """The part of `train_flops` the live seeds added to the training steps (the ledger's
+        ``growth`` kind; a fossilized seed's share is the host's, ``train``)."""
+        return self.compute.flops["growth"]
+
+    @property
     def validation_flops(self) -> float:
         """FLOPs of validation forwards (the ledger's; they never spend a budget)."""
         return self.compute.flops["validation"]
@@ -398,6 +404,7 @@ class MorphogenesisEngine:
             topology=self.topology,
             seed_params_history=tuple(self.seed_params_history),
             train_flops=self.train_flops,
+            growth_flops=self.growth_flops,
             budget_flops=self.budget_flops,
             budget_scale=self.budget_scale,
             run_fraction=run_fraction,

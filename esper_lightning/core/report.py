@@ -42,6 +42,9 @@ class EpochReport:
         topology: ``"cnn"``, ``"transformer"`` or ``"linear"``.
         train_flops: training FLOPs spent so far in this run or episode (host and every seed,
             forward and backward; 0 when nobody measures them).
+        growth_flops: the part of ``train_flops`` the live seeds (germinated, not yet
+            fossilized) added to the training steps (`core.compute`'s ``growth`` kind; 0 when
+            nobody measures them, and in a report built before the field existed).
         budget_flops: the run's compute budget in training FLOPs (None: no budget; the run is
             as long as its epochs).
         budget_scale: the episode's budget over the run's base budget when budgets vary by
@@ -76,6 +79,7 @@ class EpochReport:
     budget_flops: float | None = None
     budget_scale: float = 1.0
     run_fraction: float | None = None
+    growth_flops: float = 0.0
 
     @property
     def budget_fraction(self) -> float | None:
