@@ -152,21 +152,31 @@ def test_stack_families_and_what_the_tuning_refuses():
 
 
 def test_the_command_refuses_in_one_line(tmp_path, capsys):
-    assert main([str(tmp_path), "--out", str(tmp_path / "l.json")]) == 2
+    out = str(tmp_path / "l.json")
+    assert main([str(tmp_path / "absent"), "--out", out]) == 2
+    assert capsys.readouterr().err == (f"esper-lightning lookup: error: comparison folder "
+                                       f"'{tmp_path / 'absent'}' does not exist; accepted: the "
+                                       "folder a comparison wrote (compare --out)\n")
+    assert main([str(tmp_path), "--out", out]) == 2
     assert capsys.readouterr().err == (f"esper-lightning lookup: error: '{tmp_path}' holds no "
                                        "comparison (no compare_config.json)\n")
+    (tmp_path / "compare_config.json").write_text(json.dumps(
+        {"task": "lm", "host_preset": "grow2", "slots": ["r1c0"], "budget_steps": 40,
+         "budget_scales": [1.0, 4.0]}))
+    assert main([str(tmp_path), "--out", out]) == 2
+    assert capsys.readouterr().err == (f"esper-lightning lookup: error: '{tmp_path}' has played "
+                                       "no episode yet (no episodes.csv); run the comparison "
+                                       "first\n")
+    (tmp_path / "episodes.csv").write_text("")
+    assert main([str(tmp_path), "--out", str(tmp_path)]) == 2
+    assert f"--out '{tmp_path}' is a folder; accepted: a file path" in capsys.readouterr().err
+    assert main([str(tmp_path), "--out", str(tmp_path / "episodes.csv" / "l.json")]) == 2
+    assert "is a file, so no folder can be made there" in capsys.readouterr().err
     for judged in ("speed", "loss_curve", "test_bits"):  # a curve; the final tables' split
         assert main([str(tmp_path), "--out", "x", "--judged", judged]) == 2
         err = capsys.readouterr().err
         assert f"judged metric {judged!r} cannot choose a lookup; accepted: outcome" in err
         assert "final_bits" in err and "test_bits" not in err.split("accepted")[1]
-    (tmp_path / "compare_config.json").write_text(json.dumps(
-        {"task": "lm", "host_preset": "grow2", "slots": ["r1c0"], "budget_steps": 40,
-         "budget_scales": [1.0, 4.0]}))
-    assert main([str(tmp_path), "--out", str(tmp_path / "l.json")]) == 2
-    assert capsys.readouterr().err == (f"esper-lightning lookup: error: '{tmp_path}' has played "
-                                       "no episode yet (no episodes.csv); run the comparison "
-                                       "first\n")
     assert main([str(tmp_path)]) == 2  # --out is required
     assert not (tmp_path / "l.json").exists()
 

@@ -1,4 +1,5 @@
-"""Fast start: a bad path on the command line is refused in one line before torch and Lightning
+"""Fast start: a bad path on the command line (every command's: data, checkpoints, policies,
+comparison and study folders, texts, documents) is refused in one line before torch and Lightning
 load, and importing the package or its torch-free modules loads neither (nor scipy, matplotlib).
 
 Deterministic checks of what a fresh process has imported, never of how long it took:
@@ -46,8 +47,28 @@ def run_cases(cases: list[list[str]]) -> list[dict]:
     return [json.loads(line) for line in done.stdout.splitlines()]
 
 
+#: A study's plan (`app.frontier.plan`): a study folder the path checks accept.
+PLAN = {"name": "tiny", "purpose": "tuning", "base_flops": 2e7, "budgets": [1, 2],
+        "warmup_flops": 2e6, "arms": [{"arm": "S2", "lr": 1e-2}], "episodes": 1, "rng_seed": 5,
+        "shape": {"width": 8, "n_head": 2, "block_size": 8, "batch_size": 4}}
+
+
+def played_comparison(root: Path) -> Path:
+    """A folder the lookup's path checks accept: a budgeted comparison's settings and an
+    (empty: only its content needs torch to read) episodes table."""
+    root.mkdir()
+    (root / "compare_config.json").write_text(json.dumps(
+        {"task": "lm", "host_preset": "grow2", "slots": ["r1c0"], "budget_steps": 40,
+         "budget_scales": [1.0, 4.0]}))
+    (root / "episodes.csv").touch()
+    return root
+
+
 def test_bad_paths_are_one_line_before_torch_loads(tmp_path):
     missing = tmp_path / "absent"
+    study, compared = tmp_path / "study", played_comparison(tmp_path / "compared")
+    study.mkdir()
+    (study / "plan.json").write_text(json.dumps(PLAN))
     cases = {  # argv -> what the one line must name
         ("ppo", "--data-dir", f"{missing}/cifar"): f"CIFAR-10 not found in '{missing}/cifar'",
         ("ppo", "--preset", "lm-smoke", "--data-dir", f"{missing}/missing.txt"):
@@ -63,6 +84,26 @@ def test_bad_paths_are_one_line_before_torch_loads(tmp_path):
             f"checkpoint '{missing}/ckpt.pt' does not exist; accepted: a PPO checkpoint",
         ("ship", str(tmp_path), "--out", f"{tmp_path}/policy.pt"):
             f"checkpoint '{tmp_path}' is a folder",
+        ("compare", "--controllers", "static", f"policy:{missing}/p.pt", "--data_dir",
+         str(cifar_folder(tmp_path))): f"'{missing}/p.pt' does not exist; accepted: policy:PATH",
+        ("lookup", f"{missing}/cmp", "--out", "o.json"):
+            f"comparison folder '{missing}/cmp' does not exist",
+        ("lookup", str(compared), str(tmp_path), "--out", "o.json"):
+            f"'{tmp_path}' holds no comparison (no compare_config.json)",
+        ("lookup", str(compared), "--out", str(tmp_path)): f"--out '{tmp_path}' is a folder",
+        ("frontier", "run", f"{missing}/study", "--text", f"{missing}/t.txt"):
+            f"plan '{missing}/study/plan.json' not found",
+        ("frontier", "run", str(study), "--text", f"{missing}/t.txt"):
+            f"text file or folder '{missing}/t.txt' not found",
+        ("frontier", "select", f"{missing}/study"): f"plan '{missing}/study/plan.json' not found",
+        ("frontier", "report", str(study), "--with", f"{missing}/other"):
+            f"plan '{missing}/other/plan.json' not found",
+        ("frontier", "report", str(study), "--docs", f"{missing}/results.md"):
+            f"--docs '{missing}/results.md' is not a file",
+        ("frontier", "widths", f"{study}+{missing}/joined", str(study)):
+            f"plan '{missing}/joined/plan.json' not found",
+        ("frontier", "widths", str(study), "--tuning", f"{missing}/tuning"):
+            f"plan '{missing}/tuning/plan.json' not found",
     }
     results = run_cases([list(argv) for argv in cases])
     assert len(results) == len(cases)

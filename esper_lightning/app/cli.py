@@ -127,13 +127,22 @@ def describe_arms(parser: ArgumentParser) -> None:
 
 
 def check_arms(config: TaskConfig) -> None:
-    """Every ``--controllers`` entry is a registered arm kind written as it takes (`Comparison`
-    checks each argument when it builds the arm, after torch and Lightning have loaded)."""
-    from esper_lightning.app.compare.arms import parse_controller  # the registry imports no torch
+    """Every ``--controllers`` entry is a registered arm kind written as it takes, and the file
+    of a kind whose argument is a path (``policy:PATH``, ``lookup:PATH``) exists: a wrong path
+    is one line at once. `Comparison` checks each argument's content when it builds the arm,
+    after torch and Lightning have loaded."""
+    from esper_lightning.app.compare.arms import (  # the registry imports no torch
+        arm_kinds,
+        parse_controller,
+    )
 
     assert isinstance(config, CompareConfig)
     for text in config.controllers:
-        parse_controller(text)
+        spec = parse_controller(text)
+        usage = arm_kinds()[spec.kind].usage if spec.kind in arm_kinds() else ""
+        if usage.endswith(":PATH") and not Path(str(spec.argument)).exists():
+            raise ConfigError(f"controller {text!r}: '{spec.argument}' does not exist; "
+                              f"accepted: {usage} naming an existing file")
 
 
 COMMANDS = {

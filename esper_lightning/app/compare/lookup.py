@@ -25,22 +25,19 @@ import json
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 from jsonargparse import ArgumentParser, Namespace
 
 from esper_lightning.app.cli import own_parser, run_own
-from esper_lightning.app.compare.records import BUDGET, METRICS, EpisodeRecord, read_records_csv
-from esper_lightning.app.compare.regret import (
-    NEVER_ARM,
-    best_arm,
-    choose_oracle,
-    stack_families,
-)
-from esper_lightning.app.compare.table import by_budget
-from esper_lightning.controllers.lookup import GrowthLookup
 from esper_lightning.errors import ConfigError
+
+if TYPE_CHECKING:  # the records and the lookup load torch: imported where they are used, so
+    # the command refuses a bad folder before torch and Lightning load (`_check_paths`)
+    import pandas as pd
+
+    from esper_lightning.app.compare.records import EpisodeRecord
+    from esper_lightning.controllers.lookup import GrowthLookup
 
 __all__ = ["build_parser", "comparison_config", "families", "main", "tune_lookup"]
 
@@ -53,6 +50,8 @@ def families(labels: Iterable[str]) -> dict[str, dict[str, tuple[float, ...]]]:
         >>> families(["static", "stack:2@0.2:identity", "stack:2@0.4:identity", "stack:2@random"])
         {'2:identity:1': {'stack:2@0.2:identity': (0.2,), 'stack:2@0.4:identity': (0.4,)}}
     """
+    from esper_lightning.app.compare.regret import stack_families
+
     return {f"{depth}:{operator}:{events}": arms
             for (depth, operator, events), arms in stack_families(labels).items()}
 
@@ -73,6 +72,10 @@ def tune_lookup(records: Sequence[EpisodeRecord], base_flops: float, judged: str
         ConfigError: no family or several without ``family``, one with a single TAU, episodes
             without a budget (one line each).
     """
+    from esper_lightning.app.compare.regret import NEVER_ARM, best_arm, choose_oracle
+    from esper_lightning.app.compare.table import by_budget
+    from esper_lightning.controllers.lookup import GrowthLookup
+
     found = families(r.controller for r in records)
     if family is None and len(found) != 1:
         raise ConfigError(f"{'no' if not found else 'several'} stack:K@TAU families in the "
@@ -157,8 +160,10 @@ def main(argv: Sequence[str]) -> int:
 
 def _tune(args: Namespace) -> int:
     """Tune the lookup ``args`` asks for, write it and say what it chose."""
+    folders = [Path(f) for f in args.comparison]
+    _check_paths(folders, args.out)
     _check_judged(args.judged)
-    records, base, tuning = _pooled([Path(f) for f in args.comparison])
+    records, base, tuning = _pooled(folders)
     lookup = tune_lookup(records, base, args.judged, args.family, tuning)
     path = lookup.write(args.out)
     chosen = ", ".join(f"{s:g}: {'never' if t is None else ','.join(f'{x:g}' for x in t)}"
@@ -167,6 +172,24 @@ def _tune(args: Namespace) -> int:
           f"tuning runs, arm by episode); the best single schedule: "
           f"{lookup.tuning['best_single']}")
     return 0
+
+
+def _check_paths(folders: Sequence[Path], out: str) -> None:
+    """The command's paths, checked before the records load torch and Lightning, so a mistake
+    is one line at once: every folder a played, budgeted comparison's (`comparison_config`,
+    `_episodes_file`; its content is read later), and ``--out`` a file path (its folder is
+    made)."""
+    for folder in folders:
+        comparison_config(folder)
+        _episodes_file(folder)
+    target = Path(out)
+    if target.is_dir():
+        raise ConfigError(f"--out '{out}' is a folder; accepted: a file path such as "
+                          f"{target / 'lookup.json'}")
+    above = next((p for p in target.parents if p.exists()), None)  # where its folder is made
+    if above is not None and not above.is_dir():
+        raise ConfigError(f"--out '{out}': '{above}' is a file, so no folder can be made "
+                          "there; accepted: a file path in a folder")
 
 
 #: Episode indices of the k-th of several comparisons start at k times this: each keeps its own
@@ -204,6 +227,8 @@ def _pooled(folders: Sequence[Path]) -> tuple[list[EpisodeRecord], float, dict[s
 def _check_judged(judged: str) -> None:
     """A lookup is chosen by a scalar metric with a direction, read on the validation split: a
     curve has no single value, and the test split is the final tables' alone."""
+    from esper_lightning.app.compare.records import METRICS
+
     accepted = [m.name for m in METRICS.values()
                 if m.better and m.kind == "scalar" and not m.name.startswith("test_")]
     if judged not in accepted:
@@ -214,11 +239,9 @@ def _check_judged(judged: str) -> None:
 def _played(folder: Path, config: Any, base: float) -> list[EpisodeRecord]:
     """The folder's episodes, refused in one line when there are none or a budget of the
     comparison's ``budget_scales`` drew none (the table would silently lack that point)."""
-    file = folder / "episodes.csv"
-    if not file.is_file():
-        raise ConfigError(f"'{folder}' has played no episode yet (no episodes.csv); run the "
-                          "comparison first")
-    records = read_records_csv(file)
+    from esper_lightning.app.compare.records import BUDGET, read_records_csv
+
+    records = read_records_csv(_episodes_file(folder))
     found = {round(r[BUDGET] / base, 9) for r in records if r[BUDGET] is not None}
     missing = [s for s in config.budget_scales or () if round(s, 9) not in found]
     if missing:
@@ -227,12 +250,25 @@ def _played(folder: Path, config: Any, base: float) -> list[EpisodeRecord]:
     return records
 
 
+def _episodes_file(folder: Path) -> Path:
+    """The comparison's ``episodes.csv``; one-line `ConfigError` when it played none yet."""
+    file = folder / "episodes.csv"
+    if not file.is_file():
+        raise ConfigError(f"'{folder}' has played no episode yet (no episodes.csv); run the "
+                          "comparison first")
+    return file
+
+
 def comparison_config(folder: Path) -> Any:
     """The settings a budgeted comparison's episodes were played with (the folder's
     ``compare_config.json``), as a `CompareConfig`; one-line `ConfigError` when the folder
     holds no comparison or one without a budget."""
     from esper_lightning.app.config import CompareConfig, from_layers, saved_values
 
+    if not folder.is_dir():
+        what = "is a file" if folder.exists() else "does not exist"
+        raise ConfigError(f"comparison folder '{folder}' {what}; accepted: the folder a "
+                          "comparison wrote (compare --out)")
     file = folder / "compare_config.json"
     if not file.is_file():
         raise ConfigError(f"'{folder}' holds no comparison (no compare_config.json)")

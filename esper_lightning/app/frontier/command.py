@@ -105,6 +105,22 @@ def _act(args: Namespace) -> int:
     return 0
 
 
+def _check_studies(folders: Sequence[str], docs: str | None = None) -> None:
+    """Each study folder holds its plan and ``docs`` (when given) is a file, checked before the
+    report's imports (scipy, matplotlib) and the rows' (torch) load, so a mistake is one line at
+    once, and a report is never written for a document that is not there."""
+    from esper_lightning.app.frontier.study import PLAN_FILE
+
+    for folder in folders:
+        plan = Path(folder) / PLAN_FILE
+        if not plan.is_file():
+            raise ConfigError(f"plan '{plan}' not found; accepted: a study folder holding its "
+                              f"{PLAN_FILE}")
+    if docs is not None and not Path(docs).is_file():
+        raise ConfigError(f"--docs '{docs}' is not a file; accepted: a document holding the "
+                          "study's <!-- frontier:NAME:begin/end --> sections")
+
+
 def _loaded(folder: str) -> tuple[Any, list[dict[str, Any]]]:
     from esper_lightning.app.frontier.plan import read_plan
     from esper_lightning.app.frontier.study import PLAN_FILE, read_rows
@@ -117,6 +133,7 @@ def _loaded(folder: str) -> tuple[Any, list[dict[str, Any]]]:
 
 def _selected(folder: str) -> list[dict[str, Any]]:
     """The arms with their selected rates, as a final plan's ``arms`` list."""
+    _check_studies([folder])
     from esper_lightning.app.frontier.report import select_lrs
 
     plan, rows = _loaded(folder)
@@ -141,6 +158,7 @@ def _selected(folder: str) -> list[dict[str, Any]]:
 
 
 def _report(folder: str, docs: str | None, others: Sequence[str] = ()) -> Path:
+    _check_studies([folder, *others], docs)
     from esper_lightning.app.frontier.report import write_report
 
     plan, rows = _loaded(folder)
@@ -153,6 +171,7 @@ def _report(folder: str, docs: str | None, others: Sequence[str] = ()) -> Path:
 
 
 def _widths(groups: Sequence[str], docs: str | None, tuning: Sequence[str] = ()) -> list[str]:
+    _check_studies([f for group in groups for f in group.split("+")] + list(tuning), docs)
     from esper_lightning.app.frontier.report import write_widths
 
     studies = []
