@@ -15,7 +15,9 @@ from jsonargparse import ArgumentParser
 from esper_lightning import __version__
 from esper_lightning.app.cli import (
     OWN_PARSER,
+    READER_GONE,
     build_parser,
+    main,
     own_actions,
     own_parser,
     own_subcommand,
@@ -177,6 +179,27 @@ def test_help_lists_preset_and_version_answers():
     done = cli("--version")
     assert (done.returncode, done.stdout) == (0, f"esper-lightning {__version__}\n")
     assert "--version" in cli("--help").stdout
+
+
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(monkeypatch, capsys):
+    from esper_lightning.app.frontier import command
+
+    # select's table (every arm's chosen rates), longer than a stream's buffer: the pipe
+    # breaks while it prints; --version's one line breaks it at main's flush.
+    table = [{"arm": f"S{k}", "lr": {"1": 1e-3, "2": 2e-3}} for k in range(500)]
+    monkeypatch.setattr(command, "_selected", lambda study: table)
+    captured = sys.stdout
+    for argv in (["frontier", "select", "STUDY"], ["--version"]):
+        read, write = os.pipe()
+        os.close(read)  # the reader has gone (``| head -1`` after its line)
+        with open(write, "w") as stream:  # buffered, as stdout into a pipe is
+            monkeypatch.setattr(sys, "stdout", stream)
+            assert main(argv) == READER_GONE == 141, argv
+            # stdout now writes to devnull: Python's last flush at exit cannot raise again.
+            stream.write("x" * 100_000)
+            stream.flush()
+            monkeypatch.setattr(sys, "stdout", captured)
+        assert capsys.readouterr().err == ""  # no traceback, no line
 
 
 @pytest.mark.parametrize(

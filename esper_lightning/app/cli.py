@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
 import sys
 import types
@@ -524,7 +525,41 @@ def attach_log_handler() -> None:
         logger.setLevel(logging.INFO)
 
 
+#: The status when stdout's reader closed the pipe: 128 + SIGPIPE, what a shell reports for a
+#: tool the closed pipe stopped (``yes | head -1``), so a script with ``set -o pipefail`` sees
+#: this command as it sees any other; 0 would say the whole table reached a reader that left.
+READER_GONE = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """``esper-lightning``'s status: the command's (`COMMANDS`, `OWN_PARSER`), 2 with one line on
+    a bad input, and `READER_GONE`, quietly, when the reader of its output closed the pipe
+    (``esper-lightning frontier select STUDY | head -1``)."""
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # a closed pipe shows here at latest, while it is still caught
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        return READER_GONE
+    return status
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout's file descriptor at devnull: what is still buffered for the closed pipe
+    goes nowhere when Python flushes at exit, instead of raising there again (a traceback
+    after the command returned). A stdout without a descriptor (a caller's in-process stream)
+    has no such flush to silence."""
+    try:
+        descriptor = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, descriptor)
+    os.close(devnull)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    """`main` before its guard against a closed pipe."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         names = [*COMMANDS, *OWN_PARSER]
