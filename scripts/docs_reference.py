@@ -113,12 +113,47 @@ def _sentence(summary: str) -> str:
     return summary[0].upper() + summary[1:] + "."
 
 
+def _own_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Each command with a parser of its own (`cli.OWN_PARSER`), by name."""
+    return {name: importlib.import_module(module).build_parser()
+            for name, (_, module) in cli.OWN_PARSER.items()}
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return next((a.choices for a in parser._actions
+                 if isinstance(a, argparse._SubParsersAction)), {})
+
+
+def _config_commands() -> list[str]:
+    """Every command line that takes ``--config`` and ``--print_config`` (each subcommand of a
+    command of subcommands), read off the parsers, so the page's sentence is true of the code.
+
+    Raises:
+        ValueError: a command that takes neither (the sentence would be false; say otherwise).
+    """
+    parsers = {name: cli.build_parser(name) for name in cli.COMMANDS}
+    for name, parser in _own_parsers().items():
+        parsers.update({f"{name} {sub}": p for sub, p in _subcommands(parser).items()}
+                       or {name: parser})
+    lacking = [name for name, parser in parsers.items()
+               if not {"--config", "--print_config"} <= set(parser._option_string_actions)]
+    if lacking:
+        raise ValueError(f"'esper-lightning {lacking[0]}' takes no --config/--print_config; "
+                         "cli.md says every command does")
+    return list(parsers)
+
+
 def cli_page() -> str:
+    names = ", ".join(f"`{name}`" for name in _config_commands())
     lines = ["# Command line", "", GENERATED, "",
              "One program, `esper-lightning`, with a command per job; `examples/cifar_ppo.py` is "
              "`esper-lightning ppo`. Bad input is one line on stderr and exit status 2; nothing "
              "already written is lost. Every key is described in "
-             "[Configuration](configuration.md).", ""]
+             "[Configuration](configuration.md).", "",
+             f"Every command ({names}) takes `--config FILE`, a YAML or JSON file of its keys, "
+             "and `--print_config`, which prints the command line as such a file for `--config` "
+             "to read back; flags after `--config` override the file. A command whose output "
+             "is read by a pipe that closes early (`| head`) stops quietly with status 141.", ""]
     for name, command in cli.COMMANDS.items():
         parser = cli.build_parser(name)
         lines += [f"## `esper-lightning {name}`", "", _sentence(command.summary), "",
@@ -127,13 +162,10 @@ def cli_page() -> str:
             lines += ["What `--controllers` names (`app.compare.arms.ARM_KINDS`; a new kind is "
                       "one `register_arm` call):", "", "| arm | what it plays |", "|---|---|",
                       *(f"| `{kind.usage}` | {kind.about} |" for kind in ARM_KINDS.values()), ""]
-    for name, (summary, module) in cli.OWN_PARSER.items():
-        parser = importlib.import_module(module).build_parser()
-        subcommands = next((a.choices for a in parser._actions
-                            if isinstance(a, argparse._SubParsersAction)), {})
-        lines += [f"## `esper-lightning {name}`", "", _sentence(summary), "",
+    for name, parser in _own_parsers().items():
+        lines += [f"## `esper-lightning {name}`", "", _sentence(cli.OWN_PARSER[name][0]), "",
                   "```text", _help_text(parser), "```", ""]
-        for sub, sub_parser in subcommands.items():
+        for sub, sub_parser in _subcommands(parser).items():
             lines += [f"### `esper-lightning {name} {sub}`", "", "```text",
                       _help_text(sub_parser), "```", ""]
     return "\n".join(lines).rstrip() + "\n"
