@@ -267,12 +267,16 @@ RANKED = ("static", "grower:conv_light", "grower:conv_heavy:all:hold", "random")
 
 
 def test_mean_returns_rank_scripted_controllers_like_their_mean_outcomes(cifar_dir, tmp_path):
-    """Real envs, 8 host seeds: WAIT, a good grower, a wasteful grower (conv_heavy in every slot,
+    """Real envs, 4 host seeds: WAIT, a good grower, a wasteful grower (conv_heavy in every slot,
     never fossilized) and random. The return is the outcome plus shaping that nearly telescopes,
     so the orders must agree and each mean return must sit within 1 of its mean outcome."""
+    # 4 episodes, not 8: each episode's return sits within 0.04 of its outcome while the four
+    # mean outcomes stand 0.16 to 1.2 apart (static 94.17, conv_light 93.77, random 93.60,
+    # conv_heavy 92.43): the episodes are the first 4 of the 8 episode seeds, and both checks
+    # keep the margins they had with 8.
     config = CompareConfig(data_dir=str(cifar_dir), out=str(Path(tmp_path) / "out"),
                            episode_length=8, batch_size=16, slots=("r0c1", "r0c2"),
-                           min_training_epochs=1, seeds=8, envs=8, progress=False,
+                           min_training_epochs=1, seeds=4, envs=4, progress=False,
                            controllers=RANKED)
     records = Comparison(config).run()
     means = {}
