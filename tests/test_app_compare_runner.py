@@ -56,8 +56,24 @@ def read_rows(path: Path) -> list[dict[str, str]]:
         return [{k: v for k, v in row.items() if k != "wall_seconds"} for row in csv.DictReader(f)]
 
 
+@pytest.fixture(autouse=True)
+def _figures_only_where_read(request: pytest.FixtureRequest,
+                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A comparison here draws its figures only in a test that asks for `figures` (those that
+    read a figure, and the language model's comparison, whose figures are its own): drawing is
+    about half of a tiny comparison's time, and the drawing itself is test_app_compare_plots.py's
+    to test."""
+    if "figures" not in request.fixturenames:
+        monkeypatch.setattr(compare_module.plots, "save_figures", lambda *args, **kwargs: [])
+
+
+@pytest.fixture
+def figures() -> None:
+    """This test's comparisons draw every figure, as the command does."""
+
+
 # --- pairing on the real env pool ---------------------------------------------------------------
-def test_identical_controllers_give_identical_episodes(cifar_dir, tmp_path):
+def test_identical_controllers_give_identical_episodes(cifar_dir, tmp_path, figures):
     config = fixture_config(cifar_dir, tmp_path / "out", controllers=("static", "twin"), seeds=2)
     command = ["esper-lightning", "compare", "--preset", "smoke", "--out", "my out"]
     comparison = Comparison(config, custom={"twin": lambda plan: StaticController()},
@@ -133,7 +149,8 @@ FINAL_TRAIN_LOSS = Metric("final_train_loss", lambda e: e.reports[-1].train_loss
                           description="mean training loss of the last epoch")
 
 
-def test_a_metric_added_in_one_place_reaches_every_output(cifar_dir, tmp_path, monkeypatch):
+def test_a_metric_added_in_one_place_reaches_every_output(cifar_dir, tmp_path, monkeypatch,
+                                                           figures):
     monkeypatch.setitem(METRICS, FINAL_TRAIN_LOSS.name, FINAL_TRAIN_LOSS)
     out = tmp_path / "out"
     Comparison(fixture_config(cifar_dir, out, controllers=("static", "grower:norm"))).run()
@@ -418,7 +435,7 @@ def test_a_table_without_grown_seeds_cannot_feed_matched(cifar_dir, tmp_path):
     assert checksums(out) == before
 
 
-def test_lm_comparison_records_token_accuracy_and_loss(text_file, tmp_path):
+def test_lm_comparison_records_token_accuracy_and_loss(text_file, tmp_path, figures):
     values = preset_values("lm-smoke", CompareConfig)
     config = CompareConfig(**{**values, "data_dir": str(text_file), "out": str(tmp_path / "out"),
                               "controllers": ("static", "grower:lora", "matched:grower:lora"),
