@@ -40,6 +40,21 @@ from esper_lightning.rl.rewards import RewardConfig
 NEW_COLUMNS = ("final_bits", "train_flops", "data_passes", "train_flops_curve")
 
 
+@pytest.fixture(autouse=True)
+def _figures_only_where_read(request: pytest.FixtureRequest,
+                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A comparison here draws its figures only in a test that asks for `figures` (those that
+    read a figure): drawing is about half of a tiny comparison's time, and the drawing itself
+    is test_app_compare_plots.py's to test."""
+    if "figures" not in request.fixturenames:
+        monkeypatch.setattr(compare_module.plots, "save_figures", lambda *args, **kwargs: [])
+
+
+@pytest.fixture
+def figures() -> None:
+    """This test's comparisons draw every figure, as the command does."""
+
+
 def record(controller: str, index: int, losses, flops, **values) -> EpisodeRecord:
     n = len(losses)
     return EpisodeRecord(controller, index, 100 + index, "w32l1", {
@@ -107,7 +122,8 @@ def test_a_table_written_before_flops_were_counted_still_reads_and_resumes(tmp_p
 
 
 # --- a budgeted comparison on the language-model task -------------------------------------------
-def test_budgeted_lm_comparison_judges_the_test_loss_at_the_budget(text_file, tmp_path):
+def test_budgeted_lm_comparison_judges_the_test_loss_at_the_budget(text_file, tmp_path,
+                                                                  figures):
     config = CompareConfig(
         task="lm", host_preset="w32l1", slots=("r0c0",), block_size=16, batch_size=8,
         episode_length=4, val_subset=8, min_training_epochs=1, data_dir=str(text_file),
