@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from helpers import torch_round_trip
 
 import esper_lightning.controllers.stack as stack_module
+from esper_lightning.app.compare import runner as compare_runner
 from esper_lightning.app.compare.runner import Comparison
 from esper_lightning.app.config import CompareConfig, preset_values
 from esper_lightning.controllers import HeuristicConfig, HeuristicController, StackController
@@ -202,11 +203,14 @@ def test_docstring_examples_run():
     assert result.attempted > 0 and result.failed == 0
 
 
-def test_lm_comparison_of_stack_born_and_static_on_grow4(text_file, tmp_path):
+def test_lm_comparison_of_stack_born_and_static_on_grow4(text_file, tmp_path, monkeypatch):
+    # No figures: this test reads none, and they were a third of its time.
+    monkeypatch.setattr(compare_runner.plots, "save_figures", lambda *args, **kwargs: [])
     values = preset_values("lm-smoke", CompareConfig)
+    # 12 epochs, not 20: 8 were already enough for the stacked block to become a fossil.
     config = CompareConfig(**{
         **values, "data_dir": str(text_file), "out": str(tmp_path / "out"),
-        "host_preset": "grow4", "slots": ("r1c0",), "episode_length": 20, "train_subset": 32,
+        "host_preset": "grow4", "slots": ("r1c0",), "episode_length": 12, "train_subset": 32,
         "controllers": ("static", "born:4", "stack:4@0.15:identity"), "seeds": 1, "envs": 3,
         "progress": False})
     records = {r.controller: r for r in Comparison(config).run()}
