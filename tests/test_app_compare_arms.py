@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from esper_lightning.app import cli
+from esper_lightning.app.compare import runner as compare_runner
 from esper_lightning.app.compare.arms import (
     ARM_KINDS,
     ArmKind,
@@ -137,10 +138,13 @@ def test_compare_help_lists_every_registered_kind(scratch_arms, capsys):
         assert "".join(f"{kind.usage}: {kind.about}".split()) in text
 
 
-def test_a_sampled_policy_draws_from_a_generator_seeded_by_the_episode(smoke_policy, tmp_path):
+def test_a_sampled_policy_draws_from_a_generator_seeded_by_the_episode(smoke_policy, tmp_path,
+                                                                      monkeypatch):
     """``sampled:PATH`` plays the policy of ``policy:PATH`` with its actions sampled, as in
     training, from a generator seeded by the episode (a rerun draws the same); it is its own
     arm, identified by kind, file and content."""
+    # No figures: the episodes are compared, not drawn (drawing was half of each rerun).
+    monkeypatch.setattr(compare_runner.plots, "save_figures", lambda *args, **kwargs: [])
     data, save = smoke_policy
     config = CompareConfig(controllers=("static", f"policy:{save}", f"sampled:{save}"),
                            data_dir=str(data), slots=("r0c1", "r0c2"),
