@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -34,13 +35,16 @@ else:
     raise SystemExit("esper_lightning is importable in the fresh process")
 """
 
-#: Loads ``argv[1]`` with torch.export, runs it on each tensor saved in ``argv[2]`` and saves the
-#: outputs to ``argv[3]``.
-RUN_PROGRAM = """
+#: Loads each program of ``argv[2::2]`` with torch.export, runs it on each tensor saved in the
+#: file after it and saves the list of each program's outputs to ``argv[1]``.
+RUN_PROGRAMS = """
 import torch
-program = torch.export.load(sys.argv[1]).module()
+outputs = []
 with torch.no_grad():
-    torch.save([program(x) for x in torch.load(sys.argv[2])], sys.argv[3])
+    for program, inputs in zip(sys.argv[2::2], sys.argv[3::2], strict=True):
+        module = torch.export.load(program).module()
+        outputs.append([module(x) for x in torch.load(inputs)])
+torch.save(outputs, sys.argv[1])
 """
 
 
@@ -52,9 +56,15 @@ def run_without_package(code: str, *args: object) -> str:
     return done.stdout
 
 
-def outputs_elsewhere(program: Path, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """What the ``.pt2`` file ``program`` computes on ``inputs`` in a fresh process."""
-    x_file, y_file = program.with_suffix(".inputs.pt"), program.with_suffix(".outputs.pt")
-    torch.save(inputs, x_file)
-    run_without_package(RUN_PROGRAM, program, x_file, y_file)
+def outputs_elsewhere(programs: Sequence[tuple[Path, list[torch.Tensor]]]
+                      ) -> list[list[torch.Tensor]]:
+    """What each ``.pt2`` file computes on its inputs, ``[(program, inputs), ...]``, in one
+    fresh process (a launch costs seconds of importing torch: the programs share it)."""
+    args: list[Path] = []
+    for program, inputs in programs:
+        x_file = program.with_suffix(".inputs.pt")
+        torch.save(inputs, x_file)
+        args += [program, x_file]
+    y_file = programs[0][0].with_suffix(".outputs.pt")
+    run_without_package(RUN_PROGRAMS, y_file, *args)
     return torch.load(y_file)

@@ -1,5 +1,8 @@
 """export(): a grown model becomes a plain torch module that computes the same thing."""
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 import torch
 from fresh_process import outputs_elsewhere
@@ -121,34 +124,60 @@ def test_export_is_plain_torch_and_re_exports():
 SHIPPED_BATCHES = (1, 3, 17)
 
 
-def test_saved_cnn_program_runs_any_batch_without_the_package(tmp_path):
-    host = cifar_host(SeedStage.FOSSILIZED, "bottleneck", AlphaAlgorithm.GATE)
-    path = tmp_path / "grown.pt2"
+@dataclasses.dataclass
+class Shipped:
+    """A grown host exported to ``path``, its module, the batches it must run and what the
+    host computes on them, and what the file computes on them in a fresh process."""
+
+    host: nn.Module
+    path: Path
+    module: nn.Module
+    inputs: list[torch.Tensor]
+    expected: list[torch.Tensor]
+    there: list[torch.Tensor] = dataclasses.field(default_factory=list)
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Shipped]:
+    """A grown CNN and a grown GPT saved as ``.pt2`` files (each in its own folder) and run
+    in one fresh process without the package (a launch is seconds of importing torch)."""
+    cnn = cifar_host(SeedStage.FOSSILIZED, "bottleneck", AlphaAlgorithm.GATE)
     generator = torch.Generator().manual_seed(3)
-    shipped = export(host, torch.randn(4, 3, 16, 16, generator=generator), path=path)
+    path = tmp_path_factory.mktemp("cnn") / "grown.pt2"
+    module = export(cnn, torch.randn(4, 3, 16, 16, generator=generator), path=path)
     inputs = [torch.randn(b, 3, 16, 16, generator=generator) for b in SHIPPED_BATCHES]
-    expected = [host(x) for x in inputs]
-    assert (expected[0] - without_seed(host, host.slots["r0c1"], inputs[0])).abs().max() > 1e-3
-    for x, y, there in zip(inputs, expected, outputs_elsewhere(path, inputs), strict=True):
-        assert there.shape == (x.shape[0], 10)
-        torch.testing.assert_close(there, y, rtol=1e-5, atol=1e-6)
-        assert torch.equal(shipped(x), y)
-    assert sorted(p.name for p in tmp_path.iterdir() if "pt2" in p.name) == ["grown.pt2"]
-
-
-def test_saved_gpt_program_runs_any_batch_without_the_package(tmp_path):
+    programs = {"cnn": Shipped(cnn, path, module, inputs, [cnn(x) for x in inputs])}
     torch.manual_seed(0)
-    host = GPTHost("tiny", slots=["r0c0", "r0c1"])
-    grow(host.slots["r0c1"], SeedStage.FOSSILIZED, available("transformer")[0])
-    host.eval()
+    gpt = GPTHost("tiny", slots=["r0c0", "r0c1"])
+    grow(gpt.slots["r0c1"], SeedStage.FOSSILIZED, available("transformer")[0])
+    gpt.eval()
     generator = torch.Generator().manual_seed(4)
     tokens = [torch.randint(0, 256, (b, 24), generator=generator) for b in (2, *SHIPPED_BATCHES)]
-    path = tmp_path / "gpt.pt2"
-    export(host, tokens[0], path=path)  # the sequence length stays 24, the batch is dynamic
-    expected = [host(x) for x in tokens[1:]]
-    assert (expected[1] - without_seed(host, host.slots["r0c1"], tokens[2])).abs().max() > 1e-3
-    for x, y, there in zip(tokens[1:], expected, outputs_elsewhere(path, tokens[1:]),
-                           strict=True):
+    path = tmp_path_factory.mktemp("gpt") / "gpt.pt2"
+    module = export(gpt, tokens[0], path=path)  # the sequence length stays 24, the batch dynamic
+    programs["gpt"] = Shipped(gpt, path, module, tokens[1:], [gpt(x) for x in tokens[1:]])
+    found = outputs_elsewhere([(p.path, p.inputs) for p in programs.values()])
+    for program, there in zip(programs.values(), found, strict=True):
+        program.there = there
+    return programs
+
+
+def test_saved_cnn_program_runs_any_batch_without_the_package(shipped):
+    cnn = shipped["cnn"]
+    slot = cnn.host.slots["r0c1"]
+    assert (cnn.expected[0] - without_seed(cnn.host, slot, cnn.inputs[0])).abs().max() > 1e-3
+    for x, y, there in zip(cnn.inputs, cnn.expected, cnn.there, strict=True):
+        assert there.shape == (x.shape[0], 10)
+        torch.testing.assert_close(there, y, rtol=1e-5, atol=1e-6)
+        assert torch.equal(cnn.module(x), y)
+    assert sorted(p.name for p in cnn.path.parent.iterdir() if "pt2" in p.name) == ["grown.pt2"]
+
+
+def test_saved_gpt_program_runs_any_batch_without_the_package(shipped):
+    gpt = shipped["gpt"]
+    slot = gpt.host.slots["r0c1"]
+    assert (gpt.expected[1] - without_seed(gpt.host, slot, gpt.inputs[1])).abs().max() > 1e-3
+    for x, y, there in zip(gpt.inputs, gpt.expected, gpt.there, strict=True):
         assert there.shape == (x.shape[0], 24, 256)
         torch.testing.assert_close(there, y, rtol=1e-5, atol=1e-5)
 
