@@ -20,7 +20,7 @@ from esper_lightning.core.seeding import SeedingConfig
 from esper_lightning.core.slots import SeedSlot
 from esper_lightning.hosts.gpt import GPTHost
 from esper_lightning.hosts.presets import GPTConfig
-from esper_lightning.schedule import LRSchedule, set_base_lrs
+from esper_lightning.schedule import BudgetSchedule, LRSchedule, set_base_lrs
 
 LINEAR_STEP = 2 * 8 * 64 * 32 * 2  # forward 2·B·in·out, the weight's gradient as much
 
@@ -104,6 +104,83 @@ def test_a_constant_schedule_leaves_the_rate_alone_and_no_budget_needs_planned_s
     assert g[0]["lr"] == pytest.approx(LRSchedule("wsd").multiplier(0.05))
 
 
+def _stepped(ledger: ComputeLedger, steps: int) -> list[float]:
+    """The multiplier of each of ``steps`` steps of a 64-to-32 linear layer (`LINEAR_STEP`)."""
+    layer, x, groups, rates = nn.Linear(64, 32), torch.zeros(8, 64), _groups(), []
+    for _ in range(steps):
+        ledger.end_step(ledger.begin_step(layer, x, param_groups=groups))
+        rates.append(groups[0]["lr"])
+        assert ledger.multiplier == rates[-1]
+    return rates
+
+
+def test_a_budget_schedule_warms_up_over_flops_and_decays_over_the_budget():
+    """Warmup over two steps' FLOPs, a decay over the last half of eight: the multiplier at
+    each batch's middle, 1/2, 3/2, ..., 15/2 steps' FLOPs."""
+    schedule = BudgetSchedule(LRSchedule("wsd", decay_fraction=0.5), 2 * LINEAR_STEP)
+    ledger = ComputeLedger(8 * LINEAR_STEP, schedule=schedule)
+    assert _stepped(ledger, 8) == pytest.approx(
+        [0.25, 0.75, 1.0, 1.0, 0.875, 0.625, 0.375, 0.125], rel=1e-12)
+    assert ledger.exhausted and ledger.middle(LINEAR_STEP) == 8.5 * LINEAR_STEP
+    unbudgeted = ComputeLedger(schedule=schedule)
+    with pytest.raises(RuntimeError, match="^a BudgetSchedule needs a budget; accepted: "
+                                           r"set_budget\(> 0\) before the first step$"):
+        _stepped(unbudgeted, 1)
+
+
+def test_a_rewarm_ramps_the_rate_from_zero_over_flops_from_where_it_is_called():
+    ledger = ComputeLedger(schedule=BudgetSchedule(LRSchedule("wsd", decay_fraction=0.2),
+                                                   LINEAR_STEP))
+    ledger.set_budget(100 * LINEAR_STEP)
+    assert _stepped(ledger, 2) == [0.5, 1.0]
+    ledger.rewarm(4 * LINEAR_STEP)  # a growth here: its ramp reads each batch's middle too
+    assert _stepped(ledger, 5) == [0.125, 0.375, 0.625, 0.875, 1.0]
+    ledger.rewarm(2 * LINEAR_STEP)  # the next growth starts it again
+    assert _stepped(ledger, 2) == [0.25, 0.75]
+    # A constant schedule re-warms too: the rate is set only while a ramp is on.
+    constant = ComputeLedger()
+    constant.rewarm(2 * LINEAR_STEP)
+    assert _stepped(constant, 3) == [0.25, 0.75, 1.0]
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match=f"^a re-warm takes > 0 FLOPs, got {bad!r}$"):
+            ledger.rewarm(bad)
+
+
+def test_set_budget_moves_the_budget_and_keeps_what_was_spent():
+    ledger = ComputeLedger(10 * LINEAR_STEP, schedule=LRSchedule("wsd", decay_fraction=0.5))
+    _stepped(ledger, 3)
+    ledger.set_budget(3 * LINEAR_STEP)  # a branch of a smaller budget: spent already
+    assert ledger.spent == 3 * LINEAR_STEP and ledger.exhausted
+    ledger.set_budget(4 * LINEAR_STEP)
+    assert _stepped(ledger, 1) == [pytest.approx(0.25)]  # the middle of its last eighth
+    with pytest.raises(ValueError, match=r"^budget_flops must be > 0 or None, got 0$"):
+        ledger.set_budget(0)
+    ledger.set_budget(None)
+    assert not ledger.exhausted and ledger.fraction is None
+
+
+def test_a_branch_puts_back_every_kind_and_the_rewarm_from_the_state():
+    """What a branched cooldown saves and restores: a branch's steps, validations and
+    re-warm leave no trace once the state is loaded back."""
+    ledger = ComputeLedger(schedule=BudgetSchedule(LRSchedule("wsd"), LINEAR_STEP))
+    ledger.set_budget(100 * LINEAR_STEP)
+    _stepped(ledger, 2)
+    ledger.rewarm(4 * LINEAR_STEP)
+    ledger.charge_validation(70)
+    saved = ledger.state_dict()
+    shared = _stepped(copy.deepcopy(ledger), 3)
+    ledger.rewarm(LINEAR_STEP)  # the branch's own
+    _stepped(ledger, 5)
+    ledger.charge_validation(30)
+    ledger.load_state_dict(saved)
+    assert ledger.flops == {"train": 2 * LINEAR_STEP, "growth": 0.0, "validation": 70.0,
+                            "counterfactual": 0.0}
+    assert saved["rewarm"] == [2 * LINEAR_STEP, 4 * LINEAR_STEP]
+    assert _stepped(ledger, 3) == shared == [0.125, 0.375, 0.625]
+    ledger.load_state_dict({"flops": {"train": 5.0}})  # written before re-warms: none
+    assert ledger.state_dict()["rewarm"] is None
+
+
 def test_the_architecture_is_read_again_only_when_invalidated_or_the_key_moves():
     ledger, model = ComputeLedger(), nn.Sequential(nn.Linear(4, 4))
     first = ledger.architecture(model, key=0)
@@ -156,7 +233,7 @@ def test_a_total_without_its_split_is_the_hosts_and_a_plain_number_is_training()
     ledger.end_step(StepCost(100, 50))
     ledger.restore_train_flops(120.0)  # a snapshot that kept the total alone
     assert (ledger.flops["train"], ledger.flops["growth"], ledger.spent) == (120.0, 0.0, 120.0)
-    assert not ledger.end_step(30)  # a loop that meters no seed (the frontier's)
+    assert not ledger.end_step(30)  # a plain number: a loop that meters no seed
     assert (ledger.flops["train"], ledger.flops["growth"]) == (150.0, 0.0)
     with pytest.raises(ValueError, match="training FLOPs must be >= 0, got -1"):
         ledger.restore_train_flops(-1)

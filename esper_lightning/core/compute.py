@@ -3,11 +3,19 @@
 It holds the FLOP meter (`core.flops.FlopMeter`, its cache outliving hosts), the FLOPs spent by
 kind (`FLOP_KINDS`), the budget (None: none) with the episode's budget scale, its slice per
 decision, and the learning-rate multiplier over the budget spent. Every loop that trains under
-a ledger steps it the same way: `begin_step` (the step's cost, metered once per architecture,
-and the learning rate at the middle of the batch) before the optimizer step, `end_step` (the
-cost charged; whether the budget is spent) after it; a validation run is charged by
-`charge_validation`, with one rule for what the counterfactual adds. `invalidate` says the
-architecture may have changed (a slot did), so the next step is metered again.
+a ledger steps it the same way (the Trainer's `ComputeBudget`, a Fabric env, the frontier's
+runs): `begin_step` (the step's cost, metered once per architecture, and the learning rate at
+the middle of the batch) before the optimizer step, `end_step` (the cost charged; whether the
+budget is spent) after it; a validation run is charged by `charge_validation`, with one rule
+for what the counterfactual adds. `invalidate` says the architecture may have changed (a slot
+did, or a growth), so the next step is metered again.
+
+The rate's schedule is an `LRSchedule` over the share of the budget spent, or a
+`BudgetSchedule` whose warmup is an amount of compute (the frontier's: runs of different budgets
+share their steps up to the smaller one's decay); `rewarm` re-warms it from 0 after a growth,
+and `set_budget` moves the budget without touching what was spent (a branched cooldown trains
+the shared run toward the largest budget and each branch toward its own). The ledger's state
+(`state_dict`) holds what a branch must put back: the FLOPs of every kind and the re-warm.
 
 The kinds split every FLOP a run spends once, by what it is for:
 
@@ -56,7 +64,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from esper_lightning.core.flops import FlopMeter, host_structure, structure
-from esper_lightning.schedule import LRSchedule, apply_multiplier, batch_fraction
+from esper_lightning.schedule import BudgetSchedule, LRSchedule, apply_multiplier, batch_fraction
 
 __all__ = ["BUDGET_KINDS", "FLOP_KINDS", "ComputeLedger", "StepCost"]
 
@@ -99,7 +107,8 @@ class ComputeLedger:
     Args:
         budget_flops: The run's (or episode's) budget in training FLOPs; None: none.
         schedule: The learning-rate schedule over the share of the budget spent (or of the
-            planned steps without a budget); constant by default.
+            planned steps without a budget), or a `BudgetSchedule` over the FLOPs spent (it
+            needs a budget); constant by default.
         decisions: Equal slices the budget is spent in (one per decision of an episode); None:
             the run is not sliced.
         budget_scale: The budget over the run's base budget when budgets vary by episode.
@@ -107,7 +116,8 @@ class ComputeLedger:
             over all of them); None: a meter of the ledger's own.
     """
 
-    def __init__(self, budget_flops: float | None = None, schedule: LRSchedule | None = None,
+    def __init__(self, budget_flops: float | None = None,
+                 schedule: LRSchedule | BudgetSchedule | None = None,
                  decisions: int | None = None, budget_scale: float = 1.0,
                  meter: FlopMeter | None = None) -> None:
         self.meter = meter if meter is not None else FlopMeter()
@@ -124,18 +134,25 @@ class ComputeLedger:
         self._last_given: tuple[Structure, Structure, tuple[Any, ...], StepCost] | None = None
         #: The learning-rate multiplier `begin_step` set last in param groups (1 before any).
         self.multiplier = 1.0
+        self._rewarm: tuple[float, float] | None = None
         self.reset(budget_flops, budget_scale)
 
     def reset(self, budget_flops: float | None = None, budget_scale: float = 1.0) -> None:
-        """Start a new run (an env's episode) under ``budget_flops``: nothing spent yet. The
-        meter's cache is kept: architectures do not change between episodes."""
+        """Start a new run (an env's episode) under ``budget_flops``: nothing spent yet, no
+        re-warm. The meter's cache is kept: architectures do not change between episodes."""
+        self.set_budget(budget_flops)
+        self.budget_scale = float(budget_scale)
+        self.flops = dict.fromkeys(FLOP_KINDS, 0.0)
+        self._rewarm = None
+        self._arch = None
+        self._last_cost = self._last_given = None
+
+    def set_budget(self, budget_flops: float | None) -> None:
+        """The budget from now on (None: none), what was spent kept: a branched cooldown
+        trains the shared run toward the largest budget and each branch toward its own."""
         if budget_flops is not None and not budget_flops > 0:
             raise ValueError(f"budget_flops must be > 0 or None, got {budget_flops!r}")
         self.budget_flops = None if budget_flops is None else float(budget_flops)
-        self.budget_scale = float(budget_scale)
-        self.flops = dict.fromkeys(FLOP_KINDS, 0.0)
-        self._arch = None
-        self._last_cost = self._last_given = None
 
     @property
     def spent(self) -> float:
@@ -293,45 +310,85 @@ class ComputeLedger:
         return self.budget_flops * decision / self.decisions
 
     # --- the learning rate --------------------------------------------------------------------
+    def middle(self, cost: float) -> float:
+        """The training FLOPs spent at the middle of a batch of ``cost`` FLOPs taken now: where
+        its rate is read (`schedule.batch_fraction`'s convention, in FLOPs)."""
+        return self.spent + 0.5 * cost
+
+    def rewarm(self, flops: float) -> None:
+        """From now on the rate re-warms: the schedule's multiplier times one rising linearly
+        from 0 at the FLOPs spent now to 1 after ``flops`` more (read at each batch's middle,
+        as the schedule is), then 1; a later call starts the ramp again. A growth's new
+        blocks start without AdamW moments, so their first steps at the full rate would be the
+        run's largest (the frontier's ``+rewarm`` and phase rates)."""
+        if not flops > 0:
+            raise ValueError(f"a re-warm takes > 0 FLOPs, got {flops!r}")
+        self._rewarm = (self.spent, float(flops))
+
+    @property
+    def _kind(self) -> str:
+        """The schedule's kind (a `BudgetSchedule`'s shape's)."""
+        schedule = self.schedule
+        return schedule.shape.kind if isinstance(schedule, BudgetSchedule) else schedule.kind
+
     def lr_multiplier(self, cost: float, step: int = 0, planned_steps: int | None = None) -> float:
         """The schedule's multiplier for a batch of ``cost`` FLOPs taken now: at the middle of
-        the batch's share of the budget; without a budget, of the planned steps (``step`` of
-        ``planned_steps``). 1 for a constant schedule."""
-        if self.schedule.kind == "constant":
+        the batch's share of the budget (a `BudgetSchedule`: of the FLOPs spent, `middle`);
+        without a budget, of the planned steps (``step`` of ``planned_steps``); times the
+        `rewarm` ramp after one. 1 for a constant schedule without a re-warm."""
+        multiplier = self._scheduled(cost, step, planned_steps)
+        if self._rewarm is not None:
+            start, flops = self._rewarm
+            multiplier *= min(1.0, (self.middle(cost) - start) / flops)
+        return multiplier
+
+    def _scheduled(self, cost: float, step: int, planned_steps: int | None) -> float:
+        if self._kind == "constant":
             return 1.0
+        if isinstance(self.schedule, BudgetSchedule):
+            if self.budget_flops is None:
+                raise RuntimeError("a BudgetSchedule needs a budget; accepted: set_budget(> 0) "
+                                   "before the first step")
+            return self.schedule.multiplier(self.middle(cost), self.budget_flops)
         if self.budget_flops is not None:
             return self.schedule.multiplier(batch_fraction(self.spent, cost,
                                                            self.budget_flops))
         if not planned_steps:
-            raise RuntimeError(f"an lr_schedule {self.schedule.kind!r} needs a budget or a "
+            raise RuntimeError(f"an lr_schedule {self._kind!r} needs a budget or a "
                                "planned number of steps")
         return self.schedule.multiplier(batch_fraction(step, 1, planned_steps))
 
     def apply_lr(self, param_groups: Iterable[dict[str, Any]], cost: float, step: int = 0,
                  planned_steps: int | None = None) -> float:
         """Set every group's ``lr`` to its base times `lr_multiplier` (`schedule.set_base_lrs`
-        first); returns the multiplier. A constant schedule leaves the groups alone."""
+        first); returns the multiplier. A constant schedule without a re-warm leaves the groups
+        alone."""
         multiplier = self.lr_multiplier(cost, step, planned_steps)
-        if self.schedule.kind != "constant":
+        if self._kind != "constant" or self._rewarm is not None:
             apply_multiplier(param_groups, multiplier)
         return multiplier
 
     # --- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        """The FLOPs spent by kind, the budget and its scale, and the `rewarm` in progress
+        (None: none), copied: what a resume or a branch's end puts back."""
         return {"flops": dict(self.flops), "budget_flops": self.budget_flops,
-                "budget_scale": self.budget_scale}
+                "budget_scale": self.budget_scale,
+                "rewarm": None if self._rewarm is None else list(self._rewarm)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume the FLOPs spent (the budget is the holder's to check: it was configured). A
-        kind the state does not name starts at 0: a state written before ``growth`` was told
-        apart charged the live seeds' share to ``train``, which then holds the whole steps
-        (`spent` is the same). A state written before the kinds holds the training FLOPs alone
-        (``train_flops``); the other kinds are then left as they are (the engine's state held
-        them)."""
+        """Resume the FLOPs spent and the re-warm (the budget is the holder's to check: it was
+        configured). A kind the state does not name starts at 0: a state written before
+        ``growth`` was told apart charged the live seeds' share to ``train``, which then holds
+        the whole steps (`spent` is the same). A state written before the kinds holds the
+        training FLOPs alone (``train_flops``); the other kinds are then left as they are (the
+        engine's state held them). A state written before re-warms has none."""
         if "flops" in state:
             self.flops = {kind: float(state["flops"].get(kind, 0.0)) for kind in FLOP_KINDS}
         else:
             self.flops["train"] = float(state["train_flops"])
+        rewarm = state.get("rewarm")
+        self._rewarm = None if rewarm is None else (float(rewarm[0]), float(rewarm[1]))
 
     def restore_train_flops(self, flops: float) -> None:
         """Set the training steps' FLOPs spent (`spent`; a run restored from a snapshot of its
