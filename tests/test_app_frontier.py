@@ -662,19 +662,19 @@ def test_bad_phase_rates_are_refused_in_one_line(arm, message):
 
 
 def _rates_seen(monkeypatch, unit, plan, corpus) -> tuple[list[tuple], dict]:
-    """Train ``unit`` and return, for every step, (the multiplier the schedule applied, every
-    group's rate, the optimizer's parameter count), and the row."""
-    from esper_lightning.app.frontier import train
+    """Train ``unit`` and return, for every step, (the multiplier the run's ledger applied,
+    every group's rate, the optimizer's parameter count), and the row."""
+    from esper_lightning.core import compute
 
     seen = []
 
     def spy(groups, multiplier):
-        train_apply(groups, multiplier)
+        ledger_apply(groups, multiplier)
         seen.append((multiplier, [g["lr"] for g in groups],
                      sum(len(g["params"]) for g in groups)))
 
-    train_apply = train.apply_multiplier
-    monkeypatch.setattr(train, "apply_multiplier", spy)
+    ledger_apply = compute.apply_multiplier
+    monkeypatch.setattr(compute, "apply_multiplier", spy)
     (row,) = train_unit(unit, plan, corpus)
     return seen, row
 

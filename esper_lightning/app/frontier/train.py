@@ -2,17 +2,21 @@
 
 A run is a byte-level `GPTHost` in a plain AdamW loop (the host's own optimizer groups), one CPU
 thread or one CUDA device (the corpus's: `load_corpus`), batches from `data.text.StepBatches`
-(step ``i``'s batch is a function of the episode's rng seed and ``i``), every step metered by
-`core.flops.FlopMeter` (once per architecture) and its rate set by a `schedule.BudgetSchedule`:
-a warmup of a fixed amount of compute, a stable phase, and a linear decay over the last
-``decay_fraction`` of the run's own budget, so every budget ends fully decayed. The step that
-brings the FLOPs spent to the budget is the last.
+(step ``i``'s batch is a function of the episode's rng seed and ``i``), stepped through the
+run's `core.compute.ComputeLedger` as every loop of the package is (``begin_step``: the step
+metered once per architecture, its rate set at the middle of the batch; ``end_step``: charged,
+and whether the budget is spent). The rate is a `schedule.BudgetSchedule`: a warmup of a fixed
+amount of compute, a stable phase, and a linear decay over the last ``decay_fraction`` of the
+run's own budget, so every budget ends fully decayed. The step that brings the FLOPs spent to
+the budget is the last.
 
 A growing arm (`arms.ArmSpec`) trains each budget as its own run: at the first step past
 fraction ``τ`` of that budget it grows (`core.depth.grow`: new blocks on top, made by its growth
 operator, joining the optimizer in their sources' param groups, with their sources' moments
-under ``+moments``), and under ``+rewarm`` its rate re-warms linearly from 0 over the study's
-warmup compute after each growth. It is born with its final depth's residual-projection init.
+under ``+moments``), the ledger meters the new architecture from the next step on
+(``invalidate``), and under ``+rewarm`` its rate re-warms linearly from 0 over the study's
+warmup compute after each growth (``ComputeLedger.rewarm``). It is born with its final depth's
+residual-projection init.
 A growth that also makes it wider (``G1w32-4w64``) widens it first (`core.width.widen`: the
 function kept, AdamW moments carried into the new shapes, the split's draws from the unit's
 growth stream), then adds the blocks, made from the widened ones.
@@ -26,11 +30,11 @@ multiplies whichever base rate the phase has.
 
 A fixed size trains each of its budgets as a **branched cooldown**: one run to its largest
 budget, and at the step where a smaller budget's decay would begin the run's state (weights,
-optimizer, step, FLOPs spent) is saved, that budget's decay is trained from it and evaluated,
-and the state is put back. Warmup and stable phase are the same at every budget (the warmup is
-absolute compute), so each branch is the separate run of its budget step for step
-(`tests/test_app_frontier.py` checks it to the last bit); the saving is every smaller budget's
-stable phase.
+optimizer, step, its ledger's state) is saved, that budget's decay is trained from it (the
+ledger's budget set to that budget's) and evaluated, and the state is put back. Warmup and
+stable phase are the same at every budget (the warmup is absolute compute), so each branch is
+the separate run of its budget step for step (`tests/test_app_frontier.py` checks it to the
+last bit); the saving is every smaller budget's stable phase.
 
 At the end of each budget the model is evaluated on every block of the plan's splits (mean
 nats per byte over all tokens of the validation split, and of the test split in a final study).
@@ -67,7 +71,7 @@ from esper_lightning.app.frontier.plan import Plan, Shape, Unit
 from esper_lightning.blueprints.block import init_block
 from esper_lightning.core.compute import ComputeLedger
 from esper_lightning.core.depth import DepthGrowth, grow
-from esper_lightning.core.flops import FlopMeter, structure
+from esper_lightning.core.flops import FlopMeter
 from esper_lightning.core.width import WidthGrowth, widen
 from esper_lightning.data.text import (
     StepBatches,
@@ -77,7 +81,7 @@ from esper_lightning.data.text import (
     validation_blocks,
 )
 from esper_lightning.hosts.gpt import GPTConfig, GPTHost
-from esper_lightning.schedule import BudgetSchedule, LRSchedule, apply_multiplier, set_base_lrs
+from esper_lightning.schedule import BudgetSchedule, LRSchedule, set_base_lrs
 
 __all__ = ["PHASE_SEPARATOR", "ROW_FIELDS", "Corpus", "CurveLog", "build_host", "curve_subset",
            "evaluate", "growth_rng_seed", "load_corpus", "long_schedule_of", "train_unit"]
@@ -91,6 +95,9 @@ ROW_FIELDS = ("arm", "episode", "rng_seed", "lr", "budget", "budget_flops", "spe
               "curve_flops")
 #: How a row writes its phase rates (``lr`` is then the first's; empty for one rate throughout).
 PHASE_SEPARATOR = ";"
+#: The ledger's key for a run's steps: the host trains in one mode, and what else changes its
+#: architecture (a growth) says so (``ComputeLedger.invalidate``).
+_STEPS = "train"
 
 
 @dataclass(frozen=True)
@@ -183,7 +190,7 @@ class CurveLog:
         x = self.blocks[0]
         cost = sum(run.ledger.meter.forward(run.host, x[i:i + EVAL_BATCH])
                    for i in range(0, len(x), EVAL_BATCH))
-        run.ledger.charge(cost, "validation")  # validation compute: never the budget's
+        run.ledger.charge_validation(cost)  # validation compute: never the budget's
         for budget in due:
             while self.targets[budget] and self.targets[budget][0] <= run.spent:
                 self.targets[budget].pop(0)
@@ -194,16 +201,15 @@ class CurveLog:
 
 @dataclass
 class Run:
-    """One training run in progress: the host, its optimizer and how far it has come (its
-    FLOPs in its `ComputeLedger`), the FLOPs spent at its last growth (its rate re-warms
-    from there under ``+rewarm``) and its validation curves (None: not read)."""
+    """One training run in progress: the host, its optimizer, how far it has come (its
+    `ComputeLedger`: FLOPs spent, the rate's schedule and re-warm) and its validation curves
+    (None: not read)."""
 
     host: GPTHost
     optimizer: torch.optim.Optimizer
     ledger: ComputeLedger = field(default_factory=ComputeLedger)
     step: int = 0
     seconds: float = 0.0
-    grown_at: float | None = None
     curve: CurveLog | None = None
 
     @property
@@ -215,59 +221,57 @@ class Run:
         """Everything a branch changes, copied (a branched cooldown starts and ends here)."""
         return {"host": copy.deepcopy(self.host.state_dict()),
                 "optimizer": copy.deepcopy(self.optimizer.state_dict()),
-                "step": self.step, "spent": self.spent, "seconds": self.seconds}
+                "ledger": self.ledger.state_dict(), "step": self.step, "seconds": self.seconds}
 
     def restore(self, state: dict[str, Any]) -> None:
+        """Back to a saved `state`: weights, optimizer, ledger (its budget is set by the next
+        `train_until`), step and clock."""
         self.host.load_state_dict(state["host"])
         self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
+        self.ledger.load_state_dict(state["ledger"])
         self.step, self.seconds = state["step"], state["seconds"]
-        self.ledger.restore_train_flops(state["spent"])
 
 
-def start_run(shape: Shape, depth: int, lr: float, rng_seed: int, init_depth: int | None = None,
-              device: torch.device | None = None, meter: FlopMeter | None = None,
-              width: int | None = None) -> Run:
+def start_run(shape: Shape, depth: int, lr: float, rng_seed: int, schedule: BudgetSchedule,
+              init_depth: int | None = None, device: torch.device | None = None,
+              meter: FlopMeter | None = None, width: int | None = None) -> Run:
     """A fresh run, its host (``width`` wide; None: the shape's) initialised on the CPU (the
     same weights on every device) and moved to ``device`` before its optimizer is made; its
-    ledger meters with ``meter`` (one shared by a worker's runs: one meta pass per
-    architecture)."""
+    ledger sets the rate by ``schedule`` and meters with ``meter`` (one shared by a worker's
+    runs: one meta pass per architecture)."""
     host = build_host(shape, depth, lr, rng_seed, init_depth, width).to(device)
     optimizer = host.configure_optimizers()
     set_base_lrs(optimizer.param_groups)
-    return Run(host, optimizer, ComputeLedger(meter=meter))
+    return Run(host, optimizer, ComputeLedger(schedule=schedule, meter=meter))
 
 
-def train_until(run: Run, batches: StepBatches, schedule: BudgetSchedule, budget: float,
+def train_until(run: Run, batches: StepBatches, budget: float,
                 stop: Callable[[float], bool] | None = None,
-                grow: Callable[[Run], bool] | None = None, rewarm: float | None = None) -> None:
-    """Train ``run`` while its FLOPs are below ``budget`` (the rate from ``schedule`` at the
-    middle of each batch), or until ``stop(middle of the next batch)`` says to branch there.
-    ``grow(run)`` runs before each step and says whether it grew the host; ``rewarm`` (FLOPs)
-    re-warms the rate after a growth. Each step is metered and charged in the run's ledger;
-    the rate is the schedule's own (a function of FLOPs with branch points and re-warms, not
-    of one budget's share: `BudgetSchedule`)."""
-    host, optimizer = run.host, run.optimizer
+                grow: Callable[[Run], bool] | None = None) -> None:
+    """Train ``run`` until its ledger's budget, set to ``budget``, is spent, or until
+    ``stop(the FLOPs at the middle of the next batch)`` says to branch there. ``grow(run)``
+    runs before each step and says whether it changed the host (the ledger then meters it
+    again). Each step goes through the ledger: ``begin_step`` meters it and sets the rate
+    (its schedule's at the middle of the batch, times a re-warm after a growth), ``end_step``
+    charges it. At a branch point the rate ``begin_step`` set is never stepped with: the
+    branch's first ``begin_step`` sets its own."""
+    host, optimizer, ledger = run.host, run.optimizer, run.ledger
+    ledger.set_budget(budget)
     host.train()
-    arch = structure(host)  # fixed until the architecture changes
     evaluating = run.curve.seconds if run.curve is not None else 0.0
     started = time.perf_counter()
-    while run.spent < budget:
+    while not ledger.exhausted:
         if grow is not None and grow(run):
-            arch = structure(host)
+            ledger.invalidate()
         x, y = batches(run.step)
-        cost = run.ledger.training_cost(host, x, arch=arch)
-        middle = run.spent + 0.5 * cost
-        if stop is not None and stop(middle):
+        cost = ledger.begin_step(host, x, key=_STEPS, param_groups=optimizer.param_groups)
+        if stop is not None and stop(ledger.middle(cost.total)):
             break
-        multiplier = schedule.multiplier(middle, budget)
-        if rewarm is not None and run.grown_at is not None:
-            multiplier *= min(1.0, (middle - run.grown_at) / rewarm)
-        apply_multiplier(optimizer.param_groups, multiplier)
         loss = F.cross_entropy(host(x).flatten(0, 1), y.flatten())
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        run.ledger.end_step(cost)
+        ledger.end_step(cost)
         run.step += 1
         if run.curve is not None:
             run.curve.read(run)
@@ -326,7 +330,7 @@ def train_unit(unit: Unit, plan: Plan, corpus: Corpus,
     schedule = schedule_of(plan)
     batches = StepBatches(corpus.train, plan.shape.block_size, plan.shape.batch_size,
                           unit.rng_seed)
-    run = start_run(plan.shape, unit.arm.final_depth, unit.lr, unit.rng_seed,
+    run = start_run(plan.shape, unit.arm.final_depth, unit.lr, unit.rng_seed, schedule,
                     device=corpus.train.device, meter=meter,
                     width=unit.arm.stage_widths(plan.shape.width)[-1])
     run.curve = CurveLog.of(plan, corpus, unit.budgets)
@@ -335,15 +339,15 @@ def train_unit(unit: Unit, plan: Plan, corpus: Corpus,
     for budget in sorted(unit.budgets):
         _read_curves(run, {b for b in unit.budgets if b >= budget})  # the shared run's
         if budget == largest:
-            train_until(run, batches, schedule, largest)
+            train_until(run, batches, largest)
             rows.append(_row(unit, plan, corpus, run, budget))
             break
         # Up to the first step at which this budget's rate leaves the largest budget's.
-        train_until(run, batches, schedule, largest, stop=lambda middle, b=budget: (
+        train_until(run, batches, largest, stop=lambda middle, b=budget: (
             schedule.multiplier(middle, b) != schedule.multiplier(middle, largest)))
         saved = run.state()
         _read_curves(run, {budget})  # the branch is this budget's run alone
-        train_until(run, batches, schedule, budget)
+        train_until(run, batches, budget)
         rows.append(_row(unit, plan, corpus, run, budget))
         run.restore(saved)
     return rows
@@ -363,6 +367,8 @@ def _train_growing(unit: Unit, plan: Plan, corpus: Corpus, meter: FlopMeter, bud
     events = arm.events(budget, base)
     init = partial(init_block, depth=arm.final_depth)
     moments = "copy" if "moments" in arm.options else "fresh"
+    # Phase rates re-warm after each growth unless the arm says +steady.
+    rewarms = "rewarm" in arm.options or bool(unit.phases and "steady" not in arm.options)
 
     def grow_due(run: Run) -> bool:
         if not events or run.spent < events[0][0]:
@@ -381,24 +387,21 @@ def _train_growing(unit: Unit, plan: Plan, corpus: Corpus, meter: FlopMeter, bud
             if blocks:
                 grow(run.host, DepthGrowth("blocks", blocks=blocks, init=init,
                                            moments=moments), str(arm.operator), run.optimizer)
-        run.grown_at = run.spent
+        if rewarms:
+            run.ledger.rewarm(plan.warmup_flops)
         if unit.phases:  # the next phase's peak rate; the schedule multiplies it as before
             rate = unit.phases[len(arm.events(budget, base)) - len(events)]
             for group in run.optimizer.param_groups:
                 group["initial_lr"] = rate
         return True
 
-    run = start_run(plan.shape, arm.depths[0], unit.lr, unit.rng_seed, arm.final_depth,
-                    device=corpus.train.device, meter=meter, width=arm.stage_widths(base)[0])
+    run = start_run(plan.shape, arm.depths[0], unit.lr, unit.rng_seed,
+                    schedule or schedule_of(plan), arm.final_depth, device=corpus.train.device,
+                    meter=meter, width=arm.stage_widths(base)[0])
     run.curve = CurveLog.of(plan, corpus, (budget,))
     batches = StepBatches(corpus.train, plan.shape.block_size, plan.shape.batch_size,
                           unit.rng_seed)
-    # Phase rates re-warm after each growth unless the arm says +steady.
-    steady = "steady" in arm.options
-    rewarm = plan.warmup_flops if "rewarm" in arm.options or (
-        unit.phases and not steady) else None
-    train_until(run, batches, schedule or schedule_of(plan), budget, grow=grow_due,
-                rewarm=rewarm)
+    train_until(run, batches, budget, grow=grow_due)
     return _row(unit, plan, corpus, run, budget)
 
 
