@@ -159,3 +159,47 @@ def test_what_the_work_refuses_is_one_line_and_status_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("esper-lightning frontier: error: ")
     assert str(Path(tmp_path)) in err
+
+
+def _study(folder: Path, rows: list[tuple[float, str | None]]) -> Path:
+    """A final study in ``folder`` of S2 at lr 2e-3: one row per ``(budget, schedule)``."""
+    import json
+
+    from esper_lightning.app.frontier.train import ROW_FIELDS
+
+    folder.mkdir()
+    (folder / study.PLAN_FILE).write_text(json.dumps({
+        "name": folder.name, "purpose": "final", "base_flops": 1e12, "budgets": [1, 2],
+        "warmup_flops": 1e10, "episodes": 1, "rng_seed": 5, "arms": [{"arm": "S2", "lr": 2e-3}],
+        "shape": {"width": 8, "n_head": 2, "block_size": 8, "batch_size": 4}}))
+    study._append(folder / study.ROWS_FILE, [{
+        **dict.fromkeys(ROW_FIELDS), "arm": "S2", "episode": 0, "rng_seed": 0, "lr": 2e-3,
+        "budget": budget, "budget_flops": budget * 1e12, "spent_flops": budget * 1e12,
+        "steps": 1, "params": 1, "final_depth": 2, "tokens": 1, "data_passes": 1.0,
+        "wall_s": 1.0, "validation_nats": 2.0, "test_nats": 2.0, "text_sha256": "x",
+        "schedule": schedule} for budget, schedule in rows])
+    return folder
+
+
+def test_a_long_run_joins_another_studys_wsd_row_of_its_arm_rate_and_budget(tmp_path):
+    """``--with`` (`_joined`): one arm's rate at one budget comes from one study on each
+    schedule, so a long cosine run joins the WSD row of the same arm, rate and budget, and the
+    same long run in two studies is refused in one line."""
+    from esper_lightning.errors import ConfigError
+
+    wsd = _study(tmp_path / "wsd", [(1.0, None), (2.0, None)])
+    long = _study(tmp_path / "long", [(2.0, "cosine")])
+    plan, rows = command._loaded(str(wsd))
+    joined = command._joined(plan, rows, str(long))
+    assert [(r["budget"], r["schedule"]) for r in rows + joined] == [
+        (1.0, None), (2.0, None), (2.0, "cosine")]
+    again = _study(tmp_path / "again", [(1.0, None), (2.0, "cosine")])
+    with pytest.raises(ConfigError) as refused:
+        command._joined(*command._loaded(str(long)), str(again))
+    assert str(refused.value) == (
+        f"--with {again}: arm 'S2' at lr 0.002 and budget 2 on its long cosine schedule is in "
+        "both studies; each arm's rate at a budget on a schedule comes from one")
+    with pytest.raises(ConfigError) as refused:  # a WSD row in both, as before
+        command._joined(plan, rows, str(again))
+    assert str(refused.value).startswith(
+        f"--with {again}: arm 'S2' at lr 0.002 and budget 1 is in both studies;")

@@ -214,12 +214,15 @@ def _joined(plan: Any, rows: list[dict[str, Any]], folder: str) -> list[dict[str
         raise ConfigError(f"--with {folder}: its rows were trained on another text (SHA-256 "
                           f"{sorted(texts)[0][:12]}...); only studies of the same text join")
     # An arm may come from two studies at different rates (a later study trying new rates of
-    # it, e.g. phase rates); one rate of an arm at one budget comes from one study.
-    both = ({(r["arm"], row_rate(r), r["budget"]) for r in rows}
-            & {(r["arm"], row_rate(r), r["budget"]) for r in more})
+    # it, e.g. phase rates) or schedules (a long run beside the WSD rows of its budget); one
+    # rate of an arm at one budget on one schedule comes from one study.
+    both = ({(r["arm"], row_rate(r), r["budget"], r["schedule"]) for r in rows}
+            & {(r["arm"], row_rate(r), r["budget"], r["schedule"]) for r in more})
     if both:
-        arm, rate, budget = sorted(both, key=lambda k: (k[0], rate_order(k[1]), k[2]))[0]
+        arm, rate, budget, schedule = sorted(both, key=lambda k: (
+            k[0], rate_order(k[1]), k[2], k[3] or ""))[0]
+        on = f" on its long {schedule} schedule" if schedule else ""
         raise ConfigError(f"--with {folder}: arm {arm!r} at lr {rate_text(rate)} and budget "
-                          f"{budget:g} is in both studies; each arm's rate at a budget comes "
-                          "from one")
+                          f"{budget:g}{on} is in both studies; each arm's rate at a budget "
+                          "on a schedule comes from one")
     return more
