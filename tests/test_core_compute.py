@@ -122,6 +122,9 @@ def test_a_budget_schedule_warms_up_over_flops_and_decays_over_the_budget():
     assert _stepped(ledger, 8) == pytest.approx(
         [0.25, 0.75, 1.0, 1.0, 0.875, 0.625, 0.375, 0.125], rel=1e-12)
     assert ledger.exhausted and ledger.middle(LINEAR_STEP) == 8.5 * LINEAR_STEP
+    # Its warmup is its own: a constant shape warms up too, then holds.
+    flat = ComputeLedger(8 * LINEAR_STEP, schedule=BudgetSchedule(LRSchedule(), 2 * LINEAR_STEP))
+    assert _stepped(flat, 4) == [0.25, 0.75, 1.0, 1.0]
     unbudgeted = ComputeLedger(schedule=schedule)
     with pytest.raises(RuntimeError, match="^a BudgetSchedule needs a budget; accepted: "
                                            r"set_budget\(> 0\) before the first step$"):

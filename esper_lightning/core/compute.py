@@ -326,16 +326,17 @@ class ComputeLedger:
         self._rewarm = (self.spent, float(flops))
 
     @property
-    def _kind(self) -> str:
-        """The schedule's kind (a `BudgetSchedule`'s shape's)."""
-        schedule = self.schedule
-        return schedule.shape.kind if isinstance(schedule, BudgetSchedule) else schedule.kind
+    def _sets_rate(self) -> bool:
+        """Whether the rate is the ledger's to set: any schedule but a constant `LRSchedule`
+        (a `BudgetSchedule` warms up whatever its shape), or a re-warm."""
+        return (isinstance(self.schedule, BudgetSchedule) or self.schedule.kind != "constant"
+                or self._rewarm is not None)
 
     def lr_multiplier(self, cost: float, step: int = 0, planned_steps: int | None = None) -> float:
         """The schedule's multiplier for a batch of ``cost`` FLOPs taken now: at the middle of
         the batch's share of the budget (a `BudgetSchedule`: of the FLOPs spent, `middle`);
         without a budget, of the planned steps (``step`` of ``planned_steps``); times the
-        `rewarm` ramp after one. 1 for a constant schedule without a re-warm."""
+        `rewarm` ramp after one. 1 for a constant `LRSchedule` without a re-warm."""
         multiplier = self._scheduled(cost, step, planned_steps)
         if self._rewarm is not None:
             start, flops = self._rewarm
@@ -343,28 +344,28 @@ class ComputeLedger:
         return multiplier
 
     def _scheduled(self, cost: float, step: int, planned_steps: int | None) -> float:
-        if self._kind == "constant":
-            return 1.0
         if isinstance(self.schedule, BudgetSchedule):
             if self.budget_flops is None:
                 raise RuntimeError("a BudgetSchedule needs a budget; accepted: set_budget(> 0) "
                                    "before the first step")
             return self.schedule.multiplier(self.middle(cost), self.budget_flops)
+        if self.schedule.kind == "constant":
+            return 1.0
         if self.budget_flops is not None:
             return self.schedule.multiplier(batch_fraction(self.spent, cost,
                                                            self.budget_flops))
         if not planned_steps:
-            raise RuntimeError(f"an lr_schedule {self._kind!r} needs a budget or a "
+            raise RuntimeError(f"an lr_schedule {self.schedule.kind!r} needs a budget or a "
                                "planned number of steps")
         return self.schedule.multiplier(batch_fraction(step, 1, planned_steps))
 
     def apply_lr(self, param_groups: Iterable[dict[str, Any]], cost: float, step: int = 0,
                  planned_steps: int | None = None) -> float:
         """Set every group's ``lr`` to its base times `lr_multiplier` (`schedule.set_base_lrs`
-        first); returns the multiplier. A constant schedule without a re-warm leaves the groups
-        alone."""
+        first); returns the multiplier. A constant `LRSchedule` without a re-warm leaves the
+        groups alone."""
         multiplier = self.lr_multiplier(cost, step, planned_steps)
-        if self._kind != "constant" or self._rewarm is not None:
+        if self._sets_rate:
             apply_multiplier(param_groups, multiplier)
         return multiplier
 
