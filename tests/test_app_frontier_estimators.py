@@ -14,12 +14,14 @@ from esper_lightning.app.frontier.estimators import (
     cross_envelope,
     curve_readings,
     estimates,
+    final_size,
     frontier_rows,
     literature,
     long_rows,
     mean_curve,
     minimum_bias,
     row_curve,
+    too_few_budgets,
 )
 from esper_lightning.app.frontier.fit import Curve, PowerLaw, frontier, speedup
 from esper_lightning.app.frontier.report import speedups
@@ -298,3 +300,25 @@ def test_the_report_prints_the_literatures_table_and_figure(tmp_path):
     assert (tmp_path / "literature.png").read_bytes().startswith(b"\x89PNG")
     assert "literature" not in docs.read_text()
     assert not (tmp_path / "images" / "frontier-curved-literature.png").exists()
+
+
+def test_a_wider_final_size_is_found_under_its_plans_own_name():
+    """In a width-64 plan the fixed size S4 is the S4w64 a G1w32-4w64 arm ends as: found by
+    its parameter count; an S4 of another width (other parameters) is not taken for it."""
+    arm = "G1w32-4w64@0.1:identity"
+    rows = [{"arm": "S4", "params": 218496}, {"arm": arm, "params": 218496}]
+    assert final_size(rows, arm) == "S4"
+    assert final_size([{"arm": "S4", "params": 54000}, {"arm": arm, "params": 218496}],
+                      arm) == "S4w64"
+    assert final_size([*rows, {"arm": "S4w64", "params": 218496}], arm) == "S4w64"
+    assert final_size(rows, "G1-4@0.1:identity") == "S4"
+
+
+def test_an_arm_of_two_budgets_is_left_out_of_the_literatures_table_not_the_others():
+    rows = _study()
+    short = "G1-2@0.25:identity"
+    rows += [_row(short, e, b, s2(1.2 * b * BASE)) for e in (0, 1, 2, 3) for b in (2.0, 4.0)]
+    assert too_few_budgets(rows) == [short]
+    measured = literature([(32, rows)], "test_nats")
+    assert {m.arm for m in measured} == {ARM}
+    assert sorted(m.budget for m in measured) == [2.0, 4.0, 8.0]

@@ -75,6 +75,7 @@ import numpy as np
 
 from esper_lightning.app.frontier.arms import parse_arm
 from esper_lightning.app.frontier.fit import (
+    POWER_POINTS,
     Curve,
     PowerLaw,
     Speedup,
@@ -93,8 +94,8 @@ from esper_lightning.app.frontier.plan import row_rate
 
 __all__ = ["CHORD", "PIECEWISE", "POWER", "CurveReadings", "Estimate", "Literature", "Pool",
            "Pooled", "complete_episodes", "cross_envelope", "curve_readings", "estimates",
-           "frontier_rows", "literature", "long_rows", "mean_curve", "minimum_bias", "row_curve",
-           "sizes_of", "stage_size"]
+           "final_size", "frontier_rows", "literature", "long_rows", "mean_curve", "minimum_bias",
+           "row_curve", "sizes_of", "stage_size", "too_few_budgets"]
 
 #: How a curve is read between its budgets: a fitted power law, chords linear in log C through
 #: the measured points, or chords through the fitted law's own points (the chord effect alone).
@@ -140,6 +141,27 @@ def stage_size(arm: str, stage: int) -> str:
         ('S4', 'S1w32')
     """
     return "S" + arm[1:].split("@")[0].split("-")[stage]
+
+
+def final_size(rows: Sequence[Mapping[str, Any]], arm: str) -> str:
+    """The fixed size among ``rows`` that growing ``arm`` ends as: `stage_size`'s name, or, in
+    a study whose shape has the final width (where the fixed sizes are named without it: S4 in
+    a width-64 plan is S4w64), the size of the final depth whose rows have the arm's final
+    parameter count. A name the rows do not hold is returned as it is (its reader refuses it).
+
+    Example:
+        >>> rows = [{"arm": "S4", "params": 218496},
+        ...         {"arm": "G1w32-4w64@0.1:identity", "params": 218496}]
+        >>> final_size(rows, "G1w32-4w64@0.1:identity"), final_size(rows, "G1-4@0.1:copy")
+        ('S4', 'S4')
+    """
+    name = stage_size(arm, -1)
+    arms = {r["arm"] for r in rows}
+    bare = name.split("w")[0]
+    if name in arms or bare not in arms:
+        return name
+    grown = {r["params"] for r in rows if r["arm"] == arm}
+    return bare if grown and grown == {r["params"] for r in rows if r["arm"] == bare} else name
 
 
 def complete_episodes(rows: Sequence[Mapping[str, Any]]) -> list[int]:
@@ -458,7 +480,8 @@ def literature(studies: Sequence[tuple[int, Sequence[Mapping[str, Any]]]], loss:
         rows, long = frontier_rows(everything), long_rows(everything)
         own = Pools([rows], loss)
         today = _per_episode(rows, loss, PIECEWISE)
-        for arm in growing_arms(rows):
+        short = too_few_budgets(rows)
+        for arm in (a for a in growing_arms(rows) if a not in short):
             for budget in sorted({r["budget"] for r in rows if r["arm"] == arm}):
                 pool = own.of(0, arm, budget)
                 kept = [r for r in long if r["episode"] in pool.episodes[0]]
@@ -468,12 +491,20 @@ def literature(studies: Sequence[tuple[int, Sequence[Mapping[str, Any]]]], loss:
     return results
 
 
+def too_few_budgets(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The growing arms of ``rows`` that `literature` leaves out: trained at fewer budgets
+    than a power law of their own needs (`fit.POWER_POINTS`; the time to the final size's
+    loss reads the arm's fitted curve)."""
+    return [arm for arm in growing_arms(rows)
+            if len({r["budget"] for r in rows if r["arm"] == arm}) < POWER_POINTS]
+
+
 def _measured(cross: Pool, own: Pool, study: int, width: int, arm: str, budget: float,
               today: Summary, readings: CurveReadings) -> Literature:
     """One arm at one budget of study ``study`` of the pool ``cross`` (`literature`)."""
     rows = own.rows[0]
     flops = budget * _base(rows)
-    final = stage_size(arm, -1)
+    final = final_size(rows, arm)
     tau = parse_arm(arm).taus[-1]
     ceiling = float(np.mean([token_ceiling(r["tokens"], _cost(rows, final), r["budget_flops"])
                              for r in rows if r["arm"] == arm and r["budget"] == budget]))
@@ -495,9 +526,17 @@ def _measured(cross: Pool, own: Pool, study: int, width: int, arm: str, budget: 
         arm, width, budget, own.estimate(_against_front(own, 0, arm, budget, flops, POWER)),
         today, cross.estimate(_against_front(cross, study, arm, budget, flops, POWER)),
         own.estimate(against_final), own.estimate(to_target),
-        _cost(rows, final) / _cost(rows, stage_size(arm, 0)), tau, ceiling,
+        _ratio(rows, final, stage_size(arm, 0)), tau, ceiling,
         own.estimate(value, log=False), today_final, today_value, readings.long,
         readings.stable, readings.reach, readings.reach_tokens)
+
+
+def _ratio(rows: Sequence[Mapping[str, Any]], final: str, born: str) -> float:
+    """r, the final size's FLOPs per token over the born size's; NaN where the rows hold no
+    born size (a width-64 study's rows have no S1w32: r is then read from a study that does)."""
+    if not any(r["arm"] == born for r in rows):
+        return math.nan
+    return _cost(rows, final) / _cost(rows, born)
 
 
 def _cost(rows: Sequence[Mapping[str, Any]], size: str) -> float:
@@ -514,7 +553,7 @@ def _episode_values(rows: Sequence[Mapping[str, Any]], loss: str, arm: str, budg
     """The speed-up against the final size's piecewise curve of the same episode (geometric
     mean, `fit.geometric_summary`) and the token value with that episode's ceiling (mean and
     95 % t interval: the jackknife of a mean is its t interval): the study's own token table."""
-    final = stage_size(arm, -1)
+    final = final_size(rows, arm)
     curves, cost = curves_by_episode(rows, final, loss), _cost(rows, final)
     mine = [r for r in rows if r["arm"] == arm and r["budget"] == budget]
     ups = [speedup(r[loss], r["budget_flops"], curves[r["episode"]]) for r in mine]
@@ -563,7 +602,7 @@ def curve_readings(rows: Sequence[Mapping[str, Any]], arm: str, budget: float,
     """``arm`` at ``budget`` (× base) read from the curves of ``rows`` (one study's, at the
     chosen rates, its long runs' among them; `CurveReadings`)."""
     frontier, long = frontier_rows(rows), long_rows(rows)
-    final = stage_size(arm, -1)
+    final = final_size(rows, arm)
     mine = [r for r in frontier if r["arm"] == arm and r["budget"] == budget]
     if not mine:
         return CurveReadings()

@@ -52,11 +52,13 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize, stats
 
-__all__ = ["Curve", "PowerLaw", "Speedup", "frontier", "geometric_summary", "jackknife_t",
-           "reach_speedup", "speedup", "token_ceiling", "token_value"]
+__all__ = ["POWER_POINTS", "Curve", "PowerLaw", "Speedup", "frontier", "geometric_summary",
+           "jackknife_t", "reach_speedup", "speedup", "token_ceiling", "token_value"]
 
 #: Points per factor of two of the grid the frontier is evaluated on.
 GRID_PER_OCTAVE = 64
+#: The fewest budgets a power law with an offset is fitted to (it has three parameters).
+POWER_POINTS = 3
 #: Bootstrap resamples of the episodes.
 BOOTSTRAP = 10_000
 #: The exponents a power law's fit searches first (then refines around the best of them).
@@ -121,9 +123,9 @@ class PowerLaw:
         Raises:
             ValueError: Fewer than 3 points (one line).
         """
-        if len(curve.flops) < 3:
-            raise ValueError(f"a power law with an offset needs at least 3 budgets, got "
-                             f"{len(curve.flops)} ({curve.flops.tolist()})")
+        if len(curve.flops) < POWER_POINTS:
+            raise ValueError(f"a power law with an offset needs at least {POWER_POINTS} budgets, "
+                             f"got {len(curve.flops)} ({curve.flops.tolist()})")
         x = curve.flops / curve.flops[0]
 
         def solve(exponent: float) -> tuple[float, float, float]:

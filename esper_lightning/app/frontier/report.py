@@ -31,14 +31,16 @@ from esper_lightning.app.frontier.estimators import (
     complete_episodes,
     cross_envelope,
     estimates,
+    final_size,
     frontier_rows,
     literature,
     long_rows,
     minimum_bias,
     sizes_of,
-    stage_size,
+    too_few_budgets,
 )
 from esper_lightning.app.frontier.fit import (
+    POWER_POINTS,
     Curve,
     Speedup,
     Summary,
@@ -144,7 +146,7 @@ def token_results(rows: Sequence[Mapping[str, Any]], loss: str) -> list[TokenRes
     results = []
     for arm in sorted({r["arm"] for r in rows} - sizes):
         spec = parse_arm(arm)
-        final = stage_size(arm, -1)
+        final = final_size(rows, arm)
         curves = curves_by_episode(rows, final, loss)
         at_final = [r for r in rows if r["arm"] == final]
         cost = float(np.mean([r["spent_flops"] / r["tokens"] for r in at_final]))
@@ -449,8 +451,14 @@ def _literature_report(plan: Plan, rows: Sequence[Mapping[str, Any]], figure: Pa
                               loss_key(plan), [plan.decay_fraction])
     except ValueError as err:
         return [f"No literature table: {err}."], False
+    short = [f"{arm} ({len({r['budget'] for r in rows if r['arm'] == arm})})"
+             for arm in too_few_budgets(rows)]
+    note = [f"Left out, trained at fewer budgets than a power law of its own needs "
+            f"({POWER_POINTS}): {', '.join(short)}."] if short else []
+    if not measured:
+        return note or ["No literature table: the rows hold no growing arm."], False
     literature_figure(measured, figure)
-    return literature_lines(measured), True
+    return [*literature_lines(measured), *(["", *note] if note else [])], True
 
 
 @dataclass(frozen=True)
@@ -703,7 +711,8 @@ def literature_lines(results: Sequence[Literature]) -> list[str]:
     for r in results:
         value, low, high = r.today_value
         today = f"{value:.2f}" if math.isnan(low) else f"{value:.2f} [{low:.2f}, {high:.2f}]"
-        lines.append(f"| {r.arm} | {r.width} | {r.budget:g} | {r.ratio:.2f} | {r.tau:g} | "
+        ratio = "—" if math.isnan(r.ratio) else f"{r.ratio:.2f}"  # no born size in the rows
+        lines.append(f"| {r.arm} | {r.width} | {r.budget:g} | {ratio} | {r.tau:g} | "
                      f"{r.ceiling:.2f}× | {pooled_cell(r.final)} | {pooled_cell(r.value, '')} | "
                      f"{episode_cell(r.today_final)} | {today} |")
     return lines
