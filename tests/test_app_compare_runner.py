@@ -9,6 +9,7 @@ import hashlib
 import json
 import logging
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -60,9 +61,9 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 def _figures_only_where_read(request: pytest.FixtureRequest,
                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A comparison here draws its figures only in a test that asks for `figures` (those that
-    read a figure, and the language model's comparison, whose figures are its own): drawing is
-    about half of a tiny comparison's time, and the drawing itself is test_app_compare_plots.py's
-    to test."""
+    read a figure): drawing is about half of a tiny comparison's time, and the drawing itself
+    is test_app_compare_plots.py's to test (a language model's figures are drawn and read by
+    test_app_compare_runner_budget.py's budgeted comparison)."""
     if "figures" not in request.fixturenames:
         monkeypatch.setattr(compare_module.plots, "save_figures", lambda *args, **kwargs: [])
 
@@ -228,24 +229,20 @@ def retrain(path: Path) -> None:
     torch.save(perturb(state), path)
 
 
-def test_a_policy_retrained_into_the_same_file_is_another_controller(trained_policy, tmp_path):
-    data, trained = trained_policy
-    policy = tmp_path / "ckpt.pt"
-    policy.write_bytes(trained.read_bytes())
-    config = CompareConfig(data_dir=str(data), out=str(tmp_path / "out"), episode_length=3,
-                           slots=("r0c1", "r0c2"), batch_size=16, seeds=1, envs=2,
-                           progress=False, controllers=("static", f"policy:{policy}"))
-    Comparison(config).run()
-    played = json.loads((tmp_path / "out" / "controllers.json").read_text())
-    assert played[f"policy:{policy}"]["sha256"] == hashlib.sha256(
+def test_a_policy_retrained_into_the_same_file_is_another_controller(trained_policy, played):
+    data, _ = trained_policy
+    policy, out = played / "ckpt.pt", played / "out"
+    config = CompareConfig(**_smoke_values(data, policy, out))
+    recorded = json.loads((out / "controllers.json").read_text())
+    assert recorded[f"policy:{policy}"]["sha256"] == hashlib.sha256(
         policy.read_bytes()).hexdigest()
     assert len(Comparison(config).run()) == 2  # the same file resumes
     retrain(policy)
-    before = checksums(tmp_path / "out")
+    before = checksums(out)
     with pytest.raises(ConfigError, match=re.escape(f"policy:{policy} is not the controller "
                                                     "that played its 1 episodes")):
         Comparison(config)
-    assert checksums(tmp_path / "out") == before
+    assert checksums(out) == before
 
 
 def test_a_foreign_episode_table_is_refused_before_anything_is_written(cifar_dir, tmp_path):
@@ -435,7 +432,7 @@ def test_a_table_without_grown_seeds_cannot_feed_matched(cifar_dir, tmp_path):
     assert checksums(out) == before
 
 
-def test_lm_comparison_records_token_accuracy_and_loss(text_file, tmp_path, figures):
+def test_lm_comparison_records_token_accuracy_and_loss(text_file, tmp_path):
     values = preset_values("lm-smoke", CompareConfig)
     config = CompareConfig(**{**values, "data_dir": str(text_file), "out": str(tmp_path / "out"),
                               "controllers": ("static", "grower:lora", "matched:grower:lora"),
@@ -595,6 +592,39 @@ def trained_policy(smoke_policy):
     return smoke_policy
 
 
+def _smoke_values(data: Path, policy: Path, out: Path) -> dict:
+    """The ``smoke`` comparison of static and ``policy:POLICY`` on 1 episode, into ``out``."""
+    return {**preset_values("smoke", CompareConfig), "data_dir": str(data), "out": str(out),
+            "seeds": 1, "progress": False, "controllers": ("static", f"policy:{policy}")}
+
+
+@pytest.fixture(scope="module")
+def _played_once(smoke_policy, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``work/`` (a copy of the smoke policy, ``ckpt.pt``, and its ``smoke`` comparison with
+    static, ``out/``) played once per module, and ``pristine/``, its copy."""
+    data, trained = smoke_policy
+    root = tmp_path_factory.mktemp("played")
+    work = root / "work"
+    work.mkdir()
+    (work / "ckpt.pt").write_bytes(trained.read_bytes())
+    with pytest.MonkeyPatch.context() as patch:  # no figures: none is read
+        patch.setattr(compare_module.plots, "save_figures", lambda *args, **kwargs: [])
+        Comparison(CompareConfig(**_smoke_values(data, work / "ckpt.pt", work / "out"))).run()
+    shutil.copytree(work, root / "pristine")
+    return root
+
+
+@pytest.fixture
+def played(_played_once: Path) -> Path:
+    """The folder of a policy ``ckpt.pt`` and the ``smoke`` comparison ``out/`` that it and
+    static played, as the comparison left it: the test may change either (the next test gets
+    them back at the same paths, which the comparison's controller names hold)."""
+    work = _played_once / "work"
+    shutil.rmtree(work)
+    shutil.copytree(_played_once / "pristine", work)
+    return work
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
@@ -635,14 +665,10 @@ def test_cli_errors_are_one_line_and_leave_out_untouched(trained_policy, tmp_pat
 
 @pytest.mark.parametrize("case", ["no settings", "retrained policy", "moved policy",
                                   "cut table"])
-def test_cli_refuses_to_mix_results_in_one_line(trained_policy, tmp_path, case, capsys):
-    data, trained = trained_policy
-    policy, out = tmp_path / "ckpt.pt", tmp_path / "out"
-    policy.write_bytes(trained.read_bytes())
+def test_cli_refuses_to_mix_results_in_one_line(trained_policy, played, case, capsys):
+    data, _ = trained_policy
+    policy, out = played / "ckpt.pt", played / "out"
     controllers = ("static", f"policy:{policy}")
-    values = {**preset_values("smoke", CompareConfig), "data_dir": str(data), "out": str(out),
-              "seeds": 1, "progress": False, "controllers": controllers}
-    Comparison(CompareConfig(**values)).run()
     if case == "no settings":
         (out / "compare_config.json").unlink()
         message = "holds episodes.csv but no compare_config.json"
