@@ -39,6 +39,7 @@ import json
 import logging
 import os
 import re
+import select
 import sys
 import types
 import typing
@@ -141,7 +142,7 @@ def check_arms(config: TaskConfig) -> None:
     for text in config.controllers:
         spec = parse_controller(text)
         usage = arm_kinds()[spec.kind].usage if spec.kind in arm_kinds() else ""
-        if usage.endswith(":PATH") and not Path(str(spec.argument)).exists():
+        if usage.endswith(":PATH") and not Path(str(spec.argument)).is_file():
             raise ConfigError(f"controller {text!r}: '{spec.argument}' does not exist; "
                               f"accepted: {usage} naming an existing file")
 
@@ -539,9 +540,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = _main(argv)
         sys.stdout.flush()  # a closed pipe shows here at latest, while it is still caught
     except BrokenPipeError:
+        if not _reader_gone():
+            raise  # another pipe of the command's (a worker's): a fault to see, not a reader
         _stdout_to_devnull()
         return READER_GONE
     return status
+
+
+def _reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader closed it (poll reports an error on its write
+    end); True where that cannot be asked (no descriptor, no ``select.poll``)."""
+    try:
+        descriptor = sys.stdout.fileno()
+        poller = select.poll()
+    except (AttributeError, OSError, ValueError):
+        return True
+    poller.register(descriptor, select.POLLERR)
+    return any(event & select.POLLERR for _, event in poller.poll(0))
 
 
 def _stdout_to_devnull() -> None:
