@@ -222,8 +222,9 @@ def test_the_literatures_readings_from_curves_have_their_closed_forms():
     """Every episode moved by its own constant (so every leave-one-out reads the same, and
     each interval is the value itself): on one long schedule the arm is 3x ahead of S2 (a
     bound, at least 16/8, where S2's long run ends before it gets there); against S2's stable
-    phase 2 x 1.25 (at most 12/8 past S2's last stable point); to S2's loss 2x in compute and
-    1x in tokens (its first half costs half S2's per token); the frontier still says 2x."""
+    phase 2 x 1.25 (a bound, at least 12/8, past S2's last stable point); to S2's loss 2x in
+    compute and 1x in tokens (its first half costs half S2's per token); the frontier still
+    says 2x."""
     rows = _curved_study(shift=lambda e: 0.01 * (e - 1))
     measured = {r.budget: r for r in literature([(8, rows)], "test_nats", [0.2])}
     for budget in (1.0, 2.0, 4.0):
