@@ -116,6 +116,9 @@ def test_find_text_file_errors_are_one_line(tmp_path: Path, case: str, message: 
     text_of_error = one_line_message(err)
     assert text_of_error.startswith(message.format(path=path))
     assert "download=True" in text_of_error
+    with pytest.raises(DataError) as err:  # a caller that cannot download offers no download
+        find_text_file(path, downloadable=False)
+    assert one_line_message(err).endswith("pass a text file or a folder holding one")
 
 
 def test_split_is_contiguous_with_the_tail_for_validation():

@@ -76,7 +76,7 @@ def cifar10_not_found(root: Path) -> DataError:
     )
 
 
-def find_text_file(path: PathLike | None) -> Path:
+def find_text_file(path: PathLike | None, downloadable: bool = True) -> Path:
     """The text file a user pointed at: a file as is, or the one file a folder holds.
 
     A folder holds its text when it has ``TinyStories-valid.txt`` (what
@@ -84,6 +84,8 @@ def find_text_file(path: PathLike | None) -> Path:
 
     Args:
         path: A text file or a folder; ``None`` means :func:`default_data_dir`.
+        downloadable: Whether the caller can download the text (``--download``), which the
+            refusal then offers; a command that cannot (``frontier run``) passes False.
 
     Raises:
         DataError: No such file or folder, or a folder with no text file or several.
@@ -98,8 +100,9 @@ def find_text_file(path: PathLike | None) -> Path:
     target = resolve_data_dir(path)
     if target.is_file():
         return target
-    hint = ("pass a text file or a folder holding one, or download=True (--download) for the "
-            "TinyStories validation split")
+    hint = "pass a text file or a folder holding one" + (
+        ", or download=True (--download) for the TinyStories validation split"
+        if downloadable else "")
     if not target.is_dir():
         raise DataError(f"text file or folder '{target}' not found; {hint}")
     if (target / TINYSTORIES_VALID_NAME).is_file():

@@ -108,7 +108,8 @@ def run_study(folder: str | Path, text: str | Path, workers: int = 1,
     """
     folder = Path(folder)
     plan = read_plan(folder / PLAN_FILE)
-    find_text_file(text)  # before the training's imports load torch: a wrong path at once
+    # Before the training's imports load torch: a wrong path at once.
+    find_text_file(text, downloadable=False)
     if workers < 1:
         raise ConfigError(f"workers must be an int >= 1, got {workers}")
     check_device(device)

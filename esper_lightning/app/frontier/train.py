@@ -113,7 +113,7 @@ def load_corpus(path: str | Path, shape: Shape, splits: tuple[str, ...],
                 device: str | torch.device = "cpu") -> Corpus:
     """Read the text, split it (`split_text`) and cut every block of each split in ``splits``,
     all on ``device`` (where every run on this corpus trains)."""
-    file = find_text_file(path)
+    file = find_text_file(path, downloadable=False)
     tokens = load_text_tokens(file)
     parts = split_text(tokens)
     blocks = {name: tuple(t.to(device) for t in validation_blocks(getattr(parts, name),
