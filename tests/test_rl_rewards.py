@@ -13,6 +13,7 @@ from esper_lightning.app.compare.runner import Comparison
 from esper_lightning.app.config import CompareConfig
 from esper_lightning.core.actions import Action, LifecycleOp
 from esper_lightning.core.engine import execute_on_slot
+from esper_lightning.core.flops import FlopMeter
 from esper_lightning.core.lifecycle import SeedStage
 from esper_lightning.core.outcome import episode_outcome
 from esper_lightning.core.slots import SeedSlot
@@ -275,8 +276,11 @@ def test_mean_returns_rank_scripted_controllers_like_their_mean_outcomes(cifar_d
     # 4 episodes, not 8: each episode's return sits within 0.04 of its outcome while the four
     # mean outcomes stand 0.16 to 1.2 apart (static 94.17, conv_light 93.77, random 93.60,
     # conv_heavy 92.43): the episodes are the first 4 of the 8 episode seeds, and both checks
-    # keep the margins they had with 8. No figures: the records are read, not drawn.
+    # keep the margins they had with 8. No figures: the records are read, not drawn. No FLOP
+    # measurements (a third of the test): metering changes no number of an episode
+    # (test_envs_budget.py), and no budget reads them here.
     monkeypatch.setattr(compare_runner.plots, "save_figures", lambda *args, **kwargs: [])
+    monkeypatch.setattr(FlopMeter, "_measure", lambda self, *args, **kwargs: 0)
     config = CompareConfig(data_dir=str(cifar_dir), out=str(Path(tmp_path) / "out"),
                            episode_length=8, batch_size=16, slots=("r0c1", "r0c2"),
                            min_training_epochs=1, seeds=4, envs=4, progress=False,
