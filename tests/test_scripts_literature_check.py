@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
+from helpers import script_module
 from test_app_frontier_estimators import AHEAD, LONG_AHEAD, STABLE_BEHIND, _curved_study
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "literature_check.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("literature_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_each_reading_has_its_closed_form_and_the_long_runs_end_beside_the_frontiers(
@@ -26,12 +16,12 @@ def test_each_reading_has_its_closed_form_and_the_long_runs_end_beside_the_front
     rows = _curved_study(shift=lambda e: 0.01 * (e - 1))
     for row in rows:
         row["validation_nats"] = row["test_nats"]
-    module = _load()
-    monkeypatch.setattr(module, "read_plan", lambda path: SimpleNamespace(
-        purpose="tuning", decay_fraction=0.2))
-    monkeypatch.setattr(module, "read_rows", lambda folder: rows)
-    monkeypatch.setattr(sys, "argv", ["literature_check.py", "study"])
-    module.main()
+    with script_module("literature_check") as module:
+        monkeypatch.setattr(module, "read_plan", lambda path: SimpleNamespace(
+            purpose="tuning", decay_fraction=0.2))
+        monkeypatch.setattr(module, "read_rows", lambda folder: rows)
+        monkeypatch.setattr(sys, "argv", ["literature_check.py", "study"])
+        module.main()
     out = capsys.readouterr().out
     arm = "G1-2@0.5:identity"
     stable = AHEAD * STABLE_BEHIND
