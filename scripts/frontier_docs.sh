@@ -20,3 +20,4 @@ run widths $F/w32-final-growth+$F/w32-final-sizes $F/w64-final \
 run report $F/w32-tuning --docs docs/evidence.md
 run report $F/w64-tuning --docs docs/evidence.md
 run report $F/w128-tuning --docs docs/evidence.md
+run report $F/w64-depth-width-tuning --with $F/w64-tuning
