@@ -75,6 +75,7 @@ from esper_lightning.core.flops import FlopMeter
 from esper_lightning.core.width import WidthGrowth, widen
 from esper_lightning.data.text import (
     StepBatches,
+    evaluation_starts,
     find_text_file,
     load_text_tokens,
     split_text,
@@ -142,8 +143,9 @@ def curve_subset(blocks: tuple[Tensor, Tensor], count: int) -> tuple[Tensor, Ten
     """``count`` of ``blocks`` spread evenly over them (all when there are no more), the ones
     `data.text.validation_blocks` keeps with ``max_blocks=count``."""
     x, y = blocks
-    keep = min(len(x), count)
-    rows = torch.tensor([(i * len(x)) // keep for i in range(keep)], device=x.device)
+    # The blocks as a text of one-token blocks: evaluation_starts' spreading rule, the one place
+    # it is written.
+    rows = torch.tensor(evaluation_starts(len(x) + 1, 1, count), device=x.device)
     return x[rows], y[rows]
 
 
