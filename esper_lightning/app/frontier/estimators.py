@@ -226,12 +226,6 @@ class Pool:
         """Every complete episode of every study."""
         return self.episodes
 
-    def left_out(self) -> list[list[Keep]]:
-        """Per study, every episode left out in turn (the others' kept whole)."""
-        return [[tuple(kept - {e} if g == group else other
-                       for g, other in enumerate(self.episodes)) for e in sorted(kept)]
-                for group, kept in enumerate(self.episodes)]
-
     def curve(self, study: int, arm: str, keep: Keep) -> Curve:
         """``arm``'s mean loss over the kept episodes of ``study``, at each of its budgets."""
         points: dict[float, list[float]] = {}
@@ -260,24 +254,34 @@ class Pool:
     def estimate(self, value: Callable[[Keep], Speedup | float], log: bool = True) -> Pooled:
         """``value`` on every episode, with its jackknife t interval (of its log when ``log``:
         a speed-up; a bound (`Speedup.censored`) anywhere leaves no interval)."""
-        def read(keep: Keep) -> tuple[float, str | None]:
-            got = value(keep)
-            if isinstance(got, Speedup):
-                return got.value, got.censored
-            return float(got), None
+        return _jackknifed(value, self.episodes, log)
 
-        full, censored = read(self.everything)
-        n = sum(len(kept) for kept in self.episodes)
-        if min(len(kept) for kept in self.episodes) < 2:  # a study of one episode: no spread
-            return Pooled(full, math.nan, math.nan, censored, n)
-        loo = [[read(keep) for keep in group] for group in self.left_out()]
-        if censored or any(c for group in loo for _, c in group):
-            return Pooled(full, math.nan, math.nan, censored, n)
-        scale = math.log if log else float
-        low, high, _ = jackknife_t(scale(full), [[scale(v) for v, _ in g] for g in loo])
-        back = math.exp if log else float
-        return Pooled(full, back(low) if not math.isnan(low) else low,
-                      back(high) if not math.isnan(high) else high, None, n)
+
+def _jackknifed(value: Callable[[Keep], Speedup | float], episodes: Keep, log: bool = True
+                ) -> Pooled:
+    """``value`` on ``episodes`` (each study's), with the jackknife t interval of leaving out
+    one episode of one study at a time (`Pool.estimate`)."""
+    def read(keep: Keep) -> tuple[float, str | None]:
+        got = value(keep)
+        if isinstance(got, Speedup):
+            return got.value, got.censored
+        return float(got), None
+
+    full, censored = read(episodes)
+    n = sum(len(kept) for kept in episodes)
+    if min(len(kept) for kept in episodes) < 2:  # a study of one episode: no spread
+        return Pooled(full, math.nan, math.nan, censored, n)
+    # Per study, every episode left out in turn (the others' kept whole).
+    left_out = [[tuple(kept - {e} if g == group else other for g, other in enumerate(episodes))
+                 for e in sorted(kept)] for group, kept in enumerate(episodes)]
+    loo = [[read(keep) for keep in group] for group in left_out]
+    if censored or any(c for group in loo for _, c in group):
+        return Pooled(full, math.nan, math.nan, censored, n)
+    scale = math.log if log else float
+    low, high, _ = jackknife_t(scale(full), [[scale(v) for v, _ in g] for g in loo])
+    back = math.exp if log else float
+    return Pooled(full, back(low) if not math.isnan(low) else low,
+                  back(high) if not math.isnan(high) else high, None, n)
 
 
 @dataclass(frozen=True)
@@ -622,17 +626,9 @@ def _by_episode(rows: Iterable[Mapping[str, Any]], arm: str, budget: float | Non
 
 def _over_episodes(episodes: frozenset[int], value: Callable[[frozenset[int]], Speedup]
                    ) -> Pooled:
-    """``value`` on every episode, with its jackknife t interval of the log (none for one
-    episode, or where some leave-one-out value is only a bound), as `Pool.estimate`."""
-    full = value(episodes)
-    n = len(episodes)
-    if n < 2:
-        return Pooled(full.value, math.nan, math.nan, full.censored, n)
-    left = [value(episodes - {e}) for e in sorted(episodes)]
-    if full.censored or any(v.censored for v in left):
-        return Pooled(full.value, math.nan, math.nan, full.censored, n)
-    low, high, _ = jackknife_t(math.log(full.value), [[math.log(v.value) for v in left]])
-    return Pooled(full.value, math.exp(low), math.exp(high), None, n)
+    """``value`` on every episode of one study, with its jackknife t interval of the log
+    (none for one episode, or where some leave-one-out value is only a bound)."""
+    return _jackknifed(lambda keep: value(keep[0]), (episodes,))
 
 
 def _long_reading(long: Sequence[Mapping[str, Any]], arm: str, final: str, flops: float
