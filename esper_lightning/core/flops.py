@@ -39,7 +39,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -93,13 +93,20 @@ def _empty_signature(slot: SeedSlot) -> tuple[Any, ...]:
     return (slot.slot_id, "off", False, None, False)
 
 
-def structure(module: nn.Module) -> tuple[Any, ...]:
+def structure(module: nn.Module, off: Sequence[SeedSlot] = ()) -> tuple[Any, ...]:
     """What of a module's architecture shapes a step's graph: every parameter's shape and
     ``requires_grad``, every `SeedSlot`'s `slot_signature` and the train/eval mode. Reading it
     costs tens of microseconds, so a caller that knows the architecture cannot have changed
-    (an env within an epoch) reads it once and passes it on."""
-    params = tuple((tuple(p.shape), p.requires_grad) for p in module.parameters())
-    slots = tuple(slot_signature(m) for m in module.modules() if isinstance(m, SeedSlot))
+    (an env within an epoch) reads it once and passes it on. The slots ``off`` are read as if
+    they had never germinated (`host_structure`): signed as empty, their seeds' and gates'
+    parameters left out."""
+    grown = {id(p) for slot in off for part in (slot.seed, slot.gate) if part is not None
+             for p in part.parameters()}
+    empty = {id(slot) for slot in off}
+    params = tuple((tuple(p.shape), p.requires_grad) for p in module.parameters()
+                   if id(p) not in grown)
+    slots = tuple(_empty_signature(m) if id(m) in empty else slot_signature(m)
+                  for m in module.modules() if isinstance(m, SeedSlot))
     return (module.training, params, slots)
 
 
@@ -124,14 +131,7 @@ def host_structure(module: nn.Module, arch: tuple[Any, ...] | None = None) -> tu
     live = live_slots(module)
     if not live:
         return structure(module) if arch is None else arch
-    grown = {id(p) for slot in live for part in (slot.seed, slot.gate) if part is not None
-             for p in part.parameters()}
-    params = tuple((tuple(p.shape), p.requires_grad) for p in module.parameters()
-                   if id(p) not in grown)
-    off = {id(slot) for slot in live}
-    slots = tuple(_empty_signature(m) if id(m) in off else slot_signature(m)
-                  for m in module.modules() if isinstance(m, SeedSlot))
-    return (module.training, params, slots)
+    return structure(module, off=live)
 
 
 def signature(module: nn.Module, x: Tensor, kind: str, extra: Hashable = None,
