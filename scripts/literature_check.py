@@ -26,15 +26,12 @@ from esper_lightning.app.frontier.estimators import (
     sizes_of,
 )
 from esper_lightning.app.frontier.plan import read_plan
+from esper_lightning.app.frontier.report import pooled_cell
 from esper_lightning.app.frontier.study import read_rows
 
 
 def cell(reading: Pooled | None) -> str:
-    if reading is None:
-        return "no curve"
-    bound = {"above": "≥ ", "below": "≤ "}.get(reading.censored or "", "")
-    interval = "" if reading.low != reading.low else f" [{reading.low:.2f}, {reading.high:.2f}]"
-    return f"{bound}{reading.value:.2f}×{interval}"
+    return "no curve" if reading is None else pooled_cell(reading)
 
 
 def main() -> None:
