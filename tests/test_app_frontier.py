@@ -85,6 +85,15 @@ def test_a_curve_is_read_at_equal_flop_intervals_and_costs_no_training(corpus):
     assert len(curve_subset(blocks, 5)[0]) == 5 < len(blocks[0])
 
 
+def test_a_final_studys_curve_reads_the_test_split_its_tables_read(corpus):
+    """A final's curve is on test blocks (its last point on every block is the row's test loss,
+    not its validation loss); a tuning study's on validation blocks."""
+    final = parse_plan(_plan(purpose="final", curve_points=2, curve_blocks=10_000))
+    assert (final.curve_split, parse_plan(_plan()).curve_split) == ("test", "validation")
+    (row, *_) = train_unit(next(final.units()), final, corpus)
+    assert row["curve"][-1][2] == row["test_nats"] != row["validation_nats"]
+
+
 def test_a_curves_evaluations_are_kept_out_of_the_wall_clock(monkeypatch, corpus):
     """A clock that moves only while a curve point is evaluated: the run's wall time is 0."""
     from types import SimpleNamespace

@@ -41,10 +41,11 @@ over the first size's), ``v`` what a token seen before the last growth is worth 
 final size (`fit.token_value`).
 
 **Read mid-run, from curves** (`curve_readings`; a row's ``curve``, `plan`'s ``curve_points``):
-the literature's own readings, each on the same fixed validation blocks (the curves'), on
-episode-mean curves (each read linear in ``log C`` between its points) with a jackknife t
-interval over the episodes that have the curves, and None (*no curve*) where the rows lack
-them. With ``A`` the growing arm, ``F`` its final size and ``C`` a budget of the arm:
+the literature's own readings, each on the same fixed blocks (the curves', of the split the table
+reads: `plan.Plan.curve_split`), on episode-mean curves (each read linear in ``log C`` between its
+points) with a jackknife t interval over the episodes that have the curves, and None (*no curve*)
+where the rows lack them. With ``A`` the growing arm, ``F`` its final size and ``C`` a budget of the
+arm:
 
 * *one long schedule* (``long``): both trained once to the plan's largest budget on one decay
   (`plan`'s ``long_schedule``) and read mid-run: ``F_long⁻¹(A_long(C)) / C``, the compute
@@ -572,7 +573,7 @@ def _episode_values(rows: Sequence[Mapping[str, Any]], loss: str, arm: str, budg
 
 # --- the literature's readings, from curves -------------------------------------------------------
 def row_curve(row: Mapping[str, Any], until: float | None = None) -> Curve | None:
-    """A row's validation curve (its points up to ``until`` FLOPs; None: the row has none)."""
+    """A row's curve (its points up to ``until`` FLOPs; None: the row has none)."""
     points = [(f, nats) for f, _, nats in row.get("curve") or ()
               if until is None or f <= until]
     return Curve.of(points) if points else None

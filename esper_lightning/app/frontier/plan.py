@@ -33,10 +33,12 @@ map from budget to one phase rate or a list of them (``{"1": [8e-3, 8e-3], "2": 
 plan's ``warmup_flops`` after it (`train`). With both keys an arm trains every rate of either,
 and every budget needs one from one of them; a unit is one arm at one rate or one phase rate.
 
-**Validation curves** (``"curve_points": 16``): every run is also read at that many points at
-equal FLOP intervals of its own budget (after the first step to pass ``k/16`` of it, k = 1..16;
-the last point is the end of the run), on ``curve_blocks`` validation blocks spread evenly over
-the split (default 128, `DEFAULT_CURVE_BLOCKS`), and each row carries its run's curve
+**Curves** (``"curve_points": 16``): every run is also read at that many points at equal FLOP
+intervals of its own budget (after the first step to pass ``k/16`` of it, k = 1..16; the last point
+is the end of the run), on ``curve_blocks`` blocks of the split the study's tables read
+(`Plan.curve_split`: validation in tuning, test in a final, so that no reading of a final table
+looks at the blocks its rates were chosen on) spread evenly over the split (default 128,
+`DEFAULT_CURVE_BLOCKS`), and each row carries its run's curve
 (`train`). The points are read outside the budget, like the end-of-budget evaluation: they
 train nothing, draw no random numbers and their time is kept out of ``wall_s``. A point costs
 ``curve_blocks × block_size`` tokens of forward passes, about ``curve_blocks / (3 ×
@@ -189,6 +191,11 @@ class Plan:
     @property
     def splits(self) -> tuple[str, ...]:
         return SPLITS[self.purpose]
+
+    @property
+    def curve_split(self) -> str:
+        """The split a curve point reads: the one the study's tables read (a final's test)."""
+        return self.splits[-1]
 
     @property
     def long_budget(self) -> float:

@@ -39,10 +39,11 @@ last bit); the saving is every smaller budget's stable phase.
 At the end of each budget the model is evaluated on every block of the plan's splits (mean
 nats per byte over all tokens of the validation split, and of the test split in a final study).
 
-A plan with ``curve_points`` also reads each run's **validation curve** (`CurveLog`): after
-the first step that passes each of ``k / curve_points`` of its budget (k = 1, ..., the last the
-run's end), the model is evaluated on the plan's ``curve_blocks`` validation blocks spread
-evenly over the split (`curve_subset`), and the point ``[FLOPs spent, tokens seen, nats]`` kept;
+A plan with ``curve_points`` also reads each run's **curve** (`CurveLog`): after the first step that
+passes each of ``k / curve_points`` of its budget (k = 1, ..., the last the run's end), the model is
+evaluated on the plan's ``curve_blocks`` blocks of the split its tables read (`Plan.curve_split`:
+validation in tuning, test in a final) spread evenly over the split (`curve_subset`), and the point
+``[FLOPs spent, tokens seen, nats]`` kept;
 the row holds them (``curve``) and the FLOPs their forwards cost (``curve_flops``, metered as
 validation compute in the run's ledger, never its training budget). An evaluation changes no
 weight, draws no random number and its time is taken out of ``wall_s``, so a row with a curve
@@ -151,7 +152,7 @@ def curve_subset(blocks: tuple[Tensor, Tensor], count: int) -> tuple[Tensor, Ten
 
 @dataclass
 class CurveLog:
-    """The validation curves of a run's budgets in progress (module docstring).
+    """The curves of a run's budgets in progress (module docstring).
 
     ``targets``: each budget's FLOPs still to pass, ascending; ``points``: its
     ``(FLOPs spent, tokens seen, nats)`` read so far; ``flops``: what its points' forwards
@@ -172,7 +173,7 @@ class CurveLog:
         if not plan.curve_points:
             return None
         n = plan.curve_points
-        return cls(curve_subset(corpus.blocks["validation"], plan.curve_blocks),
+        return cls(curve_subset(corpus.blocks[plan.curve_split], plan.curve_blocks),
                    plan.shape.batch_size * plan.shape.block_size,
                    {b: [b * k / n for k in range(1, n)] + [b] for b in budgets},  # b exact
                    {b: [] for b in budgets}, dict.fromkeys(budgets, 0.0), set(budgets))
@@ -204,8 +205,8 @@ class CurveLog:
 @dataclass
 class Run:
     """One training run in progress: the host, its optimizer, how far it has come (its
-    `ComputeLedger`: FLOPs spent, the rate's schedule and re-warm) and its validation curves
-    (None: not read)."""
+    `ComputeLedger`: FLOPs spent, the rate's schedule and re-warm) and its curves (None:
+    not read)."""
 
     host: GPTHost
     optimizer: torch.optim.Optimizer
