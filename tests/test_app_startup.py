@@ -69,6 +69,7 @@ def test_bad_paths_are_one_line_before_torch_loads(tmp_path):
     study, compared = tmp_path / "study", played_comparison(tmp_path / "compared")
     study.mkdir()
     (study / "plan.json").write_text(json.dumps(PLAN))
+    (tmp_path / "ckpt.pt").write_bytes(b"an earlier run's checkpoint")
     cases = {  # argv -> what the one line must name
         ("ppo", "--data-dir", f"{missing}/cifar"): f"CIFAR-10 not found in '{missing}/cifar'",
         ("ppo", "--preset", "lm-smoke", "--data-dir", f"{missing}/missing.txt"):
@@ -76,6 +77,8 @@ def test_bad_paths_are_one_line_before_torch_loads(tmp_path):
         ("ppo", "--resume", f"{missing}/ckpt.pt"):
             f"checkpoint '{missing}/ckpt.pt' does not exist",
         ("ppo", "--task", "lm", "--data-dir", str(tmp_path)): "holds no *.txt file",
+        ("ppo", "--data-dir", str(cifar_folder(tmp_path)), "--save", f"{tmp_path}/ckpt.pt"):
+            f"save '{tmp_path}/ckpt.pt' already exists; pass --resume",
         ("ppo", "--init_policy", f"{missing}/p.pt", "--data-dir", str(cifar_folder(tmp_path))):
             f"init_policy '{missing}/p.pt' does not exist; accepted: a PPO checkpoint",
         ("compare", "--controllers", "static", "heuristic", "--data_dir", f"{missing}/nope"):

@@ -65,6 +65,7 @@ from esper_lightning.app.config import (
     saved_values,
 )
 from esper_lightning.app.console import fail, missing_lab
+from esper_lightning.app.ppo.paths import refuse_overwrite  # torch-free
 from esper_lightning.data.files import DataError  # plain Python: no torch
 from esper_lightning.errors import ConfigError
 
@@ -148,7 +149,8 @@ def check_arms(config: TaskConfig) -> None:
 
 
 COMMANDS = {
-    "ppo": Command(PPORunConfig, "learn the lifecycle controller with PPO", run_ppo),
+    "ppo": Command(PPORunConfig, "learn the lifecycle controller with PPO", run_ppo,
+                   check=refuse_overwrite),
     "compare": Command(CompareConfig, "compare controllers on paired episodes", run_compare,
                        describe_arms, check_arms),
 }

@@ -14,18 +14,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.fabric.utilities.seed import seed_everything
 
-from esper_lightning.app.config import (
-    PPORunConfig,
-    compatibility_errors,
-    config_differences,
-    policy_checkpoint,
-)
+from esper_lightning.app.config import PPORunConfig, compatibility_errors, config_differences
 from esper_lightning.app.ppo.learner import Learner
 from esper_lightning.errors import ConfigError
 from esper_lightning.rl.checkpoint import (
@@ -36,33 +30,6 @@ from esper_lightning.rl.checkpoint import (
 )
 
 log = logging.getLogger(__name__)
-
-
-def checkpoint_path(path: str | os.PathLike[str], config: PPORunConfig, mode: str) -> Path:
-    """Where the policy of reward mode ``mode`` is saved: ``path`` itself, or
-    `policy_checkpoint` (``<stem>.<mode><suffix>``) for each policy of an A/B run."""
-    return policy_checkpoint(path, mode) if config.ab else Path(path)
-
-
-def refuse_overwrite(config: PPORunConfig) -> None:
-    """Refuse (`ConfigError`) a run whose checkpoints would replace files it does not resume
-    from, unless ``overwrite`` is set: re-running a command must not destroy what the first run
-    made."""
-    if config.save is None or config.overwrite:
-        return
-    for mode in config.reward_modes:
-        target = checkpoint_path(config.save, config, mode)
-        if not target.exists():
-            continue
-        if config.resume is None:
-            raise ConfigError(f"save '{target}' already exists; pass --resume {config.save} to "
-                              f"continue that run, --overwrite to replace it, or another --save "
-                              f"path")
-        source = checkpoint_path(config.resume, config, mode)
-        if source.resolve() != target.resolve():
-            raise ConfigError(f"save '{target}' already exists and is not the checkpoint this "
-                              f"run resumes ('{source}'); pass --overwrite to replace it, or "
-                              f"another --save path")
 
 
 def seed_run(rng_seed: int) -> None:

@@ -19,8 +19,8 @@ import lightning as L
 from lightning.fabric import Fabric
 
 from esper_lightning.app.config import PPORunConfig
-from esper_lightning.app.ppo.checkpoint import refuse_overwrite
 from esper_lightning.app.ppo.metrics import RoundStats
+from esper_lightning.app.ppo.paths import refuse_overwrite
 from esper_lightning.app.ppo.ranks import Ranks
 from esper_lightning.app.ppo.trainer import PPOTrainer
 

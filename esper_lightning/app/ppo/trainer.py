@@ -39,16 +39,10 @@ from tqdm.auto import tqdm
 
 from esper_lightning.app.config import PPORunConfig, check_hardware
 from esper_lightning.app.logs import label_engine
-from esper_lightning.app.ppo.checkpoint import (
-    checkpoint_path,
-    load_trainer,
-    refuse_overwrite,
-    save_trainer,
-    seed_run,
-    start_from,
-)
+from esper_lightning.app.ppo.checkpoint import load_trainer, save_trainer, seed_run, start_from
 from esper_lightning.app.ppo.learner import Learner
 from esper_lightning.app.ppo.metrics import RoundStats, mean, merge_stats, round_metrics
+from esper_lightning.app.ppo.paths import checkpoint_path, refuse_overwrite
 from esper_lightning.app.ppo.ranks import Ranks
 from esper_lightning.app.task import env_spec, germinable_blueprints, load_splits, reward_config
 from esper_lightning.core.actions import Action
