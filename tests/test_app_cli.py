@@ -117,13 +117,11 @@ def test_missing_data_folder(tmp_path):
                           "CIFAR-10 not found in")
 
 
-def test_incompatible_checkpoint_left_untouched(checkpoint, tmp_path):
-    data, save = checkpoint
-    before = save.read_bytes()
-    result = run("--preset", "smoke", "--data-dir", str(data), "--slots", "r0c0",
-                 "--resume", str(save), "--save", str(save), "--logdir", str(tmp_path))
-    assert_one_line_error(result, "incompatible config: slots=")
-    assert save.read_bytes() == before
+def test_incompatible_checkpoint_left_untouched(bad_checkpoint_runs, checkpoint):
+    _, save = checkpoint
+    before, result, after = bad_checkpoint_runs["incompatible"]
+    assert_one_line_error(result, f"checkpoint '{save}' comes from an incompatible config: slots=")
+    assert after == before
 
 
 def test_bad_flag_value():
@@ -326,10 +324,17 @@ BAD_CHECKPOINT_COMMANDS = {
 
 
 @pytest.fixture(scope="module")
-def bad_checkpoint_runs(tmp_path_factory) -> dict[str, tuple]:
+def bad_checkpoint_runs(tmp_path_factory, checkpoint) -> dict[str, tuple]:
     """Each of `BAD_CHECKPOINT_COMMANDS` run once, all in one fresh process (`cli_cases`), each
     in a folder of its own: by kind, the bad file, the result, and the folder's checksums
-    before and after."""
+    before and after. In the same process (one import of torch and Lightning for all),
+    ``"incompatible"``: the smoke run's good checkpoint resumed with other slots, and its
+    folder's checksums before and after."""
+    data, save = checkpoint
+    incompatible = ["ppo", "--preset", "smoke", "--data-dir", str(data), "--slots", "r0c0",
+                    "--resume", str(save), "--save", str(save), "--logdir",
+                    str(tmp_path_factory.mktemp("incompatible_logs")), "--no-progress"]
+    saved = checksums(save.parent)
     runs = {}
     for kind, args in BAD_CHECKPOINT_COMMANDS.items():
         tmp_path = tmp_path_factory.mktemp(f"bad_checkpoint_{kind}")
@@ -341,10 +346,11 @@ def bad_checkpoint_runs(tmp_path_factory) -> dict[str, tuple]:
             "--data_dir", str(write_cifar10_fixture(tmp_path / "data", n_train=64, n_test=32))]
         argv = [*[a.replace("BAD", str(bad)) for a in args], *output, "--no-progress"]
         runs[kind] = (tmp_path, bad, checksums(tmp_path), argv)
-    results = cli_cases([argv for *_, argv in runs.values()])
-    return {kind: (bad, result, before, checksums(tmp_path))
-            for (kind, (tmp_path, bad, before, _)), result in zip(runs.items(), results,
-                                                                  strict=True)}
+    *results, resumed = cli_cases([*(argv for *_, argv in runs.values()), incompatible])
+    return {**{kind: (bad, result, before, checksums(tmp_path))
+               for (kind, (tmp_path, bad, before, _)), result in zip(runs.items(), results,
+                                                                     strict=True)},
+            "incompatible": (saved, resumed, checksums(save.parent))}
 
 
 @pytest.mark.parametrize(("kind", "args"), list(BAD_CHECKPOINT_COMMANDS.items()))
