@@ -32,6 +32,9 @@ from esper_lightning.schedule import LRSchedule, batch_fraction
 
 TASK = TextTask(block_size=16, val_blocks=8)
 BATCH = 8
+#: `TASK` with epochs of 4 batches where no budget sets them (not a pass over the text each,
+#: 133 batches): for the tests that read what an epoch does, not how long it is.
+SHORT = TextTask(block_size=16, val_blocks=8, train_blocks=4 * BATCH)
 
 
 def spec(**changes) -> EnvSpec:
@@ -164,14 +167,17 @@ def test_a_pass_never_repeats_a_token_and_a_longer_run_starts_another(data):
 
 
 def test_data_passes_count_what_an_episode_saw(data):
-    train, _ = data
+    # The head of the training split only (32 batches): a pass is counted the same on any
+    # corpus, and the budget of two and a half passes below trains 80 batches, not 330.
+    train, val = data[0][:32 * BATCH * 16], data[1]
     step = static_step()
-    pool = EnvPool(spec(budget_flops=4.0 * step * 4), *data, ["cpu"])
+    pool = EnvPool(spec(budget_flops=4.0 * step * 4), train, val, ["cpu"])
     play(pool, [Action()] * 3)
     seen = pool.envs[0]._steps * BATCH * 16
     assert pool.envs[0].observe().data_passes == seen / len(train) < 1
     # A budget worth more than the corpus goes on into another pass, cut elsewhere.
-    long = EnvPool(spec(budget_flops=2.5 * len(train) / (BATCH * 16) * step), *data, ["cpu"])
+    long = EnvPool(spec(budget_flops=2.5 * len(train) / (BATCH * 16) * step), train, val,
+                   ["cpu"])
     play(long, [Action()] * 3)
     assert long.envs[0].observe().data_passes > 2
 
@@ -285,17 +291,18 @@ def _numbers(observations):
 def test_metering_changes_no_number_of_an_episode(data, monkeypatch):
     script = [Action(LifecycleOp.GERMINATE, 0, blueprint="lora"), Action(LifecycleOp.ADVANCE, 0),
               Action()]
-    pool = EnvPool(spec(), *data, ["cpu"])
+    # SHORT epochs: a meter that moved a weight would show in the first batch after it measured.
+    pool = EnvPool(spec(task=SHORT), *data, ["cpu"])
     metered = _numbers(pool.reset([9]) + [pool.step([a])[0].observation for a in script])
     assert pool.envs[0].ledger.meter.measurements > 0 and pool.envs[0].engine.train_flops > 0
     monkeypatch.setattr(FlopMeter, "_measure", lambda self, *args, **kwargs: 0)
-    pool = EnvPool(spec(), *data, ["cpu"])
+    pool = EnvPool(spec(task=SHORT), *data, ["cpu"])
     bare = _numbers(pool.reset([9]) + [pool.step([a])[0].observation for a in script])
     assert metered == bare
 
 
 def test_validation_and_counterfactual_flops_are_counted_apart(data):
-    pool = EnvPool(spec(), *data, ["cpu"])
+    pool = EnvPool(spec(task=SHORT), *data, ["cpu"])
     observations = pool.reset([1])
     engine = pool.envs[0].engine
     assert engine.validation_flops > 0 and engine.counterfactual_flops == 0  # nothing blends
