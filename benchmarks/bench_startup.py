@@ -12,8 +12,9 @@ repeats so machine noise hits every command alike; the medians are printed. Two 
   it: the hosts are LightningModules and the envs run under Fabric, and any ``lightning.*``
   import runs ``lightning/__init__``, which imports the Trainer package, torchmetrics (with
   scipy, matplotlib and, when installed, transformers) and ``torch._dynamo``;
-* error latency: the seconds a command with a bad data path, text file or checkpoint takes to
-  print its one-line error (target: <= 2 s), and that time over ``import torch``.
+* error latency: the seconds a command with a bad data path, text file or checkpoint (or a
+  ``--save`` that would replace an earlier run's checkpoint) takes to print its one-line error
+  (target: <= 2 s), and that time over ``import torch``.
 
 Each error command must exit with status 2 and one line on stderr, or the script stops: a
 latency of the wrong outcome would mean nothing.
@@ -40,14 +41,17 @@ IMPORTS = {
 }
 
 
-def error_commands(missing: Path) -> dict[str, list[str]]:
+def error_commands(missing: Path, earlier: Path) -> dict[str, list[str]]:
     """Name -> ``esper-lightning`` arguments that must fail on a path under ``missing`` (a
-    folder that does not exist)."""
+    folder that does not exist), or on ``earlier``, an earlier run's checkpoint that a new run
+    would replace."""
     return {
         "ppo --data-dir (cifar)": ["ppo", "--data-dir", str(missing / "cifar")],
         "ppo lm-smoke --data-dir": ["ppo", "--preset", "lm-smoke",
                                     "--data-dir", str(missing / "missing.txt")],
         "ppo --resume": ["ppo", "--resume", str(missing / "missing.pt")],
+        "ppo --save EXISTING": ["ppo", "--data-dir", str(missing / "cifar"), "--download",
+                                "--save", str(earlier)],
         "compare --data_dir": ["compare", "--controllers", "static", "heuristic",
                                "--data_dir", str(missing / "nope")],
     }
@@ -84,7 +88,9 @@ def measure(root: Path, repeats: int) -> dict[str, list[float]]:
     """Every command's times over ``repeats`` interleaved rounds (one of each per round)."""
     times: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        errors = error_commands(Path(tmp) / "absent")
+        earlier = Path(tmp) / "ckpt.pt"
+        earlier.write_bytes(b"an earlier run's checkpoint")
+        errors = error_commands(Path(tmp) / "absent", earlier)
         for _ in range(repeats):
             for name, code in IMPORTS.items():
                 times.setdefault(name, []).append(
