@@ -12,10 +12,11 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from helpers import ROOT
+from helpers import ROOT, script_module
 
 TIMING = [f"policy:policies/grow124-timing-s{i}.pt" for i in (1, 2, 3)]
 LOOKUP = "lookup:results/controller/lookup-grow124.json"
@@ -157,21 +158,49 @@ def _rows(csv: Path, test_bits: float) -> None:
                 "budget_flops": 1e12, "accuracy_curve": (50.0,)}))
 
 
-@pytest.mark.parametrize(("rerun_bits", "code", "verdict"), [
-    (2.5, 0, "Reproduced: "), (2.5 + 1e-12, 1, "NOT reproduced: ")])
-def test_reproduce_reruns_a_stages_first_episodes_and_compares_them(study, rerun_bits, code,
-                                                                    verdict):
+#: Stands in for ``python`` on the study's PATH where a case checks the replay in process: the
+#: replay check's command line is written to ``$REPLAY`` (and run by the test, in process);
+#: every other ``python`` the script runs is the real one.
+REPLAY_RECORDER = """#!/usr/bin/env bash
+if [[ "${1:-}" == */controller_targets.py ]]; then printf "%s\\n" "$@" > "$REPLAY"; exit 0; fi
+exec "$REAL_PYTHON" "$@"
+"""
+
+
+@pytest.mark.parametrize(("rerun_bits", "code", "verdict", "launch"), [
+    (2.5, 0, "Reproduced: ", False), (2.5 + 1e-12, 1, "NOT reproduced: ", True)],
+    ids=["2.5-0-Reproduced: ", "2.500000000001-1-NOT reproduced: "])
+def test_reproduce_reruns_a_stages_first_episodes_and_compares_them(
+        study, rerun_bits, code, verdict, launch, monkeypatch, capsys):
+    """``launch``: the replay check runs as the script runs it, a fresh interpreter whose exit
+    status and verdict are the script's (seconds of imports); otherwise the script's command
+    line for it is recorded and run in process (`controller_targets.main`), the same check."""
     shutil.copy(ROOT / "scripts" / "controller_targets.py", study / "scripts")
     _rows(study / "results" / "controller" / "final-budgets" / "episodes.csv", 2.5)
     _rows(study / "rerun.csv", rerun_bits)
     fake = study / "bin" / "esper-lightning"  # the rerun: its rows into the last --out
     fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$CALLS"\n'
                     'out=${*: -1}; mkdir -p "$out"; cp "$ROWS" "$out/episodes.csv"\n')
+    if not launch:
+        (study / "bin" / "python").write_text(REPLAY_RECORDER)
+        (study / "bin" / "python").chmod(0o755)
     stale = study / "runs" / "reproduce" / "final-budgets" / "old.txt"  # an earlier rerun's
     stale.parent.mkdir(parents=True)  # folder: replaced, never resumed
     stale.write_text("")
-    result = _run(study, "reproduce", "final-budgets", "2", ROWS=str(study / "rerun.csv"))
-    assert result.returncode == code and result.stdout.startswith(verdict)
+    result = _run(study, "reproduce", "final-budgets", "2", ROWS=str(study / "rerun.csv"),
+                  REPLAY=str(study / "replay.txt"), REAL_PYTHON=sys.executable)
+    if launch:
+        assert not (study / "replay.txt").exists()
+        status, out = result.returncode, result.stdout
+    else:
+        assert result.returncode == 0, result.stderr
+        script, *args = (study / "replay.txt").read_text().splitlines()
+        assert script == "scripts/controller_targets.py"
+        monkeypatch.chdir(study)
+        with script_module("controller_targets") as targets:
+            status = targets.main(args)
+        out = capsys.readouterr().out
+    assert status == code and out.startswith(verdict)
     assert not stale.exists()
     argv = _argv(study)  # the stage's own command, on its first 2 episodes, out of results/
     assert _after(argv, "--controllers")[:4] == [LOOKUP, *TIMING]
