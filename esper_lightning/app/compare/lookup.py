@@ -155,7 +155,7 @@ def build_parser() -> ArgumentParser:
 
 def main(argv: Sequence[str]) -> int:
     """``esper-lightning lookup``: 0 on success, 2 with one line on a bad input."""
-    return run_own("lookup", build_parser(), argv, _tune, refused=(ValueError,))
+    return run_own("lookup", build_parser(), argv, _tune)
 
 
 def _tune(args: Namespace) -> int:
