@@ -2,14 +2,16 @@
 accepted, what contradicts a budget, one-line refusals (exit status 2), and the budget in
 FLOPs the envs get."""
 
+import logging
 import re
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from esper_lightning.app.cli import parse_config
+from esper_lightning.app.cli import main, parse_config
 from esper_lightning.app.config import (
     CompareConfig,
     ConfigError,
@@ -180,6 +182,36 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
+@pytest.fixture
+def run_main(capsys: pytest.CaptureFixture[str]) -> Iterator[Callable[..., tuple[int, str]]]:
+    """``esper-lightning ARGS`` in process (`cli.main`): its status and what it wrote on
+    stderr. A command that gets as far as running attaches the package's log handler: it is
+    taken off again afterwards, as the process of its own would have ended."""
+    logger = logging.getLogger("esper_lightning")
+    handlers, level = list(logger.handlers), logger.level
+
+    def run(*args: str) -> tuple[int, str]:
+        capsys.readouterr()
+        status = main(list(args))
+        return status, capsys.readouterr().err
+
+    yield run
+    for handler in logger.handlers[len(handlers):]:
+        logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def test_cli_refuses_a_bad_budget_in_one_line_seen_from_outside(tmp_path):
+    # What the user sees from outside: the command's exit status and its only line, nothing
+    # on stdout (the cases below run the same `main` in process, without a launch each).
+    out = tmp_path / "out"
+    result = cli("compare", "--controllers", "static", "--out", str(out), "--budget_flops", "-5")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == ("esper-lightning compare: error: budget_flops must be a number > 0 "
+                             "(FLOPs) or null, got -5.0\n") and result.stdout == ""
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--budget_flops", "abc"], "budget_flops must be a float or null, got 'abc'"),
     (["--budget_flops", "-5"], "budget_flops must be a number > 0 (FLOPs) or null, got -5.0"),
@@ -196,24 +228,25 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
     (["--budget_scales", "0.5", "2"], "budget_scales=[0.5, 2.0] scale a budget, and none is "
      "set; accepted: budget_flops or budget_steps with them"),
 ])
-def test_cli_refuses_bad_budgets_in_one_line_with_status_2(args, message, tmp_path):
+def test_cli_refuses_bad_budgets_in_one_line_with_status_2(args, message, tmp_path, run_main):
     out = tmp_path / "out"
-    result = cli("compare", "--controllers", "static", "--out", str(out), *args)
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], result.stderr
+    status, err = run_main("compare", "--controllers", "static", "--out", str(out), *args)
+    assert status == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], err
     assert not out.exists()
 
 
-def test_cli_refuses_a_budget_smaller_than_an_epoch_before_writing(text_file, tmp_path):
+def test_cli_refuses_a_budget_smaller_than_an_epoch_before_writing(text_file, tmp_path,
+                                                                   run_main):
     out = tmp_path / "out"
-    result = cli("compare", "--controllers", "static", "--task", "lm", "--host_preset", "w32l1",
-                 "--slots", "r0c0", "--batch_size", "8", "--block_size", "16",
-                 "--episode_length", "4", "--budget_steps", "2", "--data_dir", str(text_file),
-                 "--out", str(out), "--no-progress")
-    assert result.returncode == 2, result.stderr
-    assert "budget_steps=2 gives each of the episode's 4 epochs less than one" in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()
+    status, err = run_main("compare", "--controllers", "static", "--task", "lm", "--host_preset",
+                           "w32l1", "--slots", "r0c0", "--batch_size", "8", "--block_size", "16",
+                           "--episode_length", "4", "--budget_steps", "2", "--data_dir",
+                           str(text_file), "--out", str(out), "--no-progress")
+    assert status == 2, err
+    assert "budget_steps=2 gives each of the episode's 4 epochs less than one" in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
 
 
 def test_make_task_refuses_a_task_it_does_not_know():
