@@ -2,7 +2,10 @@
 
 import logging
 import re
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -46,6 +49,41 @@ def _config(cifar_dir: Path, tmp_path: Path, **overrides):
     return load_config("smoke", overrides=values)
 
 
+#: The command line of `norm_stage`'s run.
+STAGE_ONE = ["esper-lightning", "ppo", "--blueprints", "norm"]
+
+
+@pytest.fixture(scope="module")
+def norm_stage(_cifar_master: Path,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
+    """One round of a run that may germinate ``norm`` only (`STAGE_ONE`), trained once for the
+    tests that read it: ``trainer`` (trained), ``first`` (its checkpoint), ``logs`` (its
+    TensorBoard run) and ``data``. Read-only: the module fails at teardown if the checkpoint
+    changed."""
+    root = tmp_path_factory.mktemp("norm_stage")
+    data = Path(shutil.copytree(_cifar_master, root / "cifar"))
+    first = root / "first.pt"
+    trainer = PPOTrainer(_config(data, root / "a", save=str(first), blueprints=["norm"],
+                                 rounds=1), command=STAGE_ONE)
+    trainer.train()
+    before = first.read_bytes()
+    yield SimpleNamespace(trainer=trainer, first=first, data=data,
+                          logs=root / "a" / "logs" / "ppo" / "version_0")
+    assert first.read_bytes() == before, "a test changed the norm stage's checkpoint"
+
+
+@pytest.fixture(scope="module")
+def ab_run(_cifar_master: Path, tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    """One round of an A/B run (``shaped`` and ``sparse``, one env each) saved as ``ckpt.pt``
+    in ``root``, trained once for the tests that read it: ``trainer``, ``save``, ``root``."""
+    root = tmp_path_factory.mktemp("ab_run")
+    data = Path(shutil.copytree(_cifar_master, root / "cifar"))
+    save = root / "ckpt.pt"
+    trainer = PPOTrainer(_config(data, root, rounds=1, save=str(save), ab=["shaped", "sparse"]))
+    trainer.train()
+    return SimpleNamespace(trainer=trainer, save=save, root=root, data=data)
+
+
 def test_smoke_round_logs_spec_tags_and_writes_a_checkpoint(cifar_dir, tmp_path):
     save = tmp_path / "ckpt.pt"
     trainer = PPOTrainer(_config(cifar_dir, tmp_path, save=str(save)))
@@ -85,19 +123,19 @@ def test_smoke_round_logs_spec_tags_and_writes_a_checkpoint(cifar_dir, tmp_path)
     assert not (tmp_path / "ckpt.pt.tmp").exists()
 
 
-def test_a_run_with_a_subset_of_blueprints_germinates_only_those_and_saves_them(cifar_dir,
+def test_a_run_with_a_subset_of_blueprints_germinates_only_those_and_saves_them(norm_stage,
+                                                                               cifar_dir,
                                                                                tmp_path):
-    save = tmp_path / "ckpt.pt"
-    trainer = PPOTrainer(_config(cifar_dir, tmp_path, save=str(save), blueprints=["norm"]))
-    trainer.train()
+    trainer, save = norm_stage.trainer, norm_stage.first
     for env in trainer.pool.envs:
         assert env.engine.mask_context.blueprints == ("norm",)
         assert {entry.blueprint for entry in env.engine.timeline} <= {None, "norm"}
     assert read_checkpoint(save)["allowed_blueprints"] == ["norm"]
-    events = EventAccumulator(str(tmp_path / "logs" / "ppo" / "version_0"))
+    events = EventAccumulator(str(norm_stage.logs))
     events.Reload()
     assert [t for t in events.Tags()["scalars"] if t.startswith("germinated/")] == [
         "germinated/norm"]
+    assert events.Scalars("germinated/norm")[0].value > 0  # it germinated: the checks bite
     assert PolicyController(save).bundle.allowed_blueprints == ("norm",)
     with pytest.raises(ConfigError, match="unknown blueprint 'block_identity' for the slots of "
                        "task 'cifar'; accepted: norm, "):
@@ -108,14 +146,12 @@ def _policy(trainer: PPOTrainer) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in trainer.learners[0].policy.state_dict().items()}
 
 
-def test_a_run_starts_from_another_runs_policy_with_more_blueprints(cifar_dir, tmp_path):
+def test_a_run_starts_from_another_runs_policy_with_more_blueprints(norm_stage, cifar_dir,
+                                                                    tmp_path):
     """A curriculum: a policy trained with one blueprint starts a run that allows them all, its
     weights and observation normaliser as saved and everything else fresh; a checkpoint of
     another policy width is refused in one line."""
-    first = tmp_path / "first.pt"
-    stage_one = ["esper-lightning", "ppo", "--blueprints", "norm"]
-    PPOTrainer(_config(cifar_dir, tmp_path / "a", save=str(first), blueprints=["norm"],
-                       rounds=1), command=stage_one).train()
+    first, stage_one = norm_stage.first, STAGE_ONE
     saved = read_checkpoint(first)
     spec = parse_controller(f"policy:{first}")  # what compare's cost table reads of it
     assert ARM_KINDS["policy"].cost(spec, None) == {"made_by": "PPO training", "rounds": 1,
@@ -167,16 +203,14 @@ def test_a_run_starts_from_another_runs_policy_with_more_blueprints(cifar_dir, t
         PPOTrainer(_config(cifar_dir, tmp_path / "d", init_policy=str(first), policy_hidden=16))
 
 
-def test_a_shipped_policy_starts_a_curriculum_as_its_checkpoint_does(cifar_dir, tmp_path):
+def test_a_shipped_policy_starts_a_curriculum_as_its_checkpoint_does(norm_stage, cifar_dir,
+                                                                     tmp_path):
     """``esper-lightning ship`` keeps what ``init_policy`` reads (weights, observation
     normaliser, cost, commands), so a curriculum starts from the committed file as from the
     training checkpoint (which lives outside the repository and may be gone)."""
     from esper_lightning.app.ppo.ship import ship_policy
 
-    first = tmp_path / "first.pt"
-    stage_one = ["esper-lightning", "ppo", "--blueprints", "norm"]
-    PPOTrainer(_config(cifar_dir, tmp_path / "a", save=str(first), blueprints=["norm"],
-                       rounds=1), command=stage_one).train()
+    first, stage_one = norm_stage.first, STAGE_ONE
     shipped = tmp_path / "policies" / "first.pt"
     shipped.parent.mkdir()
     ship_policy(first, shipped)
@@ -193,40 +227,39 @@ def test_a_shipped_policy_starts_a_curriculum_as_its_checkpoint_does(cifar_dir, 
     assert from_shipped.commands[0] == stage_one
 
 
-def test_resume_continues_exactly(cifar_dir, tmp_path):
-    straight = PPOTrainer(_config(cifar_dir, tmp_path / "a", rounds=3))
+def test_resume_continues_exactly(norm_stage, cifar_dir, tmp_path):
+    # The first round is `norm_stage`'s (the same data, config and round-0 rng seeds), saved
+    # after it; a straight run of two rounds against it resumed for the second.
+    straight = PPOTrainer(_config(cifar_dir, tmp_path / "a", rounds=2, blueprints=["norm"]))
     straight.train()
-    first = PPOTrainer(_config(cifar_dir, tmp_path / "b", rounds=2,
-                               save=str(tmp_path / "b.pt")), command=["ppo", "--rounds", "2"])
-    first.train()
-    resumed = PPOTrainer(_config(cifar_dir, tmp_path / "c", rounds=3,
-                                 resume=str(tmp_path / "b.pt")), command=["ppo", "--resume"])
-    assert resumed.round == 2
+    first = read_checkpoint(norm_stage.first)
+    resumed = PPOTrainer(_config(cifar_dir, tmp_path / "c", rounds=2, blueprints=["norm"],
+                                 resume=str(norm_stage.first)), command=["ppo", "--resume"])
+    assert resumed.round == 1
     resumed.train()
     a, b = _policy(straight), _policy(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert torch.equal(straight.learners[0].obs_rms.mean, resumed.learners[0].obs_rms.mean)
     # And the resumed run really moved the policy past the checkpoint.
-    assert not all(torch.equal(a[k], _policy(first)[k]) for k in a)
+    assert not all(torch.equal(a[k], first["policy"][k]) for k in a)
     # The training cost counts every round, those before the resume too.
     cost = resumed.learners[0].cost
-    assert (cost["rounds"], cost["episodes"]) == (3, 3 * 2)  # smoke: 2 envs
+    assert (cost["rounds"], cost["episodes"]) == (2, 2 * 2)  # smoke: 2 envs
     assert cost["train_flops"] > 0 and cost["train_flops"] == pytest.approx(
         sum(sum(s.train_flops) for s in straight.learners[0].history))
-    assert cost["wall_seconds"] > read_checkpoint(tmp_path / "b.pt")["training_cost"][
-        "wall_seconds"] > 0
+    assert cost["wall_seconds"] > first["training_cost"]["wall_seconds"] > 0
     # So does the list of the command lines that trained it, first to last.
-    assert read_checkpoint(tmp_path / "b.pt")["commands"] == [["ppo", "--rounds", "2"]]
-    assert resumed.learners[0].commands == [["ppo", "--rounds", "2"], ["ppo", "--resume"]]
+    assert first["commands"] == [STAGE_ONE]
+    assert resumed.learners[0].commands == [STAGE_ONE, ["ppo", "--resume"]]
 
 
-def test_incompatible_checkpoint_is_refused_before_anything_runs(cifar_dir, tmp_path):
-    save = tmp_path / "ckpt.pt"
-    PPOTrainer(_config(cifar_dir, tmp_path, rounds=1, save=str(save))).train()
+def test_incompatible_checkpoint_is_refused_before_anything_runs(norm_stage, cifar_dir,
+                                                                  tmp_path):
+    save = norm_stage.first
     before = save.read_bytes()
     with pytest.raises(ConfigError, match=r"incompatible config: slots=\['r0c1', 'r0c2'\]"):
-        PPOTrainer(_config(cifar_dir, tmp_path, slots=["r0c0"], resume=str(save),
-                           save=str(save)))
+        PPOTrainer(_config(cifar_dir, tmp_path, slots=["r0c0"], blueprints=["norm"],
+                           resume=str(save), save=str(save)))
     assert save.read_bytes() == before
 
 
@@ -272,22 +305,21 @@ def test_resume_continues_the_same_tensorboard_run_with_a_line_and_a_timeline_pe
                        f"save '{save}' -> None"]
 
 
-def test_ab_trains_one_policy_per_reward_mode_on_the_same_episodes(cifar_dir, tmp_path):
-    save = tmp_path / "ckpt.pt"
-    trainer = PPOTrainer(_config(cifar_dir, tmp_path, rounds=1, save=str(save),
-                                 ab=["shaped", "sparse"]))
-    assert [learner.name for learner in trainer.learners] == ["shaped", "sparse"]
-    assert [learner.envs for learner in trainer.learners] == [[0], [1]]
-    trainer._reset_pool(0, trainer._begin_round(0))
-    first, second = (env.host.state_dict() for env in trainer.pool.envs)
+def test_ab_trains_one_policy_per_reward_mode_on_the_same_episodes(ab_run, cifar_dir,
+                                                                    tmp_path):
+    fresh = PPOTrainer(_config(cifar_dir, tmp_path, rounds=1, ab=["shaped", "sparse"]))
+    assert [learner.name for learner in fresh.learners] == ["shaped", "sparse"]
+    assert [learner.envs for learner in fresh.learners] == [[0], [1]]
+    fresh._reset_pool(0, fresh._begin_round(0))
+    first, second = (env.host.state_dict() for env in fresh.pool.envs)
     assert all(torch.equal(first[k], second[k]) for k in first  # the same episode seed
                if isinstance(first[k], torch.Tensor))
-    trainer.train()
+    trainer, root = ab_run.trainer, ab_run.root  # the same run, trained
     for mode in ("shaped", "sparse"):
-        state = read_checkpoint(tmp_path / f"ckpt.{mode}.pt")
+        state = read_checkpoint(root / f"ckpt.{mode}.pt")
         assert state["config"]["reward"] == mode and state["config"]["envs"] == 1
         assert state["config"]["ab"] == []
-        assert (tmp_path / "logs" / f"ppo-{mode}" / "version_0").is_dir()
+        assert (root / "logs" / f"ppo-{mode}" / "version_0").is_dir()
     a, b = (learner.policy.state_dict() for learner in trainer.learners)
     assert not all(torch.equal(a[k], b[k]) for k in a)  # two policies, not one
 
@@ -301,9 +333,11 @@ def test_ab_needs_envs_that_split_evenly(cifar_dir, tmp_path):
 
 def test_lm_smoke_preset_learns_on_a_text_file(text_file, tmp_path):
     save = tmp_path / "lm.pt"
+    # Episodes of 3 epochs (the preset's 4 less one: what is read here is the task, not the
+    # length): two rounds still reset every env for a second episode.
     config = load_config("lm-smoke", overrides={
         "data_dir": str(text_file), "logdir": str(tmp_path / "logs"), "progress": False,
-        "save": str(save)})
+        "save": str(save), "episode_length": 3})
     trainer = PPOTrainer(config)
     history = trainer.train()
     assert len(history) == 2 and all(len(s.returns) >= 2 for s in history)
@@ -346,18 +380,21 @@ def test_a_rollback_costs_its_penalty_and_the_episode_goes_on(cifar_dir, tmp_pat
     assert stats.reward_sums["terminal"] != 0.0  # both outcomes paid at the end
 
 
-def test_a_fresh_run_does_not_replace_a_checkpoint_it_does_not_resume(cifar_dir, tmp_path):
+def test_a_fresh_run_does_not_replace_a_checkpoint_it_does_not_resume(norm_stage, cifar_dir,
+                                                                       tmp_path):
     save, other = tmp_path / "ckpt.pt", tmp_path / "other.pt"
-    PPOTrainer(_config(cifar_dir, tmp_path, rounds=1, save=str(save))).train()
+    save.write_bytes(norm_stage.first.read_bytes())  # a one-round run's checkpoint
     other.write_bytes(save.read_bytes())
     before = save.read_bytes()
+    norm = {"blueprints": ["norm"]}  # the saved run's, so that resuming it is compatible
     with pytest.raises(ConfigError, match=rf"^save '{save}' already exists; pass --resume "):
-        PPOTrainer(_config(cifar_dir, tmp_path, rounds=1, save=str(save)))
+        PPOTrainer(_config(cifar_dir, tmp_path, rounds=1, save=str(save), **norm))
     with pytest.raises(ConfigError, match=rf"^save '{save}' already exists and is not the "
                                           rf"checkpoint this run resumes \('{other}'\)"):
-        PPOTrainer(_config(cifar_dir, tmp_path, rounds=2, save=str(save), resume=str(other)))
+        PPOTrainer(_config(cifar_dir, tmp_path, rounds=2, save=str(save), resume=str(other),
+                           **norm))
     assert save.read_bytes() == before
-    PPOTrainer(_config(cifar_dir, tmp_path, rounds=2, save=str(save), resume=str(save)))
+    PPOTrainer(_config(cifar_dir, tmp_path, rounds=2, save=str(save), resume=str(save), **norm))
     PPOTrainer(_config(cifar_dir, tmp_path, rounds=1, save=str(save), overwrite=True))
     ab = {"ab": ["shaped", "sparse"], "rounds": 1, "save": str(tmp_path / "ab.pt")}
     (tmp_path / "ab.sparse.pt").write_bytes(before)
@@ -379,14 +416,12 @@ def test_a_run_that_fails_before_its_first_round_ends_leaves_no_log_folder(cifar
     assert not (tmp_path / "logs").exists()
 
 
-def test_resume_alone_continues_an_ab_run_from_its_stem(cifar_dir, tmp_path):
+def test_resume_alone_continues_an_ab_run_from_its_stem(ab_run):
     """An A/B run saves ``ckpt.<mode>.pt``: ``--resume ckpt.pt`` alone finds them and takes the
     whole run's configuration (not one policy's share of it)."""
     from esper_lightning.app.cli import parse_config
 
-    save = tmp_path / "ckpt.pt"
-    PPOTrainer(_config(cifar_dir, tmp_path, rounds=1, save=str(save),
-                       ab=["shaped", "sparse"])).train()
+    save = ab_run.save
     config = parse_config("ppo", ["--resume", str(save), "--rounds", "2"])
     assert (config.ab, config.envs, config.episode_length) == (("shaped", "sparse"), 2, 3)
     trainer = PPOTrainer(config)
