@@ -51,9 +51,13 @@ def runs(tmp_path_factory) -> SimpleNamespace:
     cifar = write_cifar10_fixture(base / "cifar", n_train=80, n_test=40, rng_seed=0)
     path = {name: str(base / f"{name}.pt") for name in ("one", "two", "first", "one_two")}
     config = _config(cifar, base)
-    one = PPOTrainer(config.replace(save=path["one"])).train()
+    # One process: round 1 saved as "first", round 2 resumed from it (resuming on one process
+    # continues exactly: test_app_ppo_trainer's test_resume_continues_exactly), so round 1 is
+    # trained once for both the run of two rounds and the resume on two processes.
+    first = PPOTrainer(config.replace(save=path["first"], rounds=1,
+                                      logdir=str(base / "first"))).train()
+    one = first + PPOTrainer(config.replace(save=path["one"], resume=path["first"])).train()
     two = _two_ranks(config.replace(save=path["two"], logdir=str(base / "two")))
-    PPOTrainer(config.replace(save=path["first"], rounds=1, logdir=str(base / "first"))).train()
     _two_ranks(config.replace(save=path["one_two"], logdir=str(base / "one_two"),
                               resume=path["first"]))
     return SimpleNamespace(history={"one": one, "two": two}, base=base,
