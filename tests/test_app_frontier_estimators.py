@@ -21,6 +21,7 @@ from esper_lightning.app.frontier.estimators import (
     mean_curve,
     minimum_bias,
     row_curve,
+    sizes_of,
     too_few_budgets,
 )
 from esper_lightning.app.frontier.fit import Curve, PowerLaw, frontier, speedup
@@ -323,3 +324,19 @@ def test_an_arm_of_two_budgets_is_left_out_of_the_literatures_table_not_the_othe
     measured = literature([(32, rows)], "test_nats")
     assert {m.arm for m in measured} == {ARM}
     assert sorted(m.budget for m in measured) == [2.0, 4.0, 8.0]
+
+
+def test_a_wider_size_in_a_narrow_study_is_a_size_of_its_frontier_and_figure(tmp_path):
+    """A study of width 8 that also trains a width-16 size (``S2w16``, named with its width):
+    the size joins the study's frontier, ordered after the plan's width, and the loss figure
+    draws it (a size's name is not read as a bare depth)."""
+    from esper_lightning.app.frontier.plots import loss_figure
+
+    rows = _study(episodes=(0, 1))
+    rows += [{**r, "arm": "S2w16", "test_nats": r["test_nats"] - 0.01}
+             for r in rows if r["arm"] == "S2"]
+    assert sizes_of(rows) == ["S1", "S2", "S2w16"]
+    (result, *_) = estimates(rows, "test_nats")
+    assert result.power.value < 1.5  # S2w16, below S2 everywhere, holds a lower envelope
+    loss_figure(rows, "test_nats", tmp_path / "loss.png")
+    assert (tmp_path / "loss.png").stat().st_size > 0

@@ -164,10 +164,7 @@ def _report(folder: str, docs: str | None, others: Sequence[str] = ()) -> Path:
     plan, rows = _loaded(folder)
     for other in others:
         rows = rows + _joined(plan, rows, other)
-    try:
-        return write_report(folder, plan, rows, docs, also=[Path(o).name for o in others])
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+    return write_report(folder, plan, rows, docs, also=[Path(o).name for o in others])
 
 
 def _widths(groups: Sequence[str], docs: str | None, tuning: Sequence[str] = ()) -> list[str]:
@@ -188,10 +185,7 @@ def _widths(groups: Sequence[str], docs: str | None, tuning: Sequence[str] = ())
                               "tuning study that chose a width's rates")
     figure = (Path(docs).parent / "images" if docs else Path(groups[0].split("+")[0]))
     figure.mkdir(parents=True, exist_ok=True)
-    try:
-        return write_widths(studies, figure / "frontier-by-width.png", docs, grids)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+    return write_widths(studies, figure / "frontier-by-width.png", docs, grids)
 
 
 #: What two studies must share for their rows to be one table: the same episodes, scored alike.

@@ -92,6 +92,7 @@ from esper_lightning.app.frontier.fit import (
     token_value,
 )
 from esper_lightning.app.frontier.plan import row_rate
+from esper_lightning.errors import ConfigError
 
 __all__ = ["CHORD", "PIECEWISE", "POWER", "CurveReadings", "Estimate", "Literature", "Pool",
            "Pooled", "complete_episodes", "cross_envelope", "curve_readings", "estimates",
@@ -477,7 +478,7 @@ def literature(studies: Sequence[tuple[int, Sequence[Mapping[str, Any]]]], loss:
     plan's (`DECAY_FRACTION` for each when not given), where its stable phases end."""
     widths = [w for w, _ in studies]
     if len(set(widths)) != len(widths):
-        raise ValueError(f"one study per width across widths, got widths {widths}")
+        raise ConfigError(f"one study per width across widths, got widths {widths}")
     decays = list(decay_fractions) or [DECAY_FRACTION] * len(studies)
     cross = Pools([frontier_rows(rows) for _, rows in studies], loss, [f"w{w} " for w in widths])
     results = []
@@ -548,7 +549,7 @@ def _cost(rows: Sequence[Mapping[str, Any]], size: str) -> float:
     """A fixed size's FLOPs per token (mean over its rows; the rows must hold it)."""
     mine = [r["spent_flops"] / r["tokens"] for r in rows if r["arm"] == size]
     if not mine:
-        raise ValueError(f"the rows hold no fixed size {size}, which a growing arm's token "
+        raise ConfigError(f"the rows hold no fixed size {size}, which a growing arm's token "
                          "ceiling needs")
     return float(np.mean(mine))
 

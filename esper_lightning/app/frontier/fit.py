@@ -52,6 +52,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize, stats
 
+from esper_lightning.errors import ConfigError
+
 __all__ = ["POWER_POINTS", "Curve", "PowerLaw", "Speedup", "frontier", "geometric_summary",
            "jackknife_t", "reach_speedup", "speedup", "token_ceiling", "token_value"]
 
@@ -178,7 +180,7 @@ def frontier(curves: Sequence[Curve]) -> Curve:
     envelope = losses.min(axis=0)
     if np.isinf(envelope).any():
         gap = float(knots[np.isinf(envelope)][0])
-        raise ValueError(f"no curve is defined at {gap:.4g} FLOPs: the curves' budgets leave a "
+        raise ConfigError(f"no curve is defined at {gap:.4g} FLOPs: the curves' budgets leave a "
                          "gap a frontier cannot cross")
     return Curve(knots, envelope)
 

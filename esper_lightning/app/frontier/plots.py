@@ -12,15 +12,12 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
+from esper_lightning.app.frontier.estimators import sizes_of
 from esper_lightning.app.frontier.fit import curves_by_episode, frontier
 
 __all__ = ["literature_figure", "loss_figure", "speedup_figure", "width_figure"]
 
 BITS = 1.0 / math.log(2.0)
-
-
-def _sizes(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    return sorted({r["arm"] for r in rows if r["arm"].startswith("S")}, key=lambda a: int(a[1:]))
 
 
 def _points(rows: Sequence[Mapping[str, Any]], arm: str, loss: str
@@ -43,7 +40,7 @@ def loss_figure(rows: Sequence[Mapping[str, Any]], loss: str, path: Path) -> Non
     loss above its own episode's frontier (paired), where the gaps that decide are visible."""
     figure = Figure(figsize=(8.0, 7.5), layout="constrained")
     axes, gaps = figure.subplots(2, 1, sharex=True, height_ratios=(3, 2))
-    sizes = _sizes(rows)
+    sizes = sizes_of(rows)
     complete = {s: {r["budget"] for r in rows if r["arm"] == s} for s in sizes}
     episodes = [e for e in sorted({int(r["episode"]) for r in rows}) if all(
         complete[s] <= {r["budget"] for r in rows if r["arm"] == s and r["episode"] == e}

@@ -53,6 +53,7 @@ from esper_lightning.app.frontier.fit import (
     token_value,
 )
 from esper_lightning.app.frontier.plan import Plan, Rate, rate_order, rate_text, row_rate
+from esper_lightning.errors import ConfigError
 
 __all__ = ["loss_key", "select_lrs", "speedups", "write_report"]
 
@@ -725,12 +726,12 @@ def replace_section(document: Path, name: str, lines: Sequence[str], owner: str 
     ``<!-- OWNER:NAME:end -->`` by ``lines`` (``owner``: the study kind writing them).
 
     Raises:
-        ValueError: The document lacks the markers (one line naming them).
+        ConfigError: The document lacks the markers (one line naming them).
     """
     begin, end = f"<!-- {owner}:{name}:begin -->", f"<!-- {owner}:{name}:end -->"
     text = document.read_text()
     if begin not in text or end not in text:
-        raise ValueError(f"{document} has no {begin} ... {end} section to write into")
+        raise ConfigError(f"{document} has no {begin} ... {end} section to write into")
     head, rest = text.split(begin, 1)
     _, tail = rest.split(end, 1)
     document.write_text(head + begin + "\n" + "\n".join(lines) + "\n" + end + tail)
