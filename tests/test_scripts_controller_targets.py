@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,40 @@ def _stage(root: Path, stage: str, text_file: Path, arms: dict[str, float], n: i
     return records
 
 
+#: Each stage `stage` built: its arguments, the folder it was built in and its records.
+Built = dict[Any, tuple[Path, list[EpisodeRecord]]]
+
+
+@pytest.fixture(scope="module")
+def _built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Built]:
+    """Where `stage` keeps each stage it built (a folder per argument set, for the module)."""
+    return tmp_path_factory.mktemp("stages"), {}
+
+
+@pytest.fixture
+def stage(quiet, text_file: Path, _built: tuple[Path, Built]
+          ) -> Callable[..., list[EpisodeRecord]]:
+    """`_stage` without its text argument: a stage built with the same arguments before in
+    this module is copied, not reported again (`Comparison.report` is most of a test, and
+    several tests read the same stage). The copy is the test's own, to change as it likes; its
+    records are a fresh build's (`_stage` is seeded), and only its settings' ``out`` and
+    ``data_dir`` name the folder and text it was first built with, which no reader uses."""
+    built, records = _built
+
+    def play(root: Path, name: str, arms: dict[str, float], n: int = 12, curves: bool = True,
+             named: bool = True, **budget: float) -> list[EpisodeRecord]:
+        key = (name, tuple(arms.items()), n, curves, named, tuple(sorted(budget.items())))
+        if key not in records:
+            master = built / str(len(records))
+            records[key] = master, _stage(master, name, text_file, arms, n, curves, named,
+                                          **budget)
+        master, played = records[key]
+        shutil.copytree(master / name, root / name)
+        return list(played)
+
+    return play
+
+
 @pytest.fixture
 def quiet(monkeypatch):
     from esper_lightning.app import task
@@ -103,6 +138,8 @@ def quiet(monkeypatch):
 
     monkeypatch.setattr(runner.plots, "save_figures", lambda *args, **kwargs: None)
     monkeypatch.setattr(runner.plots, "save_figure", lambda *args, **kwargs: None)
+    for figure in ("regret_figure", "growth_figure"):  # drawn only for save_figure
+        monkeypatch.setattr(runner.plots, figure, lambda *args, **kwargs: None)
     monkeypatch.setattr(runner, "_log_tensorboard", lambda *args, **kwargs: None)
     # A stage's budget is measured once per test, not again by each reader of the stage (the
     # measurement builds the host and counts a step on meta tensors: a fifth of a test here).
@@ -114,8 +151,8 @@ def _row(lines: list[str], start: str) -> list[str]:
     return [cell.strip() for cell in line.strip("|").split("|")]
 
 
-def test_each_unseen_setting_gets_compares_own_group_verdict(ct, quiet, text_file, tmp_path):
-    _stage(tmp_path, "final-budgets", text_file, {k: OFFSETS[k] for k in (REFERENCE, *TIMING)})
+def test_each_unseen_setting_gets_compares_own_group_verdict(ct, quiet, stage, tmp_path):
+    stage(tmp_path, "final-budgets", {k: OFFSETS[k] for k in (REFERENCE, *TIMING)})
     lines = ct.targets(tmp_path)
     summary = json.loads((tmp_path / "final-budgets" / "summary.json").read_text())
     (group,) = [g for g in summary["groups"] if g["group"] == "timing"]
@@ -133,20 +170,20 @@ def test_each_unseen_setting_gets_compares_own_group_verdict(ct, quiet, text_fil
     assert any(line.startswith("The nine-blueprint group `all` has not joined") for line in lines)
 
 
-def test_a_setting_whose_seeds_disagree_does_not_meet_the_target(ct, quiet, text_file,
+def test_a_setting_whose_seeds_disagree_does_not_meet_the_target(ct, quiet, stage,
                                                                  tmp_path):
     split = {REFERENCE: 0.0, TIMING[0]: -0.03, TIMING[1]: 0.0, TIMING[2]: 0.01}
-    _stage(tmp_path, "final-host", text_file, split)
+    stage(tmp_path, "final-host", split)
     row = _row(ct.targets(tmp_path), "| timing − static | host")
     assert row[7].startswith("no detectable difference at 12 episodes") and row[7].endswith(
         ": not met")
 
 
 def test_per_budget_rows_are_the_members_mean_difference_on_that_budgets_episodes(
-        ct, quiet, text_file, tmp_path):
+        ct, quiet, stage, tmp_path):
     # As final-host: a base budget given in FLOPs, which each scale multiplies.
     arms = {k: OFFSETS[k] for k in (REFERENCE, *TIMING)}
-    records = _stage(tmp_path, "final-host", text_file, arms, budget_flops=3e10)
+    records = stage(tmp_path, "final-host", arms, budget_flops=3e10)
     lines = ct.targets(tmp_path)
     lines = lines[:[x.startswith("When they grew") for x in lines].index(True)]  # per budget
     bits = {(r.controller, r.episode_index): r["test_bits"] for r in records}
@@ -161,8 +198,8 @@ def test_per_budget_rows_are_the_members_mean_difference_on_that_budgets_episode
         assert row[6] == ", ".join(f"{s:+.4f}" for s in seeds)
 
 
-def test_growth_rows_say_when_the_lookup_and_each_seed_grew(ct, quiet, text_file, tmp_path):
-    _stage(tmp_path, "final-text", text_file, {k: OFFSETS[k] for k in (REFERENCE, *TIMING)})
+def test_growth_rows_say_when_the_lookup_and_each_seed_grew(ct, quiet, stage, tmp_path):
+    stage(tmp_path, "final-text", {k: OFFSETS[k] for k in (REFERENCE, *TIMING)})
     lines = ct.targets(tmp_path)
     start = lines.index("| setting | budget (× base) | lookup | timing seed 1 | timing seed 2 "
                         "| timing seed 3 |")
@@ -173,12 +210,12 @@ def test_growth_rows_say_when_the_lookup_and_each_seed_grew(ct, quiet, text_file
 
 
 def test_the_nine_blueprint_seeds_get_their_growth_germinations_and_budget_rows(
-        ct, quiet, text_file, tmp_path):
+        ct, quiet, stage, tmp_path):
     """Where the group `all` played (final-budgets), its seeds get growth columns (a LoRA is
     no growth), a germination table and per-budget rows against the lookup and the timing
     seeds; a stage it did not play says so in its columns."""
-    records = _stage(tmp_path, "final-budgets", text_file, OFFSETS)
-    _stage(tmp_path, "final-text", text_file, {k: OFFSETS[k] for k in (REFERENCE, *TIMING)})
+    records = stage(tmp_path, "final-budgets", OFFSETS)
+    stage(tmp_path, "final-text", {k: OFFSETS[k] for k in (REFERENCE, *TIMING)})
     lines = ct.targets(tmp_path)
     start = lines.index("| setting | budget (× base) | lookup | timing seed 1 | timing seed 2 "
                         "| timing seed 3 | all seed 1 | all seed 2 | all seed 3 |")
@@ -194,10 +231,10 @@ def test_the_nine_blueprint_seeds_get_their_growth_germinations_and_budget_rows(
     assert _row(lines, "| budgets 0.35–2.8× | 2 | all − lookup |")[3] == "6"
 
 
-def test_the_tables_read_while_the_nine_blueprint_seeds_play(ct, quiet, text_file, tmp_path):
+def test_the_tables_read_while_the_nine_blueprint_seeds_play(ct, quiet, stage, tmp_path):
     """From its first episode the settings name the group `all`, from its last the report:
     in between the tables are those before it joined, not an error."""
-    _stage(tmp_path, "final-budgets", text_file, {k: OFFSETS[k] for k in (REFERENCE, *TIMING)})
+    stage(tmp_path, "final-budgets", {k: OFFSETS[k] for k in (REFERENCE, *TIMING)})
     before = ct.targets(tmp_path)
     settings = tmp_path / "final-budgets" / "compare_config.json"
     config = json.loads(settings.read_text())
@@ -211,9 +248,9 @@ def test_the_tables_read_while_the_nine_blueprint_seeds_play(ct, quiet, text_fil
     assert not any(x.startswith("| all seed") or "| all − lookup |" in x for x in before)
 
 
-def test_growth_columns_counted_from_every_germination_are_marked(ct, quiet, text_file,
+def test_growth_columns_counted_from_every_germination_are_marked(ct, quiet, stage,
                                                                   tmp_path):
-    records = _stage(tmp_path, "final-text", text_file,
+    records = stage(tmp_path, "final-text",
                      {k: OFFSETS[k] for k in (REFERENCE, *TIMING)}, named=False)
     lines = ct.targets(tmp_path)
 
@@ -230,13 +267,13 @@ def test_growth_columns_counted_from_every_germination_are_marked(ct, quiet, tex
     assert note.endswith("there every germination counts.")  # no final seeds tell more
 
 
-def test_growth_rows_say_what_they_cannot_show(ct, quiet, text_file, tmp_path):
+def test_growth_rows_say_what_they_cannot_show(ct, quiet, stage, tmp_path):
     arms = {k: OFFSETS[k] for k in (REFERENCE, *TIMING)}
-    _stage(tmp_path, "final-host", text_file, arms, curves=False)
+    stage(tmp_path, "final-host", arms, curves=False)
     assert "| host (width 64) | — | not recorded (final-host's episodes predate " \
            "germinated_curve) |" in ct.targets(tmp_path)
     # A timing group of two in one stage and of three in another: no table of one width.
-    _stage(tmp_path, "final-text", text_file, arms)
+    stage(tmp_path, "final-text", arms)
     summary = json.loads((tmp_path / "final-text" / "summary.json").read_text())
     config = json.loads((tmp_path / "final-host" / "compare_config.json").read_text())
     config["arm_groups"] = [f"timing={TIMING[0]},{TIMING[1]}"]
@@ -246,8 +283,8 @@ def test_growth_rows_say_what_they_cannot_show(ct, quiet, text_file, tmp_path):
     assert summary["growth"][0]["controller"] == REFERENCE
 
 
-def test_growth_rows_refuse_an_arm_missing_at_a_budget(ct, quiet, text_file, tmp_path):
-    records = _stage(tmp_path, "final-text", text_file, {k: OFFSETS[k] for k in
+def test_growth_rows_refuse_an_arm_missing_at_a_budget(ct, quiet, stage, tmp_path):
+    records = stage(tmp_path, "final-text", {k: OFFSETS[k] for k in
                                                           (REFERENCE, *TIMING)})
     from esper_lightning.app.compare.records import append_record_csv
 
@@ -266,11 +303,11 @@ def test_growth_rows_refuse_an_arm_missing_at_a_budget(ct, quiet, text_file, tmp
     (-0.0105, "not met"),  # about 0.0005 and 0.0011
     (-0.02, "cannot be met: the lookup's regret is not above 0"),  # the oracle never grows
 ])
-def test_regret_is_met_only_at_half_the_lookups_or_less(ct, quiet, text_file, tmp_path, lookup,
+def test_regret_is_met_only_at_half_the_lookups_or_less(ct, quiet, stage, tmp_path, lookup,
                                                         target):
     # The oracle's grid is the stack arms with static as "never"; static plays the lookup.
     arms = {REFERENCE: lookup, **{k: OFFSETS[k] for k in TIMING}}
-    _stage(tmp_path, "final-oracle", text_file, arms)
+    stage(tmp_path, "final-oracle", arms)
     summary = json.loads((tmp_path / "final-oracle" / "summary.json").read_text())
     rows = {r["controller"]: r for r in summary["regret"][0]["controllers"]}
     row = _row(ct.targets(tmp_path), "| regret")
@@ -280,11 +317,11 @@ def test_regret_is_met_only_at_half_the_lookups_or_less(ct, quiet, text_file, tm
 
 
 def test_replay_check_compares_the_oracles_episodes_with_final_budgets_bit_for_bit(
-        ct, quiet, text_file, tmp_path):
+        ct, quiet, stage, tmp_path):
     arms = {k: OFFSETS[k] for k in (REFERENCE, *TIMING)}
-    _stage(tmp_path, "final-budgets", text_file, arms, n=6)
+    stage(tmp_path, "final-budgets", arms, n=6)
     assert not any(line.startswith("Replay check") for line in ct.targets(tmp_path))
-    oracle = _stage(tmp_path, "final-oracle", text_file, arms, n=8)  # one generator: the
+    oracle = stage(tmp_path, "final-oracle", arms, n=8)  # one generator: the
     csv = tmp_path / "final-oracle" / "episodes.csv"  # same first 6 episodes, and 2 more
     for r in oracle:  # and an arm final-budgets does not play, which is not compared
         append_record_csv(csv, EpisodeRecord("stack:2@0.8:identity", r.episode_index,
@@ -304,11 +341,11 @@ def test_replay_check_compares_the_oracles_episodes_with_final_budgets_bit_for_b
            f"{TIMING[0]}, episode 3)" in line
 
 
-def test_replay_reproduces_a_stage_from_a_rerun_of_its_first_episodes(ct, quiet, text_file,
+def test_replay_reproduces_a_stage_from_a_rerun_of_its_first_episodes(ct, quiet, stage,
                                                                       tmp_path, capsys):
     arms = {k: OFFSETS[k] for k in (REFERENCE, *TIMING)}
-    _stage(tmp_path / "results", "final-text", text_file, arms, n=6)
-    rerun = _stage(tmp_path / "rerun", "final-text", text_file, arms, n=2)  # its first 2
+    stage(tmp_path / "results", "final-text", arms, n=6)
+    rerun = stage(tmp_path / "rerun", "final-text", arms, n=2)  # its first 2
     results, again = tmp_path / "results", tmp_path / "rerun" / "final-text"
     assert ct.main([str(results), "--replay", str(again)]) == 0
     assert capsys.readouterr().out == (
@@ -333,10 +370,10 @@ def test_replay_reproduces_a_stage_from_a_rerun_of_its_first_episodes(ct, quiet,
         "episode 1)")
 
 
-def test_replay_refuses_a_folder_that_is_no_stages_rerun(ct, quiet, text_file, tmp_path,
+def test_replay_refuses_a_folder_that_is_no_stages_rerun(ct, quiet, stage, tmp_path,
                                                          capsys):
     arms = {k: OFFSETS[k] for k in (REFERENCE, *TIMING)}
-    (record, *_) = _stage(tmp_path / "results", "final-text", text_file, arms, n=2)
+    (record, *_) = stage(tmp_path / "results", "final-text", arms, n=2)
     assert ct.main([str(tmp_path / "results"), "--replay", str(tmp_path / "final-host")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("controller_targets: error: no ") and "final-host" in err
@@ -360,10 +397,10 @@ def test_replay_refuses_a_folder_that_is_no_stages_rerun(ct, quiet, text_file, t
     assert "is the stage's own folder" in capsys.readouterr().err
 
 
-def test_replay_fails_when_the_rerun_lacks_a_committed_row_of_its_episodes(ct, quiet, text_file,
+def test_replay_fails_when_the_rerun_lacks_a_committed_row_of_its_episodes(ct, quiet, stage,
                                                                            tmp_path, capsys):
     arms = {k: OFFSETS[k] for k in (REFERENCE, *TIMING)}
-    records = _stage(tmp_path / "results", "final-text", text_file, arms, n=4)
+    records = stage(tmp_path / "results", "final-text", arms, n=4)
     again = tmp_path / "rerun" / "final-text"
     again.mkdir(parents=True)
     for r in records:  # the first 2 episodes, one arm left out
@@ -381,9 +418,9 @@ def test_replay_fails_when_the_rerun_lacks_a_committed_row_of_its_episodes(ct, q
     assert "--episodes goes with --replay" in capsys.readouterr().err
 
 
-def test_each_finished_stage_gets_its_summed_wall_time(ct, quiet, text_file, tmp_path):
+def test_each_finished_stage_gets_its_summed_wall_time(ct, quiet, stage, tmp_path):
     arms = {k: OFFSETS[k] for k in (REFERENCE, *TIMING)}
-    records = _stage(tmp_path, "final-text", text_file, arms)
+    records = stage(tmp_path, "final-text", arms)
     csv = tmp_path / "final-text" / "episodes.csv"
     csv.unlink()
     for r in records:  # 48 rows of 90 s: 1.2 hours on one thread
@@ -399,8 +436,8 @@ def test_each_finished_stage_gets_its_summed_wall_time(ct, quiet, text_file, tmp
     ({ALL[0]: 0.0, ALL[1]: 0.001, ALL[2]: -0.001}, "not met"),  # each seed loses about 0.01
 ])
 def test_the_curriculum_is_met_when_its_interval_against_timing_holds_zero(
-        ct, quiet, text_file, tmp_path, offsets, target):
-    _stage(tmp_path, "final-budgets", text_file, {**OFFSETS, **offsets})
+        ct, quiet, stage, tmp_path, offsets, target):
+    stage(tmp_path, "final-budgets", {**OFFSETS, **offsets})
     summary = json.loads((tmp_path / "final-budgets" / "summary.json").read_text())
     (pair,) = [g for g in summary["groups"] if g["paired"]]
     (versus,) = [g for g in summary["groups"] if g["group"] == "all" and not g["paired"]]
@@ -413,8 +450,8 @@ def test_the_curriculum_is_met_when_its_interval_against_timing_holds_zero(
 
 
 def test_docs_get_the_tables_between_their_markers_and_bad_input_is_one_line(
-        ct, quiet, text_file, tmp_path, capsys):
-    _stage(tmp_path, "final-budgets", text_file, OFFSETS)
+        ct, quiet, stage, tmp_path, capsys):
+    stage(tmp_path, "final-budgets", OFFSETS)
     docs = tmp_path / "results.md"
     docs.write_text("# Results\n<!-- controller:targets:begin -->\nold\n"
                     "<!-- controller:targets:end -->\nkept\n")
