@@ -11,6 +11,7 @@ import logging
 import re
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ from esper_lightning import blueprints as blueprint_registry
 from esper_lightning.app.cli import main
 from esper_lightning.app.compare import runner as compare_module
 from esper_lightning.app.compare.arms import EpisodePlan, check_policy, parse_controller
+from esper_lightning.app.compare.plots import save_figures as draw_figures
 from esper_lightning.app.compare.records import METRICS, Metric
 from esper_lightning.app.compare.runner import (
     Comparison,
@@ -58,45 +60,64 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 
 
 @pytest.fixture(autouse=True)
-def _figures_only_where_read(request: pytest.FixtureRequest,
-                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """A comparison here draws its figures only in a test that asks for `figures` (those that
-    read a figure): drawing is about half of a tiny comparison's time, and the drawing itself
-    is test_app_compare_plots.py's to test (a language model's figures are drawn and read by
-    test_app_compare_runner_budget.py's budgeted comparison)."""
-    if "figures" not in request.fixturenames:
-        monkeypatch.setattr(compare_module.plots, "save_figures", lambda *args, **kwargs: [])
+def _no_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A comparison played in a test draws no figures: drawing is about half of a tiny
+    comparison's time, and the drawing itself is test_app_compare_plots.py's to test. The one
+    comparison whose figures are read (`drawn`) draws them all, as the command does (a language
+    model's figures are drawn and read by test_app_compare_runner_budget.py's budgeted
+    comparison)."""
+    monkeypatch.setattr(compare_module.plots, "save_figures", lambda *args, **kwargs: [])
 
 
-@pytest.fixture
-def figures() -> None:
-    """This test's comparisons draw every figure, as the command does."""
+#: The command line `drawn` records.
+DRAWN_COMMAND = ["esper-lightning", "compare", "--preset", "smoke", "--out", "my out"]
+
+
+@pytest.fixture(scope="module")
+def drawn(_cifar_master: Path, tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    """One comparison of static, ``twin`` (a second static controller) and ``grower:norm`` on 2
+    episodes, with `FINAL_TRAIN_LOSS` added to the metrics and every figure drawn, played once
+    for the tests that read its ``records`` and its folder ``out`` (read-only)."""
+    root = tmp_path_factory.mktemp("drawn")
+    data = Path(shutil.copytree(_cifar_master, root / "cifar"))
+    config = fixture_config(data, root / "out", controllers=("static", "twin", "grower:norm"),
+                            seeds=2)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(METRICS, FINAL_TRAIN_LOSS.name, FINAL_TRAIN_LOSS)
+        patch.setattr(compare_module.plots, "save_figures", draw_figures)
+        comparison = Comparison(config, custom={"twin": lambda plan: StaticController()},
+                                command=DRAWN_COMMAND)
+        records = comparison.run()
+    return SimpleNamespace(records=records, out=root / "out")
+
+
+def _entry(entries: list[dict], controller: str) -> dict:
+    """The entry of ``controller`` in a list of summary.json's."""
+    (entry,) = (e for e in entries if e["controller"] == controller)
+    return entry
 
 
 # --- pairing on the real env pool ---------------------------------------------------------------
-def test_identical_controllers_give_identical_episodes(cifar_dir, tmp_path, figures):
-    config = fixture_config(cifar_dir, tmp_path / "out", controllers=("static", "twin"), seeds=2)
-    command = ["esper-lightning", "compare", "--preset", "smoke", "--out", "my out"]
-    comparison = Comparison(config, custom={"twin": lambda plan: StaticController()},
-                            command=command)
-    records = comparison.run()
-    by = {(r.controller, r.episode_index): r for r in records}
+def test_identical_controllers_give_identical_episodes(drawn):
+    out = drawn.out
+    by = {(r.controller, r.episode_index): r for r in drawn.records}
     for i in range(2):
         assert by["static", i]["accuracy_curve"] == by["twin", i]["accuracy_curve"]
         assert by["static", i].episode_rng_seed == evaluation_rng_seed(0, i)
     assert by["static", 0]["accuracy_curve"] != by["static", 1]["accuracy_curve"]  # differ
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    (pair,) = summary["comparisons"]
+    summary = json.loads((out / "summary.json").read_text())
+    pair = _entry(summary["comparisons"], "twin")
     assert pair["outcome_diff_mean"] == 0.0 and pair["outcome_diff_ci"] == [0.0, 0.0]
+    assert _entry(summary["comparisons"], "grower:norm")["outcome_diff_mean"] != 0.0
     for name in ("episodes.csv", "summary.md", "outcome_vs_params.png", "accuracy_curves.png"):
-        assert (tmp_path / "out" / name).stat().st_size > 0
-    assert list((tmp_path / "out" / "tensorboard").glob("version_*/events.out.tfevents.*"))
+        assert (out / name).stat().st_size > 0
+    assert list((out / "tensorboard").glob("version_*/events.out.tfevents.*"))
     # The report opens with what was run, says the two coincide, and leaves out what applies
     # only under a compute budget or to text.
-    text = (tmp_path / "out" / "summary.md").read_text()
-    assert text.startswith("# Comparison of 2 controllers on cifar (smoke)\n\n| setting |")
-    for row in ("| preset | smoke |", "| budget | none: 3 epochs |",
-                "root rng seed 0 |", "| controllers | static (the reference), twin |",
+    text = (out / "summary.md").read_text()
+    assert text.startswith("# Comparison of 3 controllers on cifar (smoke)\n\n| setting |")
+    for row in ("| preset | smoke |", "| budget | none: 3 epochs |", "root rng seed 0 |",
+                "| controllers | static (the reference), twin, grower:norm |",
                 "| code | esper-lightning ", "| machine | ",
                 "| command | `esper-lightning compare --preset smoke --out 'my out'` |",
                 "twin played exactly as static in every episode"):
@@ -104,28 +125,32 @@ def test_identical_controllers_give_identical_episodes(cifar_dir, tmp_path, figu
     for absent in ("## Compute", "## Speed-up", "final loss (bits)", "test loss (bits)",
                    "byte"):
         assert absent not in text
-    assert not (tmp_path / "out" / "loss_vs_flops.png").exists()
-    assert not list((tmp_path / "out").glob("*bits*.png"))
+    assert "grower:norm played exactly as" not in text
+    assert not (out / "loss_vs_flops.png").exists()
+    assert not list(out.glob("*bits*.png"))
 
 
 def test_interrupted_comparison_resumes_to_the_same_table(cifar_dir, tmp_path, monkeypatch):
+    # One episode each, in chunks of one (envs=1): the run stops after static's, before the
+    # random controller's, and the resumed run plays that one alone.
     straight = fixture_config(cifar_dir, tmp_path / "a", controllers=("static", "random"),
-                              envs=1)
+                              envs=1, seeds=1)
     Comparison(straight).run()
-    resumed = fixture_config(cifar_dir, tmp_path / "b", controllers=("static", "random"), envs=1)
+    resumed = fixture_config(cifar_dir, tmp_path / "b", controllers=("static", "random"),
+                             envs=1, seeds=1)
     real = compare_module.play_episodes
     calls = {"n": 0}
 
-    def crash_on_third_chunk(*args, **kwargs):
+    def crash_on_second_chunk(*args, **kwargs):
         calls["n"] += 1
-        if calls["n"] == 3:
+        if calls["n"] == 2:
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(compare_module, "play_episodes", crash_on_third_chunk)
+    monkeypatch.setattr(compare_module, "play_episodes", crash_on_second_chunk)
     with pytest.raises(KeyboardInterrupt):
         Comparison(resumed).run()
-    assert len(read_rows(tmp_path / "b" / "episodes.csv")) == 2
+    assert [r["controller"] for r in read_rows(tmp_path / "b" / "episodes.csv")] == ["static"]
     monkeypatch.setattr(compare_module, "play_episodes", real)
     Comparison(resumed).run()
     assert read_rows(tmp_path / "b" / "episodes.csv") == read_rows(tmp_path / "a" / "episodes.csv")
@@ -150,23 +175,20 @@ FINAL_TRAIN_LOSS = Metric("final_train_loss", lambda e: e.reports[-1].train_loss
                           description="mean training loss of the last epoch")
 
 
-def test_a_metric_added_in_one_place_reaches_every_output(cifar_dir, tmp_path, monkeypatch,
-                                                           figures):
-    monkeypatch.setitem(METRICS, FINAL_TRAIN_LOSS.name, FINAL_TRAIN_LOSS)
-    out = tmp_path / "out"
-    Comparison(fixture_config(cifar_dir, out, controllers=("static", "grower:norm"))).run()
+def test_a_metric_added_in_one_place_reaches_every_output(drawn):
+    out = drawn.out  # played with FINAL_TRAIN_LOSS added to METRICS, and nothing else
     rows = list(csv.DictReader((out / "episodes.csv").open()))
     loss = {(r["controller"], int(r["episode_index"])): float(r["final_train_loss"])
             for r in rows}
-    assert len(loss) == 4 and all(0.0 < v < 10.0 for v in loss.values())
+    assert len(loss) == 6 and all(0.0 < v < 10.0 for v in loss.values())
     diffs = [loss["grower:norm", i] - loss["static", i] for i in range(2)]
     summary = json.loads((out / "summary.json").read_text())
-    static, _ = summary["controllers"]
+    static = _entry(summary["controllers"], "static")
     assert static["final_train_loss_mean"] == pytest.approx((loss["static", 0]
                                                             + loss["static", 1]) / 2)
     assert static["final_train_loss_ci"] == list(mean_ci([loss["static", i]
                                                                 for i in range(2)]))
-    (pair,) = summary["comparisons"]
+    pair = _entry(summary["comparisons"], "grower:norm")
     assert pair["final_train_loss_diff_mean"] == pytest.approx(np.mean(diffs))
     assert pair["final_train_loss_diff_ci"] == list(mean_ci(diffs))
     text = (out / "summary.md").read_text()
@@ -434,9 +456,11 @@ def test_a_table_without_grown_seeds_cannot_feed_matched(cifar_dir, tmp_path):
 
 def test_lm_comparison_records_token_accuracy_and_loss(text_file, tmp_path):
     values = preset_values("lm-smoke", CompareConfig)
+    # Episodes of 3 epochs (the preset's 4 less one): the grower germinates at the first
+    # decision either way, and every curve is as long as the episode.
     config = CompareConfig(**{**values, "data_dir": str(text_file), "out": str(tmp_path / "out"),
                               "controllers": ("static", "grower:lora", "matched:grower:lora"),
-                              "seeds": 2, "envs": 2, "progress": False})
+                              "seeds": 2, "envs": 2, "progress": False, "episode_length": 3})
     records = Comparison(config).run()
     assert len(records) == 6 and {r.host for r in records} == {"tiny"}
     for r in records:
@@ -461,8 +485,9 @@ def test_a_folder_written_before_tasks_existed_resumes_as_cifar(cifar_dir, tmp_p
 
 def test_matched_controller_is_born_with_the_growers_seeds(cifar_dir, tmp_path):
     grower, matched = "grower:conv_light", "matched:grower:conv_light"
+    # The grower is the reference: no static episode is played, none is read.
     config = fixture_config(cifar_dir, tmp_path / "out", seeds=1, episode_length=4,
-                            controllers=("static", grower, matched))
+                            controllers=(grower, matched), reference=grower)
     records = {r.controller: r for r in Comparison(config).run()}
     grown = records["grower:conv_light"]["seed_params"]
     assert grown > 0
