@@ -700,7 +700,9 @@ def _grow_fit(tmp_path: Path, text_file: Path, *, epochs: int = -1, ckpt_path: s
     morpho = MorphogenesisCallback(StackController(tau=(0.25, 0.5), operator="copy"),
                                    growth=DepthGrowth(STACKS[kind], blocks=(1, 2)),
                                    rng_seed=5)
-    budget = ComputeBudget(150 * _step_flops(kind), "wsd", warmup_fraction=0.05)
+    # 60 steps of the one-block model: 12 decisions, each growth fossilized (4 decisions)
+    # before the next begins.
+    budget = ComputeBudget(60 * _step_flops(kind), "wsd", warmup_fraction=0.05)
     saver = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
     callbacks = [GovernorCallback()] if governor else []
     trainer = _trainer(tmp_path, epochs, [*callbacks, morpho, budget, saver, *extra],
@@ -722,7 +724,8 @@ def test_a_users_model_grows_one_to_two_to_four_under_a_budget_and_resumes_exact
     assert budget.ledger.exhausted and morpho.ledger is budget.ledger
     # Stopped after two epochs (past the first growth), then resumed from the checkpoint.
     stopped = tmp_path / "stopped"
-    _grow_fit(stopped, text_file, epochs=2)
+    _, halted, _ = _grow_fit(stopped, text_file, epochs=2)
+    assert [(e.slot_id, e.kind, e.blueprint) for e in halted.engine.events] == events[:2]
     again, resumed, resumed_budget = _grow_fit(stopped, text_file,
                                                ckpt_path=str(stopped / "ckpt" / "last.ckpt"))
     assert resumed_budget.spent == budget.spent
