@@ -44,6 +44,14 @@ def _trainer(tmp_path: Path, callbacks, **kwargs) -> L.Trainer:
     return L.Trainer(callbacks=callbacks, **options)
 
 
+class StopAtTrainStart(L.Callback):
+    """Ends a fit right after its start-of-training hooks: the run's plan and the durations it
+    sets are made there, and a test that reads only those needs no training step."""
+
+    def on_train_start(self, trainer, pl_module):
+        trainer.should_stop = True
+
+
 def _cifar(cifar_dir: Path) -> CIFAR10DataModule:
     return CIFAR10DataModule(cifar_dir, batch_size=4, rng_seed=3)  # 20 batches an epoch
 
@@ -146,9 +154,10 @@ def test_a_budget_too_small_after_tau_is_refused_at_the_grown_cost(text_file, tm
 def test_durations_in_steps_become_decisions_at_fit_start(cifar_dir, tmp_path):
     timing = SeedTiming(incubation="10 steps", blend="25%", hold=2, embargo="1 epochs")
     morpho = MorphogenesisCallback(StaticController(), slots=["net.3"], timing=timing)
-    trainer = _trainer(tmp_path, [morpho], max_steps=40, max_epochs=-1, val_check_interval=5,
-                       limit_val_batches=1)
+    trainer = _trainer(tmp_path, [morpho, StopAtTrainStart()], max_steps=40, max_epochs=-1,
+                       val_check_interval=5, limit_val_batches=1)
     trainer.fit(UserModule(), datamodule=_cifar(cifar_dir))
+    assert trainer.global_step == 0  # set at the fit's start, before any step
     (slot,) = morpho.engine.slots.values()
     # A decision every 5 steps, 8 in the run: 10 steps = 2, 25 % = 2, an epoch (20 steps) = 4.
     assert slot.gates.config.min_training_epochs == 2
@@ -173,8 +182,8 @@ def test_the_heuristic_incubation_follows_the_run_unless_the_user_set_one(cifar_
 
     def incubation(**options) -> int:
         morpho = MorphogenesisCallback(HeuristicController(), slots=["net.3"], **options)
-        trainer = _trainer(tmp_path, [morpho], max_epochs=20, limit_train_batches=1,
-                           limit_val_batches=1)
+        trainer = _trainer(tmp_path, [morpho, StopAtTrainStart()], max_epochs=20,
+                           limit_train_batches=1, limit_val_batches=1)
         trainer.fit(UserModule(), datamodule=_cifar(cifar_dir))
         return next(iter(morpho.engine.slots.values())).gates.config.min_training_epochs
 
@@ -220,10 +229,12 @@ def test_a_growth_step_is_charged_at_the_grown_cost_in_either_callback_order(
     torch.manual_seed(0)
     morpho = MorphogenesisCallback(StackController(tau=0.5, operator="identity"),
                                    growth=DepthGrowth("blocks", blocks=3), rng_seed=5)
-    budget = ComputeBudget(40 * one)
+    # 28 one-block steps: 14 after tau, 3.5 at the grown cost's bound (4x), enough for the 3
+    # steps the identity growth needs (a budget too small for them is refused, as tested above).
+    budget = ComputeBudget(28 * one)
     callbacks = [budget, morpho] if budget_first else [morpho, budget]
     trainer = _trainer(tmp_path, callbacks, max_epochs=-1)
     trainer.fit(user_model("nanogpt"), datamodule=_text_dm(text_file))
-    # Twenty one-block steps reach tau; every step after trains (and is charged as) four blocks.
-    grown = trainer.global_step - 20
-    assert grown > 0 and budget.spent == 20 * one + grown * four
+    # Fourteen one-block steps reach tau; every step after trains (and is charged as) four blocks.
+    grown = trainer.global_step - 14
+    assert grown > 0 and budget.spent == 14 * one + grown * four
