@@ -97,17 +97,25 @@ _WORDS = ("the", "king", "queen", "speaks", "to", "his", "her", "lord", "and", "
           "france", "with", "love", "war", "my", "good", "sir")
 
 
-@pytest.fixture
-def text_file(tmp_path: Path) -> Path:
-    """A small learnable text in ``tmp_path/text/plays.txt``: 600 seeded pseudo-sentences of
-    4 to 9 words (about 19 KB, so each half of its 10% held-out tail, validation and test, holds
-    29 blocks of 32 tokens)."""
+@pytest.fixture(scope="session")
+def _text_master(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`text_file`'s text written once per session (per xdist worker); only copied from."""
     rng = random.Random(0)
     lines = [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 9))).capitalize() + "."
              for _ in range(600)]
+    path = tmp_path_factory.mktemp("text_master") / "plays.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture
+def text_file(tmp_path: Path, _text_master: Path) -> Path:
+    """A small learnable text in ``tmp_path/text/plays.txt``: 600 seeded pseudo-sentences of
+    4 to 9 words (about 19 KB, so each half of its 10% held-out tail, validation and test, holds
+    29 blocks of 32 tokens). The test's own copy of the text `_text_master` wrote."""
     path = tmp_path / "text" / "plays.txt"
     path.parent.mkdir()
-    path.write_text("\n".join(lines) + "\n")
+    shutil.copyfile(_text_master, path)
     return path
 
 
