@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import functools
 import math
+import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
@@ -135,13 +137,27 @@ def _resumable_fit(tmp_path: Path, text_file: Path, ckpt_path: str | None = None
     return model, width, trainer
 
 
+@pytest.fixture(scope="module")
+def whole_fit(_text_master: Path, tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    """`_resumable_fit` straight through, once for both checkpoints it is resumed from:
+    ``model``, ``width``, ``trainer``, its checkpoints in ``ckpt`` (read-only) and its
+    ``text``."""
+    root = tmp_path_factory.mktemp("whole_fit")
+    text = root / "text" / "plays.txt"
+    text.parent.mkdir()
+    shutil.copyfile(_text_master, text)
+    model, width, trainer = _resumable_fit(root / "whole", text)
+    return SimpleNamespace(model=model, width=width, trainer=trainer, text=text,
+                           ckpt=root / "whole" / "ckpt")
+
+
 @pytest.mark.parametrize("step", [13, 26], ids=["after-width", "after-width-and-depth"])
-def test_a_widened_checkpoint_resumes_exactly_into_the_model_built_narrow(step, text_file,
+def test_a_widened_checkpoint_resumes_exactly_into_the_model_built_narrow(step, whole_fit,
                                                                           tmp_path):
-    model, width, trainer = _resumable_fit(tmp_path / "whole", text_file)
+    model, width, trainer = whole_fit.model, whole_fit.width, whole_fit.trainer
     assert width.widened_step == 12  # 12/40 >= 0.3; the growth at 24/40 >= 0.6
-    again, resumed, other = _resumable_fit(tmp_path / "again", text_file,
-                                           str(tmp_path / "whole" / "ckpt" / f"step={step}.ckpt"))
+    again, resumed, other = _resumable_fit(tmp_path / "again", whole_fit.text,
+                                           str(whole_fit.ckpt / f"step={step}.ckpt"))
     assert resumed.widened_step == 12 and resumed.widening is None  # widened by the checkpoint
     whole, part = model.state_dict(), again.state_dict()
     assert whole.keys() == part.keys()
