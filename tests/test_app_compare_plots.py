@@ -1,12 +1,15 @@
 import sys
+from pathlib import Path
 
 import matplotlib
 import numpy as np
 import pytest
 from matplotlib.collections import PolyCollection
 from matplotlib.container import ErrorbarContainer
+from matplotlib.figure import Figure
 from matplotlib.text import Text
 
+from esper_lightning.app.compare import plots
 from esper_lightning.app.compare.growth import GrowthRow
 from esper_lightning.app.compare.plots import (
     curves_figure,
@@ -258,9 +261,15 @@ def test_curves_of_an_optional_metric_leave_out_controllers_without_them():
 def test_every_plotted_metric_is_saved_and_a_new_one_is_drawn(tmp_path, monkeypatch):
     records = _records(n_episodes=2)
     summaries, comparisons = summarize(records), paired_differences(records)
-    paths = save_figures(records, summaries, comparisons, tmp_path)
+    # Which figures, by name: each is built and handed to save_figure, which writes it below
+    # (with the new metrics', the same three are rendered there).
+    built: list[Figure] = []
+    with monkeypatch.context() as patch:
+        patch.setattr(plots, "save_figure", lambda fig, path: built.append(fig) or Path(path))
+        paths = save_figures(records, summaries, comparisons, tmp_path)
     assert [p.name for p in paths] == ["outcome_differences.png", "outcome_vs_params.png",
                                        "accuracy_curves.png"]
+    assert len(built) == 3 and all(isinstance(fig, Figure) for fig in built)
     added = (Metric("final_loss", lambda e: e.losses[-1], "final loss", plot=True,
                     optional=True, description="validation loss of the last epoch"),
              Metric("train_loss_curve", lambda e: (), "training loss", kind="curve",
@@ -275,6 +284,7 @@ def test_every_plotted_metric_is_saved_and_a_new_one_is_drawn(tmp_path, monkeypa
     assert [p.name for p in paths] == [
         "outcome_differences.png", "outcome_vs_params.png", "final_loss_vs_params.png",
         "accuracy_curves.png", "train_loss_curves.png"]
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)
     (scalar,) = vs_params_figure(summaries, "final_loss").axes
     assert scalar.get_ylabel() == "final loss"
     assert [t.get_text() for t in scalar.texts] == ["heuristic", "ppo"]  # static has none
