@@ -116,7 +116,8 @@ def test_without_validation_the_fossilize_gate_fails_closed(cifar_dir, tmp_path)
     script = ScriptedController({0: germinate(blueprint="norm"), 1: advance(),
                                  2: advance(), 8: advance(), 9: Action(LifecycleOp.FOSSILIZE)})
     callback = MorphogenesisCallback(script, slots=["net.3"], gate_config=FAST_GATES)
-    trainer = _trainer(tmp_path, 10, [callback], limit_val_batches=0)
+    # One training batch an epoch: the gate reads what was measured, not how much was trained.
+    trainer = _trainer(tmp_path, 10, [callback], limit_val_batches=0, limit_train_batches=1)
     trainer.fit(PlainModule(), datamodule=_dm(cifar_dir))
     slot = callback.engine.slots["net.3"]
     assert slot.stage == SeedStage.HOLDING
@@ -354,7 +355,9 @@ def test_measurement_works_with_the_right_option_and_fails_early_without(
 
     callback = MorphogenesisCallback(ScriptedController(GROWTH), slots=[slot],
                                      gate_config=FAST_GATES, **fix)
-    _trainer(tmp_path, 4, [callback]).fit(module_cls(), datamodule=_dm(cifar_dir))
+    # One training batch an epoch: the measurement is the validation's, each epoch a decision.
+    _trainer(tmp_path, 4, [callback], limit_train_batches=1).fit(module_cls(),
+                                                                 datamodule=_dm(cifar_dir))
     state = callback.engine.slots[slot].state
     assert state.stage == SeedStage.BLENDING
     assert state.metrics.counterfactual_contribution is not None  # measured at epoch 3
