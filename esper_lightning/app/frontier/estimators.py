@@ -41,11 +41,11 @@ over the first size's), ``v`` what a token seen before the last growth is worth 
 final size (`fit.token_value`).
 
 **Read mid-run, from curves** (`curve_readings`; a row's ``curve``, `plan`'s ``curve_points``):
-the literature's own readings, each on the same fixed blocks (the curves', of the split the table
-reads: `plan.Plan.curve_split`), on episode-mean curves (each read linear in ``log C`` between its
-points) with a jackknife t interval over the episodes that have the curves, and None (*no curve*)
-where the rows lack them. With ``A`` the growing arm, ``F`` its final size and ``C`` a budget of the
-arm:
+the literature's own readings, each on the same fixed blocks (the curves', of the split the
+table reads: `plan.Plan.curve_split`), on episode-mean curves (each read linear in ``log C``
+between its points) with a jackknife t interval over the episodes that have the curves, and None
+(*no curve*) where the rows lack them. With ``A`` the growing arm, ``F`` its final size and ``C``
+a budget of the arm:
 
 * *one long schedule* (``long``): both trained once to the plan's largest budget on one decay
   (`plan`'s ``long_schedule``) and read mid-run: ``F_long⁻¹(A_long(C)) / C``, the compute
@@ -550,7 +550,7 @@ def _cost(rows: Sequence[Mapping[str, Any]], size: str) -> float:
     mine = [r["spent_flops"] / r["tokens"] for r in rows if r["arm"] == size]
     if not mine:
         raise ConfigError(f"the rows hold no fixed size {size}, which a growing arm's token "
-                         "ceiling needs")
+                          "ceiling needs")
     return float(np.mean(mine))
 
 

@@ -181,7 +181,7 @@ def frontier(curves: Sequence[Curve]) -> Curve:
     if np.isinf(envelope).any():
         gap = float(knots[np.isinf(envelope)][0])
         raise ConfigError(f"no curve is defined at {gap:.4g} FLOPs: the curves' budgets leave a "
-                         "gap a frontier cannot cross")
+                          "gap a frontier cannot cross")
     return Curve(knots, envelope)
 
 
