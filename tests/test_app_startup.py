@@ -1,6 +1,7 @@
 """Fast start: a bad path on the command line (every command's: data, checkpoints, policies,
-comparison and study folders, texts, documents) is refused in one line before torch and Lightning
-load, and importing the package or its torch-free modules loads neither (nor scipy, matplotlib).
+comparison and study folders, texts and texts too short, documents) is refused in one line before
+torch and Lightning load, and importing the package or its torch-free modules loads neither (nor
+scipy, matplotlib).
 
 Deterministic checks of what a fresh process has imported, never of how long it took:
 ``benchmarks/bench_startup.py`` measures the time.
@@ -70,6 +71,9 @@ def test_bad_paths_are_one_line_before_torch_loads(tmp_path):
     study.mkdir()
     (study / "plan.json").write_text(json.dumps(PLAN))
     (tmp_path / "ckpt.pt").write_bytes(b"an earlier run's checkpoint")
+    short = tmp_path / "texts" / "short.txt"  # a folder apart: tmp_path holds no text
+    short.parent.mkdir()
+    short.write_text("A text shorter than one block.\n")  # 31 bytes: 28, 1 and 2 in its parts
     cases = {  # argv -> what the one line must name
         ("ppo", "--data-dir", f"{missing}/cifar"): f"CIFAR-10 not found in '{missing}/cifar'",
         ("ppo", "--preset", "lm-smoke", "--data-dir", f"{missing}/missing.txt"):
@@ -77,6 +81,10 @@ def test_bad_paths_are_one_line_before_torch_loads(tmp_path):
         ("ppo", "--resume", f"{missing}/ckpt.pt"):
             f"checkpoint '{missing}/ckpt.pt' does not exist",
         ("ppo", "--task", "lm", "--data-dir", str(tmp_path)): "holds no *.txt file",
+        ("ppo", "--preset", "lm-smoke", "--data-dir", str(short)):
+            f"text file '{short}' is too short for block_size=32: its training head holds 28",
+        ("compare", "--preset", "lm-smoke", "--data_dir", str(short), "--block_size", "8"):
+            "too short for block_size=8: its validation split holds 1 of its 31 bytes",
         ("ppo", "--data-dir", str(cifar_folder(tmp_path)), "--save", f"{tmp_path}/ckpt.pt"):
             f"save '{tmp_path}/ckpt.pt' already exists; pass --resume",
         ("ppo", "--init_policy", f"{missing}/p.pt", "--data-dir", str(cifar_folder(tmp_path))):
@@ -98,6 +106,8 @@ def test_bad_paths_are_one_line_before_torch_loads(tmp_path):
             f"plan '{missing}/study/plan.json' not found",
         ("frontier", "run", str(study), "--text", f"{missing}/t.txt"):
             f"text file or folder '{missing}/t.txt' not found",
+        ("frontier", "run", str(study), "--text", str(short)):
+            "too short for block_size=8: its validation split holds 1 of its 31 bytes",
         ("frontier", "select", f"{missing}/study"): f"plan '{missing}/study/plan.json' not found",
         ("frontier", "report", str(study), "--with", f"{missing}/other"):
             f"plan '{missing}/other/plan.json' not found",
@@ -157,7 +167,7 @@ def cifar_folder(root: Path) -> Path:
 def test_present_data_and_downloads_pass(tmp_path):
     check_paths(parse_config("ppo", ["--data_dir", str(cifar_folder(tmp_path))]))
     text = tmp_path / "plays.txt"
-    text.write_text("To be, or not to be")
+    text.write_text("To be, or not to be\n" * 40)  # 720, 40 and 40 bytes: a block of 32 each
     check_paths(parse_config("ppo", ["--preset", "lm-smoke", "--data_dir", str(text)]))
     # Nothing there yet, but the run downloads it: nothing to refuse.
     check_paths(parse_config("ppo", ["--data_dir", str(tmp_path / "new"), "--download"]))

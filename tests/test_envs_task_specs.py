@@ -162,11 +162,18 @@ def test_built_in_tasks_describe_themselves_and_their_classes_read_it():
 
 def test_the_built_in_data_checks_are_one_line(tmp_path):
     with pytest.raises(DataError, match=f"CIFAR-10 not found in '{tmp_path}'"):
-        CIFAR.check_data(str(tmp_path))
+        CIFAR.check_data(str(tmp_path), None)
     with pytest.raises(DataError, match=r"holds no \*\.txt file"):
-        LM.check_data(str(tmp_path))
-    (tmp_path / "plays.txt").write_text("to be or not to be")
-    LM.check_data(str(tmp_path / "plays.txt"))  # found: no error
+        LM.check_data(str(tmp_path), 8)
+    (tmp_path / "plays.txt").write_text("to be or not to be" * 10)  # 180 bytes: 162, 9, 9
+    LM.check_data(str(tmp_path / "plays.txt"), 8)  # found, and each part holds a block of 8
+    with pytest.raises(DataError, match="block_size=9: its validation split holds 9 of its 180"):
+        LM.check_data(str(tmp_path / "plays.txt"), 9)
+
+
+def test_the_run_block_size_is_the_given_or_the_presets():
+    assert LM.run_block_size("grow4", 8) == 8 and LM.run_block_size("grow4", None) == 32
+    assert CIFAR.run_block_size("baseline", None) is None
 
 
 def test_the_registry_refuses_in_one_line():

@@ -376,15 +376,18 @@ def _pop_preset(argv: Sequence[str]) -> tuple[str | None, list[str]]:
 
 def check_paths(config: TaskConfig) -> None:
     """The files a run reads, checked before torch and Lightning load, with the error the run
-    would raise on reading them: the task's data (unless it is to be downloaded) and a PPO
-    run's ``init_policy``. What needs torch to check (a file's content) the run checks.
+    would raise on reading them: the task's data (unless it is to be downloaded), long enough
+    for its blocks, and a PPO run's ``init_policy``. What needs torch to check (a file's
+    content) the run checks.
 
     Raises:
-        DataError: no data where ``data_dir`` points.
+        DataError: no data where ``data_dir`` points, or a text too short for its blocks.
         ConfigError: no file at ``init_policy``.
     """
-    if not config.download:
-        config.task_spec.check_data(config.data_dir)  # the task's own check (`TaskSpec`)
+    if not config.download:  # the task's own check (`TaskSpec`)
+        spec = config.task_spec
+        spec.check_data(config.data_dir,
+                        spec.run_block_size(str(config.host_preset), config.block_size))
     init = getattr(config, "init_policy", None)
     if init is not None and getattr(config, "resume", None) is None and not Path(init).exists():
         raise ConfigError(f"init_policy '{init}' does not exist; accepted: a PPO checkpoint or "

@@ -40,7 +40,14 @@ from esper_lightning.data.files import (
     require_setup,
     resolve_data_dir,
 )
-from esper_lightning.data.locate import TINYSTORIES_VALID_NAME, find_text_file
+from esper_lightning.data.locate import (
+    HELD_OUT_FRACTION,
+    TINYSTORIES_VALID_NAME,
+    check_text_blocks,
+    check_val_fraction,
+    find_text_file,
+    text_split_lengths,
+)
 from esper_lightning.data.sampling import EpochSeededSampler, ResumableLoader, mixed_rng_seed
 
 __all__ = [
@@ -62,11 +69,6 @@ __all__ = [
     "split_tokens",
     "validation_blocks",
 ]
-
-#: Share of a text held out at its end, never trained on. Its first half is the **validation**
-#: split (every decision, tuning, reward and in-run evaluation reads it) and its second half the
-#: **test** split (final tables only): `split_text`, the one definition every text task uses.
-HELD_OUT_FRACTION = 0.1
 
 TINYSTORIES_VALID_URL = (
     "https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main/TinyStories-valid.txt"
@@ -156,9 +158,7 @@ def split_tokens(
     """
     if tokens.dim() != 1:
         raise ValueError(f"tokens must be 1-D, got shape {tuple(tokens.shape)}")
-    _check_val_fraction(val_fraction)
-    n_val = int(len(tokens) * val_fraction)
-    cut = len(tokens) - n_val
+    cut = text_split_lengths(len(tokens), val_fraction)[0]
     return tokens[:cut], tokens[cut:]
 
 
@@ -184,39 +184,10 @@ def split_text(tokens: torch.Tensor,
         >>> [len(p) for p in parts], int(parts.validation[0]), int(parts.test[0])
         ([180, 10, 10], 180, 190)
     """
-    train, held_out = split_tokens(tokens, held_out_fraction)
-    half = len(held_out) // 2
-    return TextSplits(train, held_out[:half], held_out[half:])
-
-
-def _check_val_fraction(val_fraction: object) -> None:
-    if isinstance(val_fraction, bool) or not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
-
-
-def check_text_blocks(parts: TextSplits, block_size: int, file: PathLike) -> None:
-    """A one-line `DataError` unless each part of a split text holds one block.
-
-    A block of ``T`` tokens and its shifted targets need ``T + 1`` tokens, in the training head,
-    the validation split and the test split alike (`split_text`).
-
-    Args:
-        parts: the text in ``file``, split.
-        block_size: tokens per block ``T``.
-        file: the text file, named in the message.
-
-    Raises:
-        DataError: A part holds fewer than ``block_size + 1`` tokens.
-    """
-    total = sum(len(p) for p in parts)
-    for part, tokens in zip(("training head", "validation split", "test split"), parts,
-                            strict=True):
-        if len(tokens) < block_size + 1:
-            raise DataError(
-                f"text file '{file}' is too short for block_size={block_size}: its {part} holds "
-                f"{len(tokens)} of its {total} bytes and one block needs "
-                f"{block_size + 1}; use a smaller block_size or a longer text"
-            )
+    if tokens.dim() != 1:
+        raise ValueError(f"tokens must be 1-D, got shape {tuple(tokens.shape)}")
+    train, validation, _ = text_split_lengths(len(tokens), held_out_fraction)
+    return TextSplits(*tokens.split([train, validation, len(tokens) - train - validation]))
 
 
 def _check_tokens(tokens: object, block_size: int, what: str) -> torch.Tensor:
@@ -437,7 +408,7 @@ class TextDataModule(L.LightningDataModule):
         check_int("val_blocks", val_blocks, 1, allow_none=True)
         check_int("rng_seed", rng_seed, 0)
         check_int("num_workers", num_workers, 0)
-        _check_val_fraction(val_fraction)
+        check_val_fraction(val_fraction)
         self.download = download
         self.data_dir = resolve_data_dir(data_dir) if download else None
         self.path = Path(path).expanduser() if path is not None else None
@@ -477,7 +448,7 @@ class TextDataModule(L.LightningDataModule):
                 "first (a Trainer does) or pass path= pointing at a local text file"
             )
         parts = split_text(load_text_tokens(self.file), self.val_fraction)
-        check_text_blocks(parts, self.block_size, self.file)
+        check_text_blocks(list(map(len, parts)), self.block_size, self.file)
         self.train_tokens, self.val_tokens, self.test_tokens = parts
 
     def _loader(self, dataset: _Blocks, sampler: Sampler[int] | None) -> DataLoader:

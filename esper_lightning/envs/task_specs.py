@@ -31,7 +31,12 @@ from types import MappingProxyType
 from typing import Any
 
 from esper_lightning.data.files import DataError, resolve_data_dir
-from esper_lightning.data.locate import cifar10_not_found, find_batches_dir, find_text_file
+from esper_lightning.data.locate import (
+    check_text_size,
+    cifar10_not_found,
+    find_batches_dir,
+    find_text_file,
+)
 from esper_lightning.hosts.presets import GPT_PRESETS, PRESETS
 
 __all__ = [
@@ -48,9 +53,11 @@ __all__ = [
     "unregister_task",
 ]
 
-#: A task's data-path check: a one-line `DataError` (or `ConfigError`) when ``data_dir`` holds
-#: no data the task reads; plain Python, so the command line runs it before torch loads.
-DataCheck = Callable[[str | None], None]
+#: A task's data check, ``check(data_dir, block_size)``: a one-line `DataError` (or
+#: `ConfigError`) when ``data_dir`` holds no data the task reads, or too little for one block of
+#: ``block_size`` tokens (None for a task without blocks); plain Python, so the command line runs
+#: it before torch loads.
+DataCheck = Callable[[str | None, int | None], None]
 
 
 @dataclass(frozen=True)
@@ -143,6 +150,11 @@ class TaskSpec:
         self.check_preset(preset)
         return int(self.presets[preset].block_size)
 
+    def run_block_size(self, preset: str, block_size: int | None) -> int | None:
+        """Tokens per block of a run on host ``preset`` that asks for ``block_size`` (None: the
+        preset's; and None for a task that takes no block size)."""
+        return block_size or self.block_limit(preset)
+
     def growing_host(self, preset: str) -> Any | None:
         """The shape of host ``preset`` as a stack that grows deeper (None: a task whose hosts
         do not grow depth, or an unknown preset; the arms that need one refuse it in one
@@ -234,15 +246,18 @@ def task_class(name: str) -> Any:
 
 
 # --- the data checks --------------------------------------------------------------------------
-def _check_cifar10(data_dir: str | None) -> None:
-    """CIFAR-10's batch folder under ``data_dir`` (or the default folder)."""
+def _check_cifar10(data_dir: str | None, block_size: int | None) -> None:
+    """CIFAR-10's batch folder under ``data_dir`` (or the default folder); images, no blocks."""
     if find_batches_dir(data_dir) is None:
         raise cifar10_not_found(resolve_data_dir(data_dir))
 
 
-def _check_text(data_dir: str | None) -> None:
-    """A text file at ``data_dir``, or one in the folder (`find_text_file`)."""
-    find_text_file(data_dir)
+def _check_text(data_dir: str | None, block_size: int | None) -> None:
+    """A text file at ``data_dir``, or one in the folder (`find_text_file`), each part of which
+    holds a block of ``block_size`` tokens (`check_text_size`)."""
+    file = find_text_file(data_dir)
+    if block_size is not None:
+        check_text_size(file, block_size)
 
 
 def refuse_data_dir(name: str) -> DataCheck:
@@ -252,7 +267,7 @@ def refuse_data_dir(name: str) -> DataCheck:
         name: the task's name, for the message.
     """
 
-    def check(data_dir: str | None) -> None:
+    def check(data_dir: str | None, block_size: int | None) -> None:
         if data_dir is not None:
             raise DataError(f"task {name!r} makes its own data, got data_dir={data_dir!r}; "
                             "accepted: data_dir null")

@@ -49,13 +49,14 @@ from esper_lightning.data import (
 )
 from esper_lightning.data.cifar10 import cifar10_present
 from esper_lightning.data.files import DataError, PathLike, check_int
-from esper_lightning.data.tensor_loader import TensorLoader, normalize
-from esper_lightning.data.text import (
-    TextTensorLoader,
+from esper_lightning.data.locate import (
+    HELD_OUT_FRACTION,
     check_text_blocks,
+    check_val_fraction,
     find_text_file,
-    validation_blocks,
 )
+from esper_lightning.data.tensor_loader import TensorLoader, normalize
+from esper_lightning.data.text import TextTensorLoader, validation_blocks
 from esper_lightning.envs.task_specs import CIFAR, LM, TaskSpec
 from esper_lightning.hosts import CifarCNNHost, GPTHost
 from esper_lightning.hosts.base import SlottedHost
@@ -296,21 +297,20 @@ class TextTask(Task):
     block_size: int = 128
     train_blocks: int | None = None
     val_blocks: int | None = None
-    val_fraction: float = 0.1
+    val_fraction: float = HELD_OUT_FRACTION
 
     def __post_init__(self) -> None:
         check_int("block_size", self.block_size, 1)
         check_int("train_blocks", self.train_blocks, 1, allow_none=True)
         check_int("val_blocks", self.val_blocks, 1, allow_none=True)
-        if isinstance(self.val_fraction, bool) or not 0.0 < self.val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction!r}")
+        check_val_fraction(self.val_fraction)
 
     @classmethod
     def configured(cls, *, host_preset: str, train_subset: int | None,
                    val_subset: int | None, block_size: int | None) -> TextTask:
         """Blocks of ``block_size`` tokens (None: the GPT preset's), ``train_subset`` training
         blocks per epoch and ``val_subset`` validation blocks."""
-        block_size = block_size or cls.spec.block_limit(host_preset)
+        block_size = cls.spec.run_block_size(host_preset, block_size)
         return cls(block_size=block_size, train_blocks=train_subset, val_blocks=val_subset)
 
     def make_host(self, preset: str, slots: Sequence[str], lr: float) -> SlottedHost:
@@ -331,14 +331,14 @@ class TextTask(Task):
         else:
             file = find_text_file(data_dir)
         parts = split_text(load_text_tokens(file), self.val_fraction)
-        check_text_blocks(parts, self.block_size, file)  # a one-line DataError
+        check_text_blocks(list(map(len, parts)), self.block_size, file)  # a one-line DataError
         return parts.train, parts.validation
 
     def load_test(self, data_dir: PathLike | None, *, rng_seed: int = 0) -> Tensor:
         """uint8 tokens of the test split (`split_text`)."""
         file = find_text_file(data_dir)
         parts = split_text(load_text_tokens(file), self.val_fraction)
-        check_text_blocks(parts, self.block_size, file)
+        check_text_blocks(list(map(len, parts)), self.block_size, file)
         return parts.test
 
     def train_loader(self, train: Tensor, batch_size: int, device: torch.device) -> TrainLoader:

@@ -30,7 +30,7 @@ from typing import Any
 from tqdm import tqdm
 
 from esper_lightning.app.frontier.plan import Plan, Unit, rate_text, read_plan, row_rate
-from esper_lightning.data.locate import find_text_file
+from esper_lightning.data.locate import check_text_size, find_text_file
 from esper_lightning.errors import ConfigError
 
 __all__ = ["PLAN_FILE", "ROWS_FILE", "ROW_FORMATS", "check_device", "pending_units", "read_rows",
@@ -104,12 +104,13 @@ def run_study(folder: str | Path, text: str | Path, workers: int = 1,
     Raises:
         ConfigError: A bad plan, rows from another text (their SHA-256 differs), ``workers``
             below 1, or a device this machine does not have.
-        DataError: no text file or folder holding one at ``text`` (`find_text_file`).
+        DataError: no text file or folder holding one at ``text`` (`find_text_file`), or one
+            too short for a block of the plan's ``block_size`` in each split.
     """
     folder = Path(folder)
     plan = read_plan(folder / PLAN_FILE)
-    # Before the training's imports load torch: a wrong path at once.
-    find_text_file(text, downloadable=False)
+    # Before the training's imports load torch: a wrong path or a text too short at once.
+    check_text_size(find_text_file(text, downloadable=False), plan.shape.block_size)
     if workers < 1:
         raise ConfigError(f"workers must be an int >= 1, got {workers}")
     check_device(device)
