@@ -41,14 +41,16 @@ IMPORTS = {
 }
 
 
-def error_commands(missing: Path, earlier: Path) -> dict[str, list[str]]:
+def error_commands(missing: Path, earlier: Path, short: Path) -> dict[str, list[str]]:
     """Name -> ``esper-lightning`` arguments that must fail on a path under ``missing`` (a
-    folder that does not exist), or on ``earlier``, an earlier run's checkpoint that a new run
-    would replace."""
+    folder that does not exist), on ``earlier``, an earlier run's checkpoint that a new run
+    would replace, or on ``short``, a text too short for one block in each split."""
     return {
         "ppo --data-dir (cifar)": ["ppo", "--data-dir", str(missing / "cifar")],
         "ppo lm-smoke --data-dir": ["ppo", "--preset", "lm-smoke",
                                     "--data-dir", str(missing / "missing.txt")],
+        "ppo lm-smoke --data-dir SHORT": ["ppo", "--preset", "lm-smoke",
+                                          "--data-dir", str(short)],
         "ppo --resume": ["ppo", "--resume", str(missing / "missing.pt")],
         "ppo --save EXISTING": ["ppo", "--data-dir", str(missing / "cifar"), "--download",
                                 "--save", str(earlier)],
@@ -90,7 +92,9 @@ def measure(root: Path, repeats: int) -> dict[str, list[float]]:
     with tempfile.TemporaryDirectory() as tmp:
         earlier = Path(tmp) / "ckpt.pt"
         earlier.write_bytes(b"an earlier run's checkpoint")
-        errors = error_commands(Path(tmp) / "absent", earlier)
+        short = Path(tmp) / "short.txt"
+        short.write_text("A text shorter than one block.\n")
+        errors = error_commands(Path(tmp) / "absent", earlier, short)
         for _ in range(repeats):
             for name, code in IMPORTS.items():
                 times.setdefault(name, []).append(
