@@ -28,7 +28,7 @@ from esper_lightning.app.frontier.estimators import (
     sizes_of,
 )
 from esper_lightning.app.frontier.plan import read_plan
-from esper_lightning.app.frontier.report import pooled_cell
+from esper_lightning.app.frontier.report import loss_key, pooled_cell
 from esper_lightning.app.frontier.study import read_rows
 
 Row = Mapping[str, Any]
@@ -77,7 +77,7 @@ def main() -> None:
     parser.add_argument("study", help="a study folder with plan.json and rows.csv")
     args = parser.parse_args()
     plan, rows = read_plan(f"{args.study}/plan.json"), read_rows(args.study)
-    loss = "validation_nats" if plan.purpose == "tuning" else "test_nats"
+    loss = loss_key(plan)
     swapped, notes = cosine_swapped(rows, loss)
     print("\n".join(notes))
     print("\nAgainst the frontier's WSD runs (as `frontier report`):\n")

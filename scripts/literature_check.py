@@ -26,7 +26,7 @@ from esper_lightning.app.frontier.estimators import (
     sizes_of,
 )
 from esper_lightning.app.frontier.plan import read_plan
-from esper_lightning.app.frontier.report import pooled_cell
+from esper_lightning.app.frontier.report import loss_key, pooled_cell
 from esper_lightning.app.frontier.study import read_rows
 
 
@@ -39,7 +39,7 @@ def main() -> None:
     parser.add_argument("study", help="a study folder with plan.json and rows.csv")
     args = parser.parse_args()
     plan, rows = read_plan(f"{args.study}/plan.json"), read_rows(args.study)
-    loss = "validation_nats" if plan.purpose == "tuning" else "test_nats"
+    loss = loss_key(plan)
     print("| arm | budget (× base) | episodes | long schedule | WSD stable phase | "
           "to the final size's loss | the same in tokens |")
     print("|---|---:|---:|---:|---:|---:|---:|")
