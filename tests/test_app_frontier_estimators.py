@@ -316,14 +316,19 @@ def test_a_wider_final_size_is_found_under_its_plans_own_name():
     assert final_size(rows, "G1-4@0.1:identity") == "S4"
 
 
-def test_an_arm_of_two_budgets_is_left_out_of_the_literatures_table_not_the_others():
+def test_an_arm_of_two_budgets_has_every_reading_but_its_time_to_target():
+    """Its own fitted curve needs three budgets (the time to the final size's loss reads it);
+    the frontier, its final size and the token value need only the sizes' curves."""
     rows = _study()
     short = "G1-2@0.25:identity"
     rows += [_row(short, e, b, s2(1.2 * b * BASE)) for e in (0, 1, 2, 3) for b in (2.0, 4.0)]
     assert too_few_budgets(rows) == [short]
     measured = literature([(32, rows)], "test_nats")
-    assert {m.arm for m in measured} == {ARM}
-    assert sorted(m.budget for m in measured) == [2.0, 4.0, 8.0]
+    assert sorted((m.arm, m.budget) for m in measured) == sorted([
+        (ARM, 2.0), (ARM, 4.0), (ARM, 8.0), (short, 2.0), (short, 4.0)])
+    for m in measured:
+        assert (m.target is None) == (m.arm == short)
+        assert m.arm != short or m.final.value == pytest.approx(1.2, rel=1e-3)  # S2 at 1.2 C
 
 
 def test_a_wider_size_in_a_narrow_study_is_a_size_of_its_frontier_and_figure(tmp_path):
@@ -340,3 +345,27 @@ def test_a_wider_size_in_a_narrow_study_is_a_size_of_its_frontier_and_figure(tmp
     assert result.power.value < 1.5  # S2w16, below S2 everywhere, holds a lower envelope
     loss_figure(rows, "test_nats", tmp_path / "loss.png")
     assert (tmp_path / "loss.png").stat().st_size > 0
+
+
+def test_the_report_reads_an_arm_of_two_budgets_with_its_long_run(tmp_path):
+    """A final's arm trained at two budgets, with its long run to the plan's largest (the
+    long run is not a third budget of its own): the literature's table holds it, every
+    reading but the time to target, which says why it has none."""
+    from esper_lightning.app.frontier.plan import parse_plan
+    from esper_lightning.app.frontier.report import write_report
+
+    plan = parse_plan({"name": "curved", "purpose": "final", "base_flops": BASE,
+                       "budgets": [1, 2, 4, 8, 16], "warmup_flops": 1e10, "episodes": 3,
+                       "rng_seed": 1, "curve_points": POINTS, "shape": {"width": 8, "n_head": 2},
+                       "arms": [{"arm": "S1", "lr": 1e-3},
+                                {"arm": "S2", "lr": 1e-3, "long_schedule": "cosine"},
+                                {"arm": ARM, "lr": 1e-3, "budgets": [1, 2],
+                                 "long_schedule": "cosine"}]})
+    rows = [r for r in _curved_study() if r["arm"] != ARM or r.get("schedule")
+            or r["budget"] <= 2.0]
+    section = write_report(tmp_path, plan, rows).read_text().split(
+        "## As the growth literature measures it")[1]
+    assert ("| G1-2@0.5:identity | 8 | 2 | 3 | 2.00× [2.00, 2.00] | 2.00× [2.00, 2.00] | "
+            "2.00× [2.00, 2.00] | 2.00× [2.00, 2.00] | — | 3.00× [3.00, 3.00] | ") in section
+    assert ("No time to the final size's loss (—) for an arm trained at fewer budgets than a "
+            "power law of its own needs (3): G1-2@0.5:identity (2)") in section

@@ -449,7 +449,8 @@ class Literature:
     ``ceiling`` c, the token value v pooled; and per episode piecewise, the study's own token
     table: the speed-up against the final size and v as a mean and t interval); and the
     literature's readings mid-run, from curves (`CurveReadings`, each None where the rows have
-    no curve for it)."""
+    no curve for it). ``target`` reads the arm's own fitted curve: None for an arm trained at
+    fewer budgets than a power law needs (`too_few_budgets`)."""
 
     arm: str
     width: int
@@ -458,7 +459,7 @@ class Literature:
     today: Summary
     cross: Pooled
     final: Pooled
-    target: Pooled
+    target: Pooled | None
     ratio: float
     tau: float
     ceiling: float
@@ -487,27 +488,28 @@ def literature(studies: Sequence[tuple[int, Sequence[Mapping[str, Any]]]], loss:
         own = Pools([rows], loss)
         today = _per_episode(rows, loss, PIECEWISE)
         short = too_few_budgets(rows)
-        for arm in (a for a in growing_arms(rows) if a not in short):
+        for arm in growing_arms(rows):
             for budget in sorted({r["budget"] for r in rows if r["arm"] == arm}):
                 pool = own.of(0, arm, budget)
                 kept = [r for r in long if r["episode"] in pool.episodes[0]]
                 readings = curve_readings([*pool.rows[0], *kept], arm, budget, decays[g])
                 results.append(_measured(cross.of(g, arm, budget), pool, g, width, arm, budget,
-                                         today[(arm, budget)], readings))
+                                         today[(arm, budget)], readings, arm not in short))
     return results
 
 
 def too_few_budgets(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The growing arms of ``rows`` that `literature` leaves out: trained at fewer budgets
-    than a power law of their own needs (`fit.POWER_POINTS`; the time to the final size's
-    loss reads the arm's fitted curve)."""
+    """The growing arms of ``rows`` (a frontier's: `frontier_rows`) that have no time to the
+    final size's loss in `literature`: trained at fewer budgets than a power law of their own
+    needs (`fit.POWER_POINTS`; that reading is on the arm's fitted curve)."""
     return [arm for arm in growing_arms(rows)
             if len({r["budget"] for r in rows if r["arm"] == arm}) < POWER_POINTS]
 
 
 def _measured(cross: Pool, own: Pool, study: int, width: int, arm: str, budget: float,
-              today: Summary, readings: CurveReadings) -> Literature:
-    """One arm at one budget of study ``study`` of the pool ``cross`` (`literature`)."""
+              today: Summary, readings: CurveReadings, fitted: bool) -> Literature:
+    """One arm at one budget of study ``study`` of the pool ``cross`` (`literature`); its time
+    to the final size's loss where ``fitted`` (enough budgets for a power law of its own)."""
     rows = own.rows[0]
     flops = budget * _base(rows)
     final = final_size(rows, arm)
@@ -531,7 +533,7 @@ def _measured(cross: Pool, own: Pool, study: int, width: int, arm: str, budget: 
     return Literature(
         arm, width, budget, own.estimate(_against_front(own, 0, arm, budget, flops, POWER)),
         today, cross.estimate(_against_front(cross, study, arm, budget, flops, POWER)),
-        own.estimate(against_final), own.estimate(to_target),
+        own.estimate(against_final), own.estimate(to_target) if fitted else None,
         _ratio(rows, final, stage_size(arm, 0)), tau, ceiling,
         own.estimate(value, log=False), today_final, today_value, readings.long,
         readings.stable, readings.reach, readings.reach_tokens)

@@ -452,12 +452,14 @@ def _literature_report(plan: Plan, rows: Sequence[Mapping[str, Any]], figure: Pa
                               loss_key(plan), [plan.decay_fraction])
     except ValueError as err:
         return [f"No literature table: {err}."], False
-    short = [f"{arm} ({len({r['budget'] for r in rows if r['arm'] == arm})})"
-             for arm in too_few_budgets(rows)]
-    note = [f"Left out, trained at fewer budgets than a power law of its own needs "
-            f"({POWER_POINTS}): {', '.join(short)}."] if short else []
+    frontier = frontier_rows(rows)
+    short = [f"{arm} ({len({r['budget'] for r in frontier if r['arm'] == arm})})"
+             for arm in too_few_budgets(frontier)]
+    note = [f"No time to the final size's loss (—) for an arm trained at fewer budgets than a "
+            f"power law of its own needs ({POWER_POINTS}): {', '.join(short)}; the same "
+            "reading mid-run, from its curves, needs none."] if short else []
     if not measured:
-        return note or ["No literature table: the rows hold no growing arm."], False
+        return ["No literature table: the rows hold no growing arm."], False
     literature_figure(measured, figure)
     return [*literature_lines(measured), *(["", *note] if note else [])], True
 
@@ -686,6 +688,12 @@ def _curve_cell(estimate: Pooled | None) -> str:
     return "no curve" if estimate is None else pooled_cell(estimate)
 
 
+def _target_cell(estimate: Pooled | None) -> str:
+    """The time to the final size's loss (`pooled_cell`), ``—`` for an arm without a fitted
+    curve of its own (`estimators.too_few_budgets`)."""
+    return "—" if estimate is None else pooled_cell(estimate)
+
+
 def literature_lines(results: Sequence[Literature]) -> list[str]:
     """The literature's measures beside the frontier's (one table), and where the speed-up
     against the final size comes from (a second), with what each measures."""
@@ -698,7 +706,7 @@ def literature_lines(results: Sequence[Literature]) -> list[str]:
         lines.append(f"| {r.arm} | {r.width} | {r.budget:g} | {r.frontier.n} | "
                      f"{pooled_cell(r.frontier)} | {episode_cell(r.today)} | "
                      f"{pooled_cell(r.cross)} | {pooled_cell(r.final)} | "
-                     f"{pooled_cell(r.target)} | {_curve_cell(r.long)} | "
+                     f"{_target_cell(r.target)} | {_curve_cell(r.long)} | "
                      f"{_curve_cell(r.stable)} | {_curve_cell(r.reach)} | "
                      f"{_curve_cell(r.reach_tokens)} |")
     lines += ["", "Where the speed-up against the final size s comes from: s = 1 − τ + v·(c − 1 "
