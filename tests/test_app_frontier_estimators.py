@@ -369,3 +369,30 @@ def test_the_report_reads_an_arm_of_two_budgets_with_its_long_run(tmp_path):
             "2.00× [2.00, 2.00] | 2.00× [2.00, 2.00] | — | 3.00× [3.00, 3.00] | ") in section
     assert ("No time to the final size's loss (—) for an arm trained at fewer budgets than a "
             "power law of its own needs (3): G1-2@0.5:identity (2)") in section
+
+
+def test_a_document_that_marks_a_literature_section_gets_the_table_and_figure(tmp_path):
+    """`write_report` with ``docs`` that mark ``NAME-literature``: the report's literature
+    table goes there too, its figure beside the others; without the marker it does not
+    (`test_the_report_prints_the_literatures_table_and_figure`)."""
+    from esper_lightning.app.frontier.plan import parse_plan
+    from esper_lightning.app.frontier.report import write_report
+
+    plan = parse_plan({"name": "curved", "purpose": "final", "base_flops": BASE,
+                       "budgets": [1, 2, 4, 8, 16], "warmup_flops": 1e10, "episodes": 3,
+                       "rng_seed": 1, "curve_points": POINTS, "shape": {"width": 8, "n_head": 2},
+                       "arms": [{"arm": a, "lr": 1e-3, "long_schedule": "cosine"}
+                                for a in ("S1", "S2", ARM)]})
+    docs = tmp_path / "docs" / "results.md"
+    docs.parent.mkdir()
+    docs.write_text("<!-- frontier:curved:begin -->\n<!-- frontier:curved:end -->\ntext\n"
+                    "<!-- frontier:curved-literature:begin -->\nold\n"
+                    "<!-- frontier:curved-literature:end -->\n")
+    report = write_report(tmp_path, plan, _curved_study(), docs).read_text()
+    literature = docs.read_text().split("<!-- frontier:curved-literature:begin -->")[1]
+    assert "old" not in literature and "**long schedule**" in literature
+    assert literature.split("<!-- frontier:curved-literature:end -->")[0].strip() in report
+    assert "text\n" in docs.read_text()
+    images = tmp_path / "docs" / "images"
+    assert (images / "frontier-curved-literature.png").read_bytes() == (
+        tmp_path / "literature.png").read_bytes()

@@ -42,7 +42,8 @@ from esper_lightning.errors import ConfigError
 __all__ = ["build_parser", "main"]
 
 #: What the tables replace in ``--docs`` (report: one section; widths: three, and two figures).
-_REPORT_DOCS = "a document whose <!-- frontier:NAME:begin/end --> section the tables replace"
+_REPORT_DOCS = ("a document whose <!-- frontier:NAME:begin/end --> section the tables replace "
+                "(and its NAME-literature section, if it marks one, the literature's table)")
 _WIDTHS_DOCS = ("a document whose <!-- frontier:NAME:begin/end --> sections by-width, "
                 "cross-width and literature the tables replace (the figures go to "
                 "images/frontier-by-width.png and images/frontier-literature.png)")

@@ -407,8 +407,11 @@ def _estimator_lines(rows: Sequence[Mapping[str, Any]], loss: str) -> list[str]:
 def write_report(folder: str | Path, plan: Plan, rows: Sequence[Mapping[str, Any]],
                  docs: str | Path | None = None, also: Sequence[str] = ()) -> Path:
     """Write ``report.md`` and the figures into ``folder``; with ``docs``, replace the study's
-    marked section there and copy the figures beside it (``images/frontier-<name>-<figure>``).
-    ``also``: the studies whose rows joined (`report_lines`). Returns the report's path."""
+    marked section there and copy the figures beside it (``images/frontier-<name>-<figure>``);
+    a document that also marks a ``<name>-literature`` section gets the literature's table
+    there (a study that holds its own curves and long runs; studies at several widths take it
+    from `write_widths`). ``also``: the studies whose rows joined (`report_lines`). Returns the
+    report's path."""
     from esper_lightning.app.frontier.plots import loss_figure, speedup_figure
 
     folder = Path(folder)
@@ -417,8 +420,10 @@ def write_report(folder: str | Path, plan: Plan, rows: Sequence[Mapping[str, Any
     lines = _lines(plan, chosen, results, also)
     figures = {"loss_vs_flops.png": "loss against compute"}
     loss_figure(chosen, loss_key(plan), folder / "loss_vs_flops.png")
-    measured: list[str] = []  # the report's alone: the docs take it from `write_widths`
+    table: list[str] = []  # the docs' only where they mark a section for it
+    measured: list[str] = []
     pictures: list[str] = []
+    drawn = False  # the literature's figure
     if results is not None:
         figures["speedup.png"] = "speed-up against the frontier"
         speedup_figure(results, folder / "speedup.png")
@@ -434,6 +439,10 @@ def write_report(folder: str | Path, plan: Plan, rows: Sequence[Mapping[str, Any
         replace_section(Path(docs), plan.name, lines)
         images = Path(docs).parent / "images"  # where the document's pictures live
         images.mkdir(exist_ok=True)
+        if table and f"<!-- frontier:{plan.name}-literature:begin -->" in Path(docs).read_text():
+            replace_section(Path(docs), f"{plan.name}-literature", table)
+            if drawn:  # its figure, drawn just now, beside the others
+                figures["literature.png"] = ""
         for figure in figures:  # drawn just now: never an older run's picture
             shutil.copyfile(folder / figure, images / f"frontier-{plan.name}-{figure}")
     return path
