@@ -83,31 +83,24 @@ def cli_cases(cases: list[list[str]]) -> list[subprocess.CompletedProcess[str]]:
             for r in results]
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory, request):
-    root = tmp_path_factory.mktemp("cli")
-    data = write_cifar10_fixture(root / "data", n_train=64, n_test=32)
-    save = root / "ckpt.pt"
+def test_the_quickstart_writes_its_checkpoint_and_logs(tmp_path):
+    data = write_cifar10_fixture(tmp_path / "data", n_train=64, n_test=32)
+    save = tmp_path / "ckpt.pt"
     result = run("--preset", "smoke", "--data-dir", str(data), "--rounds", "1",
-                 "--episode-length", "3", "--logdir", str(root / "logs"), "--save", str(save),
+                 "--episode-length", "3", "--logdir", str(tmp_path / "logs"), "--save", str(save),
                  "--no-progress")
     assert result.returncode == 0, result.stderr
-    return data, save
+    assert save.is_file() and (tmp_path / "logs" / "ppo" / "version_0").is_dir()
 
 
-def test_smoke_run_writes_checkpoint(checkpoint):
-    _, save = checkpoint
-    assert save.is_file() and (save.parent / "logs" / "ppo" / "version_0").is_dir()
-
-
-def test_unknown_config_key(tmp_path, checkpoint):
+def test_unknown_config_key(tmp_path):
     config = tmp_path / "bad.json"
     config.write_text('{"envs": 2, "learning_rat": 0.1}')
     assert_one_line_error(run("--config", str(config)), "unknown config key 'learning_rat'")
 
 
-def test_bad_slot_id(checkpoint):
-    data, _ = checkpoint
+def test_bad_slot_id(smoke_policy):
+    data, _ = smoke_policy
     assert_one_line_error(run("--preset", "smoke", "--data-dir", str(data), "--slots", "r7c7"),
                           "unknown slot 'r7c7'; accepted: r0c0")
 
@@ -117,8 +110,8 @@ def test_missing_data_folder(tmp_path):
                           "CIFAR-10 not found in")
 
 
-def test_incompatible_checkpoint_left_untouched(bad_checkpoint_runs, checkpoint):
-    _, save = checkpoint
+def test_incompatible_checkpoint_left_untouched(bad_checkpoint_runs, smoke_policy):
+    _, save = smoke_policy
     before, result, after = bad_checkpoint_runs["incompatible"]
     assert_one_line_error(result, f"checkpoint '{save}' comes from an incompatible config: slots=")
     assert after == before
@@ -324,13 +317,13 @@ BAD_CHECKPOINT_COMMANDS = {
 
 
 @pytest.fixture(scope="module")
-def bad_checkpoint_runs(tmp_path_factory, checkpoint) -> dict[str, tuple]:
+def bad_checkpoint_runs(tmp_path_factory, smoke_policy) -> dict[str, tuple]:
     """Each of `BAD_CHECKPOINT_COMMANDS` run once, all in one fresh process (`cli_cases`), each
     in a folder of its own: by kind, the bad file, the result, and the folder's checksums
     before and after. In the same process (one import of torch and Lightning for all),
     ``"incompatible"``: the smoke run's good checkpoint resumed with other slots, and its
     folder's checksums before and after."""
-    data, save = checkpoint
+    data, save = smoke_policy
     incompatible = ["ppo", "--preset", "smoke", "--data-dir", str(data), "--slots", "r0c0",
                     "--resume", str(save), "--save", str(save), "--logdir",
                     str(tmp_path_factory.mktemp("incompatible_logs")), "--no-progress"]
@@ -364,8 +357,8 @@ def test_a_bad_checkpoint_is_one_complete_line_and_stays_as_it_was(bad_checkpoin
 
 
 # --- nothing a user made is lost ---------------------------------------------------------------
-def test_running_the_quickstart_again_refuses_to_replace_its_checkpoint(checkpoint, tmp_path):
-    data, save = checkpoint
+def test_running_the_quickstart_again_refuses_to_replace_its_checkpoint(smoke_policy, tmp_path):
+    data, save = smoke_policy
     before = checksums(save.parent)
     result = run("--preset", "smoke", "--data-dir", str(data), "--rounds", "1",
                  "--episode-length", "3", "--logdir", str(save.parent / "logs"), "--save",
@@ -376,8 +369,9 @@ def test_running_the_quickstart_again_refuses_to_replace_its_checkpoint(checkpoi
     assert checksums(save.parent) == before
 
 
-def test_resume_alone_continues_with_the_checkpoints_configuration(checkpoint, tmp_path):
-    data, save = checkpoint
+def test_resume_alone_continues_with_the_checkpoints_configuration(smoke_policy,
+                                                                     tmp_path):
+    data, save = smoke_policy
     config = parse_config("ppo", ["--resume", str(save), "--rounds", "3", "--logdir",
                                   str(tmp_path)])
     assert (config.episode_length, config.envs, config.slots) == (3, 2, ("r0c1", "r0c2"))
