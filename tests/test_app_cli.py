@@ -369,8 +369,7 @@ def test_running_the_quickstart_again_refuses_to_replace_its_checkpoint(smoke_po
     assert checksums(save.parent) == before
 
 
-def test_resume_alone_continues_with_the_checkpoints_configuration(smoke_policy,
-                                                                     tmp_path):
+def test_resume_alone_continues_with_the_checkpoints_configuration(smoke_policy, tmp_path):
     data, save = smoke_policy
     config = parse_config("ppo", ["--resume", str(save), "--rounds", "3", "--logdir",
                                   str(tmp_path)])
