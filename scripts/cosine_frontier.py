@@ -27,9 +27,8 @@ from esper_lightning.app.frontier.estimators import (
     long_rows,
     sizes_of,
 )
-from esper_lightning.app.frontier.plan import read_plan
 from esper_lightning.app.frontier.report import loss_key, pooled_cell
-from esper_lightning.app.frontier.study import read_rows
+from esper_lightning.app.frontier.study import read_study
 
 Row = Mapping[str, Any]
 
@@ -72,11 +71,10 @@ def table(rows: Sequence[Row], loss: str) -> list[str]:
     return lines
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("study", help="a study folder with plan.json and rows.csv")
-    args = parser.parse_args()
-    plan, rows = read_plan(f"{args.study}/plan.json"), read_rows(args.study)
+    plan, rows = read_study(parser.parse_args(argv).study)
     loss = loss_key(plan)
     swapped, notes = cosine_swapped(rows, loss)
     print("\n".join(notes))

@@ -25,9 +25,8 @@ from esper_lightning.app.frontier.estimators import (
     long_rows,
     sizes_of,
 )
-from esper_lightning.app.frontier.plan import read_plan
 from esper_lightning.app.frontier.report import loss_key, pooled_cell
-from esper_lightning.app.frontier.study import read_rows
+from esper_lightning.app.frontier.study import read_study
 
 
 def cell(reading: Pooled | None) -> str:
@@ -38,7 +37,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("study", help="a study folder with plan.json and rows.csv")
     args = parser.parse_args()
-    plan, rows = read_plan(f"{args.study}/plan.json"), read_rows(args.study)
+    plan, rows = read_study(args.study)
     loss = loss_key(plan)
     print("| arm | budget (× base) | episodes | long schedule | WSD stable phase | "
           "to the final size's loss | the same in tokens |")

@@ -3,7 +3,6 @@ budget only when it ends lower on the mean, and then the speed-ups read against 
 
 from __future__ import annotations
 
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -62,10 +61,9 @@ def test_long_runs_of_other_episodes_are_refused(cosine):
 
 def test_the_command_prints_both_tables(cosine, monkeypatch, capsys):
     rows = _long_moved(_curved_study(), -0.05)
-    monkeypatch.setattr(cosine, "read_plan", lambda path: SimpleNamespace(purpose="final"))
-    monkeypatch.setattr(cosine, "read_rows", lambda folder: rows)
-    monkeypatch.setattr(sys, "argv", ["cosine_frontier.py", "study"])
-    cosine.main()
+    monkeypatch.setattr(cosine, "read_study",
+                        lambda folder: (SimpleNamespace(purpose="final"), rows))
+    cosine.main(["study"])
     out = capsys.readouterr().out
     assert "Against the frontier's WSD runs" in out and "With the sizes' long cosine" in out
     assert out.count("| G1-2@0.5:identity | 8 |") == 2

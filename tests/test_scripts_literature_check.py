@@ -17,9 +17,8 @@ def test_each_reading_has_its_closed_form_and_the_long_runs_end_beside_the_front
     for row in rows:
         row["validation_nats"] = row["test_nats"]
     with script_module("literature_check") as module:
-        monkeypatch.setattr(module, "read_plan", lambda path: SimpleNamespace(
-            purpose="tuning", decay_fraction=0.2))
-        monkeypatch.setattr(module, "read_rows", lambda folder: rows)
+        monkeypatch.setattr(module, "read_study", lambda folder: (SimpleNamespace(
+            purpose="tuning", decay_fraction=0.2), rows))
         monkeypatch.setattr(sys, "argv", ["literature_check.py", "study"])
         module.main()
     out = capsys.readouterr().out

@@ -123,13 +123,9 @@ def _check_studies(folders: Sequence[str], docs: str | None = None) -> None:
 
 
 def _loaded(folder: str) -> tuple[Any, list[dict[str, Any]]]:
-    from esper_lightning.app.frontier.plan import read_plan
-    from esper_lightning.app.frontier.study import PLAN_FILE, read_rows
+    from esper_lightning.app.frontier.study import read_study
 
-    plan, rows = read_plan(Path(folder) / PLAN_FILE), read_rows(folder)
-    if not rows:
-        raise ConfigError(f"'{folder}' has no rows yet; run it first")
-    return plan, rows
+    return read_study(folder)
 
 
 def _selected(folder: str) -> list[dict[str, Any]]:

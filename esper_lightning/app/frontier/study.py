@@ -34,7 +34,7 @@ from esper_lightning.data.locate import check_text_size, find_text_file
 from esper_lightning.errors import ConfigError
 
 __all__ = ["PLAN_FILE", "ROWS_FILE", "ROW_FORMATS", "check_device", "pending_units", "read_rows",
-           "run_study"]
+           "read_study", "run_study"]
 
 PLAN_FILE = "plan.json"
 ROWS_FILE = "rows.csv"
@@ -65,6 +65,18 @@ def read_rows(folder: str | Path) -> list[dict[str, Any]]:
                               f"{' or '.join(map(str, ROW_FORMATS[:-1]))})")
         return [{**dict.fromkeys(ROW_FIELDS), **{k: _number(k, v) for k, v in row.items()}}
                 for row in reader]
+
+
+def read_study(folder: str | Path) -> tuple[Plan, list[dict[str, Any]]]:
+    """The study's plan and rows (`read_rows`), for what reads a study that has run.
+
+    Raises:
+        ConfigError: A bad or missing plan, or no rows yet.
+    """
+    plan, rows = read_plan(Path(folder) / PLAN_FILE), read_rows(folder)
+    if not rows:
+        raise ConfigError(f"'{folder}' has no rows yet; run it first")
+    return plan, rows
 
 
 def _number(key: str, value: str) -> Any:
