@@ -11,7 +11,13 @@ import pytest
 import torch
 
 from esper_lightning.app.frontier.plan import Plan, episode_rng_seed, parse_plan, read_plan
-from esper_lightning.app.frontier.study import PLAN_FILE, ROWS_FILE, read_rows, run_study
+from esper_lightning.app.frontier.study import (
+    PLAN_FILE,
+    ROWS_FILE,
+    read_rows,
+    read_study,
+    run_study,
+)
 from esper_lightning.app.frontier.train import load_corpus, train_unit
 from esper_lightning.data.text import StepBatches
 from esper_lightning.errors import ConfigError
@@ -216,6 +222,7 @@ def test_a_study_resumes_where_it_stopped_and_equals_one_run(tmp_path: Path, tex
     (folder / PLAN_FILE).write_text(json.dumps(plan))
     whole = run_study(folder, text_file, progress=False)
     assert len(whole) == 4 and read_rows(folder) == whole
+    assert read_study(folder) == (read_plan(folder / PLAN_FILE), whole)
     lines = (folder / ROWS_FILE).read_text().splitlines()
     (folder / ROWS_FILE).write_text("\n".join(lines[:3]) + "\n")  # S2's unit was lost
     resumed = run_study(folder, text_file, progress=False)
