@@ -184,10 +184,9 @@ def split_text(tokens: torch.Tensor,
         >>> [len(p) for p in parts], int(parts.validation[0]), int(parts.test[0])
         ([180, 10, 10], 180, 190)
     """
-    if tokens.dim() != 1:
-        raise ValueError(f"tokens must be 1-D, got shape {tuple(tokens.shape)}")
-    train, validation, _ = text_split_lengths(len(tokens), held_out_fraction)
-    return TextSplits(*tokens.split([train, validation, len(tokens) - train - validation]))
+    train, held_out = split_tokens(tokens, held_out_fraction)  # checks both arguments
+    validation = text_split_lengths(len(tokens), held_out_fraction)[1]
+    return TextSplits(train, held_out[:validation], held_out[validation:])
 
 
 def _check_tokens(tokens: object, block_size: int, what: str) -> torch.Tensor:
