@@ -64,6 +64,7 @@ __all__ = [
     "download_tinystories",
     "evaluation_starts",
     "find_text_file",
+    "load_text_splits",
     "load_text_tokens",
     "split_text",
     "split_tokens",
@@ -187,6 +188,19 @@ def split_text(tokens: torch.Tensor,
     train, held_out = split_tokens(tokens, held_out_fraction)  # checks both arguments
     validation = text_split_lengths(len(tokens), held_out_fraction)[1]
     return TextSplits(train, held_out[:validation], held_out[validation:])
+
+
+def load_text_splits(file: PathLike, block_size: int,
+                     held_out_fraction: float = HELD_OUT_FRACTION) -> TextSplits:
+    """The text in ``file`` read (`load_text_tokens`) and split (`split_text`), each part
+    holding a block of ``block_size`` tokens (`check_text_blocks`).
+
+    Raises:
+        DataError: The file is missing, unreadable, empty, or too short for a block.
+    """
+    parts = split_text(load_text_tokens(file), held_out_fraction)
+    check_text_blocks(list(map(len, parts)), block_size, file)
+    return parts
 
 
 def _check_tokens(tokens: object, block_size: int, what: str) -> torch.Tensor:
@@ -446,8 +460,7 @@ class TextDataModule(L.LightningDataModule):
                 f"{TINYSTORIES_VALID_NAME} not found in '{self.data_dir}'; call prepare_data() "
                 "first (a Trainer does) or pass path= pointing at a local text file"
             )
-        parts = split_text(load_text_tokens(self.file), self.val_fraction)
-        check_text_blocks(list(map(len, parts)), self.block_size, self.file)
+        parts = load_text_splits(self.file, self.block_size, self.val_fraction)
         self.train_tokens, self.val_tokens, self.test_tokens = parts
 
     def _loader(self, dataset: _Blocks, sampler: Sampler[int] | None) -> DataLoader:

@@ -44,19 +44,16 @@ from esper_lightning.data import (
     download_cifar10,
     download_tinystories,
     load_cifar10_subset,
-    load_text_tokens,
-    split_text,
 )
 from esper_lightning.data.cifar10 import cifar10_present
 from esper_lightning.data.files import DataError, PathLike, check_int
 from esper_lightning.data.locate import (
     HELD_OUT_FRACTION,
-    check_text_blocks,
     check_val_fraction,
     find_text_file,
 )
 from esper_lightning.data.tensor_loader import TensorLoader, normalize
-from esper_lightning.data.text import TextTensorLoader, validation_blocks
+from esper_lightning.data.text import TextTensorLoader, load_text_splits, validation_blocks
 from esper_lightning.envs.task_specs import CIFAR, LM, TaskSpec
 from esper_lightning.hosts import CifarCNNHost, GPTHost
 from esper_lightning.hosts.base import SlottedHost
@@ -330,16 +327,13 @@ class TextTask(Task):
             file = download_tinystories(data_dir, progress=progress)
         else:
             file = find_text_file(data_dir)
-        parts = split_text(load_text_tokens(file), self.val_fraction)
-        check_text_blocks(list(map(len, parts)), self.block_size, file)  # a one-line DataError
+        parts = load_text_splits(file, self.block_size, self.val_fraction)  # one-line DataError
         return parts.train, parts.validation
 
     def load_test(self, data_dir: PathLike | None, *, rng_seed: int = 0) -> Tensor:
         """uint8 tokens of the test split (`split_text`)."""
         file = find_text_file(data_dir)
-        parts = split_text(load_text_tokens(file), self.val_fraction)
-        check_text_blocks(list(map(len, parts)), self.block_size, file)
-        return parts.test
+        return load_text_splits(file, self.block_size, self.val_fraction).test
 
     def train_loader(self, train: Tensor, batch_size: int, device: torch.device) -> TrainLoader:
         return TextTensorLoader(train, self.block_size, batch_size, n_blocks=self.train_blocks,
