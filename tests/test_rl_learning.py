@@ -39,7 +39,7 @@ from esper_lightning.rl import (
 )
 
 N_ENVS = 16  # half clean, half harmful starts; one episode each per round
-MAX_UPDATES = 80  # seeds 0-14 all solved within 47 updates when this was tuned
+MAX_UPDATES = 80  # seeds 0-14 solved within 47 updates when tuned; at 22df211 seed 2 needs 53
 SOLVED_FRACTION = 0.9
 # Tuned for speed on this tiny MDP (defaults are for real hosts): a larger step size, whole
 # halves of the batch per minibatch, and a looser KL stop.
