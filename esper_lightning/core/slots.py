@@ -688,7 +688,8 @@ class SeedSlot(nn.Module):
             tempo=None if blend is None else blend.tempo,
             previous_stage=SeedStage.UNKNOWN if state is None else state.previous_stage,
             previous_epochs_in_stage=0 if state is None else state.previous_epochs_in_stage,
-            metrics=SeedMetrics() if state is None else SeedMetrics(**state.metrics.to_dict()),
+            # A copy of scalars (every field is a number, a bool or None), not asdict's deep copy.
+            metrics=SeedMetrics() if state is None else dataclasses.replace(state.metrics),
             last_gate=None if state is None else state.last_gate,
             prune_reason=None if state is None else state.prune_reason,
             history=() if state is None else tuple(state.history),
