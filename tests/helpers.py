@@ -1,6 +1,6 @@
 """Test helpers shared by several test files: tiny models, a checkpoint round trip, a trained
-smoke policy, files that are no checkpoint, the example loader, a local DDP rendezvous and the
-data tests' batch and message checks.
+smoke policy, files that are no checkpoint, the example loader, a command run as its own process
+would run it, a local DDP rendezvous and the data tests' batch and message checks.
 
 Imported as ``from helpers import ...``: pytest puts ``tests/`` (not a package) on ``sys.path``,
 as for ``thread_ranks`` and ``lifecycle_mdp``.
@@ -13,15 +13,20 @@ import importlib.util
 import io
 import logging
 import multiprocessing
+import os
 import random
+import runpy
 import socket
+import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -125,21 +130,23 @@ def torch_round_trip(state: Any) -> Any:
 
 
 
+#: The quickstart's command line (README), without its data, log and checkpoint paths.
+QUICKSTART = ["--preset", "smoke", "--rounds", "1", "--episode-length", "3", "--no-progress"]
+
+
 def train_smoke_policy(root: Path) -> tuple[Path, Path]:
-    """Train a one-round PPO policy (``smoke`` preset, episodes of 3 epochs) on a fixture in
-    ``root``; returns ``(data folder, checkpoint)``."""
-    # Imported here: only the tests that need a trained policy pay for the application.
-    from esper_lightning.app.config import load_config
-    from esper_lightning.app.ppo.trainer import PPOTrainer
+    """The README's quickstart, ``examples/cifar_ppo.py`` with `QUICKSTART`'s flags, run as its
+    own process would run it (`as_a_process`) on a fixture in ``root``: a one-round PPO policy
+    (``smoke`` preset, episodes of 3 epochs); returns ``(data folder, checkpoint)``, its logs in
+    ``root/logs``. A failed run fails the test that asked for it, with the run's stderr."""
     from esper_lightning.data import write_cifar10_fixture
 
     data = write_cifar10_fixture(root / "data", n_train=64, n_test=32)
     save = root / "ckpt.pt"
-    config = load_config("smoke", overrides={
-        "data_dir": str(data), "rounds": 1, "episode_length": 3, "logdir": str(root / "logs"),
-        "save": str(save), "progress": False,
-    })
-    PPOTrainer(config).train()
+    argv = [*QUICKSTART, "--data-dir", str(data), "--logdir", str(root / "logs"),
+            "--save", str(save)]
+    done = as_a_process(run_script(ROOT / "examples" / "cifar_ppo.py"), argv)
+    assert done.returncode == 0, done.stderr
     return data, save
 
 
@@ -193,6 +200,73 @@ def script_module(name: str) -> Iterator[ModuleType]:
         yield module
     finally:
         del sys.modules[name]
+
+
+#: The warning filters a Python interpreter starts with (no ``-W``, not ``-X dev``): what a
+#: command run in a fresh process shows on stderr, where pytest would record it instead.
+STARTUP_WARNING_FILTERS = [("default", DeprecationWarning, "__main__"),
+                           ("ignore", DeprecationWarning, ""),
+                           ("ignore", PendingDeprecationWarning, ""),
+                           ("ignore", ImportWarning, ""), ("ignore", ResourceWarning, "")]
+
+
+def _show_on_stderr(message, category, filename, lineno, file=None, line=None) -> None:
+    """`warnings.showwarning` as the interpreter's own: the formatted warning on stderr."""
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
+def run_script(path: Path) -> Callable[[list[str]], int]:
+    """A command that runs the script at ``path`` as ``python PATH ARGV`` does (``__main__``,
+    ``sys.argv``), for `as_a_process`; its status is its `SystemExit`'s."""
+    def command(argv: list[str]) -> int:
+        sys.argv[0] = str(path)  # as_a_process puts sys.argv back
+        runpy.run_path(str(path), run_name="__main__")
+        return 0
+    return command
+
+
+def as_a_process(command: Callable[[list[str]], int], argv: Sequence[str]
+                 ) -> subprocess.CompletedProcess[str]:
+    """``command(argv)`` (`esper_lightning.app.cli.main`, an example's ``main``, `run_script`)
+    in this process, seen as a fresh process of its own would be seen: ``sys.argv[1:]`` is
+    ``argv``; its status (a `SystemExit`'s code included), stdout and stderr, with warnings
+    shown on stderr under the interpreter's start-up filters (not recorded by pytest) and the
+    package's logger without handlers. It costs no import of torch and Lightning, which a
+    launch pays again each time (seconds); the launches of tests/test_app_cli.py and
+    tests/test_app_startup.py keep the console command itself honest. ``sys.argv``, the
+    logger, the warning filters, the environment (a fit's ``PL_GLOBAL_SEED``), Python's,
+    NumPy's and torch's generators and torch's thread count are put back afterwards, as a
+    process's end would leave them."""
+    logger = logging.getLogger("esper_lightning")
+    handlers, level, threads = list(logger.handlers), logger.level, torch.get_num_threads()
+    environ, python_rng, numpy_rng = dict(os.environ), random.getstate(), np.random.get_state()
+    program = sys.argv
+    sys.argv = [program[0], *argv]
+    out, err = io.StringIO(), io.StringIO()
+    with (warnings.catch_warnings(), torch.random.fork_rng(), contextlib.redirect_stdout(out),
+          contextlib.redirect_stderr(err)):
+        warnings.resetwarnings()
+        for action, category, module in STARTUP_WARNING_FILTERS:
+            warnings.filterwarnings(action, category=category, module=module, append=True)
+        warnings.showwarning = _show_on_stderr
+        logger.handlers.clear()
+        logger.setLevel(logging.NOTSET)
+        try:
+            status = command(list(argv))
+        except SystemExit as done:
+            if isinstance(done.code, str):  # the interpreter prints the message, status 1
+                print(done.code, file=sys.stderr)
+            status = done.code if isinstance(done.code, int) else int(done.code is not None)
+        finally:
+            sys.argv = program
+            logger.handlers[:] = handlers
+            logger.setLevel(level)
+            torch.set_num_threads(threads)
+            os.environ.clear()
+            os.environ.update(environ)
+            random.setstate(python_rng)
+            np.random.set_state(numpy_rng)
+    return subprocess.CompletedProcess(list(argv), status, out.getvalue(), err.getvalue())
 
 
 @contextlib.contextmanager

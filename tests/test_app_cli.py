@@ -1,15 +1,19 @@
-"""The CLI as a user runs it: subprocesses, exit status 2 and one-line errors."""
+"""The CLI as a user runs it: exit status 2 and one-line errors, seen from a fresh process where
+the launch is what is tested, and from `main` run as a process would run it (`as_a_process`)
+where only the command's answer is."""
 
 import argparse
 import hashlib
-import json
+import logging
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
-from helpers import BAD_FILE_REASONS, bad_checkpoints
+import torch
+from helpers import BAD_FILE_REASONS, as_a_process, bad_checkpoints
 from jsonargparse import ArgumentParser
 
 from esper_lightning import __version__
@@ -50,47 +54,51 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], text: str) -
     assert "Traceback" not in result.stderr and text in lines[0]
 
 
-#: Runs ``main`` on each argument list of ``sys.argv[1]`` (JSON) in this one fresh process and
-#: prints, per case, its status and its stderr. Before each case the package's logger has no
-#: handlers and the warnings already shown are forgotten, as in a process of its own.
-RUN_CASES = """
-import contextlib, io, json, logging, sys, warnings
-from esper_lightning.app.cli import main
-logger = logging.getLogger("esper_lightning")
-for argv in json.loads(sys.argv[1]):
-    logger.handlers.clear()
-    logger.setLevel(logging.NOTSET)
-    warnings._filters_mutated()
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        status = main(argv)
-    print(json.dumps({"argv": argv, "status": status, "stderr": err.getvalue()}))
-"""
-
-
 def cli_cases(cases: list[list[str]]) -> list[subprocess.CompletedProcess[str]]:
-    """``esper-lightning ARGS`` for each ``ARGS`` of ``cases``, all in one fresh process (each
-    command there pays for importing torch and Lightning only once); each one's status and
-    stderr as a `CompletedProcess`. That the console command exits with ``main``'s status is
-    `cli`'s to check (`test_help_lists_preset_and_version_answers`, `test_bad_flag_value`, and
-    tests/test_app_startup.py)."""
-    done = subprocess.run([sys.executable, "-c", RUN_CASES, json.dumps(cases)],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert done.returncode == 0, done.stderr
-    results = [json.loads(line) for line in done.stdout.splitlines()]
-    assert [r["argv"] for r in results] == cases, done.stdout
-    return [subprocess.CompletedProcess(r["argv"], r["status"], "", r["stderr"])
-            for r in results]
+    """``esper-lightning ARGS`` for each ``ARGS`` of ``cases``, each run by `main` in this
+    process as a process of its own would run it (`as_a_process`: its status, stdout and
+    stderr, warnings on stderr, the logger without handlers), without a launch that imports
+    torch and Lightning again. That the console command exits with ``main``'s status, in one
+    line, is `cli`'s to check (`test_help_lists_preset_and_version_answers`,
+    `test_bad_flag_value`, and tests/test_app_startup.py)."""
+    return [as_a_process(main, argv) for argv in cases]
 
 
-def test_the_quickstart_writes_its_checkpoint_and_logs(tmp_path):
-    data = write_cifar10_fixture(tmp_path / "data", n_train=64, n_test=32)
-    save = tmp_path / "ckpt.pt"
-    result = run("--preset", "smoke", "--data-dir", str(data), "--rounds", "1",
-                 "--episode-length", "3", "--logdir", str(tmp_path / "logs"), "--save", str(save),
-                 "--no-progress")
-    assert result.returncode == 0, result.stderr
-    assert save.is_file() and (tmp_path / "logs" / "ppo" / "version_0").is_dir()
+def test_a_command_run_as_a_process_shows_what_a_process_of_its_own_would():
+    """`as_a_process`, which the one-line checks below rest on: a warning reaches stderr once,
+    as the interpreter prints it (pytest would record it instead), a library's deprecation
+    does not (a fresh interpreter ignores it), ``sys.exit``'s status and message come back,
+    and what the command changed is put back."""
+    def command(argv: list[str]) -> int:
+        for _ in range(2):
+            warnings.warn("careful", UserWarning, stacklevel=1)
+        warnings.warn("old", DeprecationWarning, stacklevel=1)
+        logging.getLogger("esper_lightning").addHandler(logging.StreamHandler())
+        os.environ["PL_GLOBAL_SEED"] = "7"
+        torch.manual_seed(7)
+        sys.exit(f"{sys.argv[1:]} stopped")
+
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    handlers, environ = list(logging.getLogger("esper_lightning").handlers), dict(os.environ)
+    done = as_a_process(command, ["--flag", "1"])
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.count("UserWarning: careful") == 1 and "old" not in done.stderr
+    assert done.stderr.endswith("['--flag', '1'] stopped\n")
+    assert logging.getLogger("esper_lightning").handlers == handlers and os.environ == environ
+    assert torch.equal(torch.rand(3), expected)
+    assert as_a_process(lambda argv: 2, []).returncode == 2
+
+
+def test_the_quickstart_writes_its_checkpoint_and_logs(smoke_policy):
+    # The session's smoke policy is the README's quickstart (`helpers.train_smoke_policy`:
+    # examples/cifar_ppo.py with its flags, run as a process of its own would run it): its
+    # checkpoint and its TensorBoard run are where the flags put them.
+    data, save = smoke_policy
+    assert save.is_file() and save.stat().st_size > 0
+    assert (save.parent / "logs" / "ppo" / "version_0").is_dir()
+    assert (data / "cifar-10-batches-py").is_dir()
 
 
 def test_unknown_config_key(tmp_path):
@@ -281,8 +289,8 @@ BAD_INPUTS = [
 
 @pytest.fixture(scope="module")
 def bad_input_runs(tmp_path_factory) -> list[tuple[subprocess.CompletedProcess[str], dict, dict]]:
-    """Each of `BAD_INPUTS` run once, all in one fresh process (`cli_cases`), each with output
-    folders of its own (`outputs`): its result, and its folders' checksums before and after."""
+    """Each of `BAD_INPUTS` run once (`cli_cases`), each with output folders of its own
+    (`outputs`): its result, and its folders' checksums before and after."""
     runs = []
     for args, _ in BAD_INPUTS:
         out = outputs(tmp_path_factory.mktemp("bad_input"))
@@ -318,9 +326,8 @@ BAD_CHECKPOINT_COMMANDS = {
 
 @pytest.fixture(scope="module")
 def bad_checkpoint_runs(tmp_path_factory, smoke_policy) -> dict[str, tuple]:
-    """Each of `BAD_CHECKPOINT_COMMANDS` run once, all in one fresh process (`cli_cases`), each
-    in a folder of its own: by kind, the bad file, the result, and the folder's checksums
-    before and after. In the same process (one import of torch and Lightning for all),
+    """Each of `BAD_CHECKPOINT_COMMANDS` run once (`cli_cases`), each in a folder of its own: by
+    kind, the bad file, the result, and the folder's checksums before and after; and
     ``"incompatible"``: the smoke run's good checkpoint resumed with other slots, and its
     folder's checksums before and after."""
     data, save = smoke_policy
