@@ -130,15 +130,16 @@ def torch_round_trip(state: Any) -> Any:
 
 
 
-#: The quickstart's command line (README), without its data, log and checkpoint paths.
+#: The README's quickstart, ``examples/cifar_ppo.py --preset smoke``, shortened to one round of
+#: 3-epoch episodes (CI runs it whole); each run adds its data, log and checkpoint paths.
 QUICKSTART = ["--preset", "smoke", "--rounds", "1", "--episode-length", "3", "--no-progress"]
 
 
 def train_smoke_policy(root: Path) -> tuple[Path, Path]:
-    """The README's quickstart, ``examples/cifar_ppo.py`` with `QUICKSTART`'s flags, run as its
-    own process would run it (`as_a_process`) on a fixture in ``root``: a one-round PPO policy
-    (``smoke`` preset, episodes of 3 epochs); returns ``(data folder, checkpoint)``, its logs in
-    ``root/logs``. A failed run fails the test that asked for it, with the run's stderr."""
+    """The README's quickstart as `QUICKSTART` shortens it, run as its own process would run it
+    (`as_a_process`) on a fixture in ``root``: a one-round PPO policy (``smoke`` preset,
+    episodes of 3 epochs); returns ``(data folder, checkpoint)``, its logs in ``root/logs``. A
+    failed run fails the test that asked for it, with the run's stderr."""
     from esper_lightning.data import write_cifar10_fixture
 
     data = write_cifar10_fixture(root / "data", n_train=64, n_test=32)

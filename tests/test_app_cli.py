@@ -92,9 +92,9 @@ def test_a_command_run_as_a_process_shows_what_a_process_of_its_own_would():
 
 
 def test_the_quickstart_writes_its_checkpoint_and_logs(smoke_policy):
-    # The session's smoke policy is the README's quickstart (`helpers.train_smoke_policy`:
-    # examples/cifar_ppo.py with its flags, run as a process of its own would run it): its
-    # checkpoint and its TensorBoard run are where the flags put them.
+    # The session's smoke policy is the README's quickstart, shortened to one round
+    # (`helpers.train_smoke_policy`: examples/cifar_ppo.py run as a process of its own would
+    # run it): its checkpoint and its TensorBoard run are where the flags put them.
     data, save = smoke_policy
     assert save.is_file() and save.stat().st_size > 0
     assert (save.parent / "logs" / "ppo" / "version_0").is_dir()
