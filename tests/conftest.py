@@ -81,7 +81,8 @@ def cifar_dir(tmp_path: Path, _cifar_master: Path) -> Path:
 def smoke_policy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
     """``(data folder, checkpoint)`` of a one-round PPO policy (``smoke`` preset, episodes of 3
     epochs, slots r0c1 r0c2 of the baseline host), trained once per session (per xdist worker)
-    by `helpers.train_smoke_policy`. Shared, so read-only: a test that changes the checkpoint
+    by the README's quickstart, shortened (`helpers.train_smoke_policy`); its TensorBoard run
+    beside the checkpoint in ``logs/``. Shared, so read-only: a test that changes the checkpoint
     or the data copies them into its own ``tmp_path`` first; the session fails at teardown if
     a file in the folder changed."""
     from helpers import train_smoke_policy
