@@ -104,6 +104,25 @@ def test_a_power_law_is_recovered_from_its_points_and_read_between_them():
     assert chord > curve.at(math.sqrt(8.0)) + 1e-3
 
 
+def test_a_noisy_curves_law_is_the_least_squares_one():
+    """On points no law passes through: at the fitted exponent, the offset and scale are the
+    linear least-squares ones (what a solver gives), and no nearby exponent fits better."""
+    rng = np.random.default_rng(11)
+    flops = np.array([1.0, 1.7, 3.0, 8.0, 20.0, 150.0]) * 1e12
+    curve = Curve(flops, 1.4 + 0.9 * (flops / 1e12) ** -0.45 + rng.normal(0, 0.01, 6))
+    law = PowerLaw.fit(curve)
+
+    def residual(exponent: float) -> tuple[float, np.ndarray]:
+        design = np.stack([np.ones(6), (flops / flops[0]) ** -exponent], axis=1)
+        solution, *_ = np.linalg.lstsq(design, curve.loss, rcond=None)
+        return float(((design @ solution - curve.loss) ** 2).sum()), solution
+
+    best, (offset, scale) = residual(law.exponent)
+    assert (law.offset, law.scale) == pytest.approx((offset, scale), rel=1e-9)
+    assert all(residual(law.exponent * factor)[0] >= best for factor in (0.99, 1.01))
+    assert float(((law.at(flops) - curve.loss) ** 2).sum()) == pytest.approx(best, rel=1e-9)
+
+
 def test_a_power_law_needs_three_budgets_and_a_rising_curve_fits_flat():
     with pytest.raises(ValueError, match=r"at least 3 budgets, got 2 \(\[1.0, 2.0\]\)"):
         PowerLaw.fit(Curve.of([(1.0, 2.0), (2.0, 1.9)]))
