@@ -2,14 +2,14 @@
 accepted, what contradicts a budget, one-line refusals (exit status 2), and the budget in
 FLOPs the envs get."""
 
-import logging
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers import as_a_process
 
 from esper_lightning.app.cli import main, parse_config
 from esper_lightning.app.config import (
@@ -183,22 +183,15 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture
-def run_main(capsys: pytest.CaptureFixture[str]) -> Iterator[Callable[..., tuple[int, str]]]:
-    """``esper-lightning ARGS`` in process (`cli.main`): its status and what it wrote on
-    stderr. A command that gets as far as running attaches the package's log handler: it is
-    taken off again afterwards, as the process of its own would have ended."""
-    logger = logging.getLogger("esper_lightning")
-    handlers, level = list(logger.handlers), logger.level
-
+def run_main() -> Callable[..., tuple[int, str]]:
+    """``esper-lightning ARGS`` in process (`cli.main`), as a process of its own would run it
+    (`helpers.as_a_process`: its warnings on stderr, the package's logger put back): its status
+    and what it wrote on stderr."""
     def run(*args: str) -> tuple[int, str]:
-        capsys.readouterr()
-        status = main(list(args))
-        return status, capsys.readouterr().err
+        done = as_a_process(main, args)
+        return done.returncode, done.stderr
 
-    yield run
-    for handler in logger.handlers[len(handlers):]:
-        logger.removeHandler(handler)
-    logger.setLevel(level)
+    return run
 
 
 def test_cli_refuses_a_bad_budget_in_one_line_seen_from_outside(tmp_path):
