@@ -10,10 +10,11 @@ the KL early stop off, so every checkout does the same number of minibatch steps
 are the lifecycle MDP's of the tests (`tests/lifecycle_mdp.py`, this checkout's): ``--envs``
 envs, one whole episode of 12 decisions per env and rollout, as the trainer collects them.
 Each checkout runs in a fresh interpreter of its own (its package first on ``sys.path``, one
-torch thread), the checkouts interleaved over the repeats: it collects a rollout and updates,
-``--updates`` times, timing the updates only. The medians of the per-update times are printed,
-with each other checkout's over this one's, and how far the first update's losses are from
-this checkout's (the same work up to float rounding).
+torch thread), the checkouts interleaved over the repeats, their order reversed every other
+repeat: it collects a rollout and updates, ``--updates`` times, timing the updates only. The
+medians of the per-update times are printed, with each other checkout's over this one's, and
+how far the first update's metrics (losses, entropies, gradient norm, KL) are from this
+checkout's (the same work up to float rounding).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ for _ in range(updates):
     began = time.perf_counter()
     metrics = ppo_update(policy, optimizer, buffer, ppo_config, value_norm, reward_norm)
     seconds.append(time.perf_counter() - began)
-    first = first or metrics
+    first = metrics if first is None else first
 print(json.dumps([seconds, first]))
 """
 
@@ -80,8 +81,8 @@ def main() -> None:
     roots = [ROOT, *args.root]
     seconds: dict[Path, list[float]] = {root: [] for root in roots}
     first: dict[Path, dict[str, float]] = {}
-    for _ in range(args.repeats):
-        for root in roots:
+    for repeat in range(args.repeats):
+        for root in roots if repeat % 2 == 0 else roots[::-1]:
             taken, first[root] = update_in(root, args.envs, args.updates)
             seconds[root].extend(taken)
     mine = statistics.median(seconds[ROOT])
@@ -91,7 +92,7 @@ def main() -> None:
         median = statistics.median(seconds[root])
         worst = max(abs(first[root][key] - value) for key, value in first[ROOT].items())
         print(f"{root}: {median:.3f} s, {median / mine:.2f}x this checkout's; the first "
-              f"update's losses within {worst:.1e} of this checkout's")
+              f"update's metrics within {worst:.1e} of this checkout's")
 
 
 if __name__ == "__main__":

@@ -228,6 +228,19 @@ def test_evaluate_reproduces_rollout_log_probs_and_values():
     assert (wrong.values[:, EPISODE_LENGTH:] - buffer.values[:, EPISODE_LENGTH:]).abs().max() > 1e-3
 
 
+def _unrolled(policy, x, hidden, starts):
+    """The LSTM core stepped one decision at a time, written out independently of `_core`: both
+    h and c zeroed before step t wherever ``starts[:, t]``."""
+    h, c = hidden
+    outputs = []
+    for t in range(x.shape[1]):
+        keep = (~starts[:, t]).float()[:, None]
+        y, (h_n, c_n) = policy.lstm(x[:, t : t + 1], ((h * keep)[None], (c * keep)[None]))
+        h, c = h_n[0], c_n[0]
+        outputs.append(y)
+    return x + policy.lstm_norm(torch.cat(outputs, dim=1)), (h, c)
+
+
 def test_the_lstm_over_stretches_equals_the_step_by_step_unroll():
     """`_core` runs one LSTM call per stretch without an episode start; envs here start
     episodes at different steps (and one twice in a row), so the stretches cut every row."""
@@ -239,15 +252,15 @@ def test_the_lstm_over_stretches_equals_the_step_by_step_unroll():
     starts = torch.zeros(4, 9, dtype=torch.bool)
     starts[0, 0] = starts[1, 3] = starts[2, 5] = starts[2, 6] = starts[3, 8] = True
     with torch.no_grad():
-        whole, (h, c) = policy._core(x, hidden, starts)
-        steps, state = [], hidden
-        for t in range(9):
-            step, state = policy._core(x[:, t : t + 1], state, starts[:, t : t + 1])
-            steps.append(step)
-    torch.testing.assert_close(whole, torch.cat(steps, dim=1), rtol=0, atol=1e-6)
-    torch.testing.assert_close((h, c), state, rtol=0, atol=1e-6)
+        whole, state = policy._core(x, hidden, starts)
+        reference, reference_state = _unrolled(policy, x, hidden, starts)
+        one_step, one_state = policy._core(x[:, :1], hidden, starts[:, :1])  # acting
+        ignored, _ = policy._core(x, hidden, torch.zeros_like(starts))
+    torch.testing.assert_close(whole, reference, rtol=0, atol=1e-6)
+    torch.testing.assert_close(state, reference_state, rtol=0, atol=1e-6)
+    torch.testing.assert_close((one_step, one_state), _unrolled(policy, x[:, :1], hidden,
+                                                                starts[:, :1]), rtol=0, atol=1e-6)
     # The starts matter: without them the rows that restart differ after their start.
-    ignored, _ = policy._core(x, hidden, torch.zeros_like(starts))
     assert (ignored[1, 3:] - whole[1, 3:]).abs().max() > 1e-3
     torch.testing.assert_close(ignored[1, :3], whole[1, :3], rtol=0, atol=1e-6)
 

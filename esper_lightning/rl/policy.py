@@ -193,12 +193,14 @@ class FactoredRecurrentActorCritic(nn.Module):
         ``episode_starts[:, t]`` (``[B, T]`` bool).
 
         One LSTM call per stretch of steps in which no env starts an episode, not one per step:
-        a rollout of whole episodes is one call, and its backward one graph instead of T (a PPO
-        update 1.8x faster at the defaults: benchmarks/bench_ppo_update.py). Equal to the
-        step-by-step unroll up to float rounding (the input projection is one matrix product
-        over the stretch)."""
+        a rollout of one episode per env, as the trainer collects them, is one call, and its
+        backward one graph instead of T (a PPO update 1.8x faster with the default configs on
+        one CPU thread: benchmarks/bench_ppo_update.py). Equal to the step-by-step unroll up to
+        float rounding (the input projection is one matrix product over the stretch). A single
+        step (acting) is one stretch without looking: no device sync."""
         h, c = hidden
-        restarts = episode_starts[:, 1:].any(dim=0).nonzero().flatten().add(1).tolist()
+        restarts = ([] if x.shape[1] == 1 else
+                    episode_starts[:, 1:].any(dim=0).nonzero().flatten().add(1).tolist())
         bounds = [0, *restarts, x.shape[1]]
         outputs = []
         for begin, end in itertools.pairwise(bounds):
