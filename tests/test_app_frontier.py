@@ -276,6 +276,16 @@ def test_reset_drops_the_widened_moments_and_trains_otherwise(corpus):
     assert carried["validation_nats"] != reset["validation_nats"]  # the moments mattered
 
 
+def test_clone_copies_the_old_heads_and_units_and_trains_otherwise(corpus):
+    plan = parse_plan(_plan(arms=[{"arm": "G1w8-1w16@0.5:identity", "lr": 1e-2},
+                                  {"arm": "G1w8-1w16@0.5:identity+clone", "lr": 1e-2}],
+                            budgets=[1]))
+    drawn, cloned = (r for u in plan.units() for r in train_unit(u, plan, corpus))
+    assert drawn["params"] == cloned["params"] and drawn["steps"] == cloned["steps"]
+    assert math.isfinite(cloned["validation_nats"])
+    assert drawn["validation_nats"] != cloned["validation_nats"]  # the new units differed
+
+
 def test_steady_phase_rates_change_the_peak_without_a_rewarm(corpus):
     plan = parse_plan(_plan(arms=[{"arm": "G1-2@0.5:identity", "lr_phases": [[1e-2, 5e-3]]},
                                   {"arm": "G1-2@0.5:identity+steady",
@@ -312,6 +322,8 @@ def test_a_widening_keeps_the_function_and_the_phases_step_on():
     ("G1-2-4@0.5:copy", "2 growth(s) need as many taus, got 1"),
     ("G1-2@1.5:copy", "taus must be in (0, 1)"),
     ("G1-2@0.5:copy+fast", "unknown option 'fast'; accepted: moments, rewarm"),
+    ("G1-4@0.1:identity+clone", "+clone says how a widening goes and this arm never widens"),
+    ("G1w16-2w16@0.5:identity+reset", "+reset says how a widening goes and this arm never"),
     ("G1-2@x:copy", "unknown arm 'G1-2@x:copy'"),
 ])
 def test_a_bad_growing_arm_is_refused_in_one_line(name, message):

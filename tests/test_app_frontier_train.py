@@ -156,7 +156,8 @@ def _before_growing(unit, plan, corpus, meter, budget, schedule=None) -> dict[st
             torch.manual_seed(rng_seed)
             if wider > 1:
                 widen(run.host, WidthGrowth(wider, stack="blocks", rng_seed=rng_seed, moments=(
-                    "reset" if "reset" in arm.options else "copy")), run.optimizer)
+                    "reset" if "reset" in arm.options else "copy"), new_units=(
+                    "clone" if "clone" in arm.options else "random")), run.optimizer)
             if blocks:
                 grow(run.host, DepthGrowth("blocks", blocks=blocks, init=init, moments=(
                     "copy" if "moments" in arm.options else "fresh")), str(arm.operator),
@@ -227,6 +228,8 @@ CASES = {
         curve_points=2),
     "a widening and a deepening, re-warmed": _plan(
         arms=[{"arm": "G1w8-2w16@0.5:identity+moments+rewarm", "lr": 1e-2}], budgets=[1]),
+    "a widening of cloned heads and units": _plan(
+        arms=[{"arm": "G1w8-2w16@0.5:identity+clone", "lr": 1e-2}], budgets=[1]),
     "long schedules, curves": _plan(budgets=[1, 2], curve_points=3, arms=[
         {"arm": "S2", "lr": 1e-2, "budgets": [1], "long_schedule": "cosine"},
         {"arm": "G1-2@0.5:identity+rewarm", "lr": 1e-2, "budgets": [1],

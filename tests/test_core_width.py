@@ -323,6 +323,100 @@ def test_new_heads_and_units_are_random_in_and_zero_out():
     assert qkv.tolist() == ([False] * WIDTH + [True] * WIDTH) * 3
 
 
+# --- cloned heads and units ---------------------------------------------------------------------
+@pytest.mark.parametrize("kind", KINDS)
+def test_cloned_heads_and_units_keep_the_logits_and_are_the_natively_wider_model(kind):
+    model = build(kind, rng_seed=60)
+    idx = tokens((2, 12), rng_seed=61)
+    with torch.no_grad():
+        before = logits(model, idx)
+    result = widen(model, WidthGrowth(factor=2, new_units="clone", rng_seed=62))
+    with torch.no_grad():
+        torch.testing.assert_close(logits(model, idx), before, rtol=0, atol=1e-5)
+    assert shapes(model) == shapes(build(kind, 2))
+    assert not any(mask.any() for mask in result.fresh.values())  # every entry has a source
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_cloned_mlp_units_keep_the_logits(kind):
+    model = build(kind, rng_seed=63)
+    idx = tokens((2, 12), rng_seed=64)
+    with torch.no_grad():
+        before = logits(model, idx)
+    widen(model, WidthGrowth(factor=1, mlp=2, new_units="clone"))
+    with torch.no_grad():
+        torch.testing.assert_close(logits(model, idx), before, rtol=0, atol=1e-5)
+
+
+def test_a_clone_repeats_its_sources_rows_and_splits_its_outgoing_column():
+    model = build("gpthost", rng_seed=65)
+    block = model.blocks[0]
+    c_fc, c_proj = block.mlp.c_fc.weight.detach().clone(), block.mlp.c_proj.weight.detach().clone()
+    c_attn, out = block.attn.c_attn.weight.detach().clone(), block.attn.c_proj.weight.detach()
+    out = out.clone()
+    widen(model, WidthGrowth(factor=2, new_units="clone", rng_seed=66))
+    d, m = WIDTH, 4 * WIDTH
+    fc, proj = block.mlp.c_fc.weight.detach(), block.mlp.c_proj.weight.detach()
+    assert torch.equal(fc[m:], fc[:m]) and torch.equal(block.mlp.c_fc.bias[m:],
+                                                       block.mlp.c_fc.bias[:m])
+    # the incoming row reads both stream copies, split: the two halves sum to the old row
+    torch.testing.assert_close(fc[:m, :d] + fc[:m, d:], c_fc, rtol=0, atol=1e-6)
+    # each stream copy's row of the outgoing matrix: the source's and its clone's columns sum
+    # to the old column, split unevenly
+    for rows in (slice(0, d), slice(d, 2 * d)):
+        torch.testing.assert_close(proj[rows, :m] + proj[rows, m:], c_proj, rtol=0, atol=1e-6)
+    assert not torch.allclose(proj[:d, :m], proj[:d, m:])
+    # a fused q|k|v: each part's new heads are its old heads again, [q, q', k, k', v, v']
+    qkv = block.attn.c_attn.weight.detach()
+    for part in range(3):
+        new = qkv[2 * d * part:2 * d * (part + 1)]
+        assert torch.equal(new[:d], new[d:])
+        torch.testing.assert_close(new[:d, :d] + new[:d, d:], c_attn[d * part:d * (part + 1)],
+                                   rtol=0, atol=1e-6)
+    attn_out = block.attn.c_proj.weight.detach()
+    torch.testing.assert_close(attn_out[:d, :d] + attn_out[:d, d:], out, rtol=0, atol=1e-6)
+
+
+def _clone_gaps(kind: str, split: str) -> list[float]:
+    """The largest gap between an MLP unit's incoming row and its clone's after each of four
+    AdamW steps."""
+    model = build(kind, rng_seed=67).train()
+    widen(model, WidthGrowth(factor=2, new_units="clone", split=split))
+    block = model.blocks[0] if kind == "gpthost" else model.model.layers[0]
+    incoming = block.mlp.c_fc if kind == "gpthost" else block.mlp.up_proj
+    assert torch.equal(*_copies(incoming.weight, 0))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    gaps = []
+    for step in range(4):
+        _step(model, optimizer, rng_seed=68 + 2 * step)
+        source, clone = _copies(incoming.weight, 0)
+        gaps.append(float((source - clone).abs().max()))
+    return gaps
+
+
+@pytest.mark.parametrize("kind", ["gpthost", "llama"])
+def test_a_clone_leaves_its_source_within_a_few_steps(kind):
+    gaps = _clone_gaps(kind, "random")
+    assert gaps[0] > 0 and gaps[-1] > 1e-3 and gaps[-1] > gaps[0]
+    # the uneven split of the outgoing column is what tells them apart: split evenly, a unit
+    # and its clone get equal gradients and stay equal
+    assert _clone_gaps(kind, "even") == [0.0] * 4
+
+
+def test_a_clone_carries_its_sources_moments():
+    model, optimizer = _trained("gpthost", rng_seed=69)
+    c_fc = model.blocks[0].mlp.c_fc.weight
+    old = optimizer.state[c_fc]["exp_avg_sq"].clone()
+    widen(model, WidthGrowth(factor=2, new_units="clone", split="even"), optimizer)
+    state = optimizer.state[c_fc]["exp_avg_sq"]
+    m, d = 4 * WIDTH, WIDTH
+    for rows in (slice(0, m), slice(m, 2 * m)):  # the old units and their clones
+        for columns in (slice(0, d), slice(d, 2 * d)):  # both stream copies
+            assert torch.equal(state[rows, columns], old)
+    _step(model, optimizer, rng_seed=70)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
 # --- the optimizer -------------------------------------------------------------------------------
 def _trained(kind: str, rng_seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
     model = build(kind, rng_seed=rng_seed).train()
@@ -470,6 +564,9 @@ def test_the_flop_meter_counts_the_widened_model_as_the_native_one(kind):
     ({"split": "half"}, "WidthGrowth split must be one of random, even, got 'half'"),
     ({"moments": "fresh"}, "WidthGrowth moments must be one of copy, reset, got 'fresh'"),
     ({"init_std": 0.0}, "WidthGrowth init_std must be > 0 or None, got 0.0"),
+    ({"new_units": "copy"}, "WidthGrowth new_units must be one of random, clone, got 'copy'"),
+    ({"new_units": "clone", "init_std": 0.02}, "WidthGrowth init_std=0.02 with "
+                                               "new_units='clone': cloned heads and units draw"),
 ])
 def test_bad_width_growth_settings_are_one_line(kwargs, message):
     with pytest.raises(ValueError) as err:

@@ -37,6 +37,15 @@ tying, the user's references and LR schedulers need no change; `Widening` says w
 - The MLP grows new units the same way (``m -> mlp·m``, ``mlp`` defaults to ``factor``):
   random incoming rows (both of a gated MLP's input projections), zero outgoing columns, zero
   biases. MLP-only widening is this step alone; the residual stream is untouched.
+- ``new_units="clone"`` makes each new head and MLP unit a copy of an old one instead
+  (Net2Net's replication; HyperCloning's cloned weights): its incoming rows repeat its
+  source's, and the outgoing column of the source is split between the source and its copies
+  like a reader's (``split``): function-preserving too, with what the small model learned in
+  every head and unit at birth, not only in the old ones. A copy and its source compute
+  the same activation at birth; their outgoing columns differ (``A`` and ``1 - A``), so the
+  gradients of their incoming rows are different multiples of one vector at the first step and
+  drift apart from there (tested: a copy's incoming row leaves its source's within a few AdamW
+  steps; split evenly, the two stay equal). ``init_std`` draws nothing here and is refused with it.
 - A tied head (its weight the token table) reads ``k`` copies of the duplicated table: its
   logits would be ``k`` times the old ones, so the final norm's gamma and beta are scaled by
   ``1/k`` (the one norm registered after the stack; a tied head with none there, or several,
@@ -100,13 +109,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["LAYOUTS", "MOMENTS", "SPLITS", "BlockLayout", "Widening", "WidthGrowth", "check_widen",
-           "widen"]
+__all__ = ["LAYOUTS", "MOMENTS", "NEW_UNITS", "SPLITS", "BlockLayout", "Widening", "WidthGrowth",
+           "check_widen", "widen"]
 
 #: How a reader's input columns are split between the copies of the stream.
 SPLITS = ("random", "even")
 #: What the optimizer's state of a widened parameter becomes.
 MOMENTS = ("copy", "reset")
+#: What a new head's or MLP unit's weights are: drawn (zero outgoing) or an old one's copy.
+NEW_UNITS = ("random", "clone")
 #: Attribute names that hold the residual width, the head counts, the MLP width.
 HIDDEN_NAMES = ("n_embd", "hidden_size", "embed_dim", "d_model", "dim", "split_size")
 HEAD_NAMES = ("n_head", "num_heads", "num_attention_heads", "n_heads", "num_key_value_heads",
@@ -174,6 +185,9 @@ class WidthGrowth:
         rng_seed: Seeds the split fractions and the new rows.
         init_std: Std of a new head's or unit's incoming weights; None: that matrix's own.
         moments: ``"copy"`` (optimizer state carried into the new shapes) or ``"reset"``.
+        new_units: ``"random"`` (a new head's or unit's incoming rows drawn, its outgoing
+            columns zero) or ``"clone"`` (each a copy of an old one, the outgoing columns split
+            between them).
         layout: The blocks' layout; None: the first of `LAYOUTS` the blocks have.
 
     Example:
@@ -188,6 +202,7 @@ class WidthGrowth:
     rng_seed: int = 0
     init_std: float | None = None
     moments: str = "copy"
+    new_units: str = "random"
     layout: BlockLayout | None = None
 
     def __post_init__(self) -> None:
@@ -202,12 +217,17 @@ class WidthGrowth:
             raise ValueError("WidthGrowth factor=1 and mlp=1 grow nothing; accepted: factor >= 2 "
                              "(hidden width) or mlp >= 2 (MLP width)")
         for name, value, accepted in (("split", self.split, SPLITS),
-                                      ("moments", self.moments, MOMENTS)):
+                                      ("moments", self.moments, MOMENTS),
+                                      ("new_units", self.new_units, NEW_UNITS)):
             if value not in accepted:
                 raise ValueError(f"WidthGrowth {name} must be one of {', '.join(accepted)}, got "
                                  f"{value!r}")
         if self.init_std is not None and not self.init_std > 0:
             raise ValueError(f"WidthGrowth init_std must be > 0 or None, got {self.init_std!r}")
+        if self.init_std is not None and self.new_units == "clone":
+            raise ValueError(f"WidthGrowth init_std={self.init_std!r} with new_units='clone': "
+                             "cloned heads and units draw no weights; accepted: init_std=None "
+                             "with 'clone', or new_units='random'")
 
     @property
     def mlp_factor(self) -> int:
@@ -240,28 +260,35 @@ class _Axis:
     """One dimension of a parameter: kept (``same``), the stream written (``copy_out``: repeated
     per copy) or read (``copy_in``: split between copies), new heads or units made
     (``grow_out``: new rows appended to each of ``sections`` equal parts) or read
-    (``grow_in``: new zero columns)."""
+    (``grow_in``: new zero columns). Cloned (``new_units="clone"``), a new head's or unit's rows
+    repeat its source's and the columns reading them are split like ``copy_in``'s."""
 
     kind: str
     size: int
     times: int = 1
     sections: int = 1
 
-    def index(self) -> tuple[Tensor, Tensor]:
-        """Per new position: the old position it comes from (-1: new), and its copy number.
+    def index(self, clone: bool = False) -> tuple[Tensor, Tensor]:
+        """Per new position: the old position it comes from (-1: new), and its copy number
+        (``clone``: new heads and units are copies of the old ones in their part).
 
         Example:
             >>> _Axis(GROW_OUT, 4, times=2, sections=2).index()[0].tolist()
             [0, 1, -1, -1, 2, 3, -1, -1]
+            >>> [t.tolist() for t in _Axis(GROW_OUT, 4, times=2, sections=2).index(clone=True)]
+            [[0, 1, 0, 1, 2, 3, 2, 3], [0, 0, 1, 1, 0, 0, 1, 1]]
         """
         old = torch.arange(self.size)
         if self.kind in (COPY_OUT, COPY_IN):
             return old.repeat(self.times), torch.arange(self.times).repeat_interleave(self.size)
         if self.kind in (GROW_OUT, GROW_IN):
             part = self.size // self.sections
-            pieces = [t for s in range(self.sections) for t in (
-                old[s * part:(s + 1) * part], torch.full((part * (self.times - 1),), -1))]
-            source = torch.cat(pieces)
+            parts = [old[s * part:(s + 1) * part] for s in range(self.sections)]
+            if clone:
+                number = torch.arange(self.times).repeat_interleave(part).repeat(self.sections)
+                return torch.cat([p.repeat(self.times) for p in parts]), number
+            new = torch.full((part * (self.times - 1),), -1)
+            source = torch.cat([t for p in parts for t in (p, new)])
             return source, torch.zeros_like(source)
         return old, torch.zeros_like(old)
 
@@ -289,9 +316,12 @@ def _fractions(times: int, count: int, split: str, generator: torch.Generator) -
 def _expand(piece: _Piece, growth: WidthGrowth,
             generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
     """``piece``'s new tensor, the flat old index of each new entry (-1: new) and the mask of
-    new entries (module docstring: repeated, split, new random rows, new zero columns)."""
+    new entries (module docstring: repeated, split, new random rows, new zero columns; cloned,
+    none is new and a column reading a copy is split)."""
     old = piece.param.detach()
-    maps = [axis.index() for axis in piece.axes]
+    clone = growth.new_units == "clone"
+    splits = (COPY_IN, GROW_IN) if clone else (COPY_IN,)
+    maps = [axis.index(clone) for axis in piece.axes]
     shape = tuple(len(source) for source, _ in maps)
     flat = torch.zeros(shape, dtype=torch.long)
     fresh = torch.zeros(shape, dtype=torch.bool)
@@ -305,11 +335,11 @@ def _expand(piece: _Piece, growth: WidthGrowth,
         fresh = fresh | (source < 0)
         if piece.axes[dim].kind == GROW_IN:
             reads_new = reads_new | (source < 0)
-        if piece.axes[dim].kind == COPY_IN:
+        if piece.axes[dim].kind in splits:
             copy = copy + number
         stride *= old.shape[dim]
     value = old.flatten().double().cpu()[flat]
-    split = [a.times for a in piece.axes if a.kind == COPY_IN and a.times > 1]
+    split = [a.times for a in piece.axes if a.kind in splits and a.times > 1]
     if split:
         value = value * _fractions(split[0], old.numel(), growth.split, generator)[copy, flat]
     value = value * piece.scale

@@ -20,9 +20,11 @@
   width alone (``G2w32-2w64@0.2:identity``). Each width is a multiple of the one before
   (`ArmSpec.width_factors`, checked against the plan's shape by `plan`). ``+reset`` drops the
   widened parameters' AdamW moments at a widening instead of carrying them into the new shapes
-  (`core.width.WidthGrowth`'s ``moments="reset"``). ``+steady``: a unit with phase rates
-  (`plan`'s ``lr_phases``) changes its peak rate at each growth without re-warming from 0 (the
-  default with phase rates is to re-warm; ``+rewarm`` with ``+steady`` is refused).
+  (`core.width.WidthGrowth`'s ``moments="reset"``); ``+clone`` makes a widening's new heads and
+  MLP units copies of the old ones (``new_units="clone"``) instead of drawn; either on an arm
+  that never widens is refused. ``+steady``: a unit with phase rates (`plan`'s ``lr_phases``)
+  changes its peak rate at each growth without re-warming from 0 (the default with phase rates
+  is to re-warm; ``+rewarm`` with ``+steady`` is refused).
 
 Torch-free: plans name arms, and a bad name is refused in one line before anything trains.
 """
@@ -42,11 +44,11 @@ _FIXED = re.compile(rf"S(?P<stage>{_STAGE})")
 _GROWING = re.compile(rf"G(?P<stages>{_STAGE}(?:-{_STAGE})+)@(?P<taus>[0-9.]+(?:,[0-9.]+)*)"
                       r":(?P<operator>[a-z][a-z0-9_]*)(?P<options>(?:\+[a-z]+)*)")
 #: What a growing arm may add to its operator.
-OPTIONS = ("moments", "rewarm", "reset", "steady")
+OPTIONS = ("moments", "rewarm", "reset", "steady", "clone")
 #: The accepted forms, as said in messages.
 FORMS = ("S<k>[w<width>] (a GPT born with k blocks, e.g. S4 or S4w64) or "
          "G<d0>[w<width>]-<d1>[w<width>][-...]@<tau1>[,...]:<operator>[+moments][+rewarm]"
-         "[+reset][+steady] "
+         "[+reset][+steady][+clone] "
          "(e.g. G1-4@0.25:identity, G1w32-4w64@0.1:identity)")
 
 
@@ -150,6 +152,11 @@ def parse_arm(name: str) -> ArmSpec:
     if unknown:
         raise ConfigError(f"arm {name!r}: unknown option {unknown[0]!r}; accepted: "
                           f"{', '.join(OPTIONS)}")
+    widening = sorted(options & {"reset", "clone"})
+    if widening and (not widths or (None not in widths and len(set(widths)) == 1)):
+        raise ConfigError(f"arm {name!r}: +{widening[0]} says how a widening goes and this arm "
+                          "never widens; accepted: stages of growing width (e.g. "
+                          f"G1w32-4w64@0.1:identity+{widening[0]}), or no +{widening[0]}")
     return ArmSpec(name, depths, taus, growing["operator"], options, widths)
 
 

@@ -384,9 +384,10 @@ def _train_growing(unit: Unit, plan: Plan, corpus: Corpus, meter: FlopMeter, bud
             rng_seed = growth_rng_seed(unit.rng_seed, len(run.host.blocks))
             torch.manual_seed(rng_seed)
             if wider > 1:  # first wider, so the new blocks are made from the widened ones
-                widen(run.host, WidthGrowth(wider, stack="blocks", rng_seed=rng_seed,
-                                            moments="reset" if "reset" in arm.options
-                                            else "copy"), run.optimizer)
+                widen(run.host, WidthGrowth(
+                    wider, stack="blocks", rng_seed=rng_seed,
+                    moments="reset" if "reset" in arm.options else "copy",
+                    new_units="clone" if "clone" in arm.options else "random"), run.optimizer)
             if blocks:
                 grow(run.host, DepthGrowth("blocks", blocks=blocks, init=init,
                                            moments=moments), str(arm.operator), run.optimizer)
