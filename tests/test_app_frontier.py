@@ -276,6 +276,13 @@ def test_reset_drops_the_widened_moments_and_trains_otherwise(corpus):
     assert carried["validation_nats"] != reset["validation_nats"]  # the moments mattered
 
 
+@pytest.mark.parametrize("name", ["G1-2w16@0.5:identity+clone",
+                                  "G1w8-2w8-4w16@0.2,0.5:identity+reset"])
+def test_an_arm_that_widens_takes_the_widening_options(name):
+    (arm,) = parse_plan(_plan(arms=[{"arm": name, "lr": 1e-3}])).arms
+    assert arm.spec.width_factors(8)[-1] == 2
+
+
 def test_clone_copies_the_old_heads_and_units_and_trains_otherwise(corpus):
     plan = parse_plan(_plan(arms=[{"arm": "G1w8-1w16@0.5:identity", "lr": 1e-2},
                                   {"arm": "G1w8-1w16@0.5:identity+clone", "lr": 1e-2}],
@@ -322,8 +329,10 @@ def test_a_widening_keeps_the_function_and_the_phases_step_on():
     ("G1-2-4@0.5:copy", "2 growth(s) need as many taus, got 1"),
     ("G1-2@1.5:copy", "taus must be in (0, 1)"),
     ("G1-2@0.5:copy+fast", "unknown option 'fast'; accepted: moments, rewarm"),
-    ("G1-4@0.1:identity+clone", "+clone says how a widening goes and this arm never widens"),
+    ("G1-4@0.1:identity+clone", "+clone says how a widening goes and this arm never widens "
+                                "(plan width 8)"),
     ("G1w16-2w16@0.5:identity+reset", "+reset says how a widening goes and this arm never"),
+    ("G1-2w8@0.5:identity+clone", "+clone says how a widening goes"),  # the plan's width is 8
     ("G1-2@x:copy", "unknown arm 'G1-2@x:copy'"),
 ])
 def test_a_bad_growing_arm_is_refused_in_one_line(name, message):

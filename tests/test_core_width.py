@@ -2,7 +2,8 @@
 Hugging Face GPT-2 and Llama (tied and untied, grouped-query attention) built from tiny configs,
 the logits at birth equal the old ones within 1e-5, the widened model is the natively wider one
 (its parameter shapes, and bitwise its logits with the same weights), every new entry trains,
-the stream's copies get different gradients from the first step and drift apart, the optimizer's
+the stream's copies get different gradients from the first step and drift apart, cloned heads
+and units (``new_units="clone"``) are their sources' copies and part from them, the optimizer's
 state follows, the configs follow (a Hugging Face round trip), the FLOP meter counts the new
 cost, and what cannot be widened is refused in one line."""
 
@@ -325,27 +326,46 @@ def test_new_heads_and_units_are_random_in_and_zero_out():
 
 # --- cloned heads and units ---------------------------------------------------------------------
 @pytest.mark.parametrize("kind", KINDS)
-def test_cloned_heads_and_units_keep_the_logits_and_are_the_natively_wider_model(kind):
+@pytest.mark.parametrize("factor", [2, 3])
+def test_cloned_heads_and_units_keep_the_logits_and_are_the_natively_wider_model(kind, factor):
     model = build(kind, rng_seed=60)
     idx = tokens((2, 12), rng_seed=61)
     with torch.no_grad():
         before = logits(model, idx)
-    result = widen(model, WidthGrowth(factor=2, new_units="clone", rng_seed=62))
+    result = widen(model, WidthGrowth(factor=factor, new_units="clone", rng_seed=62))
     with torch.no_grad():
         torch.testing.assert_close(logits(model, idx), before, rtol=0, atol=1e-5)
-    assert shapes(model) == shapes(build(kind, 2))
+    assert shapes(model) == shapes(build(kind, factor))
     assert not any(mask.any() for mask in result.fresh.values())  # every entry has a source
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
-def test_cloned_mlp_units_keep_the_logits(kind):
+@pytest.mark.parametrize(("factor", "mlp"), [(1, 2), (2, 3)])
+def test_cloned_mlp_units_keep_the_logits(kind, factor, mlp):
     model = build(kind, rng_seed=63)
     idx = tokens((2, 12), rng_seed=64)
     with torch.no_grad():
         before = logits(model, idx)
-    widen(model, WidthGrowth(factor=1, mlp=2, new_units="clone"))
+    widen(model, WidthGrowth(factor=factor, mlp=mlp, new_units="clone"))
     with torch.no_grad():
         torch.testing.assert_close(logits(model, idx), before, rtol=0, atol=1e-5)
+    assert shapes(model) == shapes(build(kind, factor, mlp=mlp))
+
+
+def test_cloned_query_heads_read_the_clones_of_their_key_value_heads():
+    model = build("llama", rng_seed=71)  # grouped-query: two query heads per key-value head
+    attention = model.model.layers[0].self_attn
+    o_proj = attention.o_proj.weight.detach().clone()
+    widen(model, WidthGrowth(factor=2, new_units="clone"))
+    # [old heads, their clones] in q, k and v alike, so query head n + i reads key-value head
+    # n_kv + i // group: the clone of the one query head i reads
+    for layer in (attention.q_proj, attention.k_proj, attention.v_proj):
+        assert torch.equal(*_copies(layer.weight, 0))
+    o_new = attention.o_proj.weight.detach()
+    half = o_new.shape[1] // 2
+    for rows in (slice(0, WIDTH), slice(WIDTH, 2 * WIDTH)):
+        torch.testing.assert_close(o_new[rows, :half] + o_new[rows, half:], o_proj, rtol=0,
+                                   atol=1e-6)
 
 
 def test_a_clone_repeats_its_sources_rows_and_splits_its_outgoing_column():
@@ -405,14 +425,20 @@ def test_a_clone_leaves_its_source_within_a_few_steps(kind):
 
 def test_a_clone_carries_its_sources_moments():
     model, optimizer = _trained("gpthost", rng_seed=69)
-    c_fc = model.blocks[0].mlp.c_fc.weight
-    old = optimizer.state[c_fc]["exp_avg_sq"].clone()
-    widen(model, WidthGrowth(factor=2, new_units="clone", split="even"), optimizer)
-    state = optimizer.state[c_fc]["exp_avg_sq"]
+    mlp = model.blocks[0].mlp
+    old = {(name, key): optimizer.state[layer.weight][key].clone()
+           for name, layer in (("c_fc", mlp.c_fc), ("c_proj", mlp.c_proj))
+           for key in ("exp_avg", "exp_avg_sq")}
+    widen(model, WidthGrowth(factor=2, new_units="clone"), optimizer)
     m, d = 4 * WIDTH, WIDTH
-    for rows in (slice(0, m), slice(m, 2 * m)):  # the old units and their clones
-        for columns in (slice(0, d), slice(d, 2 * d)):  # both stream copies
-            assert torch.equal(state[rows, columns], old)
+    units, stream = (slice(0, m), slice(m, 2 * m)), (slice(0, d), slice(d, 2 * d))
+    for key in ("exp_avg", "exp_avg_sq"):
+        incoming, outgoing = optimizer.state[mlp.c_fc.weight][key], optimizer.state[
+            mlp.c_proj.weight][key]
+        for unit in units:  # the old units and their clones
+            for copy_ in stream:  # both copies of the stream
+                assert torch.equal(incoming[unit, copy_], old["c_fc", key])
+                assert torch.equal(outgoing[copy_, unit], old["c_proj", key])
     _step(model, optimizer, rng_seed=70)
     assert all(torch.isfinite(p).all() for p in model.parameters())
 

@@ -42,10 +42,11 @@ tying, the user's references and LR schedulers need no change; `Widening` says w
   source's, and the outgoing column of the source is split between the source and its copies
   like a reader's (``split``): function-preserving too, with what the small model learned in
   every head and unit at birth, not only in the old ones. A copy and its source compute
-  the same activation at birth; their outgoing columns differ (``A`` and ``1 - A``), so the
-  gradients of their incoming rows are different multiples of one vector at the first step and
-  drift apart from there (tested: a copy's incoming row leaves its source's within a few AdamW
-  steps; split evenly, the two stay equal). ``init_std`` draws nothing here and is refused with it.
+  the same activation at birth; their outgoing columns differ (``A`` and ``1 - A`` per entry),
+  so each weighs the tokens' errors differently and their incoming rows get different gradients
+  from the first step (tested: a copy's incoming row leaves its source's within a few AdamW
+  steps; split evenly, the two stay equal). ``init_std`` draws nothing here and is refused with
+  it.
 - A tied head (its weight the token table) reads ``k`` copies of the duplicated table: its
   logits would be ``k`` times the old ones, so the final norm's gamma and beta are scaled by
   ``1/k`` (the one norm registered after the stack; a tied head with none there, or several,
@@ -63,9 +64,10 @@ the config, as a natively wider model of the same family has it (GPT-2 and Llama
 not bitwise: a norm sums ``k·d`` entries instead of ``d`` and a reader's ``W∘A_1 x + W∘A_2 x``
 rounds differently from ``W x``. The stream's copies themselves are bitwise equal to each other
 and to the old stream up to the first norm, and a new unit's or head's contribution is exactly
-zero. MLP-only widening only appends zero columns to the output projection: its logits equal
-the old ones within 1e-5, the bound the tests hold it to (on this project's CPU they come out
-bitwise equal, which a longer inner sum is not bound to give on every kernel).
+zero (drawn; a clone and its source split their old one). MLP-only widening with drawn units
+only appends zero columns to the output projection: its logits equal the old ones within 1e-5,
+the bound the tests hold it to (on this project's CPU they come out bitwise equal, which a
+longer inner sum is not bound to give on every kernel).
 
 **Optimizer** (``optimizer=``). ``moments="copy"``: every state tensor shaped like a parameter
 (AdamW's ``exp_avg``, ``exp_avg_sq``) follows its parameter into the new shape, each entry the
@@ -77,6 +79,10 @@ moment makes a steady gradient's step ``(1 - β1^t) / sqrt(1 - β2^t)`` times th
 ``t`` steps after growth: 3.2 at once, 6.5 at ``t = 12``, still 3.2 at ``t = 100`` (β 0.9,
 0.999; at β2 = 0.95 at most 1.1). ``moments="reset"``: the widened parameters' state is
 dropped (fresh moments, ``step`` 0); parameters that did not grow keep theirs either way.
+Cloned heads and units have no new entries: every entry carries its source's state, so a
+split column and its copies each start with the source's whole first moment, and their sum
+moves up to ``k`` times the old column's step until the moments adapt (a reader's split
+columns of the stream do the same with either ``new_units``).
 Measured (6 paired episodes, one width-32 block widened to 64 at a tenth of its budget;
 docs/evidence.md): reset minus copy −0.0014 nats [−0.0041, +0.0013], no detectable
 difference, so ``copy`` stays the default.
@@ -340,6 +346,7 @@ def _expand(piece: _Piece, growth: WidthGrowth,
         stride *= old.shape[dim]
     value = old.flatten().double().cpu()[flat]
     split = [a.times for a in piece.axes if a.kind in splits and a.times > 1]
+    assert len(split) <= 1, f"{piece.name}: more than one axis split between copies"
     if split:
         value = value * _fractions(split[0], old.numel(), growth.split, generator)[copy, flat]
     value = value * piece.scale

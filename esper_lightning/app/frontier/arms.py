@@ -22,9 +22,9 @@
   widened parameters' AdamW moments at a widening instead of carrying them into the new shapes
   (`core.width.WidthGrowth`'s ``moments="reset"``); ``+clone`` makes a widening's new heads and
   MLP units copies of the old ones (``new_units="clone"``) instead of drawn; either on an arm
-  that never widens is refused. ``+steady``: a unit with phase rates (`plan`'s ``lr_phases``)
-  changes its peak rate at each growth without re-warming from 0 (the default with phase rates
-  is to re-warm; ``+rewarm`` with ``+steady`` is refused).
+  that never widens at the plan's width is refused by `plan`. ``+steady``: a unit with phase
+  rates (`plan`'s ``lr_phases``) changes its peak rate at each growth without re-warming from 0
+  (the default with phase rates is to re-warm; ``+rewarm`` with ``+steady`` is refused).
 
 Torch-free: plans name arms, and a bad name is refused in one line before anything trains.
 """
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from esper_lightning.errors import ConfigError
 
-__all__ = ["OPTIONS", "ArmSpec", "parse_arm"]
+__all__ = ["OPTIONS", "WIDENING_OPTIONS", "ArmSpec", "parse_arm"]
 
 _STAGE = r"[1-9]\d*(?:w[1-9]\d*)?"
 _FIXED = re.compile(rf"S(?P<stage>{_STAGE})")
@@ -45,6 +45,8 @@ _GROWING = re.compile(rf"G(?P<stages>{_STAGE}(?:-{_STAGE})+)@(?P<taus>[0-9.]+(?:
                       r":(?P<operator>[a-z][a-z0-9_]*)(?P<options>(?:\+[a-z]+)*)")
 #: What a growing arm may add to its operator.
 OPTIONS = ("moments", "rewarm", "reset", "steady", "clone")
+#: The options that say how a widening goes (refused by `plan` on an arm that never widens).
+WIDENING_OPTIONS = ("reset", "clone")
 #: The accepted forms, as said in messages.
 FORMS = ("S<k>[w<width>] (a GPT born with k blocks, e.g. S4 or S4w64) or "
          "G<d0>[w<width>]-<d1>[w<width>][-...]@<tau1>[,...]:<operator>[+moments][+rewarm]"
@@ -152,11 +154,6 @@ def parse_arm(name: str) -> ArmSpec:
     if unknown:
         raise ConfigError(f"arm {name!r}: unknown option {unknown[0]!r}; accepted: "
                           f"{', '.join(OPTIONS)}")
-    widening = sorted(options & {"reset", "clone"})
-    if widening and (not widths or (None not in widths and len(set(widths)) == 1)):
-        raise ConfigError(f"arm {name!r}: +{widening[0]} says how a widening goes and this arm "
-                          "never widens; accepted: stages of growing width (e.g. "
-                          f"G1w32-4w64@0.1:identity+{widening[0]}), or no +{widening[0]}")
     return ArmSpec(name, depths, taus, growing["operator"], options, widths)
 
 

@@ -68,7 +68,7 @@ from typing import Any
 
 import numpy as np
 
-from esper_lightning.app.frontier.arms import ArmSpec, parse_arm
+from esper_lightning.app.frontier.arms import WIDENING_OPTIONS, ArmSpec, parse_arm
 from esper_lightning.errors import ConfigError, read_json_file
 
 __all__ = ["DEFAULT_CURVE_BLOCKS", "LONG_SCHEDULES", "PURPOSES", "ArmPlan", "Plan", "Rate",
@@ -319,15 +319,21 @@ def _curves(data: Mapping[str, Any]) -> dict[str, int]:
 
 
 def _check_widths(spec: ArmSpec, shape: Shape) -> None:
-    """Every width ``spec`` names holds whole heads of the shape's head width, and each is a
-    multiple of the one before (one line each)."""
+    """Every width ``spec`` names holds whole heads of the shape's head width, each is a
+    multiple of the one before, and an option for a widening has one (one line each)."""
     head = shape.width // shape.n_head
     for width in spec.stage_widths(shape.width):
         if width % head:
             raise ConfigError(f"arm {spec.name!r}: width {width} is not a whole number of heads "
                               f"of width {head} (shape.width / shape.n_head); accepted: "
                               f"multiples of {head}")
-    spec.width_factors(shape.width)
+    factors = spec.width_factors(shape.width)
+    widening = sorted(spec.options & set(WIDENING_OPTIONS))
+    if widening and all(k == 1 for k in factors):
+        raise ConfigError(f"arm {spec.name!r}: +{widening[0]} says how a widening goes and this "
+                          f"arm never widens (plan width {shape.width}); accepted: stages of "
+                          f"growing width (e.g. G1w32-4w64@0.1:identity+{widening[0]}), or no "
+                          f"+{widening[0]}")
 
 
 def _arm(item: Any, budgets: tuple[float, ...]) -> ArmPlan:
