@@ -249,7 +249,8 @@ class Widening:
         hidden: The residual width, before and after.
         mlp: The MLP's width, before and after.
         fresh: Parameter name -> a bool mask of its entries made from no old entry (a new
-            head's or unit's rows and columns); every widened parameter has one.
+            head's or unit's rows and columns; none when they are clones); every widened
+            parameter has one.
     """
 
     hidden: tuple[int, int]
