@@ -160,13 +160,16 @@ def one_line(err: pytest.ExceptionInfo) -> str:
 # --- function at birth, and the natively wider model -------------------------------------------
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("factor", [2, 3])
-def test_widening_keeps_the_logits_and_is_the_natively_wider_model(kind, factor):
+@pytest.mark.parametrize("new_units", ["random", "clone"])
+def test_widening_keeps_the_logits_and_is_the_natively_wider_model(kind, factor, new_units):
     model = build(kind, rng_seed=1)
     idx = tokens((2, 12), rng_seed=2)
     with torch.no_grad():
         before = logits(model, idx)
-    result = widen(model, WidthGrowth(factor=factor, rng_seed=3))
+    result = widen(model, WidthGrowth(factor=factor, rng_seed=3, new_units=new_units))
     assert result.hidden == (WIDTH, WIDTH * factor)
+    if new_units == "clone":  # every entry has a source
+        assert not any(mask.any() for mask in result.fresh.values())
     with torch.no_grad():
         after = logits(model, idx)
     torch.testing.assert_close(after, before, rtol=0, atol=1e-5)
@@ -325,20 +328,6 @@ def test_new_heads_and_units_are_random_in_and_zero_out():
 
 
 # --- cloned heads and units ---------------------------------------------------------------------
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("factor", [2, 3])
-def test_cloned_heads_and_units_keep_the_logits_and_are_the_natively_wider_model(kind, factor):
-    model = build(kind, rng_seed=60)
-    idx = tokens((2, 12), rng_seed=61)
-    with torch.no_grad():
-        before = logits(model, idx)
-    result = widen(model, WidthGrowth(factor=factor, new_units="clone", rng_seed=62))
-    with torch.no_grad():
-        torch.testing.assert_close(logits(model, idx), before, rtol=0, atol=1e-5)
-    assert shapes(model) == shapes(build(kind, factor))
-    assert not any(mask.any() for mask in result.fresh.values())  # every entry has a source
-
-
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 @pytest.mark.parametrize(("factor", "mlp"), [(1, 2), (2, 3)])
 def test_cloned_mlp_units_keep_the_logits(kind, factor, mlp):
