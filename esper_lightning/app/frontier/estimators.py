@@ -91,13 +91,13 @@ from esper_lightning.app.frontier.fit import (
     token_ceiling,
     token_value,
 )
-from esper_lightning.app.frontier.plan import row_rate
+from esper_lightning.app.frontier.plan import Rate, row_rate
 from esper_lightning.errors import ConfigError
 
 __all__ = ["CHORD", "PIECEWISE", "POWER", "CurveReadings", "Estimate", "Literature", "Pool",
            "Pooled", "complete_episodes", "cross_envelope", "curve_readings", "estimates",
            "final_size", "frontier_rows", "literature", "long_rows", "mean_curve", "minimum_bias",
-           "row_curve", "sizes_of", "stage_size", "too_few_budgets"]
+           "row_curve", "sizes_of", "stable_curves", "stage_size", "too_few_budgets"]
 
 #: How a curve is read between its budgets: a fitted power law, chords linear in log C through
 #: the measured points, or chords through the fitted law's own points (the chord effect alone).
@@ -665,21 +665,30 @@ def _stable_reading(frontier: Sequence[Mapping[str, Any]], arm: str, final: str,
     if not sized:
         return None
     top = max(sized, key=lambda r: r["budget"])
+    curves = stable_curves(sized, final, row_rate(top), decay_fraction)
+    ends = {e: row_curve(r).loss[-1] for e, r in _by_episode(frontier, arm, budget).items()}
+    episodes = frozenset(ends) & frozenset(curves)
+    if not episodes:
+        return None
+    return _over_episodes(episodes, lambda keep: speedup(
+        float(np.mean([ends[e] for e in keep])), flops,
+        mean_curve([curves[e] for e in sorted(keep)])))
+
+
+def stable_curves(rows: Iterable[Mapping[str, Any]], size: str, rate: Rate,
+                  decay_fraction: float = DECAY_FRACTION) -> dict[int, Curve]:
+    """Each episode's WSD stable phase of fixed ``size`` at peak ``rate``: the curve points of
+    its rows at that rate before each row's decay (its budgets at one rate branch from one run,
+    so their points before their decays lie on it). Episodes without such points are left out.
+    """
     stable: dict[int, dict[float, float]] = {}
-    for r in sized:
-        if row_rate(r) == row_rate(top):
+    for r in rows:
+        if r["arm"] == size and r.get("curve") and row_rate(r) == rate:
             points = stable.setdefault(int(r["episode"]), {})
             for f, _, nats in r["curve"]:
                 if f <= (1.0 - decay_fraction) * r["budget_flops"]:
                     points.setdefault(f, nats)
-    ends = {e: row_curve(r).loss[-1] for e, r in _by_episode(frontier, arm, budget).items()}
-    episodes = frozenset(ends) & frozenset(e for e, p in stable.items() if p)
-    if not episodes:
-        return None
-    curves = {e: Curve.of(stable[e].items()) for e in episodes}
-    return _over_episodes(episodes, lambda keep: speedup(
-        float(np.mean([ends[e] for e in keep])), flops,
-        mean_curve([curves[e] for e in sorted(keep)])))
+    return {e: Curve.of(p.items()) for e, p in stable.items() if p}
 
 
 def _reach_readings(frontier: Sequence[Mapping[str, Any]], arm: str, final: str, budget: float,

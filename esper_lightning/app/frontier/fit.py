@@ -55,7 +55,7 @@ from scipy import optimize, stats
 from esper_lightning.errors import ConfigError
 
 __all__ = ["POWER_POINTS", "Curve", "PowerLaw", "Speedup", "frontier", "geometric_summary",
-           "jackknife_t", "reach_speedup", "speedup", "token_ceiling", "token_value"]
+           "jackknife_t", "mean_t", "reach_speedup", "speedup", "token_ceiling", "token_value"]
 
 #: Points per factor of two of the grid the frontier is evaluated on.
 GRID_PER_OCTAVE = 64
@@ -281,6 +281,22 @@ def geometric_summary(values: Sequence[Speedup], rng_seed: int = 0,
     return Summary(float(np.exp(logs.mean())), float(np.exp(low)), float(np.exp(high)),
                    len(values), censored.count("above"), censored.count("below"),
                    float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half)))
+
+
+def mean_t(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """Mean and its t interval over ``values`` (the mean three times for one value, which has
+    no spread).
+
+    Example:
+        >>> [round(x, 3) for x in mean_t([1.0, 2.0, 3.0])]  # t(0.975, 2) = 4.303, s/sqrt(3) = 0.577
+        [2.0, -0.484, 4.484]
+    """
+    mean = float(np.mean(values))
+    if len(values) < 2:
+        return mean, mean, mean
+    half = float(stats.t.ppf(1.0 - (1.0 - confidence) / 2, len(values) - 1)
+                 * np.std(values, ddof=1) / math.sqrt(len(values)))
+    return mean, mean - half, mean + half
 
 
 def curves_by_episode(rows: Iterable[Mapping[str, object]], arm: str, loss: str,

@@ -15,7 +15,7 @@ from matplotlib.ticker import NullFormatter
 from esper_lightning.app.frontier.estimators import sizes_of
 from esper_lightning.app.frontier.fit import curves_by_episode, frontier
 
-__all__ = ["literature_figure", "loss_figure", "speedup_figure", "width_figure"]
+__all__ = ["along_figure", "literature_figure", "loss_figure", "speedup_figure", "width_figure"]
 
 BITS = 1.0 / math.log(2.0)
 
@@ -231,3 +231,26 @@ def _measure(axes: Any, results: Sequence[Any], name: str, marker: str, colour: 
     if hollow.any():
         axes.plot(x[hollow], y[hollow], marker=marker, markersize=9, color="white",
                   markeredgecolor=colour, linestyle="none")
+
+
+def along_figure(runs: Sequence[Any], path: Path) -> None:
+    """The token value along each growing arm's run (`along.AlongRun`): its mean over episodes
+    at each share of the budget read, with the t interval as a band; 1 and 0 marked."""
+    figure = Figure(figsize=(6.4, 4.0), layout="constrained")
+    axes = figure.subplots()
+    for k, run in enumerate(runs):
+        values = np.array(run.values)
+        label = f"{run.arm} at {run.budget:g}× (lr {run.rate:g})"
+        axes.plot(run.fractions, values[:, 0], marker="o", color=f"C{k}", label=label)
+        axes.fill_between(run.fractions, values[:, 1], values[:, 2], color=f"C{k}", alpha=0.2)
+    for level, text in ((1.0, "every early token worth one of the final size's"),
+                        (0.0, "worth nothing")):
+        axes.axhline(level, color="black", linewidth=1, linestyle="--" if level else "-")
+        axes.annotate(text, (0.0, level), xycoords=("axes fraction", "data"), fontsize=7,
+                      xytext=(4, 3), textcoords="offset points")
+    axes.set_xlabel("share of the arm's budget (after its last growth, before its decay)")
+    axes.set_ylabel("token value")
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize=7)
+    figure.suptitle("The early phase's worth along the run")
+    figure.savefig(path, dpi=120)

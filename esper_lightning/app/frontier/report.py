@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
+from esper_lightning.app.frontier.along import Along, along_runs
 from esper_lightning.app.frontier.arms import parse_arm
 from esper_lightning.app.frontier.estimators import (
     EnvelopePoint,
@@ -47,6 +47,7 @@ from esper_lightning.app.frontier.fit import (
     curves_by_episode,
     frontier,
     geometric_summary,
+    mean_t,
     speedup,
     time_to_target,
     token_ceiling,
@@ -75,16 +76,6 @@ class ArmResult:
     flops: Summary
     wall: Summary
     target: Summary
-
-
-def _mean_ci(values: Sequence[float]) -> tuple[float, float, float]:
-    """Mean and 95 % t interval (the mean twice for one value)."""
-    mean = float(np.mean(values))
-    if len(values) < 2:
-        return mean, mean, mean
-    half = float(stats.t.ppf(0.975, len(values) - 1) * np.std(values, ddof=1)
-                 / math.sqrt(len(values)))
-    return mean, mean - half, mean + half
 
 
 def _with_ci(mean: float, low: float, high: float, n: int, spec: str = ".2f",
@@ -159,7 +150,7 @@ def token_results(rows: Sequence[Mapping[str, Any]], loss: str) -> list[TokenRes
             values = [token_value(s.value, c, spec.taus[-1])
                       for s, c in zip(final_up, ceilings, strict=True)]
             results.append(TokenResult(arm, budget, geometric_summary(final_up),
-                                       float(np.mean(ceilings)), _mean_ci(values),
+                                       float(np.mean(ceilings)), mean_t(values),
                                        sum(s.censored is not None for s in final_up)))
     return results
 
@@ -218,7 +209,7 @@ def size_table(rows: Sequence[Mapping[str, Any]], loss: str) -> list[str]:
             if not values:
                 cells.append("—")
                 continue
-            mean, low, high = _mean_ci(values)
+            mean, low, high = mean_t(values)
             means[size] = mean
             cells.append(_with_ci(mean, low, high, len(values), ".4f"))
         best = min(means, key=means.__getitem__) if means else "—"
@@ -271,7 +262,7 @@ def arm_table(rows: Sequence[Mapping[str, Any]], loss: str) -> list[str]:
     for arm in arms:
         for budget in sorted({r["budget"] for r in rows if r["arm"] == arm}):
             at = [r for r in rows if r["arm"] == arm and r["budget"] == budget]
-            mean, low, high = _mean_ci([r[loss] * BITS for r in at])
+            mean, low, high = mean_t([r[loss] * BITS for r in at])
             lrs = ", ".join(rate_text(rate) for rate in sorted({row_rate(r) for r in at},
                                                                key=rate_order))
             lines.append(f"| {arm} | {budget:g} | {len(at)} | "
@@ -430,6 +421,9 @@ def write_report(folder: str | Path, plan: Plan, rows: Sequence[Mapping[str, Any
         table, drawn = _literature_report(plan, rows, folder / "literature.png")
         measured = ["", "## As the growth literature measures it", "", *table]
         pictures = ["", "![the frontier's speed-ups and the literature's](literature.png)"] * drawn
+        along, along_drawn = _along_report(plan, chosen, folder / "along.png")
+        measured += ["", "## The token value along the run", "", *along]
+        pictures += ["", "![the token value along each growing arm's run](along.png)"] * along_drawn
     path = folder / "report.md"
     pictures = [line for name, alt in figures.items()
                 for line in ("", f"![{alt}]({name})")] + pictures
@@ -443,6 +437,11 @@ def write_report(folder: str | Path, plan: Plan, rows: Sequence[Mapping[str, Any
             replace_section(Path(docs), f"{plan.name}-literature", table)
             if drawn:  # its figure, drawn just now, beside the others
                 figures["literature.png"] = ""
+        if results is not None and f"<!-- frontier:{plan.name}-along:begin -->" in Path(
+                docs).read_text():
+            replace_section(Path(docs), f"{plan.name}-along", along)
+            if along_drawn:
+                figures["along.png"] = ""
         for figure in figures:  # drawn just now: never an older run's picture
             shutil.copyfile(folder / figure, images / f"frontier-{plan.name}-{figure}")
     return path
@@ -471,6 +470,47 @@ def _literature_report(plan: Plan, rows: Sequence[Mapping[str, Any]], figure: Pa
         return ["No literature table: the rows hold no growing arm."], False
     literature_figure(measured, figure)
     return [*literature_lines(measured), *(["", *note] if note else [])], True
+
+
+def _along_report(plan: Plan, chosen: Sequence[Mapping[str, Any]], figure: Path
+                  ) -> tuple[list[str], bool]:
+    """The token value along each growing arm's run (`along_lines`) and its figure at
+    ``figure`` where some arm was read. Whether the figure was drawn."""
+    from esper_lightning.app.frontier.plots import along_figure
+
+    along = along_runs(chosen, plan.decay_fraction)
+    if along.runs:
+        along_figure(along.runs, figure)
+    return along_lines(along), bool(along.runs)
+
+
+def along_lines(along: Along) -> list[str]:
+    """`along.along_runs`'s readings, a row per point read; the arms and budgets not read, and
+    why, in one line."""
+    skipped = "; ".join(along.skipped)
+    if not along.runs and all(why.endswith(": no curve") for why in along.skipped):
+        return ["No token value along the run: no growing arm's row has a curve (a plan's "
+                "`curve_points`)."]
+    if not along.runs:
+        return [f"No token value along the run: {skipped}."]
+    lines = ["What is left of the early phase's worth along the run: the token value (1: each "
+             "token seen before the last growth worth one of the final size's; 0: none) at each "
+             "curve point between the arm's last growth and its decay, against its final "
+             "size's WSD stable phase at the arm's peak rate, episode by episode (mean, t "
+             "interval over episodes; `along`). The token table above reads the same value at "
+             "the end of the run, both fully decayed.", "",
+             "| arm | budget (× base) | lr | share of the budget | episodes | token value |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for run in along.runs:
+        for share, (mean, low, high), n in zip(run.fractions, run.values, run.episodes,
+                                               strict=True):
+            lines.append(f"| {run.arm} | {run.budget:g} | {run.rate:g} | {share:.3f} | {n} | "
+                         f"{_with_ci(mean, low, high, n)} |")
+    bounds = sum(run.bounds for run in along.runs)
+    if bounds:
+        lines += ["", f"{bounds} readings left out: a loss the stable phase never reaches, or "
+                  "reaches before its first point."]
+    return lines + (["", f"Not read: {skipped}."] if skipped else [])
 
 
 @dataclass(frozen=True)
