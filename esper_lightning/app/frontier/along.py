@@ -20,7 +20,9 @@ each were worth one of its own.
 same peak rate: at a lower one the loss sits lower for the smaller step's noise alone, which
 would read as worth the arm never had. So the final size's stable phase is taken at the arm's
 peak rate after its growth (its one rate, or the last of its phase rates), and an arm whose
-rate the final size was not trained at is not read (`Along.skipped` says so). A point whose
+rate the final size was not trained at is not read (`Along.skipped` says so); an arm with a
+rate per phase re-warms after its growth (`plan`), and its first points are read through that
+re-warm as they are. A point whose
 loss the stable phase never reaches, or reaches before its first point, gives no reading and
 is counted (``bounds``). Curves are read on the blocks the plan reads them on
 (`plan.Plan.curve_split`), the mean over episodes with a t interval (`fit.mean_t`).
