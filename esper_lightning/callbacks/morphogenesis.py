@@ -41,6 +41,7 @@ from esper_lightning.controllers.stack import StackController
 from esper_lightning.core.actions import Action, LifecycleOp
 from esper_lightning.core.compute import ComputeLedger
 from esper_lightning.core.counterfactual import (
+    ACCURACY,
     CounterfactualAccumulator,
     LogitsError,
     check_mode,
@@ -181,7 +182,7 @@ class MorphogenesisCallback(Callback):
         train_loss_key: a logged training loss to report instead of the callback's own
             measurement (None: the mean of the epoch's ``training_step`` losses, exactly what the
             RL envs report). A configured key that is never logged draws one warning per fit
-            naming the logged keys.
+            naming the logged keys (``accuracy_key`` only for a controller that reads it).
         grad_stats_every: shorthand for ``seeding.grad_stats_every``.
         rng_seed: a new seed's initial weights come from a generator seeded with (``rng_seed``,
             epoch), as in the RL envs, so a policy meets the seeds it was trained with. None:
@@ -714,8 +715,9 @@ class MorphogenesisCallback(Callback):
         training key at the first decision, the validation keys at the first validation
         run."""
         groups = {"train": ("train_loss_key",)}
-        if validated:
-            groups["validation"] = ("loss_key", "accuracy_key")
+        if validated:  # an accuracy the controller never reads is missed by nobody
+            reads_accuracy = ACCURACY in validation_reads(self.controller)
+            groups["validation"] = ("loss_key", "accuracy_key")[:2 if reads_accuracy else 1]
         metrics = trainer.callback_metrics
         missing = []
         for group, options in groups.items():
