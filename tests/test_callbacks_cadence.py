@@ -5,6 +5,7 @@ from a mid-epoch checkpoint."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -149,6 +150,48 @@ def test_a_budget_too_small_after_tau_is_refused_at_the_grown_cost(text_file, tm
                        r"budget \(.* FLOPs, at the grown cost\) leaves about 2; lower tau"):
         trainer.fit(user_model("nanogpt"), datamodule=_text_dm(text_file))
     assert trainer.global_step == 1  # refused once the first step's cost was known
+
+
+def test_a_budgets_growth_that_max_steps_cuts_short_is_told_at_the_first_step(text_file,
+                                                                           tmp_path):
+    """Under a budget tau is a share of the budget: a max_steps below the budget's steps can
+    end the run a few steps after the growth (found by a user following the README with
+    max_steps=40 on a budget of about 68 steps: grown at step 36, the fit over at step 40).
+    Told, not refused: the fit resumes from its checkpoint, growth and all."""
+    from esper_lightning.callbacks import ComputeBudget
+    from esper_lightning.core.flops import FlopMeter
+
+    step = FlopMeter().training_step(user_model("nanogpt"), torch.zeros(8, 16, dtype=torch.long))
+
+    def fit(max_steps: int) -> list[str]:
+        morpho = MorphogenesisCallback(StackController(tau=0.25, operator="identity"),
+                                       growth=DepthGrowth("blocks", blocks=3))
+        # 100 one-block steps: growth at step 25, then the budget's 75 at up to 4x.
+        trainer = _trainer(tmp_path, [morpho, ComputeBudget(100 * step), StopAfterSteps(2)],
+                           max_steps=max_steps, max_epochs=-1)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer.fit(user_model("nanogpt"), datamodule=_text_dm(text_file))
+        assert trainer.global_step == 2  # told at step 1, not stopped
+        return [str(w.message) for w in caught if "MorphogenesisCallback" in str(w.message)]
+
+    (message,) = fit(27)
+    assert message == (
+        "MorphogenesisCallback: StackController(tau=0.25) grows at about step 25 of the budget "
+        f"({100 * step:g} FLOPs) and needs >= 3 steps after it, and max_steps=27 ends the fit "
+        "after 27: this fit stops before its growth is done (resume it from its checkpoint, or "
+        "raise max_steps; -1: the budget ends the fit)")
+    assert fit(40) == []  # 15 steps after the growth: enough
+
+
+class StopAfterSteps(L.Callback):
+    """Ends a fit after ``steps`` training steps."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        trainer.should_stop = trainer.global_step >= self.steps
 
 
 def test_durations_in_steps_become_decisions_at_fit_start(cifar_dir, tmp_path):

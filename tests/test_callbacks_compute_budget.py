@@ -1,6 +1,9 @@
 """`ComputeBudget` and the FLOPs `MorphogenesisCallback` meters, in a real lightning.Trainer on a
 tiny CIFAR-format fixture (80 training images: 5 batches of 16 per epoch)."""
 
+import math
+import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +18,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from esper_lightning.callbacks import ComputeBudget, MorphogenesisCallback
 from esper_lightning.callbacks.compute_budget import FLOPS_PER_STEP
-from esper_lightning.controllers import ControllerBase, ScriptedController
+from esper_lightning.controllers import ControllerBase, ScriptedController, StaticController
 from esper_lightning.core.actions import Action, LifecycleOp
 from esper_lightning.core.flops import FlopMeter, live_slots
 from esper_lightning.core.lifecycle import GateConfig, SeedStage
@@ -159,6 +162,55 @@ def test_a_loss_key_never_logged_warns_once(cifar_dir, tmp_path):
             logger=logger)
     assert sum("never logged" in str(w.message) for w in record) == 1
     assert not any(key.startswith("compute/val") for key in logger.metrics)
+
+
+def test_a_run_that_ends_before_its_budget_is_told_at_its_first_step(cifar_dir, tmp_path):
+    step = step_flops()
+    steps = Steps()
+    with pytest.warns(UserWarning) as record:
+        fit(tmp_path, cifar_dir, [ComputeBudget(20 * step), steps], max_steps=12)
+    (message,) = [str(w.message) for w in record if "ComputeBudget" in str(w.message)]
+    assert message == (
+        f"ComputeBudget({20 * step:g} FLOPs): max_steps=12 ends the fit after 12 steps, which "
+        f"spend at most {12 * step:.3g} FLOPs (60% of the budget): what the budget plans after "
+        "that (a decay, a growth) will not happen in this fit (resume it from its checkpoint, "
+        "or raise max_steps; -1: the budget ends the fit)")  # once: not again at the end
+    assert steps.count == 12
+    with pytest.warns(UserWarning, match=r"max_epochs=3 ends the fit after 15 steps"):
+        fit(tmp_path, cifar_dir, [ComputeBudget(20 * step)], epochs=3)
+    budget = ComputeBudget(20 * step)  # exactly enough steps: the budget ends it, no word
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(tmp_path, cifar_dir, [budget], max_steps=20)
+    assert budget.ledger.exhausted
+    assert not [w for w in caught if "ComputeBudget" in str(w.message)]
+
+
+def test_a_growth_that_makes_steps_dearer_counts_at_its_bound(cifar_dir, tmp_path):
+    """A static host's bound is 1: told at the first step as a plain model is. A
+    seed-growing controller's steps have no bound known: told at the end instead."""
+    step = step_flops()
+    static = MorphogenesisCallback(StaticController(), slots=["net.3"])
+    assert static.step_cost_bound() == 1.0
+    with pytest.warns(UserWarning, match=r"max_steps=12 ends the fit after 12 steps"):
+        fit(tmp_path, cifar_dir, [ComputeBudget(20 * step), static], max_steps=12)
+    growing = MorphogenesisCallback(Budgeted(), slots=["net.3"])
+    assert growing.step_cost_bound() == math.inf
+    budget = ComputeBudget(20 * step)
+    with pytest.warns(UserWarning, match=r"^ComputeBudget: the fit ended at step 12, 60% of its "
+                      rf"budget \({re.escape(f'{20 * step:g}')} FLOPs\): what the budget planned "
+                      r"after that point \(a decay, a growth\) did not happen$"):
+        fit(tmp_path, cifar_dir, [budget, growing], max_steps=12)
+
+
+class Steps(Callback):
+    """Counts the training steps taken."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.count += 1
 
 
 def test_a_resumed_fit_goes_on_from_the_flops_it_had_spent(cifar_dir, tmp_path):

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from esper_lightning.core.compute import ComputeLedger, StepCost
 
-__all__ = ["MetersSteps", "metering_errors", "step_cost"]
+__all__ = ["GrowsSteps", "MetersSteps", "metering_errors", "step_cost"]
 
 
 @runtime_checkable
@@ -27,6 +27,16 @@ class MetersSteps(Protocol):
 
     batch_to_xy: Callable[[Any], tuple[Tensor, Any]]
     logits_fn: Callable[[L.LightningModule, Tensor], Tensor] | None
+
+
+@runtime_checkable
+class GrowsSteps(Protocol):
+    """A callback that makes later training steps dearer (it grows the model)."""
+
+    def step_cost_bound(self) -> float:
+        """At most how many times a step now any later step of the fit costs (``inf``: no
+        bound known)."""
+        ...
 
 
 def step_cost(ledger: ComputeLedger, trainer: L.Trainer, pl_module: L.LightningModule,

@@ -15,7 +15,8 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 from typing_extensions import override
 
-from esper_lightning.callbacks._metering import MetersSteps, step_cost
+from esper_lightning.callbacks._cadence import run_plan
+from esper_lightning.callbacks._metering import GrowsSteps, MetersSteps, step_cost
 from esper_lightning.core.compute import ComputeLedger, StepCost
 from esper_lightning.schedule import LRSchedule, set_base_lrs
 
@@ -44,6 +45,14 @@ class ComputeBudget(Callback):
     any arm, however it grows, ends its decay at its budget: its last step trains at the
     multiplier of that step's middle, within one step of the floor. A non-constant schedule
     replaces an LR scheduler: one configured by the module is refused at fit start.
+
+    The budget ends the fit (``max_epochs=-1``). A run whose own length ends it first
+    (``max_steps``, or ``max_epochs`` of a loader of known length) draws one warning at its
+    first step when even its dearest steps could not spend the budget (each growth callback
+    says how much dearer its growth can make a step: `GrowsSteps`), and a fit that ends short
+    unannounced (a controller whose seeds' cost has no bound, ``max_time``, another callback)
+    one at its end: what the budget plans after that point does not happen in that fit. Not
+    refused: a fit cut short on purpose is resumed from its checkpoint.
 
     With a `MorphogenesisCallback` in the same Trainer (any order) its engine reports this
     ledger (the controller sees the budget: `EpochReport.budget_fraction`), and steps are
@@ -106,6 +115,7 @@ class ComputeBudget(Callback):
         self.logits_fn = logits_fn
         self.loss_key = loss_key
         self._warned = False
+        self._reach_checked = self._told_short = False
         self._step_cost = StepCost(0)
         self._revision = -1  # the ledger's revision when this step was metered
         self._metering: MetersSteps | None = None
@@ -137,6 +147,7 @@ class ComputeBudget(Callback):
         for optimizer in trainer.optimizers:
             set_base_lrs(optimizer.param_groups)
         self._warned = False
+        self._reach_checked = self._told_short = False
 
     @override
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule,
@@ -144,6 +155,34 @@ class ComputeBudget(Callback):
         groups = [g for optimizer in trainer.optimizers for g in optimizer.param_groups]
         self._step_cost = self._cost(trainer, pl_module, batch, groups)
         self._revision = self.ledger.revision
+        if not self._reach_checked:
+            self._reach_checked = True
+            self._check_reach(trainer)
+
+    def _check_reach(self, trainer: L.Trainer) -> None:
+        """Warn, in one line, when the run's own length (``max_steps``, or ``max_epochs`` of a
+        loader of known length) ends it before the budget is spent even if every step left cost
+        the most the growth callbacks allow (`GrowsSteps`): its schedule will not finish
+        decaying, and what the budget plans later will not happen in this fit. Not refused: a
+        fit cut short on purpose is resumed from its checkpoint."""
+        limit = run_plan(trainer, None).steps
+        dearest = math.prod(c.step_cost_bound() for c in trainer.callbacks
+                            if isinstance(c, GrowsSteps))
+        if limit is None or not math.isfinite(dearest) or self._step_cost.total <= 0:
+            return
+        most = self.spent + (limit - trainer.global_step) * self._step_cost.total * dearest
+        if most >= self.budget_flops:
+            return
+        self._told_short = True
+        what = (f"max_steps={trainer.max_steps}" if limit == trainer.max_steps
+                else f"max_epochs={trainer.max_epochs}")
+        grown = f", {dearest:g}x the first step's cost once grown" if dearest > 1 else ""
+        rank_zero_warn(
+            f"ComputeBudget({self.budget_flops:g} FLOPs): {what} ends the fit after {limit} "
+            f"steps, which spend at most {most:.3g} FLOPs ({most / self.budget_flops:.0%} of "
+            f"the budget{grown}): what the budget plans after that (a decay, a growth) will "
+            f"not happen in this fit (resume it from its checkpoint, or raise "
+            f"{what.split('=')[0]}; -1: the budget ends the fit)")
 
     @override
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule,
@@ -171,6 +210,14 @@ class ComputeBudget(Callback):
         step = trainer.fit_loop.epoch_loop._batches_that_stepped
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
+
+    @override
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self.ledger.exhausted and not self._told_short:  # stopped first, unannounced
+            rank_zero_warn(f"ComputeBudget: the fit ended at step {trainer.global_step}, "
+                           f"{self.budget_fraction:.0%} of its budget ({self.budget_flops:g} "
+                           "FLOPs): what the budget planned after that point (a decay, a "
+                           "growth) did not happen")
 
     @override
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -37,6 +37,7 @@ from esper_lightning.controllers.base import (
     PlansLifecycle,
     SchedulesDecisions,
 )
+from esper_lightning.controllers.baselines import StaticController
 from esper_lightning.controllers.stack import StackController
 from esper_lightning.core.actions import Action, LifecycleOp
 from esper_lightning.core.compute import ComputeLedger
@@ -400,6 +401,18 @@ class MorphogenesisCallback(Callback):
             self._make_plan(trainer)
             self._check_growth_schedule(trainer)
 
+    def step_cost_bound(self) -> float:
+        """At most how many times a step now any later step costs (`_metering.GrowsSteps`): a
+        `StaticController`'s host never grows; a `StackController`'s grows by its growth sites'
+        blocks (`grown_step_bound`); any other controller's seeds have no known bound."""
+        if isinstance(self.controller, StaticController):
+            return 1.0
+        sites = [] if self.engine is None else [
+            s.growth for s in self.engine.slots.values() if s.growth is not None]
+        if isinstance(self.controller, StackController) and sites:
+            return grown_step_bound(sites)
+        return math.inf
+
     def _check_growth_schedule(self, trainer: L.Trainer) -> None:
         """Refuse, in one line, a `StackController` schedule the run cannot finish: after its last
         ``tau`` it needs a decision (one step each) per germination, per tick of the blend and for
@@ -418,15 +431,39 @@ class MorphogenesisCallback(Callback):
         tau = controller.last_tau
         left = (1.0 - tau) * plan.steps
         what = f"max_steps={trainer.max_steps}" if trainer.max_steps == plan.steps else "the run"
-        if self.ledger.budget_flops is not None and plan.steps == self._budget_steps:
-            left /= grown_step_bound(sites)
+        if self.ledger.budget_flops is not None and self._budget_steps is not None:
+            left = (1.0 - tau) * self._budget_steps / grown_step_bound(sites)
             what = f"the budget ({self.ledger.budget_flops:g} FLOPs, at the grown cost)"
+            self._warn_if_cut_short(trainer, plan, needed, left)
         if left < needed:
             raise MisconfigurationException(
                 f"MorphogenesisCallback: the growth schedule cannot finish: StackController(tau="
                 f"{tau:g}) needs >= {needed} steps after tau (a germination per slot, "
                 f"{ticks} blend step(s), the advance and the fossilization), {what} leaves about "
                 f"{int(left)}; lower tau or train longer")
+
+    def _warn_if_cut_short(self, trainer: L.Trainer, plan: RunPlan, needed: int,
+                           budget_left: float) -> None:
+        """Under a budget ``tau`` is a share of the budget, so a run whose own length ends it
+        first (``max_steps``, ``max_epochs``) may stop between the growth and its end: warn,
+        in one line, where it leaves fewer steps after ``tau`` than the growth needs. Not
+        refused: a fit cut short on purpose is resumed from its checkpoint, growth and all."""
+        controller = self.controller
+        assert isinstance(controller, StackController) and plan.steps is not None
+        grows_at = math.ceil(controller.last_tau * self._budget_steps)  # today's cost
+        left = plan.steps - grows_at
+        if left >= needed or left >= budget_left:
+            return
+        what = (f"max_steps={trainer.max_steps}" if trainer.max_steps == plan.steps
+                else f"max_epochs={trainer.max_epochs}")
+        grows = (f"grows at about step {grows_at}" if left > 0
+                 else f"would grow at about step {grows_at}")
+        rank_zero_warn(
+            f"MorphogenesisCallback: StackController(tau={controller.last_tau:g}) {grows} of "
+            f"the budget ({self.ledger.budget_flops:g} FLOPs) and needs >= {needed} steps "
+            f"after it, and {what} ends the fit after {plan.steps}: this fit stops before its "
+            "growth is done (resume it from its checkpoint, or raise "
+            f"{what.split('=')[0]}; -1: the budget ends the fit)")
 
     @override
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule,

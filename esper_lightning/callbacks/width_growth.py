@@ -243,6 +243,14 @@ class WidthGrowthCallback(Callback):
                 " no training step past at; lower at or train longer")
         self._check_depth_after_width(trainer, budget / per_step)
 
+    def step_cost_bound(self) -> float:
+        """At most how many times a step now any later step costs (`_metering.GrowsSteps`):
+        before the widening, ``factor * max(factor, mlp_factor)`` (the blocks' matrices grow in
+        both dimensions, the rest by ``factor`` at most); after it, 1."""
+        if self.widened_step is not None:
+            return 1.0
+        return float(self.growth.factor * max(self.growth.factor, self.growth.mlp_factor))
+
     def _check_depth_after_width(self, trainer: L.Trainer, narrow_steps: float) -> None:
         """Under a budget beside a `StackController`: refuse (one line) a budget whose steps
         after ``tau``, each at up to the widened and grown model's cost, are fewer than the
