@@ -12,8 +12,9 @@ import pytest
 import torch
 from helpers import UserModule
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from lightning.pytorch.loggers import Logger
+from lightning.pytorch.loggers import Logger, TensorBoardLogger
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.flop_counter import FlopCounterMode
 
 from esper_lightning.callbacks import ComputeBudget, MorphogenesisCallback
@@ -141,12 +142,23 @@ def test_the_validation_loss_is_charted_against_the_gflops_spent(cifar_dir, tmp_
     budget = ComputeBudget(12 * step)
     logger = MemoryLogger()
     fit(tmp_path, cifar_dir, [budget], logger=logger)
-    # One point per validation (5, 10, 12 steps spent), the loss Lightning logged, at the FLOPs
-    # spent in GFLOP: TensorBoard's x-axis for this tag.
+    # One point per validation (5, 10, 12 steps spent), the loss Lightning logged; a logger
+    # with one step axis gets it at the fit's step, beside the FLOPs spent.
     assert logger.metrics["compute/val_loss_vs_flops"] == logger.metrics["val_loss"]
     assert len(logger.metrics["val_loss"]) == 3
-    assert logger.steps["compute/val_loss_vs_flops"] == [int(k * step // FLOPS_PER_STEP)
-                                                         for k in (5, 10, 12)]
+    assert logger.steps["compute/val_loss_vs_flops"] == [4, 9, 11]  # the steps Lightning uses
+    flops = dict(zip(logger.steps["compute/train_flops"], logger.metrics["compute/train_flops"],
+                     strict=True))
+    assert [flops[s] for s in (4, 9, 11)] == [k * step for k in (5, 10, 12)]
+    # TensorBoard, read back from its files: this tag's step is the FLOPs spent (GFLOP).
+    board = TensorBoardLogger(tmp_path / "tb", name="run")
+    fit(tmp_path / "t", cifar_dir, [ComputeBudget(12 * step)], logger=board)
+    events = EventAccumulator(board.log_dir)
+    events.Reload()
+    chart = events.Scalars("compute/val_loss_vs_flops")
+    assert [e.step for e in chart] == [int(k * step // FLOPS_PER_STEP) for k in (5, 10, 12)]
+    assert [e.value for e in chart] == pytest.approx(
+        [e.value for e in events.Scalars("val_loss")])
     quiet = MemoryLogger()
     fit(tmp_path / "b", cifar_dir, [ComputeBudget(6 * step, loss_key=None)], logger=quiet)
     assert "val_loss" in quiet.metrics
@@ -354,7 +366,7 @@ def test_the_budget_logs_at_the_trainers_cadence_and_at_the_last_step(cifar_dir,
     fit(tmp_path, cifar_dir, [budget, rates], module=module, logger=logger, log_every_n_steps=3)
     # Steps 3 and 6 (Lightning writes them as steps 2 and 5) and the eighth, which ends the fit.
     with open(tmp_path / "csv" / "version_0" / "metrics.csv") as f:
-        rows = [row for row in csv.DictReader(f) if row.get("compute/train_flops")]
+        rows = [row for row in csv.DictReader(f) if row.get("compute/budget_fraction")]
     assert [int(row["step"]) for row in rows] == [2, 5, 7]
     assert [float(row["compute/train_flops"]) for row in rows] == [3 * step, 6 * step, 8 * step]
     assert [float(row["compute/budget_fraction"]) for row in rows] == pytest.approx(

@@ -9,6 +9,7 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -66,12 +67,14 @@ class ComputeBudget(Callback):
     (the live seeds' share of them), ``compute/budget_fraction`` and, with a schedule,
     ``compute/lr_multiplier``; straight to the loggers, so ``trainer.callback_metrics`` does not
     hold them (`spent` and `budget_fraction` say the same, always current). After each
-    validation of the fit, the logged validation loss (``loss_key``) goes to every logger again
-    as ``compute/<loss_key>_vs_flops`` with the training FLOPs spent, unrounded, as its step
-    (`FLOPS_PER_STEP`): TensorBoard's chart of that tag is the loss against training compute, so
-    runs that spend their FLOPs differently (a host that grows, one born big) compare on one
-    axis. The ledger is part of the callback's state: a fit resumed from a checkpoint goes on
-    from the FLOPs it had spent.
+    validation of the fit, the logged validation loss (``loss_key``) goes to every TensorBoard
+    logger again as ``compute/<loss_key>_vs_flops`` with the training FLOPs spent, unrounded, as
+    its step (`FLOPS_PER_STEP`): TensorBoard's chart of that tag is the loss against training
+    compute, so runs that spend their FLOPs differently (a host that grows, one born big)
+    compare on one axis. A logger whose metrics share one step axis (CSV, W&B, MLflow) gets
+    the same tag at the fit's step instead, beside ``compute/train_flops``, to chart one
+    against the other. The ledger is part of the callback's state: a fit resumed from a
+    checkpoint goes on from the FLOPs it had spent.
 
     Args:
         budget_flops: the budget in training FLOPs (> 0).
@@ -231,9 +234,14 @@ class ComputeBudget(Callback):
                                f"no loss-vs-FLOPs chart is written; logged keys: "
                                f"{sorted(trainer.callback_metrics)}")
             return
-        step = int(self.spent // FLOPS_PER_STEP)
+        tag = f"compute/{self.loss_key}_vs_flops"
+        step = trainer.fit_loop.epoch_loop._batches_that_stepped
         for logger in trainer.loggers:
-            logger.log_metrics({f"compute/{self.loss_key}_vs_flops": float(loss)}, step=step)
+            if isinstance(logger, TensorBoardLogger):  # a step axis per tag: FLOPs on this one
+                logger.log_metrics({tag: float(loss)}, step=int(self.spent // FLOPS_PER_STEP))
+            else:  # one step axis for every metric (CSV, W&B, MLflow): the FLOPs beside it
+                logger.log_metrics({tag: float(loss), "compute/train_flops": self.spent},
+                                   step=step)
 
     def _cost(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
               param_groups: list[dict[str, Any]] | None = None) -> StepCost:
