@@ -98,6 +98,18 @@ def test_no_rollback_on_a_normal_run(cifar_dir, tmp_path):
     assert len(governor.governor.history) == 4
 
 
+def test_a_monitor_never_logged_is_warned_about_naming_the_option(cifar_dir, tmp_path):
+    torch.manual_seed(0)
+    governor = GovernorCallback(num_classes=10, monitor="val/loss")
+    trainer = _trainer(tmp_path, 1, [governor])
+    with pytest.warns(UserWarning, match=(
+            r"^GovernorCallback: monitor 'val/loss' is not logged, so the lobotomy and "
+            r"divergence rules are off; logged: \[.*'val_loss'.*\] \(name your validation loss "
+            r"with GovernorCallback\(monitor=\.\.\.\)\)$")):
+        trainer.fit(CifarCNNHost("baseline"),
+                    datamodule=CIFAR10DataModule(cifar_dir, batch_size=16))
+
+
 @pytest.mark.parametrize("every", [1, 3])
 def test_governor_alone_rolls_back_a_plain_host(cifar_dir, tmp_path, every):
     torch.manual_seed(0)

@@ -436,6 +436,17 @@ def _fit_warnings(trainer: L.Trainer, module, dm) -> list[str]:
     return [str(w.message) for w in caught if "MorphogenesisCallback" in str(w.message)]
 
 
+def test_two_morphogenesis_callbacks_in_one_trainer_are_refused(cifar_dir, tmp_path):
+    first = MorphogenesisCallback(StaticController(), slots=["net.3"])
+    second = MorphogenesisCallback(StaticController(), slots=["net.6"])
+    trainer = _trainer(tmp_path, 1, [first, L.Callback(), second])
+    with pytest.raises(MisconfigurationException, match=(
+            r"^one MorphogenesisCallback per Trainer, found 2 \(at positions 0, 2\); give one "
+            r"callback every slot \(slots=\[\.\.\.\]\) and its growth \(growth=\.\.\.\)$")):
+        trainer.fit(PlainModule(), datamodule=_dm(cifar_dir))
+    assert trainer.global_step == 0 and first.engine is None
+
+
 def test_metric_keys_that_are_never_logged_draw_one_warning_per_fit(cifar_dir, tmp_path):
     torch.manual_seed(0)
     callback = MorphogenesisCallback(HeuristicController(), slots=["net.3"],

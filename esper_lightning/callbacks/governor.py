@@ -170,7 +170,8 @@ class GovernorCallback(Callback):
                 self._warned_monitor = True
                 rank_zero_warn(
                     f"GovernorCallback: monitor {self.monitor!r} is not logged, so the lobotomy "
-                    f"and divergence rules are off; logged: {sorted(trainer.callback_metrics)}"
+                    f"and divergence rules are off; logged: {sorted(trainer.callback_metrics)} "
+                    f"(name your validation loss with GovernorCallback(monitor=...))"
                 )
             return
         reason = self.governor.check_validation(value, num_classes=self.num_classes)

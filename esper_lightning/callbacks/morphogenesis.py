@@ -308,6 +308,12 @@ class MorphogenesisCallback(Callback):
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         dist.check_strategy(trainer)  # one device or DDP; sharded strategies are refused
+        mine = [k for k, c in enumerate(trainer.callbacks) if isinstance(c, MorphogenesisCallback)]
+        if len(mine) > 1:  # two engines would inject, grow and charge the one model apart
+            raise MisconfigurationException(
+                f"one MorphogenesisCallback per Trainer, found {len(mine)} (at positions "
+                f"{', '.join(map(str, mine))}); give one callback every slot (slots=[...]) and "
+                "its growth (growth=...)")
         budget = fit_budget(trainer)  # who holds the fit's ledger: one rule
         self._owns_ledger = budget is None
         if budget is not None:
