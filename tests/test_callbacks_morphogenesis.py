@@ -436,6 +436,21 @@ def _fit_warnings(trainer: L.Trainer, module, dm) -> list[str]:
     return [str(w.message) for w in caught if "MorphogenesisCallback" in str(w.message)]
 
 
+@pytest.mark.parametrize("slot", ["net.7", "net"])  # the output layer, the whole network
+def test_a_slot_after_the_last_layer_is_refused_at_fit_start(cifar_dir, tmp_path, slot):
+    callback = MorphogenesisCallback(StaticController(), slots=[slot])
+    trainer = _trainer(tmp_path, 1, [callback])
+    with pytest.raises(MisconfigurationException, match=(
+            rf"^MorphogenesisCallback: slot '{slot}' comes after PlainModule's last layer \(its "
+            r"output is the logits, \(16, 10\)\); accepted: a slot after a layer whose output "
+            r"another layer reads$")):
+        trainer.fit(PlainModule(), datamodule=_dm(cifar_dir))
+    assert trainer.global_step == 0
+    inside = MorphogenesisCallback(StaticController(), slots=["net.6"])  # Flatten, then Linear
+    _trainer(tmp_path, 1, [inside]).fit(PlainModule(), datamodule=_dm(cifar_dir))
+    assert inside.engine.epoch == 1
+
+
 def test_two_morphogenesis_callbacks_in_one_trainer_are_refused(cifar_dir, tmp_path):
     first = MorphogenesisCallback(StaticController(), slots=["net.3"])
     second = MorphogenesisCallback(StaticController(), slots=["net.6"])

@@ -6,7 +6,7 @@ import dataclasses
 import functools
 import logging
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -17,7 +17,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
-from torch import Tensor
+from torch import Tensor, nn
 from typing_extensions import override
 
 import esper_lightning.callbacks._distributed as dist
@@ -645,6 +645,7 @@ class MorphogenesisCallback(Callback):
         mode = self.counterfactual or default_mode(x.device)
         forward = self._forward(pl_module)
         with trainer.precision_plugin.forward_context(), _eval_mode(pl_module):
+            _check_slots_before_the_logits(name, forward, x, slots)
             for run in dict.fromkeys(("separate", mode)):  # the general contract first
                 try:
                     CounterfactualAccumulator(probe_plan(slots), run).update(forward, x, y, slots)
@@ -939,6 +940,32 @@ class MorphogenesisCallback(Callback):
         if self.engine is None:
             raise RuntimeError("MorphogenesisCallback used before setup(); add it to a Trainer")
         return self.engine
+
+
+def _check_slots_before_the_logits(name: str, forward: Callable[[Tensor], Tensor], x: Tensor,
+                                   slots: Mapping[str, nn.Module]) -> None:
+    """Refuse, in one line, a slot whose output is the module's logits themselves (a slot after
+    its last layer): a seed there would only rewrite the class scores, and nothing the host
+    learns passes through it (a user's slot after the output layer germinated, blended and was
+    pruned at no contribution, silently)."""
+    outputs: dict[str, Any] = {}
+    hooks = [slot.register_forward_hook(lambda _m, _i, out, sid=sid: outputs.setdefault(sid, out))
+             for sid, slot in slots.items()]
+    try:
+        with torch.no_grad():
+            logits = forward(x)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    if not isinstance(logits, Tensor):
+        return  # the probe names what the forward returned
+    last = [sid for sid, out in outputs.items() if isinstance(out, Tensor)
+            and out.shape == logits.shape and out.data_ptr() == logits.data_ptr()]
+    if last:
+        raise MisconfigurationException(
+            f"MorphogenesisCallback: slot {last[0]!r} comes after {name}'s last layer (its "
+            f"output is the logits, {tuple(logits.shape)}); accepted: a slot after a layer whose "
+            "output another layer reads")
 
 
 def _check_options(controller: Any, topology: str | None, growth: DepthGrowth | None,
