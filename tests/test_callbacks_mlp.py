@@ -125,7 +125,7 @@ def test_the_heuristic_germinates_its_linear_rotation_in_an_mlp(tmp_path):
     # the test reads which blueprint comes first.
     eager = HeuristicConfig.fixed_timing(min_epochs_before_germinate=0, stabilization_epochs=0,
                                          plateau_epochs_to_germinate=0, finish_by_end=False)
-    callback = MorphogenesisCallback(HeuristicController(eager), slots=[SLOT, "net.4"])
+    callback = MorphogenesisCallback(HeuristicController(eager), slots=[SLOT, "net.3"])
     _trainer(tmp_path, 2, [callback], num_sanity_val_steps=0).fit(MLPModule(), *_loaders())
     germinated = [e.blueprint for e in callback.engine.events if e.kind == "germinated"]
     assert germinated[:1] == ["mlp_bottleneck"]
