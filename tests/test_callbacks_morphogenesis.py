@@ -689,7 +689,7 @@ def test_lr_tags_stay_put_and_tensorboard_gets_a_timeline_and_a_layout(cifar_dir
     events.Reload()
     (change,) = events.Tensors(f"{EVENTS_TAG}/text_summary")  # the stage by name, as text
     assert change.tensor_proto.string_val[0].decode() == (
-        "epoch 1: net.3 dormant -> germinated (conv_light)")
+        "step 10 (epoch 1): net.3 dormant -> germinated (conv_light)")  # 5 steps an epoch
     images = events.Images(TIMELINE_TAG)
     assert len(images) == 1 and images[0].step == trainer.global_step
     assert images[0].width > 400 and images[0].height > 100
@@ -702,7 +702,7 @@ def test_lr_tags_stay_put_and_tensorboard_gets_a_timeline_and_a_layout(cifar_dir
     assert "4 blending" in STAGE_LEGEND and "7 fossilized" in STAGE_LEGEND
 
     lines = [r.getMessage() for r in caplog.records if r.name.startswith("esper_lightning")]
-    assert lines == ["epoch 1: net.3 germinated conv_light (ScriptedController)"]
+    assert lines == ["decision 1: net.3 germinated conv_light (ScriptedController)"]
     assert [(e.epoch, e.stage) for e in callback.engine.timeline] == [
         (0, "DORMANT"), (1, "GERMINATED"), (2, "GERMINATED")]
 

@@ -326,7 +326,7 @@ class MorphogenesisCallback(Callback):
             self.engine = MorphogenesisEngine(pl_module, rng_seed=rng_seed, compute=self.ledger,
                                               **self._engine_kwargs)
             # Event lines name what decided them (`HeuristicController`), not a generic "policy".
-            self.engine.label(type(self.controller).__name__)
+            self.engine.label(type(self.controller).__name__, tick="decision")
         self.engine.use_ledger(self.ledger)
         dist.keep_slots_out_of_ddp(pl_module)
 
@@ -714,7 +714,8 @@ class MorphogenesisCallback(Callback):
                       action.describe(engine.slot_ids), verdict)
         self._log(trainer, contributions)
         self._schedule_next(trainer)
-        changes = stage_changes(before, engine.slots, trainer.current_epoch)
+        changes = stage_changes(before, engine.slots,
+                                f"step {trainer.global_step} (epoch {trainer.current_epoch})")
         for logger in _tensorboards(trainer) if changes else ():
             logger.experiment.add_text(EVENTS_TAG, "  \n".join(changes), trainer.global_step)
 

@@ -188,6 +188,7 @@ class MorphogenesisEngine:
         self.train_loss: float | None = None
         self.events: list[LifecycleEvent] = []
         self._controller_name = "policy"
+        self._tick = "epoch"  # what a decision is called in event lines (`label`)
         self._compute = compute if compute is not None else ComputeLedger()
         self._log: logging.Logger | logging.LoggerAdapter[logging.Logger] = log
         #: Every slot's stage and alpha after each decision (appended by `tick`).
@@ -289,11 +290,15 @@ class MorphogenesisEngine:
         return self._compute
 
     def label(self, controller_name: str,
-              log: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None) -> None:
-        """Say who decides (``controller_name``) and, where given, where event lines go: an app
-        passes a `logging.LoggerAdapter` that says which env and episode a line comes from
+              log: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None,
+              tick: str = "epoch") -> None:
+        """Say who decides (``controller_name``), what its decisions are called in event lines
+        (``tick``: ``epoch`` in the envs, one decision an epoch; ``decision`` in a Trainer,
+        whose decisions follow its loop) and, where given, where event lines go: an app passes
+        a `logging.LoggerAdapter` that says which env and episode a line comes from
         (`esper_lightning.app.logs`)."""
         self._controller_name = controller_name
+        self._tick = tick
         if log is not None:
             self._log = log
 
@@ -534,8 +539,8 @@ class MorphogenesisEngine:
         if drop:
             self._drop_step(kept, scaled)
         self.log.warning(
-            "epoch %d: pruned %s: seed output or gradients not finite; %s",
-            self.epoch, ", ".join(pruned),
+            "%s %d: pruned %s: seed output or gradients not finite; %s",
+            self._tick, self.epoch, ", ".join(pruned),
             ("the step's gradients were dropped: the host does not move this step" if drop
              and not scaled else "the loss scaler skips this step" if drop
              else "the host's gradients are its own and it steps as usual"))
@@ -650,7 +655,7 @@ class MorphogenesisEngine:
                 event = LifecycleEvent(self.epoch, slot_id, kind, state.blueprint,
                                        reason or initiator)
                 self.events.append(event)
-                self.log.info("epoch %d: %s %s %s (%s)", event.epoch, event.slot_id,
+                self.log.info("%s %d: %s %s %s (%s)", self._tick, event.epoch, event.slot_id,
                               event.kind, event.blueprint, event.reason)
 
     def state_dict(self) -> dict[str, Any]:

@@ -89,21 +89,22 @@ def slot_layout(slot_ids: Sequence[str]) -> dict[str, dict[str, list[Any]]]:
 
 
 def stage_changes(before: Mapping[str, SeedStage], slots: Mapping[str, SeedSlot],
-                  epoch: int) -> list[str]:
-    """One line per slot whose stage changed at the decision of ``epoch``, by name
-    (``epoch 4: blocks.0+1 dormant -> blending (block_identity)``): what the callback writes
-    as TensorBoard text, so a blend's start is an event a reader sees.
+                  when: str) -> list[str]:
+    """One line per slot whose stage changed at the decision ``when`` names (``step 120``,
+    ``epoch 4``), by name (``step 120: blocks.0+1 dormant -> blending (block_identity)``):
+    what the callback writes as TensorBoard text, so a blend's start is an event a reader
+    sees.
 
     Example:
         >>> slot = SeedSlot("s", channels=4)
         >>> _ = slot.germinate("norm")
-        >>> stage_changes({"s": SeedStage.DORMANT}, {"s": slot}, epoch=3)
-        ['epoch 3: s dormant -> germinated (norm)']
+        >>> stage_changes({"s": SeedStage.DORMANT}, {"s": slot}, "step 120")
+        ['step 120: s dormant -> germinated (norm)']
     """
     lines = []
     for slot_id, slot in slots.items():
         if slot.stage != before[slot_id]:
             blueprint = f" ({slot.state.blueprint})" if slot.state is not None else ""
-            lines.append(f"epoch {epoch}: {slot_id} {before[slot_id].name.lower()} -> "
+            lines.append(f"{when}: {slot_id} {before[slot_id].name.lower()} -> "
                          f"{slot.stage.name.lower()}{blueprint}")
     return lines
