@@ -108,7 +108,21 @@ def test_a_phase_rate_is_read_at_its_last_phase_and_another_rate_not_at_all():
 def test_a_loss_beyond_the_stable_phase_is_a_bound_not_a_reading():
     rows = [*size_rows(0), arm_row(0, lambda c: 0.5, below=1.0)]  # below anything S4 reaches
     (run,) = along_runs(rows).runs
-    assert run.fractions == () and run.bounds == 8
+    assert run.fractions == () and (run.beyond, run.before) == (8, 0)
+    rows = [*size_rows(0), arm_row(0, lambda c: 0.5, below=-9.0)]  # above S4's first point
+    (run,) = along_runs(rows).runs
+    assert run.fractions == () and (run.beyond, run.before) == (0, 8)
+
+
+def test_the_final_sizes_stable_phase_comes_from_every_row_the_arms_from_those_asked():
+    """A report reads its arms at their chosen rates, but a final size's run at the arm's peak
+    rate counts whatever rate was chosen for that size; an episode without a curve is left out
+    alone."""
+    arm = arm_row(0, lambda c: 0.5)
+    other = arm_row(0, lambda c: 0.5, rate=8e-3)  # the same arm at a rate not asked for
+    rows = [*size_rows(0), arm, other, {**arm_row(1, lambda c: 0.5), "curve": None}]
+    (run,) = along_runs(rows, arms=[arm]).runs
+    assert run.rate == RATE and set(run.episodes) == {1}  # episode 0 alone: 1 has no curve
 
 
 def test_an_arm_without_curves_and_long_runs_are_not_read():

@@ -173,15 +173,22 @@ def test_a_budgets_growth_that_max_steps_cuts_short_is_told_at_the_first_step(te
             warnings.simplefilter("always")
             trainer.fit(user_model("nanogpt"), datamodule=_text_dm(text_file))
         assert trainer.global_step == 2  # told at step 1, not stopped
-        return [str(w.message) for w in caught if "MorphogenesisCallback" in str(w.message)]
+        return [str(w.message) for w in caught if "MorphogenesisCallback" in str(w.message)
+                or str(w.message).startswith("ComputeBudget(")]
 
     (message,) = fit(27)
     assert message == (
         "MorphogenesisCallback: StackController(tau=0.25) grows at about step 25 of the budget "
         f"({100 * step:g} FLOPs) and needs >= 3 steps after it, and max_steps=27 ends the fit "
         "after 27: this fit stops before its growth is done (resume it from its checkpoint, or "
-        "raise max_steps; -1: the budget ends the fit)")
+        "raise that limit; -1 for max_steps and max_epochs: the budget ends the fit)")
     assert fit(40) == []  # 15 steps after the growth: enough
+    # 5 steps: even at 4x the one-block cost (the growth's bound) they spend 20 of the 100.
+    budget_says, growth_says = fit(5)
+    assert budget_says.startswith(f"ComputeBudget({100 * step:g} FLOPs): max_steps=5 ends the "
+                                  "fit after 5 steps, which spend at most ")
+    assert "(20% of the budget, 4x this step's cost once grown)" in budget_says
+    assert "would grow at about step 25" in growth_says
 
 
 class StopAfterSteps(L.Callback):

@@ -17,12 +17,13 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.flop_counter import FlopCounterMode
 
-from esper_lightning.callbacks import ComputeBudget, MorphogenesisCallback
+from esper_lightning.callbacks import ComputeBudget, MorphogenesisCallback, WidthGrowthCallback
 from esper_lightning.callbacks.compute_budget import FLOPS_PER_STEP
 from esper_lightning.controllers import ControllerBase, ScriptedController, StaticController
 from esper_lightning.core.actions import Action, LifecycleOp
 from esper_lightning.core.flops import FlopMeter, live_slots
 from esper_lightning.core.lifecycle import GateConfig, SeedStage
+from esper_lightning.core.width import WidthGrowth
 from esper_lightning.data import CIFAR10DataModule
 from esper_lightning.schedule import LRSchedule, batch_fraction
 
@@ -185,17 +186,21 @@ def test_a_run_that_ends_before_its_budget_is_told_at_its_first_step(cifar_dir, 
     assert message == (
         f"ComputeBudget({20 * step:g} FLOPs): max_steps=12 ends the fit after 12 steps, which "
         f"spend at most {12 * step:.3g} FLOPs (60% of the budget): what the budget plans after "
-        "that (a decay, a growth) will not happen in this fit (resume it from its checkpoint, "
-        "or raise max_steps; -1: the budget ends the fit)")  # once: not again at the end
+        "that (a decay, a growth) will not happen in this fit (resume it from its checkpoint, or "
+        "raise that limit; -1 for max_steps and max_epochs: the budget ends the fit)")  # once
     assert steps.count == 12
     with pytest.warns(UserWarning, match=r"max_epochs=3 ends the fit after 15 steps"):
         fit(tmp_path, cifar_dir, [ComputeBudget(20 * step)], epochs=3)
-    budget = ComputeBudget(20 * step)  # exactly enough steps: the budget ends it, no word
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        fit(tmp_path, cifar_dir, [budget], max_steps=20)
-    assert budget.ledger.exhausted
-    assert not [w for w in caught if "ComputeBudget" in str(w.message)]
+    # Exactly enough steps, and enough optimizer steps of two batches each (five batches an
+    # epoch: steps of 2, 2 and 1): the budget ends them, no word.
+    for batches, steps, accumulate in ((20, 20, 1), (15, 10, 2)):
+        budget = ComputeBudget(batches * step)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fit(tmp_path, cifar_dir, [budget], max_steps=steps, epochs=-1,
+                accumulate_grad_batches=accumulate)
+        assert budget.ledger.exhausted, accumulate
+        assert not [w for w in caught if "ComputeBudget" in str(w.message)], accumulate
 
 
 def test_a_growth_that_makes_steps_dearer_counts_at_its_bound(cifar_dir, tmp_path):
@@ -206,6 +211,8 @@ def test_a_growth_that_makes_steps_dearer_counts_at_its_bound(cifar_dir, tmp_pat
     assert static.step_cost_bound() == 1.0
     with pytest.warns(UserWarning, match=r"max_steps=12 ends the fit after 12 steps"):
         fit(tmp_path, cifar_dir, [ComputeBudget(20 * step), static], max_steps=12)
+    widening = WidthGrowthCallback(at=0.5, growth=WidthGrowth(factor=2, mlp=3))
+    assert widening.step_cost_bound() == 2 * 3  # the blocks' matrices, in and out
     growing = MorphogenesisCallback(Budgeted(), slots=["net.3"])
     assert growing.step_cost_bound() == math.inf
     budget = ComputeBudget(20 * step)

@@ -456,7 +456,7 @@ def test_two_morphogenesis_callbacks_in_one_trainer_are_refused(cifar_dir, tmp_p
     second = MorphogenesisCallback(StaticController(), slots=["net.6"])
     trainer = _trainer(tmp_path, 1, [first, L.Callback(), second])
     with pytest.raises(MisconfigurationException, match=(
-            r"^one MorphogenesisCallback per Trainer, found 2 \(at positions 0, 2\); give one "
+            r"^MorphogenesisCallback: one per Trainer, found 2 \(at positions 0, 2\); give one "
             r"callback every slot \(slots=\[\.\.\.\]\) and its growth \(growth=\.\.\.\)$")):
         trainer.fit(PlainModule(), datamodule=_dm(cifar_dir))
     assert trainer.global_step == 0 and first.engine is None

@@ -88,6 +88,19 @@ def _has_validation(trainer: L.Trainer) -> bool:
     return any(b > 0 for b in batches) if isinstance(batches, list) else bool(batches)
 
 
+#: What to do about a run whose own length ends it before its budget (said by both callbacks).
+RESUME_OR_RAISE = ("resume it from its checkpoint, or raise that limit; -1 for max_steps and "
+                   "max_epochs: the budget ends the fit")
+
+
+def run_limit(trainer: L.Trainer, steps: int) -> str:
+    """The Trainer option that ends a run after ``steps`` optimizer steps (`RunPlan.steps`), as
+    a user wrote it: ``max_steps=40`` or ``max_epochs=3``."""
+    if steps == trainer.max_steps:
+        return f"max_steps={trainer.max_steps}"
+    return f"max_epochs={trainer.max_epochs}"
+
+
 def run_fraction(trainer: L.Trainer, plan: RunPlan) -> float | None:
     """How far a run without a compute budget is: optimizer steps over the planned ones, or the
     training time over ``max_time``, whichever is further (the run ends at the first limit it

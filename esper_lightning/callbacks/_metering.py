@@ -34,8 +34,8 @@ class GrowsSteps(Protocol):
     """A callback that makes later training steps dearer (it grows the model)."""
 
     def step_cost_bound(self) -> float:
-        """At most how many times a step now any later step of the fit costs (``inf``: no
-        bound known)."""
+        """How many times this step's cost a later step of the fit can cost at most (``inf``:
+        no bound known)."""
         ...
 
 

@@ -16,7 +16,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 from typing_extensions import override
 
-from esper_lightning.callbacks._cadence import run_plan
+from esper_lightning.callbacks._cadence import RESUME_OR_RAISE, run_limit, run_plan
 from esper_lightning.callbacks._metering import GrowsSteps, MetersSteps, step_cost
 from esper_lightning.core.compute import ComputeLedger, StepCost
 from esper_lightning.schedule import LRSchedule, set_base_lrs
@@ -171,21 +171,21 @@ class ComputeBudget(Callback):
         limit = run_plan(trainer, None).steps
         dearest = math.prod(c.step_cost_bound() for c in trainer.callbacks
                             if isinstance(c, GrowsSteps))
-        if limit is None or not math.isfinite(dearest) or self._step_cost.total <= 0:
+        if (limit is None or trainer.fast_dev_run or not math.isfinite(dearest)
+                or self._step_cost.total <= 0):
             return
-        most = self.spent + (limit - trainer.global_step) * self._step_cost.total * dearest
+        per_step = self._step_cost.total * trainer.accumulate_grad_batches  # batches a step
+        most = self.spent + (limit - trainer.global_step) * per_step * dearest
         if most >= self.budget_flops:
             return
         self._told_short = True
-        what = (f"max_steps={trainer.max_steps}" if limit == trainer.max_steps
-                else f"max_epochs={trainer.max_epochs}")
-        grown = f", {dearest:g}x the first step's cost once grown" if dearest > 1 else ""
+        grown = f", {dearest:g}x this step's cost once grown" if dearest > 1 else ""
+        share = most / self.budget_flops
         rank_zero_warn(
-            f"ComputeBudget({self.budget_flops:g} FLOPs): {what} ends the fit after {limit} "
-            f"steps, which spend at most {most:.3g} FLOPs ({most / self.budget_flops:.0%} of "
-            f"the budget{grown}): what the budget plans after that (a decay, a growth) will "
-            f"not happen in this fit (resume it from its checkpoint, or raise "
-            f"{what.split('=')[0]}; -1: the budget ends the fit)")
+            f"ComputeBudget({self.budget_flops:g} FLOPs): {run_limit(trainer, limit)} ends the "
+            f"fit after {limit} steps, which spend at most {most:.3g} FLOPs ({share:.0%} of the "
+            f"budget{grown}): what the budget plans after that (a decay, a growth) will not "
+            f"happen in this fit ({RESUME_OR_RAISE})")
 
     @override
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule,

@@ -22,9 +22,11 @@ from typing_extensions import override
 
 import esper_lightning.callbacks._distributed as dist
 from esper_lightning.callbacks._cadence import (
+    RESUME_OR_RAISE,
     RunPlan,
     grown_step_bound,
     run_fraction,
+    run_limit,
     run_plan,
 )
 from esper_lightning.callbacks._metering import metering_errors, step_cost
@@ -311,7 +313,7 @@ class MorphogenesisCallback(Callback):
         mine = [k for k, c in enumerate(trainer.callbacks) if isinstance(c, MorphogenesisCallback)]
         if len(mine) > 1:  # two engines would inject, grow and charge the one model apart
             raise MisconfigurationException(
-                f"one MorphogenesisCallback per Trainer, found {len(mine)} (at positions "
+                f"MorphogenesisCallback: one per Trainer, found {len(mine)} (at positions "
                 f"{', '.join(map(str, mine))}); give one callback every slot (slots=[...]) and "
                 "its growth (growth=...)")
         budget = fit_budget(trainer)  # who holds the fit's ledger: one rule
@@ -408,7 +410,7 @@ class MorphogenesisCallback(Callback):
             self._check_growth_schedule(trainer)
 
     def step_cost_bound(self) -> float:
-        """At most how many times a step now any later step costs (`_metering.GrowsSteps`): a
+        """How many times this step's cost a later step can cost at most (`GrowsSteps`): a
         `StaticController`'s host never grows; a `StackController`'s grows by its growth sites'
         blocks (`grown_step_bound`); any other controller's seeds have no known bound."""
         if isinstance(self.controller, StaticController):
@@ -455,21 +457,19 @@ class MorphogenesisCallback(Callback):
         in one line, where it leaves fewer steps after ``tau`` than the growth needs. Not
         refused: a fit cut short on purpose is resumed from its checkpoint, growth and all."""
         controller = self.controller
-        assert isinstance(controller, StackController) and plan.steps is not None
+        if not isinstance(controller, StackController) or plan.steps is None:
+            return
         grows_at = math.ceil(controller.last_tau * self._budget_steps)  # today's cost
         left = plan.steps - grows_at
         if left >= needed or left >= budget_left:
             return
-        what = (f"max_steps={trainer.max_steps}" if trainer.max_steps == plan.steps
-                else f"max_epochs={trainer.max_epochs}")
         grows = (f"grows at about step {grows_at}" if left > 0
                  else f"would grow at about step {grows_at}")
         rank_zero_warn(
             f"MorphogenesisCallback: StackController(tau={controller.last_tau:g}) {grows} of "
             f"the budget ({self.ledger.budget_flops:g} FLOPs) and needs >= {needed} steps "
-            f"after it, and {what} ends the fit after {plan.steps}: this fit stops before its "
-            "growth is done (resume it from its checkpoint, or raise "
-            f"{what.split('=')[0]}; -1: the budget ends the fit)")
+            f"after it, and {run_limit(trainer, plan.steps)} ends the fit after {plan.steps}: "
+            f"this fit stops before its growth is done ({RESUME_OR_RAISE})")
 
     @override
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule,
@@ -645,12 +645,12 @@ class MorphogenesisCallback(Callback):
         mode = self.counterfactual or default_mode(x.device)
         forward = self._forward(pl_module)
         with trainer.precision_plugin.forward_context(), _eval_mode(pl_module):
-            _check_slots_before_the_logits(name, forward, x, slots)
             for run in dict.fromkeys(("separate", mode)):  # the general contract first
                 try:
                     CounterfactualAccumulator(probe_plan(slots), run).update(forward, x, y, slots)
                 except Exception as err:
                     raise MisconfigurationException(_probe_message(name, run, err)) from err
+            _check_slots_before_the_logits(name, forward, x, slots)  # a forward that works
 
     @override
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -244,7 +244,7 @@ class WidthGrowthCallback(Callback):
         self._check_depth_after_width(trainer, budget / per_step)
 
     def step_cost_bound(self) -> float:
-        """At most how many times a step now any later step costs (`_metering.GrowsSteps`):
+        """How many times this step's cost a later step can cost at most (`GrowsSteps`):
         before the widening, ``factor * max(factor, mlp_factor)`` (the blocks' matrices grow in
         both dimensions, the rest by ``factor`` at most); after it, 1."""
         if self.widened_step is not None:

@@ -24,8 +24,10 @@ rate the final size was not trained at is not read (`Along.skipped` says so); an
 rate per phase re-warms after its growth (`plan`), and its first points are read through that
 re-warm as they are. A point whose
 loss the stable phase never reaches, or reaches before its first point, gives no reading and
-is counted (``bounds``). Curves are read on the blocks the plan reads them on
-(`plan.Plan.curve_split`), the mean over episodes with a t interval (`fit.mean_t`).
+is counted (`AlongRun.beyond`, `AlongRun.before`): the mean at a point is over the episodes
+read there, so where some are left out it leans the other way. Curves are read on the blocks
+the plan reads them on (`plan.Plan.curve_split`), the mean over episodes with a t interval
+(`fit.mean_t`).
 """
 
 from __future__ import annotations
@@ -59,7 +61,14 @@ class AlongRun:
     fractions: tuple[float, ...]
     values: tuple[tuple[float, float, float], ...]
     episodes: tuple[int, ...]
-    bounds: int
+    beyond: int = 0
+    before: int = 0
+
+    @property
+    def bounds(self) -> int:
+        """Points not read: a loss below the stable phase's last point (``beyond``: worth at
+        least what that point reads) or above its first (``before``: at most)."""
+        return self.beyond + self.before
 
 
 @dataclass(frozen=True)
@@ -70,22 +79,27 @@ class Along:
     skipped: tuple[str, ...]
 
 
-def along_runs(rows: Sequence[Mapping[str, Any]], decay_fraction: float = DECAY_FRACTION
-               ) -> Along:
+def along_runs(rows: Sequence[Mapping[str, Any]], decay_fraction: float = DECAY_FRACTION,
+               arms: Sequence[Mapping[str, Any]] | None = None) -> Along:
     """The token value along every growing arm's run in ``rows`` (one study's) against its
-    final size (module docstring), at every budget and rate the arm trained."""
+    final size (module docstring), at every budget and rate the arm trained; ``arms``: read
+    only these of its growing arms' rows (a report's chosen rates), the final sizes' stable
+    phases still from every row of ``rows``."""
     frontier = frontier_rows(rows)
     sizes = set(sizes_of(frontier))
+    growing = [r for r in frontier_rows(rows if arms is None else arms)
+               if r["arm"] not in sizes]
     runs, skipped = [], []
-    for arm in sorted({r["arm"] for r in frontier} - sizes):
+    for arm in sorted({r["arm"] for r in growing}):
         final = final_size(frontier, arm)
         last_tau = parse_arm(arm).taus[-1]
-        ours = [r for r in frontier if r["arm"] == arm]
+        ours = [r for r in growing if r["arm"] == arm]
         for budget, rate in sorted({(r["budget"], row_rate(r)) for r in ours},
                                    key=lambda pair: (pair[0], rate_order(pair[1]))):
-            mine = [r for r in ours if r["budget"] == budget and row_rate(r) == rate]
+            mine = [r for r in ours if r["budget"] == budget and row_rate(r) == rate
+                    and r.get("curve")]  # an episode without its curve is left out
             where = f"{arm} at {budget:g}× (lr {rate_text(rate)})"
-            if not all(r.get("curve") for r in mine):
+            if not mine:
                 skipped.append(f"{where}: no curve")
                 continue
             peak = rate[-1] if isinstance(rate, tuple) else rate
@@ -110,7 +124,7 @@ def _read(arm: str, budget: float, peak: float, mine: Sequence[Mapping[str, Any]
     """The readings of one arm at one budget: each point after the growth, before the decay,
     in every episode whose final size has a stable phase."""
     by_point: dict[float, list[float]] = {}
-    bounds = 0
+    beyond = before = 0
     for row in mine:
         if int(row["episode"]) not in stable:
             continue
@@ -118,13 +132,14 @@ def _read(arm: str, budget: float, peak: float, mine: Sequence[Mapping[str, Any]
         for c, n, loss in row["curve"]:
             if not grown < c <= (1.0 - decay_fraction) * flops:
                 continue
-            reach = stable[int(row["episode"])].flops_to_reach(loss)
-            if reach is None or reach == stable[int(row["episode"])].flops[0]:
-                bounds += 1  # beyond the stable phase's points: no reading
+            curve = stable[int(row["episode"])]
+            reach = curve.flops_to_reach(loss)
+            if reach is None or reach == curve.flops[0]:  # outside its points: no reading
+                beyond, before = beyond + (reach is None), before + (reach is not None)
                 continue
             by_point.setdefault(round(c / flops, 6), []).append(
                 token_value(reach / c, n * cost / c, grown / c))
     fractions = tuple(sorted(by_point))
     return AlongRun(arm, budget, peak, fractions,
                     tuple(mean_t(by_point[f]) for f in fractions),
-                    tuple(len(by_point[f]) for f in fractions), bounds)
+                    tuple(len(by_point[f]) for f in fractions), beyond, before)

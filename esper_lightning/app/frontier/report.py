@@ -421,7 +421,7 @@ def write_report(folder: str | Path, plan: Plan, rows: Sequence[Mapping[str, Any
         table, drawn = _literature_report(plan, rows, folder / "literature.png")
         measured = ["", "## As the growth literature measures it", "", *table]
         pictures = ["", "![the frontier's speed-ups and the literature's](literature.png)"] * drawn
-        along, along_drawn = _along_report(plan, chosen, folder / "along.png")
+        along, along_drawn = _along_report(plan, rows, chosen, folder / "along.png")
         measured += ["", "## The token value along the run", "", *along]
         pictures += ["", "![the token value along each growing arm's run](along.png)"] * along_drawn
     path = folder / "report.md"
@@ -472,13 +472,13 @@ def _literature_report(plan: Plan, rows: Sequence[Mapping[str, Any]], figure: Pa
     return [*literature_lines(measured), *(["", *note] if note else [])], True
 
 
-def _along_report(plan: Plan, chosen: Sequence[Mapping[str, Any]], figure: Path
-                  ) -> tuple[list[str], bool]:
+def _along_report(plan: Plan, rows: Sequence[Mapping[str, Any]],
+                  chosen: Sequence[Mapping[str, Any]], figure: Path) -> tuple[list[str], bool]:
     """The token value along each growing arm's run (`along_lines`) and its figure at
     ``figure`` where some arm was read. Whether the figure was drawn."""
     from esper_lightning.app.frontier.plots import along_figure
 
-    along = along_runs(chosen, plan.decay_fraction)
+    along = along_runs(rows, plan.decay_fraction, arms=chosen)
     if along.runs:
         along_figure(along.runs, figure)
     return along_lines(along), bool(along.runs)
@@ -506,10 +506,12 @@ def along_lines(along: Along) -> list[str]:
                                                strict=True):
             lines.append(f"| {run.arm} | {run.budget:g} | {run.rate:g} | {share:.3f} | {n} | "
                          f"{_with_ci(mean, low, high, n)} |")
-    bounds = sum(run.bounds for run in along.runs)
-    if bounds:
-        lines += ["", f"{bounds} readings left out: a loss the stable phase never reaches, or "
-                  "reaches before its first point."]
+    beyond, before = (sum(run.beyond for run in along.runs),
+                      sum(run.before for run in along.runs))
+    if beyond or before:
+        lines += ["", f"Readings left out: {beyond} of a loss the stable phase never reaches "
+                  f"(worth more than its last point reads), {before} of one it reaches before its "
+                  "first point (worth less); each mean is over the episodes read at its point."]
     return lines + (["", f"Not read: {skipped}."] if skipped else [])
 
 
