@@ -399,9 +399,9 @@ def write_report(folder: str | Path, plan: Plan, rows: Sequence[Mapping[str, Any
                  docs: str | Path | None = None, also: Sequence[str] = ()) -> Path:
     """Write ``report.md`` and the figures into ``folder``; with ``docs``, replace the study's
     marked section there and copy the figures beside it (``images/frontier-<name>-<figure>``);
-    a document that also marks a ``<name>-literature`` section gets the literature's table
-    there (a study that holds its own curves and long runs; studies at several widths take it
-    from `write_widths`). ``also``: the studies whose rows joined (`report_lines`). Returns the
+    a document that also marks a ``<name>-literature`` or ``<name>-along`` section gets that
+    section's table there (`_Section`; studies at several widths take the literature's from
+    `write_widths`). ``also``: the studies whose rows joined (`report_lines`). Returns the
     report's path."""
     from esper_lightning.app.frontier.plots import loss_figure, speedup_figure
 
@@ -411,40 +411,61 @@ def write_report(folder: str | Path, plan: Plan, rows: Sequence[Mapping[str, Any
     lines = _lines(plan, chosen, results, also)
     figures = {"loss_vs_flops.png": "loss against compute"}
     loss_figure(chosen, loss_key(plan), folder / "loss_vs_flops.png")
-    table: list[str] = []  # the docs' only where they mark a section for it
-    measured: list[str] = []
-    pictures: list[str] = []
-    drawn = False  # the literature's figure
+    sections: list[_Section] = []
     if results is not None:
         figures["speedup.png"] = "speed-up against the frontier"
         speedup_figure(results, folder / "speedup.png")
-        table, drawn = _literature_report(plan, rows, folder / "literature.png")
-        measured = ["", "## As the growth literature measures it", "", *table]
-        pictures = ["", "![the frontier's speed-ups and the literature's](literature.png)"] * drawn
-        along, along_drawn = _along_report(plan, rows, chosen, folder / "along.png")
-        measured += ["", "## The token value along the run", "", *along]
-        pictures += ["", "![the token value along each growing arm's run](along.png)"] * along_drawn
+        sections = [_literature_section(plan, rows, folder),
+                    _along_section(plan, rows, chosen, folder)]
+    body = [line for section in sections
+            for line in ("", f"## {section.title}", "", *section.lines)]
+    pictures = [line for name, alt in [*figures.items(), *((x.figure, x.alt) for x in sections
+                                                          if x.figure)]
+                for line in ("", f"![{alt}]({name})")]
     path = folder / "report.md"
-    pictures = [line for name, alt in figures.items()
-                for line in ("", f"![{alt}]({name})")] + pictures
-    path.write_text("\n".join([f"# Frontier study `{plan.name}`", "", *lines, *measured,
+    path.write_text("\n".join([f"# Frontier study `{plan.name}`", "", *lines, *body,
                                *pictures, ""]))
     if docs is not None:
         replace_section(Path(docs), plan.name, lines)
+        for section in sections:  # the docs' only where they mark a section for it
+            if f"<!-- frontier:{plan.name}-{section.name}:begin -->" in Path(docs).read_text():
+                replace_section(Path(docs), f"{plan.name}-{section.name}", section.lines)
+                if section.figure:  # drawn just now, beside the others
+                    figures[section.figure] = ""
         images = Path(docs).parent / "images"  # where the document's pictures live
         images.mkdir(exist_ok=True)
-        if table and f"<!-- frontier:{plan.name}-literature:begin -->" in Path(docs).read_text():
-            replace_section(Path(docs), f"{plan.name}-literature", table)
-            if drawn:  # its figure, drawn just now, beside the others
-                figures["literature.png"] = ""
-        if results is not None and f"<!-- frontier:{plan.name}-along:begin -->" in Path(
-                docs).read_text():
-            replace_section(Path(docs), f"{plan.name}-along", along)
-            if along_drawn:
-                figures["along.png"] = ""
         for figure in figures:  # drawn just now: never an older run's picture
             shutil.copyfile(folder / figure, images / f"frontier-{plan.name}-{figure}")
     return path
+
+
+@dataclass(frozen=True)
+class _Section:
+    """A section of a growing study's report past its tables: its marker's suffix in a
+    document (``<!-- frontier:<study>-<name>:begin -->``), title, lines, and its figure's file
+    in the study's folder (None: not drawn) with the figure's alt text."""
+
+    name: str
+    title: str
+    lines: list[str]
+    figure: str | None
+    alt: str
+
+
+def _literature_section(plan: Plan, rows: Sequence[Mapping[str, Any]], folder: Path
+                        ) -> _Section:
+    table, drawn = _literature_report(plan, rows, folder / "literature.png")
+    return _Section("literature", "As the growth literature measures it", table,
+                    "literature.png" if drawn else None,
+                    "the frontier's speed-ups and the literature's")
+
+
+def _along_section(plan: Plan, rows: Sequence[Mapping[str, Any]],
+                   chosen: Sequence[Mapping[str, Any]], folder: Path) -> _Section:
+    lines, drawn = _along_report(plan, rows, chosen, folder / "along.png")
+    return _Section("along", "The token value along the run", lines,
+                    "along.png" if drawn else None,
+                    "the token value along each growing arm's run")
 
 
 def _literature_report(plan: Plan, rows: Sequence[Mapping[str, Any]], figure: Path
