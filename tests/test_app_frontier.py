@@ -429,6 +429,22 @@ def test_a_study_too_short_for_a_power_law_says_so_in_its_report():
             "got 2 ([1000000000000.0, 2000000000000.0]).") in report_lines(plan, rows)
 
 
+def test_a_size_too_short_for_a_power_law_is_named_under_the_estimators_table():
+    from esper_lightning.app.frontier.report import report_lines
+
+    rows = [r for r in _rows({"S1": 1.0, "S2": 1.0, "G1-2@0.5:identity": 1.5}, lrs=(2e-3,))
+            if r["arm"] != "S1" or r["budget"] in (1.0, 2.0)]
+    plan = parse_plan(_plan(purpose="final", budgets=[1, 2, 4, 8], base_flops=1e12,
+                            warmup_flops=1e10))
+    lines = report_lines(plan, rows)
+    estimators = lines[lines.index(next(x for x in lines if x.startswith("Speed-up by "
+                                                                           "estimator"))):]
+    assert next(x for x in estimators if x.startswith("| G1-2@0.5:identity | 2 | 3 |")
+                ).split(" | ")[3].startswith("1.50×")  # S2, fitted, holds the frontier
+    assert estimators[-1].startswith("Fewer budgets than a power law with an offset needs (3): "
+                                     "S1 (2 budgets), in the fitted envelopes as measured")
+
+
 def test_one_episode_is_reported_without_intervals_it_cannot_have():
     """A one-episode tuning study has no spread: its cells are the values alone, not
     ``[x, x]`` brackets or a ``[nan, nan]`` t interval."""

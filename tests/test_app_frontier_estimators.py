@@ -9,6 +9,7 @@ import pytest
 
 from esper_lightning.app.frontier.estimators import (
     PIECEWISE,
+    POWER,
     CurveReadings,
     Pool,
     cross_envelope,
@@ -21,7 +22,10 @@ from esper_lightning.app.frontier.estimators import (
     mean_curve,
     minimum_bias,
     row_curve,
+    short_sizes,
     sizes_of,
+    smooth,
+    smooth_sizes,
     too_few_budgets,
 )
 from esper_lightning.app.frontier.fit import Curve, PowerLaw, frontier, speedup
@@ -82,6 +86,32 @@ def test_the_pooled_power_law_reads_a_speedup_the_rows_have_by_construction():
         chord = speedup(loss, result.budget * BASE, chords).value
         assert result.chord == pytest.approx(chord / 1.5 - 1.0, abs=NEAR)
         assert result.chord > 0.005 and result.piecewise.value == pytest.approx(chord)
+
+
+def test_a_size_of_two_budgets_joins_a_fitted_envelope_as_measured():
+    """A power law with an offset needs three budgets: a size measured at two (a plan's small
+    size kept below the arms' budgets) enters the fitted envelopes as its chord, where it can
+    hold the frontier; a frontier with no fitted size at all is still refused."""
+    fitted = Curve.of((b * BASE, s2(b * BASE)) for b in (1, 2, 4, 8, 16))
+    short = Curve.of([(1 * BASE, s2(BASE) - 0.05), (2 * BASE, s2(2 * BASE) - 0.05)])
+    for kind in (POWER, "chord"):
+        law, chord = smooth_sizes([fitted, short], kind)
+        assert np.array_equal(law.loss, smooth(fitted, kind).loss) and chord is short
+    assert smooth_sizes([fitted, short], PIECEWISE) == [fitted, short]
+    front = frontier(smooth_sizes([fitted, short], POWER))
+    assert front.at(1.5 * BASE) == pytest.approx(short.at(1.5 * BASE))  # the chord holds it
+    assert front.at(4 * BASE) == pytest.approx(s2(4 * BASE), abs=NEAR)  # the law beyond it
+    with pytest.raises(ValueError, match=r"needs at least 3 budgets, got 2"):
+        smooth_sizes([short, short], POWER)
+    # In a study: S1 (never the frontier) kept to two budgets changes no estimate.
+    rows = [r for r in _study(shift=lambda e: 0.01 * (e - 1.5))
+            if r["arm"] != "S1" or r["budget"] <= 2.0]
+    assert short_sizes(rows) == ["S1"]
+    for result in estimates(rows, "test_nats"):
+        assert result.power.value == pytest.approx(1.5, abs=NEAR)
+        assert result.episode_power.mean == pytest.approx(1.5, abs=NEAR)
+    assert [m.frontier.value for m in literature([(32, rows)], "test_nats")] == pytest.approx(
+        [1.5] * 3, abs=NEAR)
 
 
 def test_the_per_episode_piecewise_estimate_is_the_reports_own_table():

@@ -5,7 +5,8 @@ widths', and as the growth literature measures it, from studies' rows alone (Num
 
 * *pooled power law* (the headline): each fixed size's episode-mean curve (its mean loss at
   each budget over the episodes) fitted by `fit.PowerLaw`, the frontier the lower envelope of
-  the fits, the arm's episode-mean loss read against it (`fit.speedup`). Its interval is a
+  the fits (a size measured at fewer budgets than a fit needs enters as measured:
+  `smooth_sizes`), the arm's episode-mean loss read against it (`fit.speedup`). Its interval is a
   jackknife t over episodes (`fit.jackknife_t` of the log speed-up, each episode left out in
   turn): the estimate is a smooth function of episode means, whose variance the jackknife
   estimates. A per-episode refit and a t over its values would estimate another quantity (the
@@ -187,6 +188,31 @@ def smooth(curve: Curve, kind: str) -> Curve:
     return Curve(curve.flops, np.asarray(law.at(curve.flops), dtype=float))
 
 
+def smooth_sizes(curves: Sequence[Curve], kind: str) -> list[Curve]:
+    """Each fixed size's curve read the ``kind`` way, for an envelope: a size measured at fewer
+    budgets than a power law with an offset needs (`fit.POWER_POINTS`; `short_sizes`) enters
+    a fitted envelope as measured, linear in ``log C`` between its budgets, as long as one size
+    is fitted (a frontier of chords alone is no power-law estimate).
+
+    Raises:
+        ValueError: No size has budgets enough for a fit (one line, `fit.PowerLaw.fit`'s).
+    """
+    if kind == PIECEWISE:
+        return list(curves)
+    fitted = [c for c in curves if len(c.flops) >= POWER_POINTS]
+    if not fitted:
+        PowerLaw.fit(min(curves, key=lambda c: len(c.flops)))  # raises, naming the budgets
+    return [smooth(c, kind) if len(c.flops) >= POWER_POINTS else c for c in curves]
+
+
+def short_sizes(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The fixed sizes of ``rows`` measured at fewer budgets than a power law with an offset
+    needs: `smooth_sizes` reads them as measured in a fitted envelope."""
+    rows = list(rows)
+    return [s for s in sizes_of(rows)
+            if len({r["budget"] for r in rows if r["arm"] == s}) < POWER_POINTS]
+
+
 @dataclass(frozen=True)
 class Pooled:
     """A pooled estimate: its value, its jackknife t interval (NaN where it has none: one
@@ -249,8 +275,8 @@ class Pool:
         """The lower envelope of every study's sizes' mean curves, read the ``kind`` way."""
         key = (kind, keep)
         if key not in self._fronts:
-            self._fronts[key] = frontier([smooth(self.curve(g, s, keep), kind)
-                                          for g, s in self.sizes()])
+            self._fronts[key] = frontier(smooth_sizes(
+                [self.curve(g, s, keep) for g, s in self.sizes()], kind))
         return self._fronts[key]
 
     def estimate(self, value: Callable[[Keep], Speedup | float], log: bool = True) -> Pooled:
@@ -368,7 +394,8 @@ def _per_episode(rows: Sequence[Mapping[str, Any]], loss: str, kind: str
     ``kind`` way: geometric mean, bootstrap and t intervals (`fit.geometric_summary`)."""
     episodes = complete_episodes(rows)
     curves = {s: curves_by_episode(rows, s, loss) for s in sizes_of(rows)}
-    fronts = {e: frontier([smooth(c[e], kind) for c in curves.values()]) for e in episodes}
+    fronts = {e: frontier(smooth_sizes([c[e] for c in curves.values()], kind))
+              for e in episodes}
     results = {}
     for arm in growing_arms(rows):
         mine = [r for r in rows if r["arm"] == arm and r["episode"] in fronts]
@@ -428,7 +455,7 @@ def cross_envelope(pool: Pool) -> list[CrossPoint]:
     keep = pool.everything
     names = [f"{pool.labels[g]}{s}" for g, s in pool.sizes()]
     means = [pool.curve(g, s, keep) for g, s in pool.sizes()]
-    laws = [smooth(c, POWER) for c in means]
+    laws = smooth_sizes(means, POWER)
     points = []
     for flops in sorted({float(c) for curve in means for c in curve.flops}):
         losses = {n: c.at(flops) for n, c in zip(names, means, strict=True)}

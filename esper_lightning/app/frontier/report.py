@@ -36,6 +36,7 @@ from esper_lightning.app.frontier.estimators import (
     literature,
     long_rows,
     minimum_bias,
+    short_sizes,
     sizes_of,
     too_few_budgets,
 )
@@ -392,7 +393,22 @@ def _estimator_lines(rows: Sequence[Mapping[str, Any]], loss: str) -> list[str]:
             "piecewise, the table above) with the t interval over episodes. The chord effect is "
             "the pooled speed-up against chords through the fitted laws' own points over the "
             "speed-up against the laws: what chords alone add. ≤ / ≥: only a bound (beyond "
-            "the frontier's measured budgets), no interval.", "", *table]
+            "the frontier's measured budgets), no interval.", "", *table,
+            *_short_sizes_lines(rows)]
+
+
+def _short_sizes_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The line saying which fixed sizes a fitted envelope reads as measured (`estimators.
+    smooth_sizes`), after a blank line; none where every size was fitted."""
+    short = short_sizes(frontier_rows(rows))
+    if not short:
+        return []
+    named = ", ".join(f"{s} ({len({r['budget'] for r in rows if r['arm'] == s})} budgets)"
+                      for s in short)
+    return ["", f"Fewer budgets than a power law with an offset needs ({POWER_POINTS}): {named}, "
+            "in the fitted envelopes as measured: linear in log C between its budgets, which "
+            "lies above a convex curve, so where such a size holds the frontier a speed-up read "
+            "there is, if anything, too large."]
 
 
 def write_report(folder: str | Path, plan: Plan, rows: Sequence[Mapping[str, Any]],
@@ -490,7 +506,8 @@ def _literature_report(plan: Plan, rows: Sequence[Mapping[str, Any]], figure: Pa
     if not measured:
         return ["No literature table: the rows hold no growing arm."], False
     literature_figure(measured, figure)
-    return [*literature_lines(measured), *(["", *note] if note else [])], True
+    return [*literature_lines(measured), *(["", *note] if note else []),
+            *_short_sizes_lines(frontier)], True
 
 
 def _along_report(plan: Plan, rows: Sequence[Mapping[str, Any]],
