@@ -442,7 +442,7 @@ class MorphogenesisCallback(Callback):
         if self.ledger.budget_flops is not None and self._budget_steps is not None:
             left = (1.0 - tau) * self._budget_steps / grown_step_bound(sites)
             what = f"the budget ({self.ledger.budget_flops:g} FLOPs, at the grown cost)"
-            self._warn_if_cut_short(trainer, plan, needed, left)
+            self._warn_if_cut_short(trainer, controller, plan.steps, needed, left)
         if left < needed:
             raise MisconfigurationException(
                 f"MorphogenesisCallback: the growth schedule cannot finish: StackController(tau="
@@ -450,17 +450,14 @@ class MorphogenesisCallback(Callback):
                 f"{ticks} blend step(s), the advance and the fossilization), {what} leaves about "
                 f"{int(left)}; lower tau or train longer")
 
-    def _warn_if_cut_short(self, trainer: L.Trainer, plan: RunPlan, needed: int,
-                           budget_left: float) -> None:
+    def _warn_if_cut_short(self, trainer: L.Trainer, controller: StackController, steps: int,
+                           needed: int, budget_left: float) -> None:
         """Under a budget ``tau`` is a share of the budget, so a run whose own length ends it
         first (``max_steps``, ``max_epochs``) may stop between the growth and its end: warn,
         in one line, where it leaves fewer steps after ``tau`` than the growth needs. Not
         refused: a fit cut short on purpose is resumed from its checkpoint, growth and all."""
-        controller = self.controller
-        if not isinstance(controller, StackController) or plan.steps is None:
-            return
         grows_at = math.ceil(controller.last_tau * self._budget_steps)  # today's cost
-        left = plan.steps - grows_at
+        left = steps - grows_at
         if left >= needed or left >= budget_left:
             return
         grows = (f"grows at about step {grows_at}" if left > 0
@@ -468,7 +465,7 @@ class MorphogenesisCallback(Callback):
         rank_zero_warn(
             f"MorphogenesisCallback: StackController(tau={controller.last_tau:g}) {grows} of "
             f"the budget ({self.ledger.budget_flops:g} FLOPs) and needs >= {needed} steps "
-            f"after it, and {run_limit(trainer, plan.steps)} ends the fit after {plan.steps}: "
+            f"after it, and {run_limit(trainer, steps)} ends the fit after {steps}: "
             f"this fit stops before its growth is done ({RESUME_OR_RAISE})")
 
     @override

@@ -400,10 +400,11 @@ def _estimator_lines(rows: Sequence[Mapping[str, Any]], loss: str) -> list[str]:
 def _short_sizes_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """The line saying which fixed sizes a fitted envelope reads as measured (`estimators.
     smooth_sizes`), after a blank line; none where every size was fitted."""
-    short = short_sizes(frontier_rows(rows))
+    frontier = frontier_rows(rows)  # a long run's row is no budget of its size
+    short = short_sizes(frontier)
     if not short:
         return []
-    named = ", ".join(f"{s} ({len({r['budget'] for r in rows if r['arm'] == s})} budgets)"
+    named = ", ".join(f"{s} ({len({r['budget'] for r in frontier if r['arm'] == s})} budgets)"
                       for s in short)
     return ["", f"Fewer budgets than a power law with an offset needs ({POWER_POINTS}): {named}, "
             "in the fitted envelopes as measured: linear in log C between its budgets, which "
