@@ -8,8 +8,8 @@
 # side by side, the frontier across widths (each size's rate read against its tuning grid) and
 # the literature's measures beside the frontier's, the final with curves and sizes of both
 # widths (its literature table in its own section), the widening arms' final at width 64 (its
-# literature and along-the-run tables in their own sections), then the tuning studies of the
-# evidence appendix. Each command writes its study's marked sections (<!-- frontier:NAME:begin/end -->)
+# literature and along-the-run tables in their own sections) and its follow-up joined to it,
+# then the tuning studies of the evidence appendix. Each command writes its study's marked sections (<!-- frontier:NAME:begin/end -->)
 # and copies its figures to docs/images/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +21,7 @@ run widths $F/w32-final-growth+$F/w32-final-sizes $F/w64-final \
     --tuning $F/w32-tuning --tuning $F/w64-tuning --docs docs/results.md
 run report $F/w32-growth-final --docs docs/results.md
 run report $F/w64-width-final --docs docs/results.md
+run report $F/w64-width-final-8x --with $F/w64-width-final --docs docs/results.md
 run report $F/w32-tuning --docs docs/evidence.md
 run report $F/w64-tuning --docs docs/evidence.md
 run report $F/w128-tuning --docs docs/evidence.md
