@@ -9,8 +9,8 @@
 # the literature's measures beside the frontier's, the final with curves and sizes of both
 # widths (its literature table in its own section), the widening arms' final at width 64 (its
 # literature and along-the-run tables in their own sections) and its follow-up joined to it,
-# then the tuning studies of the evidence appendix. Each command writes its study's marked sections (<!-- frontier:NAME:begin/end -->)
-# and copies its figures to docs/images/.
+# then the tuning studies of the evidence appendix. Each command writes its study's marked
+# sections (<!-- frontier:NAME:begin/end -->) and copies its figures to docs/images/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 F=results/frontier
