@@ -157,14 +157,15 @@ def test_a_budgets_growth_that_max_steps_cuts_short_is_told_at_the_first_step(te
     """Under a budget tau is a share of the budget: a max_steps below the budget's steps can
     end the run a few steps after the growth (found by a user following the README with
     max_steps=40 on a budget of about 68 steps: grown at step 36, the fit over at step 40).
-    Told, not refused: the fit resumes from its checkpoint, growth and all."""
+    Told, not refused: the fit resumes from its checkpoint, growth and all. One cause, one line:
+    a growth that would not begin in the fit is the budget's to tell."""
     from esper_lightning.callbacks import ComputeBudget
     from esper_lightning.core.flops import FlopMeter
 
     step = FlopMeter().training_step(user_model("nanogpt"), torch.zeros(8, 16, dtype=torch.long))
 
-    def fit(max_steps: int) -> list[str]:
-        morpho = MorphogenesisCallback(StackController(tau=0.25, operator="identity"),
+    def fit(max_steps: int, tau: float = 0.25) -> list[str]:
+        morpho = MorphogenesisCallback(StackController(tau=tau, operator="identity"),
                                        growth=DepthGrowth("blocks", blocks=3))
         # 100 one-block steps: growth at step 25, then the budget's 75 at up to 4x.
         trainer = _trainer(tmp_path, [morpho, ComputeBudget(100 * step), StopAfterSteps(2)],
@@ -183,12 +184,21 @@ def test_a_budgets_growth_that_max_steps_cuts_short_is_told_at_the_first_step(te
         "after 27: this fit stops before its growth is done (resume it from its checkpoint, or "
         "raise that limit; -1 for max_steps and max_epochs: the budget ends the fit)")
     assert fit(40) == []  # 15 steps after the growth: enough
-    # 5 steps: even at 4x the one-block cost (the growth's bound) they spend 20 of the 100.
-    budget_says, growth_says = fit(5)
+    # 5 steps: even at 4x the one-block cost (the growth's bound) they spend 20 of the 100, and
+    # the growth at step 25 would not begin: the budget's line alone says so.
+    (budget_says,) = fit(5)
     assert budget_says.startswith(f"ComputeBudget({100 * step:g} FLOPs): max_steps=5 ends the "
                                   "fit after 5 steps, which spend at most ")
-    assert "(20% of the budget, 4x this step's cost once grown)" in budget_says
-    assert "would grow at about step 25" in growth_says
+    assert "(20% of the budget, 4x this step's cost once grown): what the budget plans after " \
+        "that (a decay, a growth) will not happen in this fit" in budget_says
+    # tau 0.1 and 12 steps: the growth begins at step 10 and cannot finish (a seed half-born at
+    # the fit's end), and the budget is not spent (at most 48 of 100): two consequences, a line
+    # each.
+    budget_says, growth_says = fit(12, tau=0.1)
+    assert "max_steps=12 ends the fit after 12 steps" in budget_says
+    assert growth_says.startswith("MorphogenesisCallback: StackController(tau=0.1) grows at "
+                                  "about step 10 of the budget")
+    assert "this fit stops before its growth is done" in growth_says
 
 
 class StopAfterSteps(L.Callback):

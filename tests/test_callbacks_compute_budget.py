@@ -179,9 +179,10 @@ def test_a_loss_key_never_logged_warns_once(cifar_dir, tmp_path):
 
 def test_a_run_that_ends_before_its_budget_is_told_at_its_first_step(cifar_dir, tmp_path):
     step = step_flops()
-    steps = Steps()
+    steps, short = Steps(), ComputeBudget(20 * step)
     with pytest.warns(UserWarning) as record:
-        fit(tmp_path, cifar_dir, [ComputeBudget(20 * step), steps], max_steps=12)
+        fit(tmp_path, cifar_dir, [short, steps], max_steps=12)
+    assert short.told_short  # what a growth callback reads before it says the same again
     (message,) = [str(w.message) for w in record if "ComputeBudget" in str(w.message)]
     assert message == (
         f"ComputeBudget({20 * step:g} FLOPs): max_steps=12 ends the fit after 12 steps, which "
@@ -201,6 +202,7 @@ def test_a_run_that_ends_before_its_budget_is_told_at_its_first_step(cifar_dir, 
                 accumulate_grad_batches=accumulate)
         assert budget.ledger.exhausted, accumulate
         assert not [w for w in caught if "ComputeBudget" in str(w.message)], accumulate
+        assert not budget.told_short, accumulate
 
 
 def test_a_growth_that_makes_steps_dearer_counts_at_its_bound(cifar_dir, tmp_path):

@@ -134,6 +134,13 @@ class ComputeBudget(Callback):
         """The share of the budget spent."""
         return self.spent / self.budget_flops
 
+    @property
+    def told_short(self) -> bool:
+        """Whether this fit was told, at its first step, that its own length (``max_steps``,
+        ``max_epochs``) ends it before the budget is spent: what the budget plans later (a
+        decay, a growth) will not happen in this fit."""
+        return self._told_short
+
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._metering = next((c for c in trainer.callbacks if c is not self

@@ -455,10 +455,16 @@ class MorphogenesisCallback(Callback):
         """Under a budget ``tau`` is a share of the budget, so a run whose own length ends it
         first (``max_steps``, ``max_epochs``) may stop between the growth and its end: warn,
         in one line, where it leaves fewer steps after ``tau`` than the growth needs. Not
-        refused: a fit cut short on purpose is resumed from its checkpoint, growth and all."""
+        refused: a fit cut short on purpose is resumed from its checkpoint, growth and all.
+        Silent where the growth would not begin in this fit and the `ComputeBudget` has said so
+        already (at the first step: "what the budget plans after that (a decay, a growth) will
+        not happen"): one cause, one line."""
         grows_at = math.ceil(controller.last_tau * self._budget_steps)  # today's cost
         left = steps - grows_at
         if left >= needed or left >= budget_left:
+            return
+        budget = fit_budget(trainer)
+        if left <= 0 and budget is not None and budget.told_short:
             return
         grows = (f"grows at about step {grows_at}" if left > 0
                  else f"would grow at about step {grows_at}")
