@@ -96,10 +96,13 @@ def test_env_and_callback_show_the_controller_the_same_reports(cifar_dir, tmp_pa
         for es, cs in zip(e.slots, c.slots, strict=True):
             assert (es.stage, es.blueprint, es.alpha) == (cs.stage, cs.blueprint, cs.alpha)
             for name in ("gradient_health", "gradient_norm", "counterfactual_contribution",
-                         "current_accuracy", "epochs_in_stage"):
+                         "contribution_se", "current_accuracy", "epochs_in_stage"):
                 a, b = getattr(es.metrics, name), getattr(cs.metrics, name)
                 assert (a is None) == (b is None), name
                 if a is not None:
                     assert a == pytest.approx(b, rel=1e-4, abs=1e-6), name
     blended = env[-1].slots[0]
     assert blended.stage.name == "BLENDING" and blended.metrics.gradient_norm is not None
+    # Measured in both adapters with its standard error over the 40 validation images.
+    assert blended.metrics.counterfactual_contribution is not None
+    assert blended.metrics.contribution_se is not None and blended.metrics.contribution_se >= 0

@@ -863,3 +863,17 @@ def test_a_hugging_face_model_grows_under_a_budget_and_saves_at_its_new_depth(
     again = AutoModelForCausalLM.from_pretrained(tmp_path / "grown").eval()
     with torch.no_grad():
         torch.testing.assert_close(again(idx).logits, grown)
+
+
+def test_a_pending_validation_is_saved_with_its_standard_errors_and_older_ones_load():
+    """Between a validation and the decision that reads it (decisions every N steps) a
+    checkpoint holds the validation: accuracy, loss, contributions and their standard errors.
+    A checkpoint written before the standard errors holds three of them and still loads: its
+    contributions are then judged as measured, without one."""
+    callback = MorphogenesisCallback(StaticController(), slots=["net.3"])
+    state = {"controller": callback.controller.state_dict(), "decided_epoch": 0,
+             "decided_step": 40, "engine": {}}
+    for saved, errors in (([71.25, 0.8, {"net.3": 2.5}, {"net.3": 1.4}], {"net.3": 1.4}),
+                          ([71.25, 0.8, {"net.3": 2.5}], {})):
+        callback.load_state_dict({**state, "validation": saved})
+        assert callback._validation == (71.25, 0.8, {"net.3": 2.5}, errors)  # for the decision

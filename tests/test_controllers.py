@@ -421,6 +421,76 @@ def test_holding_seed_is_judged_on_its_counterfactual_contribution(contribution,
         assert controller.last_reason.startswith("ransomware")
 
 
+@pytest.mark.parametrize(
+    ("contribution", "standard_error", "op"),
+    [
+        (2.5, 0.9, Op.FOSSILIZE),  # 2.0 above the threshold, more than 2 standard errors
+        (2.5, 1.1, Op.WAIT),  # 2.0 above, within 2 standard errors: measure again
+        (-1.5, 0.9, Op.PRUNE),
+        (-1.5, 1.1, Op.WAIT),
+        (0.0, 0.0, Op.PRUNE),  # the seed turns no example either way: told at once
+        (2.5, None, Op.FOSSILIZE),  # measured without a standard error: judged as before
+    ],
+)
+def test_a_holding_seed_is_judged_once_its_contribution_is_told_from_the_threshold(
+        contribution, standard_error, op):
+    slots = make_slots(1)
+    to_stage(slots[0], SeedStage.HOLDING, acc=50.0)
+    slots[0].record_accuracy(51.0)
+    slots[0].record_contribution(contribution, standard_error)
+    controller = HeuristicController()
+    action = controller.decide(make_report(slots, 30))
+    assert action.op == op, controller.last_reason
+    if op == Op.WAIT:
+        assert controller.last_reason == (
+            f"holding: contribution {contribution:.2f} ± {standard_error:.2f} pp is within 2 "
+            f"standard errors of 0.5: measure again (held "
+            f"{slots[0].state.metrics.epochs_in_stage} of at most 3 decisions)")
+    elif standard_error is not None:
+        assert f"contribution {contribution:.2f} ± {standard_error:.2f} pp" in (
+            controller.last_reason)
+    # judge_z=0 is the research code's rule: the contribution alone.
+    alone = HeuristicController(HeuristicConfig(judge_z=0.0)).decide(make_report(slots, 30))
+    assert alone.op == (Op.FOSSILIZE if contribution > 0.5 else Op.PRUNE)
+
+
+def test_an_undecided_seed_is_judged_on_its_value_when_its_holds_or_the_run_run_out():
+    controller = HeuristicController()
+    slots = make_slots(1)
+    to_stage(slots[0], SeedStage.HOLDING, acc=50.0)
+    ops = []
+    for epoch in range(30, 36):  # 2.5 ± 1.5 pp: never told apart at 2 standard errors
+        slots[0].record_accuracy(51.0)
+        slots[0].record_contribution(2.5, 1.5)
+        action = controller.decide(make_report(slots, epoch))
+        ops.append(action.op)
+        if action.op != Op.WAIT:
+            break
+        slots[0].tick()
+    held = slots[0].state.metrics.epochs_in_stage
+    assert ops == [Op.WAIT] * (len(ops) - 1) + [Op.FOSSILIZE] and held == 3
+    assert controller.last_reason == (
+        "contribution 2.50 ± 1.50 pp > 0.5, judged on its value alone (held 3 decisions): "
+        "fossilize")
+    # A planned run's last decision judges it at once, holds or not.
+    slots = make_slots(1)
+    to_stage(slots[0], SeedStage.HOLDING, acc=50.0)
+    slots[0].record_accuracy(51.0)
+    slots[0].record_contribution(-1.0, 1.5)
+    last = dataclasses.replace(make_report(slots, 11), max_epochs=12)
+    assert controller.decide(last).op == Op.PRUNE
+    assert controller.last_reason == ("contribution -1.00 ± 1.50 pp <= 0.5, judged on its value "
+                                      "alone (the run's last decision): prune")
+    assert controller.decide(dataclasses.replace(last, epoch=10)).op == Op.WAIT
+
+
+@pytest.mark.parametrize("judge_z", [-1.0, float("nan"), float("inf")])
+def test_a_judge_z_that_is_not_a_finite_number_at_least_0_is_refused(judge_z):
+    with pytest.raises(ValueError, match=r"^HeuristicConfig.judge_z must be a finite number "
+                       rf">= 0, got {judge_z!r}$"):
+        HeuristicConfig(judge_z=judge_z)
+
+
 def test_only_the_first_live_seed_is_handled_and_no_germination_meanwhile():
     slots = make_slots(3)
     to_stage(slots[1], SeedStage.HOLDING)  # contribution unmeasured: waits

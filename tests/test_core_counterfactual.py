@@ -223,6 +223,36 @@ def test_reduced_shards_give_the_whole_sets_counts_not_a_mean_of_ratios():
         assert shard.total == 24 and torch.equal(shard.correct, whole.correct)
         assert shard.accuracies() == whole.accuracies()
         assert shard.read()[1] == pytest.approx(whole.read()[1], rel=1e-6)
+        assert torch.equal(shard.flips, whole.flips)
+        assert shard.standard_errors() == whole.standard_errors()
+
+
+def test_the_standard_error_is_the_paired_differences_over_the_examples():
+    """Each example scores +1 where the seed turns it right, -1 where it turns it wrong: the
+    contribution is their mean (points) and its standard error the one of that mean, counted
+    here example by example from each configuration's own predictions."""
+    host = _grown_host()
+    torch.manual_seed(3)
+    batches = [(torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))) for _ in range(3)]
+    plan = make_plan(host.slots)
+    errors = {}
+    for mode in MODES:
+        acc = CounterfactualAccumulator(plan, mode)
+        for x, y in batches:
+            acc.update(host, x, y, host.slots)
+        contributions, errors[mode] = acc.contributions(), acc.standard_errors()
+    x, y = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+    with torch.no_grad():
+        main = host(x).argmax(-1) == y
+        for sid in plan.slot_ids:
+            with host.slots[sid].alpha_override(torch.tensor(0.0)):
+                off = host(x).argmax(-1) == y
+            paired = 100.0 * (main.double() - off.double())  # [48], points
+            assert contributions[sid] == pytest.approx(paired.mean().item())
+            expected = paired.std(correction=0).item() / len(paired) ** 0.5
+            assert (paired != 0).any()  # the seed turns some example: not trivially zero
+            assert errors["separate"][sid] == pytest.approx(expected, rel=1e-12)
+    assert errors["separate"] == errors["fused"]
 
 
 # --- language models: every token counts ---------------------------------------------------------

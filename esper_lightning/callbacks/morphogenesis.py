@@ -283,8 +283,10 @@ class MorphogenesisCallback(Callback):
         self._decided_epoch = -1  # epoch of the last decision
         #: The spent fraction at which the controller's next decision is due (None: the cadence).
         self._due: float | None = None
-        #: The last validation run's (accuracy, loss, contributions), for the next decision.
-        self._validation: tuple[float | None, float | None, dict[str, float]] | None = None
+        #: The last validation run's (accuracy, loss, contributions, their standard errors),
+        #: for the next decision.
+        self._validation: tuple[float | None, float | None, dict[str, float],
+                                dict[str, float]] | None = None
         self._train_loss: Tensor | None = None  # [loss sum, batches] folded so far
         self._losses: list[Tensor] = []  # each step's loss since the last fold, on the device
         self._budget_steps: int | None = None  # the steps a compute budget allows (estimated)
@@ -660,9 +662,9 @@ class MorphogenesisCallback(Callback):
         # Before ModelCheckpoint (always ordered last) saves, so a checkpoint holds the decision.
         if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
             return
-        accuracy, contributions = self._measurements(trainer)
+        accuracy, contributions, errors = self._measurements(trainer)
         loss = dist.mean_over_ranks(trainer, trainer.callback_metrics.get(self.loss_key))
-        self._validation = (accuracy, loss, contributions)
+        self._validation = (accuracy, loss, contributions, errors)
         self._check_keys(trainer, validated=True)
         if self.every_n_train_steps is None:
             self._decide(trainer)
@@ -698,10 +700,10 @@ class MorphogenesisCallback(Callback):
         self._decided_step, self._decided_epoch = trainer.global_step, trainer.current_epoch
         engine = self._require_engine()
         train_loss = self._interval_train_loss(trainer)
-        accuracy, loss, contributions = self._validation or (None, None, {})
+        accuracy, loss, contributions, errors = self._validation or (None, None, {}, {})
         self._validation = None  # measured once, reported once: never a stale reading
         self._check_keys(trainer, validated=False)
-        engine.record_epoch(accuracy, loss, train_loss, contributions)
+        engine.record_epoch(accuracy, loss, train_loss, contributions, errors)
         action = self.controller.decide(self._report(trainer))
         controller = self.controller
         reason = controller.last_reason if isinstance(controller, ExplainsDecisions) else None
@@ -837,19 +839,22 @@ class MorphogenesisCallback(Callback):
             f"longer"
         )
 
-    def _measurements(self, trainer: L.Trainer) -> tuple[float | None, dict[str, float]]:
+    def _measurements(self, trainer: L.Trainer
+                      ) -> tuple[float | None, dict[str, float], dict[str, float]]:
+        """The host's validation accuracy (percent), each measured seed's contribution and its
+        standard error (points), from the counterfactual accumulator where one ran."""
         acc = self._accumulator
         self._accumulator = None
         if acc is not None and dist.is_distributed(trainer):  # counts of every rank's shard
             acc.reduce(dist.all_reduce_sum, trainer.strategy.root_device)
         if acc is not None and acc.total > 0:
             accuracies = acc.accuracies()
-            return accuracies["main"], acc.contributions(accuracies)
+            return accuracies["main"], acc.contributions(accuracies), acc.standard_errors()
         logged = None if self.accuracy_key is None else trainer.callback_metrics.get(
             self.accuracy_key
         )
         logged = dist.mean_over_ranks(trainer, logged)
-        return (None if logged is None else 100.0 * logged), {}
+        return (None if logged is None else 100.0 * logged), {}, {}
 
     def _log(self, trainer: L.Trainer, contributions: dict[str, float]) -> None:
         engine = self._require_engine()
@@ -909,9 +914,10 @@ class MorphogenesisCallback(Callback):
         loss, validation = state_dict.get("train_loss"), state_dict.get("validation")
         self._train_loss = None if loss is None else torch.tensor(loss, dtype=torch.float)
         self._losses = []
-        if validation is not None:
-            accuracy, val_loss, contributions = validation
-            self._validation = (accuracy, val_loss, dict(contributions))
+        if validation is not None:  # a checkpoint before the standard errors holds three
+            accuracy, val_loss, contributions, *errors = validation
+            self._validation = (accuracy, val_loss, dict(contributions),
+                                dict(errors[0]) if errors else {})
         self._budget_steps = state_dict.get("budget_steps")
         if self.engine is not None:  # seeds just rebuilt from the checkpoint: not DDP's to sync
             dist.keep_slots_out_of_ddp(self.engine.model)

@@ -118,7 +118,17 @@ class HeuristicConfig:
         max_training_epochs: prune a seed still TRAINING after this many epochs (G2 never let
             it blend); 0: no limit. Not scaled with the run length, since G2's incubation is
             not.
-        fossilize_contribution: fossilize a HOLDING seed whose contribution is above this.
+        fossilize_contribution: fossilize a HOLDING seed whose contribution is above this,
+            prune it otherwise.
+        judge_z: judge a HOLDING seed only once its contribution is this many standard errors
+            (over the validation examples, `core.counterfactual`) from
+            ``fossilize_contribution``, either side: on a small validation set a contribution
+            of a few examples is noise, and the seed holds and is measured again. 0: judge on
+            the contribution alone, the research code's rule. Contributions measured without a
+            standard error are judged at once.
+        max_holding_epochs: decisions a seed may hold while ``judge_z`` cannot tell; then, and
+            at the run's last decision, it is judged on its contribution alone (the reason says
+            so). Not scaled with the run length.
         ransomware_contribution: prune a seed contributing more than this while the host has
             lost accuracy since it germinated (the host learned to depend on a harmful seed).
         blueprint_penalty_on_prune: added to a blueprint's penalty each time one is pruned.
@@ -170,6 +180,8 @@ class HeuristicConfig:
     min_training_gradient_health: float = MIN_GRADIENT_HEALTH
     max_training_epochs: int = 3 * MIN_TRAINING_EPOCHS
     fossilize_contribution: float = 0.5
+    judge_z: float = 2.0
+    max_holding_epochs: int = 3
     ransomware_contribution: float = 0.1
     blueprint_penalty_on_prune: float = 2.0
     blueprint_penalty_decay: float = 0.5
@@ -197,6 +209,9 @@ class HeuristicConfig:
                 "HeuristicConfig.min_training_gradient_health must be in [0, 1], "
                 f"got {self.min_training_gradient_health!r}"
             )
+        if not (math.isfinite(self.judge_z) and self.judge_z >= 0.0):
+            raise ValueError(f"HeuristicConfig.judge_z must be a finite number >= 0, got "
+                             f"{self.judge_z!r}")
         if not 0.0 <= self.blueprint_penalty_decay <= 1.0:
             raise ValueError(
                 "HeuristicConfig.blueprint_penalty_decay must be in [0, 1], "
@@ -484,7 +499,7 @@ class HeuristicController:
         live = report.live_slots
         if live:
             index = live[0]
-            return self._manage(index, report.slots[index])
+            return self._manage(index, report.slots[index], report)
         return self._germination(report)
 
     def _germination(self, report: EpochReport) -> tuple[Action, str]:
@@ -568,7 +583,7 @@ class HeuristicController:
                 return name
         return min(candidates, key=lambda c: (self._penalties.get(c[1], 0.0), c[0]))[1]
 
-    def _manage(self, index: int, slot: SlotReport) -> tuple[Action, str]:
+    def _manage(self, index: int, slot: SlotReport, report: EpochReport) -> tuple[Action, str]:
         stage = slot.stage
         if stage == SeedStage.GERMINATED:
             return Action(LifecycleOp.ADVANCE, slot=index), "germinated: advance to training"
@@ -584,7 +599,7 @@ class HeuristicController:
             if blend_complete(slot.alpha_view):
                 return Action(LifecycleOp.ADVANCE, slot=index), "blended in: advance to holding"
             return WAIT, "blending: alpha not yet at 1.0"
-        return self._judge(index, slot)
+        return self._judge(index, slot, report)
 
     def _incubation_failure(self, slot: SlotReport) -> str | None:
         """Why an incubating seed should go, judged on what it can affect: its own gradients
@@ -610,8 +625,9 @@ class HeuristicController:
             and slot.metrics.improvement_since_stage_start < cfg.prune_improvement_threshold
         )
 
-    def _judge(self, index: int, slot: SlotReport) -> tuple[Action, str]:
-        """HOLDING: keep or remove the seed on its measured contribution."""
+    def _judge(self, index: int, slot: SlotReport, report: EpochReport) -> tuple[Action, str]:
+        """HOLDING: keep or remove the seed on its measured contribution, once the validation
+        examples tell it from the threshold (`HeuristicConfig` ``judge_z``)."""
         cfg = self._scaled[2]
         contribution = slot.metrics.counterfactual_contribution
         if contribution is None:
@@ -622,13 +638,37 @@ class HeuristicController:
                 f"ransomware: contribution {contribution:.2f} while the host lost "
                 f"{-total:.2f} pp: prune"
             )
+        measured, (told, anyway) = _contribution_text(slot), self._told_apart(slot, report)
+        if not told and anyway is None:
+            return WAIT, (f"holding: contribution {measured} is within {cfg.judge_z:g} standard "
+                          f"errors of {cfg.fossilize_contribution}: measure again "
+                          f"(held {slot.epochs_in_stage} of at most {cfg.max_holding_epochs} "
+                          "decisions)")
+        alone = "" if told else f", judged on its value alone ({anyway})"
         if contribution > cfg.fossilize_contribution:
             return Action(LifecycleOp.FOSSILIZE, slot=index), (
-                f"contribution {contribution:.2f} > {cfg.fossilize_contribution}: fossilize"
+                f"contribution {measured} > {cfg.fossilize_contribution}{alone}: fossilize"
             )
         return _prune(index), (
-            f"contribution {contribution:.2f} <= {cfg.fossilize_contribution}: prune"
+            f"contribution {measured} <= {cfg.fossilize_contribution}{alone}: prune"
         )
+
+    def _told_apart(self, slot: SlotReport, report: EpochReport) -> tuple[bool, str | None]:
+        """Whether the seed's contribution is told from ``fossilize_contribution`` at
+        ``judge_z`` standard errors, and if not, why it is judged anyway (None: it holds and is
+        measured again)."""
+        cfg, m = self._scaled[2], slot.metrics
+        if cfg.judge_z == 0.0 or m.contribution_se is None or m.counterfactual_contribution is None:
+            return True, None
+        margin = abs(m.counterfactual_contribution - cfg.fossilize_contribution)
+        if margin > cfg.judge_z * m.contribution_se:
+            return True, None
+        if report.max_epochs is not None and report.epoch + 1 >= report.max_epochs:
+            return False, "the run's last decision"
+        if slot.epochs_in_stage >= cfg.max_holding_epochs:
+            return False, f"held {slot.epochs_in_stage} decisions"
+        return False, None
+
 
     def _legal(self, action: Action, reason: str, report: EpochReport) -> Action:
         """Return ``action`` (canonicalised) if the masks allow it, else WAIT; note the reason."""
@@ -654,6 +694,13 @@ def decisions_to_judge(slot: SlotReport) -> int:
     """
     blend = slot.blend_ticks if slot.blend_ticks is not None else Tempo.STANDARD.epochs
     return 1 + slot.incubation + blend + 2
+
+
+def _contribution_text(slot: SlotReport) -> str:
+    """``1.25`` or, with its standard error, ``1.25 ± 0.80 pp``."""
+    m = slot.metrics
+    value = f"{m.counterfactual_contribution:.2f}"
+    return value if m.contribution_se is None else f"{value} ± {m.contribution_se:.2f} pp"
 
 
 def _prune(index: int) -> Action:

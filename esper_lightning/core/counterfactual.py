@@ -7,7 +7,10 @@ The model is evaluated in K configurations, each with its own alpha per measured
 * ``all_off``: every measured slot at 0 (only when more than one slot is measured).
 
 ``contribution(slot) = acc(main) − acc(off:slot)`` in percentage points. A slot is measured when
-its seed runs with alpha > 0 (BLENDING after the first tick, HOLDING, FOSSILIZED).
+its seed runs with alpha > 0 (BLENDING after the first tick, HOLDING, FOSSILIZED). Both
+configurations score the same examples, so the contribution is a paired difference: its
+standard error (`CounterfactualAccumulator.standard_errors`) comes from the examples the seed
+turns right and turns wrong, and says how many examples a contribution rests on.
 
 Whether a validation run measures at all depends on who reads it (`validation_plan`): a live
 seed is always measured; fossils alone only for a controller that reads their contributions;
@@ -26,6 +29,7 @@ Two ways to run the K configurations give the same numbers:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -263,8 +267,10 @@ def flat_logits(logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
 
 class CounterfactualAccumulator:
     """Accumulates correct counts per configuration (and the main configuration's summed
-    cross-entropy) over the validation batches of an epoch. Sums stay on the device of the
-    logits: nothing is copied to the host until `read` (or `accuracies`) is called.
+    cross-entropy) over the validation batches of an epoch, and per measured slot the examples
+    its seed turns right (main right, slot off wrong) and turns wrong (the reverse). Sums stay
+    on the device of the logits: nothing is copied to the host until `read` (or `accuracies`)
+    is called.
 
     Args:
         plan: the configurations (`make_plan`).
@@ -283,6 +289,7 @@ class CounterfactualAccumulator:
         self.mode = None if mode is None else check_mode(mode)
         self.correct: Tensor | None = None  # [K]
         self.loss_sum: Tensor | None = None  # scalar
+        self.flips: Tensor | None = None  # [S, 2]: turned right, turned wrong, per slot
         self.total = 0
 
     @torch.no_grad()
@@ -297,12 +304,16 @@ class CounterfactualAccumulator:
             self.mode = default_mode(x.device)
         logits = evaluate(forward, x, slots, self.plan, self.mode)  # [K, B, ..., classes]
         logits, targets = flat_logits(logits.float(), y)  # [K, N, classes], [N]
-        hits = (logits.argmax(dim=-1) == targets.unsqueeze(0)).sum(dim=1)  # [K]
+        right = logits.argmax(dim=-1) == targets.unsqueeze(0)  # [K, N]
+        hits = right.sum(dim=1)  # [K]
+        off = right[1:1 + len(self.plan.slot_ids)]  # [S, N]: configs are main, off:<slot>...
+        flips = torch.stack([(right[0] & ~off).sum(dim=1), (~right[0] & off).sum(dim=1)], 1)
         loss = F.cross_entropy(logits[0], targets, reduction="sum")
-        if self.correct is None or self.loss_sum is None:
-            self.correct, self.loss_sum = hits, loss
+        if self.correct is None or self.loss_sum is None or self.flips is None:
+            self.correct, self.loss_sum, self.flips = hits, loss, flips
         else:
             self.correct, self.loss_sum = self.correct + hits, self.loss_sum + loss
+            self.flips = self.flips + flips
         self.total += int(targets.shape[0])
 
     def reduce(self, all_reduce: Callable[[Tensor], Tensor], device: torch.device) -> None:
@@ -314,15 +325,18 @@ class CounterfactualAccumulator:
         this, also one that saw no batch (its part is zero). Counts travel as float64, exact
         below 2**53.
         """
-        k = self.plan.size
-        packed = torch.zeros(k + 2, dtype=torch.float64, device=device)  # [correct..., loss, n]
-        if self.correct is not None and self.loss_sum is not None:
+        k, s = self.plan.size, len(self.plan.slot_ids)
+        # [correct..., loss, n, flips...]
+        packed = torch.zeros(k + 2 + 2 * s, dtype=torch.float64, device=device)
+        if self.correct is not None and self.loss_sum is not None and self.flips is not None:
             packed[:k], packed[k] = self.correct, self.loss_sum
+            packed[k + 2:] = self.flips.flatten()
         packed[k + 1] = self.total
         packed = all_reduce(packed)
         self.total = int(packed[k + 1].item())
         if self.total > 0:
             self.correct, self.loss_sum = packed[:k].round().long(), packed[k]
+            self.flips = packed[k + 2:].round().long().view(s, 2)
 
     def read(self, extra: Tensor | None = None) -> tuple[dict[str, float], float, Tensor | None]:
         """Accuracy (percent) per configuration, mean main-configuration loss, and ``extra``
@@ -349,3 +363,26 @@ class CounterfactualAccumulator:
         if not acc:
             return {}
         return {sid: acc[MAIN] - acc[f"off:{sid}"] for sid in self.plan.slot_ids}
+
+    def standard_errors(self) -> dict[str, float]:
+        """The standard error of each measured slot's contribution, percentage points.
+
+        The contribution is the mean of a paired difference over the ``n`` validation examples
+        (+1 where the seed turns an example right, −1 where it turns one wrong, 0 elsewhere),
+        so its standard error is ``100 * sqrt(r + w − (r − w)² / n) / n`` with ``r`` and ``w``
+        those counts (the sample standard deviation's ``n`` denominator; zero when the seed
+        changes no example). With 40 examples one example is 2.5 points.
+
+        Example:
+            >>> plan = CounterfactualPlan(("r0c0",), ("main", "off:r0c0"), {})
+            >>> acc = CounterfactualAccumulator(plan)
+            >>> acc.flips, acc.total = torch.tensor([[3, 1]]), 40  # 3 turned right, 1 wrong
+            >>> round(acc.standard_errors()["r0c0"], 3)  # of a contribution of 5 points
+            4.937
+        """
+        if self.flips is None or self.total == 0:
+            return {}
+        n = self.total
+        counts = self.flips.tolist()  # [S, 2], one small transfer a validation run
+        return {sid: 100.0 * math.sqrt(max(0.0, up + down - (up - down) ** 2 / n)) / n
+                for sid, (up, down) in zip(self.plan.slot_ids, counts, strict=True)}

@@ -368,8 +368,10 @@ class MorphogenesisEngine:
         val_loss: float | None = None,
         train_loss: float | None = None,
         contributions: Mapping[str, float] | None = None,
+        standard_errors: Mapping[str, float] | None = None,
     ) -> None:
-        """Record this epoch's measurements (accuracy in percent, contributions in points)."""
+        """Record this epoch's measurements (accuracy in percent, contributions and their
+        standard errors in points; a contribution without one was measured some other way)."""
         if val_accuracy is not None:
             self.accuracy_history.append(float(val_accuracy))
             self.seed_params_history.append(self.seed_params)
@@ -382,7 +384,7 @@ class MorphogenesisEngine:
         for slot_id, contribution in (contributions or {}).items():
             slot = self.slots[slot_id]
             if slot.seed is not None:
-                slot.record_contribution(contribution)
+                slot.record_contribution(contribution, (standard_errors or {}).get(slot_id))
 
     def report(self, max_epochs: int | None = None,
                run_fraction: float | None = None) -> EpochReport:

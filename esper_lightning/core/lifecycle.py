@@ -189,6 +189,7 @@ class SeedMetrics:
     accuracy_at_stage_start: float | None = None
     accuracy_at_blending_start: float | None = None
     counterfactual_contribution: float | None = None
+    contribution_se: float | None = None  # its standard error over the examples; None: unknown
     contribution_velocity: float = 0.0
     contribution_age: int | None = None  # ticks since the contribution was last measured
     gradient_norm: float | None = None  # EMA of the seed gradient norm
@@ -209,12 +210,14 @@ class SeedMetrics:
             self.best_accuracy, accuracy
         )
 
-    def record_contribution(self, contribution: float) -> None:
+    def record_contribution(self, contribution: float,
+                            standard_error: float | None = None) -> None:
         if self.counterfactual_contribution is not None:
             change = contribution - self.counterfactual_contribution
             decay = CONTRIBUTION_VELOCITY_DECAY
             self.contribution_velocity = decay * self.contribution_velocity + (1 - decay) * change
         self.counterfactual_contribution = contribution
+        self.contribution_se = standard_error
         self.contribution_age = 0
 
     @property

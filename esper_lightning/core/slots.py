@@ -642,11 +642,14 @@ class SeedSlot(nn.Module):
         if self.state is not None and self.seed is not None:
             self.state.metrics.record_accuracy(float(accuracy))
 
-    def record_contribution(self, contribution: float) -> None:
-        """Record acc(current alphas) − acc(this slot's alpha = 0), in percentage points."""
+    def record_contribution(self, contribution: float,
+                            standard_error: float | None = None) -> None:
+        """Record acc(current alphas) − acc(this slot's alpha = 0), in percentage points, and
+        its standard error over the validation examples where it is known."""
         if self.state is None or self.seed is None:
             raise IllegalTransitionError(f"slot {self.slot_id!r}: contribution without a seed")
-        self.state.metrics.record_contribution(float(contribution))
+        error = None if standard_error is None else float(standard_error)
+        self.state.metrics.record_contribution(float(contribution), error)
 
     def capture_gradient_stats(
         self, host_grad_norm: float | None = None, host_params: int | None = None

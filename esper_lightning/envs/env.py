@@ -475,7 +475,8 @@ class MorphogenesisEnv:
         batches = self._epoch_batches - self._spoiled_batches  # the host's own losses
         train_loss = float(extra[0]) / batches if batches else None
         contributions = accumulator.contributions(accuracies)
-        engine.record_epoch(accuracies["main"], val_loss, train_loss, contributions)
+        engine.record_epoch(accuracies["main"], val_loss, train_loss, contributions,
+                            accumulator.standard_errors())
         reason = None if train_loss is None else self.governor.check_train_loss(train_loss)
         if reason is None:
             reason = self.governor.check_validation(val_loss, num_classes=self.task.num_classes)
