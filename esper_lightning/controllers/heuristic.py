@@ -669,7 +669,6 @@ class HeuristicController:
             return False, f"held {slot.epochs_in_stage} decisions"
         return False, None
 
-
     def _legal(self, action: Action, reason: str, report: EpochReport) -> Action:
         """Return ``action`` (canonicalised) if the masks allow it, else WAIT; note the reason."""
         action = canonicalize(action)

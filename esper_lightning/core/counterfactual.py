@@ -371,7 +371,9 @@ class CounterfactualAccumulator:
         (+1 where the seed turns an example right, −1 where it turns one wrong, 0 elsewhere),
         so its standard error is ``100 * sqrt(r + w − (r − w)² / n) / n`` with ``r`` and ``w``
         those counts (the sample standard deviation's ``n`` denominator; zero when the seed
-        changes no example). With 40 examples one example is 2.5 points.
+        changes no example). With 40 examples one example is 2.5 points. A token-level
+        classifier's examples are its tokens, which are not independent within a sequence:
+        there the standard error is a lower bound.
 
         Example:
             >>> plan = CounterfactualPlan(("r0c0",), ("main", "off:r0c0"), {})
