@@ -126,9 +126,10 @@ class HeuristicConfig:
             of a few examples is noise, and the seed holds and is measured again. 0: judge on
             the contribution alone, the research code's rule. Contributions measured without a
             standard error are judged at once.
-        max_holding_epochs: decisions a seed may hold while ``judge_z`` cannot tell; then, and
-            at the run's last decision, it is judged on its contribution alone (the reason says
-            so). Not scaled with the run length.
+        max_holding_epochs: decisions a seed may spend in HOLDING (its ``epochs_in_stage``,
+            counted from its entry: the first judgement sees 1) while ``judge_z`` cannot tell;
+            then, and at the run's last decision, it is judged on its contribution alone (the
+            reason says so). Not scaled with the run length.
         ransomware_contribution: prune a seed contributing more than this while the host has
             lost accuracy since it germinated (the host learned to depend on a harmful seed).
         blueprint_penalty_on_prune: added to a blueprint's penalty each time one is pruned.
