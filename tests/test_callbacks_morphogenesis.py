@@ -865,11 +865,11 @@ def test_a_hugging_face_model_grows_under_a_budget_and_saves_at_its_new_depth(
         torch.testing.assert_close(again(idx).logits, grown)
 
 
-def test_a_pending_validation_is_saved_with_its_standard_errors_and_older_ones_load():
+def test_a_checkpoints_pending_validation_loads_with_or_without_standard_errors():
     """Between a validation and the decision that reads it (decisions every N steps) a
-    checkpoint holds the validation: accuracy, loss, contributions and their standard errors.
-    A checkpoint written before the standard errors holds three of them and still loads: its
-    contributions are then judged as measured, without one."""
+    checkpoint holds the validation: accuracy, loss, contributions and their standard errors
+    (`state_dict` writes the four as they are held). A checkpoint written before the standard
+    errors holds three and still loads: its contributions are then judged without one."""
     callback = MorphogenesisCallback(StaticController(), slots=["net.3"])
     state = {"controller": callback.controller.state_dict(), "decided_epoch": 0,
              "decided_step": 40, "engine": {}}
