@@ -2,6 +2,7 @@
 
     python benchmarks/bench_fit_tax.py --text ../shared/data/shakespeare/shakespeare.txt
     python benchmarks/bench_fit_tax.py --text ... --gflops 480 --repeats 5   # the example's size
+    python benchmarks/bench_fit_tax.py --text ... --gflops 480 --side-by-side --plain --repeats 6
 
 Two fits of the same work, each in a fresh subprocess, alternating (``lightning, bare`` on even
 repeats, ``bare, lightning`` on odd ones) so machine noise hits both alike:
@@ -35,6 +36,12 @@ loop's final validation loss equals the Lightning fit's (printed beside each fit
 callback growing the model and setting the learning rate by hand, the two growth callbacks
 absent: ``plain / bare`` is Lightning's own share of the tax, ``lightning / plain`` the
 callbacks'.
+
+``--side-by-side`` runs each pair at once instead, the Lightning fit (or the plain Trainer's)
+on one CPU and the bare loop on the other (pinned, swapped every repeat), after one Lightning fit
+alone that plans the steps. A shared host's speed drifts by 10-30 % between fits a minute apart,
+which one-after-the-other pairs take as noise; two fits that run at the same time meet the same
+drift.
 
 Prints every fit, then the median ratio ``lightning / bare`` over the repeats (each repeat's
 pair) and its range, by wall time and by the process's CPU time (`time.process_time`, which a
@@ -70,6 +77,8 @@ GFLOP = 1e9
 #: The example's shapes, for the step costs (everything else is read from its CLI).
 BLOCK_SIZE, BATCH_SIZE, SEED, GROW_BLOCKS = 32, 32, 0, 3
 KINDS = ("lightning", "bare")
+#: What each fit is timed by: wall time, and the process's CPU time (less shared-noise).
+CLOCKS = ("seconds", "cpu")
 
 
 def load_example() -> ModuleType:
@@ -294,17 +303,47 @@ def run_plain(args: argparse.Namespace) -> dict[str, Any]:
             "spent": by_hand.spent, "val_loss": float(trainer.callback_metrics["val_loss"])}
 
 
-def child(kind: str, args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
-    """Run one fit in a fresh interpreter; its JSON result line."""
+def child_command(kind: str, args: argparse.Namespace, extra: list[str],
+                  cpu: int | None = None) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of one fit in a fresh interpreter (on CPU ``cpu`` only,
+    when given)."""
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
     cmd = [sys.executable, __file__, "--child", kind, "--text", args.text,
            "--gflops", str(args.gflops), "--threads", str(args.threads), *extra]
     if args.progress_bar:
         cmd.append("--progress-bar")
+    if cpu is not None:
+        cmd += ["--cpu", str(cpu)]
+    return cmd, env
+
+
+def result_of(kind: str, returncode: int, stdout: str, stderr: str) -> dict[str, Any]:
+    if returncode != 0:
+        raise SystemExit(f"{kind} fit failed:\n{stderr[-3000:]}")
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def child(kind: str, args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
+    """Run one fit in a fresh interpreter; its JSON result line."""
+    cmd, env = child_command(kind, args, extra)
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"{kind} fit failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return result_of(kind, done.returncode, done.stdout, done.stderr)
+
+
+def side_by_side(kinds: tuple[str, str], args: argparse.Namespace, plan: list[str],
+                 cpus: tuple[int, int]) -> dict[str, dict[str, Any]]:
+    """Two fits at once, each alone on its own CPU: a drift of the machine's speed (a shared
+    host's) reaches both alike, which fits one after the other do not share."""
+    running = {}
+    for kind, cpu in zip(kinds, cpus, strict=True):
+        cmd, env = child_command(kind, args, plan if kind != "lightning" else [], cpu)
+        running[kind] = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, text=True)
+    results = {}
+    for kind, process in running.items():
+        stdout, stderr = process.communicate()
+        results[kind] = result_of(kind, process.returncode, stdout, stderr)
+    return results
 
 
 def cpu_model() -> str:
@@ -330,13 +369,19 @@ def main() -> None:
     parser.add_argument("--plain", action="store_true",
                         help="also time a plain Trainer doing the growth and schedule by hand "
                              "(splits the tax into Lightning's and the callbacks')")
+    parser.add_argument("--side-by-side", action="store_true",
+                        help="run each pair of fits at once, one on each of two CPUs (swapped "
+                             "every repeat), after one Lightning fit alone that plans the steps")
     parser.add_argument("--child", choices=["lightning", "bare", "plain"],
                         help=argparse.SUPPRESS)
+    parser.add_argument("--cpu", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--grow-at", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.child is not None:
+        if args.cpu is not None:
+            os.sched_setaffinity(0, {args.cpu})
         import torch
 
         torch.set_num_threads(args.threads)
@@ -352,10 +397,59 @@ def main() -> None:
           f"{os.getloadavg()[0]:.2f}; torch {torch.__version__}, lightning "
           f"{lightning.__version__}, {args.threads} torch thread(s); budget {args.gflops:g} "
           f"GFLOP, progress bar {'on' if args.progress_bar else 'off'}")
-    clocks = ("seconds", "cpu")  # wall time, and the process's CPU time (less shared-noise)
     kinds = (*KINDS, "plain") if args.plain else KINDS
-    times: dict[tuple[str, str], list[float]] = {(k, c): [] for k in kinds for c in clocks}
-    ratios: dict[tuple[str, str], list[float]] = {(k, c): [] for k in kinds[::2] for c in clocks}
+    times: dict[tuple[str, str], list[float]] = {(k, c): [] for k in kinds for c in CLOCKS}
+    ratios: dict[tuple[str, str], list[float]] = {(k, c): [] for k in kinds[::2] for c in CLOCKS}
+    if args.side_by_side:
+        if len(os.sched_getaffinity(0)) < 2:
+            raise SystemExit("--side-by-side needs 2 CPUs; this process may use "
+                             f"{len(os.sched_getaffinity(0))}")
+        run_side_by_side(args, kinds, times, ratios)
+    else:
+        run_in_turn(args, kinds, times, ratios)
+    report(kinds, times, ratios)
+
+
+def print_fit(repeat: int | str, kind: str, result: dict[str, Any]) -> None:
+    print(f"repeat {repeat}: {kind:<11} wall {result['seconds']:7.2f} s  cpu "
+          f"{result['cpu']:7.2f} s  steps {result['steps']}  val_loss "
+          f"{result['val_loss']:.6f}", flush=True)
+
+
+def plan_from(result: dict[str, Any]) -> list[str]:
+    """The bare loop's (and the plain Trainer's) steps and growth step, from a Lightning fit."""
+    small, big = step_costs(load_example())
+    grow_at = growth_step(result["steps"], result["spent"], small, big)
+    print(f"the Lightning fit: {result['steps']} steps, grown after step {grow_at}")
+    return ["--steps", str(result["steps"]), "--grow-at", str(grow_at)]
+
+
+def run_side_by_side(args: argparse.Namespace, kinds: tuple[str, ...],
+                     times: dict[tuple[str, str], list[float]],
+                     ratios: dict[tuple[str, str], list[float]]) -> None:
+    """A Lightning fit alone plans the steps (not counted); then each repeat runs ``lightning``
+    beside ``bare`` (and ``plain`` beside another ``bare``), on CPUs 0 and 1, swapped every
+    repeat."""
+    first = child("lightning", args, [])
+    print_fit("plan", "lightning", first)
+    plan = plan_from(first)
+    for repeat in range(args.repeats):
+        cpus = (0, 1) if repeat % 2 == 0 else (1, 0)
+        for kind in kinds[::2]:
+            pair = side_by_side((kind, "bare"), args, plan, cpus)
+            for name, result in pair.items():
+                print_fit(repeat, f"{name}@{cpus[0] if name == kind else cpus[1]}", result)
+                for clock in CLOCKS:
+                    times[name, clock].append(result[clock])
+            for clock in CLOCKS:
+                ratios[kind, clock].append(pair[kind][clock] / pair["bare"][clock])
+
+
+def run_in_turn(args: argparse.Namespace, kinds: tuple[str, ...],
+                times: dict[tuple[str, str], list[float]],
+                ratios: dict[tuple[str, str], list[float]]) -> None:
+    """One fit after the other, the order alternating every repeat; the first fit is Lightning's
+    and plans the others' steps."""
     plan: list[str] | None = None
     for repeat in range(args.repeats):
         order = kinds if repeat % 2 == 0 else (kinds[0], *kinds[1:][::-1])[::-1]
@@ -364,19 +458,18 @@ def main() -> None:
             assert kind == "lightning" or plan is not None  # the first fit is Lightning's
             result = child(kind, args, plan if kind != "lightning" and plan is not None else [])
             if kind == "lightning" and plan is None:
-                small, big = step_costs(load_example())
-                grow_at = growth_step(result["steps"], result["spent"], small, big)
-                plan = ["--steps", str(result["steps"]), "--grow-at", str(grow_at)]
-                print(f"the Lightning fit: {result['steps']} steps, grown after step {grow_at}")
+                plan = plan_from(result)
             pair[kind] = result
-            for clock in clocks:
+            for clock in CLOCKS:
                 times[kind, clock].append(result[clock])
-            print(f"repeat {repeat}: {kind:<9} wall {result['seconds']:7.2f} s  cpu "
-                  f"{result['cpu']:7.2f} s  steps {result['steps']}  val_loss "
-                  f"{result['val_loss']:.6f}", flush=True)
+            print_fit(repeat, kind, result)
         for kind, clock in ratios:
             ratios[kind, clock].append(pair[kind][clock] / pair["bare"][clock])
-    for clock, name in zip(clocks, ("wall", "cpu"), strict=True):
+
+
+def report(kinds: tuple[str, ...], times: dict[tuple[str, str], list[float]],
+           ratios: dict[tuple[str, str], list[float]]) -> None:
+    for clock, name in zip(CLOCKS, ("wall", "cpu"), strict=True):
         line = [f"{name:>4}:"]
         for kind in kinds:
             t = times[kind, clock]
