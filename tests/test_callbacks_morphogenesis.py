@@ -877,3 +877,12 @@ def test_a_checkpoints_pending_validation_loads_with_or_without_standard_errors(
                           ([71.25, 0.8, {"net.3": 2.5}], {})):
         callback.load_state_dict({**state, "validation": saved})
         assert callback._validation == (71.25, 0.8, {"net.3": 2.5}, errors)  # for the decision
+
+
+def test_the_state_key_names_the_slots_and_tells_two_callbacks_apart():
+    """Lightning keys each callback's checkpoint state by `state_key` (read at every hook):
+    two callbacks on different slots have different keys, the same slots the same."""
+    first = MorphogenesisCallback(HeuristicController(), slots=["r0c0"])
+    assert first.state_key == "MorphogenesisCallback{'slots': ['r0c0']}"
+    assert first.state_key != MorphogenesisCallback(HeuristicController(), slots=["r0c1"]).state_key
+    assert first.state_key == MorphogenesisCallback(HeuristicController(), slots="r0c0").state_key

@@ -261,6 +261,8 @@ class MorphogenesisCallback(Callback):
             # The callback turns the timing into decisions itself, at fit start (`_make_plan`).
             "seeding": dataclasses.replace(self.seeding, timing=None),
         }
+        # Once: Lightning reads `state_key` at every hook it calls (its profiler's label).
+        self._state_key = self._generate_state_key(slots=self._engine_kwargs["slots"])
         self.rng_seed, self.logits_fn = rng_seed, logits_fn
         self.batch_to_xy = batch_to_xy or _pair
         self.counterfactual = None if counterfactual is None else check_mode(counterfactual)
@@ -306,7 +308,7 @@ class MorphogenesisCallback(Callback):
     @property
     @override
     def state_key(self) -> str:
-        return self._generate_state_key(slots=self._engine_kwargs["slots"])
+        return self._state_key
 
     # --- setup --------------------------------------------------------------------------------
     @override
