@@ -886,3 +886,43 @@ def test_the_state_key_names_the_slots_and_tells_two_callbacks_apart():
     assert first.state_key == "MorphogenesisCallback{'slots': ['r0c0']}"
     assert first.state_key != MorphogenesisCallback(HeuristicController(), slots=["r0c1"]).state_key
     assert first.state_key == MorphogenesisCallback(HeuristicController(), slots="r0c0").state_key
+
+
+class LossRecording(PlainModule):
+    """`PlainModule` noting every `training_step` loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.losses: list[float] = []
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.losses.append(float(loss))
+        return loss
+
+
+class TrainLossRecording(StaticController):
+    """Waits, noting the training loss each report carries."""
+
+    def __init__(self) -> None:
+        self.seen: list[float | None] = []
+
+    def decide(self, report):
+        self.seen.append(report.train_loss)
+        return super().decide(report)
+
+
+@pytest.mark.parametrize("accumulate", [1, 3])
+def test_the_reported_training_loss_is_training_steps_under_gradient_accumulation(
+        cifar_dir, tmp_path, accumulate):
+    """Lightning passes on the loss divided by ``accumulate_grad_batches`` (what it
+    backpropagates); the controller's report holds the mean of `training_step`'s own."""
+    torch.manual_seed(0)
+    controller = TrainLossRecording()
+    callback = MorphogenesisCallback(controller, slots=["net.3"])
+    module = LossRecording()
+    trainer = _trainer(tmp_path, 1, [callback], limit_train_batches=3, limit_val_batches=2,
+                       num_sanity_val_steps=0, accumulate_grad_batches=accumulate)
+    trainer.fit(module, datamodule=_dm(cifar_dir))
+    assert len(module.losses) == 3 and len(controller.seen) == 1
+    assert controller.seen[0] == pytest.approx(sum(module.losses) / 3, rel=1e-6)

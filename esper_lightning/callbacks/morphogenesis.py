@@ -514,6 +514,10 @@ class MorphogenesisCallback(Callback):
     ) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if isinstance(loss, Tensor):  # kept on the device: no host sync, one op per batch
+            if pl_module.automatic_optimization and trainer.accumulate_grad_batches > 1:
+                # Lightning hands on the loss it backpropagated: training_step's, divided by
+                # the accumulation; the report's training loss is training_step's own.
+                loss = loss * trainer.accumulate_grad_batches
             self._losses.append(loss.detach())
             if len(self._losses) >= _FOLD_EVERY:
                 self._fold_losses()
