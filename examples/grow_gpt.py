@@ -157,9 +157,11 @@ class TinyGPT(L.LightningModule):
         loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
         return loss, (logits.argmax(-1) == y).float().mean()
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
         loss, _ = self._loss(batch)
-        return loss
+        # "loss" reaches on_train_batch_end divided by any gradient accumulation; "train_loss"
+        # as it is.
+        return {"loss": loss, "train_loss": loss.detach()}
 
     def on_train_batch_end(self, outputs: dict[str, Tensor], batch: Any, batch_idx: int) -> None:
         # Logged on the steps the logger writes (and the one the budget ends), not every step:
@@ -167,7 +169,7 @@ class TinyGPT(L.LightningModule):
         trainer = self.trainer
         every = trainer.log_every_n_steps
         if every and (trainer.global_step % every == 0 or trainer.should_stop):
-            self.log("train_loss", outputs["loss"], prog_bar=True)
+            self.log("train_loss", outputs["train_loss"], prog_bar=True)
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         loss, accuracy = self._loss(batch)  # Lightning weights each batch by its blocks

@@ -211,27 +211,36 @@ def test_a_block_seed_blends_at_germination_so_a_late_growth_is_not_too_short(
 
 
 
+@pytest.mark.parametrize("accumulate", [1, 2])
 def test_the_training_loss_in_tensorboard_is_what_a_log_every_step_writes(
-        example, text_file, tmp_path, monkeypatch):
+        example, text_file, tmp_path, monkeypatch, accumulate):
     """The module logs ``train_loss`` only on the steps the logger writes (and the budget's
-    last): TensorBoard holds the same points, steps and values, as a ``self.log`` every step."""
+    last): TensorBoard holds the same points, steps and values as the module logging it in
+    every ``training_step``, with gradient accumulation too (where the ``loss`` Lightning hands
+    on is divided by it)."""
     def fit(logdir: str) -> list[tuple[int, float]]:
         cli, _ = example.fit([
             "--text", str(text_file), "--gflops", str(GFLOPS), "--data.block_size", str(BLOCK),
             "--data.batch_size", str(BATCH), "--data.train_blocks", "32",
             "--data.val_blocks", "8", "--logdir", logdir, "--trainer.log_every_n_steps", "4",
             "--trainer.enable_progress_bar", "false",
+            "--trainer.accumulate_grad_batches", str(accumulate),
         ])
         points = [(s.step, s.value) for s in _scalars(f"{logdir}/version_0")["train_loss"]]
-        # The budget's last step is not on the cadence (63 steps): it is logged all the same.
-        assert cli.trainer.global_step % 4 != 0 and points[-1][0] == cli.trainer.global_step - 1
+        if accumulate == 1:  # the budget's last step is off the cadence: logged all the same
+            assert cli.trainer.global_step % 4 != 0
+            assert points[-1][0] == cli.trainer.global_step - 1
         return points
 
     cadence = fit(str(tmp_path / "cadence"))
 
-    def every_step(self, outputs, batch, batch_idx):
-        self.log("train_loss", outputs["loss"], prog_bar=True)
+    def log_every_step(self, batch, batch_idx):  # the example before it logged on the cadence
+        loss, _ = self._loss(batch)
+        self.log("train_loss", loss, prog_bar=True)
+        return loss
 
-    monkeypatch.setattr(example.TinyGPT, "on_train_batch_end", every_step)
+    monkeypatch.setattr(example.TinyGPT, "training_step", log_every_step)
+    monkeypatch.setattr(example.TinyGPT, "on_train_batch_end",
+                        example.L.LightningModule.on_train_batch_end)
     assert fit(str(tmp_path / "every")) == cadence
     assert len(cadence) >= 5 and cadence[0][0] == 3  # every fourth step (Lightning counts from 0)
