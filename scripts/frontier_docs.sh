@@ -31,6 +31,8 @@ run report $F/w64-clone-tuning --with $F/w64-tuning
 run report $F/w64-8x-tuning --with $F/w64-tuning
 run report $F/w64-s6-tuning --with $F/w64-tuning --with $F/w64-8x-tuning
 run report $F/w64-s5-tuning --with $F/w64-tuning --with $F/w64-8x-tuning --with $F/w64-s6-tuning
+run report $F/w64-wide-tuning --with $F/w64-tuning --with $F/w64-8x-tuning \
+    --with $F/w64-s5-tuning --with $F/w64-s6-tuning
 run report $F/w64-w16-tuning --with $F/w64-tuning --with $F/w64-depth-width-tuning
 run report $F/w64-multi-tuning --with $F/w64-tuning --with $F/w64-depth-width-tuning
 run report $F/w64-tau-tuning
