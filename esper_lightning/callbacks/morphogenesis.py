@@ -261,7 +261,6 @@ class MorphogenesisCallback(Callback):
             # The callback turns the timing into decisions itself, at fit start (`_make_plan`).
             "seeding": dataclasses.replace(self.seeding, timing=None),
         }
-        # Once: Lightning reads `state_key` at every hook it calls (its profiler's label).
         self._state_key = self._generate_state_key(slots=self._engine_kwargs["slots"])
         self.rng_seed, self.logits_fn = rng_seed, logits_fn
         self.batch_to_xy = batch_to_xy or _pair
@@ -308,7 +307,7 @@ class MorphogenesisCallback(Callback):
     @property
     @override
     def state_key(self) -> str:
-        return self._state_key
+        return self._state_key  # built once: Lightning reads it at every hook it calls
 
     # --- setup --------------------------------------------------------------------------------
     @override
