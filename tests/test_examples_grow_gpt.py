@@ -210,7 +210,6 @@ def test_a_block_seed_blends_at_germination_so_a_late_growth_is_not_too_short(
     assert not [w for w in recwarn if "too short" in str(w.message)]
 
 
-
 @pytest.mark.parametrize("accumulate", [1, 2])
 def test_the_training_loss_in_tensorboard_is_what_a_log_every_step_writes(
         example, text_file, tmp_path, monkeypatch, accumulate):
