@@ -9,10 +9,13 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch.utils.data import DataLoader, TensorDataset
+from user_models import VOCAB, NanoGPT
 
-from esper_lightning.callbacks import GovernorCallback, MorphogenesisCallback
-from esper_lightning.controllers import ScriptedController, StaticController
+from esper_lightning.callbacks import GovernorCallback, MorphogenesisCallback, WidthGrowthCallback
+from esper_lightning.controllers import ScriptedController, StackController, StaticController
 from esper_lightning.core.actions import Action, LifecycleOp, Tempo
+from esper_lightning.core.depth import DepthGrowth
 from esper_lightning.core.lifecycle import GateConfig, SeedStage
 from esper_lightning.data import CIFAR10DataModule
 from esper_lightning.hosts import CifarCNNHost
@@ -169,3 +172,50 @@ def test_a_governor_listed_after_the_growth_callback_is_refused_at_setup(cifar_d
         "(found at positions 1 and 0), so a diverged epoch is rolled back before the controller "
         "decides: list the governor first")
     assert trainer.global_step == 0
+
+
+class PoisonedLoss(NanoGPT):
+    """A user's GPT whose loss is NaN at one step: the host's divergence, not a seed's."""
+
+    def __init__(self, nan_step: int) -> None:
+        super().__init__(n_layer=1)
+        self.nan_step = nan_step
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        return loss * float("nan") if self.global_step == self.nan_step else loss
+
+
+def _token_loaders() -> tuple[DataLoader, DataLoader]:
+    tokens = torch.randint(0, VOCAB, (64, 17), generator=torch.Generator().manual_seed(0))
+    data = TensorDataset(tokens[:, :-1], tokens[:, 1:])
+    return DataLoader(data, batch_size=8), DataLoader(data, batch_size=8)
+
+
+@pytest.mark.parametrize("growth", ["depth", "width"])
+def test_a_rollback_after_growth_restores_the_grown_model(growth, tmp_path):
+    """A NaN a few steps after a mid-epoch growth (a fossilized block; a widening) rolls back
+    once to a snapshot of the grown model: the fit goes on finite. Before the governor
+    snapshotted at a structural change, the new fossil kept its NaN weights (a rollback at
+    every later step) and a widened model no longer fit its snapshot."""
+    torch.manual_seed(0)
+    model = PoisonedLoss(nan_step=7)
+    governor = GovernorCallback()
+    grow = (MorphogenesisCallback(StackController(0.1, "identity"),
+                                  growth=DepthGrowth("blocks", blocks=1)) if growth == "depth"
+            else WidthGrowthCallback(0.3))
+    grown_at_nan: list[bool] = []
+
+    class Watch(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if trainer.global_step == model.nan_step:
+                grown_at_nan.append(grow.fossils == 1 if growth == "depth"
+                                    else grow.widened_step is not None)
+
+    trainer = _trainer(tmp_path, 3, [governor, grow, Watch()], max_steps=20,
+                       num_sanity_val_steps=0)
+    trainer.fit(model, *_token_loaders())
+    assert grown_at_nan == [True]  # the NaN came after the growth, in the grown model's step
+    assert governor.rollbacks == 1
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert trainer.global_step == 20

@@ -180,6 +180,31 @@ def test_restore_raises_when_the_fossil_was_replaced():
         restore_snapshot(snap, model)
 
 
+@pytest.mark.parametrize("finite", [True, False])
+def test_a_fossil_newer_than_the_snapshot_keeps_its_weights_unless_they_are_not_finite(finite):
+    """No snapshot holds a newer fossil's weights: finite, they stay as they are; not finite,
+    the restore would hand back a broken model, so it refuses and changes nothing."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 1), SeedSlot("a", channels=8), nn.Conv2d(8, 4, 1))
+    snap = take_snapshot(model)
+    grow(model[1], SeedStage.FOSSILIZED)
+    with torch.no_grad():
+        model[0].weight.add_(1.0)
+        model[1].seed_parameters()[0].view(-1)[0] = 0.5 if finite else float("nan")
+    before = {k: v.clone() for k, v in model.state_dict().items() if torch.is_tensor(v)}
+    if finite:
+        restore_snapshot(snap, model)
+        assert torch.equal(model[0].weight, snap.tensors["0.weight"])
+        kept = {k: v for k, v in model.state_dict().items() if k.startswith("1.seed.")}
+        assert kept and all(torch.equal(v, before[k]) for k, v in kept.items())
+        return
+    message = r"slot 'a' \(1\): its seed fossilized after the snapshot and now holds non-finite"
+    with pytest.raises(SnapshotMismatchError, match=message):
+        restore_snapshot(snap, model)
+    after = model.state_dict()
+    assert all(torch.equal(after[k], v) for k, v in before.items() if "seed" not in k)
+
+
 def test_restore_raises_on_new_state_or_changed_shape():
     model = make_model()
     snap = take_snapshot(model)

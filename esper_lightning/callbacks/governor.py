@@ -15,6 +15,7 @@ from typing_extensions import override
 
 import esper_lightning.callbacks._distributed as dist
 from esper_lightning.callbacks.morphogenesis import MorphogenesisCallback
+from esper_lightning.callbacks.width_growth import WidthGrowthCallback
 from esper_lightning.core.divergence import Governor, GovernorConfig, check_num_classes
 from esper_lightning.core.rollback import roll_back
 from esper_lightning.core.snapshot import Snapshot, take_snapshot
@@ -32,7 +33,9 @@ class GovernorCallback(Callback):
     fossilized seeds, the optimizer state and the grad scaler from an in-memory CPU snapshot
     (same Parameter objects, so the optimizer stays valid), drops the gradients, logs
     ``governor/rollbacks`` and lets training continue. Snapshots are taken every
-    ``config.snapshot_every`` healthy epochs and after each fossilization. The losses of an
+    ``config.snapshot_every`` healthy epochs and before the first optimizer step after the
+    model's structure changed (a seed fossilized, a `WidthGrowthCallback` widened): the snapshot
+    before it could not restore the new fossil's weights or the widened tensors. The losses of an
     optimizer step that a non-finite seed spoiled and the engine dropped
     (`MorphogenesisEngine.prune_nonfinite`: the seed is pruned, the host did not move) are not
     the host's, so they roll nothing back.
@@ -80,7 +83,8 @@ class GovernorCallback(Callback):
         self.num_classes = num_classes
         self.snapshot: Snapshot | None = None
         self._growth: MorphogenesisCallback | None = None
-        self._fossilized_seen = 0
+        self._widths: list[WidthGrowthCallback] = []
+        self._structure_seen: tuple[Any, ...] = ()
         self._warned_monitor = False
         self._resumed = False
 
@@ -116,7 +120,8 @@ class GovernorCallback(Callback):
         # After Lightning restored the optimizer, scaler and callbacks of a resumed run.
         growth = [c for c in trainer.callbacks if isinstance(c, MorphogenesisCallback)]
         self._growth = growth[0] if growth else None  # the lifecycle's owner prunes for us
-        self._fossilized_seen = self._fossilized()
+        self._widths = [c for c in trainer.callbacks if isinstance(c, WidthGrowthCallback)]
+        self._structure_seen = self._structure()
         self._window_step, self._window_dropped = trainer.global_step, self._dropped_steps()
         self._snapshot(trainer, pl_module)
 
@@ -138,6 +143,20 @@ class GovernorCallback(Callback):
             self._close_window(trainer.global_step)
         if (batch_idx + 1) % self.check_every_n_steps == 0:
             self._check_train_losses(trainer, pl_module)
+
+    @override
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                                 optimizer: torch.optim.Optimizer) -> None:
+        # After every callback's batch-start hook (a widening) and decision (a fossilization),
+        # before the step that first trains the new structure: snapshot it, so a rollback
+        # restores the new fossil's weights and the widened tensors (the old snapshot has
+        # neither). Losses not yet read are read first: a rollback they call for comes first.
+        structure = self._structure()
+        if structure == self._structure_seen:
+            return
+        self._structure_seen = structure
+        self._check_train_losses(trainer, pl_module)
+        self._snapshot(trainer, pl_module)
 
     def _close_window(self, step: int) -> None:
         """Count the losses since the last optimizer step as the host's, unless the engine
@@ -182,12 +201,9 @@ class GovernorCallback(Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._close_window(trainer.global_step)  # the epoch's last step has been taken
         self._check_train_losses(trainer, pl_module)
-        fossilized = self._fossilized()
-        new_fossil = fossilized > self._fossilized_seen
-        self._fossilized_seen = fossilized
         # Never snapshot while anomalies are being counted: that state may be diverging.
         healthy = self.governor.consecutive_anomalies == 0
-        if healthy and self.governor.should_snapshot(trainer.current_epoch + 1, new_fossil):
+        if healthy and self.governor.should_snapshot(trainer.current_epoch + 1):
             self._snapshot(trainer, pl_module)
         metrics = {ROLLBACKS_TAG: float(self.governor.rollbacks)}
         for logger in trainer.loggers:
@@ -210,8 +226,10 @@ class GovernorCallback(Callback):
     def _optimizer(trainer: L.Trainer) -> torch.optim.Optimizer | None:
         return trainer.optimizers[0] if trainer.optimizers else None
 
-    def _fossilized(self) -> int:
-        return 0 if self._growth is None else self._growth.fossils
+    def _structure(self) -> tuple[Any, ...]:
+        """What changes when the model's structure does: the fossils, each widening."""
+        fossils = 0 if self._growth is None else self._growth.fossils
+        return (fossils, *(w.widened_step for w in self._widths))
 
     # --- state --------------------------------------------------------------------------------
     @override

@@ -154,7 +154,9 @@ def restore_snapshot(
     Raises:
         SnapshotMismatchError: a captured key is missing from the model (for example a
             fossilized seed disappeared), a shape changed, the model has state the snapshot
-            neither captured nor excluded, or a captured parameter is no longer optimized.
+            neither captured nor excluded, a captured parameter is no longer optimized, or a
+            seed fossilized after the snapshot holds non-finite weights (it keeps its current
+            weights through a restore, which would then hand back a broken model).
             Nothing is modified when this is raised.
         ValueError: an optimizer or scaler is given but the snapshot did not capture one.
 
@@ -267,6 +269,7 @@ def _check_model(snapshot: Snapshot, model: nn.Module, current: dict[str, Any]) 
                                         f"snapshot has {tuple(saved.shape)}")
     _check_unexpected(snapshot, model, current, captured)
     _check_fossils(snapshot, model)
+    _check_newer_fossils(snapshot, model)
 
 
 def _check_unexpected(
@@ -304,6 +307,24 @@ def _check_fossils(snapshot: Snapshot, model: nn.Module) -> None:
                 f"slot {slot_id!r}: fossilized seed {state['seed_id']!r} of the snapshot is gone "
                 f"({found}); fossils are permanent and must survive until restore"
             )
+
+
+def _check_newer_fossils(snapshot: Snapshot, model: nn.Module) -> None:
+    """A fossil newer than the snapshot keeps its current weights through a restore (no snapshot
+    holds older ones); if they are not finite, the restore would hand back a broken model."""
+    for name, module in model.named_modules():
+        if not isinstance(module, SeedSlot) or module.stage != SeedStage.FOSSILIZED:
+            continue
+        saved = (snapshot.manifests.get(module.slot_id) or {}).get("state")
+        if saved is not None and saved["stage"] == int(SeedStage.FOSSILIZED):
+            continue  # the snapshot holds this fossil's weights
+        assert module.seed is not None  # a fossil holds its seed
+        if not all(torch.isfinite(t).all() for t in module.seed.state_dict().values()
+                   if isinstance(t, Tensor) and t.is_floating_point()):
+            raise SnapshotMismatchError(
+                f"slot {module.slot_id!r} ({name}): its seed fossilized after the snapshot and "
+                "now holds non-finite weights, which no snapshot can restore; snapshot after "
+                "every fossilization (GovernorCallback does, before the next optimizer step)")
 
 
 def _check_optimizer(

@@ -365,6 +365,11 @@ class MorphogenesisEnv:
         with self._on_stream():  # new seed weights come from the engine's own rng seed
             outcome = engine.execute(action)
             engine.tick()
+        if (engine.event_counts()["fossilized"] > self._snapshot_fossils
+                and self.governor.consecutive_anomalies == 0):
+            # Before the epoch that first trains the new fossil: a rollback in it restores
+            # the fossil's weights too (the last snapshot does not hold them).
+            self.snapshot = self._take_snapshot()
         return outcome
 
     # --- lockstep epoch -----------------------------------------------------------------------
