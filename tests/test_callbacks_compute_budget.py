@@ -10,7 +10,7 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
-from helpers import UserModule
+from helpers import UserModule, one_line_message
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import Logger, TensorBoardLogger
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -390,3 +390,35 @@ def test_the_budget_logs_at_the_trainers_cadence_and_at_the_last_step(cifar_dir,
     # Straight to the loggers on those steps alone: never through the module's `log`.
     assert not any(name.startswith("compute/") for name in module.log_calls)
     assert module.log_calls["train_loss"] == 8  # (the module's own, every step)
+
+
+def test_a_budget_spent_in_an_earlier_fit_is_refused_where_a_resumed_one_goes_on(cifar_dir,
+                                                                                 tmp_path):
+    """A second fit with the same budget would start spent: one step at the schedule's floor,
+    a growth at once. Refused in one line; resumed from the first fit's checkpoint it goes on."""
+    step = step_flops()
+    budget = ComputeBudget(2.5 * step)
+    saver = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    fit(tmp_path, cifar_dir, [budget, saver], enable_checkpointing=True)
+    assert budget.spent == 3 * step
+    with pytest.raises(MisconfigurationException) as err:
+        fit(tmp_path, cifar_dir, [budget])
+    assert one_line_message(err) == (
+        f"ComputeBudget({2.5 * step:g} FLOPs) already spent {3 * step:.4g} FLOPs in an earlier "
+        "fit; give each fit its own ComputeBudget, or resume that fit from its checkpoint "
+        "(trainer.fit(..., ckpt_path=...))")
+    again = ComputeBudget(2.5 * step)
+    fit(tmp_path, cifar_dir, [again], ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    assert again.spent == 3 * step  # resumed spent: the fit ends, nothing more trained
+
+
+def test_a_budget_under_one_optimizer_step_is_refused_at_the_first_step(cifar_dir, tmp_path):
+    step = step_flops()
+    with pytest.raises(MisconfigurationException) as err:
+        fit(tmp_path, cifar_dir, [ComputeBudget(step / 2)], accumulate_grad_batches=1)
+    assert one_line_message(err) == (
+        f"ComputeBudget({step / 2:g} FLOPs) is less than one optimizer step of this fit "
+        f"({step:.4g} FLOPs); accepted: a budget of at least one step")
+    fit(tmp_path, cifar_dir, [ComputeBudget(1.5 * step)], accumulate_grad_batches=1)
+    with pytest.raises(MisconfigurationException, match=r"less than one optimizer step"):
+        fit(tmp_path, cifar_dir, [ComputeBudget(1.5 * step)], accumulate_grad_batches=2)

@@ -119,6 +119,7 @@ class ComputeBudget(Callback):
         self.loss_key = loss_key
         self._warned = False
         self._reach_checked = self._told_short = False
+        self._resumed = False  # load_state_dict ran since the last fit started
         self._step_cost = StepCost(0)
         self._revision = -1  # the ledger's revision when this step was metered
         self._metering: MetersSteps | None = None
@@ -143,6 +144,13 @@ class ComputeBudget(Callback):
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Lightning restores a resumed fit's callback state before this hook.
+        resumed, self._resumed = self._resumed, False
+        if self.spent > 0 and not resumed:
+            raise MisconfigurationException(
+                f"ComputeBudget({self.budget_flops:g} FLOPs) already spent {self.spent:.4g} "
+                "FLOPs in an earlier fit; give each fit its own ComputeBudget, or resume that "
+                "fit from its checkpoint (trainer.fit(..., ckpt_path=...))")
         self._metering = next((c for c in trainer.callbacks if c is not self
                                and isinstance(c, MetersSteps)), None)
         if self._metering is not None and not getattr(self._metering, "meter_flops", True):
@@ -160,6 +168,12 @@ class ComputeBudget(Callback):
         self._reach_checked = self._told_short = False
 
     @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # A fit resumed from the checkpoint of its budget's last step trains nothing more.
+        if self.ledger.exhausted:
+            trainer.should_stop = True
+
+    @override
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule,
                              batch: Any, batch_idx: int) -> None:
         groups = [g for optimizer in trainer.optimizers for g in optimizer.param_groups]
@@ -174,14 +188,19 @@ class ComputeBudget(Callback):
         loader of known length) ends it before the budget is spent even if every step left cost
         the most the growth callbacks allow (`GrowsSteps`): its schedule will not finish
         decaying, and what the budget plans later will not happen in this fit. Not refused: a
-        fit cut short on purpose is resumed from its checkpoint."""
+        fit cut short on purpose is resumed from its checkpoint. A budget under one optimizer
+        step is refused: nothing it could train would follow its schedule."""
+        per_step = self._step_cost.total * trainer.accumulate_grad_batches  # batches a step
+        if per_step > self.budget_flops:
+            raise MisconfigurationException(
+                f"ComputeBudget({self.budget_flops:g} FLOPs) is less than one optimizer step of "
+                f"this fit ({per_step:.4g} FLOPs); accepted: a budget of at least one step")
         limit = run_plan(trainer, None).steps
         dearest = math.prod(c.step_cost_bound() for c in trainer.callbacks
                             if isinstance(c, GrowsSteps))
         if (limit is None or trainer.fast_dev_run or not math.isfinite(dearest)
                 or self._step_cost.total <= 0):
             return
-        per_step = self._step_cost.total * trainer.accumulate_grad_batches  # batches a step
         most = self.spent + (limit - trainer.global_step) * per_step * dearest
         if most >= self.budget_flops:
             return
@@ -280,6 +299,7 @@ class ComputeBudget(Callback):
             raise MisconfigurationException(
                 f"ComputeBudget: the checkpoint was written under budget_flops={saved:g}, this "
                 f"fit has {self.budget_flops:g}; resume with the same budget")
+        self._resumed = True
         if "ledger" in state_dict:
             self.ledger.load_state_dict(state_dict["ledger"])
         else:  # written before the ledger: the FLOPs spent
