@@ -16,10 +16,11 @@ from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from user_models import user_model
 
-from esper_lightning.callbacks import MorphogenesisCallback
+from esper_lightning.callbacks import ComputeBudget, MorphogenesisCallback
 from esper_lightning.callbacks._cadence import RunPlan, run_fraction
 from esper_lightning.controllers import HeuristicController, StackController, StaticController
 from esper_lightning.core.depth import DepthGrowth
+from esper_lightning.core.flops import FlopMeter
 from esper_lightning.core.report import EpochReport
 from esper_lightning.core.timing import SeedTiming
 from esper_lightning.data import CIFAR10DataModule, TextDataModule
@@ -85,6 +86,17 @@ def test_every_n_train_steps_decides_without_validation(cifar_dir, tmp_path):
     assert [(e, s) for e, s, _ in controller.seen] == [(0, 4), (1, 8), (2, 12)]
 
 
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_every_n_train_steps_counts_optimizer_steps_under_accumulation(cifar_dir, tmp_path,
+                                                                       accumulate):
+    """The same decisions at the same optimizer steps whatever the accumulation: none at
+    step 0 (before any step) nor on a batch inside an accumulation window."""
+    _, controller = _fit_reports(tmp_path, cifar_dir, max_steps=6, max_epochs=-1,
+                                 limit_val_batches=0, every_n_train_steps=2,
+                                 accumulate_grad_batches=accumulate)
+    assert [(e, s) for e, s, _ in controller.seen] == [(0, 2), (1, 4), (2, 6)]
+
+
 def test_epochs_without_validation_still_decide_at_their_end(cifar_dir, tmp_path):
     _, controller = _fit_reports(tmp_path, cifar_dir, max_epochs=4, limit_train_batches=3,
                                  limit_val_batches=1, check_val_every_n_epoch=2)
@@ -120,6 +132,32 @@ def test_growth_at_tau_is_the_first_step_past_it_not_the_next_validation(text_fi
     assert trainer.num_training_batches > 40
     assert seen.index(True) == 10  # steps 0-9 at one block; step 10 (10/40 = tau) grown
     assert [e.kind for e in morpho.engine.events] == ["germinated", "fossilized"]
+
+
+def test_growth_at_tau_waits_for_the_first_batch_of_an_accumulation_window(text_file,
+                                                                           tmp_path):
+    """Grown before the first whole optimizer step past tau: every batch of that step trains
+    the grown model (never a step half one block, half four)."""
+    torch.manual_seed(0)
+    morpho = MorphogenesisCallback(StackController(tau=0.1, operator="identity"),
+                                   growth=DepthGrowth("blocks", blocks=3), rng_seed=5)
+    grown: list[tuple[int, bool]] = []
+
+    class Watch(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            grown.append((batch_idx, morpho.engine.slots["blocks.0+1"].seed is not None))
+
+    model = user_model("nanogpt")
+    batch = FlopMeter().training_step(model, torch.zeros(8, 16, dtype=torch.long))
+    # A budget charged by the batch: tau (0.1 of 100 batches at one block) falls at batch 10,
+    # inside the window of batches 9-11.
+    budget = ComputeBudget(100 * batch)
+    trainer = _trainer(tmp_path, [morpho, budget, Watch()], max_epochs=-1,
+                       accumulate_grad_batches=3)
+    trainer.fit(model, datamodule=_text_dm(text_file))
+    first = next(i for i, g in grown if g)
+    assert first == 12  # the next window's first batch
+    assert all(g for i, g in grown if i >= first)
 
 
 def test_a_schedule_the_run_cannot_finish_is_refused_at_its_first_step(text_file, tmp_path):

@@ -422,3 +422,16 @@ def test_a_budget_under_one_optimizer_step_is_refused_at_the_first_step(cifar_di
     fit(tmp_path, cifar_dir, [ComputeBudget(1.5 * step)], accumulate_grad_batches=1)
     with pytest.raises(MisconfigurationException, match=r"less than one optimizer step"):
         fit(tmp_path, cifar_dir, [ComputeBudget(1.5 * step)], accumulate_grad_batches=2)
+
+
+def test_under_accumulation_the_budget_stops_and_logs_where_an_optimizer_step_ends(cifar_dir,
+                                                                                  tmp_path):
+    """Crossed inside a window, the fit ends with that window's step (no batch charged and
+    never applied), and each logged step is written once, as Lightning writes its own."""
+    step, logger = step_flops(), MemoryLogger()
+    budget = ComputeBudget(3.5 * step)  # crossed at the 4th batch, inside the window 4-5
+    trained = Steps()
+    fit(tmp_path, cifar_dir, [budget, trained], accumulate_grad_batches=3, logger=logger,
+        log_every_n_steps=1)
+    assert trained.count == 5 and budget.spent == 5 * step
+    assert logger.steps["compute/budget_fraction"] == logger.steps["train_loss"] == [0, 1]

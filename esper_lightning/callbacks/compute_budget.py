@@ -120,6 +120,7 @@ class ComputeBudget(Callback):
         self._warned = False
         self._reach_checked = self._told_short = False
         self._resumed = False  # load_state_dict ran since the last fit started
+        self._step_at_batch_start = -1  # trainer.global_step when this batch began
         self._step_cost = StepCost(0)
         self._revision = -1  # the ledger's revision when this step was metered
         self._metering: MetersSteps | None = None
@@ -176,6 +177,7 @@ class ComputeBudget(Callback):
     @override
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule,
                              batch: Any, batch_idx: int) -> None:
+        self._step_at_batch_start = trainer.global_step
         groups = [g for optimizer in trainer.optimizers for g in optimizer.param_groups]
         self._step_cost = self._cost(trainer, pl_module, batch, groups)
         self._revision = self.ledger.revision
@@ -220,9 +222,13 @@ class ComputeBudget(Callback):
             # A callback after this one changed the model before the step (a growth decided
             # at this batch's start): the step trained the new one, so that is what it cost.
             self._step_cost = self._cost(trainer, pl_module, batch)
-        if self.ledger.end_step(self._step_cost):
+        # Stopped and logged where an optimizer step ends, never inside an accumulation
+        # window: its last batches would be charged and never applied, and Lightning writes
+        # a step's metrics once, at the batch that took it.
+        stepped = trainer.global_step != self._step_at_batch_start
+        if self.ledger.end_step(self._step_cost) and stepped:
             trainer.should_stop = True
-        if _logs_this_step(trainer):
+        if stepped and _logs_this_step(trainer):
             self._log(trainer)
 
     def _log(self, trainer: L.Trainer) -> None:

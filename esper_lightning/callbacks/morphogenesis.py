@@ -303,6 +303,7 @@ class MorphogenesisCallback(Callback):
         self._scheduled = False  # asked the controller when it is due, this fit
         self._checked_keys: set[str] = set()
         self._accumulator = None
+        self._step_at_batch_start = -1  # trainer.global_step when this batch began
 
     @property
     @override
@@ -480,6 +481,7 @@ class MorphogenesisCallback(Callback):
     @override
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule,
                              batch: Any, batch_idx: int) -> None:
+        self._step_at_batch_start = trainer.global_step
         if self._budget_steps is None and self.ledger.budget_flops is not None:
             self._plan_budget(trainer)
         elif trainer.global_step == 0 and batch_idx == 0:
@@ -490,8 +492,9 @@ class MorphogenesisCallback(Callback):
             # still grows at tau.
             self._scheduled = True
             self._schedule_next(trainer)
-        # A growth at tau: decided before the first step past it, so that step trains grown.
-        if self._due is not None:
+        # A growth at tau: decided before the first step past it, so that step trains grown
+        # (all of it: at the first batch of an accumulation window, never inside one).
+        if self._due is not None and batch_idx % trainer.accumulate_grad_batches == 0:
             spent = self._spent_fraction(trainer)
             if spent is not None and spent >= self._due:
                 self._decide(trainer)
@@ -525,7 +528,8 @@ class MorphogenesisCallback(Callback):
                                          self.batch_to_xy(batch)[0], self.logits_fn,
                                          "MorphogenesisCallback", _METER_REMEDY))
         every = self.every_n_train_steps
-        if every is not None and trainer.global_step % every == 0:
+        stepped = trainer.global_step != self._step_at_batch_start  # not inside a window
+        if every is not None and stepped and trainer.global_step % every == 0:
             self._decide(trainer)
 
     def _metered(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
