@@ -86,6 +86,18 @@ def test_every_n_train_steps_decides_without_validation(cifar_dir, tmp_path):
     assert [(e, s) for e, s, _ in controller.seen] == [(0, 4), (1, 8), (2, 12)]
 
 
+def test_a_run_that_never_validates_is_told_it_is_too_short_once_the_slots_know_their_shape(
+        cifar_dir, tmp_path):
+    """Without a sanity check the slots learn their shape at the first step's forward: the
+    length check waits for it (it raised "run a forward pass" at fit start before)."""
+    torch.manual_seed(0)
+    callback = MorphogenesisCallback(HeuristicController(), slots=["net.3"], every_n_train_steps=4)
+    trainer = _trainer(tmp_path, [callback], max_steps=12, max_epochs=-1, limit_val_batches=0)
+    with pytest.warns(UserWarning, match=r"too short for any seed to reach blending"):
+        trainer.fit(UserModule(), datamodule=_cifar(cifar_dir))
+    assert trainer.global_step == 12 and callback.engine.epoch == 3
+
+
 @pytest.mark.parametrize("accumulate", [1, 2])
 def test_every_n_train_steps_counts_optimizer_steps_under_accumulation(cifar_dir, tmp_path,
                                                                        accumulate):

@@ -336,6 +336,12 @@ def test_bad_budgets_are_one_line():
             ComputeBudget(bad)
     with pytest.raises(ValueError, match="decay_fraction must be in"):
         ComputeBudget(1e9, "wsd", decay_fraction=2.0)
+    for bad in ("", 3):
+        with pytest.raises(ValueError, match=f"loss_key must name a logged validation loss, or "
+                                             f"be None for no chart, got {bad!r}"):
+            ComputeBudget(1e9, loss_key=bad)
+    with pytest.raises(TypeError, match="batch_to_xy must be a function or None, got 'x'"):
+        ComputeBudget(1e9, batch_to_xy="x")
 
 
 def test_a_checkpoint_of_another_budget_is_refused_in_one_line():

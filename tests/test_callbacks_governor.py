@@ -150,6 +150,19 @@ def test_a_fresh_fit_forgets_the_last_fits_losses_and_a_resumed_one_keeps_them(c
     assert list(governor.governor.history) == saved["governor"]["history"] != []
 
 
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"check_every_n_steps": 1.5}, "check_every_n_steps must be an int >= 1, got 1.5"),
+    ({"check_every_n_steps": float("nan")}, "check_every_n_steps must be an int >= 1, got nan"),
+    ({"check_every_n_steps": True}, "check_every_n_steps must be an int >= 1, got True"),
+    ({"monitor": None}, "monitor must name the logged validation loss, got None"),
+])
+def test_a_bad_cadence_or_monitor_is_refused_at_construction(kwargs, message):
+    # A NaN cadence was accepted and checked no step (`x % nan` is never 0).
+    with pytest.raises(ValueError) as failure:
+        GovernorCallback(**kwargs)
+    assert str(failure.value) == message
+
+
 @pytest.mark.parametrize("num_classes", [0, 1, -3, 2.5, True])
 def test_a_class_count_the_lobotomy_rule_cannot_use_is_refused_at_construction(num_classes):
     # Once accepted silently (and only failing at the first validation, or never).

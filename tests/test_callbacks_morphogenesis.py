@@ -8,7 +8,7 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import UserModule
+from helpers import UserModule, one_line_message
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import Logger, TensorBoardLogger
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -221,6 +221,30 @@ def test_bad_configuration_is_refused_at_construction():
         MorphogenesisCallback(object())
     with pytest.raises(TypeError, match=r"^growth must be a DepthGrowth, got int$"):
         MorphogenesisCallback(StaticController(), growth=3)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"controller": StaticController}, "controller must be a controller instance, got the class "
+                                       "StaticController; accepted: StaticController(...)"),
+    ({"slots": []}, "slots must name one or more modules (e.g. slots=['net.3']), or be None (a "
+                    "growth= or a built-in host's slots), got []"),
+    ({"slots": [3]}, "slots must name one or more modules"),
+    ({"batch_to_xy": 3}, "batch_to_xy must be a function or None, got 3"),
+    ({"logits_fn": "head"}, "logits_fn must be a function or None, got 'head'"),
+    ({"loss_key": None}, "loss_key must name the logged validation loss (e.g. 'val_loss'), got "
+                         "None"),
+    ({"rng_seed": "a"}, "rng_seed must be an int >= 0 or None, got 'a'"),
+    ({"rng_seed": 1.5}, "rng_seed must be an int >= 0 or None, got 1.5"),
+    ({"seed_lr": float("nan")}, "seed lr must be a finite number >= 0 or None, got nan"),
+    ({"seed_momentum": 2.0}, "seed momentum must be in [0, 1) or None, got 2.0"),
+])
+def test_what_would_fail_mid_fit_or_never_act_is_refused_at_construction(kwargs, message):
+    """Each was accepted and then failed deep in the fit with another message (a class for an
+    instance, an empty slot list) or silently never acted (no validation loss to read)."""
+    kwargs = {"controller": StaticController(), **kwargs}
+    with pytest.raises((TypeError, ValueError)) as err:
+        MorphogenesisCallback(**kwargs)
+    assert one_line_message(err).startswith(message)
 
 
 def test_the_keywords_are_a_shorthand_for_one_seeding_config(cifar_dir, tmp_path):

@@ -610,6 +610,11 @@ def test_heuristic_reset_starts_a_fresh_run():
         ({"blueprint_penalty_decay": 1.5}, "blueprint_penalty_decay"),
         ({"blueprint_rotation": ()}, "blueprint_rotation"),
         ({"blueprint_rotation": ("conv_light", "resnet")}, "'resnet'"),
+        # A NaN threshold compared False with everything: the heuristic never germinated.
+        ({"plateau_threshold": float("nan")}, "plateau_threshold must be a finite number, got nan"),
+        ({"fossilize_contribution": float("nan")}, "fossilize_contribution must be a finite"),
+        ({"germinate_from_fraction": float("inf")}, "germinate_from_fraction must be a finite"),
+        ({"stabilization_threshold": -1.0}, "stabilization_threshold must be >= 0, got -1.0"),
     ],
 )
 def test_bad_heuristic_config_is_rejected(overrides, match):

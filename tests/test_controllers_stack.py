@@ -178,12 +178,19 @@ def test_stack_reacts_to_a_governor_prune_and_regrows():
      ({"tau": (1.0, 1.0)}, r"tau must be in \[0, 1\)"),
      ({"tau": (0.2, 1.5)}, r"tau must be in \[0, 1\)"),
      ({"tau": ()}, r"tau must be in \[0, 1\)"),
+     ({"tau": "0.5"}, r"tau must be in \[0, 1\) .*got '0.5'"),
+     ({"tau": True}, r"tau must be in \[0, 1\) .*got True"),
+     ({"tau": float("nan")}, r"tau must be in \[0, 1\) .*got nan"),
      ({"tau": 0.5, "operator": "zero"}, "unknown growth operator 'zero'; accepted: copy, "
                                          "identity, random")],
 )
 def test_bad_stack_settings_are_one_line_errors(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         StackController(**kwargs)
+
+
+def test_one_slot_may_be_named_by_its_string():
+    assert StackController(0.5, slots="blocks.0+1").slots == ("blocks.0+1",)
 
 
 def test_stack_state_is_a_header_and_earliest_germination_follows_tau():

@@ -340,6 +340,9 @@ def test_identity_of_an_unknown_block_is_gated_or_refused_without_the_gate():
     ({"at": "bottom"}, "DepthGrowth at must be one of top, interleave or a block index"),
     ({"moments": "old"}, "DepthGrowth moments must be one of fresh, copy, got 'old'"),
     ({"projections": "c_proj"}, "DepthGrowth projections must be a list of names"),
+    ({"blocks": 1.5}, "DepthGrowth blocks must be an int >= 1 or a list of them, got 1.5"),
+    ({"stack": ""}, "DepthGrowth stack must be a module path (e.g. 'blocks') or None, got ''"),
+    ({"stack": 3}, "DepthGrowth stack must be a module path (e.g. 'blocks') or None, got 3"),
 ])
 def test_bad_depth_growth_settings_are_one_line(kwargs, message):
     with pytest.raises(ValueError) as err:

@@ -130,7 +130,7 @@ def test_the_shorthand_refuses_what_it_does_not_know_and_what_the_config_refuses
     with pytest.raises(TypeError, match=r"owner: unknown seeding keyword\(s\) seed_beta; accepted: "
                                         "blueprints, max_seeds"):
         with_shorthand(None, "owner", seed_beta=0.9)
-    with pytest.raises(ValueError, match="seed lr must be a number >= 0 or None, got -1"):
+    with pytest.raises(ValueError, match="seed lr must be a finite number >= 0 or None, got -1"):
         with_shorthand(None, "owner", seed_lr=-1)
 
 

@@ -110,6 +110,12 @@ class ComputeBudget(Callback):
         if isinstance(budget_flops, bool) or not isinstance(budget_flops, int | float) or not (
                 math.isfinite(budget_flops) and budget_flops > 0):
             raise ValueError(f"budget_flops must be a number > 0, got {budget_flops!r}")
+        if loss_key is not None and (not isinstance(loss_key, str) or not loss_key):
+            raise ValueError(f"loss_key must name a logged validation loss, or be None for no "
+                             f"chart, got {loss_key!r}")
+        for name, value in (("batch_to_xy", batch_to_xy), ("logits_fn", logits_fn)):
+            if value is not None and not callable(value):
+                raise TypeError(f"{name} must be a function or None, got {value!r}")
         self.budget_flops = float(budget_flops)
         self.schedule = LRSchedule(lr_schedule, warmup_fraction, decay_fraction, min_lr_ratio)
         #: The fit's compute: what is spent against this budget (saved with the state).

@@ -68,8 +68,11 @@ class GovernorCallback(Callback):
         num_classes: int | None = None,
         check_every_n_steps: int = 1,
     ) -> None:
-        if check_every_n_steps < 1:
-            raise ValueError(f"check_every_n_steps must be >= 1, got {check_every_n_steps}")
+        every = check_every_n_steps
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"check_every_n_steps must be an int >= 1, got {every!r}")
+        if not isinstance(monitor, str) or not monitor:
+            raise ValueError(f"monitor must name the logged validation loss, got {monitor!r}")
         check_num_classes(num_classes)
         self.governor = Governor(config)
         self.check_every_n_steps = check_every_n_steps

@@ -246,6 +246,7 @@ class MorphogenesisCallback(Callback):
         seeding: SeedingConfig | None = None,
     ) -> None:
         _check_options(controller, topology, growth, seeding)
+        _check_inputs(slots, batch_to_xy, logits_fn, loss_key, rng_seed)
         _check_cadence(every_n_train_steps)
         #: How seeds grow (`core.seeding.SeedingConfig`): ``seeding`` with the shorthand's values.
         self.seeding = with_shorthand(
@@ -399,7 +400,8 @@ class MorphogenesisCallback(Callback):
                 raise MisconfigurationException(f"MorphogenesisCallback: {err}") from None
         if durations:
             self._require_engine().set_timing(durations)
-        self._warn_if_too_short(trainer)
+        if self._require_engine().topology is not None:  # else at the first step that knows it
+            self._warn_if_too_short(trainer)
 
     def _plan_budget(self, trainer: L.Trainer) -> None:
         """Under a compute budget, the steps it allows once a step's cost is known (the first
@@ -489,9 +491,10 @@ class MorphogenesisCallback(Callback):
         if not self._scheduled and self._require_engine().topology is not None:
             # Ask the controller when it is first due, once the slots know their shape (a
             # sanity check or the first step's forward tells them): a run that never validates
-            # still grows at tau.
+            # still grows at tau, and is told if it is too short for a seed to blend.
             self._scheduled = True
             self._schedule_next(trainer)
+            self._warn_if_too_short(trainer)
         # A growth at tau: decided before the first step past it, so that step trains grown
         # (all of it: at the first batch of an accumulation window, never inside one).
         if self._due is not None and batch_idx % trainer.accumulate_grad_batches == 0:
@@ -991,6 +994,9 @@ def _check_options(controller: Any, topology: str | None, growth: DepthGrowth | 
                    seeding: Any) -> None:
     """Refuse a bad option at construction, in one line (the seeding options are checked by
     `SeedingConfig`)."""
+    if isinstance(controller, type):
+        raise TypeError(f"controller must be a controller instance, got the class "
+                        f"{controller.__name__}; accepted: {controller.__name__}(...)")
     if not isinstance(controller, Controller):
         raise TypeError(
             f"controller must implement decide/reset/state_dict/load_state_dict, got "
@@ -1001,6 +1007,24 @@ def _check_options(controller: Any, topology: str | None, growth: DepthGrowth | 
         raise TypeError(f"growth must be a DepthGrowth, got {type(growth).__name__}")
     if seeding is not None and not isinstance(seeding, SeedingConfig):
         raise TypeError(f"seeding must be a SeedingConfig or None, got {type(seeding).__name__}")
+
+
+def _check_inputs(slots: Any, batch_to_xy: Any, logits_fn: Any, loss_key: Any,
+                  rng_seed: Any) -> None:
+    """Refuse, in one line at construction, what would otherwise fail mid-fit or never act."""
+    names = [slots] if isinstance(slots, str) else slots
+    if names is not None and (not names or not all(isinstance(n, str) and n for n in names)):
+        raise ValueError(f"slots must name one or more modules (e.g. slots=['net.3']), or be "
+                         f"None (a growth= or a built-in host's slots), got {slots!r}")
+    for name, value in (("batch_to_xy", batch_to_xy), ("logits_fn", logits_fn)):
+        if value is not None and not callable(value):
+            raise TypeError(f"{name} must be a function or None, got {value!r}")
+    if not isinstance(loss_key, str) or not loss_key:
+        raise ValueError(f"loss_key must name the logged validation loss (e.g. 'val_loss'), "
+                         f"got {loss_key!r}")
+    if rng_seed is not None and (isinstance(rng_seed, bool) or not isinstance(rng_seed, int)
+                                 or rng_seed < 0):
+        raise ValueError(f"rng_seed must be an int >= 0 or None, got {rng_seed!r}")
 
 
 def _check_cadence(every_n_train_steps: Any) -> None:

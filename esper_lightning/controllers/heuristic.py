@@ -86,6 +86,10 @@ TIMING_KNOBS = (
 )
 
 
+#: Fields checked against their own range below (a NaN fails it too).
+_RANGED = ("min_training_gradient_health", "judge_z", "blueprint_penalty_decay")
+
+
 @dataclass(frozen=True)
 class HeuristicConfig:
     """Knobs of `HeuristicController`; the defaults are the research code's constants.
@@ -205,6 +209,17 @@ class HeuristicConfig:
             if f.type in ("int", "int | None") and not optional and (
                     isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise ValueError(f"HeuristicConfig.{f.name} must be an int >= 0, got {value!r}")
+            number = f.name not in _RANGED and (
+                f.type == "float" or (f.type == "float | None" and value is not None))
+            if number and (isinstance(value, bool) or not isinstance(value, int | float)
+                           or not math.isfinite(value)):
+                # A NaN threshold compares False with everything: the rule never fires.
+                raise ValueError(f"HeuristicConfig.{f.name} must be a finite number, got "
+                                 f"{value!r}")
+        for name in ("plateau_threshold", "stabilization_threshold"):
+            value = getattr(self, name)
+            if value < 0.0:
+                raise ValueError(f"HeuristicConfig.{name} must be >= 0, got {value!r}")
         if not 0.0 <= self.min_training_gradient_health <= 1.0:
             raise ValueError(
                 "HeuristicConfig.min_training_gradient_health must be in [0, 1], "

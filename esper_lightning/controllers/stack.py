@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from numbers import Real
 from typing import Any
 
 from esper_lightning.blueprints import available
@@ -102,8 +103,10 @@ class StackController(ControllerBase):
 
     def __init__(self, tau: float | Sequence[float], operator: str = "copy",
                  slots: Sequence[str] | None = None) -> None:
-        taus = (tau,) if isinstance(tau, int | float) else tuple(tau)
-        if not taus or not 0.0 <= taus[0] < NEVER or not all(0.0 <= t <= NEVER for t in taus):
+        taus = tuple(tau) if isinstance(tau, list | tuple) else (tau,)
+        numbers = all(isinstance(t, Real) and not isinstance(t, bool) for t in taus)
+        if (not taus or not numbers or not 0.0 <= taus[0] < NEVER
+                or not all(0.0 <= t <= NEVER for t in taus)):
             raise ConfigError(f"stack: tau must be in [0, 1) (or a list of such, a later slot's "
                               f"may be 1: never), got {tau!r}")
         if list(taus) != sorted(taus):
@@ -115,7 +118,7 @@ class StackController(ControllerBase):
         self.taus = tuple(float(t) for t in taus)
         self.operator = operator
         self.blueprint = growth_blueprint(operator)
-        self.slots = None if slots is None else tuple(slots)
+        self.slots = None if slots is None else (slots,) if isinstance(slots, str) else tuple(slots)
         if self.slots is not None and len(self.taus) not in (1, len(self.slots)):
             raise ConfigError(f"stack: {len(self.taus)} taus for {len(self.slots)} slots; give "
                               "one tau, or one per slot")

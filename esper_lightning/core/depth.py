@@ -83,7 +83,12 @@ class DepthGrowth:
     moments: str = "fresh"
 
     def __post_init__(self) -> None:
-        events = (self.blocks,) if isinstance(self.blocks, int) else tuple(self.blocks)
+        if self.stack is not None and (not isinstance(self.stack, str) or not self.stack):
+            raise ValueError(f"DepthGrowth stack must be a module path (e.g. 'blocks') or None, "
+                             f"got {self.stack!r}")
+        blocks = self.blocks
+        iterable = isinstance(blocks, list | tuple)
+        events = tuple(blocks) if iterable else (blocks,)
         if not events or any(isinstance(n, bool) or not isinstance(n, int) or n < 1
                              for n in events):
             raise ValueError(f"DepthGrowth blocks must be an int >= 1 or a list of them, got "

@@ -20,6 +20,7 @@ right; `copy_moments` starts copied blocks from their sources' optimizer state.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,8 +47,12 @@ class SeedOptimConfig:
     def __post_init__(self) -> None:
         for name in ("lr", "momentum", "weight_decay"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int | float) or value < 0):
-                raise ValueError(f"seed {name} must be a number >= 0 or None, got {value!r}")
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                      or not math.isfinite(value) or value < 0):
+                raise ValueError(f"seed {name} must be a finite number >= 0 or None, got "
+                                 f"{value!r}")
+        if self.momentum is not None and self.momentum >= 1:
+            raise ValueError(f"seed momentum must be in [0, 1) or None, got {self.momentum!r}")
 
     def overrides(self) -> dict[str, float]:
         values = {"lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay}
