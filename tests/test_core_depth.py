@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
@@ -184,7 +185,15 @@ def test_a_grown_hugging_face_model_goes_back_at_its_new_depth(kind, tmp_path):
     idx = _tokens((2, 12), rng_seed=9)
     with torch.no_grad():
         grown = model(idx)
+    # The slots hang off the LightningModule: its Hugging Face model alone has none, and
+    # handing that back (still one block deep) is refused, where it was silently [].
+    with pytest.raises(ValueError, match=r"^materialize found no growth slot in .*, whose stack "
+                                         r"'.*' grew in the module that holds it; pass that"):
+        materialize(model.model)
+    with pytest.raises(TypeError, match=r"^materialize takes the grown module .*, got Trainer"):
+        materialize(L.Trainer(logger=False))
     assert materialize(model) == [slot.slot_id]
+    assert materialize(model) == [] and materialize(model.model) == []  # nothing left to move
     assert len(stack_of(model, kind)) == 4 and len(model.esper_slots) == 0  # slots gone
     assert model.model.config.num_hidden_layers == 4
     assert [m.layer_idx for b in stack_of(model, kind) for m in b.modules()

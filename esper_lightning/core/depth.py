@@ -41,6 +41,10 @@ from esper_lightning.core.slots import remove_slot_hook
 
 __all__ = ["PLACES", "DepthGrowth", "find_stack", "grow", "growth_slot_id", "materialize"]
 
+#: Set on a stack while growth slots wait after its blocks (`core.injection.inject_growth`):
+#: `materialize` of a module inside the one holding the slots finds the stack, not the slots.
+GROWN_STACK_ATTR = "_esper_growth_slots"
+
 #: Where growth slots go in a stack (besides a block index).
 PLACES = ("top", "interleave")
 
@@ -384,12 +388,19 @@ def materialize(model: nn.Module) -> list[str]:
 
     Raises:
         ValueError: A growth seed is still live (blending or holding): fossilize or prune it
-            first (one line naming it).
+            first (one line naming it); or ``model`` holds a stack whose growth slots were
+            injected into an enclosing module (``materialize(lm.model)`` for ``lm``).
+        TypeError: ``model`` is not a module.
     """
     from esper_lightning.core.slots import find_slots  # the slots import this module
 
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"materialize takes the grown module (your LightningModule), got "
+                        f"{type(model).__name__}")
     modules = dict(model.named_modules())
     slots = [s for s in find_slots(model).values() if s.growth_place is not None]
+    if not slots:
+        _check_no_slots_elsewhere(model)
     live = [s.slot_id for s in slots
             if s.seed is not None and s.stage not in (SeedStage.DORMANT, SeedStage.FOSSILIZED)]
     if live:
@@ -418,9 +429,21 @@ def materialize(model: nn.Module) -> list[str]:
                 moved += [slot.slot_id] if blocks else []
         _refill(container, new)
         _hand_config(model, container, before)
+        setattr(container, GROWN_STACK_ATTR, False)
     for slot in slots:
         _remove(model, slot)
     return moved
+
+
+def _check_no_slots_elsewhere(model: nn.Module) -> None:
+    """Refuse a module without growth slots whose stack grew: its slots hang off an enclosing
+    module, and handing this one back as grown would silently hand back the ungrown model."""
+    grown = next((name for name, m in model.named_modules()
+                  if getattr(m, GROWN_STACK_ATTR, False)), None)
+    if grown is not None:
+        raise ValueError(f"materialize found no growth slot in {type(model).__name__}, whose "
+                         f"stack {grown!r} grew in the module that holds it; pass that module "
+                         "(your LightningModule: materialize(lm), not materialize(lm.model))")
 
 
 def _refill(container: nn.Module, blocks: list[nn.Module]) -> None:

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from esper_lightning.blueprints.growth import BlockCall, hidden_of
 from esper_lightning.blueprints.growth.seed import SLOT_HOOK_MARK
 from esper_lightning.core.depth import (
+    GROWN_STACK_ATTR,
     DepthGrowth,
     check_first_activation,
     find_stack,
@@ -129,6 +130,7 @@ def inject_growth(model: nn.Module, growth: DepthGrowth) -> dict[str, SeedSlot]:
                             growth=site, growth_place={"stack": path, "after": index,
                                                        "order": order})
             slots[slot.slot_id] = _inject(model, block_path, container[index], slot)
+    setattr(container, GROWN_STACK_ATTR, True)  # materialize of a submodule can tell
     return slots
 
 
