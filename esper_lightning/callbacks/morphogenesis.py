@@ -246,8 +246,7 @@ class MorphogenesisCallback(Callback):
         seeding: SeedingConfig | None = None,
     ) -> None:
         _check_options(controller, topology, growth, seeding)
-        _check_inputs(slots, batch_to_xy, logits_fn, loss_key, rng_seed)
-        _check_cadence(every_n_train_steps)
+        _check_inputs(slots, batch_to_xy, logits_fn, loss_key, rng_seed, every_n_train_steps)
         #: How seeds grow (`core.seeding.SeedingConfig`): ``seeding`` with the shorthand's values.
         self.seeding = with_shorthand(
             seeding, "MorphogenesisCallback", blueprints=blueprints, max_seeds=max_seeds,
@@ -1010,8 +1009,9 @@ def _check_options(controller: Any, topology: str | None, growth: DepthGrowth | 
 
 
 def _check_inputs(slots: Any, batch_to_xy: Any, logits_fn: Any, loss_key: Any,
-                  rng_seed: Any) -> None:
+                  rng_seed: Any, every_n_train_steps: Any) -> None:
     """Refuse, in one line at construction, what would otherwise fail mid-fit or never act."""
+    _check_cadence(every_n_train_steps)
     names = [slots] if isinstance(slots, str) else slots
     if names is not None and (not names or not all(isinstance(n, str) and n for n in names)):
         raise ValueError(f"slots must name one or more modules (e.g. slots=['net.3']), or be "
