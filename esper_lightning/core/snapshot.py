@@ -155,8 +155,7 @@ def restore_snapshot(
         SnapshotMismatchError: a captured key is missing from the model (for example a
             fossilized seed disappeared), a shape changed, the model has state the snapshot
             neither captured nor excluded, a captured parameter is no longer optimized, or a
-            fossil newer than the snapshot (kept as it is) holds non-finite weights.
-            Nothing is modified when this is raised.
+            newer fossil (kept as it is) is not finite. Nothing is modified when raised.
         ValueError: an optimizer or scaler is given but the snapshot did not capture one.
 
     Example:
