@@ -80,6 +80,21 @@ def test_a_decision_follows_every_validation_run_of_a_one_epoch_run(cifar_dir, t
                                                  steps_per_decision=5.0)
 
 
+@pytest.mark.parametrize(("interval", "every_epochs", "epochs", "decisions"), [
+    (3, 1, 2, 12),  # batches 3, 6, ..., 18 of each 20-batch epoch: none at an epoch's end
+    (7, 1, 2, 4),
+    (30, None, 3, 2),  # batches 30 and 60 of the run: epoch 0, with none, adds no decision
+])
+def test_the_planned_decisions_are_the_validation_runs_lightning_makes(
+        cifar_dir, tmp_path, interval, every_epochs, epochs, decisions):
+    """An integer val_check_interval counts an epoch's batches, restarting each epoch (the
+    plan counted the run's); with check_val_every_n_epoch=None it counts the run's."""
+    trainer, controller = _fit_reports(tmp_path, cifar_dir, max_epochs=epochs,
+                                       limit_val_batches=1, val_check_interval=interval,
+                                       check_val_every_n_epoch=every_epochs)
+    assert len(controller.seen) == trainer.callbacks[0]._plan.decisions == decisions
+
+
 def test_every_n_train_steps_decides_without_validation(cifar_dir, tmp_path):
     _, controller = _fit_reports(tmp_path, cifar_dir, max_steps=12, max_epochs=-1,
                                  limit_val_batches=0, every_n_train_steps=4)

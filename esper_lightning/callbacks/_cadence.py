@@ -76,11 +76,23 @@ def _steps_per_decision(trainer: L.Trainer, every_n_train_steps: int | None,
     validates = trainer.enable_validation and _has_validation(trainer)
     interval = getattr(trainer, "val_check_batch", None)
     if validates and isinstance(interval, int | float) and math.isfinite(interval):
-        within_epoch = per_epoch is None or trainer.check_val_every_n_epoch is None or (
-            interval < trainer.num_training_batches)
-        if within_epoch:  # validation inside the epoch: a decision every val_check_interval
+        every_epochs = trainer.check_val_every_n_epoch
+        if per_epoch is None or every_epochs is None:  # by the run's batches, across epochs
             return max(1.0, interval / trainer.accumulate_grad_batches)
+        if interval < trainer.num_training_batches:
+            # Lightning validates where an epoch's batch count is a multiple of the interval
+            # (it restarts each epoch, so an epoch's remainder holds none), in every
+            # ``every_epochs``-th epoch; any other epoch decides once, at its end.
+            per_cycle = trainer.num_training_batches // int(interval) + every_epochs - 1
+            return per_epoch * every_epochs / per_cycle
     return None if per_epoch is None else float(per_epoch)  # a decision per epoch
+
+
+def validates_by_step(trainer: L.Trainer) -> bool:
+    """Whether the fit validates every ``val_check_interval`` batches of the whole run
+    (``check_val_every_n_epoch=None``): its decisions follow those, never an epoch's end."""
+    return (trainer.check_val_every_n_epoch is None and trainer.enable_validation
+            and _has_validation(trainer))
 
 
 def _has_validation(trainer: L.Trainer) -> bool:

@@ -28,6 +28,7 @@ from esper_lightning.callbacks._cadence import (
     run_fraction,
     run_limit,
     run_plan,
+    validates_by_step,
 )
 from esper_lightning.callbacks._metering import metering_errors, step_cost
 from esper_lightning.callbacks.compute_budget import fit_budget
@@ -682,8 +683,10 @@ class MorphogenesisCallback(Callback):
 
     @override
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # An epoch in which no decision fell (no validation in it) still decides at its end.
-        if self.every_n_train_steps is None and self._decided_epoch != trainer.current_epoch:
+        # An epoch in which no decision fell (no validation in it) still decides at its end,
+        # unless validation runs by the run's batch count and so falls across epochs.
+        if (self.every_n_train_steps is None and self._decided_epoch != trainer.current_epoch
+                and not validates_by_step(trainer)):
             self._decide(trainer)
 
     def _finish_due(self, trainer: L.Trainer) -> None:
