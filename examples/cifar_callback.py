@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from argparse import ArgumentError
 from typing import Any
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -68,6 +69,10 @@ class GrowthCLI(LightningCLI):
             "trainer.log_every_n_steps": 10,
         })
 
+    def before_instantiate_classes(self) -> None:
+        if not self.config["epochs"] >= 1:  # 0 trains nothing; Lightning reads -1 as endless
+            raise ConfigError(f"--epochs must be an int >= 1, got {self.config['epochs']}")
+
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         # Read the data first: a bad input fails before the Trainer and its logger exist (the
         # fit reuses what was read).
@@ -79,10 +84,11 @@ class GrowthCLI(LightningCLI):
         return super().instantiate_trainer(**kwargs)
 
 
-def summary(engine: MorphogenesisEngine, val_acc: float, seconds: float) -> str:
+def summary(engine: MorphogenesisEngine, val_acc: float | None, seconds: float) -> str:
     counts = engine.event_counts()
     rows = [
-        ("validation accuracy", f"{val_acc:.2f}%"),
+        ("validation accuracy", f"{val_acc:.2f}%" if val_acc is not None
+                                else "none: the fit ended before its first validation"),
         ("host parameters", f"{engine.host_params:,}"),
         ("seed parameters", f"{engine.seed_params:,}"),
         ("seeds germinated", str(counts["germinated"])),
@@ -121,15 +127,17 @@ def main(argv: list[str] | None = None) -> int:
         cli = GrowthCLI(
             CifarCNNHost, CIFAR10DataModule, run=False, args=argv, seed_everything_default=0,
             save_config_kwargs={"overwrite": True},
+            parser_kwargs={"exit_on_error": False},  # the error alone, not the usage
         )
         morpho = next(c for c in cli.trainer.callbacks if isinstance(c, MorphogenesisCallback))
         start = time.perf_counter()
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    except (ConfigError, DataError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    except (ConfigError, DataError, ArgumentError) as err:
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
     assert morpho.engine is not None
-    val_acc = 100.0 * float(cli.trainer.callback_metrics["val_acc"])
+    accuracy = cli.trainer.callback_metrics.get("val_acc")
+    val_acc = None if accuracy is None else 100.0 * float(accuracy)
     print(summary(morpho.engine, val_acc, time.perf_counter() - start))
     if cli.config["timeline"]:
         save_timeline(morpho.engine.timeline, cli.config["timeline"],

@@ -49,6 +49,7 @@ import logging
 import math
 import sys
 import time
+from argparse import ArgumentError
 from typing import Any
 
 import lightning as L
@@ -256,7 +257,8 @@ class GrowCLI(LightningCLI):
             raise ConfigError(f"--gflops must be a number > 0, got {self.config['gflops']}")
         if not self.config["grow"] >= 1:
             raise ConfigError(f"--grow must be an int >= 1, got {self.config['grow']}")
-        self.config["data"]["path"] = str(find_text_file(self.config["text"]))
+        # The text named is the one to learn: no download offered in its place.
+        self.config["data"]["path"] = str(find_text_file(self.config["text"], downloadable=False))
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         # Read the data first: a bad input fails before the Trainer and its logger exist.
@@ -275,12 +277,13 @@ class GrowCLI(LightningCLI):
 
 
 def summary(model: TinyGPT, morpho: MorphogenesisCallback, budget: ComputeBudget,
-            val_loss: float, seconds: float) -> str:
+            val_loss: float | None, seconds: float) -> str:
     engine = morpho.engine
     assert engine is not None
     blocks = sum(isinstance(m, Block) for m in model.modules())  # the grown blocks included
     rows = [
-        ("validation loss", f"{val_loss:.4f} per byte"),
+        ("validation loss", f"{val_loss:.4f} per byte" if val_loss is not None
+                            else "none: the fit ended before its first validation"),
         ("blocks", f"{len(model.blocks)} -> {blocks}"),
         ("parameters", f"{engine.host_params:,} host + {engine.seed_params:,} grown"),
         ("training compute", f"{budget.spent / GFLOP:.1f} of {budget.budget_flops / GFLOP:.1f} "
@@ -299,7 +302,10 @@ def fit(argv: list[str] | None = None) -> tuple[GrowCLI, float]:
     fit took."""
     try:
         cli = GrowCLI(TinyGPT, TextDataModule, run=False, args=argv, seed_everything_default=0,
-                      save_config_kwargs={"overwrite": True})
+                      save_config_kwargs={"overwrite": True},
+                      parser_kwargs={"exit_on_error": False})  # the error alone, not the usage
+    except ArgumentError as err:  # a value the parser refused: its message on one line
+        raise ConfigError(" ".join(str(err).split())) from None
     except ValueError as err:  # a class refused its arguments (n_head=5 for width 32), one line
         raise ConfigError(str(err)) from err
     start = time.perf_counter()
@@ -318,8 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     callbacks = cli.trainer.callbacks
     morpho = next(c for c in callbacks if isinstance(c, MorphogenesisCallback))
     budget = next(c for c in callbacks if isinstance(c, ComputeBudget))
-    val_loss = float(cli.trainer.callback_metrics["val_loss"])
-    print(summary(cli.model, morpho, budget, val_loss, seconds))
+    val_loss = cli.trainer.callback_metrics.get("val_loss")
+    print(summary(cli.model, morpho, budget, None if val_loss is None else float(val_loss),
+                  seconds))
     if cli.config["timeline"]:
         assert morpho.engine is not None
         save_timeline(morpho.engine.timeline, cli.config["timeline"],

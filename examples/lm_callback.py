@@ -37,6 +37,7 @@ import logging
 import math
 import sys
 import time
+from argparse import ArgumentError
 from typing import Any
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -82,7 +83,8 @@ class GrowthCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         """``--text`` may name a folder: the data module reads the file it holds."""
         if self.config["text"] is not None:
-            self.config["data"]["path"] = str(find_text_file(self.config["text"]))
+            self.config["data"]["path"] = str(find_text_file(self.config["text"],
+                                                             downloadable=False))
         elif not self.config["data"]["download"]:
             raise ConfigError("no text to learn: pass --text FILE (a text file or a folder "
                               "holding one) or --data.download true (TinyStories)")
@@ -98,12 +100,15 @@ class GrowthCLI(LightningCLI):
         return super().instantiate_trainer(**kwargs)
 
 
-def summary(engine: MorphogenesisEngine, val_loss: float, val_acc: float, seconds: float) -> str:
+def summary(engine: MorphogenesisEngine, val_loss: float | None, val_acc: float | None,
+            seconds: float) -> str:
     counts = engine.event_counts()
     rows = [
-        ("validation loss", f"{val_loss:.4f} per token"),
-        ("validation perplexity", f"{math.exp(val_loss):.3f}"),
-        ("next-token accuracy", f"{val_acc:.2f}%"),
+        *([("validation loss", f"{val_loss:.4f} per token"),
+           ("validation perplexity", f"{math.exp(val_loss):.3f}"),
+           ("next-token accuracy", f"{val_acc:.2f}%")]
+          if val_loss is not None and val_acc is not None
+          else [("validation", "none: the fit ended before its first validation")]),
         ("host parameters", f"{engine.host_params:,}"),
         ("seed parameters", f"{engine.seed_params:,}"),
         ("seeds germinated", str(counts["germinated"])),
@@ -139,18 +144,19 @@ def main(argv: list[str] | None = None) -> int:
     show_lifecycle_events()
     try:
         cli = GrowthCLI(GPTHost, TextDataModule, run=False, args=argv,
-                        seed_everything_default=0, save_config_kwargs={"overwrite": True})
+                        seed_everything_default=0, save_config_kwargs={"overwrite": True},
+                        parser_kwargs={"exit_on_error": False})  # the error, not the usage
         morpho = next(c for c in cli.trainer.callbacks if isinstance(c, MorphogenesisCallback))
         start = time.perf_counter()
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    except (ConfigError, DataError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    except (ConfigError, DataError, ArgumentError) as err:
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
     seconds = time.perf_counter() - start
     assert morpho.engine is not None
-    metrics = cli.trainer.callback_metrics
-    print(summary(morpho.engine, float(metrics["val_loss"]), 100.0 * float(metrics["val_acc"]),
-                  seconds))
+    loss, accuracy = (cli.trainer.callback_metrics.get(k) for k in ("val_loss", "val_acc"))
+    print(summary(morpho.engine, None if loss is None else float(loss),
+                  None if accuracy is None else 100.0 * float(accuracy), seconds))
     if cli.config["timeline"]:
         save_timeline(morpho.engine.timeline, cli.config["timeline"],
                       slot_ids=morpho.engine.slot_ids, title="seed timeline (GPTHost tiny)")

@@ -42,6 +42,16 @@ def test_a_missing_data_folder_is_one_line(example, tmp_path, capsys):
     assert not (tmp_path / "runs").exists()  # a failed run leaves no empty version folder
 
 
+@pytest.mark.parametrize(("epochs", "message"), [
+    ("0", "--epochs must be an int >= 1, got 0"),
+    ("abc", 'Parser key "epochs": Expected a <class \'int\'>. Got value: abc'),
+])
+def test_a_bad_epoch_count_is_one_line(example, cifar_dir, tmp_path, capsys, epochs, message):
+    status = example.main(["--data-dir", str(cifar_dir), "--epochs", epochs,
+                           "--logdir", str(tmp_path / "runs")])
+    assert status == 2 and capsys.readouterr().err == f"error: {message}\n"
+
+
 def test_a_policy_controller_on_a_bad_checkpoint_is_one_line(cifar_dir, tmp_path):
     # ``python examples/cifar_callback.py ...`` as a process of its own sees it (`as_a_process`,
     # `run_script`): a warning on the way (LightningCLI's, jsonargparse's) would be a second

@@ -135,6 +135,7 @@ def test_bad_input_is_one_line(example, text_file, tmp_path, capsys):
                            "--logdir", str(tmp_path / "runs")])
     err = capsys.readouterr().err
     assert status == 2 and err.startswith("error: ") and err.count("\n") == 1
+    assert "--download" not in err  # an option this example does not have
     assert not (tmp_path / "runs").exists()
     assert example.main(["--logdir", str(tmp_path / "runs")]) == 2
     assert capsys.readouterr().err == ("error: no text to learn: pass --text FILE (a text file "
@@ -142,11 +143,25 @@ def test_bad_input_is_one_line(example, text_file, tmp_path, capsys):
     for flag, value, message in (
             ("--gflops", "0", "--gflops must be a number > 0, got 0.0"),
             ("--grow", "0", "--grow must be an int >= 1, got 0"),
-            ("--model.n_head", "5", "n_head=5 must divide the width 32")):
+            ("--model.n_head", "5", "n_head=5 must divide the width 32"),
+            # The parser's own refusal: its message, not the 80-line usage before it.
+            ("--gflops", "abc", 'Parser key "gflops": Expected a <class \'float\'>. Got value: '
+                                "abc")):
         assert example.main(["--text", str(text_file), flag, value,
                              "--logdir", str(tmp_path / "runs")]) == 2
         assert capsys.readouterr().err == f"error: {message}\n"
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_fit_that_ends_before_its_first_validation_still_prints_its_summary(
+        example, text_file, tmp_path, capsys):
+    # It raised KeyError: 'val_loss' after the fit, with a traceback.
+    assert example.main(["--text", str(text_file), "--gflops", str(GFLOPS), "--trainer.max_steps",
+                         "3", "--data.block_size", str(BLOCK), "--data.batch_size", str(BATCH),
+                         "--trainer.enable_progress_bar", "false",
+                         "--logdir", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    assert "validation loss   none: the fit ended before its first validation" in out
 
 
 def test_a_bad_model_argument_prints_one_line_and_no_serialization_warning(

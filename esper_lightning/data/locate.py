@@ -99,7 +99,8 @@ def find_text_file(path: PathLike | None, downloadable: bool = True) -> Path:
     Args:
         path: A text file or a folder; ``None`` means :func:`default_data_dir`.
         downloadable: Whether the caller can download the text (``--download``), which the
-            refusal then offers; a command that cannot (``frontier run``) passes False.
+            refusal then offers; a caller that cannot (``frontier run``), or that was named a
+            text to learn (the examples' ``--text``), passes False.
 
     Raises:
         DataError: No such file or folder, or a folder with no text file or several.
