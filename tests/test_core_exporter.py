@@ -1,6 +1,7 @@
 """export(): a grown model becomes a plain torch module that computes the same thing."""
 
 import dataclasses
+import warnings
 from pathlib import Path
 
 import pytest
@@ -231,6 +232,15 @@ def test_a_refused_export_leaves_an_existing_file(tmp_path):
     with pytest.raises(ValueError, match="holds a live seed"):
         export(cifar_host(SeedStage.BLENDING), torch.randn(2, 3, 16, 16), path=path)
     assert path.read_bytes() == b"an earlier export"
+    assert [p.name for p in tmp_path.iterdir()] == ["model.pt2"]
+
+
+def test_saving_writes_through_a_pt2_file_torch_does_not_warn_about(tmp_path):
+    # The temporary file was ".model.pt2.partial": torch.export.save warned at every export.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        export(nn.Sequential(nn.Linear(3, 2)), torch.zeros(2, 3), path=tmp_path / "model.pt2")
+    assert not [w for w in caught if "archive file" in str(w.message)]
     assert [p.name for p in tmp_path.iterdir()] == ["model.pt2"]
 
 
