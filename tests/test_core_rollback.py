@@ -169,3 +169,37 @@ def _same(a, b) -> bool:
     if isinstance(a, list | tuple) and isinstance(b, list | tuple):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     return a == b
+
+
+def test_the_env_snapshots_at_the_decision_that_fossilizes(cifar_dir):
+    """The epoch after a fossilizing decision trains the new fossil: a rollback in it must
+    restore the fossil's weights too, so the env snapshots right after that decision (its
+    snapshot was the last healthy epoch's, which left the then-live seed out)."""
+    torch.manual_seed(0)
+    spec = EnvSpec(slots=("r0c1",), batch_size=16, episode_length=4,
+                   seeding=SeedingConfig(gate_config=GATES))
+    env = MorphogenesisEnv(0, spec, load_cifar10(cifar_dir, True), load_cifar10(cifar_dir, False))
+    env.reset(7)
+    for _ in range(env.start_epoch()):
+        env.train_batch()
+    env.validate()
+    env.observe()
+    env.execute(GERMINATE)
+    slot = env.engine.slots["r0c1"]
+    assert slot.advance().passed  # -> TRAINING, then on to HOLDING by the slot's own steps
+    for _ in range(3):
+        slot.tick()
+    slot.state.metrics.gradient_health = 1.0
+    assert slot.advance().passed
+    while slot.alpha < 1.0:
+        slot.tick()
+    assert slot.advance().passed and slot.stage == SeedStage.HOLDING
+    slot.record_contribution(1.0)
+    before = env.snapshot
+    env.execute(Action(LifecycleOp.FOSSILIZE, 0))
+    assert slot.stage == SeedStage.FOSSILIZED
+    assert env.snapshot is not before
+    assert env.snapshot.manifests["r0c1"]["state"]["stage"] == int(SeedStage.FOSSILIZED)
+    seed_keys = [k for k in env.snapshot.tensors if ".seed." in k]
+    assert seed_keys and all(torch.equal(env.snapshot.tensors[k], v.cpu())
+                             for k, v in env.host.state_dict().items() if k in seed_keys)
