@@ -91,8 +91,14 @@ def load_grown(
         model = cls.load_from_checkpoint(
             checkpoint_path, map_location=map_location, strict=False, **kwargs
         )
-    restore_slots(model, state_dict)
-    model.load_state_dict(state_dict, strict=True)
+    try:
+        restore_slots(model, state_dict)
+        model.load_state_dict(state_dict, strict=True)
+    except (ValueError, RuntimeError) as err:  # torch's own message runs to many lines
+        first = " ".join(str(err).split())[:300]
+        raise ValueError(f"load_grown({cls.__qualname__}, '{checkpoint_path}'): the checkpoint "
+                         f"does not fit {cls.__qualname__} ({first}); pass the LightningModule "
+                         "class that wrote it") from None
     return model
 
 

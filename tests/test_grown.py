@@ -10,7 +10,7 @@ import lightning as L
 import pytest
 import torch
 from fresh_process import run_without_package
-from helpers import UserModule
+from helpers import UserModule, one_line_message
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -135,6 +135,19 @@ def test_load_grown_restores_injected_slots_exactly(tmp_path):
     x = torch.randn(3, 3, 8, 8)
     with find_slots(loaded)["net.1"].alpha_override(torch.zeros(3)):
         assert not torch.equal(loaded(x), module(x))
+
+    # Another class than the one that wrote it: one line naming the class and the call.
+    class Other(L.LightningModule):
+        def __init__(self, width: int = 6) -> None:
+            super().__init__()
+            self.head = nn.Linear(width, 2)
+
+    with pytest.raises(ValueError) as err:
+        load_grown(Other, last)
+    message = one_line_message(err)
+    assert message.startswith(f"load_grown(test_load_grown_restores_injected_slots_exactly."
+                              f"<locals>.Other, '{last}'): the checkpoint does not fit ")
+    assert message.endswith("; pass the LightningModule class that wrote it")
 
     # The direct path: a module that restores its slots in on_load_checkpoint.
     _assert_same_growth(module, HookedModule.load_from_checkpoint(last))
