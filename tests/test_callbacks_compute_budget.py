@@ -441,3 +441,35 @@ def test_under_accumulation_the_budget_stops_and_logs_where_an_optimizer_step_en
         log_every_n_steps=1)
     assert trained.count == 5 and budget.spent == 5 * step
     assert logger.steps["compute/budget_fraction"] == logger.steps["train_loss"] == [0, 1]
+
+
+class RawManual(UserModule):
+    """Manual optimization on the bare optimizer: ``trainer.global_step`` never moves."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        optimizer = self.optimizers(use_pl_optimizer=False)
+        loss = super().training_step(batch, batch_idx)
+        optimizer.zero_grad()
+        self.manual_backward(loss)
+        optimizer.step()
+        return loss
+
+
+def test_the_budget_ends_a_fit_whose_steps_do_not_move_the_global_step(cifar_dir, tmp_path):
+    # Every batch of manual optimization is a step (no windows): stopped after the third.
+    step, trained = step_flops(), Steps()
+    fit(tmp_path, cifar_dir, [ComputeBudget(2.5 * step), trained], module=RawManual())
+    assert trained.count == 3
+
+
+def test_an_epoch_shorter_than_the_window_makes_a_shorter_step(cifar_dir, tmp_path):
+    """Lightning steps at an epoch's last batch: with 2-batch epochs and a window of 4, a step
+    is 2 batches, so a 2.5-batch budget is not less than one step."""
+    step, trained = step_flops(), Steps()
+    fit(tmp_path, cifar_dir, [ComputeBudget(2.5 * step), trained], limit_train_batches=2,
+        accumulate_grad_batches=4)
+    assert trained.count == 4  # crossed at batch 3 (the next epoch's first), its step ends at 4

@@ -5,6 +5,7 @@ import warnings
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -245,6 +246,7 @@ def test_what_would_fail_mid_fit_or_never_act_is_refused_at_construction(kwargs,
     with pytest.raises((TypeError, ValueError)) as err:
         MorphogenesisCallback(**kwargs)
     assert one_line_message(err).startswith(message)
+    MorphogenesisCallback(StaticController(), rng_seed=np.int64(3))  # any integer type
 
 
 def test_the_keywords_are_a_shorthand_for_one_seeding_config(cifar_dir, tmp_path):

@@ -615,6 +615,8 @@ def test_heuristic_reset_starts_a_fresh_run():
         ({"fossilize_contribution": float("nan")}, "fossilize_contribution must be a finite"),
         ({"germinate_from_fraction": float("inf")}, "germinate_from_fraction must be a finite"),
         ({"stabilization_threshold": -1.0}, "stabilization_threshold must be >= 0, got -1.0"),
+        ({"judge_z": "2"}, "judge_z must be a finite number, got '2'"),
+        ({"min_training_gradient_health": None}, "min_training_gradient_health must be a finite"),
     ],
 )
 def test_bad_heuristic_config_is_rejected(overrides, match):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import doctest
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -189,8 +190,10 @@ def test_bad_stack_settings_are_one_line_errors(kwargs, match):
         StackController(**kwargs)
 
 
-def test_one_slot_may_be_named_by_its_string():
+def test_one_slot_may_be_named_by_its_string_and_taus_given_as_any_sequence():
     assert StackController(0.5, slots="blocks.0+1").slots == ("blocks.0+1",)
+    assert StackController(np.array([0.1, 0.5])).taus == (0.1, 0.5)
+    assert StackController(np.float32(0.25)).taus == (0.25,)
 
 
 def test_stack_state_is_a_header_and_earliest_germination_follows_tau():

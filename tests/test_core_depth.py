@@ -187,9 +187,11 @@ def test_a_grown_hugging_face_model_goes_back_at_its_new_depth(kind, tmp_path):
         grown = model(idx)
     # The slots hang off the LightningModule: its Hugging Face model alone has none, and
     # handing that back (still one block deep) is refused, where it was silently [].
-    with pytest.raises(ValueError, match=r"^materialize found no growth slot in .*, whose stack "
-                                         r"'.*' grew in the module that holds it; pass that"):
+    with pytest.raises(ValueError, match=r"^materialize found no growth slot in .*: the growth "
+                                         r"slots of its stack '.*' are in the module that holds"):
         materialize(model.model)
+    with pytest.raises(ValueError, match=r"the growth slots of this stack are in the module"):
+        materialize(stack_of(model, kind))
     with pytest.raises(TypeError, match=r"^materialize takes the grown module .*, got Trainer"):
         materialize(L.Trainer(logger=False))
     assert materialize(model) == [slot.slot_id]

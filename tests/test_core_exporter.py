@@ -250,11 +250,12 @@ def test_saving_writes_through_a_pt2_file_torch_does_not_warn_about(tmp_path):
     kept, logger = _Kept(), logging.getLogger("torch.export.pt2_archive._package")
     logger.addHandler(kept)
     try:
-        export(nn.Sequential(nn.Linear(3, 2)), torch.zeros(2, 3), path=tmp_path / "model.pt2")
+        for name in ("model.pt2", "model.pt"):  # a name of the user's own, too
+            export(nn.Sequential(nn.Linear(3, 2)), torch.zeros(2, 3), path=tmp_path / name)
     finally:
         logger.removeHandler(kept)
     assert not [m for m in kept.messages if "archive file" in m]
-    assert [p.name for p in tmp_path.iterdir()] == ["model.pt2"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt", "model.pt2"]
 
 
 def test_injected_slots_fossil_and_pruned():

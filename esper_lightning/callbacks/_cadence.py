@@ -88,6 +88,13 @@ def _steps_per_decision(trainer: L.Trainer, every_n_train_steps: int | None,
     return None if per_epoch is None else float(per_epoch)  # a decision per epoch
 
 
+def took_step(trainer: L.Trainer, pl_module: L.LightningModule, step_at_batch_start: int) -> bool:
+    """Whether the batch now ending took an optimizer step (not one inside an accumulation
+    window). Under manual optimization every batch counts: there are no windows, and a raw
+    optimizer's step does not move ``trainer.global_step``."""
+    return not pl_module.automatic_optimization or trainer.global_step != step_at_batch_start
+
+
 def validates_by_step(trainer: L.Trainer) -> bool:
     """Whether the fit validates every ``val_check_interval`` batches of the whole run
     (``check_val_every_n_epoch=None``): its decisions follow those, never an epoch's end."""

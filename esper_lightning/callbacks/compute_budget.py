@@ -16,7 +16,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 from typing_extensions import override
 
-from esper_lightning.callbacks._cadence import RESUME_OR_RAISE, run_limit, run_plan
+from esper_lightning.callbacks._cadence import RESUME_OR_RAISE, run_limit, run_plan, took_step
 from esper_lightning.callbacks._metering import GrowsSteps, MetersSteps, step_cost
 from esper_lightning.core.compute import ComputeLedger, StepCost
 from esper_lightning.schedule import LRSchedule, set_base_lrs
@@ -198,7 +198,9 @@ class ComputeBudget(Callback):
         decaying, and what the budget plans later will not happen in this fit. Not refused: a
         fit cut short on purpose is resumed from its checkpoint. A budget under one optimizer
         step is refused: nothing it could train would follow its schedule."""
-        per_step = self._step_cost.total * trainer.accumulate_grad_batches  # batches a step
+        # Batches a step (an epoch shorter than the window steps at its last batch).
+        per_step = self._step_cost.total * min(trainer.accumulate_grad_batches,
+                                               trainer.num_training_batches)
         if per_step > self.budget_flops:
             raise MisconfigurationException(
                 f"ComputeBudget({self.budget_flops:g} FLOPs) is less than one optimizer step of "
@@ -231,7 +233,7 @@ class ComputeBudget(Callback):
         # Stopped and logged where an optimizer step ends, never inside an accumulation
         # window: its last batches would be charged and never applied, and Lightning writes
         # a step's metrics once, at the batch that took it.
-        stepped = trainer.global_step != self._step_at_batch_start
+        stepped = took_step(trainer, pl_module, self._step_at_batch_start)
         if self.ledger.end_step(self._step_cost) and stepped:
             trainer.should_stop = True
         if stepped and _logs_this_step(trainer):

@@ -34,8 +34,9 @@ class GovernorCallback(Callback):
     (same Parameter objects, so the optimizer stays valid), drops the gradients, logs
     ``governor/rollbacks`` and lets training continue. Snapshots are taken every
     ``config.snapshot_every`` healthy epochs and before the first optimizer step after the
-    model's structure changed (a seed fossilized, a `WidthGrowthCallback` widened): the snapshot
-    before it could not restore the new fossil's weights or the widened tensors. The losses of an
+    model's structure changed (a seed fossilized, when healthy; a `WidthGrowthCallback`
+    widened, always): the snapshot before it could not restore the new fossil's weights or the
+    widened tensors. The losses of an
     optimizer step that a non-finite seed spoiled and the engine dropped
     (`MorphogenesisEngine.prune_nonfinite`: the seed is pruned, the host did not move) are not
     the host's, so they roll nothing back.
@@ -153,13 +154,18 @@ class GovernorCallback(Callback):
         # After every callback's batch-start hook (a widening) and decision (a fossilization),
         # before the step that first trains the new structure: snapshot it, so a rollback
         # restores the new fossil's weights and the widened tensors (the old snapshot has
-        # neither). Losses not yet read are read first: a rollback they call for comes first.
+        # neither). Losses of earlier steps not yet read are read first (with
+        # check_every_n_steps > 1; a rollback they call for comes first). A widened model never
+        # fits the old snapshot, so it is taken even while anomalies are being counted; a new
+        # fossil, only when healthy (the old snapshot restores around it, `restore_snapshot`).
         structure = self._structure()
         if structure == self._structure_seen:
             return
+        widened = structure[1:] != self._structure_seen[1:]
         self._structure_seen = structure
         self._check_train_losses(trainer, pl_module)
-        self._snapshot(trainer, pl_module)
+        if widened or self.governor.consecutive_anomalies == 0:
+            self._snapshot(trainer, pl_module)
 
     def _close_window(self, step: int) -> None:
         """Count the losses since the last optimizer step as the host's, unless the engine

@@ -8,6 +8,7 @@ import logging
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from numbers import Integral
 from typing import Any
 
 import lightning as L
@@ -28,6 +29,7 @@ from esper_lightning.callbacks._cadence import (
     run_fraction,
     run_limit,
     run_plan,
+    took_step,
     validates_by_step,
 )
 from esper_lightning.callbacks._metering import metering_errors, step_cost
@@ -531,7 +533,7 @@ class MorphogenesisCallback(Callback):
                                          self.batch_to_xy(batch)[0], self.logits_fn,
                                          "MorphogenesisCallback", _METER_REMEDY))
         every = self.every_n_train_steps
-        stepped = trainer.global_step != self._step_at_batch_start  # not inside a window
+        stepped = took_step(trainer, pl_module, self._step_at_batch_start)  # not in a window
         if every is not None and stepped and trainer.global_step % every == 0:
             self._decide(trainer)
 
@@ -1025,7 +1027,7 @@ def _check_inputs(slots: Any, batch_to_xy: Any, logits_fn: Any, loss_key: Any,
     if not isinstance(loss_key, str) or not loss_key:
         raise ValueError(f"loss_key must name the logged validation loss (e.g. 'val_loss'), "
                          f"got {loss_key!r}")
-    if rng_seed is not None and (isinstance(rng_seed, bool) or not isinstance(rng_seed, int)
+    if rng_seed is not None and (isinstance(rng_seed, bool) or not isinstance(rng_seed, Integral)
                                  or rng_seed < 0):
         raise ValueError(f"rng_seed must be an int >= 0 or None, got {rng_seed!r}")
 

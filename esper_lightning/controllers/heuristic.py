@@ -86,7 +86,7 @@ TIMING_KNOBS = (
 )
 
 
-#: Fields checked against their own range below (a NaN fails it too).
+#: Fields checked against their own range below (a NaN fails it too): only their type here.
 _RANGED = ("min_training_gradient_health", "judge_z", "blueprint_penalty_decay")
 
 
@@ -209,10 +209,9 @@ class HeuristicConfig:
             if f.type in ("int", "int | None") and not optional and (
                     isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise ValueError(f"HeuristicConfig.{f.name} must be an int >= 0, got {value!r}")
-            number = f.name not in _RANGED and (
-                f.type == "float" or (f.type == "float | None" and value is not None))
-            if number and (isinstance(value, bool) or not isinstance(value, int | float)
-                           or not math.isfinite(value)):
+            number = f.type == "float" or (f.type == "float | None" and value is not None)
+            if number and (isinstance(value, bool) or not isinstance(value, int | float) or (
+                    f.name not in _RANGED and not math.isfinite(value))):
                 # A NaN threshold compares False with everything: the rule never fires.
                 raise ValueError(f"HeuristicConfig.{f.name} must be a finite number, got "
                                  f"{value!r}")

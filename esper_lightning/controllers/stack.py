@@ -103,7 +103,7 @@ class StackController(ControllerBase):
 
     def __init__(self, tau: float | Sequence[float], operator: str = "copy",
                  slots: Sequence[str] | None = None) -> None:
-        taus = tuple(tau) if isinstance(tau, list | tuple) else (tau,)
+        taus = _taus(tau)
         numbers = all(isinstance(t, Real) and not isinstance(t, bool) for t in taus)
         if (not taus or not numbers or not 0.0 <= taus[0] < NEVER
                 or not all(0.0 <= t <= NEVER for t in taus)):
@@ -253,3 +253,14 @@ class StackController(ControllerBase):
 _NO_GROWTH_SLOT = ("stack: no slot of this run is a growth slot, so nothing can grow deeper; "
                    "accepted: MorphogenesisCallback(growth=DepthGrowth('<your stack of "
                    "blocks>')), or a GPTHost growth preset (grow4, grow2) with its r1c* slots")
+
+
+def _taus(tau: Any) -> tuple[Any, ...]:
+    """``tau`` as a tuple: one number, or any sequence of them (a list, a NumPy array); a string
+    or anything else is returned whole, for the caller to refuse."""
+    if isinstance(tau, Real | str | bytes):
+        return (tau,)
+    try:
+        return tuple(tau)
+    except TypeError:  # not iterable (a 0-d tensor, None)
+        return (tau,)

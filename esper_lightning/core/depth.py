@@ -441,9 +441,11 @@ def _check_no_slots_elsewhere(model: nn.Module) -> None:
     grown = next((name for name, m in model.named_modules()
                   if getattr(m, GROWN_STACK_ATTR, False)), None)
     if grown is not None:
-        raise ValueError(f"materialize found no growth slot in {type(model).__name__}, whose "
-                         f"stack {grown!r} grew in the module that holds it; pass that module "
-                         "(your LightningModule: materialize(lm), not materialize(lm.model))")
+        stack = f"its stack {grown!r}" if grown else "this stack"
+        raise ValueError(f"materialize found no growth slot in {type(model).__name__}: the "
+                         f"growth slots of {stack} are in the module that holds it; pass that "
+                         "module (your LightningModule: materialize(lm), not "
+                         "materialize(lm.model))")
 
 
 def _refill(container: nn.Module, blocks: list[nn.Module]) -> None:

@@ -164,8 +164,8 @@ def export(
 
 def _save_atomically(program: torch.export.ExportedProgram, path: Path) -> None:
     """``torch.export.save`` to a temporary file beside ``path``, then rename it into place."""
-    # Ending in .pt2: torch.export.save warns about any other suffix.
-    partial = path.with_name(f".{path.stem}.partial{path.suffix or '.pt2'}")
+    # Ending in .pt2: torch.export.save warns about any other suffix (of the user's too).
+    partial = path.with_name(f".{path.name}.partial.pt2")
     try:
         torch.export.save(program, partial)
         os.replace(partial, path)
