@@ -41,3 +41,27 @@ def test_a_bad_study_is_refused_before_anything_trains(tmp_path, text_file):
     with pytest.raises(ConfigError, match="unknown arm 'X1'"):
         frontier(tmp_path, text_file)
     assert not (tmp_path / ROWS_FILE).exists()
+
+
+def test_growing_arms_alone_are_read_against_the_sizes_of_a_study_joined(tmp_path, text_file):
+    """A study of growing arms alone has no frontier of its own (it raised min() of an empty
+    sequence deep in the report): refused in one line naming ``also``, which joins a study of
+    the same episodes holding the fixed sizes."""
+    sizes, growth = tmp_path / "sizes", tmp_path / "growth"
+    for folder, arm in ((sizes, "S1"), (growth, "G1-2@0.5:identity")):
+        folder.mkdir()
+        (folder / PLAN_FILE).write_text(json.dumps({**PLAN, "name": folder.name,
+                                                    "arms": [{"arm": arm, "lr": 1e-2}]}))
+    frontier(sizes, text_file)
+    with pytest.raises(ConfigError) as err:
+        frontier(growth, text_file)
+    assert str(err.value) == ("study 'growth' has growing arms and no fixed size to read them "
+                              "against; join a study of the same episodes that has them "
+                              "(frontier report --with STUDY, or frontier(..., also=[STUDY]))")
+    joined = frontier(growth, text_file, also=[sizes])
+    assert "Study `growth` with `sizes`" in joined.report.read_text()
+    assert sorted(joined.table["arm"].unique()) == ["G1-2@0.5:identity"]  # its own rows
+    with pytest.raises(ConfigError, match="workers must be an int >= 1, got '2'"):
+        frontier(growth, text_file, workers="2")
+    with pytest.raises(ConfigError, match=r"--docs '.*nodoc.md' is not a file"):
+        frontier(growth, text_file, docs=tmp_path / "nodoc.md", also=[sizes])

@@ -182,7 +182,7 @@ def _study(folder: Path, rows: list[tuple[float, str | None]]) -> Path:
 
 
 def test_a_long_run_joins_another_studys_wsd_row_of_its_arm_rate_and_budget(tmp_path):
-    """``--with`` (`_joined`): one arm's rate at one budget comes from one study on each
+    """``--with`` (`join_rows`): one arm's rate at one budget comes from one study on each
     schedule, so a long cosine run joins the WSD row of the same arm, rate and budget, and the
     same long run in two studies is refused in one line."""
     from esper_lightning.errors import ConfigError
@@ -190,16 +190,16 @@ def test_a_long_run_joins_another_studys_wsd_row_of_its_arm_rate_and_budget(tmp_
     wsd = _study(tmp_path / "wsd", [(1.0, None), (2.0, None)])
     long = _study(tmp_path / "long", [(2.0, "cosine")])
     plan, rows = command._loaded(str(wsd))
-    joined = command._joined(plan, rows, str(long))
+    joined = command.join_rows(plan, rows, str(long))
     assert [(r["budget"], r["schedule"]) for r in rows + joined] == [
         (1.0, None), (2.0, None), (2.0, "cosine")]
     again = _study(tmp_path / "again", [(1.0, None), (2.0, "cosine")])
     with pytest.raises(ConfigError) as refused:
-        command._joined(*command._loaded(str(long)), str(again))
+        command.join_rows(*command._loaded(str(long)), str(again))
     assert str(refused.value) == (
         f"--with {again}: arm 'S2' at lr 0.002 and budget 2 on its long cosine schedule is in "
         "both studies; each arm's rate at a budget on a schedule comes from one")
     with pytest.raises(ConfigError) as refused:  # a WSD row in both, as before
-        command._joined(plan, rows, str(again))
+        command.join_rows(plan, rows, str(again))
     assert str(refused.value).startswith(
         f"--with {again}: arm 'S2' at lr 0.002 and budget 1 is in both studies;")

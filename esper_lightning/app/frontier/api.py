@@ -19,6 +19,7 @@ It is part of the lab (``pip install 'esper-lightning[lab]'``); without the extr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,7 +62,8 @@ class FrontierResult:
 
 
 def frontier(folder: str | Path, text: str | Path, workers: int = 1, device: str = "cpu",
-             progress: bool = False, docs: str | Path | None = None) -> FrontierResult:
+             progress: bool = False, docs: str | Path | None = None,
+             also: Sequence[str | Path] = ()) -> FrontierResult:
     """Play the study in ``folder`` on ``text`` (its pending units; none when it is complete)
     and report it.
 
@@ -73,17 +75,28 @@ def frontier(folder: str | Path, text: str | Path, workers: int = 1, device: str
         progress: A progress bar over the units.
         docs: A Markdown document whose section marked with the study's name the report
             replaces (``frontier report --docs``); None: the folder's report alone.
+        also: Studies of the same episodes whose rows join the report (``frontier report
+            --with``): the fixed sizes a study of growing arms alone is read against.
 
     Raises:
         ImportError: The lab's extra is not installed (one line naming the install).
-        ConfigError: A bad plan, rows of another text, a bad worker count or device.
+        ConfigError: A bad plan, rows of another text, a bad worker count or device, a
+            ``docs`` that is not a file, a study in ``also`` of other episodes, or growing arms
+            with no fixed size to read them against.
+        DataError: No text file at ``text``, or one too short for the plan's blocks.
     """
     require_lab("frontier()")
+    from esper_lightning.app.frontier.command import check_studies, join_rows
     from esper_lightning.app.frontier.plan import read_plan
     from esper_lightning.app.frontier.report import write_report
     from esper_lightning.app.frontier.study import PLAN_FILE, run_study
 
     folder = Path(folder)
+    check_studies([folder, *also], docs)
     rows = run_study(folder, text, workers, progress, device)
     plan = read_plan(folder / PLAN_FILE)
-    return FrontierResult(plan, folder, rows, write_report(folder, plan, rows, docs))
+    joined = list(rows)
+    for other in also:
+        joined += join_rows(plan, joined, other)
+    report = write_report(folder, plan, joined, docs, also=[Path(o).name for o in also])
+    return FrontierResult(plan, folder, rows, report)

@@ -106,7 +106,7 @@ def _act(args: Namespace) -> int:
     return 0
 
 
-def _check_studies(folders: Sequence[str], docs: str | None = None) -> None:
+def check_studies(folders: Sequence[str | Path], docs: str | Path | None = None) -> None:
     """Each study folder holds its plan and ``docs`` (when given) is a file, checked before the
     report's imports (scipy, matplotlib) and the rows' (torch) load, so a mistake is one line at
     once, and a report is never written for a document that is not there."""
@@ -130,7 +130,7 @@ def _loaded(folder: str) -> tuple[Any, list[dict[str, Any]]]:
 
 def _selected(folder: str) -> list[dict[str, Any]]:
     """The arms with their selected rates, as a final plan's ``arms`` list."""
-    _check_studies([folder])
+    check_studies([folder])
     from esper_lightning.app.frontier.report import select_lrs
 
     plan, rows = _loaded(folder)
@@ -155,17 +155,17 @@ def _selected(folder: str) -> list[dict[str, Any]]:
 
 
 def _report(folder: str, docs: str | None, others: Sequence[str] = ()) -> Path:
-    _check_studies([folder, *others], docs)
+    check_studies([folder, *others], docs)
     from esper_lightning.app.frontier.report import write_report
 
     plan, rows = _loaded(folder)
     for other in others:
-        rows = rows + _joined(plan, rows, other)
+        rows = rows + join_rows(plan, rows, other)
     return write_report(folder, plan, rows, docs, also=[Path(o).name for o in others])
 
 
 def _widths(groups: Sequence[str], docs: str | None, tuning: Sequence[str] = ()) -> list[str]:
-    _check_studies([f for group in groups for f in group.split("+")] + list(tuning), docs)
+    check_studies([f for group in groups for f in group.split("+")] + list(tuning), docs)
     from esper_lightning.app.frontier.report import write_widths
 
     studies = []
@@ -173,7 +173,7 @@ def _widths(groups: Sequence[str], docs: str | None, tuning: Sequence[str] = ())
         first, *others = group.split("+")
         plan, rows = _loaded(first)
         for other in others:
-            rows = rows + _joined(plan, rows, other)
+            rows = rows + join_rows(plan, rows, other)
         studies.append((plan, rows))
     grids = [_loaded(folder) for folder in tuning]
     for folder, (plan, _) in zip(tuning, grids, strict=True):
@@ -190,7 +190,7 @@ _SHARED = ("purpose", "rng_seed", "episodes", "first_episode", "shape", "base_fl
            "warmup_flops", "decay_fraction", "min_lr_ratio")
 
 
-def _joined(plan: Any, rows: list[dict[str, Any]], folder: str) -> list[dict[str, Any]]:
+def join_rows(plan: Any, rows: list[dict[str, Any]], folder: str | Path) -> list[dict[str, Any]]:
     """The rows of the study in ``folder``, checked to be of ``plan``'s episodes."""
     from esper_lightning.app.frontier.plan import rate_order, rate_text, row_rate
 

@@ -341,8 +341,17 @@ def report_lines(plan: Plan, rows: Sequence[Mapping[str, Any]],
 
 
 def _growing_speedups(chosen: Sequence[Mapping[str, Any]], plan: Plan) -> list[ArmResult] | None:
-    """Every growing arm's speed-ups (`speedups`), None for a study of fixed sizes alone."""
-    if set(sizes_of(chosen)) == {r["arm"] for r in chosen}:
+    """Every growing arm's speed-ups (`speedups`), None for a study of fixed sizes alone.
+
+    Raises:
+        ConfigError: A study of growing arms alone: nothing to read them against.
+    """
+    sizes = set(sizes_of(chosen))
+    if not sizes:
+        raise ConfigError(f"study {plan.name!r} has growing arms and no fixed size to read them "
+                          "against; join a study of the same episodes that has them "
+                          "(frontier report --with STUDY, or frontier(..., also=[STUDY]))")
+    if sizes == {r["arm"] for r in chosen}:
         return None
     return speedups(chosen, loss_key(plan))
 

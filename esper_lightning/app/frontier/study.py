@@ -123,8 +123,8 @@ def run_study(folder: str | Path, text: str | Path, workers: int = 1,
     plan = read_plan(folder / PLAN_FILE)
     # Before the training's imports load torch: a wrong path or a text too short at once.
     check_text_size(find_text_file(text, downloadable=False), plan.shape.block_size)
-    if workers < 1:
-        raise ConfigError(f"workers must be an int >= 1, got {workers}")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"workers must be an int >= 1, got {workers!r}")
     check_device(device)
     rows = read_rows(folder)
     todo = pending_units(plan, rows)
