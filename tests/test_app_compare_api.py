@@ -47,3 +47,22 @@ def test_without_the_lab_compare_names_the_install_line(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "scipy", None)  # a None entry: cannot be imported
     with pytest.raises(ImportError, match=r"needs scipy .*pip install 'esper-lightning\[lab\]'"):
         compare(["static"], out=str(tmp_path / "c"))
+
+
+def test_custom_controllers_are_played_as_given_or_refused_in_one_line(cifar_dir, tmp_path):
+    """A name in ``custom`` that ``controllers`` leaves out was silently never played; a factory
+    that makes no controller failed with a traceback after the first epoch had trained; a
+    string for ``controllers`` was read as its letters."""
+    common = {"data_dir": str(cifar_dir), **TINY}
+    with pytest.raises(ConfigError) as err:
+        compare(["static"], custom={"mine": lambda plan: StaticController()},
+                out=str(tmp_path / "a"), **common)
+    assert str(err.value) == ("custom controller 'mine' is not among the controllers to play; "
+                              "add it to controllers (played: static)")
+    with pytest.raises(ConfigError) as err:
+        compare(["static", "mine"], custom={"mine": lambda plan: 42}, out=str(tmp_path / "b"),
+                **common)
+    assert str(err.value) == ("custom controller 'mine': its factory returned 42, not a "
+                              "controller (decide, reset, state_dict, load_state_dict)")
+    result = compare("static", out=str(tmp_path / "c"), **{**common, "seeds": 1, "envs": 1})
+    assert result.config.controllers == ("static",)

@@ -94,11 +94,12 @@ def compare(
 
     Raises:
         ConfigError: a bad setting or controller (one line naming it and what is accepted).
+        DataError: the data is not where ``data_dir`` says (one line naming the path).
         ImportError: the lab's dependencies are not installed (naming the install line).
     """
     require_lab("compare()")
-    config = load_config(preset, overrides={**settings, "controllers": tuple(controllers)},
-                         cls=CompareConfig)
+    names = (controllers,) if isinstance(controllers, str) else tuple(controllers)
+    config = load_config(preset, overrides={**settings, "controllers": names}, cls=CompareConfig)
     from esper_lightning.app.compare.runner import Comparison  # torch: once the config is good
 
     comparison = Comparison(config, custom=custom, pool=pool)

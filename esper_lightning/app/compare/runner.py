@@ -248,6 +248,11 @@ class Comparison:
         self.command = tuple(command)
         self.out = Path(config.out)
         self.custom = dict(custom or {})
+        unused = sorted(set(self.custom) - set(config.controllers))
+        if unused:  # a controller the user made and would never see played
+            raise ConfigError(f"custom controller {unused[0]!r} is not among the controllers "
+                              f"to play; add it to controllers (played: "
+                              f"{', '.join(config.controllers)})")
         self.specs = {text: parse_controller(text, tuple(self.custom))
                       for text in config.controllers}
         self.task = make_task(config)
@@ -414,7 +419,13 @@ class Comparison:
     def _make_controller(self, plan: EpisodePlan) -> Controller:
         spec = self.specs[plan.label]
         if spec.kind == "custom":
-            return self.custom[spec.label](plan)
+            made = self.custom[spec.label](plan)  # before the episode trains: one line
+            if isinstance(made, type) or not isinstance(made, Controller):
+                what = f"the class {made.__name__}" if isinstance(made, type) else repr(made)
+                raise ConfigError(f"custom controller {spec.label!r}: its factory returned "
+                                  f"{what}, not a controller (decide, reset, state_dict, "
+                                  "load_state_dict)")
+            return made
         return ARM_KINDS[spec.kind].controller(self, spec, plan, self.prepared.get(spec.label))
 
     def _implants(self, spec: ControllerSpec, index: int,
