@@ -219,11 +219,31 @@ def test_an_installed_package_arm_reaches_the_installed_command(tmp_path):
     assert alone.returncode == 2 and "unknown controller 'idle'" in alone.stderr
 
 
-def test_a_broken_entry_point_is_one_line(tmp_path):
-    _installed_package(tmp_path, "idle = idle_arms:NOTHING", IDLE_MODULE)
+@pytest.mark.parametrize(("entry", "message"), [
+    ("idle = idle_arms:NOTHING", "arm entry point 'idle = idle_arms:NOTHING' "
+     "(esper_lightning.arms) failed to load: AttributeError: module 'idle_arms' has no "
+     "attribute 'NOTHING'"),
+    # Loaded under its kind's name, then unknown under the entry point's: refused at once.
+    ("renamed = idle_arms:IDLE", "arm entry point 'renamed = idle_arms:IDLE' "
+     "(esper_lightning.arms) is the arm kind 'idle'; name the entry point after it: "
+     "idle = idle_arms:IDLE"),
+])
+def test_a_broken_entry_point_is_one_line(tmp_path, entry, message):
+    _installed_package(tmp_path, entry, IDLE_MODULE)
     done = _command(tmp_path, "compare", "--controllers", "static")
     assert done.returncode == 2
-    assert done.stderr.splitlines() == [
-        "esper-lightning compare: error: arm entry point 'idle = idle_arms:NOTHING' "
-        "(esper_lightning.arms) failed to load: AttributeError: module 'idle_arms' has no "
-        "attribute 'NOTHING'"]
+    assert done.stderr.splitlines() == [f"esper-lightning compare: error: {message}"]
+
+
+def test_a_matched_arm_of_no_other_controller_lists_the_others():
+    # It listed itself as accepted ("accepted: static, matched:nosuch").
+    from types import SimpleNamespace
+
+    from esper_lightning.app.compare.arms import _check_matched
+
+    spec = parse_controller("matched:nosuch")
+    arena = SimpleNamespace(specs={"static": None, "matched:nosuch": spec})
+    with pytest.raises(ConfigError) as err:
+        _check_matched(arena, spec)
+    assert str(err.value) == ("matched:nosuch: 'nosuch' is not among the other controllers; "
+                              "accepted: static")

@@ -33,7 +33,7 @@ def test_yaml_files(tmp_path):
     [
         ({"bogus": 1}, "unknown config key(s) 'bogus'; accepted: data_dir"),
         ({"envs": 0}, "envs must be >= 1, got 0"),
-        ({"envs": "2"}, "envs must be a int, got '2'"),
+        ({"envs": "2"}, "envs must be an int, got '2'"),
         ({"slots": ["r0c9"]}, "unknown slot 'r0c9'; accepted: r0c0"),
         ({"slots": "r0c1"}, "slots must be a list of strings"),
         ({"precision": "fp8"}, "unknown precision 'fp8'; accepted: 32-true, bf16-mixed"),

@@ -68,6 +68,13 @@ def test_what_shipping_refuses(trained, tmp_path, capsys):
     (tmp_path / "broken" / MANIFEST).write_text("{not json")
     with pytest.raises(ConfigError, match=r"^cannot read manifest '.*manifest\.json'"):
         ship_policy(trained, tmp_path / "broken" / "p.pt")
+    (tmp_path / "listed").mkdir()  # valid JSON, not an object: refused before a file is written
+    (tmp_path / "listed" / MANIFEST).write_text("[]")
+    with pytest.raises(ConfigError, match=r"manifest\.json' holds a JSON list; accepted: an "):
+        ship_policy(trained, tmp_path / "listed" / "p.pt")
+    assert sorted(p.name for p in (tmp_path / "listed").iterdir()) == [MANIFEST]
+    with pytest.raises(ConfigError, match=r"is the checkpoint itself; accepted: a new file"):
+        ship_policy(trained, trained)
     assert main([str(tmp_path / "missing.pt"), "--out", str(tmp_path / "q.pt")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert not (tmp_path / "q.pt").exists()

@@ -144,8 +144,8 @@ def _load_entry_points() -> None:
     """Register every installed package's arm kinds (`ENTRY_POINTS`), once per process.
 
     Raises:
-        ConfigError: one line naming the entry point that failed to load, or whose object is
-            neither an `ArmKind` nor a module.
+        ConfigError: one line naming the entry point that failed to load, whose object is
+            neither an `ArmKind` nor a module, or whose name is not its `ArmKind`'s.
     """
     for entry in importlib.metadata.entry_points(group=ENTRY_POINTS):
         where = f"arm entry point '{entry.name} = {entry.value}' ({ENTRY_POINTS})"
@@ -154,6 +154,9 @@ def _load_entry_points() -> None:
         except Exception as err:  # a user's package: any failure is that package's one line
             raise ConfigError(f"{where} failed to load: {type(err).__name__}: {err}") from None
         if isinstance(loaded, ArmKind):
+            if loaded.name != entry.name:  # --controllers would not find it by that name
+                raise ConfigError(f"{where} is the arm kind {loaded.name!r}; name the entry "
+                                  f"point after it: {loaded.name} = {entry.value}")
             try:
                 if ARM_KINDS.get(loaded.name) is not loaded:
                     register_arm(loaded)
@@ -340,9 +343,10 @@ def _born(arena: Any, spec: ControllerSpec) -> Implants:
 
 
 def _check_matched(arena: Any, spec: ControllerSpec) -> None:
-    if spec.argument not in arena.specs:
-        raise ConfigError(f"{spec.label}: {spec.argument!r} is not among the controllers; "
-                          f"accepted: {', '.join(arena.specs)}")
+    others = [label for label in arena.specs if label != spec.label]
+    if spec.argument not in others:
+        raise ConfigError(f"{spec.label}: {spec.argument!r} is not among the other controllers; "
+                          f"accepted: {', '.join(others) or 'none (add the one to match)'}")
 
 
 def _matched_implants(arena: Any, spec: ControllerSpec, index: int,

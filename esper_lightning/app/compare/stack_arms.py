@@ -95,8 +95,9 @@ def stack_controller(argument: str, host: GrowingHost | None, slot_ids: Sequence
         ('r1c0',)
     """
     depth, taus, operator = parse_stack(argument)
-    check_named_blueprint(f"stack:{argument}", growth_blueprint(operator), topology)
+    # The host first: a host without growth slots (a CNN) is the problem, not the blueprint.
     slots = _growth_slots(f"stack:{argument}", depth, host, slot_ids)
+    check_named_blueprint(f"stack:{argument}", growth_blueprint(operator), topology)
     if taus is None:
         if rng_seed is None:
             raise ValueError(f"stack:{argument} draws its tau from the episode's rng_seed; "
@@ -140,8 +141,8 @@ def born_implants(argument: str, host: GrowingHost | None, slot_ids: Sequence[st
         raise ConfigError(f"bad born spec 'born:{argument}'; accepted: born:K, K the depth "
                           "(e.g. born:4)")
     blueprint = growth_blueprint("random")
-    check_named_blueprint(f"born:{argument}", blueprint, topology)
     slots = _growth_slots(f"born:{argument}", int(argument), host, slot_ids)
+    check_named_blueprint(f"born:{argument}", blueprint, topology)
     return tuple((slot_id, blueprint) for slot_id in slots)
 
 

@@ -44,7 +44,8 @@ def coerce(name: str, value: Any, cls: type) -> Any:
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-        raise ConfigError(f"{name} must be a {expected.__name__}, got {value!r}")
+        article = "an" if expected.__name__[0] in "aeiou" else "a"
+        raise ConfigError(f"{name} must be {article} {expected.__name__}, got {value!r}")
     return value
 
 

@@ -39,7 +39,8 @@ def ship_policy(checkpoint: str | Path, out: str | Path) -> dict[str, Any]:
     Raises:
         ConfigError: an unreadable checkpoint, one without a recorded training cost or command
             (trained before they were recorded, or from Python rather than the command line),
-            ``out`` a folder or holding another policy already, an unreadable manifest.
+            ``out`` a folder, the checkpoint itself or holding another policy already, a
+            manifest that is unreadable or not a JSON object.
     """
     source, target = Path(checkpoint), Path(out)
     # Checked before the imports below load torch, so these mistakes are one line at once.
@@ -50,6 +51,9 @@ def ship_policy(checkpoint: str | Path, out: str | Path) -> dict[str, Any]:
     if target.is_dir():
         raise ConfigError(f"--out '{target}' is a folder; accepted: a file path such as "
                           f"{target / 'NAME.pt'}")
+    if target.exists() and target.resolve() == source.resolve():
+        raise ConfigError(f"--out '{target}' is the checkpoint itself; accepted: a new file "
+                          "beside the manifest (e.g. policies/NAME.pt)")
     from esper_lightning.app.provenance import code_version
     from esper_lightning.errors import read_json_file
     from esper_lightning.rl.checkpoint import POLICY_ENTRY_KEYS, read_checkpoint, write_checkpoint
@@ -63,6 +67,9 @@ def ship_policy(checkpoint: str | Path, out: str | Path) -> dict[str, Any]:
                           "it was trained")
     manifest_path = target.parent / MANIFEST
     manifest = read_json_file(manifest_path, "manifest") if manifest_path.is_file() else {}
+    if not isinstance(manifest, dict):  # before anything is written beside it
+        raise ConfigError(f"manifest '{manifest_path}' holds a JSON {type(manifest).__name__}; "
+                          "accepted: an object of shipped files (or no manifest yet)")
     shipped = {k: state[k] for k in (*POLICY_ENTRY_KEYS, *_KEPT) if k in state}
     tmp = target.with_name(target.name + ".new")
     write_checkpoint(shipped, tmp)
