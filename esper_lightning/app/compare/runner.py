@@ -420,11 +420,12 @@ class Comparison:
         spec = self.specs[plan.label]
         if spec.kind == "custom":
             made = self.custom[spec.label](plan)  # before the episode trains: one line
-            if isinstance(made, type) or not isinstance(made, Controller):
+            # An episode needs decide and reset (no checkpoint: a Controller's state is not).
+            if isinstance(made, type) or not all(
+                    callable(getattr(made, m, None)) for m in ("decide", "reset")):
                 what = f"the class {made.__name__}" if isinstance(made, type) else repr(made)
                 raise ConfigError(f"custom controller {spec.label!r}: its factory returned "
-                                  f"{what}, not a controller (decide, reset, state_dict, "
-                                  "load_state_dict)")
+                                  f"{what}, not a controller (it needs decide and reset)")
             return made
         return ARM_KINDS[spec.kind].controller(self, spec, plan, self.prepared.get(spec.label))
 
