@@ -232,3 +232,35 @@ def test_a_rollback_after_growth_restores_the_grown_model(growth, tmp_path):
     assert governor.rollbacks == 1
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert trainer.global_step == 20
+
+
+@pytest.mark.parametrize("healthy", [True, False])
+def test_a_new_fossil_is_snapshotted_before_its_first_step_only_while_healthy(healthy, tmp_path):
+    """While anomalies are being counted the state may be diverging: a new fossil is then not
+    snapshotted (the older snapshot restores around it); healthy, it is, before the first step
+    that trains it. (A widening is snapshotted either way: the old snapshot cannot fit it.)"""
+    torch.manual_seed(0)
+    model, governor = NanoGPT(n_layer=1), GovernorCallback()
+    grow = MorphogenesisCallback(StackController(0.1, "identity"),
+                                 growth=DepthGrowth("blocks", blocks=1))
+    seen: list[tuple[int, int, object]] = []  # (step, fossils, snapshot) at each batch start
+
+    class Watch(Callback):
+        def on_train_start(self, trainer, pl_module):
+            if not healthy:
+                governor.governor._consecutive = 1  # as after one anomalous validation
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            seen.append((trainer.global_step, grow.fossils, governor.snapshot))
+
+    trainer = _trainer(tmp_path, 1, [governor, grow, Watch()], max_steps=7,
+                       num_sanity_val_steps=0, limit_val_batches=0)
+    trainer.fit(model, *_token_loaders())
+    born = next(i for i, (_, fossils, _) in enumerate(seen) if fossils == 1)
+    after = seen[-1][2]
+    assert 0 < born < len(seen) - 1 and seen[born][2] is seen[0][2]  # nothing taken before
+    if healthy:
+        assert after is not seen[0][2]
+        assert any(".seed." in key for key in after.tensors)  # the fossil's weights held
+    else:
+        assert after is seen[0][2]
