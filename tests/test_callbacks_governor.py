@@ -264,3 +264,23 @@ def test_a_new_fossil_is_snapshotted_before_its_first_step_only_while_healthy(he
         assert any(".seed." in key for key in after.tensors)  # the fossil's weights held
     else:
         assert after is seen[0][2]
+
+
+def test_a_divergence_not_yet_read_is_rolled_back_before_a_widening(tmp_path):
+    """With check_every_n_steps=4 a NaN at step 5 was still unread when the model widened at
+    step 6: the widening met NaN weights and failed with a misleading message. The governor
+    reads pending losses at each batch start until the widening, and rolls back first."""
+    torch.manual_seed(0)
+    model, governor = PoisonedLoss(nan_step=5), GovernorCallback(check_every_n_steps=4)
+    width = WidthGrowthCallback(0.3)
+    trainer = _trainer(tmp_path, 3, [governor, width], max_steps=20, num_sanity_val_steps=0)
+    trainer.fit(model, *_token_loaders())
+    assert governor.rollbacks == 1 and width.widened_step == 6
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_a_governor_listed_after_the_width_callback_is_refused_at_setup(tmp_path):
+    trainer = _trainer(tmp_path, 1, [WidthGrowthCallback(0.3), GovernorCallback()], max_steps=2)
+    with pytest.raises(MisconfigurationException, match=r"^GovernorCallback must come before "
+                                                        r"WidthGrowthCallback .*positions 1 and 0"):
+        trainer.fit(NanoGPT(n_layer=1), *_token_loaders())

@@ -42,7 +42,9 @@ class GovernorCallback(Callback):
     the host's, so they roll nothing back.
 
     It must come before `MorphogenesisCallback` in ``callbacks=[...]``, so a diverged epoch is
-    rolled back before the controller decides (the other order is refused at setup).
+    rolled back before the controller decides, and before `WidthGrowthCallback`, so a
+    divergence is rolled back before the model widens past its snapshot (until the widening,
+    losses not yet read are read at each batch's start); the other order is refused at setup.
 
     Under DDP every check reads values reduced over the ranks (a non-finite loss on any rank, the
     mean validation loss), so every rank rolls back at the same step to the same snapshot.
@@ -102,6 +104,13 @@ class GovernorCallback(Callback):
         growth = next((i for i, c in enumerate(callbacks) if isinstance(c, MorphogenesisCallback)),
                       None)
         mine = callbacks.index(self)
+        width = next((i for i, c in enumerate(callbacks) if isinstance(c, WidthGrowthCallback)),
+                     None)
+        if width is not None and width < mine:
+            raise MisconfigurationException(
+                f"GovernorCallback must come before WidthGrowthCallback in the Trainer's "
+                f"callbacks (found at positions {mine} and {width}), so a divergence is rolled "
+                f"back before the model widens past its snapshot: list the governor first")
         if growth is not None and growth < mine:
             raise MisconfigurationException(
                 f"GovernorCallback must come before MorphogenesisCallback in the Trainer's "
@@ -128,6 +137,15 @@ class GovernorCallback(Callback):
         self._structure_seen = self._structure()
         self._window_step, self._window_dropped = trainer.global_step, self._dropped_steps()
         self._snapshot(trainer, pl_module)
+
+    @override
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                             batch: Any, batch_idx: int) -> None:
+        # Until a WidthGrowthCallback (listed after this one) widens at a batch's start, losses
+        # not yet read (check_every_n_steps > 1) are read first: a rollback they call for must
+        # come while the snapshot still fits the model.
+        if self._nonfinite is not None and any(w.widened_step is None for w in self._widths):
+            self._check_train_losses(trainer, pl_module)
 
     @override
     def on_train_batch_end(
