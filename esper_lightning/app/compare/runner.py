@@ -420,7 +420,7 @@ class Comparison:
         spec = self.specs[plan.label]
         if spec.kind == "custom":
             made = self.custom[spec.label](plan)  # before the episode trains: one line
-            # An episode needs decide and reset (no checkpoint: a Controller's state is not).
+            # An episode calls decide and reset only (compare saves no controller's state).
             if isinstance(made, type) or not all(
                     callable(getattr(made, m, None)) for m in ("decide", "reset")):
                 what = f"the class {made.__name__}" if isinstance(made, type) else repr(made)
