@@ -33,6 +33,9 @@ def test_yaml_files(tmp_path):
     [
         ({"bogus": 1}, "unknown config key(s) 'bogus'; accepted: data_dir"),
         ({"envs": 0}, "envs must be >= 1, got 0"),
+        # The true bound, not a generic ">= 1" that 1 and 2 then fail against.
+        ({"episode_length": 0}, "episode_length must be >= 3 (the outcome averages the last 3 "
+                                "epochs), got 0"),
         ({"envs": "2"}, "envs must be an int, got '2'"),
         ({"slots": ["r0c9"]}, "unknown slot 'r0c9'; accepted: r0c0"),
         ({"slots": "r0c1"}, "slots must be a list of strings"),

@@ -30,6 +30,15 @@ def test_an_earlier_checkpoint_is_replaced_only_when_resumed_or_overwritten(tmp_
     assert save.read_bytes() == b"an earlier run"
 
 
+def test_a_folder_is_never_a_save_path_overwrite_or_not(tmp_path):
+    # It trained a round and then failed with IsADirectoryError, leaving a .tmp file behind.
+    for overwrite in (False, True):
+        with pytest.raises(ConfigError, match=re.escape(
+                f"save '{tmp_path}' is a folder; accepted: a file path such as "
+                f"{tmp_path / 'ckpt.pt'}")):
+            refuse_overwrite(PPORunConfig(save=str(tmp_path), overwrite=overwrite))
+
+
 def test_each_policy_of_an_ab_run_is_checked(tmp_path):
     (tmp_path / "ckpt.sparse.pt").write_bytes(b"one policy of an earlier A/B run")
     with pytest.raises(ConfigError, match=re.escape("ckpt.sparse.pt' already exists")):

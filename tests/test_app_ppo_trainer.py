@@ -263,6 +263,25 @@ def test_incompatible_checkpoint_is_refused_before_anything_runs(norm_stage, cif
     assert save.read_bytes() == before
 
 
+def test_a_resume_that_would_train_nothing_or_has_no_training_state_is_refused(
+        norm_stage, cifar_dir, tmp_path):
+    """Resuming a run at its last round logged an empty TensorBoard file and exited 0 with
+    nothing trained; resuming a shipped policy (no optimizer) raised KeyError."""
+    with pytest.raises(ConfigError) as err:
+        PPOTrainer(_config(cifar_dir, tmp_path / "a", rounds=1, blueprints=["norm"],
+                           resume=str(norm_stage.first)))
+    assert str(err.value) == (f"checkpoint '{norm_stage.first}' has trained 1 rounds already; "
+                              "pass --rounds N with N > 1 to continue it (got 1)")
+    shipped = {k: v for k, v in read_checkpoint(norm_stage.first).items() if k != "optimizer"}
+    torch.save(shipped, tmp_path / "shipped.pt")
+    with pytest.raises(ConfigError, match=r"holds a policy without its training state \(a "
+                                          r"shipped policy\); start a new run from it with "
+                                          r"--init_policy"):
+        PPOTrainer(_config(cifar_dir, tmp_path / "b", rounds=2, blueprints=["norm"],
+                           resume=str(tmp_path / "shipped.pt")))
+    assert not (tmp_path / "a" / "logs").exists()  # refused before the logger wrote a file
+
+
 def test_unreadable_checkpoint(tmp_path):
     bogus = tmp_path / "x.pt"
     bogus.write_bytes(b"not a checkpoint")

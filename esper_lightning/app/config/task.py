@@ -159,8 +159,8 @@ class TaskConfig:
     def __post_init__(self) -> None:
         check_choice("task", self.task, task_names())
         resolve_task_defaults(self)
-        check_positive(self, ("episode_length", "batch_size"))
-        if self.episode_length < OUTCOME_EPOCHS:
+        check_positive(self, ("batch_size",))
+        if self.episode_length < OUTCOME_EPOCHS:  # before a generic >= 1 names the wrong bound
             raise ConfigError(f"episode_length must be >= {OUTCOME_EPOCHS} (the outcome averages "
                               f"the last {OUTCOME_EPOCHS} epochs), got {self.episode_length}")
         check_optional_positive(self, ("train_subset", "val_subset", "max_seeds"))

@@ -66,9 +66,18 @@ def save_trainer(learner: Learner, round_index: int, path: str | os.PathLike[str
 
 
 def load_trainer(learner: Learner, path: str | os.PathLike[str]) -> int:
-    """Restore ``learner`` from a checkpoint of a compatible run (else `ConfigError`); returns
-    the round to continue from. The resumed run logs into the same TensorBoard version."""
+    """Restore ``learner`` from a checkpoint of a compatible run (else `ConfigError`, also for a
+    shipped policy, which has no training state, and for a run that already trained the rounds
+    asked for); returns the round to continue from. The resumed run logs into the same
+    TensorBoard version."""
     state = read_checkpoint(path)
+    if "optimizer" not in state:  # a shipped policy: weights and normalisers, no training state
+        raise ConfigError(f"checkpoint '{path}' holds a policy without its training state (a "
+                          "shipped policy); start a new run from it with --init_policy")
+    done, rounds = int(state["round"]), learner.config.rounds
+    if done >= rounds:  # nothing would train: say so instead of exiting 0
+        raise ConfigError(f"checkpoint '{path}' has trained {done} rounds already; pass "
+                          f"--rounds N with N > {done} to continue it (got {rounds})")
     errors = compatibility_errors(state["config"], learner.config)
     if errors:
         raise ConfigError(

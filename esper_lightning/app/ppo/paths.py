@@ -39,7 +39,14 @@ def refuse_overwrite(config: TaskConfig) -> None:
         esper_lightning.errors.ConfigError: save '...ckpt.pt' already exists; pass --resume ...
     """
     assert isinstance(config, PPORunConfig)
-    if config.save is None or config.overwrite:
+    if config.save is None:
+        return
+    for mode in config.reward_modes:  # never writable, --overwrite or not
+        if checkpoint_path(config.save, config, mode).is_dir():
+            raise ConfigError(f"save '{checkpoint_path(config.save, config, mode)}' is a folder; "
+                              f"accepted: a file path such as "
+                              f"{Path(config.save) / 'ckpt.pt'}")
+    if config.overwrite:
         return
     for mode in config.reward_modes:
         target = checkpoint_path(config.save, config, mode)
