@@ -6,6 +6,7 @@ import pytest
 import torch
 from helpers import torch_round_trip
 from lifecycle_mdp import make_report
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from esper_lightning.blueprints import blueprint_index
 from esper_lightning.callbacks import MorphogenesisCallback
@@ -107,10 +108,13 @@ def test_slot_mismatch_is_a_clear_error(checkpoint, tmp_path):
     trainer = L.Trainer(max_epochs=1, default_root_dir=tmp_path, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False,
                         callbacks=[callback])
-    with pytest.raises(ValueError, match=r"trained for slots \['r0c1', 'r0c2'\]; the callback"):
+    # At setup, before a step (it was the first decision's error, after an epoch had trained).
+    with pytest.raises(MisconfigurationException, match=(
+            r"^MorphogenesisCallback: PolicyController was trained for slots \['r0c1', 'r0c2'\], "
+            r"the callback has \['r0c0'\]; pass those slots")):
         trainer.fit(CifarCNNHost("baseline", slots=["r0c0"]),
                     datamodule=CIFAR10DataModule(data, batch_size=16))
-    assert callback.engine is not None
+    assert callback.engine is not None and trainer.global_step == 0
 
 
 # --- a policy trained with a subset of the blueprints ------------------------------------------

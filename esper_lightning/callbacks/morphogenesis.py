@@ -338,6 +338,13 @@ class MorphogenesisCallback(Callback):
             self.engine.label(type(self.controller).__name__, tick="decision")
         self.engine.use_ledger(self.ledger)
         dist.keep_slots_out_of_ddp(pl_module)
+        wanted = getattr(self.controller, "slot_ids", None)  # a policy's: fixed by its training
+        if wanted is not None and tuple(wanted) != tuple(self.engine.slot_ids):
+            # At setup, not at the first decision (after an epoch had trained).
+            raise MisconfigurationException(
+                f"MorphogenesisCallback: {type(self.controller).__name__} was trained for slots "
+                f"{list(wanted)}, the callback has {list(self.engine.slot_ids)}; pass those "
+                f"slots (slots=[...], or the model's own, e.g. --model.slots)")
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
