@@ -52,6 +52,14 @@ def step_cost(ledger: ComputeLedger, trainer: L.Trainer, pl_module: L.LightningM
                                  ranks=trainer.world_size)
 
 
+
+def check_metering_functions(batch_to_xy: Any, logits_fn: Any) -> None:
+    """Refuse, in one line at construction, a ``batch_to_xy`` or ``logits_fn`` that is not a
+    function (it failed at the first step's metering)."""
+    for name, value in (("batch_to_xy", batch_to_xy), ("logits_fn", logits_fn)):
+        if value is not None and not callable(value):
+            raise TypeError(f"{name} must be a function or None, got {value!r}")
+
 @contextmanager
 def metering_errors(owner: str, pl_module: L.LightningModule, remedy: str) -> Iterator[None]:
     """Whatever the meter raises inside, as the one line a user reads: ``owner`` cannot meter

@@ -17,7 +17,12 @@ from torch import Tensor
 from typing_extensions import override
 
 from esper_lightning.callbacks._cadence import RESUME_OR_RAISE, run_limit, run_plan, took_step
-from esper_lightning.callbacks._metering import GrowsSteps, MetersSteps, step_cost
+from esper_lightning.callbacks._metering import (
+    GrowsSteps,
+    MetersSteps,
+    check_metering_functions,
+    step_cost,
+)
 from esper_lightning.core.compute import ComputeLedger, StepCost
 from esper_lightning.schedule import LRSchedule, set_base_lrs
 
@@ -113,9 +118,7 @@ class ComputeBudget(Callback):
         if loss_key is not None and (not isinstance(loss_key, str) or not loss_key):
             raise ValueError(f"loss_key must name a logged validation loss, or be None for no "
                              f"chart, got {loss_key!r}")
-        for name, value in (("batch_to_xy", batch_to_xy), ("logits_fn", logits_fn)):
-            if value is not None and not callable(value):
-                raise TypeError(f"{name} must be a function or None, got {value!r}")
+        check_metering_functions(batch_to_xy, logits_fn)
         self.budget_flops = float(budget_flops)
         self.schedule = LRSchedule(lr_schedule, warmup_fraction, decay_fraction, min_lr_ratio)
         #: The fit's compute: what is spent against this budget (saved with the state).

@@ -43,8 +43,8 @@ class GovernorCallback(Callback):
 
     It must come before `MorphogenesisCallback` in ``callbacks=[...]``, so a diverged epoch is
     rolled back before the controller decides, and before `WidthGrowthCallback`, so a
-    divergence is rolled back before the model widens past its snapshot (until the widening,
-    losses not yet read are read at each batch's start); the other order is refused at setup.
+    divergence is rolled back before the model widens past its snapshot (losses not yet read
+    are read at the batch it widens at); the other order is refused at setup.
 
     Under DDP every check reads values reduced over the ranks (a non-finite loss on any rank, the
     mean validation loss), so every rank rolls back at the same step to the same snapshot.
@@ -141,10 +141,11 @@ class GovernorCallback(Callback):
     @override
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule,
                              batch: Any, batch_idx: int) -> None:
-        # Until a WidthGrowthCallback (listed after this one) widens at a batch's start, losses
-        # not yet read (check_every_n_steps > 1) are read first: a rollback they call for must
-        # come while the snapshot still fits the model.
-        if self._nonfinite is not None and any(w.widened_step is None for w in self._widths):
+        # At the batch a WidthGrowthCallback (listed after this one) widens at, losses not yet
+        # read (check_every_n_steps > 1) are read first: a rollback they call for must come
+        # while the snapshot still fits the model. One read, at that batch only.
+        if self._nonfinite is not None and any(w.widens_at(trainer, batch_idx) is not None
+                                               for w in self._widths):
             self._check_train_losses(trainer, pl_module)
 
     @override

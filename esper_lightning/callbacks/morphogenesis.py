@@ -32,7 +32,11 @@ from esper_lightning.callbacks._cadence import (
     took_step,
     validates_by_step,
 )
-from esper_lightning.callbacks._metering import metering_errors, step_cost
+from esper_lightning.callbacks._metering import (
+    check_metering_functions,
+    metering_errors,
+    step_cost,
+)
 from esper_lightning.callbacks.compute_budget import fit_budget
 from esper_lightning.controllers.base import (
     Controller,
@@ -1028,9 +1032,7 @@ def _check_inputs(slots: Any, batch_to_xy: Any, logits_fn: Any, loss_key: Any,
     if names is not None and (not names or not all(isinstance(n, str) and n for n in names)):
         raise ValueError(f"slots must name one or more modules (e.g. slots=['net.3']), or be "
                          f"None (a growth= or a built-in host's slots), got {slots!r}")
-    for name, value in (("batch_to_xy", batch_to_xy), ("logits_fn", logits_fn)):
-        if value is not None and not callable(value):
-            raise TypeError(f"{name} must be a function or None, got {value!r}")
+    check_metering_functions(batch_to_xy, logits_fn)
     if not isinstance(loss_key, str) or not loss_key:
         raise ValueError(f"loss_key must name the logged validation loss (e.g. 'val_loss'), "
                          f"got {loss_key!r}")

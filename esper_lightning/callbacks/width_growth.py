@@ -286,13 +286,20 @@ class WidthGrowthCallback(Callback):
         if budget is not None and not self._budget_checked and trainer.global_step >= 1:
             self._budget_checked = True
             self._check_budget(trainer, budget.ledger)
+        fraction = self.widens_at(trainer, batch_idx)
+        if fraction is not None:
+            self._widen(trainer, pl_module, fraction)
+
+    def widens_at(self, trainer: L.Trainer, batch_idx: int) -> float | None:
+        """The run's fraction if this batch's start widens the model (past ``at``, at the first
+        batch of an accumulation window, not widened yet), else None: what a callback before
+        this one (the governor) asks before the widening."""
+        if self.widened_step is not None or batch_idx % trainer.accumulate_grad_batches:
+            return None
+        budget = fit_budget(trainer)
         fraction = (budget.ledger.fraction if budget is not None
                     else None if self._plan is None else run_fraction(trainer, self._plan))
-        if fraction is None or fraction < self.at:
-            return
-        if batch_idx % trainer.accumulate_grad_batches:  # inside an accumulation window
-            return
-        self._widen(trainer, pl_module, fraction)
+        return None if fraction is None or fraction < self.at else fraction
 
     def _widen(self, trainer: L.Trainer, pl_module: L.LightningModule, fraction: float) -> None:
         """Widen now, before this step: the optimizer's state follows, slots outside the widened
