@@ -27,8 +27,9 @@ from esper_lightning.app.cli import (
     own_subcommand,
     parse_config,
     run_own,
+    run_ppo,
 )
-from esper_lightning.app.config import PRESETS
+from esper_lightning.app.config import PRESETS, PPORunConfig
 from esper_lightning.data import DataError, write_cifar10_fixture
 from esper_lightning.errors import ConfigError
 
@@ -99,6 +100,25 @@ def test_the_quickstart_writes_its_checkpoint_and_logs(smoke_policy):
     assert save.is_file() and save.stat().st_size > 0
     assert (save.parent / "logs" / "ppo" / "version_0").is_dir()
     assert (data / "cifar-10-batches-py").is_dir()
+
+
+def test_an_ab_run_names_the_checkpoints_and_runs_it_wrote(monkeypatch, capsys, tmp_path):
+    # It printed `checkpoint: ckpt.pt`, a file an A/B run never writes.
+    from esper_lightning.app.ppo import trainer
+
+    class Trained:
+        def __init__(self, config, command):
+            pass
+
+        def train(self):
+            return []
+
+    monkeypatch.setattr(trainer, "PPOTrainer", Trained)
+    save = tmp_path / "ckpt.pt"
+    run_ppo(PPORunConfig(save=str(save), ab=("shaped", "sparse"), envs=4, logdir="runs"))
+    assert capsys.readouterr().out.splitlines() == [
+        f"checkpoint: {tmp_path / 'ckpt.shaped.pt'}", f"checkpoint: {tmp_path / 'ckpt.sparse.pt'}",
+        "TensorBoard: tensorboard --logdir runs (one run per policy: ppo-shaped, ppo-sparse)"]
 
 
 def test_unknown_config_key(tmp_path):

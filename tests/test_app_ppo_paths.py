@@ -5,7 +5,7 @@ import re
 import pytest
 
 from esper_lightning.app.config import PPORunConfig
-from esper_lightning.app.ppo.paths import checkpoint_path, refuse_overwrite
+from esper_lightning.app.ppo.paths import checkpoint_path, logger_name, refuse_overwrite
 from esper_lightning.errors import ConfigError
 
 
@@ -44,3 +44,9 @@ def test_each_policy_of_an_ab_run_is_checked(tmp_path):
     with pytest.raises(ConfigError, match=re.escape("ckpt.sparse.pt' already exists")):
         refuse_overwrite(PPORunConfig(save=str(tmp_path / "ckpt.pt"), ab=("shaped", "sparse"),
                                       envs=4))
+
+
+def test_an_ab_run_logs_one_tensorboard_run_per_policy():
+    one, ab = PPORunConfig(), PPORunConfig(ab=("shaped", "sparse"), envs=4)
+    assert logger_name(one, "shaped") == "ppo"
+    assert [logger_name(ab, m) for m in ab.reward_modes] == ["ppo-shaped", "ppo-sparse"]

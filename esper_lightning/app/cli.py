@@ -65,7 +65,11 @@ from esper_lightning.app.config import (
     saved_values,
 )
 from esper_lightning.app.console import fail, missing_lab
-from esper_lightning.app.ppo.paths import refuse_overwrite  # torch-free
+from esper_lightning.app.ppo.paths import (  # torch-free
+    checkpoint_path,
+    logger_name,
+    refuse_overwrite,
+)
 from esper_lightning.data.files import DataError  # plain Python: no torch
 from esper_lightning.errors import ConfigError
 
@@ -104,9 +108,11 @@ def run_ppo(config: TaskConfig, argv: Sequence[str] = ()) -> int:
         accuracy = sum(accuracies) / max(len(accuracies), 1)
         rounds = f"{config.rounds} round{'s' if config.rounds != 1 else ''}"
         print(f"done: {rounds}, last round final accuracy {accuracy:.2f}%")
-    if config.save:
-        print(f"checkpoint: {config.save}")
-    print(f"TensorBoard: tensorboard --logdir {config.logdir}")
+    for mode in config.reward_modes if config.save else ():  # an A/B run saves one per mode
+        print(f"checkpoint: {checkpoint_path(config.save, config, mode)}")
+    print(f"TensorBoard: tensorboard --logdir {config.logdir}"
+          + (f" (one run per policy: {', '.join(logger_name(config, m) for m in config.ab)})"
+             if config.ab else ""))
     return 0
 
 

@@ -13,13 +13,19 @@ from pathlib import Path
 from esper_lightning.app.config import PPORunConfig, TaskConfig, policy_checkpoint
 from esper_lightning.errors import ConfigError
 
-__all__ = ["checkpoint_path", "refuse_overwrite"]
+__all__ = ["checkpoint_path", "logger_name", "refuse_overwrite"]
 
 
 def checkpoint_path(path: str | os.PathLike[str], config: PPORunConfig, mode: str) -> Path:
     """Where the policy of reward mode ``mode`` is saved: ``path`` itself, or
     `policy_checkpoint` (``<stem>.<mode><suffix>``) for each policy of an A/B run."""
     return policy_checkpoint(path, mode) if config.ab else Path(path)
+
+
+def logger_name(config: PPORunConfig, mode: str) -> str:
+    """The TensorBoard run (under ``logdir``) of the policy of reward mode ``mode``: ``ppo``, or
+    ``ppo-<mode>`` for each policy of an A/B run."""
+    return f"ppo-{mode}" if config.ab else "ppo"
 
 
 def refuse_overwrite(config: TaskConfig) -> None:

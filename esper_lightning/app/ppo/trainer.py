@@ -42,7 +42,7 @@ from esper_lightning.app.logs import label_engine
 from esper_lightning.app.ppo.checkpoint import load_trainer, save_trainer, seed_run, start_from
 from esper_lightning.app.ppo.learner import Learner
 from esper_lightning.app.ppo.metrics import RoundStats, mean, merge_stats, round_metrics
-from esper_lightning.app.ppo.paths import checkpoint_path, refuse_overwrite
+from esper_lightning.app.ppo.paths import checkpoint_path, logger_name, refuse_overwrite
 from esper_lightning.app.ppo.ranks import Ranks
 from esper_lightning.app.task import env_spec, germinable_blueprints, load_splits, reward_config
 from esper_lightning.core.actions import Action
@@ -200,7 +200,7 @@ class PPOTrainer:
             reward_normalizer=RewardNormalizer(config.gamma),
             value_normalizer=ValueNormalizer(),
             reward_config=reward_config(config, mode),
-            logger_name="ppo" if not self.config.ab else f"ppo-{mode}",
+            logger_name=logger_name(self.config, mode),
         )
         if earlier is not None:  # a curriculum costs all its stages
             learner.cost.update(earlier["training_cost"])
