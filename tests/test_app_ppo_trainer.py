@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from esper_lightning.app.compare.arms import ARM_KINDS, parse_controller
@@ -322,6 +323,10 @@ def test_resume_continues_the_same_tensorboard_run_with_a_line_and_a_timeline_pe
                if r.name == "esper_lightning.app.ppo.checkpoint"]
     assert resumed == [f"resuming '{save}' after round 1 with these changes: rounds 1 -> 2, "
                        f"save '{save}' -> None"]
+    # hparams.yaml holds the settings the run goes on with, as --config would read them back:
+    # it kept the first process's `rounds: 1`.
+    hparams = yaml.safe_load((tmp_path / "logs" / "ppo" / "version_0" / "hparams.yaml").read_text())
+    assert hparams["rounds"] == 2 and hparams["resume"] == str(save) and hparams["save"] is None
 
 
 def test_ab_trains_one_policy_per_reward_mode_on_the_same_episodes(ab_run, cifar_dir,

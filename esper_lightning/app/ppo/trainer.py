@@ -33,6 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
+from lightning.pytorch.core.saving import save_hparams_to_yaml
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch import Tensor
 from tqdm.auto import tqdm
@@ -175,6 +176,7 @@ class PPOTrainer:
         if config.resume is not None:
             for learner in self.learners:
                 self.round = load_trainer(learner, self.checkpoint_path(config.resume, learner))
+        self.first_round = self.round  # where this process starts: 0, or a resumed run's round
         pool_devices = config.env_devices if ranks.world_size == 1 else devices * self.local_envs
         self.pool = EnvPool(env_spec(config), *load_splits(config, config.progress),
                             pool_devices)
@@ -246,8 +248,12 @@ class PPOTrainer:
         cost["wall_seconds"] += seconds
         if learner.logger is None:  # not rank 0
             return
-        if self.round == 1:  # hparams.yaml keeps real lists: it can be fed back with --config
+        if self.round == self.first_round + 1:  # this process's settings, a resumed run's too
+            # hparams.yaml keeps real lists: it can be fed back with --config
             learner.logger.log_hyperparams(learner.config.to_dict())
+            if self.first_round:  # the logger writes hparams.yaml only where there is none
+                save_hparams_to_yaml(Path(learner.logger.log_dir) / "hparams.yaml",
+                                     learner.logger.hparams)
         learning_rate = float(learner.optimizer.param_groups[0]["lr"])
         learner.logger.log_metrics(
             round_metrics(stats, self.round, learning_rate, germinable_blueprints(learner.config)),
