@@ -171,6 +171,57 @@ def test_interleaved_growth_follows_every_block_with_its_copy():
     assert list(engine_at.slots) == ["blocks.1+1"]
 
 
+def test_interleaved_growth_of_two_blocks_copies_each_blocks_own():
+    # Block 1's slot was made from blocks 0 and 1 (the last two before it), where interleaving
+    # promises copies of its own block.
+    torch.manual_seed(0)
+    stack = nn.Module()
+    stack.blocks = nn.ModuleList([nn.Linear(4, 4) for _ in range(2)])
+    b0, b1 = (copy.deepcopy(b) for b in stack.blocks)
+    grow(stack, DepthGrowth("blocks", blocks=2, at="interleave"), "copy")
+    assert [_same(b, b0) for b in stack.blocks] == [True, True, True, False, False, False]
+    assert [_same(b, b1) for b in stack.blocks] == [False, False, False, True, True, True]
+    model = user_model("nanogpt", n_layer=2).eval()
+    engine = MorphogenesisEngine(model, growth=DepthGrowth("blocks", blocks=2, at="interleave"))
+    model(_tokens((1, 4), rng_seed=0))
+    _germinate(engine, "copy", slot=1)
+    assert all(_same(b, model.blocks[1]) for b in engine.slots["blocks.1+1"].seed)
+
+
+def test_a_named_block_with_another_place_is_refused():
+    # at=1 was dropped: the new block went after block 0.
+    stack = nn.Module()
+    stack.blocks = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])
+    for at in (1, "interleave"):
+        with pytest.raises(ValueError) as err:
+            grow(stack, DepthGrowth("blocks.0", at=at), "copy")
+        assert _first_line(err) == (f"DepthGrowth stack names block 0 and at={at!r} another "
+                                    "place; accepted: the stack's path with at=, or one of its "
+                                    "blocks with the default at='top'")
+    assert len(stack.blocks) == 2
+
+
+def test_attention_scaled_by_its_layer_index_is_refused():
+    # Each new block kept its source's 1/(layer_idx + 1): the grown model was not the natively
+    # deeper one, and from_pretrained gave other logits.
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_layer=1, n_embd=32, n_head=4, n_positions=16, vocab_size=64,
+                        scale_attn_by_inverse_layer_idx=True)
+    message = ("DepthGrowth: transformer.h.0.attn scales its attention by 1/(layer_idx + 1) "
+               "(scale_attn_by_inverse_layer_idx=True), so a grown block cannot compute as both "
+               "its source and the natively deeper model; accepted: "
+               "scale_attn_by_inverse_layer_idx=False")
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(config)
+    with pytest.raises(ValueError) as err:
+        grow(model, DepthGrowth("transformer.h"), "copy")
+    assert _first_line(err) == message and len(model.transformer.h) == 1
+    with pytest.raises(ValueError) as err:
+        MorphogenesisEngine(model, growth=DepthGrowth("transformer.h"))
+    assert _first_line(err) == message
+
+
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 def test_a_grown_hugging_face_model_goes_back_at_its_new_depth(kind, tmp_path):
     model, engine = _grow(kind, "copy", rng_seed=8)
@@ -354,6 +405,7 @@ def test_identity_of_an_unknown_block_is_gated_or_refused_without_the_gate():
     ({"blocks": 1.5}, "DepthGrowth blocks must be an int >= 1 or a list of them, got 1.5"),
     ({"stack": ""}, "DepthGrowth stack must be a module path (e.g. 'blocks') or None, got ''"),
     ({"stack": 3}, "DepthGrowth stack must be a module path (e.g. 'blocks') or None, got 3"),
+    ({"gate": "no"}, "DepthGrowth gate must be True or False, got 'no'"),
 ])
 def test_bad_depth_growth_settings_are_one_line(kwargs, message):
     with pytest.raises(ValueError) as err:

@@ -60,7 +60,8 @@ class DepthGrowth:
         blocks: Blocks one growth event adds: an int (one growth slot per place), or one int
             per event (chained slots per place: ``(1, 2)`` grows one block, then two more).
         at: ``"top"`` (after the last block), ``"interleave"`` (after every block, each
-            growing copies of its own block) or an int ``i`` (after block ``i``).
+            growing copies of its own block) or an int ``i`` (after block ``i``); with
+            ``stack`` naming one block, the default (that block is the place).
         projections: Names inside a block of its residual branches' output projections, which
             the ``identity`` operator zeroes; None: the common layouts', else found by running
             the block (the last layer of each residual branch).
@@ -102,6 +103,8 @@ class DepthGrowth:
         if not at_ok:
             raise ValueError(f"DepthGrowth at must be one of {', '.join(PLACES)} or a block "
                              f"index >= 0, got {self.at!r}")
+        if not isinstance(self.gate, bool):  # a string such as "no" would read as True
+            raise ValueError(f"DepthGrowth gate must be True or False, got {self.gate!r}")
         if self.moments not in MOMENTS:
             raise ValueError(f"DepthGrowth moments must be one of {', '.join(MOMENTS)}, got "
                              f"{self.moments!r}")
@@ -202,9 +205,30 @@ def find_stack(model: nn.Module, path: str | None) -> tuple[str, nn.Module, int 
                      f"of blocks or one of its blocks; {accepted}")
 
 
+def check_place_free(path: str, container: nn.Module) -> None:
+    """Refuse blocks that compute by their place in the stack: a new block made from one of
+    them would compute as its source does, the natively deeper model as its own place says
+    (GPT-2's ``scale_attn_by_inverse_layer_idx`` divides attention by ``layer_idx + 1``).
+
+    Raises:
+        ValueError: One line naming the module and the setting.
+    """
+    for name, module in container[0].named_modules():
+        if getattr(module, "scale_attn_by_inverse_layer_idx", False) is True:
+            raise ValueError(f"DepthGrowth: {path}.0{'.' + name if name else ''} scales its "
+                             "attention by 1/(layer_idx + 1) (scale_attn_by_inverse_layer_idx"
+                             "=True), so a grown block cannot compute as both its source and "
+                             "the natively deeper model; accepted: "
+                             "scale_attn_by_inverse_layer_idx=False")
+
+
 def places(growth: DepthGrowth, size: int, named: int | None) -> list[int]:
     """The indices of the blocks growth slots follow."""
     if named is not None:
+        if growth.at != "top":  # the default: a named block is the place
+            raise ValueError(f"DepthGrowth stack names block {named} and at={growth.at!r} "
+                             f"another place; accepted: the stack's path with at=, or one of "
+                             f"its blocks with the default at='top'")
         return [named]
     if growth.at == "top":
         return [size - 1]
@@ -331,11 +355,14 @@ def grow(model: nn.Module, growth: DepthGrowth, operator: str,
 
     build = get_operator(operator)
     path, container, named = find_stack(model, growth.stack)
+    check_place_free(path, container)
     init = model_init(model, path, growth.init)
     before = len(container)
     placed: list[tuple[int, list[nn.Module], list[nn.Module]]] = []
     for index in places(growth, before, named):
-        site = site_of(growth, growth.events[0], lambda i=index: list(container)[:i + 1], init)
+        first = index if growth.at == "interleave" else 0  # interleaved: its own block alone
+        site = site_of(growth, growth.events[0],
+                       lambda i=index, j=first: list(container)[j:i + 1], init)
         sources = site.sources()
         placed.append((index, sources, [build.build(source, site) for source in sources]))
     new_order: list[nn.Module] = []

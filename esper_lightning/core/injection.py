@@ -31,6 +31,7 @@ from esper_lightning.core.depth import (
     GROWN_STACK_ATTR,
     DepthGrowth,
     check_first_activation,
+    check_place_free,
     find_stack,
     growth_slot_id,
     model_init,
@@ -119,13 +120,15 @@ def inject_growth(model: nn.Module, growth: DepthGrowth) -> dict[str, SeedSlot]:
     """Inject the growth slots of ``growth`` into ``model`` (module docstring), in order: by
     place, then along each place's chain."""
     path, container, named = find_stack(model, growth.stack)
+    check_place_free(path, container)
     init = model_init(model, path, growth.init)
     slots = {}
     for index in places(growth, len(container), named):
         for order, blocks in enumerate(growth.events, 1):
             block_path = f"{path}.{index}"
-            site = site_of(growth, blocks, partial(_stack_before, model, path, index, order),
-                           init)
+            own = growth.at == "interleave"  # each place grows from its own block alone
+            site = site_of(growth, blocks,
+                           partial(_stack_before, model, path, index, order, own), init)
             slot = SeedSlot(growth_slot_id(block_path, order), topology=GROWTH_TOPOLOGY,
                             growth=site, growth_place={"stack": path, "after": index,
                                                        "order": order})
@@ -134,13 +137,15 @@ def inject_growth(model: nn.Module, growth: DepthGrowth) -> dict[str, SeedSlot]:
     return slots
 
 
-def _stack_before(model: nn.Module, path: str, index: int, order: int) -> list[nn.Module]:
+def _stack_before(model: nn.Module, path: str, index: int, order: int,
+                  own: bool = False) -> list[nn.Module]:
     """The blocks before growth slot ``order`` after block ``index`` of the stack at ``path``,
-    in forward order: the stack's blocks and what earlier growth slots added."""
+    in forward order: the stack's blocks and what earlier growth slots added; with ``own``
+    (interleaved growth) only block ``index`` and what earlier slots after it added."""
     container = dict(model.named_modules())[path]
     injected = getattr(model, INJECTED_SLOTS_ATTR, {})
     blocks: list[nn.Module] = []
-    for i in range(index + 1):
+    for i in range(index if own else 0, index + 1):
         blocks.append(container[i])
         for k in range(1, order if i == index else _chain_length(injected, path, i) + 1):
             slot = injected[_key(growth_slot_id(f"{path}.{i}", k))]

@@ -107,7 +107,8 @@ class GrowthSite:
         blocks: New blocks one seed adds (>= 1).
         stack: The blocks before the slot in forward order, nearest last (the stack's blocks up
             to the one the slot follows, and the blocks grown in earlier slots at the same
-            place): what new blocks are made from.
+            place; interleaved growth: the block the slot follows and its own earlier growth
+            alone): what new blocks are made from.
         width: The slot's width ``D`` (a gate's size); set by the slot at germination.
         init: How the model initialises a block (the ``random`` operator), None: each
             submodule's own ``reset_parameters``.
