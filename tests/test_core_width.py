@@ -18,7 +18,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import (
     AutoModelForCausalLM,
+    GemmaConfig,
+    GemmaForCausalLM,
     GPT2Config,
+    GPT2DoubleHeadsModel,
     GPT2LMHeadModel,
     LlamaConfig,
     LlamaForCausalLM,
@@ -578,7 +581,12 @@ def test_the_flop_meter_counts_the_widened_model_as_the_native_one(kind):
     ({"factor": 1}, "WidthGrowth factor=1 and mlp=1 grow nothing; accepted: factor >= 2"),
     ({"split": "half"}, "WidthGrowth split must be one of random, even, got 'half'"),
     ({"moments": "fresh"}, "WidthGrowth moments must be one of copy, reset, got 'fresh'"),
-    ({"init_std": 0.0}, "WidthGrowth init_std must be > 0 or None, got 0.0"),
+    ({"init_std": 0.0}, "WidthGrowth init_std must be a finite number > 0 or None, got 0.0"),
+    ({"init_std": float("inf")}, "WidthGrowth init_std must be a finite number > 0 or None, "
+                                 "got inf"),
+    ({"rng_seed": "a"}, "WidthGrowth rng_seed must be an int, got 'a'"),
+    ({"layout": "Llama"}, "WidthGrowth layout must be a BlockLayout, one of 'nanoGPT and Hugging "
+                          "Face GPT-2', 'Hugging Face Llama'"),
     ({"new_units": "copy"}, "WidthGrowth new_units must be one of random, clone, got 'copy'"),
     ({"new_units": "clone", "init_std": 0.02}, "WidthGrowth init_std=0.02 with "
                                                "new_units='clone': cloned heads and units draw"),
@@ -670,6 +678,53 @@ def test_a_tied_head_without_a_final_norm_is_refused():
     message = _refused(model, WidthGrowth())
     assert message.startswith("WidthGrowth: the output head is tied to the token table and needs "
                               "one final norm after the stack to scale by 1/k, found none")
+
+
+def test_a_layout_may_be_named():
+    assert WidthGrowth(layout="Hugging Face Llama").layout is LAYOUTS["Hugging Face Llama"]
+    model = build("llama")
+    widen(model, WidthGrowth(layout="Hugging Face Llama"))
+    assert model.config.hidden_size == 2 * WIDTH
+
+
+def test_another_reader_of_a_tied_heads_final_norm_is_refused():
+    # Its output was silently divided by k (the final norm is scaled by 1/k for the tied head):
+    # GPT2DoubleHeadsModel's multiple-choice logits came out halved.
+    message = ("WidthGrowth: the output head is tied to the token table, so the final norm is "
+               "scaled by 1/k, and {} also read(s) width {}; accepted: a tied head as the only "
+               "layer reading the stream, or an untied head")
+    model = build("nanogpt")
+    model.value_head = nn.Linear(WIDTH, 1)
+    assert _refused(model, WidthGrowth()) == message.format("value_head", WIDTH)
+    torch.manual_seed(0)
+    double = GPT2DoubleHeadsModel(GPT2Config(n_layer=1, n_embd=WIDTH, n_head=HEADS,
+                                             n_positions=BLOCK, vocab_size=VOCAB))
+    assert _refused(double, WidthGrowth()) == message.format("multiple_choice_head.summary",
+                                                             WIDTH)
+
+
+def test_a_head_no_layer_shows_is_refused():
+    # F.linear(ln_f(x), wte.weight): no tie to see, so the final norm kept its scale and the
+    # logits came out k times the old.
+    model = build("nanogpt")
+    del model.lm_head
+    assert _refused(model, WidthGrowth()) == (
+        f"WidthGrowth: no layer outside the stack reads the stream (width {WIDTH}), so the "
+        "output head cannot be told tied or not (a head computed as F.linear(x, wte.weight)?); "
+        "accepted: an nn.Linear head, tied by sharing the token table's weight or untied")
+
+
+def test_a_final_norm_that_does_not_scale_with_its_gain_before_a_tied_head_is_refused():
+    # Gemma's RMSNorm computes x̂·(1 + w): scaling w by 1/k left its logits 2.04 away.
+    torch.manual_seed(0)
+    model = GemmaForCausalLM(GemmaConfig(
+        hidden_size=WIDTH, intermediate_size=UNITS, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=4, vocab_size=VOCAB, max_position_embeddings=BLOCK,
+        bos_token_id=0, eos_token_id=0, pad_token_id=0)).eval()
+    assert _refused(model, WidthGrowth()) == (
+        "WidthGrowth: the final norm model.norm (GemmaRMSNorm) before the tied head does not "
+        "scale its output with its gain (x̂·(1 + w)?), so the logits cannot be kept; accepted: "
+        "a final LayerNorm/RMSNorm computing x̂·w (+ b), or an untied head")
 
 
 def test_attention_without_a_head_count_is_refused():

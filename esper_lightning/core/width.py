@@ -101,13 +101,17 @@ model is measured anew at its next step: its cost is a natively wider model's.
 **Refused, in one line each, before anything changes:** a factor that is not an int >= 1 (or
 nothing to grow), a block of no known layout (`LAYOUTS`; give ``WidthGrowth(layout=...)``) or
 with parameters its layout does not name, a module outside the stack of a kind width growth does
-not know, a tied head without exactly one final norm, attention that keeps no head count, a
-slot holding a seed, a config that cannot say the new MLP width.
+not know, a tied head without exactly one final norm, or whose final norm does not scale its
+output with its gain (Gemma's ``x̂·(1 + w)``), or which another layer reads beside (it would
+read ``x/k``), a model with no layer reading the stream (a head computed as ``F.linear(x,
+wte.weight)`` cannot be told tied), attention that keeps no head count, a slot holding a seed,
+a config that cannot say the new MLP width.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -194,7 +198,8 @@ class WidthGrowth:
         new_units: ``"random"`` (a new head's or unit's incoming rows drawn, its outgoing
             columns zero) or ``"clone"`` (each a copy of an old one, the outgoing columns split
             between them).
-        layout: The blocks' layout; None: the first of `LAYOUTS` the blocks have.
+        layout: The blocks' layout (a `BlockLayout`, or its name in `LAYOUTS`); None: the first
+            of `LAYOUTS` the blocks have.
 
     Example:
         >>> WidthGrowth(factor=1, mlp=2).mlp_factor
@@ -209,7 +214,7 @@ class WidthGrowth:
     init_std: float | None = None
     moments: str = "copy"
     new_units: str = "random"
-    layout: BlockLayout | None = None
+    layout: BlockLayout | str | None = None
 
     def __post_init__(self) -> None:
         for name in ("factor", "mlp"):
@@ -228,8 +233,18 @@ class WidthGrowth:
             if value not in accepted:
                 raise ValueError(f"WidthGrowth {name} must be one of {', '.join(accepted)}, got "
                                  f"{value!r}")
-        if self.init_std is not None and not self.init_std > 0:
-            raise ValueError(f"WidthGrowth init_std must be > 0 or None, got {self.init_std!r}")
+        if self.init_std is not None and (isinstance(self.init_std, bool) or not isinstance(
+                self.init_std, int | float) or not (math.isfinite(self.init_std)
+                                                    and self.init_std > 0)):
+            raise ValueError(f"WidthGrowth init_std must be a finite number > 0 or None, got "
+                             f"{self.init_std!r}")
+        if isinstance(self.rng_seed, bool) or not isinstance(self.rng_seed, int):
+            raise ValueError(f"WidthGrowth rng_seed must be an int, got {self.rng_seed!r}")
+        if isinstance(self.layout, str) and self.layout in LAYOUTS:  # a layout's name
+            object.__setattr__(self, "layout", LAYOUTS[self.layout])
+        if self.layout is not None and not isinstance(self.layout, BlockLayout):
+            raise ValueError(f"WidthGrowth layout must be a BlockLayout, one of "
+                             f"{', '.join(map(repr, LAYOUTS))}, or None, got {self.layout!r}")
         if self.init_std is not None and self.new_units == "clone":
             raise ValueError(f"WidthGrowth init_std={self.init_std!r} with new_units='clone': "
                              "cloned heads and units draw no weights; accepted: init_std=None "
@@ -545,7 +560,7 @@ def _outer_pieces(model: nn.Module, stack: str, width: int, k: int) -> list[_Pie
     tables = {id(m.weight) for _, m in named if isinstance(m, nn.Embedding)}
     pieces: list[_Piece] = []
     norms: list[tuple[int, str, nn.Module]] = []
-    tied, after = False, None
+    tied, after, readers = False, None, []
     for order, (name, module) in enumerate(named):
         if name == stack or name.startswith(stack + "."):
             after = order if after is None else after
@@ -558,6 +573,8 @@ def _outer_pieces(model: nn.Module, stack: str, width: int, k: int) -> list[_Pie
                                      (_Axis(SAME, module.num_embeddings), written)))
         elif isinstance(module, nn.Linear) or _is_conv1d(module):
             tied = tied or id(module.weight) in tables
+            if id(module.weight) not in tables and _io(name, module)[0] == width:
+                readers.append(name)
             pieces += _outer_linear(name, module, width, written, read, tables)
         elif _is_norm(module) and all(p.shape == (width,) for p in module.parameters(False)):
             norms.append((order, name, module))
@@ -566,6 +583,7 @@ def _outer_pieces(model: nn.Module, stack: str, width: int, k: int) -> list[_Pie
                              f"{type(module).__name__}, which width growth does not know; "
                              "accepted outside the stack: Embedding, Linear, Conv1D, LayerNorm, "
                              "RMSNorm")
+    _check_readers(tied, readers, width)
     final = [name for order, name, _ in norms if after is not None and order > after]
     if tied and len(final) != 1:
         raise ValueError(f"WidthGrowth: the output head is tied to the token table and needs one "
@@ -573,8 +591,50 @@ def _outer_pieces(model: nn.Module, stack: str, width: int, k: int) -> list[_Pie
                          f"{', '.join(final) or 'none'}; accepted: an untied head, or one final "
                          "LayerNorm/RMSNorm with a gain")
     for _, name, module in norms:
-        pieces += _norm(name, module, written, 1.0 / k if tied and name in final else 1.0)
+        scaled = tied and name in final
+        if scaled:
+            _check_scales_with_gain(name, module, width, k)
+        pieces += _norm(name, module, written, 1.0 / k if scaled else 1.0)
     return pieces
+
+
+def _check_scales_with_gain(name: str, module: nn.Module, width: int, k: int) -> None:
+    """Refuse a final norm whose output does not shrink by ``1/k`` with its gain and bias
+    (Gemma's RMSNorm computes ``x̂·(1 + w)``): scaling it would not keep a tied head's logits.
+    Tried on a random input, the parameters put back bitwise."""
+    params = list(module.parameters(recurse=False))
+    x = torch.randn(1, 2, width, generator=torch.Generator().manual_seed(0)).to(params[0])
+    saved = [p.detach().clone() for p in params]
+    with torch.no_grad():
+        before = module(x)
+        for p in params:
+            p.mul_(1.0 / k)
+        after = module(x)
+        for p, value in zip(params, saved, strict=True):
+            p.copy_(value)
+    if not torch.allclose(after, before / k, rtol=1e-4, atol=1e-6):
+        raise ValueError(f"WidthGrowth: the final norm {name} ({type(module).__name__}) before "
+                         f"the tied head does not scale its output with its gain (x̂·(1 + w)?), "
+                         f"so the logits cannot be kept; accepted: a final LayerNorm/RMSNorm "
+                         f"computing x̂·w (+ b), or an untied head")
+
+
+def _check_readers(tied: bool, readers: list[str], width: int) -> None:
+    """Refuse the outputs width growth cannot keep (one line): a tied head's final norm is
+    scaled by ``1/k``, so another layer reading it would read ``x/k`` (Hugging Face's
+    ``GPT2DoubleHeadsModel``'s multiple-choice head); and with neither a tied head nor a layer
+    reading the stream, the output is computed where growth cannot see it (``F.linear(x,
+    wte.weight)``, a tied head it would not scale: logits ``k`` times the old)."""
+    if tied and readers:
+        raise ValueError(f"WidthGrowth: the output head is tied to the token table, so the "
+                         f"final norm is scaled by 1/k, and {', '.join(readers)} also read(s) "
+                         f"width {width}; accepted: a tied head as the only layer reading the "
+                         "stream, or an untied head")
+    if not tied and not readers:
+        raise ValueError(f"WidthGrowth: no layer outside the stack reads the stream (width "
+                         f"{width}), so the output head cannot be told tied or not (a head "
+                         "computed as F.linear(x, wte.weight)?); accepted: an nn.Linear head, "
+                         "tied by sharing the token table's weight or untied")
 
 
 def _outer_linear(name: str, module: nn.Module, width: int, written: _Axis, read: _Axis,
