@@ -424,6 +424,34 @@ def test_flags_and_files_layer_on_the_preset_by_the_configurations_own_rules(tmp
     assert (from_file.budget_flops, from_file.budget_steps) == (None, 50)
 
 
+@pytest.mark.parametrize(("command", "argv"), [
+    *((command, ["--preset", "lm-grow-cpu", "--budget_steps", "100"])  # its budget_flops
+      for command in ("ppo", "compare")),
+    *((command, ["--preset", "lm-grow124-cpu", "--budget_scales", "0.5", "1"])  # budget_range
+      for command in ("ppo", "compare")),
+    # compare refuses any budget_range: the other way round is ppo's only.
+    ("ppo", ["--preset", "lm-grow-cpu", "--budget_range", "0.5", "2"]),  # its budget_scales
+])
+def test_print_config_writes_the_configuration_that_config_reads_back(command, argv, tmp_path,
+                                                                       capsys):
+    """--print_config writes the configuration the command runs, the layer rules applied (a
+    flag's budget_steps clears the preset's budget_flops), so --config reads it back as it is."""
+    with pytest.raises(SystemExit) as done:
+        parse_config(command, [*argv, "--print_config"])
+    assert done.value.code == 0
+    printed = tmp_path / "run.yaml"
+    printed.write_text(capsys.readouterr().out)
+    assert parse_config(command, ["--config", str(printed)]) == parse_config(command, argv)
+
+
+def test_print_config_refuses_what_the_command_refuses(capsys):
+    """Both keys of a pair on one command line: the run is refused, so is printing it (a file
+    --config would refuse)."""
+    with pytest.raises(ConfigError, match=r"budget_steps=40 are both set"):
+        parse_config("ppo", ["--budget_flops", "1e12", "--budget_steps", "40", "--print_config"])
+    assert capsys.readouterr().out == ""
+
+
 def test_a_flag_equal_to_the_presets_value_is_still_the_command_lines():
     """What the command line sets is its layer even where a preset holds the same value, so the
     layer rules never override it: both budget keys given are refused as without the preset."""

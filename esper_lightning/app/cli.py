@@ -10,11 +10,13 @@
 Every config field is a flag with its default, type and choices in ``--help`` (the help text is
 the config dataclass's docstring). Layers apply in this order (`config.from_layers`): defaults,
 a ``--resume``d checkpoint's values, ``--preset``, then what the command line sets (its
-``--config`` files and flags, in the order given, as one layer). ``--print_config`` writes a
-file that ``--config`` reads back, as does the ``hparams.yaml`` a PPO run logs. Flags may be
-spelled with dashes too (``--data-dir``), ``--no-progress`` means ``--progress false``, a bare
-boolean flag means true, and a list flag takes space-separated values (``--slots r0c1 r0c2``),
-one value (``--slots=r0c1``) or a bracketed list (``--slots [r0c1,r0c2]``).
+``--config`` files and flags, in the order given, as one layer). ``--print_config`` writes the
+configuration the command would run, the layer rules applied (a flag's ``budget_steps`` clears
+a preset's ``budget_flops``): a file that ``--config`` reads back, as is the ``hparams.yaml`` a
+PPO run logs. Flags may be spelled with dashes too (``--data-dir``), ``--no-progress`` means
+``--progress false``, a bare boolean flag means true, and a list flag takes space-separated
+values (``--slots r0c1 r0c2``), one value (``--slots=r0c1``) or a bracketed list (``--slots
+[r0c1,r0c2]``).
 
 The commands whose input is folders and files rather than a configuration (``frontier`` and its
 subcommands, ``lookup``, ``ship``: `OWN_PARSER`) are built alike (`own_parser`,
@@ -59,6 +61,7 @@ from esper_lightning.app.config import (
     PPORunConfig,
     TaskConfig,
     from_layers,
+    layered,
     policy_checkpoint,
     preset_values,
     read_config_file,
@@ -220,19 +223,38 @@ def parse_config(command: str, argv: Sequence[str]) -> TaskConfig:
     """
     cls = COMMANDS[command].config
     preset, rest = _pop_preset(argv)
-    argv = normalize_argv(rest, cls)
-    first = [a for a in argv if not a.startswith("--print_config")]  # printed once, below
-    values = _parse_values(command, preset, first if command == "ppo" else argv)
+    normalized = normalize_argv(rest, cls)
+    argv = [a for a in normalized if not _is_print_config(a)]  # printed once all layers apply
+    values = _parse_values(command, preset, argv)
     base = None
     if command == "ppo" and values.get("resume"):
         base = saved_run(values["resume"], values["ab"])
         values = _parse_values(command, preset, argv, base)
-    elif first != argv:
-        _parse_values(command, preset, argv)  # prints the configuration and exits
     given = set(given_keys(argv, cls))
     layers = [base or {}, preset_values(preset, cls) if preset else {},
               {k: v for k, v in values.items() if k in given}]
-    return from_layers(layers, cls)
+    config = from_layers(layers, cls)  # a configuration the run would refuse is not printed
+    printing = [a for a in normalized if _is_print_config(a)]
+    if printing:
+        print_config(command, layered(layers, cls), printing[-1], base)
+    return config
+
+
+def _is_print_config(token: str) -> bool:
+    return token == "--print_config" or token.startswith("--print_config=")
+
+
+def print_config(command: str, values: dict[str, Any], flag: str,
+                 base: dict[str, Any] | None = None) -> typing.NoReturn:
+    """Print ``values`` (`config.layered`: the layer rules applied, so a preset's budget_flops
+    that a flag's budget_steps cleared is null) as jsonargparse's ``flag`` (``--print_config``,
+    with its options) writes them, and exit. Not the raw parse: that holds both keys of such a
+    pair, which ``--config`` refuses. ``base`` (a resumed run's saved values) are the defaults
+    that ``skip_default`` leaves out, as reading the file back starts from them again; the
+    preset's are not, since the file is read back without it."""
+    parser = build_parser(command, base=base)
+    parser.parse_args(["--config", json.dumps(values), flag])  # tuples: JSON lists
+    raise AssertionError(f"{flag} did not print the configuration")  # jsonargparse exits
 
 
 def given_keys(argv: Sequence[str], cls: type[TaskConfig]) -> list[str]:

@@ -32,6 +32,7 @@ from esper_lightning.app.config.layers import (
     config_differences,
     from_layers,
     from_mapping,
+    layered,
     policy_checkpoint,
     read_config_file,
     saved_values,
@@ -46,6 +47,6 @@ __all__ = [
     "INVOCATION_KEYS", "OUTCOMES", "OUTCOME_EPOCHS", "PRECISIONS", "PRESETS", "REWARD_MODES",
     "STRATEGIES", "TASK_DEFAULTED_KEYS", "CompareConfig", "ConfigError",
     "PPORunConfig", "TaskConfig", "check_hardware", "compatibility_errors",
-    "config_differences", "field_types", "from_layers", "from_mapping", "load_config",
-    "policy_checkpoint", "preset_values", "read_config_file", "saved_values",
+    "config_differences", "field_types", "from_layers", "from_mapping", "layered",
+    "load_config", "policy_checkpoint", "preset_values", "read_config_file", "saved_values",
 ]

@@ -56,11 +56,18 @@ def from_layers(layers: Sequence[Mapping[str, Any]], cls: type[ConfigT]) -> Conf
     still at the old task's defaults, one that sets a key of `EXCLUSIVE_KEYS` clears the others
     — and the whole is checked once, at the end: a later layer may repair what an earlier one
     left inconsistent."""
+    return _build(cls(), layered(layers, cls))
+
+
+def layered(layers: Sequence[Mapping[str, Any]], cls: type) -> dict[str, Any]:
+    """Every key of ``cls`` after ``layers`` by the layer rules, before the whole is checked and
+    the task's defaults fill the keys left null: what `from_layers` builds, and what a
+    ``--print_config`` file holds, so that as one layer of its own it builds the same."""
     default = cls()
-    current = {f.name: getattr(default, f.name) for f in fields(default)}  # type: ignore[arg-type]
+    current = {f.name: getattr(default, f.name) for f in fields(default)}
     for layer in layers:
         current = _apply(current, layer, cls)
-    return _build(default, current)
+    return current
 
 
 def _apply(current: Mapping[str, Any], layer: Mapping[str, Any], cls: type) -> dict[str, Any]:
