@@ -272,10 +272,11 @@ def test_heuristic_without_a_window_is_unchanged_and_a_window_needs_a_run_length
     assert windowed.earliest_germination(40) == 19
 
 
-def test_a_growth_seed_in_a_plain_slot_costs_a_turn_not_the_run():
+def test_a_growth_seed_in_a_plain_slot_is_masked_and_costs_a_turn_not_the_run():
     episode = Episode(StackController(tau=0.0), preset="grow2", slots=("r0c0", "r1c0"))
     report = episode.engine.report()
     action = Action(Op.GERMINATE, slot=0, blueprint="block_copy")  # r0c0 follows block 0
-    assert report.masks.allows(action)  # the masks are per head, not per slot and blueprint...
-    outcome = episode.engine.execute(action)  # ...the engine refuses it as a WAIT
-    assert not outcome.success and "needs a growth slot" in outcome.reason
+    assert not report.masks.allows(action)  # the blueprint mask depends on the slot...
+    assert report.masks.allows(dataclasses.replace(action, slot=1))
+    outcome = episode.engine.execute(action)  # ...and the engine still refuses it as a WAIT
+    assert not outcome.success and outcome.reason == "blueprint_block_copy_not_hostable_in_slot_0"

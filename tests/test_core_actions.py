@@ -221,3 +221,42 @@ def _assert_slot_refuses(slot: SeedSlot, action: Action, stage: SeedStage) -> No
         return  # too young or ramping: a controller rule, not a state-machine rule
     with pytest.raises(IllegalTransitionError):
         execute_on_slot(slot, action)
+
+
+def test_the_blueprint_mask_depends_on_the_chosen_slot():
+    views = [s.report() for s in _slots(3)]
+    ctx = MaskContext(blueprints=("norm", "conv_small"),
+                      slot_refuses=(frozenset({"conv_small"}), frozenset(),
+                                    frozenset({"norm", "conv_small"})))
+    masks = compute_masks(views, ctx)
+    norm, small = blueprint_index("norm"), blueprint_index("conv_small")
+    assert np.flatnonzero(masks.blueprint_by_slot[0]).tolist() == [norm]
+    assert np.flatnonzero(masks.blueprint_by_slot[1]).tolist() == sorted([norm, small])
+    # A slot that hosts none of the run's blueprints is no place to germinate.
+    assert masks.slot_by_op[LifecycleOp.GERMINATE].tolist() == [True, True, False]
+    assert action_error(Action(LifecycleOp.GERMINATE, 2, blueprint="norm"), views, ctx) == (
+        "no_blueprint_fits_slot")
+    refused = Action(LifecycleOp.GERMINATE, 0, blueprint="conv_small")
+    assert not masks.allows(refused)
+    assert action_error(refused, views, ctx) == "blueprint_conv_small_not_hostable_in_slot_0"
+    assert masks.allows(replace(refused, slot=1)) and masks.blueprint[small]
+    with pytest.raises(ValueError, match="slot_refuses for 3 slots and the report 2"):
+        compute_masks(views[:2], ctx)
+
+
+def test_a_mask_legal_germination_is_one_the_engine_executes():
+    from esper_lightning.core.engine import MorphogenesisEngine
+    from esper_lightning.hosts import GPTHost
+
+    # r0c0 is a plain slot, r1c0 a growth slot: growth blueprints fit only the second.
+    engine = MorphogenesisEngine(GPTHost("grow2", slots=("r0c0", "r1c0")), rng_seed=0)
+    masks = engine.report().masks
+    views = [s.report() for s in engine.slots.values()]
+    slots = list(engine.slots.values())
+    for slot in range(2):
+        for name in engine.mask_context.blueprints:
+            action = Action(LifecycleOp.GERMINATE, slot, blueprint=name)
+            executes = (action_error(action, views, engine.mask_context) is None
+                        and slots[slot].context_error(name) is None)
+            assert masks.allows(action) == executes, (slot, name)
+    assert masks.allows(Action(LifecycleOp.GERMINATE, 1, blueprint="block_copy"))

@@ -10,6 +10,7 @@ from lifecycle_mdp import (
     make_report,
 )
 
+from esper_lightning.blueprints import blueprint_index
 from esper_lightning.core.actions import (
     CAUSAL_RELEVANCE,
     HEADS,
@@ -352,3 +353,33 @@ def test_sampled_actions_are_always_legal_on_reachable_states(walk):
             for slot in slots:
                 _feed(slot, healthy, contribution)
                 slot.tick()
+
+
+def test_the_policy_samples_no_germination_its_slot_cannot_host():
+    from esper_lightning.core.engine import MorphogenesisEngine
+    from esper_lightning.hosts import GPTHost
+
+    engine = MorphogenesisEngine(GPTHost("grow2", slots=("r0c0", "r1c0")), rng_seed=0)
+    report = engine.report(max_epochs=10)
+    n = 256
+    raw, indices, masks = batch_observations([report] * n)
+    torch.manual_seed(0)
+    policy = FactoredRecurrentActorCritic(PolicyConfig(n_slots=2, hidden_dim=16,
+                                                       head_hidden_dim=16))
+    # Every germination, on either slot, with any blueprint some slot hosts.
+    with torch.no_grad():
+        policy.heads["op"][-1].bias[LifecycleOp.GERMINATE] = 20.0
+    out = policy.act(raw, indices, masks, policy.initial_state(n))
+    germinate = out.actions[:, 0] == LifecycleOp.GERMINATE
+    assert germinate.all() and set(out.actions[:, 1].tolist()) == {0, 1}
+    plain = {int(b) for b in out.actions[out.actions[:, 1] == 0, 2]}
+    growth = {blueprint_index(name) for name in report.mask_context.slot_refuses[0]}
+    assert plain and growth and not plain & growth  # no block_* seed in the plain slot
+    for row in out.actions.tolist():
+        action = Action.from_indices(row)
+        assert report.masks.allows(action), action.describe()
+    # The update re-applies the slot-conditioned mask: log-probs match the rollout's.
+    evaluation = policy.evaluate(raw[:, None], indices[:, None], out.actions[:, None],
+                                 masks.index((slice(None), None)), policy.initial_state(n),
+                                 torch.ones(n, 1, dtype=torch.bool))
+    torch.testing.assert_close(evaluation.log_probs[:, 0], out.log_probs)

@@ -265,10 +265,22 @@ class MaskContext:
     Args:
         blueprints: blueprint names a controller may germinate (already filtered to the topology).
         max_seeds: limit on seeds present at once (live or fossilized); None or 0 = unlimited.
+        slot_refuses: per slot, in slot order, the blueprints that slot cannot host (a growth
+            blueprint outside a growth slot: `SeedSlot.context_error`); empty: every slot hosts
+            every blueprint. Names, not allowed lists, so narrowing ``blueprints`` (a policy's
+            playable ones) keeps it valid.
     """
 
     blueprints: tuple[str, ...]
     max_seeds: int | None = None
+    slot_refuses: tuple[frozenset[str], ...] = ()
+
+    def slot_blueprints(self, slot: int) -> tuple[str, ...]:
+        """The blueprints slot index ``slot`` may germinate (``blueprints`` in their order)."""
+        if not self.slot_refuses:
+            return self.blueprints
+        refused = self.slot_refuses[slot]
+        return tuple(name for name in self.blueprints if name not in refused)
 
 
 #: Stages that block any germination elsewhere: one seed incubates at a time, none in cooldown.
@@ -286,7 +298,7 @@ def slot_op_error(
     if op == LifecycleOp.WAIT:
         return None
     if op == LifecycleOp.GERMINATE:
-        return _germinate_error(view, views, ctx)
+        return _germinate_error(slot, views, ctx)
     if op == LifecycleOp.ADVANCE:
         ok = stage in (SeedStage.GERMINATED, SeedStage.TRAINING, SeedStage.BLENDING)
         return None if ok else f"advance_from_{stage.name.lower()}"
@@ -307,11 +319,14 @@ def slot_op_error(
     raise ValueError(f"unknown op {op!r}")
 
 
-def _germinate_error(view: SlotView, views: Sequence[SlotView], ctx: MaskContext) -> str | None:
+def _germinate_error(slot: int, views: Sequence[SlotView], ctx: MaskContext) -> str | None:
+    view = views[slot]
     if view.stage != SeedStage.DORMANT:
         return f"germinate_into_{view.stage.name.lower()}"
     if not ctx.blueprints:
         return "no_blueprints"
+    if not ctx.slot_blueprints(slot):  # e.g. only growth blueprints and a plain slot
+        return "no_blueprint_fits_slot"
     if any(v.stage in _BLOCKS_GERMINATION for v in views):
         return "another_seed_incubating_or_cooling_down"
     present = sum(v.stage in PRESENT_STAGES for v in views)
@@ -322,7 +337,12 @@ def _germinate_error(view: SlotView, views: Sequence[SlotView], ctx: MaskContext
 
 @dataclass(frozen=True)
 class ActionMasks:
-    """Boolean masks (True = legal) for every head; ``slot_by_op[op]`` is the slot mask per op."""
+    """Boolean masks (True = legal) for every head; ``slot_by_op[op]`` is the slot mask per op.
+
+    ``blueprint`` allows what some slot allows; ``blueprint_by_slot[s]`` is the blueprint mask
+    once slot ``s`` is chosen (the slot head is sampled before the blueprint head), so a
+    germination the masks allow is one the engine carries out.
+    """
 
     op: np.ndarray  # [6]
     slot_by_op: np.ndarray  # [6, S]
@@ -332,15 +352,19 @@ class ActionMasks:
     alpha_target: np.ndarray  # [3]
     alpha_speed: np.ndarray  # [4]
     alpha_curve: np.ndarray  # [5]
+    blueprint_by_slot: np.ndarray  # [S, len(blueprint_table())]
 
-    def head(self, name: str, op: LifecycleOp | None = None) -> np.ndarray:
+    def head(self, name: str, op: LifecycleOp | None = None,
+             slot: int | None = None) -> np.ndarray:
         """Mask for one head; with ``op`` given, irrelevant heads collapse to their canonical
-        value and the slot head uses ``slot_by_op[op]``."""
+        value and the slot head uses ``slot_by_op[op]``; with ``slot`` given, the blueprint
+        head uses ``blueprint_by_slot[slot]``."""
         if name == "op":
             return self.op
         if name == "slot":
             return self.slot_by_op[LifecycleOp.WAIT if op is None else op]
-        mask = getattr(self, name)
+        mask = self.blueprint_by_slot[slot] if name == "blueprint" and slot is not None else (
+            getattr(self, name))
         if op is not None and name not in CAUSAL_RELEVANCE[LifecycleOp(op)]:
             mask = np.zeros_like(mask)
             mask[int(CANONICAL[name])] = True
@@ -350,7 +374,7 @@ class ActionMasks:
         if not self.op[action.op] or not self.head("slot", action.op)[action.slot]:
             return False
         indices = dict(zip(HEADS, action.indices(), strict=True))
-        return all(self.head(h, action.op)[indices[h]] for h in HEADS[2:])
+        return all(self.head(h, action.op, action.slot)[indices[h]] for h in HEADS[2:])
 
 
 def compute_masks(views: Sequence[SlotView], ctx: MaskContext) -> ActionMasks:
@@ -361,15 +385,20 @@ def compute_masks(views: Sequence[SlotView], ctx: MaskContext) -> ActionMasks:
     """
     if not views:
         raise ValueError("masks need at least one slot")
+    if ctx.slot_refuses and len(ctx.slot_refuses) != len(views):
+        raise ValueError(f"the mask context has slot_refuses for {len(ctx.slot_refuses)} slots "
+                         f"and the report {len(views)}; accepted: one entry per slot, or none")
     n_ops = len(LifecycleOp)
     slot_by_op = np.zeros((n_ops, len(views)), dtype=bool)
     for op in LifecycleOp:
         for i in range(len(views)):
             slot_by_op[op, i] = slot_op_error(op, i, views, ctx) is None
     op_mask = slot_by_op.any(axis=1)
-    blueprint = np.zeros(len(blueprint_table()), dtype=bool)
-    for name in ctx.blueprints:
-        blueprint[blueprint_index(name)] = True
+    blueprint_by_slot = np.zeros((len(views), len(blueprint_table())), dtype=bool)
+    for i in range(len(views)):
+        for name in ctx.slot_blueprints(i):
+            blueprint_by_slot[i, blueprint_index(name)] = True
+    blueprint = blueprint_by_slot.any(axis=0)
     configurable = op_mask[LifecycleOp.GERMINATE] or op_mask[LifecycleOp.SET_ALPHA_TARGET]
     style = np.ones(len(GerminationStyle), dtype=bool)
     alpha_target = np.ones(len(AlphaTargetChoice), dtype=bool)
@@ -378,8 +407,10 @@ def compute_masks(views: Sequence[SlotView], ctx: MaskContext) -> ActionMasks:
         style[GerminationStyle.SIGMOID_ADD] = True
         alpha_target[:] = False
         alpha_target[AlphaTargetChoice.FULL] = True
+    # A row with nothing legal is only reachable where GERMINATE is masked (for that slot).
+    blueprint_by_slot[~blueprint_by_slot.any(axis=1), NO_BLUEPRINT] = True
     if not blueprint.any():
-        blueprint[NO_BLUEPRINT] = True  # only reachable when GERMINATE is masked
+        blueprint[NO_BLUEPRINT] = True
     return ActionMasks(
         op=op_mask,
         slot_by_op=slot_by_op,
@@ -389,6 +420,7 @@ def compute_masks(views: Sequence[SlotView], ctx: MaskContext) -> ActionMasks:
         alpha_target=alpha_target,
         alpha_speed=np.ones(len(AlphaSpeed), dtype=bool),
         alpha_curve=np.ones(len(AlphaCurveChoice), dtype=bool),
+        blueprint_by_slot=blueprint_by_slot,
     )
 
 
@@ -399,4 +431,7 @@ def action_error(action: Action, views: Sequence[SlotView], ctx: MaskContext) ->
         return error
     if action.op == LifecycleOp.GERMINATE and action.blueprint not in ctx.blueprints:
         return f"blueprint_{action.blueprint or 'none'}_not_allowed"
+    if action.op == LifecycleOp.GERMINATE and action.blueprint not in ctx.slot_blueprints(
+            action.slot):
+        return f"blueprint_{action.blueprint}_not_hostable_in_slot_{action.slot}"
     return None

@@ -264,7 +264,12 @@ class MorphogenesisEngine:
     def _make_mask_context(self) -> MaskContext:
         grows = any(slot.growth is not None for slot in self.slots.values())
         names = _check_blueprints(self._allowed, self._known_topology(), grows)
-        return MaskContext(blueprints=names, max_seeds=self._max_seeds)
+        # Per slot, what it cannot host (a growth blueprint outside a growth slot), so the masks
+        # never allow a germination `execute` then refuses as a WAIT.
+        refuses = tuple(frozenset(n for n in names if slot.context_error(n) is not None)
+                        for slot in self.slots.values())
+        return MaskContext(blueprints=names, max_seeds=self._max_seeds,
+                           slot_refuses=refuses if any(refuses) else ())
 
     def _known_topology(self) -> str:
         topology = self.topology

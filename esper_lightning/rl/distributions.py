@@ -1,10 +1,11 @@
 """Batched action masks and the masked categorical distribution of the factored policy.
 
 The policy samples its eight heads hierarchically: the op first under its mask, then every other
-head under the mask *conditioned on the chosen op* (`MaskBatch.head`). A head the op does not use
-(see `actions.CAUSAL_RELEVANCE`) is collapsed to its single canonical value, so its log-prob is
-exactly 0 and its entropy exactly 0; the PPO update re-applies the identical conditioning from the
-stored op, so the rollout and the update see the same distributions.
+head under the mask *conditioned on the chosen op* (`MaskBatch.head`), and the blueprint head on
+the chosen slot too (a slot may not host every blueprint). A head the op does not use (see
+`actions.CAUSAL_RELEVANCE`) is collapsed to its single canonical value, so its log-prob is exactly
+0 and its entropy exactly 0; the PPO update re-applies the identical conditioning from the stored
+op and slot, so the rollout and the update see the same distributions.
 
 All distribution math runs in float32 whatever the network's dtype.
 """
@@ -44,7 +45,10 @@ class MaskBatch:
         op: ``[*B, 6]`` op mask.
         slot_by_op: ``[*B, 6, S]`` slot mask per op.
         blueprint, style, tempo, alpha_target, alpha_speed, alpha_curve: ``[*B, n_head]`` masks
-            of the op-independent heads (before conditioning on the op).
+            of the op-independent heads (before conditioning on the op); ``blueprint`` allows
+            what some slot allows.
+        blueprint_by_slot: ``[*B, S, n_blueprint]`` blueprint mask per chosen slot (the slot
+            head is sampled first, so a sampled germination is one its slot can host).
     """
 
     op: Tensor
@@ -55,22 +59,23 @@ class MaskBatch:
     alpha_target: Tensor
     alpha_speed: Tensor
     alpha_curve: Tensor
+    blueprint_by_slot: Tensor
 
-
-    def head(self, name: str, op: Tensor) -> Tensor:
+    def head(self, name: str, op: Tensor, slot: Tensor | None = None) -> Tensor:
         """Mask of ``name`` conditioned on the chosen ``op`` (long ``[*B]``) -> bool ``[*B, n]``.
 
-        The slot head uses ``slot_by_op[op]``; a head irrelevant for ``op`` keeps only its canonical
-        value (for the slot head: the first legal slot of ``slot_by_op[op]``).
+        The slot head uses ``slot_by_op[op]``; the blueprint head, given the chosen ``slot``
+        (long ``[*B]``), uses ``blueprint_by_slot[slot]``; a head irrelevant for ``op`` keeps only
+        its canonical value (for the slot head: the first legal slot of ``slot_by_op[op]``).
         """
         if name == "op":
             return self.op
         if name == "slot":
-            index = op[..., None, None].expand(*op.shape, 1, self.slot_by_op.shape[-1])
-            mask = self.slot_by_op.gather(-2, index).squeeze(-2)  # [*B, S]
+            mask = _select(self.slot_by_op, op)  # [*B, S]
             canonical = _one_hot(mask.int().argmax(-1), mask.shape[-1])  # first legal slot
         else:
-            mask = getattr(self, name)
+            mask = (_select(self.blueprint_by_slot, slot)
+                    if name == "blueprint" and slot is not None else getattr(self, name))
             canonical = _one_hot(
                 torch.full_like(op, int(CANONICAL[name])), mask.shape[-1]
             ).expand_as(mask)
@@ -110,17 +115,22 @@ def fit_blueprint_head(masks: MaskBatch, size: int) -> MaskBatch:
         ValueError: if a dropped entry is legal (the policy has no head entry for a blueprint
             the masks allow: check the run's blueprints first, `rl.checkpoint.check_blueprints`).
     """
-    blueprint = masks.blueprint
-    width = blueprint.shape[-1]
+    width = masks.blueprint.shape[-1]
     if width == size:
         return masks
-    if width > size:
-        if bool(blueprint[..., size:].any()):
-            raise ValueError(f"the masks allow blueprint indices >= {size}, beyond the policy's "
-                             f"blueprint head")
-        return replace(masks, blueprint=blueprint[..., :size])
-    padding = blueprint.new_zeros(*blueprint.shape[:-1], size - width)
-    return replace(masks, blueprint=torch.cat([blueprint, padding], dim=-1))
+    if width > size and bool(masks.blueprint[..., size:].any()):
+        raise ValueError(f"the masks allow blueprint indices >= {size}, beyond the policy's "
+                         f"blueprint head")
+    return replace(masks, blueprint=_fit_last(masks.blueprint, size),
+                   blueprint_by_slot=_fit_last(masks.blueprint_by_slot, size))
+
+
+def _fit_last(mask: Tensor, size: int) -> Tensor:
+    """``mask`` with its last dimension cut or padded with False to ``size``."""
+    width = mask.shape[-1]
+    if width >= size:
+        return mask[..., :size]
+    return torch.cat([mask, mask.new_zeros(*mask.shape[:-1], size - width)], dim=-1)
 
 
 def stack_masks(masks: Sequence[ActionMasks]) -> MaskBatch:
@@ -143,7 +153,14 @@ def empty_mask_batch(shape: Sequence[int], n_slots: int, head_sizes: dict[str, i
         op=torch.zeros(*shape, n_ops, dtype=torch.bool),
         slot_by_op=torch.zeros(*shape, n_ops, n_slots, dtype=torch.bool),
         **{name: torch.zeros(*shape, n, dtype=torch.bool) for name, n in sizes.items()},
+        blueprint_by_slot=torch.zeros(*shape, n_slots, sizes["blueprint"], dtype=torch.bool),
     )
+
+
+def _select(rows: Tensor, index: Tensor) -> Tensor:
+    """Row ``index`` of ``rows`` per batch element: ``[*B, K, n]``, long ``[*B]`` -> ``[*B, n]``."""
+    gather = index[..., None, None].expand(*index.shape, 1, rows.shape[-1])
+    return rows.gather(-2, gather).squeeze(-2)
 
 
 def _one_hot(index: Tensor, n: int) -> Tensor:

@@ -6,7 +6,8 @@
       -> one MLP per action head (8 heads, `HEADS` order) and one op-independent value MLP
 
 Acting samples the op first, then every other head under its mask conditioned on the sampled op
-(`MaskBatch.head`): heads the op does not use collapse to their canonical value with log-prob 0.
+(`MaskBatch.head`; the blueprint head also on the sampled slot): heads the op does not use
+collapse to their canonical value with log-prob 0.
 `evaluate` replays stored sequences from their stored pre-step hidden state, zeroing the state at
 episode starts exactly as acting did, so unchanged parameters reproduce the rollout log-probs and
 values.
@@ -251,7 +252,8 @@ class FactoredRecurrentActorCritic(nn.Module):
         op = op_dist.mode() if deterministic else op_dist.sample(generators)  # [B]
         actions, log_probs = [op], [op_dist.log_prob(op)]
         for name in HEADS[1:]:
-            dist = MaskedCategorical(logits[name], masks.head(name, op))
+            slot = actions[1] if len(actions) > 1 else None  # the blueprint mask needs it
+            dist = MaskedCategorical(logits[name], masks.head(name, op, slot))
             choice = dist.mode() if deterministic else dist.sample(generators)
             actions.append(choice)
             log_probs.append(dist.log_prob(choice))
@@ -279,10 +281,10 @@ class FactoredRecurrentActorCritic(nn.Module):
         x = self._embed(obs_seq, blueprint_idx_seq)  # [B, T, H]
         core, _ = self._core(x, hidden0, episode_starts)
         logits = self._logits(core)
-        op = actions[..., 0]
+        op, slot = actions[..., 0], actions[..., 1]
         log_probs, entropies, choices = [], [], []
         for i, name in enumerate(HEADS):
-            dist = MaskedCategorical(logits[name], masks_seq.head(name, op))
+            dist = MaskedCategorical(logits[name], masks_seq.head(name, op, slot))
             log_probs.append(dist.log_prob(actions[..., i]))
             entropies.append(dist.normalized_entropy())
             choices.append(dist.n_valid > 1)
