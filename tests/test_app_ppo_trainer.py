@@ -264,6 +264,16 @@ def test_incompatible_checkpoint_is_refused_before_anything_runs(norm_stage, cif
     assert save.read_bytes() == before
 
 
+def test_a_resume_trains_with_the_learning_rate_it_is_given(norm_stage, cifar_dir, tmp_path):
+    """The optimizer state loaded from the checkpoint carried the saved lr, so a resume with
+    a new --learning_rate logged the change and went on with the old one."""
+    saved = read_checkpoint(norm_stage.first)["optimizer"]["param_groups"][0]["lr"]
+    resumed = PPOTrainer(_config(cifar_dir, tmp_path, rounds=2, blueprints=["norm"],
+                                 resume=str(norm_stage.first), learning_rate=saved / 10))
+    groups = resumed.learners[0].optimizer.param_groups
+    assert [g["lr"] for g in groups] == [pytest.approx(saved / 10)] * len(groups)
+
+
 def test_a_resume_that_would_train_nothing_or_has_no_training_state_is_refused(
         norm_stage, cifar_dir, tmp_path):
     """Resuming a run at its last round logged an empty TensorBoard file and exited 0 with

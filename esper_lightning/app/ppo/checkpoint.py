@@ -88,6 +88,10 @@ def load_trainer(learner: Learner, path: str | os.PathLike[str]) -> int:
              f"these changes: {', '.join(changed)}" if changed else "its configuration")
     load_policy_weights(learner.policy, state, f"checkpoint '{path}'")
     learner.optimizer.load_state_dict(state["optimizer"])
+    # The loaded state carries the saved run's lr; the flags given override the checkpoint
+    # (`PPORunConfig.resume`), so a new --learning_rate applies from the next update on.
+    for group in learner.optimizer.param_groups:
+        group["lr"] = learner.config.learning_rate
     learner.obs_rms.load_state_dict(state["obs_rms"])
     learner.reward_normalizer.load_state_dict(state["reward_normalizer"])
     learner.value_normalizer.load_state_dict(state["value_normalizer"])
