@@ -14,6 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from esper_lightning.app.compare.arms import ARM_KINDS, parse_controller
 from esper_lightning.app.config import ConfigError, load_config
+from esper_lightning.app.ppo import checkpoint as ppo_checkpoint
 from esper_lightning.app.ppo.trainer import TIMELINE_TAG, PPOTrainer
 from esper_lightning.app.task import germinable_blueprints
 from esper_lightning.controllers import PolicyController
@@ -272,6 +273,21 @@ def test_a_resume_trains_with_the_learning_rate_it_is_given(norm_stage, cifar_di
                                  resume=str(norm_stage.first), learning_rate=saved / 10))
     groups = resumed.learners[0].optimizer.param_groups
     assert [g["lr"] for g in groups] == [pytest.approx(saved / 10)] * len(groups)
+
+
+def test_a_resume_with_another_gamma_is_refused_before_anything_loads(norm_stage, cifar_dir,
+                                                                      tmp_path, monkeypatch):
+    """The reward normaliser refused the saved return statistics with a bare ValueError
+    ("reward normaliser gamma 0.995 != 0.99") after the policy weights were loaded."""
+    saved = read_checkpoint(norm_stage.first)["config"]["gamma"]
+    loaded = []
+    monkeypatch.setattr(ppo_checkpoint, "load_policy_weights", lambda *a: loaded.append(a))
+    with pytest.raises(ConfigError) as err:
+        PPOTrainer(_config(cifar_dir, tmp_path, rounds=2, blueprints=["norm"],
+                           resume=str(norm_stage.first), gamma=0.99))
+    assert str(err.value) == (f"checkpoint '{norm_stage.first}' comes from an incompatible "
+                              f"config: gamma={saved!r} (now 0.99)")
+    assert saved != 0.99 and not loaded
 
 
 def test_a_resume_that_would_train_nothing_or_has_no_training_state_is_refused(

@@ -78,7 +78,8 @@ def load_trainer(learner: Learner, path: str | os.PathLike[str]) -> int:
     if done >= rounds:  # nothing would train: say so instead of exiting 0
         raise ConfigError(f"checkpoint '{path}' has trained {done} rounds already; pass "
                           f"--rounds N with N > {done} to continue it (got {rounds})")
-    errors = compatibility_errors(state["config"], learner.config)
+    errors = compatibility_errors(state["config"], learner.config) + _resume_errors(
+        state["config"], learner.config)
     if errors:
         raise ConfigError(
             f"checkpoint '{path}' comes from an incompatible config: {'; '.join(errors)}"
@@ -101,6 +102,19 @@ def load_trainer(learner: Learner, path: str | os.PathLike[str]) -> int:
     learner.commands[:0] = state.get("commands", [])  # the earlier runs' before this one's
     set_rng_states(state["rng"])
     return int(state["round"])
+
+
+#: Settings a resumed run keeps besides `COMPATIBILITY_KEYS`: the reward normaliser's return
+#: statistics are discounted with ``gamma`` (`rl.normalizers.RewardNormalizer`), so another
+#: gamma cannot continue them.
+RESUME_KEYS = ("gamma",)
+
+
+def _resume_errors(saved: dict[str, Any], config: PPORunConfig) -> list[str]:
+    """The `RESUME_KEYS` whose saved value differs from ``config`` (absent: not checked)."""
+    now = config.to_dict()
+    return [f"{key}={saved[key]!r} (now {now[key]!r})" for key in RESUME_KEYS
+            if key in saved and saved[key] != now[key]]
 
 
 #: What a policy must share with the run it starts (`start_from`): its observations, its heads.
