@@ -110,3 +110,15 @@ def test_buffer_rejects_inconsistent_episode_ends():
         buffer.add(**_step_inputs(1, config, terminated=both, truncated=both))
     with pytest.raises(ValueError, match="bootstrap"):
         buffer.add(**_step_inputs(1, config, truncated=both))
+
+
+def test_the_episode_end_flags_are_documented_as_the_trainer_sets_them():
+    """The module said ``terminated`` meant a governor rollback, which no longer ends an
+    episode (`rl.episodes.is_terminal`: only the last decision does)."""
+    from esper_lightning.rl import buffer, episodes
+
+    terminated = buffer.__doc__.split("``terminated[n, t]``")[1].split("* ``truncated")[0]
+    assert "is_terminal" in terminated and "a governor rollback is not an end" in terminated
+    assert "A governor rollback is never an end" in episodes.is_terminal.__doc__
+    truncated = buffer.__doc__.split("``truncated[n, t]``")[1]
+    assert "max epochs" not in truncated.split("\n\n")[0]  # the last decision is a terminal

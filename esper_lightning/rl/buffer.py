@@ -2,10 +2,11 @@
 
 Episode ends are stored with two flags, because they mean different things for the return:
 
-* ``terminated[n, t]``: the episode really ended after step t (a governor rollback). The next
-  state has no value: no bootstrap, and the penalty is in ``rewards[n, t]``.
-* ``truncated[n, t]``: the trajectory stops after step t but the MDP did not end (the episode's
-  max epochs, or the end of a rollout). The return is bootstrapped with
+* ``terminated[n, t]``: the episode really ended after step t: its last decision
+  (`rl.episodes.is_terminal`; a governor rollback is not an end, the episode goes on). The next
+  state has no value: no bootstrap, and the terminal outcome is in ``rewards[n, t]``.
+* ``truncated[n, t]``: the trajectory stops after step t but the MDP did not end (a rollout that
+  stops mid-episode, `rl.episodes.step_ends`). The return is bootstrapped with
   ``bootstrap_values[n, t]`` = V(s_{t+1}) of the real next state.
 
 Either flag cuts the advantage recursion (step t+1, if any, belongs to the next episode). Every
