@@ -108,6 +108,42 @@ def test_reward_normalizer_clips_and_round_trips():
         norm.update(torch.ones(1, 2), torch.tensor([[True, False]]))
 
 
+def _terminal_only(n_episodes: int, decisions: int, rounds: int = 5):
+    """The auditor's setting: an outcome (30 ± 3 points) at each episode's last step only."""
+    torch.manual_seed(0)
+    norm = RewardNormalizer(gamma=0.995)
+    rewards = torch.zeros(n_episodes, decisions)
+    rewards[:, -1] = 30 + 3 * torch.randn(n_episodes)
+    starts = torch.zeros(n_episodes, decisions, dtype=torch.bool)
+    starts[:, 0] = True
+    for _ in range(rounds):
+        norm.update(rewards, starts)
+    return norm, rewards[:, -1], norm.normalize(rewards)[:, -1]
+
+
+@pytest.mark.parametrize("decisions", [149, 400])
+def test_a_terminal_only_reward_does_not_saturate_in_long_episodes(decisions):
+    """The scaled terminal reward is about sqrt(T): at a fixed ±10 every outcome of 149-step
+    episodes clipped to the same 10 and the outcome taught PPO nothing."""
+    norm, outcomes, scaled = _terminal_only(16, decisions)
+    assert len(set(scaled.tolist())) == 16 and bool((scaled.abs() < norm.effective_clip).all())
+    assert torch.equal(scaled.argsort(), outcomes.argsort())  # better outcome, more reward
+    assert norm.effective_clip == pytest.approx(10.0 * (decisions / 30) ** 0.5)
+
+
+def test_the_clip_stays_at_its_bound_for_the_presets_episode_lengths():
+    for decisions in (4, 11, 29, 30):
+        assert _terminal_only(4, decisions, rounds=1)[0].effective_clip == 10.0
+    assert RewardNormalizer(gamma=0.9).effective_clip == 10.0  # nothing seen yet
+    norm = _terminal_only(4, 149, rounds=1)[0]
+    restored = RewardNormalizer(gamma=0.995)
+    restored.load_state_dict(torch_round_trip(norm.state_dict()))
+    assert restored.effective_clip == norm.effective_clip
+    older = {k: v for k, v in norm.state_dict().items() if k not in ("steps", "episodes")}
+    restored.load_state_dict(older)  # a checkpoint from before: counted from the next update
+    assert restored.effective_clip == 10.0
+
+
 def test_value_normalizer_uses_mean_and_std():
     norm = ValueNormalizer(momentum=0.9, epsilon=0.0)
     returns = torch.tensor([10.0, 12.0, 14.0, 16.0])
@@ -159,6 +195,7 @@ def test_moments_merged_over_ranks_equal_those_of_all_rows():
     for normalizer in merged:
         assert float(normalizer.returns.var) == pytest.approx(float(returns.returns.var),
                                                               rel=1e-12)
+        assert (normalizer.steps, normalizer.episodes) == (returns.steps, returns.episodes)
 
 
 def _reward_update(rewards, starts, all_reduce) -> RewardNormalizer:

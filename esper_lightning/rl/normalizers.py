@@ -11,7 +11,8 @@ Three normalisers, all updated **once per round** (never inside a rollout):
   do. We scale by the return's std rather than the reward's std because the critic and the
   advantages live on the return scale: after scaling, returns have roughly unit std whatever the
   reward magnitude. No mean is subtracted (that would change the optimal policy when episodes
-  have different lengths).
+  have different lengths). The clip grows with the mean episode length (`RewardNormalizer`
+  says why), so a terminal-only reward never saturates in long episodes.
 * `ValueNormalizer`: value targets are trained as ``(R - mean) / std`` (mean AND std, unlike
   the research code, which never centred). The critic outputs normalised values; `denormalize`
   maps them back to the return scale for GAE.
@@ -182,19 +183,44 @@ class RunningMeanStd:
         self.frozen = bool(state["frozen"])
 
 
+#: Episode length (decisions) up to which scaled rewards clip at ``clip``; beyond it the clip
+#: grows as sqrt(length) (`RewardNormalizer.effective_clip`).
+CLIP_HORIZON = 30
+
+
 class RewardNormalizer:
     """Scales rewards by the running std of discounted returns (see the module docstring).
+
+    The clip grows with the episodes: a reward that arrives alone (a terminal outcome, nothing
+    else in the episode) is one nonzero G among L steps of zeros, so std(G) is about
+    ``R_rms / sqrt(L)`` and the scaled reward about ``sqrt(L) * R / R_rms``: at a fixed ±10 every
+    outcome of episodes past ~100 decisions clipped to the same reward and PPO learned nothing
+    from it. Scaled rewards are clipped to ``±effective_clip`` = ``clip * max(1, sqrt(L /
+    CLIP_HORIZON))`` with ``L`` the mean episode length seen, so a lone reward keeps the
+    headroom it has at 30 decisions (outcomes up to ``clip / sqrt(30)``, 1.8x for the default,
+    times their RMS stay distinct) whatever the length, and up to 30 decisions (every shipped
+    preset) the clip is ``clip`` exactly as before. The mean length is what std(G) pools over.
 
     Args:
         gamma: discount of the return whose std is tracked (use the PPO gamma).
         epsilon: variance floor inside the square root.
-        clip: scaled rewards are clipped to ``[-clip, clip]``.
+        clip: bound of the scaled rewards, ``[-clip, clip]``, for episodes of up to
+            `CLIP_HORIZON` decisions.
     """
 
     def __init__(self, gamma: float, epsilon: float = 1e-8, clip: float = 10.0) -> None:
         self.gamma = gamma
         self.clip = clip
         self.returns = RunningMeanStd(shape=(), epsilon=epsilon, clip=None)
+        self.steps = 0.0  # steps and episodes seen (every rank's): the mean episode length
+        self.episodes = 0.0
+
+    @property
+    def effective_clip(self) -> float:
+        """The bound of the scaled rewards (see the class docstring)."""
+        if not self.episodes:
+            return self.clip
+        return self.clip * max(1.0, (self.steps / self.episodes / CLIP_HORIZON) ** 0.5)
 
     def update(
         self, rewards: Tensor, episode_starts: Tensor, all_reduce: AllReduce = single_process
@@ -212,10 +238,15 @@ class RewardNormalizer:
             running = running * self.gamma * (~episode_starts[:, t]) + rewards[:, t]
             discounted[:, t] = running
         self.returns.update(discounted.reshape(-1), all_reduce)
+        counts = all_reduce(torch.tensor([rewards.numel(), int(episode_starts.sum())],
+                                         dtype=torch.float64))
+        self.steps += float(counts[0])
+        self.episodes += float(counts[1])
 
     def normalize(self, rewards: Tensor) -> Tensor:
         scaled = rewards / self.returns.std.to(rewards)
-        return scaled.clamp(-self.clip, self.clip)
+        clip = self.effective_clip
+        return scaled.clamp(-clip, clip)
 
     @property
     def frozen(self) -> bool:
@@ -228,12 +259,16 @@ class RewardNormalizer:
         self.returns.unfreeze()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"gamma": float(self.gamma), "returns": self.returns.state_dict()}
+        return {"gamma": float(self.gamma), "returns": self.returns.state_dict(),
+                "steps": self.steps, "episodes": self.episodes}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if float(state["gamma"]) != self.gamma:
             raise ValueError(f"reward normaliser gamma {state['gamma']} != {self.gamma}")
         self.returns.load_state_dict(state["returns"])
+        # Absent before the clip followed the episode length: counted from the next update.
+        self.steps = float(state.get("steps", 0.0))
+        self.episodes = float(state.get("episodes", 0.0))
 
 
 class ValueNormalizer:
