@@ -251,15 +251,16 @@ class PPOTrainer:
         if self.round == self.first_round + 1:  # this process's settings, a resumed run's too
             # hparams.yaml keeps real lists: it can be fed back with --config
             learner.logger.log_hyperparams(learner.config.to_dict())
-            if self.first_round:  # the logger writes hparams.yaml only where there is none
-                save_hparams_to_yaml(Path(learner.logger.log_dir) / "hparams.yaml",
-                                     learner.logger.hparams)
         learning_rate = float(learner.optimizer.param_groups[0]["lr"])
         learner.logger.log_metrics(
             round_metrics(stats, self.round, learning_rate, germinable_blueprints(learner.config)),
             step=self.global_step(learner))
         self._log_timeline(learner)
         learner.logger.save()
+        if self.first_round and self.round == self.first_round + 1:  # the folder exists now
+            # The logger writes hparams.yaml only where there is none: a resumed run's settings.
+            save_hparams_to_yaml(Path(learner.logger.log_dir) / "hparams.yaml",
+                                 learner.logger.hparams)
         ops = " ".join(f"{name}={count}" for name, count in sorted(stats.ops.items()))
         group = f" [{learner.name}]" if self.config.ab else ""
         log.info("round %d/%d%s: final accuracy %.2f%%, return %.3f, ops %s, %.1f s",
