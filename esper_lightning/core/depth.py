@@ -115,6 +115,12 @@ class DepthGrowth:
             object.__setattr__(self, "projections", tuple(self.projections))
 
     @property
+    def from_own_block(self) -> bool:
+        """Whether each place grows from its own block alone (interleaved growth), not from
+        the blocks before it."""
+        return self.at == "interleave"
+
+    @property
     def events(self) -> tuple[int, ...]:
         """Blocks added per growth event, in order."""
         return (self.blocks,) if isinstance(self.blocks, int) else tuple(self.blocks)
@@ -360,7 +366,7 @@ def grow(model: nn.Module, growth: DepthGrowth, operator: str,
     before = len(container)
     placed: list[tuple[int, list[nn.Module], list[nn.Module]]] = []
     for index in places(growth, before, named):
-        first = index if growth.at == "interleave" else 0  # interleaved: its own block alone
+        first = index if growth.from_own_block else 0
         site = site_of(growth, growth.events[0],
                        lambda i=index, j=first: list(container)[j:i + 1], init)
         sources = site.sources()

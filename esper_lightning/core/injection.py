@@ -126,9 +126,8 @@ def inject_growth(model: nn.Module, growth: DepthGrowth) -> dict[str, SeedSlot]:
     for index in places(growth, len(container), named):
         for order, blocks in enumerate(growth.events, 1):
             block_path = f"{path}.{index}"
-            own = growth.at == "interleave"  # each place grows from its own block alone
-            site = site_of(growth, blocks,
-                           partial(_stack_before, model, path, index, order, own), init)
+            site = site_of(growth, blocks, partial(_stack_before, model, path, index, order,
+                                                   growth.from_own_block), init)
             slot = SeedSlot(growth_slot_id(block_path, order), topology=GROWTH_TOPOLOGY,
                             growth=site, growth_place={"stack": path, "after": index,
                                                        "order": order})

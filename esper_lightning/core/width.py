@@ -573,9 +573,10 @@ def _outer_pieces(model: nn.Module, stack: str, width: int, k: int) -> list[_Pie
                                      (_Axis(SAME, module.num_embeddings), written)))
         elif isinstance(module, nn.Linear) or _is_conv1d(module):
             tied = tied or id(module.weight) in tables
-            if id(module.weight) not in tables and _io(name, module)[0] == width:
+            linear = _outer_linear(name, module, width, written, read, tables)
+            if any(read in piece.axes for piece in linear):  # its columns split: it reads
                 readers.append(name)
-            pieces += _outer_linear(name, module, width, written, read, tables)
+            pieces += linear
         elif _is_norm(module) and all(p.shape == (width,) for p in module.parameters(False)):
             norms.append((order, name, module))
         else:

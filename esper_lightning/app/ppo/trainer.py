@@ -248,7 +248,8 @@ class PPOTrainer:
         cost["wall_seconds"] += seconds
         if learner.logger is None:  # not rank 0
             return
-        if self.round == self.first_round + 1:  # this process's settings, a resumed run's too
+        first = self.round == self.first_round + 1  # this process's first round
+        if first:  # this process's settings, a resumed run's too
             # hparams.yaml keeps real lists: it can be fed back with --config
             learner.logger.log_hyperparams(learner.config.to_dict())
         learning_rate = float(learner.optimizer.param_groups[0]["lr"])
@@ -257,7 +258,7 @@ class PPOTrainer:
             step=self.global_step(learner))
         self._log_timeline(learner)
         learner.logger.save()
-        if self.first_round and self.round == self.first_round + 1:  # the folder exists now
+        if first and self.first_round:  # resumed; the folder exists now
             # The logger writes hparams.yaml only where there is none: a resumed run's settings.
             save_hparams_to_yaml(Path(learner.logger.log_dir) / "hparams.yaml",
                                  learner.logger.hparams)
