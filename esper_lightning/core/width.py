@@ -103,7 +103,7 @@ nothing to grow), a block of no known layout (`LAYOUTS`; give ``WidthGrowth(layo
 with parameters its layout does not name, a module outside the stack of a kind width growth does
 not know, a tied head without exactly one final norm, or whose final norm does not scale its
 output with its gain (Gemma's ``x̂·(1 + w)``), or which another layer reads beside (it would
-read ``x/k``), a model with no layer reading the stream (a head computed as ``F.linear(x,
+read ``x/k``), a token table with no layer reading the stream (a head computed as ``F.linear(x,
 wte.weight)`` cannot be told tied), attention that keeps no head count, a slot holding a seed,
 a config that cannot say the new MLP width.
 """
@@ -584,7 +584,8 @@ def _outer_pieces(model: nn.Module, stack: str, width: int, k: int) -> list[_Pie
                              f"{type(module).__name__}, which width growth does not know; "
                              "accepted outside the stack: Embedding, Linear, Conv1D, LayerNorm, "
                              "RMSNorm")
-    _check_readers(tied, readers, width)
+    _check_readers(tied, readers, width, streams=any(
+        isinstance(m, nn.Embedding) and m.embedding_dim == width for _, m in named))
     final = [name for order, name, _ in norms if after is not None and order > after]
     if tied and len(final) != 1:
         raise ValueError(f"WidthGrowth: the output head is tied to the token table and needs one "
@@ -620,18 +621,20 @@ def _check_scales_with_gain(name: str, module: nn.Module, width: int, k: int) ->
                          f"computing x̂·w (+ b), or an untied head")
 
 
-def _check_readers(tied: bool, readers: list[str], width: int) -> None:
+def _check_readers(tied: bool, readers: list[str], width: int, streams: bool) -> None:
     """Refuse the outputs width growth cannot keep (one line): a tied head's final norm is
     scaled by ``1/k``, so another layer reading it would read ``x/k`` (Hugging Face's
-    ``GPT2DoubleHeadsModel``'s multiple-choice head); and with neither a tied head nor a layer
-    reading the stream, the output is computed where growth cannot see it (``F.linear(x,
-    wte.weight)``, a tied head it would not scale: logits ``k`` times the old)."""
+    ``GPT2DoubleHeadsModel``'s multiple-choice head); and with a token table of width ``d``
+    (``streams``) but neither a tied head nor a layer reading the stream, the output is
+    computed where growth cannot see it (``F.linear(x, wte.weight)``, a tied head it would not
+    scale: logits ``k`` times the old). A bare stack of blocks, with no table, hands back the
+    widened stream itself."""
     if tied and readers:
         raise ValueError(f"WidthGrowth: the output head is tied to the token table, so the "
                          f"final norm is scaled by 1/k, and {', '.join(readers)} also read(s) "
                          f"width {width}; accepted: a tied head as the only layer reading the "
                          "stream, or an untied head")
-    if not tied and not readers:
+    if streams and not tied and not readers:
         raise ValueError(f"WidthGrowth: no layer outside the stack reads the stream (width "
                          f"{width}), so the output head cannot be told tied or not (a head "
                          "computed as F.linear(x, wte.weight)?); accepted: an nn.Linear head, "
